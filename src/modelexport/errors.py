@@ -1,0 +1,59 @@
+"""The few exception classes a user can see.
+
+Every failure that is the user's to fix (a wrong target, a corrupt file, a missing toolchain)
+is a `ModelExportError` carrying what is wrong and how to fix it. The CLI prints those two
+lines and exits non-zero without a traceback; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class ModelExportError(Exception):
+    """A problem the user can fix: `problem` says what is wrong, `fix` what to do."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.problem = problem
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
+
+
+class InputError(ModelExportError):
+    """A path, file or argument the user gave is missing, unreadable or malformed."""
+
+
+class TargetError(ModelExportError):
+    """An unknown SoC name, or a feature the chosen SoC cannot run."""
+
+
+class OutputExistsError(ModelExportError):
+    """The output already exists and --force was not given."""
+
+
+class ToolchainError(ModelExportError):
+    """QAIRT, ONNX Runtime's QNN EP, ExecuTorch or gcc is missing or does not fit."""
+
+
+class CalibrationError(ModelExportError):
+    """Calibration data is missing or does not match the model's inputs."""
+
+
+class UnsupportedError(ModelExportError):
+    """Part of the model would not run on HTP and the user asked for strictness."""
+
+    exit_code = 3
+
+
+class IntegrityError(ModelExportError):
+    """An artifact's files do not match its manifest (tampered, truncated or missing)."""
+
+    exit_code = 4
+
+
+class VerificationError(ModelExportError):
+    """Compiled outputs differ from the float model by more than the threshold."""
+
+    exit_code = 5

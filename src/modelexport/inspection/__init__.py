@@ -1,0 +1,52 @@
+"""`inspect`: one reader per kind of artifact, chosen by a registry of detectors.
+
+Each inspector turns a path into a plain dict (the `--json` output); the CLI renders the dict.
+Other modules add inspectors for their formats with `@inspector(...)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Inspector:
+    name: str
+    detect: Callable[[Path], bool]
+    read: Callable[[Path], dict]
+
+
+_inspectors: list[Inspector] = []
+
+
+def inspector(name: str, detect: Callable[[Path], bool]):
+    def add(read: Callable[[Path], dict]):
+        _inspectors.append(Inspector(name, detect, read))
+        return read
+    return add
+
+
+def _load_builtin() -> None:
+    from . import bundle_inspector  # noqa: F401  (registers itself)
+    for mod in ("modelexport.qnn_context.inspect_binary", "modelexport.backends.pte_inspect",
+                "modelexport.frontends.gguf_inspect"):
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+
+
+def inspect_path(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p} does not exist", "check the path")
+    _load_builtin()
+    for ins in _inspectors:
+        if ins.detect(p):
+            return {"kind": ins.name, "path": str(p)} | ins.read(p)
+    raise InputError(f"{p} is not an artifact modelexport can read",
+                     "give a bundle folder, a context binary (.bin), an EPContext .onnx, a .pte or a .gguf; "
+                     f"known kinds: {', '.join(i.name for i in _inspectors)}")

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..artifacts.bundle import is_bundle, open_bundle
+from . import inspector
+
+
+@inspector("bundle", is_bundle)
+def read_bundle(path: Path) -> dict:
+    b = open_bundle(path, verify=False)
+    problems = b.problems()
+    return {"manifest": b.manifest.model_dump(exclude_none=True), "integrity": {"ok": not problems, "problems": problems}}

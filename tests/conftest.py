@@ -1,0 +1,45 @@
+"""Shared test fixtures. Tests run the real libraries; nothing here mocks QNN."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Compiled-artifact caches go to a per-session temp folder, never the user's home."""
+    cache = tmp_path_factory.getbasetemp() / "modelexport-cache"
+    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(cache))
+
+
+def run_cli(*args: str, check: bool | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `modelexport` console entry in a child process, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "modelexport", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=1800)
+    if check is True and proc.returncode != 0:
+        raise AssertionError(f"modelexport {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """A user's mistake: non-zero exit, a message naming it, and no Python traceback."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    text = proc.stderr + proc.stdout
+    for n in needles:
+        assert n.lower() in text.lower(), text
+
+
+REPO = Path(__file__).resolve().parents[1]

@@ -1,0 +1,75 @@
+import json
+
+import pytest
+
+from conftest import assert_clean_error
+from modelexport.artifacts import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from modelexport.artifacts.atomic import atomic_file
+from modelexport.errors import IntegrityError, OutputExistsError
+
+
+def _write(out, force=False, payload=b"abc"):
+    with BundleWriter(out, force=force) as w:
+        w.path("model.bin").write_bytes(payload)
+        w.manifest.targets = ["SM8650"]
+        w.manifest.graphs = [GraphSpec(name="g", file="model.bin", inputs=[TensorSpec(name="x", shape=[1, 3], dtype="float32")])]
+    return out
+
+
+def test_bundle_round_trip_with_hashes(tmp_path):
+    out = _write(tmp_path / "b")
+    b = open_bundle(out)
+    assert [f.path for f in b.manifest.files] == ["model.bin"]
+    assert b.manifest.files[0].size == 3 and len(b.manifest.files[0].sha256) == 64
+    assert b.manifest.versions["torch"].startswith("2.13.0")
+    assert [p.name for p in tmp_path.iterdir()] == ["b"]  # no temp folders left
+
+
+def test_failure_mid_write_leaves_no_bundle(tmp_path):
+    out = tmp_path / "b"
+    with pytest.raises(RuntimeError):
+        with BundleWriter(out) as w:
+            w.path("part.bin").write_bytes(b"half")
+            raise RuntimeError("compiler crashed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_with_force_keeps_the_old_bundle(tmp_path):
+    out = _write(tmp_path / "b", payload=b"old")
+    with pytest.raises(RuntimeError):
+        with BundleWriter(out, force=True) as w:
+            w.path("model.bin").write_bytes(b"new")
+            raise RuntimeError("boom")
+    assert (out / "model.bin").read_bytes() == b"old"
+    _write(out, force=True, payload=b"new")
+    assert (out / "model.bin").read_bytes() == b"new" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_existing_output_needs_force(tmp_path):
+    out = _write(tmp_path / "b")
+    with pytest.raises(OutputExistsError, match="--force"):
+        BundleWriter(out)
+    with pytest.raises(OutputExistsError):
+        with atomic_file(out / "model.bin"):
+            pass
+
+
+def test_tampered_and_truncated_files_are_reported(tmp_path, cli):
+    out = _write(tmp_path / "b", payload=b"abcdef")
+    assert cli("inspect", str(out)).returncode == 0
+    (out / "model.bin").write_bytes(b"abcdeX")
+    with pytest.raises(IntegrityError, match="sha256"):
+        open_bundle(out)
+    assert_clean_error(cli("inspect", str(out)), "sha256")
+    (out / "model.bin").write_bytes(b"abc")
+    proc = cli("inspect", str(out), "--json")
+    info = json.loads(proc.stdout)
+    assert proc.returncode == 4 and "truncated" in info["integrity"]["problems"][0]
+    (out / "model.bin").unlink()
+    assert_clean_error(cli("inspect", str(out)), "missing")
+
+
+def test_inspect_missing_and_foreign_paths(tmp_path, cli):
+    assert_clean_error(cli("inspect", str(tmp_path / "nothing")), "does not exist")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert_clean_error(cli("inspect", str(tmp_path / "notes.txt")), "not an artifact")
