@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test setup bench clean
+.PHONY: demo test setup bench clean browser
 
 setup: $(STAMP)
 
@@ -22,7 +22,11 @@ $(STAMP): requirements.txt requirements-assets.txt constraints.txt pyproject.tom
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP)
+# The report test renders report.html in a real headless browser (Debian's chromium).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "[setup] chromium not installed (needs root): the browser test will be skipped"; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests
 
 bench: $(STAMP)

@@ -19,7 +19,7 @@ def _write(out, force=False, payload=b"abc"):
 def test_bundle_round_trip_with_hashes(tmp_path):
     out = _write(tmp_path / "b")
     b = open_bundle(out)
-    assert [f.path for f in b.manifest.files] == ["model.bin"]
+    assert [f.path for f in b.manifest.files] == ["model.bin", "report.html"]
     assert b.manifest.files[0].size == 3 and len(b.manifest.files[0].sha256) == 64
     assert b.manifest.versions["torch"].startswith("2.13.0")
     assert [p.name for p in tmp_path.iterdir()] == ["b"]  # no temp folders left

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from ..errors import InputError, IntegrityError
 from .atomic import check_output, replace_path, sibling_temp
-from .manifest import MANIFEST_NAME, SCHEMA_VERSION, FileEntry, Manifest, sha256_file, tool_versions
+from .manifest import MANIFEST_NAME, REPORT_NAME, SCHEMA_VERSION, FileEntry, Manifest, sha256_file, tool_versions
 
 # Called with (folder, manifest) just before a bundle is sealed: e.g. the HTML report.
 _finalizers: list[Callable[[Path, Manifest], None]] = []
@@ -65,16 +65,28 @@ class BundleWriter:
                 shutil.rmtree(self.dir, ignore_errors=True)
         return False
 
+    def _entries(self, known: dict[str, FileEntry]) -> list[FileEntry]:
+        out = []
+        for p in sorted(self.dir.rglob("*")):
+            rel = p.relative_to(self.dir).as_posix()
+            if not p.is_file() or rel == MANIFEST_NAME:
+                continue
+            entry = known.get(rel)
+            if entry is None or entry.size != p.stat().st_size:
+                entry = FileEntry(path=rel, size=p.stat().st_size, sha256=sha256_file(p), role=self.roles.get(rel, "artifact"))
+            out.append(entry)
+        return out
+
     def _seal(self) -> None:
+        from ..report import write_report
         m = self.manifest
         m.versions = tool_versions() | m.versions
+        m.files = self._entries({})
         for fn in _finalizers:
             fn(self.dir, m)
-        m.files = [
-            FileEntry(path=rel, size=p.stat().st_size, sha256=sha256_file(p), role=self.roles.get(rel, "artifact"))
-            for p in sorted(self.dir.rglob("*")) if p.is_file()
-            for rel in [p.relative_to(self.dir).as_posix()] if rel != MANIFEST_NAME
-        ]
+        self.roles[REPORT_NAME] = "report"
+        write_report(self.dir, m, REPORT_NAME)  # sees the artifact files; lists itself next time it is rebuilt
+        m.files = self._entries({f.path: f for f in m.files})
         (self.dir / MANIFEST_NAME).write_text(m.to_json())
 
 
@@ -129,3 +141,21 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if verify:
         bundle.verify_integrity()
     return bundle
+
+
+def refresh_report(bundle: Bundle) -> Path:
+    """Rebuild report.html inside a bundle from its (possibly updated) manifest, then re-seal the manifest."""
+    from ..report import write_report
+    m = bundle.manifest
+    out = write_report(bundle.path, m, REPORT_NAME)
+    entry = FileEntry(path=REPORT_NAME, size=out.stat().st_size, sha256=sha256_file(out), role="report")
+    m.files = [f for f in m.files if f.path != REPORT_NAME] + [entry]
+    save_manifest(bundle)
+    return out
+
+
+def save_manifest(bundle: Bundle) -> None:
+    """Atomically rewrite manifest.json (e.g. after verify records numerics)."""
+    tmp = bundle.path / (MANIFEST_NAME + ".tmp")
+    tmp.write_text(bundle.manifest.to_json())
+    tmp.replace(bundle.path / MANIFEST_NAME)

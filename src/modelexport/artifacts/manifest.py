@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+REPORT_NAME = "report.html"
 
 
 class Encoding(BaseModel):

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ...artifacts.atomic import atomic_file
+from ...artifacts.bundle import open_bundle, refresh_report
+from ...report import build_report
+from ..app import app, console, emit_json
+
+
+@app.command()
+def report(
+    bundle: Path = typer.Argument(..., help="A bundle folder written by `modelexport compile`."),
+    output: Path = typer.Option(None, "-o", "--output", help="Write the HTML here instead of the bundle's report.html."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
+    json_out: bool = typer.Option(False, "--json", help="Print where the report went as JSON."),
+) -> None:
+    """Rebuild the bundle's self-contained report.html (target, placement, audit with fixes,
+    numerics, sizes, LLM decode ceiling). Open it in any browser; it needs no network."""
+    b = open_bundle(bundle)
+    if output:
+        with atomic_file(output, force=force) as tmp:
+            tmp.write_text(build_report(b.manifest, b.path), encoding="utf-8")
+        path = output
+    else:
+        path = refresh_report(b)
+    if json_out:
+        emit_json({"report": str(path)})
+    else:
+        console.print(f"report written to [bold]{path}[/]")

@@ -1,0 +1,84 @@
+"""report.html: self-contained, honest about missing data, and rendered by a real browser."""
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from modelexport.artifacts import BundleWriter, open_bundle
+from modelexport.artifacts.bundle import refresh_report
+
+
+def _bundle(tmp_path, placement=None, numerics=None, kind="model", extra=None):
+    with BundleWriter(tmp_path / "b") as w:
+        w.path("g.bin").write_bytes(b"x" * 1000)
+        w.manifest.kind = kind
+        w.manifest.targets = ["SM8650"]
+        w.manifest.htp_arch = {"SM8650": 75}
+        w.manifest.placement = placement or {}
+        w.manifest.numerics = numerics or {}
+        w.manifest.extra = extra or {}
+    return open_bundle(tmp_path / "b")
+
+
+NODES = [{"name": "conv0", "op_type": "Conv", "backend": "HTP"},
+         {"name": "det0", "op_type": "Det", "backend": "CPU", "reason": "Operators of type 'Det' are not supported",
+          "fix": "no HTP equivalent; compute it before the model"}]
+
+
+def test_report_without_numerics_says_what_is_missing(tmp_path):
+    b = _bundle(tmp_path)
+    html = (b.path / "report.html").read_text()
+    assert "No numerics are recorded" in html and "modelexport verify" in html
+    assert "No per-node placement" in html and "<img" not in html  # no empty plots
+    assert "http://" not in html and "https://" not in html  # needs no network
+
+
+def test_report_with_placement_and_numerics_embeds_plots(tmp_path):
+    b = _bundle(tmp_path, placement={"nodes": NODES},
+                numerics={"outputs": [{"name": "logits", "sqnr_db": 31.2, "cosine": 0.999, "max_abs_error": 0.1}],
+                          "threshold_db": 20,
+                          "per_layer": [{"name": f"layers.{i}", "sqnr_db": 40 - 3 * i} for i in range(8)],
+                          "per_layer_threshold_db": 25, "first_bad_layer": "layers.5"},
+                kind="llm", extra={"llm": {"weight_bytes_per_token": 70_000_000}, "parameters": 134_515_008})
+    html = (b.path / "report.html").read_text()
+    assert "1/2 nodes on HTP" in html and "Det" in html and "layers.5" in html
+    imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(imgs) == 3 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in imgs)
+    # the ceiling: SM8650 76.8 GB/s / 70 MB per token ≈ 1,097 tok/s
+    assert "1,097" in html
+
+
+def test_report_cli_rebuilds_and_keeps_integrity(tmp_path, cli):
+    b = _bundle(tmp_path)
+    b.manifest.numerics = {"outputs": [{"name": "y", "sqnr_db": 25.0, "cosine": 0.99, "max_abs_error": 0.2}]}
+    refresh_report(b)
+    assert "SQNR per output" in (b.path / "report.html").read_text()
+    open_bundle(b.path)  # manifest updated with the new report's hash
+    proc = cli("report", str(b.path), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 0 and (tmp_path / "r.html").stat().st_size > 1000
+    proc = cli("report", str(b.path), "-o", str(tmp_path / "r.html"))
+    assert proc.returncode != 0 and "--force" in proc.stderr
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(not _chromium(), reason="chromium not installed (make test installs it)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    b = _bundle(tmp_path, placement={"nodes": NODES},
+                numerics={"outputs": [{"name": "y", "sqnr_db": 30.0, "cosine": 0.99, "max_abs_error": 0.2}]})
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600",
+                           f"--screenshot={shot}", (b.path / "report.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert shot.exists(), proc.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a page with plots, not a blank one
+    keep = __import__("os").environ.get("MODELEXPORT_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)
