@@ -27,7 +27,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "[setup] chromium not installed (needs root): the browser test will be skipped"; }
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -108,8 +108,15 @@ def _wheel_dirs() -> tuple[Path, tuple[Path, ...], str]:
     return pkg, ((libs,) if libs.is_dir() else ()), getattr(onnxruntime_qnn, "__version__", "?")
 
 
-def _preload(paths: tuple[Path, ...]) -> None:
-    """The wheel's libraries need its private libc++; load it globally first."""
+def preload_runtime_libs(paths: tuple[Path, ...]) -> None:
+    """The wheel's libraries need its private libc++; load it globally first.
+
+    onnxruntime is imported before that libc++ goes global: importing onnxruntime *after* it
+    (with numpy already loaded) segfaults in onnxruntime's pybind module."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        pass
     for d in paths:
         for so in sorted(d.glob("libunwind*.so*")) + sorted(d.glob("libc++abi*.so*")) + sorted(d.glob("libc++-*.so*")):
             try:
@@ -120,7 +127,7 @@ def _preload(paths: tuple[Path, ...]) -> None:
 
 def read_backend_versions(htp_lib: Path, extra_lib_dirs: tuple[Path, ...] = ()) -> tuple[str, str, str, int]:
     """(build id, core API, backend API, backend id) from the library's own providers."""
-    _preload(extra_lib_dirs)
+    preload_runtime_libs(extra_lib_dirs)
     try:
         with native_stdout_to_stderr():
             lib = ctypes.CDLL(str(htp_lib))
