@@ -22,6 +22,9 @@ CPU_EP_NAME = "CPUExecutionProvider"
 def register_qnn_ep() -> str:
     """Register the onnxruntime-qnn plugin library once per process; returns the EP name."""
     import onnxruntime as ort
+
+    from .qairt import claim_libqnnhtp_name
+    claim_libqnnhtp_name()
     try:
         import onnxruntime_qnn
     except ImportError:

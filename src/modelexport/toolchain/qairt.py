@@ -153,11 +153,27 @@ def read_backend_versions(htp_lib: Path, extra_lib_dirs: tuple[Path, ...] = ()) 
             f"{v.be_major}.{v.be_minor}.{v.be_patch}", head.backend_id)
 
 
+def claim_libqnnhtp_name() -> None:
+    """Let ExecuTorch's ABI adapter own the name libQnnHtp.so before anything loads the real one.
+
+    The dynamic loader hands every later request for that name to the first library loaded with
+    it; ExecuTorch (built for the QNN 2.37 ABI) must get the adapter, everyone else gets the
+    real table through it untouched. Best effort: without gcc, ONNX Runtime still works.
+    """
+    try:
+        from .executorch_env import load_adapter_first
+        load_adapter_first()
+    except ToolchainError:
+        pass
+
+
 @functools.lru_cache(maxsize=None)
 def _find(sdk_root_env: str | None) -> Qairt:
     notes: list[str] = []
     sdk_root = None
     wheel_version = None
+    if sdk_root_env and _is_adapter_root(sdk_root_env):
+        sdk_root_env = None  # our own adapter layout over the wheel: report the wheel
     if sdk_root_env:
         sdk_root = Path(sdk_root_env).expanduser()
         lib_dir = sdk_root / HOST_LIB_SUBDIR
@@ -169,12 +185,18 @@ def _find(sdk_root_env: str | None) -> Qairt:
             )
         source, extra = "QNN_SDK_ROOT", ()
     else:
+        claim_libqnnhtp_name()
         lib_dir, extra, wheel_version = _wheel_dirs()
         source = "onnxruntime-qnn wheel"
     libraries = _collect_libraries(lib_dir)
     build_id, core_api, htp_api, backend_id = read_backend_versions(libraries["htp"], extra)
     return Qairt(source, lib_dir, extra, libraries, build_id, core_api, htp_api, backend_id,
                  sdk_root, wheel_version, notes)
+
+
+def _is_adapter_root(path: str) -> bool:
+    from .executorch_env import is_adapter_sdk_root
+    return is_adapter_sdk_root(Path(path))
 
 
 def find_qairt() -> Qairt:
