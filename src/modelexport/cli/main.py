@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
         return rc if isinstance(rc, int) else 0
     except ModelExportError as e:
-        err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
         if e.fix:
-            err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False)
+            err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False, soft_wrap=True)
         if os.environ.get("MODELEXPORT_DEBUG"):
             raise
         return e.exit_code

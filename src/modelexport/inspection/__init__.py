@@ -22,9 +22,14 @@ class Inspector:
 _inspectors: list[Inspector] = []
 
 
-def inspector(name: str, detect: Callable[[Path], bool]):
+def inspector(name: str, detect: Callable[[Path], bool], first: bool = False):
+    """Register a reader; `first=True` puts it before the others (a specialisation of a kind,
+    e.g. bundles holding a .pte before plain bundles)."""
     def add(read: Callable[[Path], dict]):
-        _inspectors.append(Inspector(name, detect, read))
+        if any(i.name == name for i in _inspectors):
+            return read
+        ins = Inspector(name, detect, read)
+        _inspectors.insert(0, ins) if first else _inspectors.append(ins)
         return read
     return add
 
@@ -32,7 +37,7 @@ def inspector(name: str, detect: Callable[[Path], bool]):
 def _load_builtin() -> None:
     from . import bundle_inspector  # noqa: F401  (registers itself)
     for mod in ("modelexport.qnn_context.inspect_binary", "modelexport.backends.pte_inspect",
-                "modelexport.frontends.gguf_inspect"):
+                "modelexport.frontends.gguf_inspect", "modelexport.inspection.qnn_inspectors"):
         try:
             __import__(mod)
         except ImportError:

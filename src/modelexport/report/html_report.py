@@ -14,7 +14,6 @@ import jinja2
 
 from ..artifacts.manifest import Manifest
 from ..targets import all_targets
-from . import plots
 
 
 @dataclass
@@ -57,6 +56,7 @@ def section_overview(m: Manifest, folder: Path) -> Section:
 
 
 def section_placement(m: Manifest, folder: Path) -> Section:
+    from . import plots
     nodes = _nodes(m)
     if not nodes:
         return Section("placement", "Placement", missing="No per-node placement is recorded in this bundle "
@@ -89,6 +89,7 @@ def section_audit(m: Manifest, folder: Path) -> Section:
 
 
 def section_numerics(m: Manifest, folder: Path) -> Section:
+    from . import plots
     num = m.numerics or {}
     outs = num.get("outputs") or []
     if not outs:

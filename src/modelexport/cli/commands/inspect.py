@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ...errors import IntegrityError
 from ...inspection import inspect_path
+from ...inspection.render_qnn import RENDERERS as QNN_RENDERERS
 from ..app import app, console, emit_json
 
 
@@ -39,6 +40,7 @@ def _render_bundle(info: dict) -> None:
 
 
 RENDERERS = {"bundle": _render_bundle}
+RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in QNN_RENDERERS.items()})
 
 
 @app.command()

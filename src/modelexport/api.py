@@ -1,0 +1,193 @@
+"""The Python API, with the CLI's names: audit, compile, run, verify, inspect, QNNCompiler.
+
+`compile` dispatches on what it is given: a frontend (registry in modelexport.frontends) loads
+it and says its kind, and the backend registered for that kind (modelexport.backends) compiles
+it. A torch-module frontend plus an ExecuTorch backend registering kind "torch" is all it takes
+for `modelexport.compile(nn_module, ...)` to work too.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .errors import InputError, UnsupportedError
+from .registry import Registry
+
+# kind → audit function (model, target=, precision=, input_shapes=, calibration=, log_path=)
+AUDITORS: Registry[Callable[..., Any]] = Registry("auditor")
+
+
+def _onnx_audit(*a, **k):
+    from .audit.onnx_audit import audit_onnx
+    return audit_onnx(*a, **k)
+
+
+AUDITORS.register("onnx")(_onnx_audit)
+
+
+def _torch_audit(*a, **k):
+    from .audit.et_audit import audit_torch
+    return audit_torch(*a, **k)
+
+
+_torch_audit.options = ("example_inputs", "overrides", "block_size", "rewrites", "dynamic_shapes")  # type: ignore[attr-defined]
+AUDITORS.register("torch")(_torch_audit)
+
+
+def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
+          calibration=None, log_path: str | Path | None = None, **options: Any):
+    """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
+
+    `example_inputs` (a tuple of tensors) goes with an nn.Module; `options` are the backend's own
+    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=)."""
+    from .frontends import find_frontend
+    kind = find_frontend(model).kind
+    if example_inputs is not None:
+        options["example_inputs"] = example_inputs
+    auditor = AUDITORS.get(kind)
+    unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
+    if unknown:
+        raise InputError(f"{', '.join(unknown)} do(es) not apply to {kind} models",
+                         f"{kind} audits take: target, precision, input_shapes, calibration, log_path")
+    return auditor(model, target=target, precision=precision, input_shapes=input_shapes,
+                   calibration=calibration, log_path=log_path, **options)
+
+
+def _as_list(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _is_model_like(x: Any) -> bool:
+    """A second positional argument of compile that is a model (not a module's example inputs)."""
+    from .backends.spec import PartSpec
+    if isinstance(x, (str, Path, PartSpec)):
+        return True
+    from .frontends import FRONTENDS, _load_builtin
+    _load_builtin()
+    return any(fe.accepts(x) for _, fe in FRONTENDS)
+
+
+def _default_output(model: Any) -> Path:
+    if isinstance(model, (str, Path)):
+        stem = Path(str(model).split(":")[0]).stem
+    else:
+        stem = type(getattr(model, "module", model)).__name__.lower()
+    return Path(f"{stem}_bundle")
+
+
+def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
+            precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
+            output_format: str | None = None, vtcm_mb: int | None = None, optimization_level: int = 3, strict: bool = False,
+            use_cache: bool = True, jobs: int | None = None, per_channel: bool = True, backend: str | None = None,
+            progress: Callable[[str, float, float], None] | None = None, example_inputs: Any = None,
+            overrides: list[str] | None = None, block_size: int | None = None, rewrites: list[str] | None = None,
+            fallback: str | None = None, variants: Any = None, max_seq_len: int | None = None,
+            context_limit_mb: float | None = None, calibration_samples: int | None = None):
+    """Compile one or more models (or a pipeline .yaml) for one or more targets into one bundle → Bundle.
+
+    A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
+    `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
+    defaults to `<name>_bundle` in the working directory."""
+    from .backends import backend_for_kind
+    from .backends.spec import CompileOptions, PartSpec
+    from .frontends import find_frontend
+    from .pipeline import is_pipeline, load_pipeline
+    if more and example_inputs is None and not _is_model_like(more[0]):
+        example_inputs, more = more[0], more[1:]
+    if example_inputs is not None:
+        from .frontends.torch_frontend import load_torch
+        model = load_torch(model, example_inputs)
+    output = Path(output) if output is not None else _default_output(model)
+    targets = _as_list(target)
+    parts: list[PartSpec] = []
+    for m in (model, *more):
+        if isinstance(m, PartSpec):
+            parts.append(m)
+        elif is_pipeline(m):
+            p_parts, p_targets = load_pipeline(m, precision or "8a8w")
+            parts += p_parts
+            targets = targets or p_targets
+        else:
+            parts.append(PartSpec(model=m, precision=precision, calibration=calibration, input_shapes=input_shapes))
+    if not parts:
+        raise InputError("no model given", "pass a .onnx file (or several, or a pipeline .yaml)")
+    kinds = {find_frontend(p.model).kind for p in parts}
+    if len(kinds) != 1:
+        raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
+    be = backend_for_kind(kinds.pop(), backend)
+    default_precision = "16a4w" if be.name == "llm_qnn" else "8a8w"
+    for p in parts:
+        if p.precision is None:
+            p.precision = default_precision
+    opts = CompileOptions(targets=targets or ["SM8650"], output_format=output_format or be.default_format, vtcm_mb=vtcm_mb,
+                          optimization_level=optimization_level, strict=strict, use_cache=use_cache, jobs=jobs,
+                          per_channel=per_channel, overrides=list(overrides or []), block_size=block_size,
+                          rewrites=list(rewrites or []), fallback=fallback)
+    if variants is not None or max_seq_len is not None or context_limit_mb is not None or calibration_samples is not None:
+        if be.name != "llm_qnn":
+            raise InputError("--variants / --max-seq-len / --context-limit-mb apply to LLMs (a GGUF file or HF folder)",
+                             "leave them out for this model")
+        from .llm.export.backend import parse_variants
+        opts.variants = parse_variants(variants)
+        opts.max_seq_len = max_seq_len
+        opts.context_limit_mb = context_limit_mb
+        opts.calibration_samples = calibration_samples
+    return be.compile(parts, output, opts, force=force, progress=progress)
+
+
+def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
+        perf_profile: str | None = None, repeat: int = 1):
+    """Run a bundle's compiled graph on the HTP simulator → RunResult (outputs, timings)."""
+    from .runtime.runners import runner_for
+    return runner_for(bundle).run(bundle, inputs, random, part, target, perf_profile, repeat)
+
+
+def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str | None = None,
+           min_sqnr: float | None = None, max_samples: int | None = None):
+    """Float model on CPU vs compiled graph on the simulator → VerifyReport (SQNR, cosine, max abs error)."""
+    from .runtime.runners import runner_for
+    return runner_for(bundle).verify(bundle, inputs, part, target, min_sqnr, max_samples)
+
+
+def inspect(path: str | Path) -> dict:
+    from .inspection import inspect_path
+    return inspect_path(path)
+
+
+_FORMAT_ALIASES = {"context-binary": "context-binary", "context_binary": "context-binary", "ctx": "context-binary",
+                   "bin": "context-binary", "dlc": "dlc"}
+
+
+class QNNCompiler:
+    """The seeds' class, a thin layer over `modelexport.compile`.
+
+    `QNNCompiler(backend="HTP").compile("model.onnx", output_format="context-binary",
+    quantization={"enabled": True, "calibration_data": "calib/", "act_bitwidth": 8, "weights_bitwidth": 8,
+    "per_channel": True}, target_device="snapdragon_8_gen3")` → Bundle.
+    """
+
+    def __init__(self, backend: str = "HTP", use_cache: bool = True):
+        if str(backend).upper() != "HTP":
+            raise UnsupportedError(f"QNN backend {backend!r} is not available here",
+                                   "use backend='HTP' (the onnxruntime-qnn wheel ships no libQnnCpu.so; GPU is not wired up)")
+        self.backend = "HTP"
+        self.use_cache = use_cache
+
+    def compile(self, model: Any, output_format: str = "context-binary", quantization: dict | None = None,
+                target_device: str | Iterable[str] = "SM8650", output: str | Path | None = None, force: bool = False, **kw):
+        from .quant import precision_from_bitwidths
+        fmt = _FORMAT_ALIASES.get(str(output_format).lower())
+        if fmt is None:
+            raise InputError(f"unknown output_format {output_format!r}", "use 'context-binary' or 'dlc'")
+        q = dict(quantization or {})
+        enabled = bool(q.get("enabled", bool(q)))
+        if "precision" in q:
+            precision = q["precision"]
+        else:
+            precision = precision_from_bitwidths(q.get("act_bitwidth"), q.get("weights_bitwidth"), enabled).name
+        out = Path(output) if output else Path(str(model)).with_suffix("").with_name(Path(str(model)).stem + f"_{fmt.replace('-', '_')}")
+        return compile(model, output=out, target=target_device, precision=precision,
+                       calibration=q.get("calibration_data"), per_channel=q.get("per_channel", True),
+                       output_format=fmt, force=force, use_cache=self.use_cache, **kw)

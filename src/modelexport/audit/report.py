@@ -1,0 +1,68 @@
+"""AuditReport / NodeAudit: one shape for every backend's audit (ONNX Runtime QNN EP, ExecuTorch).
+
+A node is on `HTP` or `CPU` as the backend itself reported; `io` marks graph-boundary
+(de)quantization that ONNX Runtime keeps on the CPU by design; `folded` marks nodes the runtime's
+graph optimizer removed before placement (constants, fused or folded nodes).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HTP, CPU, IO, FOLDED = "HTP", "CPU", "io", "folded"
+
+
+@dataclass
+class NodeAudit:
+    name: str
+    op_type: str
+    backend: str                     # HTP | CPU | io | folded
+    module_path: str | None = None   # e.g. features.3.conv.0.0, from node names or exporter metadata
+    reason: str | None = None        # the backend's own words for CPU nodes
+    fix: str | None = None           # a suggestion from audit.fixes
+    macs: int = 0                    # multiply-accumulates (Conv, ConvTranspose, MatMul, Gemm)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.backend == CPU
+
+
+@dataclass
+class AuditReport:
+    model: str
+    target: str
+    htp_arch: int
+    precision: str
+    backend: str                     # "onnxruntime-qnn" or "executorch-qnn"
+    nodes: list[NodeAudit]
+    qairt_build: str | None = None
+    notes: list[str] = field(default_factory=list)
+    log_file: str | None = None
+
+    @property
+    def fallbacks(self) -> list[NodeAudit]:
+        return [n for n in self.nodes if n.is_fallback]
+
+    @property
+    def ok(self) -> bool:
+        return not self.fallbacks
+
+    def totals(self) -> dict[str, Any]:
+        count = Counter(n.backend for n in self.nodes)
+        macs = Counter()
+        for n in self.nodes:
+            macs[n.backend] += n.macs
+        total_macs = sum(macs.values())
+        compute = count[HTP] + count[CPU]
+        return {"nodes": len(self.nodes), "by_backend": dict(count), "macs": dict(macs), "total_macs": total_macs,
+                "htp_node_share": round(count[HTP] / compute, 4) if compute else None,
+                "htp_mac_share": round(macs[HTP] / total_macs, 4) if total_macs else None,
+                "fallback_ops": dict(Counter(n.op_type for n in self.fallbacks))}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["totals"] = self.totals()
+        d["ok"] = self.ok
+        return d

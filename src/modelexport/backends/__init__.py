@@ -1,0 +1,58 @@
+"""Backends: compile a loaded model into a bundle.
+
+Each backend registers itself with `@backend(name, kinds=(...))`, naming the kinds of loaded
+model it compiles ("onnx" for ONNX Runtime's QNN EP; an ExecuTorch backend will register
+"torch"). `modelexport.compile` picks the backend by the frontend's kind, so adding one is one
+new registration.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import InputError
+from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    kinds: tuple[str, ...]
+    compile: Callable[..., object]
+    description: str = ""
+    formats: tuple[str, ...] = ()      # output formats it writes, default first
+
+    @property
+    def default_format(self) -> str:
+        return self.formats[0] if self.formats else "context-binary"
+
+
+BACKENDS: Registry[Backend] = Registry("backend")
+_BUILTIN = ("modelexport.backends.ort_qnn", "modelexport.backends.executorch_qnn", "modelexport.llm.export.backend")
+
+
+def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = ()):
+    def add(fn: Callable[..., object]):
+        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats))
+        return fn
+    return add
+
+
+def _load_builtin() -> None:
+    for mod in _BUILTIN:
+        importlib.import_module(mod)
+
+
+def backend_for_kind(kind: str, name: str | None = None) -> Backend:
+    _load_builtin()
+    if name:
+        b = BACKENDS.get(name)
+        if kind not in b.kinds:
+            raise InputError(f"backend {name!r} compiles {', '.join(b.kinds)} models, not {kind}",
+                             "leave --backend out to pick the right one")
+        return b
+    for _, b in BACKENDS:
+        if kind in b.kinds:
+            return b
+    raise InputError(f"no backend compiles {kind} models yet", f"backends: {', '.join(BACKENDS.names())}")

@@ -1,0 +1,38 @@
+"""ExecuTorch QNN compile specs for a target SoC, with the QNN log level we need.
+
+ExecuTorch's `generate_qnn_executorch_compiler_spec` offers log level error (default) or debug;
+the audit wants warn, so that QNN's validator says why it refuses an op config. The spec is a
+flatbuffer; it is decoded, the level changed, and encoded again.
+"""
+from __future__ import annotations
+
+from ..errors import TargetError
+from ..targets import SoC
+
+LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "verbose": 4, "debug": 5}
+
+
+def chipset(soc: SoC):
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+    try:
+        return QcomChipset[soc.name]
+    except KeyError:
+        known = ", ".join(c.name for c in QcomChipset if c.name != "UNKNOWN_SM")
+        raise TargetError(f"executorch's QNN backend has no chipset entry for {soc.name}",
+                          f"choose one it knows: {known}") from None
+
+
+def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sharing: bool = False) -> list:
+    from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchLogLevel
+    from executorch.backends.qualcomm.serialization.qc_schema_serialize import (flatbuffer_to_option,
+                                                                                option_to_flatbuffer)
+    from executorch.backends.qualcomm.utils.constants import QCOM_QNN_COMPILE_SPEC
+    from executorch.backends.qualcomm.utils.utils import (generate_htp_compiler_spec,
+                                                          generate_qnn_executorch_compiler_spec)
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=chipset(soc),
+        backend_options=generate_htp_compiler_spec(use_fp16=use_fp16, use_weight_sharing=weight_sharing))
+    option = flatbuffer_to_option(specs[0].value)
+    option.log_level = QnnExecuTorchLogLevel(LOG_LEVELS[log_level])
+    return [CompileSpec(QCOM_QNN_COMPILE_SPEC, option_to_flatbuffer(option))]

@@ -1,0 +1,40 @@
+"""What every backend's compile takes: the parts (models) of a bundle and the options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .htp_options import DEFAULT_OPTIMIZATION_LEVEL
+
+
+@dataclass
+class PartSpec:
+    """One model of a bundle (seed 003: a vision encoder, a token embedder, a decoder ...)."""
+    model: Any                               # path, ModelProto or LoadedOnnx
+    name: str | None = None
+    precision: str = "8a8w"
+    calibration: Any = None                  # DIR | list.txt | .npz | "random" | arrays
+    input_shapes: Any = None
+
+
+@dataclass
+class CompileOptions:
+    targets: list[str] = field(default_factory=lambda: ["SM8650"])
+    output_format: str = "context-binary"
+    vtcm_mb: int | None = None
+    optimization_level: int = DEFAULT_OPTIMIZATION_LEVEL
+    per_channel: bool = True
+    strict: bool = False
+    use_cache: bool = True
+    jobs: int | None = None
+    random_samples: int = 8
+    # PyTorch → ExecuTorch (.pte) only
+    overrides: list[str] = field(default_factory=list)   # 'REGEX=PRECISION' per-module precisions
+    block_size: int | None = None                        # 16a4w_block: input channels per scale
+    rewrites: list[str] = field(default_factory=list)    # opt-in rewrite passes (modelexport.passes)
+    fallback: str | None = None                          # where QNN-refused nodes go: xnnpack (default) | portable
+    # LLMs (GGUF / HF folder → static decoders) only
+    variants: list[int] | None = None                    # arN graphs, e.g. [32, 1]
+    max_seq_len: int | None = None                       # context of the static decoders
+    context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
+    calibration_samples: int | None = None               # samples per variant from the calibration text

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ...errors import InputError, UnsupportedError
+from ..app import app, console, emit_json, progress
+
+FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
+               "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
+               "pte (ExecuTorch program with the QNN delegate) for PyTorch models. Default: the model kind's own.")
+PRECISION_HELP = ("fp16, 8a8w, 16a8w, 16a16w or 16a4w (activations a, weights w; default 8a8w); PyTorch models also "
+                  "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+).")
+OVERRIDE_HELP = ("PyTorch models: 'REGEX=PRECISION' gives the modules whose path matches REGEX (e.g. 'layers\\.0\\.mlp') "
+                 "another quantized precision (repeatable; first match wins).")
+REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization (repeatable; `modelexport audit` names them)."
+CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
+              "(labelled not representative in the manifest).")
+
+
+def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
+    m = bundle.manifest
+    if json_out:
+        emit_json({"bundle": str(bundle.path), "targets": m.targets, "htp_arch": m.htp_arch, "precision": m.precision,
+                   "format": m.format, "qairt_build": m.qairt_build, "placement": m.placement,
+                   "graphs": [g.model_dump(exclude_none=True) for g in m.graphs],
+                   "files": [f.model_dump() for f in m.files], "cache": m.extra.get("cache"),
+                   "timings": m.extra.get("timings"), **(extra or {})})
+        return
+    sizes = {f.path: f.size for f in m.files}
+    table = Table("part", "target", "HTP arch", "precision", "file", "bytes", "HTP nodes", "CPU fallbacks", "cached",
+                  header_style="bold")
+    parts = {p["name"]: p for p in m.extra.get("parts", [])}
+    for g in m.graphs:
+        part = g.extra.get("part", g.name)
+        pl = m.placement.get(part, {}).get(g.target or "", {})
+        fb = pl.get("cpu_fallbacks", [])
+        hit = parts.get(part, {}).get("cache_hit", {}).get(g.target or m.targets[0])
+        table.add_row(part, g.target or "-", f"V{g.htp_arch}" if g.htp_arch else "-", parts.get(part, {}).get("precision", m.precision),
+                      g.file or "", f"{sizes.get(g.file, 0):,}", str(pl.get("htp_nodes", "")),
+                      ("[red]" + escape(", ".join(f"{x['name']} ({x['op_type']})" for x in fb[:4])) + "[/]") if fb else "[green]none[/]",
+                      "yes" if hit else "no")
+    console.print(table)
+    for part, cal in m.calibration.items():
+        if cal.get("representative") is False:
+            console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
+    console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.extra.get('timings', {}).get('total_s')} s)")
+    for line in (extra or {}).get("also_written", []):
+        console.print(f"  also wrote {line}")
+
+
+def _compile(models: list[str], out: Path, targets: list[str], precision: str, calibration: Optional[str],
+             input_shape: Optional[list[str]], fmt: Optional[str], vtcm_mb: Optional[int], optimization_level: int, strict: bool,
+             no_cache: bool, jobs: Optional[int], force: bool, json_out: bool, **torch_options):
+    from ...api import compile as api_compile
+    with progress("compiling", enabled=not json_out, total=None) as bar:
+        def report(msg: str, done: float, total: float) -> None:
+            bar.update(description=msg, completed=done, total=total)
+        return api_compile(*models, output=out, target=targets, precision=precision, calibration=calibration,
+                           input_shapes=input_shape, force=force, output_format=fmt, vtcm_mb=vtcm_mb,
+                           optimization_level=optimization_level, strict=strict, use_cache=not no_cache, jobs=jobs,
+                           progress=report, **{k: v for k, v in torch_options.items() if v})
+
+
+@app.command("compile")
+def compile_cmd(
+    models: List[str] = typer.Argument(..., help="One or more .onnx models (one bundle holds them all), or a pipeline .yaml/.json; "
+                                       "or a PyTorch model: model.py:factory (returns (module, example_inputs)) or a .pt2."),
+    output: Path = typer.Option(..., "--output", "-o", help="The bundle folder to write."),
+    target: List[str] = typer.Option(["SM8650"], "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently)."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w (default), 16a8w, 16a16w, 8a8w."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="16a4w_block: input channels per weight scale (default 64)."),
+    override: Optional[List[str]] = typer.Option(None, "--override", help=OVERRIDE_HELP),
+    rewrite: Optional[List[str]] = typer.Option(None, "--rewrite", help=REWRITE_HELP),
+    fallback: Optional[str] = typer.Option(None, "--fallback", help="PyTorch models: where nodes the HTP refuses run: xnnpack (default) or portable."),
+    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for (QNN EP option vtcm_mb); at most the target's."),
+    optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="HTP graph finalization optimization (1, 2, 3; 3 = best)."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
+    variants: Optional[str] = typer.Option(None, "--variants", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default)."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
+    context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
+    calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Quantize and compile ONNX model(s) into QNN context binaries (or an LLM: a .gguf or Hugging Face
+    folder → arN static decoders sharing one copy of the weights, 16a4w, Genie config) for one or more Snapdragon SoCs,
+    written as one bundle (manifest.json with graphs, IO encodings, targets and HTP arch read back
+    from the binaries, QAIRT build, options, calibration). Results are cached by content.
+
+    Pipeline file (several parts, one bundle):
+
+        targets: [SM8650]
+        parts:
+          - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: calib/}
+          - {name: embedder, model: emb.onnx, precision: fp16}
+    """
+    bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, vtcm_mb, optimization_level,
+                      strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
+                      fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
+                      calibration_samples=calibration_samples)
+    if bundle.manifest.kind == "llm":
+        from .llm_summary import llm_summary
+        llm_summary(bundle, json_out)
+        return
+    _summary(bundle, json_out)
+
+
+@app.command("compile-qnn")
+def compile_qnn(
+    model: str = typer.Argument(..., help="The ONNX model (or a pipeline .yaml)."),
+    output: Optional[str] = typer.Argument(None, help="model_ctx.bin / model.dlc (that file, plus a bundle folder beside it), or a folder."),
+    quantize: bool = typer.Option(False, "--quantize", help="Quantize (with --act-bitwidth/--weights-bitwidth, default 8/8); without it: fp16."),
+    calibration_data: Optional[str] = typer.Option(None, "--calibration-data", "--calibration", "-c", help=CALIB_HELP),
+    act_bitwidth: Optional[int] = typer.Option(None, "--act-bitwidth", help="8 or 16."),
+    weights_bitwidth: Optional[int] = typer.Option(None, "--weights-bitwidth", help="4, 8 or 16."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " Overrides the bitwidth flags."),
+    fmt: str = typer.Option("context-binary", "--format", "-f", help=FORMAT_HELP),
+    backend: str = typer.Option("HTP", "--backend", help="QNN backend: HTP (the only one available here)."),
+    device: Optional[List[str]] = typer.Option(None, "--device", "--target", "-t", help="SoC: 'Snapdragon 8 Gen 3', SM8650, 8gen3 ... (repeatable)."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224."),
+    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for; at most the target's."),
+    optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="1, 2 or 3."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse if any node falls back to the CPU."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the compile cache."),
+    force: bool = typer.Option(False, "--force", help="Replace existing outputs."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """The seeds' spelling of `compile`: `compile-qnn model.onnx model_ctx.bin --quantize
+    --calibration-data list.txt --act-bitwidth 8 --weights-bitwidth 8 --format context-binary
+    --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`."""
+    from ...artifacts.atomic import atomic_file, check_output
+    from ...quant import get_precision, precision_from_bitwidths
+    if backend.upper() != "HTP":
+        raise UnsupportedError(f"--backend {backend} is not available", "use --backend HTP (the wheel ships no libQnnCpu.so; GPU is not wired up)")
+    prec = get_precision(precision).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
+    targets = device or ["SM8650"]
+    fmt = {"ctx": "context-binary", "bin": "context-binary"}.get(fmt, fmt)
+    file_out: Optional[Path] = None
+    if output is None:
+        bundle_dir = Path(model).with_suffix("").with_name(Path(model).stem + "_qnn")
+    elif Path(output).suffix.lower() in (".bin", ".dlc"):
+        file_out = Path(output)
+        want = ".dlc" if fmt == "dlc" else ".bin"
+        if file_out.suffix.lower() != want:
+            raise InputError(f"{output} does not fit --format {fmt} (expected a {want} file)", f"name the output *{want} or change --format")
+        if len(targets) > 1 and fmt != "dlc":
+            raise InputError("one .bin file can hold one target's binary", "give a folder as OUTPUT for several --device")
+        bundle_dir = file_out.with_name(file_out.stem + ".bundle")
+        check_output(file_out, force)
+    else:
+        bundle_dir = Path(output)
+    bundle = _compile([model], bundle_dir, targets, prec, calibration_data, input_shape, fmt, vtcm_mb, optimization_level,
+                      strict, no_cache, None, force, json_out)
+    also = []
+    if file_out is not None:
+        g = bundle.manifest.graphs[0]
+        with atomic_file(file_out, force) as tmp:
+            import shutil
+            shutil.copyfile(bundle.file(g.file), tmp)
+        also.append(f"{file_out} ({'context binary for ' + g.target if g.target else 'DLC'}; run/verify use the bundle)")
+    _summary(bundle, json_out, {"also_written": also})

@@ -1,0 +1,47 @@
+"""`modelexport eval`: perplexity of an LLM at three stages (float, fake-quant, HTP simulator) + SQNR."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ...errors import InputError
+from ..app import app, console, emit_json, err_console
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Path = typer.Argument(..., help="An LLM bundle (all three stages) or a .gguf / Hugging Face folder (float only)."),
+    perplexity: Optional[Path] = typer.Option(None, "--perplexity", help="Plain-text file to score (default: lee_background.cor)."),
+    window: int = typer.Option(512, "--window", help="Tokens per window for float and fake-quant (at most the bundle's max_seq_len)."),
+    max_tokens: int = typer.Option(2048, "--tokens", help="Score the first N tokens of the text (float, fake-quant)."),
+    sim_window: int = typer.Option(64, "--sim-window", help="Tokens per window on the HTP simulator (slow: keep it short)."),
+    sim_tokens: int = typer.Option(64, "--sim-tokens", help="Tokens scored on the simulator (also the span the SQNR compares)."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim (default: all a bundle allows)."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="GGUF / HF input: the context of the float decoder (default: --window)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Perplexity on a text at the float, fake-quant (QDQ on the CPU) and compiled (HTP simulator)
+    stages, and the SQNR of the quantized logits against float on the span all stages ran."""
+    from ...llm.evaluate import evaluate
+    st = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    if window < 2 or sim_window < 2:
+        raise InputError("--window and --sim-window must be at least 2")
+
+    def say(msg: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]{msg}[/]", highlight=False)
+    res = evaluate(model, perplexity, stages=st, window=window, max_tokens=max_tokens, sim_window=sim_window,
+                   sim_tokens=sim_tokens, max_seq_len=max_seq_len, progress=say)
+    if json_out:
+        emit_json(res)
+        return
+    t = Table("stage", "tokens", "window", "perplexity", f"perplexity (first {res['short']['tokens']})", "seconds", header_style="bold")
+    for k, r in res["stages"].items():
+        t.add_row(k, str(r["tokens"]), str(r["window"]), f"{r['perplexity']:.3f}",
+                  f"{res['short']['perplexity'].get(k, float('nan')):.3f}", f"{r['seconds']:.1f}")
+    console.print(t)
+    for pair, c in res["sqnr"].items():
+        console.print(f"  logits {pair}: SQNR {c['sqnr_db']:.2f} dB, cosine {c['cosine']:.5f}, top-1 agreement {c['top1_agreement']:.2%}")

@@ -1,0 +1,131 @@
+"""`modelexport generate`: text from an LLM on this host, streamed as it comes."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ...errors import InputError
+from ..app import app, console, emit_json, err_console
+
+
+@app.command()
+def generate(
+    model: Path = typer.Argument(..., help="A GGUF file, a Hugging Face folder, an ExecuTorch LLM .pte, or an LLM bundle."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The prompt (plain text; with --chat, the first user message)."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template; multi-turn: more messages from stdin, one per line ('/reset', '/exit')."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
+    backend: str = typer.Option("cpu", "--backend", help="cpu (ExecuTorch XNNPACK, the fast default) or htp-sim (a compiled bundle on the HTP simulator)."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set holding this much probability (1 = off)."),
+    repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 1 discourages repeating tokens already in the context."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text)."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
+    sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
+    quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
+    max_seq_len: int = typer.Option(2048, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Use this tokenizer (tokenizer.json, SentencePiece .model or .gguf) instead of the model's."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all cores)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild the CPU program instead of reusing the cached one."),
+    json_out: bool = typer.Option(False, "--json", help="Print the text and stats as JSON (no streaming)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the generated text (no stats)."),
+) -> None:
+    """Generate text: tokenizer, prefill, decode with a KV cache, sampling, stop conditions.
+
+    Tokens stream as they come; at the end the stats llama.cpp prints: time to first token,
+    prefill and decode tokens per second. A GGUF or HF model is first built into an ExecuTorch
+    XNNPACK program (4-bit weights by default), cached by its content, so that happens once."""
+    from ... import llm
+    from ..app import progress
+
+    if not chat and (prompt is None or not prompt.strip()):
+        raise InputError("the prompt is empty" if prompt is not None else "no prompt given",
+                         "pass --prompt TEXT, or --chat for a conversation")
+    if prompt is not None and not prompt.strip():
+        raise InputError("the prompt is empty", "pass some text with --prompt")
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
+                   sliding_window=sliding_window)
+    llm.GenerationConfig(**{k: options[k] for k in ("max_new_tokens", "stop_strings", "sliding_window")},
+                         sampling=llm.SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
+                                                     repetition_penalty=repetition_penalty, seed=seed))  # validate early
+    with progress("loading the model", enabled=not json_out and sys.stderr.isatty()) as bar:
+        def stage(name: str) -> None:
+            bar.update(description=f"building the CPU program (once per model): {name}")
+        model_ = llm.load(model, backend=backend, quant=quant, max_seq_len=max_seq_len, tokenizer=tokenizer,
+                          threads=threads, use_cache=not no_cache, progress=stage)
+    info = model_.info
+    if not json_out and not quiet:
+        built = info.get("export") or {}
+        how = ("cached" if info.get("cache_hit") else f"built in {built.get('export_seconds', '?')} s") if built else ""
+        err_console.print(f"[dim]{backend}: {info.get('model')} ({info.get('quant', '')} {how}), context "
+                          f"{model_.max_seq_len}, tokenizer {info['tokenizer']['kind']} "
+                          f"{info['tokenizer']['vocab_size']:,}[/]", highlight=False)
+
+    if not chat:
+        result = _run_one(model_, prompt, options, chat=False, json_out=json_out, quiet=quiet)
+        if json_out:
+            emit_json({**result.to_dict(), "model": info})
+        return
+
+    session = model_.chat(system)
+    turns = []
+    # the first message from --prompt, then one per line from stdin (a prompt when it is a terminal)
+    for text in _more_messages([prompt] if prompt is not None else [], sys.stdin.isatty()):
+        if text == "/exit":
+            break
+        if text == "/reset":
+            session.reset()
+            continue
+        if not text.strip():
+            continue
+        stream = session.stream(text, **options)
+        result = _consume(stream, json_out=json_out, quiet=quiet)
+        turns.append({"user": text, **result.to_dict()})
+    if json_out:
+        emit_json({"turns": turns, "model": info})
+
+
+def _more_messages(first: list[str], interactive: bool):
+    yield from first
+    while True:
+        try:
+            if interactive:
+                line = console.input("[bold cyan]>>> [/]")
+            else:
+                line = sys.stdin.readline()
+                if not line:
+                    return
+                line = line.rstrip("\n")
+        except EOFError:
+            return
+        yield line
+
+
+def _run_one(model_, prompt, options, *, chat, json_out, quiet):
+    return _consume(model_.stream(prompt, chat=chat, **options), json_out=json_out, quiet=quiet)
+
+
+def _consume(stream, *, json_out: bool, quiet: bool):
+    if json_out:
+        stream.text()
+        return stream.result
+    try:
+        for piece in stream:
+            console.out(piece, end="", highlight=False)
+            console.file.flush()
+    except KeyboardInterrupt:
+        stream.close()
+    result = stream.result or stream.close()
+    console.out("")
+    if not quiet:
+        s = result.stats
+        err_console.print(f"[dim]{s.summary()}[/]", highlight=False)
+        if s.stop_reason == "context_full":
+            err_console.print("[yellow]the context is full[/]: pass --sliding-window to go on, "
+                              "or rebuild with a larger --max-seq-len", highlight=False)
+    return result

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from ...errors import VerificationError
+from ..app import app, console, emit_json, progress
+
+
+@app.command("verify")
+def verify_cmd(
+    bundle: Path = typer.Argument(..., help="A bundle written by `modelexport compile`."),
+    input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="Inputs to compare on (default: the calibration samples stored in the bundle)."),
+    part: Optional[str] = typer.Option(None, "--part", help="Only this model of a multi-model bundle."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target."),
+    min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 30, 8a8w 15, "
+                                             "16a8w 18, 16a16w 25, 16a4w 5)."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --report file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Run the float model on ONNX Runtime's CPU EP and the compiled graph on the HTP simulator on
+    the same inputs; report SQNR (dB), cosine similarity and max abs error per output. Exits 5
+    when an output is below the pass mark."""
+    from ...api import verify as api_verify
+    from ...artifacts.atomic import atomic_file, check_output
+    if report is not None:
+        check_output(report, force)
+    with progress("float on CPU vs compiled on the HTP simulator", enabled=not json_out):
+        rep = api_verify(bundle, input, part, target, min_sqnr, samples)
+    data = rep.to_dict()
+    if report is not None:
+        with atomic_file(report, force) as tmp:
+            tmp.write_text(json.dumps(data, indent=2))
+    if json_out:
+        emit_json(data)
+    else:
+        table = Table("part", "target", "precision", "output", "SQNR dB", "cosine", "max abs err", "argmax agree", "pass mark", "",
+                      header_style="bold")
+        for g in rep.graphs:
+            for o in g.outputs:
+                table.add_row(g.part, g.target, g.precision, o.name, f"{o.sqnr_db:.2f}", f"{o.cosine:.5f}", f"{o.max_abs_error:.4g}",
+                              "" if o.argmax_agreement is None else f"{100 * o.argmax_agreement:.0f}%", f"{g.threshold_db:g}",
+                              "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
+        console.print(table)
+        for g in rep.graphs:
+            console.print(f"  {g.part}@{g.target}: {g.samples} sample(s), inputs: {g.inputs_kind}")
+    if not rep.passed:
+        bad = [f"{g.part}@{g.target}:{o.name} {o.sqnr_db:.1f} dB < {g.threshold_db:g}" for g in rep.graphs for o in g.outputs if not o.passed]
+        raise VerificationError("compiled outputs differ from the float model: " + "; ".join(bad),
+                                "calibrate on more representative data, use a wider precision (16a8w), or set --min-sqnr")

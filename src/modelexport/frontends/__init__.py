@@ -1,0 +1,49 @@
+"""Frontends: turn what the user gives (a path, a torch module, ...) into a loaded model.
+
+Each frontend registers itself with `@frontend(name, accepts=...)`; `load_model` picks the first
+that accepts the input, so supporting a new input kind is one new registration (e.g. a torch
+`nn.Module` frontend for the ExecuTorch backend).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import InputError
+from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class Frontend:
+    name: str
+    kind: str                          # what it produces: "onnx", "torch", "llm", ...
+    accepts: Callable[[Any], bool]
+    load: Callable[..., Any]
+
+
+FRONTENDS: Registry[Frontend] = Registry("frontend")
+# Modules that register frontends when imported (the ONNX one here; others add theirs).
+_BUILTIN = ("modelexport.frontends.onnx_model", "modelexport.frontends.torch_frontend",
+            "modelexport.frontends.gguf_file", "modelexport.frontends.hf_folder")
+
+
+def frontend(name: str, kind: str, accepts: Callable[[Any], bool]):
+    def add(load: Callable[..., Any]):
+        FRONTENDS.register(name)(Frontend(name, kind, accepts, load))
+        return load
+    return add
+
+
+def _load_builtin() -> None:
+    for mod in _BUILTIN:
+        importlib.import_module(mod)
+
+
+def find_frontend(obj: Any) -> Frontend:
+    _load_builtin()
+    for _, fe in FRONTENDS:
+        if fe.accepts(obj):
+            return fe
+    raise InputError(f"modelexport cannot load {obj!r}",
+                     "give an ONNX model (.onnx); known frontends: " + ", ".join(FRONTENDS.names()))

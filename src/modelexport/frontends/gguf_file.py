@@ -1,0 +1,232 @@
+"""GGUF files (llama.cpp's format): what is inside, and loading one as a float32 HF causal LM.
+
+`read_gguf_info` reads only the header through the `gguf` package (metadata, tensor table,
+tokenizer kind, chat template) and checks that every tensor's data lies inside the file.
+`load_gguf_causal_lm` lets transformers dequantize the weights (`from_pretrained(...,
+gguf_file=...)`), keeping the architecture the GGUF states; only Llama-family architectures
+(those the static decoder rebuilds) are accepted.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..llm.loaded import SUPPORTED_ARCHITECTURES, LoadedLLM, check_architecture
+from . import frontend
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    quant_type: str          # GGML type name: F32, F16, Q8_0, Q4_1, Q4_K, ...
+    shape: tuple[int, ...]   # PyTorch order (rows first): GGUF's ne reversed
+    n_elements: int
+    n_bytes: int
+
+
+@dataclass
+class GgufInfo:
+    path: str
+    file_size: int
+    gguf_version: int
+    architecture: str
+    name: str | None
+    file_type: str | None            # e.g. "MOSTLY_Q4_1"
+    context_length: int | None
+    n_layers: int | None
+    hidden_size: int | None
+    intermediate_size: int | None
+    n_heads: int | None
+    n_kv_heads: int | None
+    head_dim: int | None
+    rope_theta: float | None
+    rms_norm_eps: float | None
+    vocab_size: int | None
+    tokenizer_model: str | None      # "gpt2" (byte-level BPE), "llama" (SentencePiece), ...
+    tokenizer_pre: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    chat_template: str | None
+    tied_embeddings: bool
+    n_params: int
+    quant_types: dict[str, int] = field(default_factory=dict)   # type name -> tensor count
+    tensors: list[GgufTensor] = field(default_factory=list)
+
+    @property
+    def supported(self) -> bool:
+        return self.architecture in SUPPORTED_ARCHITECTURES
+
+    def to_dict(self, *, with_tensors: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        d["supported"] = self.supported
+        if not with_tensors:
+            d.pop("tensors")
+        else:
+            d["tensors"] = [{**t, "shape": list(t["shape"])} for t in d["tensors"]]
+        return d
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None or not f.types:
+        return None
+    from gguf import GGUFValueType
+    if f.types[0] == GGUFValueType.ARRAY:
+        return None  # arrays are read on purpose only (the token list alone has ~50k strings)
+    return f.contents()
+
+
+def _array_len(reader, key: str) -> int | None:
+    f = reader.fields.get(key)
+    return None if f is None else len(f.data)
+
+
+def _open_reader(path: Path):
+    if not path.exists():
+        raise InputError(f"GGUF file not found: {path}")
+    if not path.is_file():
+        raise InputError(f"not a file: {path}", "pass the path of a .gguf file")
+    import gguf
+    try:
+        return gguf.GGUFReader(str(path), "r")
+    except Exception as e:  # the reader raises ValueError/IndexError/... on damaged headers
+        raise InputError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})",
+                         "the file is truncated or corrupt: download or copy it again") from None
+
+
+def read_gguf_info(path: str | Path) -> GgufInfo:
+    """Metadata and tensor table of a GGUF file; InputError if the file is damaged."""
+    return _read_info(Path(path))[0]
+
+
+def _read_info(path: Path):
+    reader = _open_reader(path)
+    import gguf
+    size = path.stat().st_size
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise InputError(f"{path} has no general.architecture: not a model GGUF")
+
+    def a(key):  # an architecture-scoped key
+        return _field(reader, f"{arch}.{key}")
+
+    tensors, counts, n_params = [], Counter(), 0
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise InputError(f"{path} is truncated: tensor {t.name} ends at byte {end}, the file has {size}",
+                             "download or copy the file again")
+        name = t.tensor_type.name
+        tensors.append(GgufTensor(t.name, name, tuple(int(x) for x in reversed(t.shape.tolist())),
+                                  int(t.n_elements), int(t.n_bytes)))
+        counts[name] += 1
+        n_params += int(t.n_elements)
+    ft = _field(reader, "general.file_type")
+    try:
+        file_type = gguf.LlamaFileType(ft).name if ft is not None else None
+    except ValueError:
+        file_type = str(ft)
+    n_heads = a("attention.head_count")
+    hidden = a("embedding_length")
+    head_dim = a("rope.dimension_count") or a("attention.key_length") or (
+        hidden // n_heads if hidden and n_heads else None)
+    vocab = a("vocab_size") or _array_len(reader, "tokenizer.ggml.tokens")
+    names = {t.name for t in tensors}
+    return GgufInfo(
+        path=str(path), file_size=size, gguf_version=int(_field(reader, "GGUF.version") or 0),
+        architecture=arch, name=_field(reader, "general.name"), file_type=file_type,
+        context_length=a("context_length"), n_layers=a("block_count"), hidden_size=hidden,
+        intermediate_size=a("feed_forward_length"), n_heads=n_heads,
+        n_kv_heads=a("attention.head_count_kv") or n_heads, head_dim=head_dim,
+        rope_theta=a("rope.freq_base"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+        vocab_size=vocab, tokenizer_model=_field(reader, "tokenizer.ggml.model"),
+        tokenizer_pre=_field(reader, "tokenizer.ggml.pre"),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        tied_embeddings="output.weight" not in names, n_params=n_params,
+        quant_types=dict(sorted(counts.items())), tensors=tensors), reader
+
+
+_PATCH_LOCK = threading.Lock()
+
+
+@contextmanager
+def _reuse_parsed_gguf(path: Path, reader):
+    """While transformers loads `path`, hand it the reader already parsed here and memoize
+    `gguf.get_tensor_name_map`.
+
+    Parsing the header of a 50k-token GGUF is pure Python (seconds; transformers parses it once
+    for the model and once for the tokenizer), and transformers rebuilds the same tensor-name map
+    for every submodule (~400 times). Both are looked up on the `gguf` module at call time, so
+    swapping the two attributes for the duration of the load is enough; they are restored after.
+    """
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    target = os.path.realpath(path)
+
+    def reader_factory(p, *args, **kwargs):
+        if os.path.realpath(p) == target and not args and kwargs.get("mode", "r") == "r":
+            return reader
+        return real_reader(p, *args, **kwargs)
+
+    with _PATCH_LOCK:  # the swap is process-wide: one load at a time
+        gguf.GGUFReader = reader_factory
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(real_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
+
+
+def _is_gguf_path(obj) -> bool:
+    return isinstance(obj, (str, Path)) and str(obj).lower().endswith(".gguf")
+
+
+@frontend("gguf", kind="llm", accepts=_is_gguf_path)
+def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
+    """Dequantize a Llama-family GGUF into a float32 HF causal LM plus its tokenizer (offline)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    info, reader = _read_info(path)
+    check_architecture(info.architecture, str(path))
+    if info.tokenizer_model is None:
+        raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
+                         "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
+    folder, name = str(path.parent), path.name
+    t0 = time.perf_counter()
+    try:
+        with _reuse_parsed_gguf(path, reader):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                         local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (ValueError, OSError, KeyError) as e:
+        raise InputError(f"transformers could not load {path}: {type(e).__name__}: {e}",
+                         "check that the GGUF is a complete llama/qwen2/mistral model file") from None
+    model.eval()
+    model_type = model.config.model_type
+    # llama.cpp files Mistral under "llama"; transformers then builds MistralForCausalLM (same shape).
+    if model_type != info.architecture and not (info.architecture == "llama" and model_type == "mistral"):
+        raise InputError(f"{path} states architecture {info.architecture!r} but transformers built {model_type!r}")
+    chat_template = info.chat_template or _template_of(tokenizer)
+    if chat_template and not _template_of(tokenizer):
+        tokenizer.chat_template = chat_template
+    return LoadedLLM(model=model, tokenizer=tokenizer, config=model.config, source=path, source_format="gguf",
+                     architecture=model_type, chat_template=chat_template, gguf_info=info,
+                     load_seconds=round(time.perf_counter() - t0, 2))
+
+
+def _template_of(tokenizer) -> str | None:
+    t = getattr(tokenizer, "chat_template", None)
+    return t if isinstance(t, str) and t else None

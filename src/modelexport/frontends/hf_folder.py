@@ -1,0 +1,131 @@
+"""Hugging Face model folders (config.json + safetensors + tokenizer files), loaded offline.
+
+Also writes such a folder from an already loaded LLM (e.g. one dequantized from a GGUF):
+`save_pretrained` on a GGUF-loaded model refuses while the GGUF quantization config is
+attached, so the weights are copied into a fresh model of the same class built from a clean
+config, and that one is saved.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import InputError, OutputExistsError
+from ..llm.loaded import LoadedLLM, check_architecture
+from . import frontend
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+_BPE_PAIR = ("vocab.json", "merges.txt")
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in _TOKENIZER_FILES) or all((folder / f).is_file() for f in _BPE_PAIR)
+
+
+def _is_hf_folder(obj) -> bool:
+    return isinstance(obj, (str, Path)) and Path(obj).is_dir() and (Path(obj) / "config.json").is_file()
+
+
+@frontend("hf_folder", kind="llm", accepts=_is_hf_folder)
+def load_hf_folder(path: str | Path) -> LoadedLLM:
+    """A float32 causal LM and its tokenizer from a local HF folder; never touches the network."""
+    import time
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"HF model folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise InputError(f"{folder} has no config.json: not a Hugging Face model folder")
+    if not any(folder.glob("*.safetensors")):
+        raise InputError(f"{folder} has no *.safetensors weights",
+                         "save the model with save_pretrained(..., safe_serialization=True)")
+    if not _has_tokenizer(folder):
+        raise InputError(f"{folder} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
+                         "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError, KeyError) as e:
+        raise InputError(f"{folder}/config.json is not a valid config: {e}") from None
+    arch = check_architecture(getattr(config, "model_type", None), str(folder))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError, KeyError) as e:
+        raise InputError(f"transformers could not load {folder}: {type(e).__name__}: {e}") from None
+    model.eval()
+    template = getattr(tokenizer, "chat_template", None)
+    return LoadedLLM(model=model, tokenizer=tokenizer, config=model.config, source=folder, source_format="hf",
+                     architecture=arch, chat_template=template if isinstance(template, str) and template else None,
+                     load_seconds=round(time.perf_counter() - t0, 2))
+
+
+def write_hf_folder(llm: LoadedLLM, out_dir: str | Path, *, dtype=None, force: bool = False) -> Path:
+    """Write `llm` as a plain HF folder (safetensors + config + tokenizer + chat template).
+
+    `dtype` defaults to float32 (what the frontends load; bf16 halves the size but rounds the
+    dequantized weights). Written to a temporary sibling folder, then renamed into place; an
+    existing folder is replaced only with `force=True`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists", "pass force=True (--force) to replace it")
+    dtype = dtype or torch.float32
+    config = copy.deepcopy(llm.model.config)
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    config.dtype = dtype
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {k: v.detach().to(dtype) for k, v in llm.model.state_dict().items()}
+    missing, unexpected = fresh.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not _tied_alias(fresh, k)]
+    if missing or unexpected:
+        raise InputError(f"the weights do not fit a fresh {type(fresh).__name__}: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    fresh.tie_weights()
+    _materialize_buffers(fresh, llm.model)
+    if llm.chat_template and not isinstance(getattr(llm.tokenizer, "chat_template", None), str):
+        llm.tokenizer.chat_template = llm.chat_template
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        llm.tokenizer.save_pretrained(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _tied_alias(model, key: str) -> bool:
+    return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def _materialize_buffers(fresh, source) -> None:
+    """Non-persistent buffers (RoPE inv_freq) were created on the meta device: take the source's."""
+    src = dict(source.named_buffers())
+    for name, buf in list(fresh.named_buffers()):
+        if buf.is_meta:
+            mod_name, _, attr = name.rpartition(".")
+            mod = fresh.get_submodule(mod_name) if mod_name else fresh
+            mod._buffers[attr] = src[name].detach().clone()

@@ -1,0 +1,94 @@
+"""PyTorch inputs: an nn.Module object, `model.py:factory`, or a saved ExportedProgram `.pt2`.
+
+A factory returns the module and its example inputs as `(module, example_inputs)`, or a module
+with an `example_inputs()` method. Module paths (`layers.3.mlp.act`) survive torch.export in
+each node's `nn_module_stack`, which the audit reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+
+@dataclass
+class LoadedModule:
+    module: Any                        # torch.nn.Module in eval mode
+    example_inputs: tuple
+    source: str                        # what the user named
+    sha256: str | None = None          # of the source file, when there is one
+    exported: Any = None               # an ExportedProgram when the source was a .pt2
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _as_tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def from_module(module: Any, example_inputs: Any, source: str = "<nn.Module>") -> LoadedModule:
+    import torch
+    if not isinstance(module, torch.nn.Module):
+        raise InputError(f"{source} is a {type(module).__name__}, not a torch.nn.Module",
+                         "pass an nn.Module (or a factory returning one)")
+    if example_inputs is None:
+        maker = getattr(module, "example_inputs", None)
+        if not callable(maker):
+            raise InputError(f"no example inputs for {source}",
+                             "return (module, example_inputs) from the factory, or give the module an example_inputs() method")
+        example_inputs = maker()
+    return LoadedModule(module.eval(), _as_tuple(example_inputs), source, description=type(module).__name__)
+
+
+def load_factory(spec: str) -> LoadedModule:
+    """`path/to/model.py:factory` → call factory() in a fresh module namespace."""
+    file_part, _, func = spec.rpartition(":")
+    path = Path(file_part)
+    if not file_part or not func:
+        raise InputError(f"{spec!r} is not FILE.py:FACTORY", "name a Python file and a function in it, e.g. model.py:build")
+    if not path.is_file():
+        raise InputError(f"{path} does not exist", "check the path of the Python file")
+    mod_name = f"_modelexport_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
+    spec_obj = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec_obj)
+    sys.modules[mod_name] = module
+    try:
+        spec_obj.loader.exec_module(module)
+    except SyntaxError as e:
+        raise InputError(f"{path} has a syntax error at line {e.lineno}: {e.msg}", "fix the file and try again") from None
+    factory = getattr(module, func, None)
+    if not callable(factory):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise InputError(f"{path} has no function {func!r}", f"functions defined there: {', '.join(names) or 'none'}")
+    made = factory()
+    inputs = None
+    if isinstance(made, tuple) and len(made) == 2:
+        made, inputs = made
+    loaded = from_module(made, inputs, spec)
+    loaded.sha256 = _sha256(path)
+    return loaded
+
+
+def load_pt2(path: str | Path) -> LoadedModule:
+    import torch
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p} does not exist", "check the path of the .pt2 file")
+    try:
+        ep = torch.export.load(p)
+    except Exception as e:  # torch raises many types for a corrupt archive
+        raise InputError(f"{p} is not a readable torch.export archive: {type(e).__name__}: {str(e)[:200]}",
+                         "save it with torch.export.save(exported_program, path)") from None
+    args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
+    if not args:
+        raise InputError(f"{p} carries no example inputs", "export with example inputs and save again")
+    return LoadedModule(ep.module(), tuple(args), str(p), _sha256(p), exported=ep, description="ExportedProgram")

@@ -1,0 +1,109 @@
+"""LLM support: loaded models (`loaded`), the fixed-shape NPU decoder (`static_decoder`) and its
+pure-torch reference loop (`static_runner`), tokenizers, sampling, the generation loop, and the
+runtimes that generate text on this host.
+
+    import modelexport.llm as llm
+    model = llm.load("SmolLM2-135M-Instruct.Q4_1.gguf")       # CPU runtime (ExecuTorch XNNPACK, 8da4w)
+    print(model.generate("What is the capital of France?", chat=True, max_new_tokens=32).text)
+    for piece in model.stream("Once upon a time", temperature=0.8, seed=1):
+        print(piece, end="", flush=True)
+    chat = model.chat(); chat.send("Hi!"); chat.send("And in French?")
+
+`load` accepts a GGUF file, a Hugging Face folder, an ExecuTorch LLM `.pte`, or an LLM bundle
+(a `modelexport` output folder). Backends are looked up in `LLM_BACKENDS` ("cpu", "htp-sim").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import InputError
+from ..registry import Registry
+from .generate import (ChatSession, DecoderSession, Forward, GenerationConfig, GenerationResult, GenerationStats,
+                       Generator, StaticGraphSession, TokenStream)
+from .sampling import Sampler, SamplingConfig
+from .tokenizers import Tokenizer, check_vocab, load_tokenizer
+
+__all__ = ["load", "LLM", "LoadOptions", "LLM_BACKENDS", "Generator", "GenerationConfig", "GenerationResult",
+           "GenerationStats", "TokenStream", "ChatSession", "DecoderSession", "Forward", "StaticGraphSession",
+           "Sampler", "SamplingConfig", "Tokenizer", "load_tokenizer"]
+
+
+@dataclass
+class LoadOptions:
+    quant: str = "8da4w"            # CPU program weights: 8da4w | 8da8w | fp32
+    max_seq_len: int = 2048         # context of a CPU program built here
+    tokenizer: str | Path | None = None   # override the model's own tokenizer
+    threads: int | None = None      # CPU threads (default: all cores)
+    use_cache: bool = True
+    cache_dir: str | Path | None = None   # where built CPU programs are kept (default: MODELEXPORT_CACHE_DIR)
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class LLM:
+    """A model ready to generate: `generate`, `stream`, `chat`."""
+
+    generator: Generator
+    backend: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.generator.tokenizer
+
+    @property
+    def session(self) -> DecoderSession:
+        return self.generator.session
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.generator.max_seq_len
+
+    def generate(self, prompt: str | Sequence[dict] | Sequence[int], config: GenerationConfig | None = None, *,
+                 chat: bool = False, on_text: Callable[[str], None] | None = None, **options: Any) -> GenerationResult:
+        """Generate from text (`chat=True` wraps it in the chat template), chat messages or token ids.
+        Options: max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_strings,
+        sliding_window."""
+        return self.generator.generate(prompt, config, chat=chat, on_text=on_text, **_norm(options))
+
+    def stream(self, prompt: str | Sequence[dict] | Sequence[int], config: GenerationConfig | None = None, *,
+               chat: bool = False, **options: Any) -> TokenStream:
+        """An iterator of text pieces; `.result` (text, token ids, stats) once it is exhausted."""
+        return self.generator.stream(prompt, config, chat=chat, **_norm(options))
+
+    def chat(self, system: str | None = None) -> ChatSession:
+        return self.generator.chat(system)
+
+
+def _norm(options: dict[str, Any]) -> dict[str, Any]:
+    if "stop" in options:  # the CLI's name
+        stop = options.pop("stop")
+        options["stop_strings"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    return options
+
+
+# --------------------------------------------------------------------------------------------
+# backends: name -> opener(source, options) -> LLM
+LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backend")
+
+
+def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
+    """Open `source` (GGUF file, HF folder, ExecuTorch `.pte`, or an LLM bundle) on `backend`."""
+    from . import backends  # noqa: F401  (registers the built-in backends)
+
+    opts = LoadOptions(**options)
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path} does not exist", "give a .gguf file, a Hugging Face folder, a .pte or a bundle folder")
+    return LLM_BACKENDS.get(backend)(path, opts)
+
+
+def attach_tokenizer(session: DecoderSession, tokenizer: Tokenizer, *, backend: str, info: dict[str, Any],
+                     extra_eos_ids: Sequence[int] = ()) -> LLM:
+    """The common last step of every backend: check the tokenizer fits the model, wrap both."""
+    if session.vocab_size:
+        check_vocab(tokenizer, session.vocab_size, where=f"the model ({info.get('model') or backend})")
+    info = {**info, "tokenizer": tokenizer.describe(), "max_seq_len": session.max_seq_len}
+    return LLM(Generator(session, tokenizer, backend=backend, extra_eos_ids=extra_eos_ids), backend, info)

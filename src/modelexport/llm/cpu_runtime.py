@@ -1,0 +1,128 @@
+"""The CPU runtime: an ExecuTorch XNNPACK `.pte` (KV cache inside the program) as a `DecoderSession`.
+
+The program is run through ExecuTorch's Python bindings, one `forward(tokens, input_pos)` call
+per prefill chunk or decode step; everything around it (sampling, stopping, streaming, stats)
+is the shared loop in `generate`. A decode step costs one C++ call of a few milliseconds, so the
+Python around it is a few percent at most (measured in `bench/llm_cpu_decode.py`, which also
+runs ExecuTorch's own C++ runner, `TextLLMRunner`, on the same file for comparison).
+
+The KV cache lives in the program's mutable buffers and is written by `llama::update_cache`
+at `input_pos`; `llama::custom_sdpa` attends over positions 0..input_pos+n-1 only, so
+rewinding is just moving `position` back: stale entries beyond it are never read and are
+overwritten by the next tokens.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import InputError, ToolchainError
+
+_OPS_LOCK = threading.Lock()
+_OPS_LOADED = False
+
+
+def load_llm_ops() -> None:
+    """Register the kernels an LLM `.pte` calls outside XNNPACK (custom SDPA, KV-cache update,
+    quantized embedding). Without this the program fails with `Missing operator llama::...`."""
+    global _OPS_LOADED
+    with _OPS_LOCK:
+        if _OPS_LOADED:
+            return
+        try:
+            from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
+            from executorch.kernels import quantized  # noqa: F401
+        except ImportError as e:
+            raise ToolchainError(f"ExecuTorch's LLM kernels are missing ({e})",
+                                 "reinstall the pinned executorch wheel (make setup)") from None
+        _OPS_LOADED = True
+
+
+def set_threads(n: int | None) -> int:
+    """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores)."""
+    from executorch.extension.pybindings import portable_lib as pl
+
+    if n:
+        pl._unsafe_reset_threadpool(int(n))
+    return int(pl._threadpool_get_thread_count())
+
+
+class ExecuTorchSession:
+    """`DecoderSession` over an ExecuTorch LLM program (`forward(tokens [1,n], input_pos [1])`)."""
+
+    def __init__(self, pte: str | Path, *, prefill_chunk: int | None = None, threads: int | None = None):
+        pte = Path(pte)
+        if not pte.is_file():
+            raise InputError(f"ExecuTorch program not found: {pte}")
+        load_llm_ops()
+        from executorch.extension.pybindings import portable_lib as pl
+
+        try:
+            self.module = pl._load_for_executorch(str(pte))
+        except RuntimeError as e:
+            raise InputError(f"{pte} is not a loadable ExecuTorch program ({e})") from None
+        if threads:
+            set_threads(threads)
+        names = set(self.module.method_names())
+        if "forward" not in names or "get_max_seq_len" not in names:
+            raise InputError(f"{pte} is not an ExecuTorch LLM program (no forward/get_max_seq_len methods)",
+                             "build it with `modelexport generate MODEL.gguf` or ExecuTorch's export_llm")
+        self.path = pte
+        self.meta = {n[4:] if n.startswith("get_") else n: self._const(n) for n in names if n != "forward"}
+        self.max_seq_len = int(self.meta.get("max_context_len") or self.meta["max_seq_len"])
+        self.vocab_size = int(self.meta.get("vocab_size") or 0)
+        if not self.meta.get("use_kv_cache", True):
+            raise InputError(f"{pte} has no KV cache; the CPU runtime needs one (export with use_kv_cache)")
+        tokens_info = self.module.method_meta("forward").input_tensor_meta(0)
+        self.max_chunk = int(tokens_info.sizes()[1])   # the dynamic dimension's upper bound
+        self.prefill_chunk = min(prefill_chunk or self.max_chunk, self.max_chunk)
+        self.position = 0
+        self._pos = torch.zeros(1, dtype=torch.long)
+
+    def _const(self, name: str) -> Any:
+        v = self.module.run_method(name, ())
+        if isinstance(v, (list, tuple)):
+            v = [x.item() if isinstance(x, torch.Tensor) else x for x in v]
+            return v[0] if name != "get_eos_ids" and len(v) == 1 else v
+        return v
+
+    @property
+    def eos_ids(self) -> list[int]:
+        e = self.meta.get("eos_ids")
+        return [int(i) for i in (e if isinstance(e, list) else [e])] if e is not None else []
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def rewind(self, position: int) -> None:
+        if not 0 <= position <= self.position:
+            raise ValueError(f"cannot rewind to {position} from {self.position}")
+        self.position = position
+
+    def _forward(self, ids: Sequence[int]) -> torch.Tensor:
+        tokens = torch.tensor([list(ids)], dtype=torch.long)
+        self._pos[0] = self.position
+        out = self.module.run_method("forward", (tokens, self._pos))
+        self.position += len(ids)
+        return out[0]
+
+    def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
+        ids = list(token_ids)
+        if not ids:
+            raise InputError("nothing to feed: the token list is empty")
+        if self.position + len(ids) > self.max_seq_len:
+            raise InputError(f"{len(ids)} tokens do not fit after {self.position} of {self.max_seq_len} positions",
+                             "use a shorter prompt, or rebuild with a larger --max-seq-len")
+        logits = None
+        for i in range(0, len(ids), self.prefill_chunk):
+            logits = self._forward(ids[i:i + self.prefill_chunk])
+        return logits.reshape(-1)
+
+
+def default_threads() -> int | None:
+    v = os.environ.get("MODELEXPORT_THREADS")
+    return int(v) if v else None

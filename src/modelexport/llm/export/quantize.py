@@ -1,0 +1,131 @@
+"""QDQ quantization of decoder graphs: 16-bit activations, 4-bit (or 8/16-bit) weights per output
+channel, per-module overrides.
+
+ONNX Runtime's QNN quantization config quantizes MatMul weights per tensor when `per_channel`
+is on ("QNN does not support per-channel MatMul", its comment says); that is useless at 4 bits.
+Here every 2-D MatMul weight gets an explicit override instead: symmetric, `axis=1` (one scale
+per output column), which the QNN EP compiles (measured on QAIRT 2.51, SM8650: every node on the
+HTP). Block-wise 4-bit (16a4w_block, LPBQ) is not offered by ONNX Runtime's QDQ quantizer for
+MatMul; use the ExecuTorch backend for it.
+
+Module paths for overrides are the HF names (`model.layers.3.mlp.down_proj`, `lm_head`,
+`model.embed_tokens`), matched with `re.search`; first matching override wins.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import CalibrationError, InputError
+from ...quant.calibration import CalibrationSet
+from ...quant.precision import get_precision
+
+# weight bits → (QuantType name, symmetric)
+_WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
+# by default the embedding table and lm_head keep 8-bit weights (ExecuTorch's 16a4w LLM recipes
+# do the same for lm_head); `--override 'lm_head=16a4w'` makes them 4-bit too.
+DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
+LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    precision: str
+
+    @property
+    def weight_bits(self) -> int:
+        return get_precision(self.precision).weight_bits
+
+
+def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
+    base = get_precision(base_precision)
+    out = []
+    for item in items:
+        pat, sep, prec = item.rpartition("=")
+        if not sep or not pat:
+            raise InputError(f"--override {item!r} is not REGEX=PRECISION", "e.g. --override 'lm_head=16a8w'")
+        p = get_precision(prec)
+        if not p.quantized or p.activation_bits != base.activation_bits:
+            raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
+                             f"({base.activation_bits}-bit activations)",
+                             f"use one of: {', '.join(x for x in LLM_PRECISIONS if get_precision(x).activation_bits == base.activation_bits)}")
+        try:
+            re.compile(pat)
+        except re.error as e:
+            raise InputError(f"--override {item!r}: bad regex ({e})") from None
+        out.append(Override(pat, p.name))
+    return out
+
+
+def module_path(node_name: str) -> str:
+    """'/decoder/model/layers.0/mlp/down_proj/MatMul' → 'model.layers.0.mlp.down_proj'."""
+    parts = [p for p in node_name.split("/") if p]
+    if parts and parts[0] == "decoder":
+        parts = parts[1:]
+    return ".".join(parts[:-1])
+
+
+def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:
+    """TensorQuantOverrides for every MatMul/Gather weight, and {module: weight bits} for the manifest."""
+    from onnxruntime.quantization import QuantType
+
+    inits = {i.name: i for i in model.graph.initializer}
+    base_bits = get_precision(base_precision).weight_bits
+    tq: dict[str, list[dict]] = {}
+    chosen: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and len(inits[node.input[1]].dims) == 2:
+            w, axis = node.input[1], 1
+        elif node.op_type == "Gather" and node.input[0] in inits and len(inits[node.input[0]].dims) == 2:
+            w, axis = node.input[0], None
+        else:
+            continue
+        mod = module_path(node.name)
+        bits = next((o.weight_bits for o in overrides if re.search(o.pattern, mod)), base_bits)
+        chosen[mod] = bits
+        if axis is None:   # the embedding table: per tensor (Gather data)
+            tq[w] = [{"quant_type": QuantType.QUInt8 if bits <= 8 else QuantType.QUInt16, "symmetric": False}]
+            chosen[mod] = 8 if bits <= 8 else 16
+            continue
+        qt, sym = _WEIGHT_TYPES[bits]
+        tq[w] = [{"quant_type": QuantType[qt], "symmetric": sym, "axis": axis}]
+    return tq, chosen
+
+
+def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
+                     calibration: CalibrationSet) -> dict:
+    import onnx
+    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    prec = get_precision(precision)
+    act, weight = prec.quant_types()
+    model = onnx.load(str(float_path), load_external_data=False)
+    tq, chosen = weight_overrides(model, precision, overrides)
+    del model
+    t0 = time.perf_counter()
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = get_qnn_qdq_config(str(float_path), calibration.reader(), activation_type=act, weight_type=weight,
+                                        per_channel=True, init_overrides=tq)
+            config.use_external_data_format = True
+            try:
+                quantize(str(float_path), str(out_path), config)
+            except Exception as e:
+                raise CalibrationError(f"quantizing {float_path.name} failed: {' '.join(str(e).split())[:400]}",
+                                       "check the calibration text; report the model if it persists") from None
+    finally:
+        root.setLevel(level)
+    bits = sorted(set(chosen.values()))
+    return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
+            "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
+            "calibration_method": "MinMax", "seconds": round(time.perf_counter() - t0, 2)}

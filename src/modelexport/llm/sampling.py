@@ -1,0 +1,109 @@
+"""Choosing the next token from the logits: greedy, temperature, top-k, top-p, repetition penalty.
+
+The order is transformers' (`generate` with its default processors): repetition penalty on the
+raw logits, then temperature, then top-k, then top-p, then a draw from the softmax. Temperature
+0 means greedy (argmax after the penalty). Draws come from a seeded `torch.Generator`, so the
+same seed, prompt and model give the same text.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0           # 0: greedy
+    top_k: int = 0                     # 0: off
+    top_p: float = 1.0                 # 1: off
+    repetition_penalty: float = 1.0    # 1: off; > 1 discourages tokens already in the context
+    seed: int | None = None            # None: a fresh random seed (reported in the stats)
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0):
+            raise InputError(f"--temperature must be >= 0, got {self.temperature}", "0 means greedy decoding")
+        if self.top_k < 0:
+            raise InputError(f"--top-k must be >= 0, got {self.top_k}", "0 turns top-k off")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}", "1 turns top-p off")
+        if not (self.repetition_penalty > 0.0):
+            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}", "1 turns it off")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
+    """transformers' rule: a seen token's logit is divided by `penalty` if positive, multiplied if not."""
+    if penalty == 1.0 or not len(history):
+        return logits
+    idx = torch.as_tensor(sorted(set(int(t) for t in history)), dtype=torch.long)
+    seen = logits.index_select(0, idx)
+    logits = logits.clone()
+    logits.index_copy_(0, idx, torch.where(seen > 0, seen / penalty, seen * penalty))
+    return logits
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th value are kept, as in transformers)."""
+    if k <= 0 or k >= logits.numel():
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probabilities add up to at least p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs       # mass strictly above each token
+    drop_sorted = before >= p                          # the first token always stays
+    drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class Sampler:
+    """`sampler(logits, history) -> token id`; `distribution(...)` gives the probabilities it draws from."""
+
+    def __init__(self, config: SamplingConfig | None = None):
+        self.config = config or SamplingConfig()
+        self.seed = self.config.seed if self.config.seed is not None else random.SystemRandom().randrange(2**63)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def reseed(self, seed: int) -> None:
+        self.seed = seed
+        self.generator.manual_seed(seed)
+
+    def processed_logits(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
+        c = self.config
+        x = logits.detach().reshape(-1).float()
+        x = apply_repetition_penalty(x, history, c.repetition_penalty)
+        if c.greedy:
+            return x
+        x = x / c.temperature
+        x = filter_top_k(x, c.top_k)
+        return filter_top_p(x, c.top_p)
+
+    def distribution(self, logits: torch.Tensor, history: Sequence[int] = ()) -> torch.Tensor:
+        """The probabilities of the next token (one-hot for greedy)."""
+        x = self.processed_logits(logits, history)
+        if self.config.greedy:
+            return torch.nn.functional.one_hot(torch.argmax(x), x.numel()).float()
+        return torch.softmax(x, dim=-1)
+
+    def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
+        x = self.processed_logits(logits, history)
+        if self.config.greedy:
+            return int(torch.argmax(x))
+        return int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=self.generator))

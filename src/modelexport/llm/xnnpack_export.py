@@ -1,0 +1,334 @@
+"""A Hugging Face Llama-family model → an ExecuTorch XNNPACK `.pte` for the CPU runtime.
+
+The program is ExecuTorch's own LLM layout (what `export_llm` builds and its C++ runner
+reads): `forward(tokens int64 [1, n], input_pos int64 [1]) -> logits [1, vocab]` of the last
+token, with a dynamic n (1 .. max_seq_len-1) and the KV cache as mutable buffers inside the
+program, updated in place by `llama::update_cache` and read by `llama::custom_sdpa`; plus the
+metadata methods (`get_max_seq_len`, `get_vocab_size`, `get_bos_id`, `get_eos_ids`, ...).
+
+It is built here from Python instead of through `export_llm`, which wants a Meta-format
+checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
+1. the HF weights are renamed to Meta's names and loaded into ExecuTorch's `Transformer`
+   (`use_hf_rope=True`, so q/k stay in HF's rotate-half layout and need no un-permuting; the
+   RoPE tables are taken from the HF model's own `inv_freq`/`attention_scaling`, so every
+   RoPE variant transformers knows comes out as HF computes it);
+2. the SDPA and KV cache modules are swapped for the custom-op versions (as `export_llm`
+   does with `use_sdpa_with_kv_cache`);
+3. weights are quantized with torchao (`8da4w`: int8 dynamic activations, int4 weights in
+   groups of 32, via `Int8DynamicActivationIntxWeightConfig`; embeddings optionally 4/8-bit
+   weight-only), or kept fp32;
+4. `torch.export` → `to_edge_transform_and_lower` with the XNNPACK partitioner →
+   `to_executorch`, under `fast_lowering` (see `xnnpack_fast_lowering`) which removes work
+   that does not change the result.
+
+Results are cached by content: the weights' sha256 (the GGUF or safetensors bytes), the
+options and the library versions.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, ToolchainError, UnsupportedError
+
+EXPORT_FORMAT_VERSION = 1   # bump when the program layout or the passes change
+QUANT_MODES = ("8da4w", "8da8w", "fp32")
+PTE_NAME = "model.pte"
+META_NAME = "llm.json"
+
+
+@dataclass(frozen=True)
+class CpuExportOptions:
+    quant: str = "8da4w"                 # 8da4w | 8da8w | fp32
+    group_size: int = 32                 # weights per scale for 8da4w (0 = per channel)
+    embedding_bits: int | None = 4       # 4 | 8 | None (fp32 embedding)
+    embedding_group_size: int = 32
+    max_seq_len: int = 2048              # positions in the KV cache (the context)
+    hqq: bool = False                    # HQQ scale search (slower, slightly better) instead of min/max
+    fast_lowering: bool = True           # skip lowering work that provably changes nothing
+
+    def __post_init__(self):
+        if self.quant not in QUANT_MODES:
+            raise InputError(f"unknown CPU quantization {self.quant!r}", f"choose one of: {', '.join(QUANT_MODES)}")
+        if self.embedding_bits not in (None, 4, 8):
+            raise InputError(f"embedding bits must be 4, 8 or none, got {self.embedding_bits}")
+        if self.max_seq_len < 8:
+            raise InputError(f"--max-seq-len must be at least 8, got {self.max_seq_len}")
+
+    def key(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("fast_lowering")   # same program either way (checked by a test)
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# HF model → ExecuTorch Transformer
+_LAYER_NAMES = {
+    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+    "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def model_args_from_hf(config, max_seq_len: int):
+    """ExecuTorch `ModelArgs` for a HF llama/mistral/qwen2 config; UnsupportedError for what it lacks."""
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    mt = getattr(config, "model_type", None)
+    if mt not in ("llama", "mistral", "qwen2"):
+        raise UnsupportedError(f"the CPU runtime builds llama, mistral and qwen2 models, not {mt!r}")
+    if getattr(config, "mlp_bias", False):
+        raise UnsupportedError("MLP biases are not supported by the CPU export")
+    qkv_bias = mt == "qwen2" or bool(getattr(config, "attention_bias", False))
+    if mt == "llama" and getattr(config, "attention_bias", False):
+        raise UnsupportedError("attention biases on a llama model (o_proj bias) are not supported by the CPU export")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UnsupportedError(f"activation {config.hidden_act!r} is not supported (SwiGLU/silu only)")
+    if mt == "mistral" and getattr(config, "sliding_window", None) and config.sliding_window < max_seq_len:
+        raise UnsupportedError(f"this Mistral model uses a {config.sliding_window}-token sliding window; "
+                               f"the CPU export supports full attention only",
+                               f"use --max-seq-len {config.sliding_window} or less")
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    ctx = getattr(config, "max_position_embeddings", None)
+    if ctx and max_seq_len > ctx:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx})",
+                         f"use --max-seq-len {ctx} or less")
+    return ModelArgs(
+        dim=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, vocab_size=config.vocab_size,
+        hidden_dim=config.intermediate_size, head_dim=head_dim, norm_eps=float(config.rms_norm_eps),
+        attention_qkv_bias=qkv_bias, use_hf_rope=True, max_seq_len=max_seq_len, max_context_len=max_seq_len,
+        use_kv_cache=True, use_sdpa_with_kv_cache_op=True, enable_dynamic_shape=True, generate_full_logits=False,
+        max_batch_size=1)
+
+
+def _meta_state_dict(hf_model, n_layers: int, qkv_bias: bool) -> dict:
+    sd = hf_model.state_dict()
+    emb = sd["model.embed_tokens.weight"]
+    out = {"tok_embeddings.weight": emb, "norm.weight": sd["model.norm.weight"],
+           "output.weight": sd.get("lm_head.weight", emb)}
+    for i in range(n_layers):
+        for hf, meta in _LAYER_NAMES.items():
+            out[f"layers.{i}.{meta}.weight"] = sd[f"model.layers.{i}.{hf}.weight"]
+        if qkv_bias:
+            for p, m in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
+                out[f"layers.{i}.attention.{m}.bias"] = sd[f"model.layers.{i}.self_attn.{p}.bias"]
+    return {k: v.detach().float().contiguous() for k, v in out.items()}
+
+
+def _hf_rope_tables(hf_model, max_seq_len: int):
+    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1."""
+    import torch
+
+    rot = hf_model.model.rotary_emb
+    pos = torch.arange(max_seq_len).unsqueeze(0)
+    dummy = torch.zeros(1, 1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = rot(dummy, pos)
+    return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+
+def build_transformer(hf_model, max_seq_len: int):
+    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops."""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.source_transformation.custom_kv_cache import \
+        replace_kv_cache_with_custom_kv_cache
+    from executorch.examples.models.llama.source_transformation.sdpa import replace_sdpa_with_custom_op
+
+    args = model_args_from_hf(hf_model.config, max_seq_len)
+    with torch.device("meta"):
+        model = construct_transformer(args)
+    sd = _meta_state_dict(hf_model, args.n_layers, args.attention_qkv_bias)
+    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta or unexpected:
+        raise UnsupportedError(f"the weights do not fit ExecuTorch's Llama layout: missing {still_meta[:4]}, "
+                               f"unexpected {unexpected[:4]}")
+    meta_bufs = [n for n, b in model.named_buffers() if b.is_meta]
+    if meta_bufs:  # ExecuTorch makes its buffers (caches, masks, RoPE) on the CPU explicitly
+        raise UnsupportedError(f"ExecuTorch's Transformer left buffers uninitialized: {meta_bufs[:4]}")
+    cos, sin = _hf_rope_tables(hf_model, max_seq_len)
+    if tuple(model.rope.freqs_cos.shape) != tuple(cos.shape):
+        raise UnsupportedError(f"RoPE table shape {tuple(cos.shape)} does not fit {tuple(model.rope.freqs_cos.shape)}")
+    model.rope.freqs_cos = cos
+    model.rope.freqs_sin = sin
+    model = replace_sdpa_with_custom_op(model)
+    model = replace_kv_cache_with_custom_kv_cache(model)
+    return model.eval(), args
+
+
+def quantize_model(model, opts: CpuExportOptions):
+    import torch
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+
+    algo = "hqq_scale_only" if opts.hqq else "affine"
+    with torch.no_grad():
+        if opts.embedding_bits:
+            # ExecuTorch's own embedding quantizer: the lookup becomes one
+            # quantized_decomposed::embedding_{4bit,byte} kernel instead of dequantizing the table
+            from executorch.examples.models.llama.source_transformation.quantize import EmbeddingQuantHandler
+            model = EmbeddingQuantHandler(model, bitwidth=opts.embedding_bits,
+                                          group_size=opts.embedding_group_size or None,
+                                          packed=opts.embedding_bits == 4, quantize_with_hqq=opts.hqq).quantized_model()
+        if opts.quant in ("8da4w", "8da8w"):
+            g = opts.group_size
+
+            def linear(m, fqn):
+                return isinstance(m, torch.nn.Linear) and (g == 0 or m.weight.shape[1] % g == 0)
+            quantize_(model, Int8DynamicActivationIntxWeightConfig(
+                weight_dtype=torch.int4 if opts.quant == "8da4w" else torch.int8,
+                weight_granularity=PerAxis(0) if g == 0 else PerGroup(g), intx_choose_qparams_algorithm=algo),
+                filter_fn=linear)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int | None, eos_ids: list[int],
+               progress=None) -> dict[str, Any]:
+    """Build `out_dir/model.pte`; returns metadata with the time of each stage."""
+    import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama:: ops)
+
+    from .xnnpack_fast_lowering import fast_lowering
+
+    times: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        times[name] = round(now - t, 2)
+        t = now
+        if progress:
+            progress(name)
+
+    model, args = build_transformer(hf_model, opts.max_seq_len)
+    stage("build")
+    model = quantize_model(model, opts)
+    stage("quantize")
+    tokens = torch.tensor([[2, 3, 4]], dtype=torch.long)
+    pos = torch.tensor([0], dtype=torch.long)
+    dyn = ({1: torch.export.Dim("token_dim", max=opts.max_seq_len - 1)}, {"input_pos": {0: 1}})
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]), torch.no_grad():
+        ep = torch.export.export(model, (tokens, {"input_pos": pos}), dynamic_shapes=dyn, strict=True)
+    stage("torch_export")
+    metadata = {"get_max_seq_len": opts.max_seq_len, "get_max_context_len": opts.max_seq_len,
+                "get_vocab_size": int(args.vocab_size), "use_kv_cache": True, "use_sdpa_with_kv_cache": True,
+                "enable_dynamic_shape": True, "get_n_layers": int(args.n_layers)}
+    if bos_id is not None:
+        metadata["get_bos_id"] = int(bos_id)
+    if eos_ids:
+        metadata["get_eos_ids"] = [int(i) for i in eos_ids]
+    program, lower_times = lower_to_xnnpack(ep, metadata, fast=opts.fast_lowering)
+    times.update(lower_times)
+    t = time.perf_counter()
+    pte = out_dir / PTE_NAME
+    with open(pte, "wb") as f:
+        program.write_to_file(f)
+    stage("write")
+    return {"pte": PTE_NAME, "bytes": pte.stat().st_size, "times_s": times, "n_layers": int(args.n_layers),
+            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len}
+
+
+def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
+    """ExportedProgram → ExecuTorch program with everything XNNPACK takes delegated."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
+
+    from .xnnpack_fast_lowering import fast_lowering
+
+    times = {}
+    t = time.perf_counter()
+    with fast_lowering(enabled=fast):
+        edge = to_edge_transform_and_lower(
+            ep, partitioner=[XnnpackPartitioner()],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata)
+        times["to_edge_and_lower"] = round(time.perf_counter() - t, 2)
+        t = time.perf_counter()
+        program = edge.to_executorch(ExecutorchBackendConfig(
+            extract_delegate_segments=True, do_quant_fusion_and_const_prop=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass()))
+        times["to_executorch"] = round(time.perf_counter() - t, 2)
+    return program, times
+
+
+# --------------------------------------------------------------------------------------------
+def weights_digest(source: Path) -> str:
+    """sha256 of the weights the program is built from (the GGUF, or the HF folder's safetensors)."""
+    import hashlib
+
+    from .file_hash import file_sha256
+
+    source = Path(source)
+    if source.is_file():
+        return file_sha256(source)
+    files = sorted(source.glob("*.safetensors")) + [p for p in (source / "config.json",) if p.is_file()]
+    if not files:
+        raise InputError(f"{source} has no weights (*.safetensors) to build from")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def cache_key_for(source_digest: str, opts: CpuExportOptions) -> str:
+    from importlib.metadata import version
+
+    from ..cache import cache_key
+    return cache_key("xnnpack-llm", EXPORT_FORMAT_VERSION, source_digest, opts.key(),
+                     {p: version(p) for p in ("executorch", "torch", "torchao", "transformers")})
+
+
+def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progress=None,
+                 use_cache: bool = True, cache_dir: Path | None = None) -> tuple[Path, dict[str, Any], bool]:
+    """The cache entry holding `model.pte` + `tokenizer.json` + `llm.json` for `source`; built on a miss.
+
+    `load_llm()` returns the `LoadedLLM` (called only on a miss: loading a GGUF dequantizes it)."""
+    from ..cache import Cache
+
+    digest = weights_digest(source)
+    key = cache_key_for(digest, opts)
+    cache = Cache(Path(cache_dir) if cache_dir else None, enabled=use_cache)
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        if progress:
+            progress("load")
+        llm = load_llm() if load_llm else _load_source(source)
+        t_load = time.perf_counter() - t0
+        from .tokenizers import from_transformers
+        tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids(),
+                                source=str(source))
+        tok.save(tmp)
+        try:
+            meta = export_pte(llm.model, tmp, opts, bos_id=tok.bos_id, eos_ids=sorted(set(tok.eos_ids)),
+                              progress=progress)
+        except (ToolchainError, InputError, UnsupportedError):
+            raise
+        meta["times_s"] = {"load": round(t_load, 2), **meta["times_s"]}
+        meta.update(source=str(source), source_sha256=digest, options=asdict(opts), architecture=llm.architecture,
+                    export_seconds=round(time.perf_counter() - t0, 2), tokenizer="tokenizer.json",
+                    format_version=EXPORT_FORMAT_VERSION)
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
+        return meta
+
+    entry, hit = cache.get_or_create("xnnpack-llm", key, build)
+    return entry, json.loads((entry / META_NAME).read_text()), hit
+
+
+def _load_source(source: Path):
+    if source.is_file():
+        from ..frontends.gguf_file import load_gguf_causal_lm
+        return load_gguf_causal_lm(source)
+    from ..frontends.hf_folder import load_hf_folder
+    return load_hf_folder(source)

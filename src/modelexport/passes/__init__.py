@@ -1,0 +1,67 @@
+"""Opt-in graph rewrites (`--rewrite NAME`) that move nodes the HTP refuses onto it.
+
+One pass per file in this package, each registering itself with `@rewrite_pass(...)`. A pass
+takes the exported float graph (a torch.fx.GraphModule of aten ops, before quantization) and
+rewrites it in place into ops the validator accepts, returning how many nodes it changed. Which
+passes exist is decided by what the real validator refuses (docs/op_support.md), not by guides.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable
+
+from ..registry import Registry
+
+
+@dataclass(frozen=True)
+class RewritePass:
+    name: str
+    description: str
+    run: Callable[..., int]          # (graph_module) -> number of nodes rewritten
+    fixes: tuple[str, ...] = ()      # aten ops (as the audit names them) whose refusal this pass removes
+    changes_numerics: bool = False   # True when the rewrite is an approximation, not an identity
+
+
+PASSES: Registry[RewritePass] = Registry("rewrite pass")
+
+
+def rewrite_pass(name: str, description: str, fixes: tuple[str, ...] = (), changes_numerics: bool = False):
+    def add(fn: Callable[..., int]) -> Callable[..., int]:
+        PASSES.register(name)(RewritePass(name, description, fn, fixes, changes_numerics))
+        return fn
+    return add
+
+
+def _load_all() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+def get_pass(name: str) -> RewritePass:
+    _load_all()
+    return PASSES.get(name)
+
+
+def all_passes() -> list[RewritePass]:
+    _load_all()
+    return [p for _, p in PASSES]
+
+
+def passes_fixing(op_type: str) -> list[str]:
+    """Names of the passes that rewrite away a refused `op_type` (for the audit's fix column)."""
+    return [p.name for p in all_passes() if op_type in p.fixes]
+
+
+def apply_rewrites(graph_module, names: list[str] | None) -> list[dict]:
+    """Run the named passes in order on `graph_module` (in place); what each one changed."""
+    done = []
+    for name in names or []:
+        p = get_pass(name)
+        n = p.run(graph_module)
+        done.append({"name": p.name, "nodes_rewritten": n, "changes_numerics": p.changes_numerics})
+    if done:
+        graph_module.graph.lint()
+        graph_module.recompile()
+    return done

@@ -1,0 +1,47 @@
+"""Quantize an ONNX model to QDQ the way ONNX Runtime's QNN EP wants it.
+
+qnn_preprocess_model (fuses patterns such as the Erf-based GELU into ops the HTP has) →
+get_qnn_qdq_config (the QNN quantization rules for each op) → quantize with the user's data.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+from ..errors import CalibrationError, InputError
+from .calibration import CalibrationSet
+from .precision import Precision
+
+
+def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibration: CalibrationSet,
+                  per_channel: bool = True) -> dict:
+    """Write the QDQ model to `out_path`; returns what was done (for the manifest)."""
+    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+    act, weight = precision.quant_types()
+    pre = out_path.with_name(out_path.stem + ".pre.onnx")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)      # the quantizer logs "consider pre-processing" warnings at root
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            changed = qnn_preprocess_model(str(float_path), str(pre))
+            src = pre if changed else float_path
+            config = get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
+                                        per_channel=per_channel)
+            try:
+                quantize(str(src), str(out_path), config)
+            except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
+                msg = " ".join(str(e).split())[:400]
+                if "feed" in msg.lower() or "invalid_argument" in msg.lower() or "input" in msg.lower():
+                    raise CalibrationError(f"calibration failed: {msg}",
+                                           "check the calibration arrays against the model's inputs") from None
+                raise InputError(f"the float model fails to run on the CPU during calibration: {msg}",
+                                 "the model itself is broken; check it with onnxruntime on the CPU first") from None
+    finally:
+        root.setLevel(level)
+    return {"preprocessed": bool(changed), "preprocessed_model": str(src), "per_channel": per_channel,
+            "activation_type": precision.activation_type, "weight_type": precision.weight_type,
+            "calibration_method": "MinMax"}

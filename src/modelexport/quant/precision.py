@@ -1,0 +1,68 @@
+"""The precision table: a name → activation/weight types for ONNX Runtime's QNN quantizer.
+
+Names follow ExecuTorch's QnnQuantizer ("16a8w" = 16-bit activations, 8-bit weights). `fp16`
+keeps the float graph and asks the HTP to run it in float16 (`enable_htp_fp16_precision=1`).
+The SQNR floors are the default pass marks of `modelexport verify` (dB, compiled vs float on the
+same inputs); `--min-sqnr` overrides them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    activation_bits: int
+    weight_bits: int
+    activation_type: str | None      # onnxruntime.quantization.QuantType member name; None = float
+    weight_type: str | None
+    min_sqnr_db: float
+    feature: str | None = None       # a targets.FEATURE_FLOORS entry the target must have
+    description: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.activation_type is not None
+
+    def quant_types(self):
+        from onnxruntime.quantization import QuantType
+        return QuantType[self.activation_type], QuantType[self.weight_type]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "activation_bits": self.activation_bits, "weight_bits": self.weight_bits,
+                "activation_type": self.activation_type, "weight_type": self.weight_type,
+                "quantized": self.quantized, "min_sqnr_db": self.min_sqnr_db}
+
+
+PRECISIONS: dict[str, Precision] = {p.name: p for p in (
+    Precision("fp16", 16, 16, None, None, 30.0, "fp16", "float graph run in float16 on the HTP"),
+    Precision("8a8w", 8, 8, "QUInt8", "QUInt8", 15.0, None, "uint8 activations, uint8 per-channel weights"),
+    Precision("16a8w", 16, 8, "QUInt16", "QUInt8", 18.0, None, "uint16 activations, uint8 per-channel weights"),
+    Precision("16a16w", 16, 16, "QUInt16", "QInt16", 25.0, None, "uint16 activations, int16 symmetric weights"),
+    Precision("16a4w", 16, 4, "QUInt16", "QInt4", 5.0, None, "uint16 activations, int4 symmetric per-channel weights"),
+)}
+
+
+def get_precision(name: str) -> Precision:
+    key = name.strip().lower().replace("-", "").replace("_", "")
+    key = {"float16": "fp16", "w8a8": "8a8w", "w8a16": "16a8w", "w16a16": "16a16w", "w4a16": "16a4w",
+           "int8": "8a8w", "a8w8": "8a8w", "a16w8": "16a8w", "a16w16": "16a16w", "a16w4": "16a4w"}.get(key, key)
+    try:
+        return PRECISIONS[key]
+    except KeyError:
+        raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(PRECISIONS)}") from None
+
+
+def precision_from_bitwidths(act_bits: int | None, weight_bits: int | None, quantize: bool) -> Precision:
+    """The seeds' `--quantize --act-bitwidth A --weights-bitwidth W` spelling → a table entry."""
+    if not quantize and act_bits is None and weight_bits is None:
+        return PRECISIONS["fp16"]
+    a, w = act_bits or 8, weight_bits or 8
+    for p in PRECISIONS.values():
+        if p.quantized and (p.activation_bits, p.weight_bits) == (a, w):
+            return p
+    pairs = ", ".join(f"--act-bitwidth {p.activation_bits} --weights-bitwidth {p.weight_bits}" for p in PRECISIONS.values() if p.quantized)
+    raise InputError(f"no QNN precision with {a}-bit activations and {w}-bit weights", f"use one of: {pairs}")

@@ -1,0 +1,1 @@
+"""Run a bundle's compiled graphs on this host (the HTP simulator) and verify them against the float model."""

@@ -1,0 +1,35 @@
+"""How close compiled outputs are to the float reference."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    """10·log10(signal power / error power); +inf when identical."""
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    err = ref - np.asarray(got, dtype=np.float64).ravel()
+    noise = float(np.sum(err * err))
+    signal = float(np.sum(ref * ref))
+    if noise == 0.0:
+        return float("inf")
+    if signal == 0.0:
+        return float("-inf")
+    return 10.0 * np.log10(signal / noise)
+
+
+def cosine(ref: np.ndarray, got: np.ndarray) -> float:
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(got, dtype=np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def max_abs(ref: np.ndarray, got: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(ref, dtype=np.float64) - np.asarray(got, dtype=np.float64)))) if np.size(ref) else 0.0
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> dict:
+    return {"sqnr_db": sqnr_db(ref, got), "cosine": cosine(ref, got), "max_abs_error": max_abs(ref, got),
+            "ref_abs_max": float(np.max(np.abs(ref))) if np.size(ref) else 0.0}

@@ -1,0 +1,1 @@
+"""Real models and data that ship inside installed packages (nothing is downloaded)."""

@@ -1,0 +1,50 @@
+"""A tiny real Llama (random weights, seeded) and a byte-level tokenizer for it, built in-process.
+
+The tokenizer is a real `tokenizers` byte-level BPE with 256 byte tokens, `<s>`=256 and
+`</s>`=257 and a ChatML-like template; the model's vocabulary is 260 (a little padding, as real
+models have)."""
+from __future__ import annotations
+
+import torch
+
+VOCAB = 260
+BOS, EOS = 256, 257
+TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+
+
+def tiny_tokenizer():
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from modelexport.llm.tokenizers import HFTokenizer
+
+    byte_chars = bytes_to_unicode()
+    vocab = {byte_chars[b]: b for b in range(256)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    return HFTokenizer(backend, bos_id=BOS, eos_ids=[EOS], add_bos=True, chat_template=TEMPLATE, source="tiny", kind="hf")
+
+
+def tiny_llama(n_layers: int = 2, seed: int = 0, **kw):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
+                      rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **kw)
+    model = LlamaForCausalLM(cfg).eval()
+    # sharper logits than the default init, so greedy choices are well separated (no near-ties)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0) if not cfg.tie_word_embeddings else model.model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=EOS, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()

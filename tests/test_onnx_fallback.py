@@ -1,0 +1,67 @@
+"""A node the QNN EP refuses (Det: no QNN op), multiple targets, and the HTP knobs — small models."""
+from __future__ import annotations
+
+import json
+
+from conftest import assert_clean_error
+from onnx_models import conv_det, conv_relu
+
+
+def test_det_falls_back_with_reason_and_strict_fails(tmp_path, cli):
+    model = conv_det(tmp_path / "conv_det.onnx")
+    strict = cli("audit", str(model), "--target", "SM8650", "--strict", "--json")
+    assert strict.returncode == 3
+    assert_clean_error(strict, "--strict", "Det")
+    rep = json.loads(strict.stdout)
+    nodes = {n["name"]: n for n in rep["nodes"]}
+    det = nodes["/head/det/Det"]
+    assert det["backend"] == "CPU" and "not supported by QNN EP" in det["reason"] and "determinant" in det["fix"]
+    assert det["module_path"] == "head.det"
+    assert nodes["/features/conv/Conv"]["backend"] == "HTP" and nodes["/features/conv/Conv"]["macs"] == 4 * 8 * 8 * 27
+    out = tmp_path / "bundle"
+    proc = cli("compile", str(model), "-o", str(out), "--precision", "fp16", "--strict")
+    assert_clean_error(proc, "fell back", "/head/det/Det")
+    assert not out.exists()
+
+
+def test_fallback_bundle_records_cpu_nodes(tmp_path, cli):
+    model = conv_det(tmp_path / "conv_det.onnx")
+    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "fp16", "--json", check=True).stdout)
+    fb = res["placement"]["conv_det"]["SM8650"]["cpu_fallbacks"]
+    assert {"name": "/head/det/Det", "op_type": "Det"} in fb
+
+
+def test_multi_target_binaries_differ_and_name_their_arch(tmp_path, cli):
+    model = conv_relu(tmp_path / "conv.onnx")
+    import modelexport
+    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "multi"), "-t", "SM8650", "-t", "SM8750",
+                         "--calibration", "random", "--vtcm-mb", "2", "--optimization-level", "2",
+                         "--json", check=True).stdout)
+    assert res["htp_arch"] == {"SM8650": 75, "SM8750": 79}
+    bins = {f["path"]: f["sha256"] for f in res["files"] if f["path"].endswith(".bin")}
+    assert len(bins) == 2 and len(set(bins.values())) == 2
+    for g in res["graphs"]:
+        info = modelexport.inspect(tmp_path / "multi" / g["file"])["binary"]
+        assert info["soc_name"] == g["target"] and info["dsp_arch"] == g["htp_arch"]
+        assert info["vtcm_mb"] == 2.0 and info["graphs"][0]["htp"]["optimization_level"] == 2
+    m = json.loads((tmp_path / "multi" / "manifest.json").read_text())
+    assert m["calibration"]["conv"]["representative"] is False
+    assert m["options"]["provider_options"]["SM8750"]["vtcm_mb"] == "2"
+    run = json.loads(cli("run", str(tmp_path / "multi"), "--target", "SM8750", "--random", "--perf-profile", "burst",
+                         "-o", str(tmp_path / "outs"), "--json", check=True).stdout)
+    assert run["outputs"]["y"]["shape"] == [1, 8, 16, 16] and (tmp_path / "outs" / "y.npy").is_file()
+
+
+def test_pipeline_file_and_dlc(tmp_path, cli):
+    conv_relu(tmp_path / "enc.onnx")
+    conv_relu(tmp_path / "emb.onnx", channels=4)
+    (tmp_path / "pipe.yaml").write_text(
+        "targets: [SM8650]\nparts:\n  - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: random}\n"
+        "  - {name: embedder, model: emb.onnx, precision: fp16}\n")
+    res = json.loads(cli("compile", str(tmp_path / "pipe.yaml"), "-o", str(tmp_path / "pipe"), "--json", check=True).stdout)
+    assert res["precision"] == "mixed" and {g["extra"]["part"] for g in res["graphs"]} == {"encoder", "embedder"}
+    ver = json.loads(cli("verify", str(tmp_path / "pipe"), "--json", check=True).stdout)
+    assert ver["passed"] and len(ver["graphs"]) == 2
+    dlc = json.loads(cli("compile", str(tmp_path / "enc.onnx"), "-o", str(tmp_path / "dlc"), "--format", "dlc",
+                         "--calibration", "random", "--json", check=True).stdout)
+    assert dlc["format"] == "dlc" and any(f["path"].endswith(".dlc") and f["size"] > 0 for f in dlc["files"])

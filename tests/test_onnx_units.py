@@ -1,0 +1,102 @@
+"""Fast checks of the ONNX path's pure-Python pieces (no QNN session)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from modelexport.audit.fixes import suggest_fix
+from modelexport.audit.onnx_audit import parse_ep_log
+from modelexport.audit.onnx_graph import _collapse
+from modelexport.cache import Cache, cache_key
+from modelexport.errors import CalibrationError, InputError
+from modelexport.frontends.onnx_model import IOSpec, parse_input_shapes
+from modelexport.quant import get_precision, load_calibration, precision_from_bitwidths
+
+INPUTS = [IOSpec("image", [1, 3, 4, 4], "float32")]
+
+LOG = """2026-11-26 [V:onnxruntime:, qnn_execution_provider.cc:1713 LogNodeSupport] Validation FAILED for 1 nodes in OrtNodeUnit (Reshape) :
+\tOperator type: Reshape Node name: /head/Reshape Node index: 2
+\tREASON : Failed to add node.
+
+[0;93m2026-11-26 [W:onnxruntime:, qnn_model_wrapper.cc:565 CreateQnnNode] QNN.backendValidateOpConfig() failed for node `/head/Reshape` of type `Reshape` with error code 3110
+2026-11-26 [V:onnxruntime:, qnn_execution_provider.cc:1713 LogNodeSupport] Validation FAILED for 1 nodes in OrtNodeUnit (Det) :
+\tOperator type: Det Node name: /head/det/Det Node index: 3
+\tREASON : Operators of type `Det` are not supported by QNN EP.Det node `/head/det/Det` will not be assigned to QNN EP.
+
+"""
+
+
+def test_ep_log_reasons_are_matched_to_nodes():
+    r = parse_ep_log(LOG + LOG)   # the EP logs each pass; reasons are not repeated
+    assert r["/head/det/Det"] == ["Operators of type `Det` are not supported by QNN EP. Det node `/head/det/Det` will not be assigned to QNN EP."]
+    assert any("3110" in x for x in r["/head/Reshape"]) and "Failed to add node." in r["/head/Reshape"]
+    assert "3110" in suggest_fix("Reshape", " | ".join(r["/head/Reshape"]))
+    assert "determinant" in suggest_fix("Det", r["/head/det/Det"][0])
+    assert "--input-shape" in suggest_fix("Relu", "Cannot get shape")
+
+
+def test_module_paths_from_exporter_scopes():
+    assert _collapse(["features", "features.3", "conv", "conv.0", "conv.0.0"]) == "features.3.conv.0.0"
+    assert _collapse(["layers.3", "mlp", "act"]) == "layers.3.mlp.act"
+
+
+def test_input_shapes_and_precisions():
+    assert parse_input_shapes(["image=1,3,224,224", "mask=1x128"]) == {"image": [1, 3, 224, 224], "mask": [1, 128]}
+    with pytest.raises(InputError):
+        parse_input_shapes(["image"])
+    assert precision_from_bitwidths(8, 8, True).name == "8a8w"
+    assert precision_from_bitwidths(16, 4, True).name == "16a4w"
+    assert precision_from_bitwidths(None, None, False).name == "fp16"
+    with pytest.raises(InputError):
+        precision_from_bitwidths(4, 4, True)
+    assert get_precision("W8A16").name == "16a8w"
+
+
+def test_calibration_formats(tmp_path):
+    x = np.ones((1, 3, 4, 4), np.float32)
+    (tmp_path / "folder").mkdir()
+    np.save(tmp_path / "folder" / "a.npy", x)
+    x.tofile(tmp_path / "folder" / "b.raw")
+    assert len(load_calibration(tmp_path / "folder", INPUTS).samples) == 2
+    np.savez(tmp_path / "batch.npz", image=np.stack([x[0]] * 3)[:, None])
+    assert len(load_calibration(tmp_path / "batch.npz", INPUTS).samples) == 3
+    (tmp_path / "list.txt").write_text("# comment\nfolder/a.npy\nimage:=folder/b.raw\n")
+    cal = load_calibration(tmp_path / "list.txt", INPUTS)
+    assert cal.kind == "input-list" and len(cal.samples) == 2 and cal.representative
+    rnd = load_calibration("random", INPUTS)
+    assert not rnd.representative and "not representative" in rnd.describe()["warning"]
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (np.ones((1, 3, 5, 5), np.float32), "shape"),
+    (np.ones((1, 3, 4, 4), np.float64), "dtype"),
+])
+def test_calibration_mismatch_names_the_input(tmp_path, bad, needle):
+    np.save(tmp_path / "x.npy", bad)
+    with pytest.raises(CalibrationError) as e:
+        load_calibration(tmp_path / "x.npy", INPUTS)
+    assert "image" in e.value.problem and needle in e.value.problem
+    np.savez(tmp_path / "named.npz", pixels=np.ones((1, 3, 4, 4), np.float32), other=np.ones(2))
+    with pytest.raises(CalibrationError, match="image"):
+        load_calibration(tmp_path / "named.npz", INPUTS)
+
+
+def test_cache_builds_once_under_concurrency(tmp_path):
+    calls = []
+
+    def build(d):
+        calls.append(1)
+        (d / "out.bin").write_bytes(b"x" * 1000)
+        return {"n": len(calls)}
+    key = cache_key("t", b"model", {"opt": 1}, "v2.51")
+    assert key != cache_key("t", b"model", {"opt": 2}, "v2.51")
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(Cache(tmp_path).get_or_create("ns", key, build))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sum(1 for _, hit in results if not hit) == 1
+    assert (results[0][0] / "out.bin").read_bytes() == b"x" * 1000
