@@ -40,6 +40,16 @@ def test_every_compute_node_on_htp(mnv2):
     assert g["inputs"][0]["dtype"] == "uint8" and g["inputs"][0]["encoding"]["scale"] > 0
 
 
+def test_report_shows_per_node_placement(mnv2):
+    from modelexport.artifacts import open_bundle
+    nodes = open_bundle(mnv2["bundle"]).manifest.placement["nodes"]
+    htp = [n for n in nodes if n["backend"] == "HTP" and n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
+    assert htp and not [n for n in nodes if n["backend"] == "CPU"]
+    assert any(n["module_path"] and n["module_path"].startswith("features.") for n in htp)
+    html = (mnv2["bundle"] / "report.html").read_text()
+    assert f"{len(htp)}/{len(htp)} compute nodes on HTP" in html and "data:image/png;base64," in html
+
+
 def test_audit_8a8w_reports_module_paths_and_no_fallback(mnv2, cli):
     proc = cli("audit", str(mnv2["model"]), "--target", "sm8650", "--precision", "8a8w", "--strict", "--json", check=True)
     rep = json.loads(proc.stdout)

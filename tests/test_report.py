@@ -43,7 +43,7 @@ def test_report_with_placement_and_numerics_embeds_plots(tmp_path):
                           "per_layer_threshold_db": 25, "first_bad_layer": "layers.5"},
                 kind="llm", extra={"llm": {"weight_bytes_per_token": 70_000_000}, "parameters": 134_515_008})
     html = (b.path / "report.html").read_text()
-    assert "1/2 nodes on HTP" in html and "Det" in html and "layers.5" in html
+    assert "1/2 compute nodes on HTP" in html and "Det" in html and "layers.5" in html
     imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(imgs) == 3 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in imgs)
     # the ceiling: SM8650 76.8 GB/s / 70 MB per token ≈ 1,097 tok/s

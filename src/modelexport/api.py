@@ -84,7 +84,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
             progress: Callable[[str, float, float], None] | None = None, example_inputs: Any = None,
             overrides: list[str] | None = None, block_size: int | None = None, rewrites: list[str] | None = None,
             fallback: str | None = None, variants: Any = None, max_seq_len: int | None = None,
-            context_limit_mb: float | None = None, calibration_samples: int | None = None):
+            context_limit_mb: float | None = None, calibration_samples: int | None = None, dynamic_shapes: Any = None):
     """Compile one or more models (or a pipeline .yaml) for one or more targets into one bundle → Bundle.
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
@@ -124,7 +124,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     opts = CompileOptions(targets=targets or ["SM8650"], output_format=output_format or be.default_format, vtcm_mb=vtcm_mb,
                           optimization_level=optimization_level, strict=strict, use_cache=use_cache, jobs=jobs,
                           per_channel=per_channel, overrides=list(overrides or []), block_size=block_size,
-                          rewrites=list(rewrites or []), fallback=fallback)
+                          rewrites=list(rewrites or []), fallback=fallback, dynamic_shapes=dynamic_shapes)
     if variants is not None or max_seq_len is not None or context_limit_mb is not None or calibration_samples is not None:
         if be.name != "llm_qnn":
             raise InputError("--variants / --max-seq-len / --context-limit-mb apply to LLMs (a GGUF file or HF folder)",

@@ -34,6 +34,15 @@ def _macs(node) -> int:
     return 0
 
 
+def _source_fn(node) -> str | None:
+    """The torch function a decomposed node came from (`tril` for the le.Scalar of a causal mask)."""
+    stack = node.meta.get("source_fn_stack") or []
+    if not stack:
+        return None
+    fn = stack[-1][1]
+    return getattr(fn, "__name__", None) or str(fn)
+
+
 def is_qdq_name(target: str) -> bool:
     from ..backends.et_lower import QDQ_OPS
     return any(q in target for q in QDQ_OPS)
@@ -56,9 +65,15 @@ def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
         n = NodeAudit(node.name, op, backend, module_path(node), macs=_macs(node))
         if backend == CPU:
             n.reason = d.reason if d else "not seen by the QNN partitioner"
-            rewrites = passes_fixing(op)
-            n.fix = (f"opt in: --rewrite {' / '.join(rewrites)}; or " if rewrites else "") + suggest_fix(op, n.reason)
+            source = _source_fn(node)
+            context = f"{n.reason} (from {source})" if source else n.reason
+            rewrites = passes_fixing(op, context)
+            fix = suggest_fix(op, context)
+            n.fix = fix if not rewrites or any(f"--rewrite {r}" in fix for r in rewrites) else \
+                f"opt in: --rewrite {' / '.join(rewrites)}; or: {fix}"
             n.details = {"reason_kind": d.kind if d else None}
+            if source:
+                n.details["source_fn"] = source
             if d and d.log:
                 n.details["qnn_log"] = d.log[-20:]
         out.append(n)
@@ -72,8 +87,8 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
     or, when none is given, on random data: placement does not depend on the values."""
     from ..backends.et_lower import lower
     from ..backends.et_pipeline import prepare
-    from ..toolchain.executorch_env import ensure_executorch_qnn
-    state = ensure_executorch_qnn()
+    from ..backends.et_specs import qnn_ready
+    state = qnn_ready()
     if input_shapes:
         from ..errors import InputError
         raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
@@ -81,7 +96,7 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
     prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
                    overrides, block_size, rewrites, dynamic_shapes)
     low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized, delegate=False,
-                log_level="warn", dynamic_shapes=dynamic_shapes)
+                log_level="warn", dynamic_shapes=dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
     nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions)
     notes = []
     folded = sum(1 for d in low.decisions.values() if d.supported and is_qdq_name(d.target))

@@ -22,7 +22,22 @@ class FixRule:
         return self.reason is None or re.search(self.reason, reason or "", re.I) is not None
 
 
-RULES: tuple[FixRule, ...] = (
+# ExecuTorch (PyTorch models): the QNN partitioner's reasons, in its own and QNN's words.
+ET_RULES: tuple[FixRule, ...] = (
+    FixRule("the HTP runs static shapes only: export without a dynamic Dim (one graph per shape you need, e.g. a "
+            "prefill and a decode graph)", reason=r"only have static dimensions|Dynamically shaped"),
+    FixRule("the causal mask is built at run time with tril (le.Scalar has no QNN op builder yet): give "
+            "scaled_dot_product_attention an explicit constant mask (--rewrite causal-mask does it for is_causal=True), "
+            "or precompute the mask as a buffer", op_types=("aten.le.Scalar",), reason=r"tril"),
+    FixRule("put the topk dimension last (x.transpose(d, -1).topk(k, -1), then transpose back): --rewrite topk-last-dim",
+            op_types=("aten.topk.default",), reason=r"only supports channel as dimension"),
+    FixRule("ExecuTorch has not written the QNN op builder for this op yet: express it with ops that have one "
+            "(docs/op_support.md), or leave it on the CPU (XNNPACK)", reason=r"to_be_implemented"),
+    FixRule("ExecuTorch has no QNN op builder for this op: replace it with supported ops (docs/op_support.md), or leave "
+            "it on the CPU (XNNPACK)", reason=r"no QNN op builder"),
+)
+
+RULES: tuple[FixRule, ...] = ET_RULES + (
     FixRule("give static shapes: --input-shape NAME=1,3,224,224 for every dynamic input (the HTP runs static graphs only)",
             reason=r"cannot get shape|dynamic|shape must be static|unknown (rank|dim)"),
     FixRule("data-dependent output size: move it into CPU post-processing, or use a fixed-size mask (Where / Greater) instead",

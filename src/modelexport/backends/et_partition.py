@@ -73,27 +73,45 @@ def capture_native_output() -> Iterator[list[str]]:
             lines.extend(line.rstrip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip())
 
 
-_NOISE = (re.compile(r"unexpected GraphHtpSettings option"), re.compile(r"tiling\.h:\d+:WARNING"),
-          re.compile(r"create QNN Logger"), re.compile(r"Initializing HtpProvider"),
-          re.compile(r"Performance Estimates unsupported"))
+_NOISE = re.compile(r"unexpected GraphHtpSettings option|tiling\.h:\d+:WARNING|create QNN Logger|Initializing HtpProvider|"
+                    r"Performance Estimates unsupported|HTP Backend Op Definition Supplement|Qnn Backend op validation failed")
 _PREFIX = re.compile(r"^\[(?:INFO|WARNING|ERROR|DEBUG|VERBOSE)\] \[Qnn ExecuTorch\]:\s*(?:<[EWIDV]>\s*)?")
+_SUPPORTED_SET = re.compile(r"Supported I/O datatype sets for the configuration: (\S+)")
 
 
 def qnn_reason(lines: list[str]) -> str | None:
-    """QNN's own words from a validator log: error lines first, without ExecuTorch's prefixes."""
-    kept = [_PREFIX.sub("", line).strip() for line in lines if not any(p.search(line) for p in _NOISE)]
-    kept = [k for k in kept if k]
-    errors = [k for k, line in zip(kept, [x for x in lines if not any(p.search(x) for p in _NOISE)])
-              if "<E>" in line or "[ERROR]" in line]
-    picked = errors or kept
-    if not picked:
-        return None
-    out, seen = [], set()
-    for k in picked:
-        if k not in seen:
-            seen.add(k)
-            out.append(k)
-    return " | ".join(out)[:600]
+    """QNN's own words from a validator log, compacted: error lines without ExecuTorch's prefixes,
+    continuation lines folded into the message they belong to ("Requested I/O datatype set:
+    in[0]:QNN_DATATYPE_INT_64 ..."), the list of supported datatype sets shortened to its names."""
+    messages: list[list[str]] = []
+    supported: list[str] = []
+    in_supported = False
+    for raw in lines:
+        if not raw.startswith("["):                      # a continuation of the previous message
+            if messages and not in_supported:
+                part = raw.strip()
+                if part and not part.rstrip(":").isdigit():
+                    messages[-1].append(part)
+            continue
+        if _NOISE.search(raw):
+            in_supported = False
+            continue
+        is_error = "<E>" in raw or raw.startswith("[ERROR]")
+        m = _SUPPORTED_SET.search(raw)
+        if m:
+            supported.append(m[1])
+            in_supported = True
+            continue
+        in_supported = False
+        if is_error:
+            messages.append([_PREFIX.sub("", raw).strip()])
+    if not messages and not supported:
+        kept = [_PREFIX.sub("", x).strip() for x in lines if x.startswith("[") and not _NOISE.search(x)]
+        return " | ".join(dict.fromkeys(k for k in kept if k))[:600] or None
+    out = [" ".join(m) for m in messages]
+    if supported:
+        out.insert(1 if out else 0, "supported datatype sets: " + ", ".join(dict.fromkeys(supported)))
+    return " | ".join(dict.fromkeys(o for o in out if o))[:700]
 
 
 def op_name(target) -> str:

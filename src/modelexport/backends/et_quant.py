@@ -27,7 +27,7 @@ QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w",
                "16a4w_block": "use_16a4w_block"}
 DEFAULT_BLOCK_SIZE = 64
 # What the quantizer does beyond the plan (part of the compile cache key: change it when this file's recipe changes).
-RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/v1"
+RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/v2"
 
 
 def get_et_precision(name: str) -> Precision:
@@ -92,6 +92,10 @@ class QuantPlan:
             if o.matches(paths):
                 return o.precision
         return self.precision
+
+    @property
+    def uses_block(self) -> bool:
+        return any(p.name == "16a4w_block" for p in (self.precision, *(o.precision for o in self.overrides)))
 
     def check_target(self, soc: SoC) -> None:
         for p in {self.precision, *(o.precision for o in self.overrides)}:
@@ -173,9 +177,12 @@ def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple]) -> Any:
     """prepare_pt2e → run every calibration sample → convert_pt2e."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from .et_partition import capture_native_output
     quantizer = build_quantizer(plan, soc)
-    prepared = prepare_pt2e(gm, quantizer)
+    with capture_native_output():        # the quantizer prints ("No quant config ...") to stdout
+        prepared = prepare_pt2e(gm, quantizer)
     with torch.no_grad():
         for s in samples:
             prepared(*s)
-    return convert_pt2e(prepared)
+    with capture_native_output():
+        return convert_pt2e(prepared)

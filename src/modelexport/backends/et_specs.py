@@ -36,3 +36,26 @@ def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sha
     option = flatbuffer_to_option(specs[0].value)
     option.log_level = QnnExecuTorchLogLevel(LOG_LEVELS[log_level])
     return [CompileSpec(QCOM_QNN_COMPILE_SPEC, option_to_flatbuffer(option))]
+
+
+def qnn_ready():
+    """ensure_executorch_qnn() with its native banner kept off stdout (--json output stays clean),
+    then ExecuTorch's Qualcomm modules imported without letting them reconfigure logging: one of
+    them (_passes/convert_mha_to_sha.py) calls logging.basicConfig(level=INFO) at import, which
+    would turn every library's INFO chatter on in the user's process."""
+    import logging
+
+    from ..toolchain.executorch_env import ensure_executorch_qnn
+    from ..toolchain.native_io import native_stdout_to_stderr
+    with native_stdout_to_stderr():
+        state = ensure_executorch_qnn()
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    import executorch.backends.qualcomm._passes  # noqa: F401  (the import with the side effect)
+    root.setLevel(level)
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+    for name in ("executorch", "executorch.backends.qualcomm", "executorch.exir"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return state

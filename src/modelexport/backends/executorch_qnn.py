@@ -64,7 +64,7 @@ def graph_fingerprint(exported) -> str:
         if isinstance(v, torch.Tensor):
             t = v.detach().contiguous().cpu()
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(repr(v).encode())
     return h.hexdigest()
@@ -99,7 +99,7 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         t1 = time.perf_counter()
         try:
             low = lower(graph, prep.example_inputs(), soc, use_fp16=not prep.precision.quantized,
-                        fallback=fallback, dynamic_shapes=prep.dynamic_shapes)
+                        fallback=fallback, dynamic_shapes=prep.dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
             rows = placement(low.edge, low.decisions)
             t2 = time.perf_counter()
             report("writing the .pte (delegate segments aligned for mmap)")
@@ -170,7 +170,7 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
 def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
                   progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every PyTorch part for every target into one bundle at `out` → the opened Bundle."""
-    from ..toolchain.executorch_env import ensure_executorch_qnn
+    from .et_specs import qnn_ready
     from .et_lower import SEGMENT_ALIGNMENT
     from .et_pipeline import prepare
     from .et_quant import RECIPE
@@ -192,7 +192,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
             socs.append(soc)
     if not parts:
         raise InputError("no model given", "pass model.py:factory, a .pt2, or an nn.Module with example inputs")
-    state = ensure_executorch_qnn()
+    state = qnn_ready()
     steps = len(parts) * (1 + len(socs))
     done = 0
     preps, taken = [], set()
@@ -201,7 +201,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
             raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
         say(f"loading and exporting {spec.model if isinstance(spec.model, str) else 'the module'}", done, steps)
         prep = prepare(spec.model, None, socs[0].name, spec.precision, spec.calibration, opts.overrides, opts.block_size,
-                       opts.rewrites)
+                       opts.rewrites, opts.dynamic_shapes)
         for soc in socs[1:]:
             prep.plan.check_target(soc)
         preps.append((spec, prep, _part_name(spec, prep.loaded, taken)))
@@ -215,7 +215,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
         for spec, prep, name in preps:
             fingerprint = graph_fingerprint(prep.exported)
             for soc in socs:
-                key = cache_key("pte", fingerprint, prep.plan.describe(), RECIPE, prep.rewrites, [i.to_dict() for i in prep.inputs],
+                key = cache_key("pte", fingerprint, prep.plan.describe(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes), [i.to_dict() for i in prep.inputs],
                                 prep.calibration.digest() if prep.calibration else None, soc.name, fallback, SEGMENT_ALIGNMENT,
                                 getattr(executorch, "__version__", "?"), torch.__version__, state.qairt_build, state.mode)
 

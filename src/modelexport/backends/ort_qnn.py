@@ -95,7 +95,8 @@ def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Pa
     import onnxruntime
     float_bytes = part.loaded.to_bytes()
     key = cache_key("qdq", float_bytes, part.precision.to_dict(), opts.per_channel,
-                    part.calibration.digest() if part.calibration else None, onnxruntime.__version__)
+                    part.calibration.digest() if part.calibration else None, onnxruntime.__version__,
+                    *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []))
 
     def build(tmp: Path) -> dict:
         (tmp / "model.onnx").write_bytes(float_bytes)
@@ -103,7 +104,8 @@ def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Pa
             return {"quantized": False}
         from ..quant.onnx_qdq import quantize_onnx
         t0 = time.perf_counter()
-        info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel)
+        info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel,
+                             overrides=list(opts.overrides) or None)
         pre = Path(info.pop("preprocessed_model"))
         if pre.name != "model.onnx" and pre.exists():
             pre.unlink()
@@ -153,6 +155,32 @@ def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], gr
                 continue
         out.append((name, op))
     return out
+
+
+def _node_rows(job, result, by_part) -> list[dict]:
+    """Per-node placement of the first part and target, in the shape report.html reads."""
+    from types import SimpleNamespace
+
+    from ..audit.onnx_graph import module_path
+    p = by_part[job["part"]]
+    ins = {i.name for i in p.loaded.inputs}
+    outs = {o.name for o in p.loaded.outputs}
+    where = result["meta"]["placement"]
+    fallbacks = set(_fallbacks(where, ins, outs))
+    rows = []
+    for ep, nodes in where.items():
+        for name, op in nodes:
+            name, op = str(name), str(op)
+            backend = "HTP" if ep == "QNNExecutionProvider" else ("CPU" if (name, op) in fallbacks else "io")
+            row = {"name": name, "op_type": op, "backend": backend,
+                   "module_path": module_path(SimpleNamespace(name=name, metadata_props=[]))}
+            if backend == "CPU":
+                row["reason"] = "placed on the CPU EP by the QNN EP"
+                row["fix"] = "run `modelexport audit MODEL --target ...` for the validator's reason and a fix"
+            elif backend == "io":
+                row["reason"] = "graph-boundary (de)quantization, kept on the CPU by design"
+            rows.append(row)
+    return rows
 
 
 def _encoding(q) -> Encoding | None:
@@ -209,6 +237,10 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     if not parts:
         raise InputError("no model given", "pass one or more .onnx files")
     prepared = _prepare_parts(parts, opts, socs)
+    if opts.overrides:                           # --override 'REGEX=PRECISION': checked before any heavy work
+        from ..quant.onnx_overrides import parse_onnx_overrides
+        for p in prepared:
+            parse_onnx_overrides(opts.overrides, p.precision)
     from ..toolchain.qairt import find_qairt
     import onnxruntime
     qairt = find_qairt()
@@ -359,7 +391,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
         m.qairt_build = build_ids.pop() if build_ids else qairt.build_id
-        m.placement = placement
+        m.placement = placement | {"nodes": _node_rows(jobs[0], results[0], by_part)}
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
         m.extra = {"parts": parts_meta, "timings": timings,
                    "cache": {"enabled": cache.enabled, "root": str(cache.root) if cache.enabled else None,

@@ -33,6 +33,7 @@ class CompileOptions:
     block_size: int | None = None                        # 16a4w_block: input channels per scale
     rewrites: list[str] = field(default_factory=list)    # opt-in rewrite passes (modelexport.passes)
     fallback: str | None = None                          # where QNN-refused nodes go: xnnpack (default) | portable
+    dynamic_shapes: Any = None                           # torch.export dynamic_shapes (Python API; the HTP refuses them)
     # LLMs (GGUF / HF folder → static decoders) only
     variants: list[int] | None = None                    # arN graphs, e.g. [32, 1]
     max_seq_len: int | None = None                       # context of the static decoders

@@ -243,16 +243,19 @@ def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
-    from .xnnpack_fast_lowering import fast_lowering
+    from .xnnpack_fast_lowering import fast_lowering, to_edge_one_decomposition
 
-    times = {}
+    times: dict[str, Any] = {}
     t = time.perf_counter()
-    with fast_lowering(enabled=fast):
-        edge = to_edge_transform_and_lower(
-            ep, partitioner=[XnnpackPartitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata)
+    config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
+    with fast_lowering(enabled=fast) as stats:
+        edge = to_edge_one_decomposition(ep, XnnpackPartitioner(), config, metadata) if fast else None
+        if edge is None:
+            edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], compile_config=config,
+                                               constant_methods=metadata)
         times["to_edge_and_lower"] = round(time.perf_counter() - t, 2)
+        if stats is not None:
+            times["xnnpack_partitions"] = stats.to_dict()
         t = time.perf_counter()
         program = edge.to_executorch(ExecutorchBackendConfig(
             extract_delegate_segments=True, do_quant_fusion_and_const_prop=True,

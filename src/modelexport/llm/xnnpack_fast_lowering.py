@@ -259,3 +259,37 @@ def fast_lowering(enabled: bool = True):
         finally:
             XnnpackBackend.preprocess = original
             log.info("XNNPACK lowering: %s", memo.stats.to_dict())
+
+
+# --------------------------------------------------------------------------------------------
+def to_edge_one_decomposition(ep, partitioner, config, constant_methods):
+    """`to_edge_transform_and_lower(ep, [partitioner])` with one decomposition pass instead of three.
+
+    ExecuTorch decomposes the whole program three times for a partitioner that checks op
+    support (functionalize; decompose all but the partitioner's ops; hide the kept ops,
+    decompose again, restore them). When every node of a kept op passes the partitioner's check,
+    one decomposition with the kept ops left out of the table gives the same graph. Returns
+    None (use the standard path) when some node fails the check.
+    """
+    from executorch.exir.program._program import (EdgeProgramManager, _default_decomposition_table,
+                                                  _generate_edge_program, _remove_invalid_ops_for_not_decompose)
+
+    ops, check = partitioner.ops_to_not_decompose(ep)
+    ops = _remove_invalid_ops_for_not_decompose(list(ops))
+    table = _default_decomposition_table()
+    for op in ops:
+        table.pop(op, None)
+    for op in config.preserve_ops:
+        table.pop(op, None)
+    program = ep.run_decompositions(table)
+    _, check = partitioner.ops_to_not_decompose(program)
+    kept = set()
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target in ops:
+            if check is not None and not check(node):
+                return None
+            kept.add(node.target)
+    edge = _generate_edge_program(config, program, preserve_ops=list(kept))
+    config._core_aten_ops_exception_list = list(set(config._core_aten_ops_exception_list) | kept)
+    manager = EdgeProgramManager({"forward": edge}, constant_methods, config, list(kept))
+    return manager.to_backend({"forward": partitioner})

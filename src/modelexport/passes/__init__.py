@@ -20,14 +20,18 @@ class RewritePass:
     name: str
     description: str
     run: Callable[..., int]          # (graph_module) -> number of nodes rewritten
-    fixes: tuple[str, ...] = ()      # aten ops (as the audit names them) whose refusal this pass removes
+    fixes: tuple[tuple[str, str], ...] = ()  # (aten op as the audit names it, regex over the refusal reason or source)
     changes_numerics: bool = False   # True when the rewrite is an approximation, not an identity
+
+    def fixes_node(self, op_type: str, reason: str | None) -> bool:
+        import re
+        return any(op == op_type and re.search(rx, reason or "", re.I) for op, rx in self.fixes)
 
 
 PASSES: Registry[RewritePass] = Registry("rewrite pass")
 
 
-def rewrite_pass(name: str, description: str, fixes: tuple[str, ...] = (), changes_numerics: bool = False):
+def rewrite_pass(name: str, description: str, fixes: tuple[tuple[str, str], ...] = (), changes_numerics: bool = False):
     def add(fn: Callable[..., int]) -> Callable[..., int]:
         PASSES.register(name)(RewritePass(name, description, fn, fixes, changes_numerics))
         return fn
@@ -49,9 +53,9 @@ def all_passes() -> list[RewritePass]:
     return [p for _, p in PASSES]
 
 
-def passes_fixing(op_type: str) -> list[str]:
-    """Names of the passes that rewrite away a refused `op_type` (for the audit's fix column)."""
-    return [p.name for p in all_passes() if op_type in p.fixes]
+def passes_fixing(op_type: str, reason: str | None = None) -> list[str]:
+    """Names of the passes that rewrite away a node refused as `op_type` for `reason` (the audit's fix column)."""
+    return [p.name for p in all_passes() if p.fixes_node(op_type, reason)]
 
 
 def apply_rewrites(graph_module, names: list[str] | None) -> list[dict]:

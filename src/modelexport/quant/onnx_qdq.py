@@ -15,7 +15,7 @@ from .precision import Precision
 
 
 def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibration: CalibrationSet,
-                  per_channel: bool = True) -> dict:
+                  per_channel: bool = True, overrides: list[str] | None = None) -> dict:
     """Write the QDQ model to `out_path`; returns what was done (for the manifest)."""
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
@@ -29,8 +29,16 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             warnings.simplefilter("ignore")
             changed = qnn_preprocess_model(str(float_path), str(pre))
             src = pre if changed else float_path
+            init_overrides, matched = None, {}
+            if overrides:
+                import onnx
+
+                from .onnx_overrides import parse_onnx_overrides, tensor_overrides
+                parsed = parse_onnx_overrides(overrides, precision)
+                init_overrides, matched = tensor_overrides(onnx.load(str(src), load_external_data=False), parsed,
+                                                           precision, per_channel)
             config = get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
-                                        per_channel=per_channel)
+                                        per_channel=per_channel, init_overrides=init_overrides)
             try:
                 quantize(str(src), str(out_path), config)
             except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
@@ -44,4 +52,6 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
         root.setLevel(level)
     return {"preprocessed": bool(changed), "preprocessed_model": str(src), "per_channel": per_channel,
             "activation_type": precision.activation_type, "weight_type": precision.weight_type,
-            "calibration_method": "MinMax"}
+            "calibration_method": "MinMax",
+            **({"overrides": [{"regex": k, "nodes": v} | {"precision": spec.rpartition("=")[2]}
+                              for (k, v), spec in zip(matched.items(), overrides)]} if overrides else {})}

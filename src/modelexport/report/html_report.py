@@ -16,6 +16,9 @@ from ..artifacts.manifest import Manifest
 from ..targets import all_targets
 
 
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+
+
 @dataclass
 class Section:
     id: str
@@ -62,30 +65,46 @@ def section_placement(m: Manifest, folder: Path) -> Section:
         return Section("placement", "Placement", missing="No per-node placement is recorded in this bundle "
                        "(run `modelexport audit` on the source model to see it).")
     by_backend = Counter(n["backend"] for n in nodes)
+    compute = [n for n in nodes if n["backend"] != "io"]  # graph-boundary (de)quantize is not compute
+    chart_nodes = [n for n in compute if n.get("op_type") not in QDQ_OPS]
     by_op: dict[str, dict[str, int]] = {}
-    for n in nodes:
+    for n in chart_nodes:
         by_op.setdefault(n.get("op_type", "?"), Counter())[n["backend"]] += 1
-    total = len(nodes)
-    htp = by_backend.get("HTP", 0)
+    total = len(chart_nodes)
+    htp = sum(1 for n in chart_nodes if n["backend"] == "HTP")
     pill = "ok" if htp == total else "bad"
-    summary = (f'<p><span class="pill {pill}">{htp}/{total} nodes on HTP</span> '
+    summary = (f'<p><span class="pill {pill}">{htp}/{total} compute nodes on HTP</span> '
                + " · ".join(f"{k}: {v}" for k, v in sorted(by_backend.items())) + "</p>")
+    if by_backend.get("io"):
+        summary += "<p class=sub>io = graph-boundary (de)quantization, kept on the CPU by design.</p>"
     macs = m.placement.get("macs")
     if macs:
         summary += "<p>Estimated MACs: " + " · ".join(f"{k}: {v:,}" for k, v in macs.items()) + "</p>"
-    img = f'<img alt="placement by op type" src="{plots.placement_by_op(by_op)}">'
+    img = f'<img alt="placement by op type" src="{plots.placement_by_op(by_op)}">' if by_op else ""
+    if len(chart_nodes) < len(compute):
+        img += "<p class=sub>The chart leaves out QuantizeLinear/DequantizeLinear nodes: QNN folds them into the quantized ops.</p>"
     return Section("placement", "Placement: HTP vs CPU", summary + img)
+
+
+def _audit_rows(nodes: list[dict]) -> list[list[object]]:
+    return [[n.get("name", ""), n.get("module_path") or "", n.get("op_type", ""), n["backend"],
+             n.get("reason") or "", n.get("fix") or ""] for n in nodes]
+
+
+AUDIT_HEADER = ["node", "module", "op", "runs on", "reason", "fix"]
 
 
 def section_audit(m: Manifest, folder: Path) -> Section:
     nodes = _nodes(m)
     if not nodes:
         return Section("audit", "Audit", missing="No audit table is recorded in this bundle.")
-    ordered = sorted(nodes, key=lambda n: n["backend"] == "HTP")  # fallbacks first
-    rows = [[n.get("name", ""), n.get("module_path") or "", n.get("op_type", ""), n["backend"],
-             n.get("reason") or "", n.get("fix") or ""] for n in ordered]
-    return Section("audit", "Audit (CPU fallbacks first)",
-                   _table(["node", "module", "op", "runs on", "reason", "fix"], rows, {3: lambda v: str(v)}))
+    off = [n for n in nodes if n["backend"] not in ("HTP", "io")]
+    on = [n for n in nodes if n["backend"] == "HTP" and n.get("op_type") not in QDQ_OPS]
+    out = (_table(AUDIT_HEADER, _audit_rows(off)) if off
+           else '<p><span class="pill ok">no CPU fallbacks</span></p>')
+    out += (f"<details><summary>{len(on)} compute nodes on HTP</summary>"
+            f"{_table(AUDIT_HEADER[:4], [r[:4] for r in _audit_rows(on)])}</details>")
+    return Section("audit", "Audit (CPU fallbacks first)", out)
 
 
 def section_numerics(m: Manifest, folder: Path) -> Section:
@@ -112,7 +131,7 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
 
 
 def section_sizes(m: Manifest, folder: Path) -> Section:
-    rows = [[f.path, f.role, f"{f.size:,}"] for f in m.files]
+    rows = [[f.path, f.role, f"{f.size:,}"] for f in m.files if f.role != "report"]
     total = sum(f.size for f in m.files if f.role != "report")
     params = m.extra.get("parameters")
     text = f"<p>Total {total:,} bytes"

@@ -73,8 +73,8 @@ class PteSession:
     """One method of a .pte loaded through executorch.runtime."""
 
     def __init__(self, g: PteGraph):
-        from ..toolchain.executorch_env import ensure_executorch_qnn
-        state = ensure_executorch_qnn()
+        from ..backends.et_specs import qnn_ready
+        state = qnn_ready()
         if g.bundle is not None:
             check_runtime_build(g.bundle.manifest.qairt_build, state.qairt_build)
         from ..backends.et_partition import capture_native_output

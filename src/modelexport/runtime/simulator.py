@@ -57,8 +57,10 @@ def select_graphs(bundle: Bundle, part: str | None = None, target: str | None = 
         if (part and p != part) or (want_target and g.target != want_target) or key in seen:
             continue
         seen.add(key)
-        out.append(CompiledGraph(bundle, p, g.target, bundle.file(g.extra["epcontext_model"]), g,
-                                 precision.get(p, m.precision or "?")))
+        # LLM bundles: the weight-shared binary cannot run on the x86 simulator (it crashes the
+        # process); its unshared twin, compiled from the same QDQ graph, is what runs here
+        ctx = (g.extra.get("host_twin") or {}).get("epcontext_model") or g.extra["epcontext_model"]
+        out.append(CompiledGraph(bundle, p, g.target, bundle.file(ctx), g, precision.get(p, m.precision or "?")))
     return out
 
 

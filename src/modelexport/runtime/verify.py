@@ -77,8 +77,26 @@ def _stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
     return [samples[i] for i in sorted(samples)]
 
 
+def record_numerics(bundle_path: str | Path, report: VerifyReport) -> None:
+    """Keep the first graph's per-output numbers in the manifest so report.html can plot them."""
+    from ..artifacts.bundle import refresh_report, save_manifest
+    if not report.graphs:
+        return
+    bundle = open_bundle(bundle_path)
+    g = report.graphs[0]
+    num = dict(bundle.manifest.numerics or {})
+    num.update({"outputs": [{"name": o.name, "sqnr_db": min(o.sqnr_db, 200.0), "cosine": o.cosine,
+                             "max_abs_error": o.max_abs_error} for o in g.outputs],
+                "threshold_db": g.threshold_db, "part": g.part, "target": g.target, "samples": g.samples,
+                "inputs": g.inputs_kind})
+    bundle.manifest.numerics = num
+    save_manifest(bundle)
+    refresh_report(bundle)
+
+
 def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part: str | None = None,
-                  target: str | None = None, min_sqnr: float | None = None, max_samples: int | None = None) -> VerifyReport:
+                  target: str | None = None, min_sqnr: float | None = None, max_samples: int | None = None,
+                  record: bool = True) -> VerifyReport:
     import onnxruntime as ort
     bundle = open_bundle(bundle_path)
     check_runtime(bundle)
@@ -127,4 +145,6 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
             gc.outputs.append(OutputCheck(n, float(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]), agree,
                                           bool(c["sqnr_db"] >= threshold)))
         report.graphs.append(gc)
+    if record:
+        record_numerics(bundle_path, report)
     return report

@@ -15,8 +15,9 @@ FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per tar
                "pte (ExecuTorch program with the QNN delegate) for PyTorch models. Default: the model kind's own.")
 PRECISION_HELP = ("fp16, 8a8w, 16a8w, 16a16w or 16a4w (activations a, weights w; default 8a8w); PyTorch models also "
                   "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+).")
-OVERRIDE_HELP = ("PyTorch models: 'REGEX=PRECISION' gives the modules whose path matches REGEX (e.g. 'layers\\.0\\.mlp') "
-                 "another quantized precision (repeatable; first match wins).")
+OVERRIDE_HELP = ("'REGEX=PRECISION' gives the modules whose path matches REGEX (e.g. 'layers\\.0\\.mlp'; ONNX: the "
+                 "exporter's module path such as 'features\\.3\\.conv', or the node name) another quantized precision "
+                 "(repeatable; first match wins). `verify --per-layer` suggests one.")
 REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization (repeatable; `modelexport audit` names them)."
 CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
               "(labelled not representative in the manifest).")

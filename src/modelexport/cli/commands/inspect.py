@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ...errors import IntegrityError
 from ...inspection import inspect_path
+from ...inspection.render_pte import RENDERERS as PTE_RENDERERS
 from ...inspection.render_qnn import RENDERERS as QNN_RENDERERS
 from ..app import app, console, emit_json
 
@@ -39,8 +40,30 @@ def _render_bundle(info: dict) -> None:
             console.print(f"[bold red]integrity FAIL[/] {p}")
 
 
-RENDERERS = {"bundle": _render_bundle}
+def _render_gguf(info: dict) -> None:
+    console.print(f"[bold]GGUF[/] {info['path']}  (v{info['gguf_version']}, {info['file_size']:,} bytes, {info.get('file_type')})")
+    console.print(f"  model        {info.get('name')}  architecture [bold]{info['architecture']}[/]"
+                  f"  ({'supported' if info['supported'] else '[red]not supported[/]'})")
+    console.print(f"  parameters   {info['n_params']:,}   layers {info['n_layers']}   hidden {info['hidden_size']}"
+                  f"   intermediate {info['intermediate_size']}")
+    console.print(f"  attention    {info['n_heads']} heads / {info['n_kv_heads']} KV heads, head dim {info['head_dim']},"
+                  f" rope theta {info['rope_theta']}, rms eps {info['rms_norm_eps']}")
+    console.print(f"  context      {info['context_length']} tokens   vocab {info['vocab_size']:,}"
+                  f"   tied embeddings {info['tied_embeddings']}")
+    console.print(f"  tokenizer    {info['tokenizer_model']} (pre {info['tokenizer_pre']}), bos {info['bos_token_id']},"
+                  f" eos {info['eos_token_id']}")
+    tpl = info.get("chat_template") or ""
+    console.print(f"  chat template {len(tpl)} chars" + (f": {tpl[:120]!r}…" if tpl else " (none)"))
+    console.print("  quant types  " + ", ".join(f"{k} ×{v}" for k, v in info["quant_types"].items()))
+    table = Table("tensor", "type", "shape", "bytes", header_style="bold")
+    for t in info["tensors"]:
+        table.add_row(t["name"], t["quant_type"], "×".join(map(str, t["shape"])), f"{t['n_bytes']:,}")
+    console.print(table)
+
+
+RENDERERS = {"bundle": _render_bundle, "gguf": _render_gguf}
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in QNN_RENDERERS.items()})
+RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in PTE_RENDERERS.items()})
 
 
 @app.command()

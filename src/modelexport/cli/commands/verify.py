@@ -23,6 +23,11 @@ def verify_cmd(
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --report file."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    per_layer: bool = typer.Option(False, "--per-layer", help="Also compare every layer of the float model with the quantized "
+                                   "one (fake-quant on the CPU), name the first layer below --threshold-db and suggest an "
+                                   "--override; recorded in the bundle's manifest and report.html."),
+    threshold_db: Optional[float] = typer.Option(None, "--threshold-db", help="Per-layer pass mark in dB (default: the "
+                                                 "precision's pass mark)."),
 ) -> None:
     """Run the float model on ONNX Runtime's CPU EP and the compiled graph on the HTP simulator on
     the same inputs; report SQNR (dB), cosine similarity and max abs error per output. Exits 5
@@ -31,9 +36,17 @@ def verify_cmd(
     from ...artifacts.atomic import atomic_file, check_output
     if report is not None:
         check_output(report, force)
-    with progress("float on CPU vs compiled on the HTP simulator", enabled=not json_out):
-        rep = api_verify(bundle, input, part, target, min_sqnr, samples)
+    layers = None
+    if per_layer:
+        from ...runtime.per_layer_verify import per_layer_verify
+        with progress("per layer: float vs fake-quant on CPU; outputs: compiled on the HTP simulator", enabled=not json_out):
+            rep, layers = per_layer_verify(bundle, input, part, target, threshold_db, min_sqnr, samples)
+    else:
+        with progress("float on CPU vs compiled on the HTP simulator", enabled=not json_out):
+            rep = api_verify(bundle, input, part, target, min_sqnr, samples)
     data = rep.to_dict()
+    if layers is not None:
+        data["per_layer"] = [pl.to_dict() for pl in layers]
     if report is not None:
         with atomic_file(report, force) as tmp:
             tmp.write_text(json.dumps(data, indent=2))
@@ -50,7 +63,12 @@ def verify_cmd(
         console.print(table)
         for g in rep.graphs:
             console.print(f"  {g.part}@{g.target}: {g.samples} sample(s), inputs: {g.inputs_kind}")
+        if layers is not None:
+            from ..per_layer_view import print_per_layer
+            print_per_layer(layers)
     if not rep.passed:
         bad = [f"{g.part}@{g.target}:{o.name} {o.sqnr_db:.1f} dB < {g.threshold_db:g}" for g in rep.graphs for o in g.outputs if not o.passed]
+        hint = next((pl.suggestion for pl in layers or [] if pl.suggestion), None)
         raise VerificationError("compiled outputs differ from the float model: " + "; ".join(bad),
-                                "calibrate on more representative data, use a wider precision (16a8w), or set --min-sqnr")
+                                (f"recompile with {hint} (from --per-layer), " if hint else "")
+                                + "calibrate on more representative data, use a wider precision (16a8w), or set --min-sqnr")

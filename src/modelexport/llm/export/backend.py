@@ -44,7 +44,7 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
 from .onnx_export import PartRange
 from .quantize import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -196,6 +196,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     spec = parts[0]
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
+    if str(spec.precision or "").lower().replace("-", "_") in ("16a4w_block", "w4a16_block"):
+        raise UnsupportedError("16a4w_block is not available on the ONNX Runtime path LLMs take: its QDQ quantizer "
+                               "has no block-wise (LPBQ) weights for MatMul",
+                               "use --precision 16a4w (4-bit weights, one scale per output channel)")
     precision = get_precision(spec.precision or "16a4w").name
     if precision not in LLM_PRECISIONS:
         raise InputError(f"precision {precision} is not offered for LLMs", f"use one of: {', '.join(LLM_PRECISIONS)}")

@@ -67,7 +67,11 @@ def module_path(node_name: str) -> str:
     parts = [p for p in node_name.split("/") if p]
     if parts and parts[0] == "decoder":
         parts = parts[1:]
-    return ".".join(parts[:-1])
+    path = ".".join(parts[:-1])
+    # the TorchScript exporter drops the `model` scope of the backbone: put HF's name back
+    if path.split(".")[0] in ("layers", "embed_tokens", "norm", "rotary_emb"):
+        path = "model." + path
+    return path
 
 
 def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:

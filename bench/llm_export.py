@@ -1,0 +1,109 @@
+"""Benchmark the LLM path on the real SmolLM2-135M-Instruct (Q4_1 GGUF), SM8650, 16a4w,
+ar1 + ar32, max-seq-len 512.
+
+Measures (the compile CLI in a fresh process, as a user runs it):
+- compile wall time and peak RSS, cold (empty cache) and cached (same inputs, new output);
+- artifact size: device bytes (the weight-shared context binary) per parameter;
+- perplexity on lee_background.cor: float and fake-quant (first 2048 tokens, 512-token windows),
+  compiled on the HTP simulator (a short window), and SQNR of the logits between the stages;
+- decode steps per second on the simulator (ar1 graph) and the greedy answer to
+  "What is the capital of France?" on the simulator.
+Writes bench/results/llm_export.json. Simulator timings say nothing about a phone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULT = ROOT / "results" / "llm_export.json"
+
+_WRAPPER = """
+import json, resource, sys, time
+from modelexport.cli.main import main
+t = time.perf_counter(); rc = main(sys.argv[2:]); dt = time.perf_counter() - t
+ru_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "peak_rss_mb": ru_self / 1024,
+                                         "peak_child_rss_mb": ru_kids / 1024}))
+sys.exit(rc)
+"""
+
+
+def run_cli(args: list[str], env: dict) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        stats = f.name
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _WRAPPER, stats, *args], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"modelexport {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    s = json.loads(Path(stats).read_text())
+    return {"wall_s": round(wall, 2), "in_process_s": round(s["in_process_s"], 2),
+            "peak_rss_mb": round(s["peak_rss_mb"], 1), "peak_child_rss_mb": round(s["peak_child_rss_mb"], 1)}
+
+
+def main() -> None:
+    from modelexport.zoo.assets import asset_path
+    gguf = asset_path("smollm2_gguf")
+    work = Path(os.environ.get("BENCH_WORK", tempfile.mkdtemp(prefix="llm_bench_")))
+    cache = Path(os.environ.get("BENCH_CACHE", work / "cache"))
+    env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = {"model": gguf.name, "target": "SM8650", "precision": "16a4w", "variants": ["ar1", "ar32"], "max_seq_len": 512,
+           "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "note": "2 cores shared with other jobs while measured"}}
+    args = ["compile", str(gguf), "--target", "SM8650", "--precision", "16a4w", "--variants", "ar1,ar32",
+            "--max-seq-len", "512", "--json"]
+    cold_cached = cache.exists() and any(cache.glob("llm-qdq/*/*/entry.json"))
+    out["compile_cold"] = run_cli([*args, "-o", str(work / "cold"), "--force"], env)
+    out["compile_cold"]["cache_was_warm"] = cold_cached
+    out["compile_cached"] = run_cli([*args, "-o", str(work / "cached"), "--force"], env)
+    m = json.loads((work / "cold" / "manifest.json").read_text())
+    llm = m["extra"]["llm"]
+    out["stage_timings_s"] = m["extra"]["timings"]
+    out["artifacts"] = {"parameters": m["extra"]["parameters"], "device_bytes": llm["device_bytes"],
+                        "bytes_per_parameter": llm["bytes_per_parameter"],
+                        "weight_sharing": llm["weight_sharing"], "n_parts": llm["n_parts"],
+                        "graphs": {g["name"]: {"qnn_graph_name": g["extra"]["qnn_graph_name"],
+                                               "const_bytes": g["extra"]["const_bytes"],
+                                               "shared_weights_bytes": g["extra"]["shared_weights_bytes"],
+                                               "memory_estimate_mb": g["extra"]["memory_estimate"]["total_mb"]}
+                                   for g in m["graphs"]},
+                        "files_bytes": sum(f["size"] for f in m["files"]),
+                        "genie": llm["genie"]}
+    RESULT.parent.mkdir(exist_ok=True)
+    RESULT.write_text(json.dumps(out, indent=2))
+
+    os.environ["MODELEXPORT_CACHE_DIR"] = str(cache)
+    from modelexport.artifacts.bundle import open_bundle
+    from modelexport.llm.evaluate import evaluate
+    t0 = time.perf_counter()
+    ev = evaluate(work / "cold", None, window=512, max_tokens=2048, sim_window=int(os.environ.get("BENCH_SIM_WINDOW", 64)),
+                  sim_tokens=int(os.environ.get("BENCH_SIM_TOKENS", 64)), progress=lambda s: print(s, flush=True))
+    out["perplexity"] = ev
+    out["perplexity"]["seconds"] = round(time.perf_counter() - t0, 1)
+    RESULT.write_text(json.dumps(out, indent=2))
+
+    # decode speed + the Paris question on the simulator
+    import modelexport.llm as llm_api
+    model = llm_api.load(work / "cold", backend="htp-sim")
+    t0 = time.perf_counter()
+    res = model.generate("What is the capital of France?", chat=True, max_new_tokens=int(os.environ.get("BENCH_NEW", 10)),
+                         temperature=0.0)
+    out["htp_sim_generation"] = {"prompt": "What is the capital of France?", "chat": True, "text": res.text,
+                                 "paris": "paris" in res.text.lower(), "stats": res.stats.to_dict(),
+                                 "wall_s": round(time.perf_counter() - t0, 1)}
+    st = res.stats
+    out["htp_sim_decode_steps_per_s"] = st.decode_tokens_per_s
+    RESULT.write_text(json.dumps(out, indent=2))
+    print(json.dumps({k: out[k] for k in ("compile_cold", "compile_cached", "htp_sim_decode_steps_per_s")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

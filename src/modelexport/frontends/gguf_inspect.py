@@ -1,0 +1,26 @@
+"""`modelexport inspect model.gguf`: architecture, sizes, tensors with quant types, tokenizer,
+chat template, context length (header only: no weights are read)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inspection import inspector
+
+
+def _is_gguf(p: Path) -> bool:
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+@inspector("gguf", _is_gguf)
+def inspect_gguf(p: Path) -> dict:
+    from .gguf_file import read_gguf_info
+    from ..llm.loaded import SUPPORTED_ARCHITECTURES
+    info = read_gguf_info(p)
+    d = info.to_dict()
+    d["supported_architectures"] = list(SUPPORTED_ARCHITECTURES)
+    d["note"] = ("compile it: modelexport compile MODEL.gguf --target SM8650 --variants ar1,ar32 --max-seq-len 512 -o OUT"
+                 if info.supported else f"architecture {info.architecture!r} is not supported by the static decoder")
+    return d

@@ -1,0 +1,85 @@
+"""Per-module precision overrides for the ONNX path: `--override 'REGEX=PRECISION'`.
+
+REGEX is searched in each node's module path (from the exporter's node names, e.g.
+`features.3.conv.0.0` for `/features/features.3/conv/conv.0/conv.0.0/Conv`) and in its node name;
+first match wins. A matched node gets the override's weight width (signed, symmetric: what the HTP
+takes per channel) on its weight initializers
+(per-channel on axis 0 for Conv, axis 1 for ConvTranspose, when the compile is per-channel) and,
+when the override's activation type differs from the default, on its outputs. They reach ONNX
+Runtime's quantizer as `get_qnn_qdq_config(init_overrides=...)`, i.e. the TensorQuantOverrides
+extra option; mixed activation types get the quantizer's own convert nodes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+from .precision import Precision, get_precision
+
+_WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
+_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
+
+
+@dataclass(frozen=True)
+class OnnxOverride:
+    pattern: str
+    precision: Precision
+
+    def matches(self, *names: str | None) -> bool:
+        return any(n and re.search(self.pattern, n) for n in names)
+
+
+def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[OnnxOverride]:
+    out = []
+    for spec in specs or []:
+        pattern, sep, prec = str(spec).rpartition("=")
+        if not sep or not pattern or not prec:
+            raise InputError(f"--override {spec!r} is not REGEX=PRECISION", "e.g. --override 'features\\.3\\.conv=16a8w'")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise InputError(f"--override {spec!r}: {pattern!r} is not a regular expression ({e})",
+                             "escape dots as \\. and check brackets") from None
+        p = get_precision(prec)
+        if not p.quantized:
+            raise InputError(f"--override {spec!r}: an fp16 island inside a quantized ONNX graph is not offered",
+                             "override with a quantized precision (16a8w, 16a16w, 8a8w), or compile the whole model as fp16")
+        if not default.quantized:
+            raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
+                             "give --precision 8a8w/16a8w/16a4w/... and override the modules that need another one")
+        out.append(OnnxOverride(pattern, p))
+    return out
+
+
+def tensor_overrides(model, overrides: list[OnnxOverride], default: Precision, per_channel: bool) -> tuple[dict, dict]:
+    """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count})."""
+    from onnxruntime.quantization import QuantType
+
+    from ..audit.onnx_graph import module_path
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, list[dict]] = {}
+    matched = {o.pattern: 0 for o in overrides}
+    for node in model.graph.node:
+        hit = next((o for o in overrides if o.matches(module_path(node), node.name)), None)
+        if hit is None:
+            continue
+        matched[hit.pattern] += 1
+        act, weight = hit.precision.quant_types()
+        widx = _WEIGHT_INPUT.get(node.op_type)
+        if widx is not None and len(node.input) > widx and node.input[widx] in inits:
+            # HTP takes per-channel weights signed and symmetric (offset 0): uint8 → int8, uint16 → int16
+            weight = {QuantType.QUInt8: QuantType.QInt8, QuantType.QUInt16: QuantType.QInt16}.get(weight, weight)
+            entry = {"quant_type": weight, "symmetric": True}
+            if per_channel and node.op_type in _CHANNEL_AXIS:
+                entry["axis"] = _CHANNEL_AXIS[node.op_type]
+            out[node.input[widx]] = [entry]
+        if hit.precision.activation_type != default.activation_type:
+            for t in node.output:
+                if t and t not in inits:
+                    out[t] = [{"quant_type": act}]
+    for o in overrides:
+        if not matched[o.pattern]:
+            raise InputError(f"--override {o.pattern!r} matches no node (module paths look like 'features.3.conv.0.0')",
+                             "run `modelexport audit MODEL` to see module paths, or `verify --per-layer` for a suggestion")
+    return out, matched

@@ -1,0 +1,172 @@
+"""Layer-by-layer numerics: the float ONNX model vs its QDQ (fake-quant) twin on ONNX Runtime's CPU EP.
+
+Every node output of the float model that also exists in the QDQ model becomes a graph output of
+both. In the QDQ model the value the next layer really sees is the DequantizeLinear output that
+follows a QuantizeLinear of that tensor, so that is what is compared. Nodes are grouped into
+layers by the exporter's module path (`/features/features.3/conv/conv.0/conv.0.0/Conv` →
+`features.3.conv.0.0`); a layer's value is the output of its last node in graph order. SQNR is
+over all samples. The first layer below the threshold is named; the override suggested is for the
+block of the layer that loses the most dB on the way down to it (the culprit), giving it more bits (`--override 'features\\.3\\.conv=16a8w'`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..runtime.metrics import compare
+
+SQNR_CAP_DB = 200.0      # identical tensors: reported as this rather than +inf (JSON has no inf)
+
+
+@dataclass
+class LayerNumerics:
+    name: str                 # the module path (or node name when the exporter gave none)
+    node: str                 # the node whose output stands for the layer
+    op_type: str
+    tensor: str
+    sqnr_db: float
+    cosine: float
+    max_abs_error: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PerLayerReport:
+    part: str
+    precision: str
+    threshold_db: float
+    samples: int
+    layers: list[LayerNumerics] = field(default_factory=list)
+    first_bad_layer: str | None = None
+    suggestion: str | None = None
+    suggestion_module: str | None = None
+    culprit_layer: str | None = None
+    worst_drop: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "precision": self.precision, "threshold_db": self.threshold_db, "samples": self.samples,
+                "first_bad_layer": self.first_bad_layer, "culprit_layer": self.culprit_layer,
+                "suggested_override": self.suggestion,
+                "worst_drop": self.worst_drop, "seconds": round(self.seconds, 3),
+                "layers": [x.to_dict() for x in self.layers]}
+
+
+def _cap(v: float) -> float:
+    return float(min(SQNR_CAP_DB, v)) if np.isfinite(v) or v > 0 else float(v)
+
+
+def _with_outputs(model, names: list[str]):
+    from onnx import helper
+    have = {o.name for o in model.graph.output}
+    for n in names:
+        if n not in have:
+            model.graph.output.append(helper.make_empty_tensor_value_info(n))
+            have.add(n)
+    return model
+
+
+def _session(model):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL   # fake-quant as written
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
+
+
+def layer_plan(float_model, qdq_model) -> list[tuple[str, Any, str]]:
+    """[(layer name, float node, qdq tensor name)] in graph order, one per layer."""
+    from ..audit.onnx_graph import module_path
+    q_consumers: dict[str, list] = {}
+    for n in qdq_model.graph.node:
+        for i in n.input:
+            q_consumers.setdefault(i, []).append(n)
+    q_tensors = {o for n in qdq_model.graph.node for o in n.output}
+    last: dict[str, tuple[Any, str]] = {}
+    order: list[str] = []
+    for node in float_model.graph.node:
+        if node.op_type == "Constant" or not node.output or node.output[0] not in q_tensors:
+            continue
+        t = node.output[0]
+        # the dequantized value downstream layers see, if the quantizer put a Q/DQ pair after it
+        for q in q_consumers.get(t, []):
+            if q.op_type == "QuantizeLinear":
+                dq = next((d for d in q_consumers.get(q.output[0], []) if d.op_type == "DequantizeLinear"), None)
+                if dq is not None:
+                    t = dq.output[0]
+                    break
+        name = module_path(node) or node.name or node.output[0]
+        if name not in last:
+            order.append(name)
+        last[name] = (node, t)
+    return [(name, last[name][0], last[name][1]) for name in order]
+
+
+def suggest_module(layer: str) -> str:
+    """The module to override for a bad layer: its block, not one conv (`features.3.conv.0.0` → `features.3.conv`)."""
+    parts = layer.split(".")
+    for i, p in enumerate(parts):
+        if p in ("conv", "mlp", "attn", "self_attn", "attention", "feed_forward") and i > 0:
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:2]) if len(parts) > 2 else layer
+
+
+def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarray]], threshold_db: float,
+              precision: str = "?", part: str = "model", override_precision: str = "16a8w") -> PerLayerReport:
+    import time
+
+    import onnx
+    t0 = time.perf_counter()
+    if not samples:
+        raise InputError("no samples to compare layers on", "give --input or recompile so the bundle stores verify inputs")
+    fm = onnx.load(str(float_path))
+    qm = onnx.load(str(qdq_path))
+    plan = layer_plan(fm, qm)
+    if not plan:
+        raise InputError(f"no layer of {float_path.name} can be matched in its quantized model", "the quantizer renamed every node")
+    f_out = [node.output[0] for _, node, _ in plan]
+    q_out = [t for _, _, t in plan]
+    fs = _session(_with_outputs(fm, f_out))
+    qs = _session(_with_outputs(qm, q_out))
+    refs: dict[int, list] = {i: [] for i in range(len(plan))}
+    gots: dict[int, list] = {i: [] for i in range(len(plan))}
+    for s in samples:
+        fr = fs.run(f_out, s)
+        qr = qs.run(q_out, s)
+        for i in range(len(plan)):
+            refs[i].append(np.asarray(fr[i], dtype=np.float32))
+            gots[i].append(np.asarray(qr[i], dtype=np.float32))
+    rep = PerLayerReport(part, precision, threshold_db, len(samples))
+    prev = None
+    for i, (name, node, t) in enumerate(plan):
+        r, g = np.stack(refs[i]), np.stack(gots[i])
+        if r.shape != g.shape or not np.issubdtype(r.dtype, np.floating):
+            continue
+        c = compare(r, g)
+        lay = LayerNumerics(name, node.name, node.op_type, t, _cap(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]))
+        rep.layers.append(lay)
+        if prev is not None:
+            drop = prev.sqnr_db - lay.sqnr_db
+            if rep.worst_drop is None or drop > rep.worst_drop["drop_db"]:
+                rep.worst_drop = {"layer": name, "drop_db": round(drop, 3), "from_db": round(prev.sqnr_db, 3),
+                                  "to_db": round(lay.sqnr_db, 3)}
+        prev = lay
+    bad_i = next((i for i, x in enumerate(rep.layers) if x.sqnr_db < threshold_db), None)
+    if bad_i is not None:
+        rep.first_bad_layer = rep.layers[bad_i].name
+        # the culprit: the layer losing the most dB on the way down to the first bad one
+        drops = [0.0] + [rep.layers[i - 1].sqnr_db - rep.layers[i].sqnr_db for i in range(1, bad_i + 1)]
+        culprit = rep.layers[max(range(bad_i + 1), key=lambda i: drops[i])] if bad_i > 0 else rep.layers[0]
+        rep.culprit_layer = culprit.name
+        mod = suggest_module(culprit.name)
+        rep.suggestion_module = mod
+        rep.suggestion = f"--override '{re.escape(mod)}={override_precision}'"
+    rep.seconds = time.perf_counter() - t0
+    return rep

@@ -1,0 +1,146 @@
+"""PyTorch → .pte through modelexport (Python API and CLI): quantization schemes and overrides,
+QNN + fallback placement, inspect, run and verify on the host, and the bad inputs."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_clean_error, run_cli
+from et_models import DATA_DEPENDENT, MLP, MLP_TOPK, write
+
+
+@pytest.fixture(scope="module")
+def topk_fp16(tmp_path_factory):
+    """An MLP + a topk head (refused by QNN's op builder) compiled through the Python API, fp16."""
+    import importlib.util
+
+    import modelexport
+    d = tmp_path_factory.mktemp("et_compile")
+    spec = write(d, "mlp_topk", MLP_TOPK)
+    loader = importlib.util.spec_from_file_location("mlp_topk", d / "mlp_topk.py")
+    mod = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(mod)
+    model, example = mod.build()
+    bundle = modelexport.compile(model, example, output=d / "bundle", target="SM8650", precision="fp16")
+    return {"dir": d, "spec": spec, "model": model, "example": example, "bundle": bundle}
+
+
+def test_api_compiles_a_module_to_a_pte_bundle_with_placement_per_node(topk_fp16):
+    m = topk_fp16["bundle"].manifest
+    assert m.format == "pte" and m.targets == ["SM8650"] and m.htp_arch == {"SM8650": 75}
+    assert m.qairt_build.startswith("v2.51") and m.options["segment_alignment"] == 16384
+    nodes = {n["op_type"]: n for n in m.placement["nodes"]}
+    assert nodes["aten.linear.default"]["backend"] == "HTP" and nodes["aten.gelu.default"]["runtime"] == "QNN"
+    topk = nodes["aten.topk.default"]
+    assert topk["backend"] == "CPU" and topk["runtime"] in ("XNNPACK", "portable") and topk["module_path"] == "head"
+    assert "only supports channel as dimension for topK" in topk["reason"]
+    g = m.graphs[0]
+    assert g.kind == "pte-method" and g.inputs[0].name == "x" and g.extra["delegate_calls"] == {"QnnBackend": 2}
+    assert g.extra["qnn_graphs"] and all(d["alignment"] % 16384 == 0 for d in g.extra["delegates"])
+    assert m.numerics["passed"] and m.numerics["outputs"][0]["sqnr_db"] > 30
+
+
+def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli, tmp_path):
+    import torch
+
+    import modelexport
+    model, example, bundle = topk_fp16["model"], topk_fp16["example"], topk_fp16["bundle"]
+    x = torch.randn(1, 16, 32)
+    got = modelexport.run(bundle.path, {"x": x.numpy()}).outputs["output_0"]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), atol=2e-2)
+    np.save(tmp_path / "x.npy", x.numpy())
+    proc = cli("run", str(bundle.path), "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "out"), "--json", check=True)
+    assert json.loads(proc.stdout)["outputs"]["output_0"]["shape"] == [1, 4, 32]
+    rep = json.loads(cli("verify", str(bundle.path), "--json", check=True).stdout)
+    assert rep["passed"] and rep["graphs"][0]["outputs"][0]["sqnr_db"] > 30 and rep["graphs"][0]["threshold_sqnr_db"] == 30
+
+
+def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli):
+    pte = next(topk_fp16["bundle"].path.rglob("*.pte"))
+    info = json.loads(cli("inspect", str(pte), "--json", check=True).stdout)
+    assert info["kind"] == "pte"
+    p = info["pte"]
+    (method,) = p["methods"]
+    assert method["name"] == "forward" and method["inputs"] == [{"kind": "Tensor", "dtype": "float32", "shape": [1, 16, 32]}]
+    assert method["delegate_calls"] == {"QnnBackend": 2} and "aten::topk.values" in method["kernel_calls"]
+    qnn = [d for d in p["delegates"] if d["backend_id"] == "QnnBackend"]
+    assert len(qnn) == 2 and all(d["location"] == "segment" and d["offset"] % 16384 == 0 for d in qnn)
+    cb = qnn[0]["qnn"]["context_binary"]
+    assert cb["soc_model"] == 57 and cb["dsp_arch"] == 75 and cb["build_id"].startswith("v2.51")
+    bundle = json.loads(cli("inspect", str(topk_fp16["bundle"].path), "--json", check=True).stdout)
+    assert bundle["kind"] == "pte-bundle" and bundle["integrity"]["ok"]
+    assert bundle["placement_summary"]["by_runtime"]["QNN"] >= 3
+
+
+def test_our_protocol_reader_agrees_with_executorchs(topk_fp16):
+    from modelexport.backends.et_specs import qnn_ready
+    from modelexport.backends.pte_inspect import qnn_binaries
+    qnn_ready()
+    import executorch.backends.qualcomm.python.PyQnnManagerAdaptor as PyQnnManagerAdaptor
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    data = next(topk_fp16["bundle"].path.rglob("*.pte")).read_bytes()
+    program = deserialize_pte_binary(data).program
+    theirs = [PyQnnManagerAdaptor.StripProtocol(program.backend_delegate_data[d.processed.index].data).tobytes()
+              for plan in program.execution_plan for d in plan.delegates if d.id == "QnnBackend"]
+    assert [b for _, b in qnn_binaries(data)] == theirs
+
+
+def test_strict_refuses_the_fallback_and_writes_nothing(topk_fp16, cli, tmp_path):
+    out = tmp_path / "strict"
+    proc = cli("compile", topk_fp16["spec"], "--precision", "fp16", "--strict", "-o", str(out))
+    assert_clean_error(proc, "--strict", "aten_topk_default")
+    assert proc.returncode == 3 and not out.exists() and not list(tmp_path.glob(".strict*"))
+
+
+def test_cli_8a8w_with_an_override_and_block_quantization(tmp_path, cli):
+    spec = write(tmp_path, "mlp", MLP)
+    out = tmp_path / "b"
+    proc = cli("compile", spec, "--precision", "16a4w_block", "--block-size", "16", "--override", r"fc2=16a8w",
+               "--calibration", "random", "-o", str(out), "--json", check=True)
+    res = json.loads(proc.stdout)
+    assert res["format"] == "pte" and res["placement"]["summary"]["by_runtime"] == {"QNN": res["placement"]["summary"]["nodes"]}
+    m = json.loads((out / "manifest.json").read_text())
+    q = m["options"]["quantization"]["mlp"]
+    assert q["precision"] == "16a4w_block" and q["block_size"] == 16 and q["block_quantized_nodes"] == 1
+    assert q["overrides"] == [{"regex": "fc2", "precision": "16a8w", "nodes": 1}]
+    assert m["calibration"]["mlp"]["representative"] is False
+    assert m["numerics"]["outputs"][0]["sqnr_db"] > 12      # measured ~20 dB (linear as conv2d for LPBQ)
+
+
+def test_block_quantization_below_v69_is_refused_up_front(tmp_path, cli):
+    spec = write(tmp_path, "mlp", MLP)
+    proc = cli("compile", spec, "--precision", "16a4w_block", "--target", "SM8350", "--calibration", "random",
+               "-o", str(tmp_path / "out"))
+    assert_clean_error(proc, "16a4w_block", "V69", "SM8350")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_module_export_cannot_capture_names_the_module_and_the_reason(tmp_path, cli):
+    spec = write(tmp_path, "gate", DATA_DEPENDENT)
+    proc = cli("compile", spec, "--precision", "fp16", "-o", str(tmp_path / "out"))
+    assert_clean_error(proc, "torch.export cannot capture", "blocks.1", "data-dependent", "Gate.forward", "if x.sum() > 0")
+    assert not (tmp_path / "out").exists()
+    audit = cli("audit", spec)
+    assert_clean_error(audit, "blocks.1", "data-dependent")
+
+
+def test_missing_gcc_is_a_clear_message(tmp_path):
+    """A fresh adapter cache and no compiler on PATH: the adapter cannot be built."""
+    spec = write(tmp_path, "mlp", MLP)
+    env = {"MODELEXPORT_CACHE_DIR": str(tmp_path / "cache"), "PATH": str(tmp_path / "empty-bin"), "CC": ""}
+    (tmp_path / "empty-bin").mkdir()
+    proc = run_cli("compile", spec, "--precision", "fp16", "-o", str(tmp_path / "out"), env=env)
+    assert_clean_error(proc, "gcc", "apt-get install gcc")
+    assert not (tmp_path / "out").exists()
+
+
+def test_pytorch_only_options_and_formats_are_checked(tmp_path, cli):
+    spec = write(tmp_path, "mlp", MLP)
+    assert_clean_error(cli("compile", spec, "--format", "context-binary", "-o", str(tmp_path / "o")), "pte")
+    assert_clean_error(cli("compile", spec, "--override", "fc2", "-o", str(tmp_path / "o")), "REGEX=PRECISION")
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,210 @@
+"""LLM export on a tiny random Llama built here: ar1 + ar4, 16a4w, one weight-shared context
+binary (2 graphs, weights once), unshared twins on the HTP simulator matching the QDQ graphs on
+the CPU, split into parts on a low memory limit, Genie config accepted / rejected, bad inputs."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import assert_clean_error  # noqa: E402
+from llm_tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+
+SEQ = 64
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
+        "outlook for interest rates and the health of the economy, while officials said talks would resume. ") * 40
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    import os
+    root = tmp_path_factory.mktemp("llm_export")
+    # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
+    old = os.environ.get("MODELEXPORT_CACHE_DIR")
+    os.environ["MODELEXPORT_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "modelexport-cache")
+    hf = root / "tiny_hf"
+    tiny_llama(n_layers=2).save_pretrained(hf)
+    tiny_tokenizer().save(hf)
+    (root / "calib.txt").write_text(TEXT)
+    yield root
+    if old is None:
+        os.environ.pop("MODELEXPORT_CACHE_DIR", None)
+    else:
+        os.environ["MODELEXPORT_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    import modelexport
+    return modelexport.compile(str(work / "tiny_hf"), output=work / "bundle", target="SM8650", precision="16a4w",
+                               variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                               calibration_samples=4)
+
+
+def test_bundle_has_both_graphs_named_and_shared(bundle):
+    from modelexport.qnn_context import read_context_binary
+    m = bundle.manifest
+    assert m.kind == "llm" and m.precision == "16a4w" and m.htp_arch["SM8650"] == 75
+    names = sorted(g.name for g in m.graphs)
+    assert names == ["prompt_ar4_cl64_1_of_1", "token_ar1_cl64_1_of_1"]
+    files = {g.file for g in m.graphs}
+    assert len(files) == 1                                    # one binary for both graphs
+    info = read_context_binary(bundle.file(files.pop()))
+    assert len(info.graphs) == 2
+    shared = {g.htp.shared_weights_size for g in info.graphs}
+    assert len(shared) == 1 and shared.pop() > 0              # one copy of the weights, named by both
+    ws = next(iter(m.extra["llm"]["weight_sharing"].values()))
+    assert ws["weights_stored_once"] and ws["bytes"] < ws["unshared_twins_bytes"]
+    for g in m.graphs:                                        # the documented name maps to the QNN graph
+        assert g.extra["qnn_graph_name"] in ws["graphs"]
+        assert g.extra["host_twin"]["const_bytes"] > g.extra["const_bytes"]
+    q = m.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]
+    assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
+    assert m.calibration["llm"]["representative"] and m.extra["parameters"] > 0
+
+
+def test_twin_on_simulator_matches_fake_quant_cpu(bundle):
+    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.runtime.metrics import compare
+    ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:12]
+    logits = {}
+    for stage in ("fake-quant", "htp-sim"):
+        graphs, spec, seq = open_forwards(bundle, stage)
+        runner = StaticRunner(graphs, spec, seq)
+        out = [runner.feed(ids)]                              # ar4 chunks
+        out.append(runner.decode_step(int(out[0][-1].argmax()))[None])   # one ar1 step
+        logits[stage] = torch.cat(out).numpy()
+        assert set(runner.chunks) == {4, 1}
+    c = compare(logits["fake-quant"], logits["htp-sim"])
+    assert c["sqnr_db"] > 25, c
+    assert (logits["fake-quant"].argmax(-1) == logits["htp-sim"].argmax(-1)).mean() >= 0.9
+
+
+def test_generate_on_htp_sim_backend(bundle):
+    import modelexport.llm as llm
+    model = llm.load(bundle.path, backend="htp-sim")
+    res = model.generate("Hello", max_new_tokens=3, temperature=0.0)
+    assert len(res.token_ids) >= 1 and res.stats.backend == "htp-sim"
+
+
+def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
+    from modelexport.errors import VerificationError
+    from modelexport.llm.export.genie import validate_genie_config
+    cfg = json.loads(bundle.file("genie_config.json").read_text())
+    assert cfg["dialog"]["engine"]["backend"]["type"] == "QnnHtp"
+    bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert all(bundle.file(b).is_file() for b in bins)
+    assert bundle.file(cfg["dialog"]["tokenizer"]["path"]).is_file()
+    assert bundle.manifest.extra["llm"]["genie"]["SM8650"]["accepted"]
+    assert validate_genie_config(bundle.file("genie_config.json"))["status"] == 0
+    del cfg["dialog"]["context"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(cfg))
+    with pytest.raises(VerificationError, match="context"):
+        validate_genie_config(bad)
+
+
+def test_second_compile_is_cached(bundle, work):
+    import modelexport
+    b2 = modelexport.compile(str(work / "tiny_hf"), output=work / "bundle2", target="SM8650", precision="16a4w",
+                             variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                             calibration_samples=4)
+    c = b2.manifest.extra["cache"]
+    assert c["quantize_hit"] and c["compile_hits"] == c["compile_jobs"]
+    assert b2.manifest.graphs[0].extra["qnn_graph_name"] == bundle.manifest.graphs[0].extra["qnn_graph_name"]
+
+
+def test_split_into_parts_on_a_low_limit(work, bundle):
+    import modelexport
+    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.runtime.metrics import compare
+    b = modelexport.compile(str(work / "tiny_hf"), output=work / "split", target="SM8650", precision="16a4w",
+                            variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                            calibration_samples=4, context_limit_mb=0.06)
+    llm = b.manifest.extra["llm"]
+    assert llm["n_parts"] == 2 and "split into 2 parts" in llm["split_note"]
+    assert sorted(g.name for g in b.manifest.graphs) == ["prompt_ar4_cl64_1_of_2", "prompt_ar4_cl64_2_of_2",
+                                                         "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
+    assert len(llm["weight_sharing"]) == 2                   # one shared binary per part
+    cfg = json.loads(b.file("genie_config.json").read_text())
+    assert len(cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]) == 2
+    ids = tiny_tokenizer().encode("The quick brown fox")[:8]
+    out = {}
+    for name, bb in (("split", b), ("whole", bundle)):
+        graphs, spec, seq = open_forwards(bb, "htp-sim" if name == "split" else "fake-quant")
+        out[name] = StaticRunner(graphs, spec, seq).feed(ids).numpy()
+    assert compare(out["whole"], out["split"])["sqnr_db"] > 20
+
+
+def test_eval_three_stages(bundle, cli, work):
+    proc = cli("eval", str(bundle.path), "--perplexity", str(work / "calib.txt"), "--window", "32", "--tokens", "64",
+               "--sim-window", "8", "--sim-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert set(res["stages"]) == {"float", "fake-quant", "htp-sim"}
+    assert all(np.isfinite(r["perplexity"]) for r in res["stages"].values())
+    assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > 25
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: a clear message, nothing written
+
+def _compile_cli(cli, src, out, *extra):
+    return cli("compile", str(src), "--target", "SM8650", "--variants", "ar1,ar4", "--max-seq-len", str(SEQ), "-o", str(out), *extra)
+
+
+def test_unsupported_architecture(cli, work, tmp_path):
+    bad = tmp_path / "gpt2ish"
+    shutil.copytree(work / "tiny_hf", bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    assert_clean_error(_compile_cli(cli, bad, out), "gpt_neox", "llama")
+    assert not out.exists()
+
+
+def test_missing_tokenizer(cli, work, tmp_path):
+    bad = tmp_path / "notok"
+    shutil.copytree(work / "tiny_hf", bad)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (bad / f).unlink()
+    out = tmp_path / "out"
+    assert_clean_error(_compile_cli(cli, bad, out), "tokenizer")
+    assert not out.exists()
+
+
+def test_max_seq_len_beyond_context(cli, work, tmp_path):
+    out = tmp_path / "out"
+    proc = cli("compile", str(work / "tiny_hf"), "--variants", "ar1,ar4", "--max-seq-len", "4096", "-o", str(out))
+    assert_clean_error(proc, "--max-seq-len 4096", "256")
+    assert not out.exists()
+
+
+def test_truncated_gguf(cli, tmp_path):
+    from modelexport.zoo.assets import asset_path
+    src = asset_path("smollm2_gguf")
+    bad = tmp_path / "cut.gguf"
+    with open(src, "rb") as f:
+        bad.write_bytes(f.read(4 << 20))
+    out = tmp_path / "out"
+    assert_clean_error(_compile_cli(cli, bad, out), "truncated")
+    assert not out.exists()
+
+
+def test_inspect_gguf(cli):
+    from modelexport.zoo.assets import asset_path
+    proc = cli("inspect", str(asset_path("smollm2_gguf")), "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["kind"] == "gguf" and d["architecture"] == "llama" and d["n_layers"] == 30
+    assert d["context_length"] == 8192 and d["tokenizer_model"] == "gpt2" and d["chat_template"]
+    assert {t["quant_type"] for t in d["tensors"]} >= {"Q4_1", "F32"}
