@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test setup bench clean browser
+.PHONY: demo test test-heavy setup bench clean browser
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
+
+# The SmolLM2 16a4w compile tests (15-40 min on 2 cores); not part of `make test`.
+test-heavy: $(STAMP)
+	MODELEXPORT_HEAVY_TESTS=1 $(BIN)/python -m pytest -m heavy tests
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -45,6 +45,7 @@ from llama_cpp import Llama
 gguf, prompt_ids, new, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 llm = Llama(model_path=gguf, n_ctx=512, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
 eos = llm.token_eos()
+llm.eval(prompt_ids[:4])   # warm-up
 
 def next_token():  # greedy on the last logits row, EOS excluded (as for the other engines)
     row = np.array(llm.scores[llm.n_tokens - 1])
@@ -179,6 +180,10 @@ def main() -> None:
                 llama_note = "llama-cpp-python did not import: " + chk.stderr.strip().splitlines()[-1]
 
     engines = {"modelexport_cpu_8da4w": [], "executorch_textllmrunner_8da4w": [], "transformers_fp32": []}
+    # warm-up (XNNPACK packs weights on the first run; transformers allocates its caches)
+    model.generate(prompt_ids, max_new_tokens=4, stop_on_eos=False)
+    if hf is not None:
+        run_hf(hf, prompt_ids, [])
     for rep in range(a.runs):
         run_modelexport(model, prompt_ids, engines["modelexport_cpu_8da4w"])
         entry = builds["8da4w"]["entry"]

@@ -14,7 +14,8 @@ from et_models import TRANSFORMER, write
 def block(tmp_path_factory):
     d = tmp_path_factory.mktemp("et_audit")
     spec = write(d, "block", TRANSFORMER)
-    proc = run_cli("audit", spec, "--target", "SM8650", "--precision", "8a8w", "--strict", "--json")
+    proc = run_cli("audit", spec, "--target", "SM8650", "--precision", "8a8w", "--strict", "--json",
+                   env={"MODELEXPORT_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "modelexport-cache")})
     return {"spec": spec, "proc": proc, "report": json.loads(proc.stdout)}
 
 

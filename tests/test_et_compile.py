@@ -3,10 +3,6 @@ QNN + fallback placement, inspect, run and verify on the host, and the bad input
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -26,7 +22,9 @@ def topk_fp16(tmp_path_factory):
     mod = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(mod)
     model, example = mod.build()
-    bundle = modelexport.compile(model, example, output=d / "bundle", target="SM8650", precision="fp16")
+    with pytest.MonkeyPatch.context() as mp:   # conftest's cache folder (module fixtures run before its fixture)
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        bundle = modelexport.compile(model, example, output=d / "bundle", target="SM8650", precision="fp16")
     return {"dir": d, "spec": spec, "model": model, "example": example, "bundle": bundle}
 
 
@@ -40,7 +38,7 @@ def test_api_compiles_a_module_to_a_pte_bundle_with_placement_per_node(topk_fp16
     assert topk["backend"] == "CPU" and topk["runtime"] in ("XNNPACK", "portable") and topk["module_path"] == "head"
     assert "only supports channel as dimension for topK" in topk["reason"]
     g = m.graphs[0]
-    assert g.kind == "pte-method" and g.inputs[0].name == "x" and g.extra["delegate_calls"] == {"QnnBackend": 2}
+    assert g.kind == "pte-method" and g.inputs[0].name == "x" and g.extra["delegate_calls"] == {"QnnBackend": 1}
     assert g.extra["qnn_graphs"] and all(d["alignment"] % 16384 == 0 for d in g.extra["delegates"])
     assert m.numerics["passed"] and m.numerics["outputs"][0]["sqnr_db"] > 30
 
@@ -61,20 +59,23 @@ def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli, tmp_path):
 
 
 def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli):
+    import modelexport
     pte = next(topk_fp16["bundle"].path.rglob("*.pte"))
-    info = json.loads(cli("inspect", str(pte), "--json", check=True).stdout)
+    info = modelexport.inspect(pte)
     assert info["kind"] == "pte"
     p = info["pte"]
     (method,) = p["methods"]
     assert method["name"] == "forward" and method["inputs"] == [{"kind": "Tensor", "dtype": "float32", "shape": [1, 16, 32]}]
-    assert method["delegate_calls"] == {"QnnBackend": 2} and "aten::topk.values" in method["kernel_calls"]
+    assert method["delegate_calls"] == {"QnnBackend": 1} and "aten::topk.values" in method["kernel_calls"]
     qnn = [d for d in p["delegates"] if d["backend_id"] == "QnnBackend"]
-    assert len(qnn) == 2 and all(d["location"] == "segment" and d["offset"] % 16384 == 0 for d in qnn)
+    assert len(qnn) == 1 and all(d["location"] == "segment" and d["offset"] % 16384 == 0 for d in qnn)
     cb = qnn[0]["qnn"]["context_binary"]
     assert cb["soc_model"] == 57 and cb["dsp_arch"] == 75 and cb["build_id"].startswith("v2.51")
-    bundle = json.loads(cli("inspect", str(topk_fp16["bundle"].path), "--json", check=True).stdout)
+    bundle = modelexport.inspect(topk_fp16["bundle"].path)
     assert bundle["kind"] == "pte-bundle" and bundle["integrity"]["ok"]
     assert bundle["placement_summary"]["by_runtime"]["QNN"] >= 3
+    shown = cli("inspect", str(topk_fp16["bundle"].path), check=True).stdout   # the terminal rendering
+    assert "QnnBackend" in shown and "SM8650" in shown and "integrity OK" in shown
 
 
 def test_our_protocol_reader_agrees_with_executorchs(topk_fp16):
@@ -125,8 +126,10 @@ def test_a_module_export_cannot_capture_names_the_module_and_the_reason(tmp_path
     proc = cli("compile", spec, "--precision", "fp16", "-o", str(tmp_path / "out"))
     assert_clean_error(proc, "torch.export cannot capture", "blocks.1", "data-dependent", "Gate.forward", "if x.sum() > 0")
     assert not (tmp_path / "out").exists()
-    audit = cli("audit", spec)
-    assert_clean_error(audit, "blocks.1", "data-dependent")
+    import modelexport
+    from modelexport.errors import InputError
+    with pytest.raises(InputError, match=r"blocks\.1.*data-dependent"):
+        modelexport.audit(spec)
 
 
 def test_missing_gcc_is_a_clear_message(tmp_path):
@@ -139,8 +142,34 @@ def test_missing_gcc_is_a_clear_message(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_pytorch_only_options_and_formats_are_checked(tmp_path, cli):
+def test_pytorch_only_options_and_formats_are_checked(tmp_path):
+    import modelexport
+    from modelexport.errors import InputError
     spec = write(tmp_path, "mlp", MLP)
-    assert_clean_error(cli("compile", spec, "--format", "context-binary", "-o", str(tmp_path / "o")), "pte")
-    assert_clean_error(cli("compile", spec, "--override", "fc2", "-o", str(tmp_path / "o")), "REGEX=PRECISION")
+    with pytest.raises(InputError, match="compiles to a .pte"):
+        modelexport.compile(spec, output=tmp_path / "o", output_format="context-binary")
+    with pytest.raises(InputError, match="REGEX=PRECISION"):
+        modelexport.compile(spec, output=tmp_path / "o", overrides=["fc2"])
+    with pytest.raises(InputError, match="unknown rewrite pass"):
+        modelexport.compile(spec, output=tmp_path / "o", rewrites=["gelu-tanh"])
     assert not (tmp_path / "o").exists()
+
+
+def test_fp16_folds_batch_norms_into_convolutions():
+    """Measured: left as its own HTP op in fp16, BatchNorm cost MobileNetV2 its accuracy (2.5 dB); folded, 47 dB."""
+    import torch
+
+    from modelexport.backends.et_pipeline import prepare
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU6(),
+                            torch.nn.Conv2d(8, 8, 3, groups=8), torch.nn.BatchNorm2d(8)).eval()
+    for bn in (m[1], m[4]):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 16, 16)
+    prep = prepare(m, (x,), "SM8650", "fp16")
+    gm = prep.lowerable()
+    ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not any("batch_norm" in o for o in ops), ops
+    torch.testing.assert_close(gm(x), m(x), rtol=1e-4, atol=1e-4)
+    assert any("batch_norm" in str(n.target) for n in prep.exported.graph.nodes)   # the verify reference is untouched

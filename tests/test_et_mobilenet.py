@@ -24,8 +24,10 @@ def mnv2(tmp_path_factory):
         images[name] = preprocess(path)
         np.save(calib / f"{name}.npy", images[name])
     out = d / "bundle"
+    # module fixtures run before conftest's function-scoped cache fixture: point the cache there explicitly
+    cache = {"MODELEXPORT_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "modelexport-cache")}
     proc = run_cli("compile", spec, "-o", str(out), "--target", "SM8650", "--precision", "8a8w",
-                   "--calibration", str(calib), "--json", check=True)
+                   "--calibration", str(calib), "--json", check=True, env=cache)
     return {"dir": d, "spec": spec, "calib": calib, "images": images, "bundle": out, "result": json.loads(proc.stdout)}
 
 

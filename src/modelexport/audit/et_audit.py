@@ -43,6 +43,17 @@ def _source_fn(node) -> str | None:
     return getattr(fn, "__name__", None) or str(fn)
 
 
+def fix_for(op: str, reason: str | None, source: str | None = None) -> str:
+    """The rules table's fix for a refused node, naming the opt-in rewrite passes that remove it."""
+    from ..passes import passes_fixing
+    context = f"{reason} (from {source})" if source else (reason or "")
+    rewrites = passes_fixing(op, context)
+    fix = suggest_fix(op, context)
+    if not rewrites or any(f"--rewrite {r}" in fix for r in rewrites):
+        return fix
+    return f"opt in: --rewrite {' / '.join(rewrites)}; or: {fix}"
+
+
 def is_qdq_name(target: str) -> bool:
     from ..backends.et_lower import QDQ_OPS
     return any(q in target for q in QDQ_OPS)
@@ -51,7 +62,6 @@ def is_qdq_name(target: str) -> bool:
 def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
     from ..backends.et_lower import is_qdq, module_path
     from ..backends.et_partition import op_name
-    from ..passes import passes_fixing
     out = []
     for node in edge_program.graph_module.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -66,11 +76,7 @@ def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
         if backend == CPU:
             n.reason = d.reason if d else "not seen by the QNN partitioner"
             source = _source_fn(node)
-            context = f"{n.reason} (from {source})" if source else n.reason
-            rewrites = passes_fixing(op, context)
-            fix = suggest_fix(op, context)
-            n.fix = fix if not rewrites or any(f"--rewrite {r}" in fix for r in rewrites) else \
-                f"opt in: --rewrite {' / '.join(rewrites)}; or: {fix}"
+            n.fix = fix_for(op, n.reason, source)
             n.details = {"reason_kind": d.kind if d else None}
             if source:
                 n.details["source_fn"] = source

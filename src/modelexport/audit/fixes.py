@@ -31,6 +31,9 @@ ET_RULES: tuple[FixRule, ...] = (
             "or precompute the mask as a buffer", op_types=("aten.le.Scalar",), reason=r"tril"),
     FixRule("put the topk dimension last (x.transpose(d, -1).topk(k, -1), then transpose back): --rewrite topk-last-dim",
             op_types=("aten.topk.default",), reason=r"only supports channel as dimension"),
+    FixRule("the HTP op builder takes max_pool2d without dilation only: use dilation=1, or take the max over the dilated "
+            "window's strided slices (x[..., ::d, ::d] views combined with torch.maximum)",
+            op_types=("aten.max_pool2d_with_indices.default",), reason=r"dilation"),
     FixRule("ExecuTorch has not written the QNN op builder for this op yet: express it with ops that have one "
             "(docs/op_support.md), or leave it on the CPU (XNNPACK)", reason=r"to_be_implemented"),
     FixRule("ExecuTorch has no QNN op builder for this op: replace it with supported ops (docs/op_support.md), or leave "

@@ -135,9 +135,11 @@ def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> 
         row = {"name": node.name, "op_type": _aten(node.target), "module_path": module_path(node),
                "backend": backend, "runtime": runtime}
         if backend != "HTP":
+            from ..audit.et_audit import _source_fn, fix_for
             row["reason_kind"] = d.kind if d else None
             row["reason"] = d.reason if d else ("not seen by the QNN partitioner" if not is_qdq(node.target) else
                                                 "(de)quantization between a CPU op and the rest of the graph")
+            row["fix"] = fix_for(row["op_type"], row["reason"], _source_fn(node))
         rows.append(row)
 
     for node in gm.graph.nodes:

@@ -165,8 +165,7 @@ def _explaining_support_cls():
                 warnings.simplefilter("always")
                 with capture_native_output() as build_log:
                     op_wrapper = self.node_visitors[name].define_node(node, self.nodes_to_wrappers)
-            if node.target in constant_operator:
-                self.nodes_to_wrappers.clear()
+            if node.target in constant_operator:   # (executorch keeps the wrappers here: so does this)
                 return self._decide(node, True, SUPPORTED)
             if op_wrapper is None:
                 self.nodes_to_wrappers.clear()

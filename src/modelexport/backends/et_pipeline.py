@@ -52,11 +52,24 @@ class Prepared:
                 with torch.no_grad():
                     gm = quantize(gm, self.plan, self.soc, samples)
                 self.timings["quantize_s"] = round(time.perf_counter() - t0, 3)
+            else:
+                fold_batch_norms(gm)
             self.graph = gm
         return self.graph
 
     def example_inputs(self) -> tuple:
         return tuple(self.loaded.example_inputs)
+
+
+def fold_batch_norms(gm) -> None:
+    """fp16: fold each inference BatchNorm into the convolution before it (torchao's pt2e fold, the
+    one prepare_pt2e applies for the quantized precisions). Measured: ExecuTorch's QNN fp16 path
+    otherwise keeps BatchNorm as its own HTP op, and MobileNetV2 came out at 2.5 dB SQNR; folded,
+    47 dB. Mathematically the same model; the float reference of verify stays the unfolded one."""
+    from torchao.quantization.pt2e.utils import _fuse_conv_bn_
+    _fuse_conv_bn_(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
 
 
 def _random_set(loaded: LoadedModule, inputs: list[TorchIO], n: int) -> CalibrationSet:

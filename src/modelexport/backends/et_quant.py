@@ -27,7 +27,7 @@ QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w",
                "16a4w_block": "use_16a4w_block"}
 DEFAULT_BLOCK_SIZE = 64
 # What the quantizer does beyond the plan (part of the compile cache key: change it when this file's recipe changes).
-RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/v2"
+RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
 
 
 def get_et_precision(name: str) -> Precision:
@@ -101,6 +101,11 @@ class QuantPlan:
         for p in {self.precision, *(o.precision for o in self.overrides)}:
             if p.feature:
                 require_feature(soc, p.feature, f"precision {p.name}")
+
+    def key(self) -> dict:
+        """What shapes the quantization (for the cache key): no per-run counts."""
+        return {"precision": self.precision.name, "overrides": [(o.pattern, o.precision.name) for o in self.overrides],
+                "block_size": self.block_size if self.uses_block else None}
 
     def describe(self) -> dict:
         d: dict[str, Any] = {"precision": self.precision.name}

@@ -109,9 +109,14 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         except Exception as e:
             raise lowering_error(e) from None
         (tmp / "model.pte").write_bytes(et_program.buffer)
+        t3 = time.perf_counter()
+        report("checking the numerics on the HTP simulator")
+        from .et_quant import get_et_precision
+        numerics = _numerics(tmp / "model.pte", prep, get_et_precision(prep.precision.name).min_sqnr_db)
         return {"placement": rows, "summary": delegation_summary(rows), "segment_alignment": alignment,
                 "quantize_s": round(t_quant, 3), "lower_s": round(t2 - t1, 3),
-                "to_executorch_s": round(time.perf_counter() - t2, 3)}
+                "to_executorch_s": round(t3 - t2, 3), "numerics_s": round(time.perf_counter() - t3, 3),
+                "numerics": numerics, "quantization": prep.plan.describe()}
 
     entry, hit = cache.get_or_create(CACHE_NAMESPACE, key, build)
     return entry, Cache.meta(entry), hit
@@ -192,7 +197,6 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
             socs.append(soc)
     if not parts:
         raise InputError("no model given", "pass model.py:factory, a .pt2, or an nn.Module with example inputs")
-    state = qnn_ready()
     steps = len(parts) * (1 + len(socs))
     done = 0
     preps, taken = [], set()
@@ -206,6 +210,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
             prep.plan.check_target(soc)
         preps.append((spec, prep, _part_name(spec, prep.loaded, taken)))
         done += 1
+    state = qnn_ready()      # after every input check: a wrong input fails before the toolchain loads
     cache = Cache(enabled=opts.use_cache)
     import executorch
     import torch
@@ -215,7 +220,8 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
         for spec, prep, name in preps:
             fingerprint = graph_fingerprint(prep.exported)
             for soc in socs:
-                key = cache_key("pte", fingerprint, prep.plan.describe(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes), [i.to_dict() for i in prep.inputs],
+                key = cache_key("pte", fingerprint, prep.plan.key(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes),
+                                prep.verify_inputs.digest(), [i.to_dict() for i in prep.inputs],
                                 prep.calibration.digest() if prep.calibration else None, soc.name, fallback, SEGMENT_ALIGNMENT,
                                 getattr(executorch, "__version__", "?"), torch.__version__, state.qairt_build, state.mode)
 
@@ -276,8 +282,10 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                                    {"kind": "none", "note": "fp16 needs no calibration"}) | {
                 "verify_inputs": {"samples": len(samples), "kind": prep.verify_inputs.kind,
                                   "representative": prep.verify_inputs.representative}}
-            m.options["quantization"][name] = prep.plan.describe()
+            m.options["quantization"][name] = built[(name, socs[0].name)][1].get("quantization") or prep.plan.describe()
             m.options["rewrites"][name] = prep.rewrites
+            if not prep.precision.quantized:
+                m.options.setdefault("fp16_batch_norms_folded", []).append(name)
             hits = {}
             for soc in socs:
                 entry, meta, hit = built[(name, soc.name)]
@@ -320,11 +328,10 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                     "htp_nodes": sum(1 for r in rows if r["backend"] == "HTP"),
                     "cpu_fallbacks": [{"name": r["name"], "op_type": r["op_type"], "runtime": r["runtime"]}
                                       for r in rows if r["backend"] != "HTP"]}
-                timings[f"{name}.{soc.name}"] = {k: meta[k] for k in ("quantize_s", "lower_s", "to_executorch_s") if k in meta}
+                timings[f"{name}.{soc.name}"] = {k: meta[k] for k in ("quantize_s", "lower_s", "to_executorch_s", "numerics_s")
+                                                 if k in meta}
                 if numerics is None:  # the first part and target: compiled (simulator) vs eager float
-                    from .et_quant import get_et_precision
-                    numerics = _numerics(entry / "model.pte", prep, get_et_precision(prep.precision.name).min_sqnr_db)
-                    numerics["part"], numerics["target"] = name, soc.name
+                    numerics = dict(meta["numerics"], part=name, target=soc.name)
             timings[f"{name}.prepare"] = prep.timings
             parts_meta.append({"name": name, "source": prep.loaded.source, "sha256": prep.loaded.sha256,
                                "precision": prep.precision.name, "inputs": [i.to_dict() for i in prep.inputs],

@@ -14,12 +14,17 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    RoPE variant transformers knows comes out as HF computes it);
 2. the SDPA and KV cache modules are swapped for the custom-op versions (as `export_llm`
    does with `use_sdpa_with_kv_cache`);
-3. weights are quantized with torchao (`8da4w`: int8 dynamic activations, int4 weights in
-   groups of 32, via `Int8DynamicActivationIntxWeightConfig`; embeddings optionally 4/8-bit
-   weight-only), or kept fp32;
-4. `torch.export` → `to_edge_transform_and_lower` with the XNNPACK partitioner →
-   `to_executorch`, under `fast_lowering` (see `xnnpack_fast_lowering`) which removes work
-   that does not change the result.
+3. weights are quantized (`8da4w`: int8 dynamic per-token activations, symmetric int4 weights
+   in groups of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
+   ExecuTorch's embedding quantizer), written with the `quantized_decomposed` ops XNNPACK
+   matches (see `DynamicQuantLinear` for why not torchao's affine ops), or kept fp32;
+4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
+   cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
+   and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
+   XNNPACK partition instead of ~7, which makes both the export and every decode step faster;
+5. non-strict `torch.export` → `to_edge_transform_and_lower` with the XNNPACK partitioner →
+   `to_executorch`, with `xnnpack_fast_lowering` removing repeated work that does not change
+   the result.
 
 Results are cached by content: the weights' sha256 (the GGUF or safetensors bytes), the
 options and the library versions.
@@ -34,7 +39,7 @@ from typing import Any
 
 from ..errors import InputError, ToolchainError, UnsupportedError
 
-EXPORT_FORMAT_VERSION = 1   # bump when the program layout or the passes change
+EXPORT_FORMAT_VERSION = 3   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 PTE_NAME = "model.pte"
 META_NAME = "llm.json"
@@ -47,7 +52,6 @@ class CpuExportOptions:
     embedding_bits: int | None = 4       # 4 | 8 | None (fp32 embedding)
     embedding_group_size: int = 32
     max_seq_len: int = 2048              # positions in the KV cache (the context)
-    hqq: bool = False                    # HQQ scale search (slower, slightly better) instead of min/max
     fast_lowering: bool = True           # skip lowering work that provably changes nothing
 
     def __post_init__(self):
@@ -157,17 +161,161 @@ def build_transformer(hf_model, max_seq_len: int):
         raise UnsupportedError(f"RoPE table shape {tuple(cos.shape)} does not fit {tuple(model.rope.freqs_cos.shape)}")
     model.rope.freqs_cos = cos
     model.rope.freqs_sin = sin
+    _xnnpack_friendly_norms_and_rope(model, args)
     model = replace_sdpa_with_custom_op(model)
     model = replace_kv_cache_with_custom_kv_cache(model)
     return model.eval(), args
 
 
+def _xnnpack_friendly_norms_and_rope(model, args) -> None:
+    """Write RMSNorm and RoPE with ops XNNPACK takes with a dynamic sequence length.
+
+    As ExecuTorch's Transformer writes them, XNNPACK rejects RMSNorm's `mean` (it averages only
+    the two inner dims of a 4-D tensor) and RoPE's slices and concat (dynamic shapes): they stay
+    on ExecuTorch's portable kernels and cut every layer into ~7 XNNPACK partitions, each lowered
+    separately (export time) and entered separately at run time (decode time). Here the mean is
+    taken over a [1, n, d, 1] view (inner dims, keepdim) and rotate-half is a product with its
+    constant signed-permutation matrix; together with `views_with_one_inferred_dim` a layer's
+    ops between the KV-cache update and SDPA custom ops become one partition. Same arithmetic.
+    """
+    import types
+
+    import torch
+    import torch.nn.functional as F
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    def norm(self, x):                    # x: [1, n, d] (layers) or [1, d] (final norm)
+        d = x.shape[-1]
+        x4 = x.reshape(1, -1, d, 1)
+        y = x4 * torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.eps)
+        return y.reshape(1, -1, d) if x.dim() == 3 else y.reshape(1, d)
+
+    for m in model.modules():
+        if type(m) is RMSNorm:
+            m._norm = types.MethodType(norm, m)
+
+    d = args.head_dim
+    if model.rope.freqs_cos.shape[-1] != d or d % 2:
+        return  # partial rotary: keep ExecuTorch's own function
+    half = d // 2
+    rot = torch.zeros(d, d)
+    rot[torch.arange(half), torch.arange(half) + half] = -1.0    # out[j] = -x[j + d/2]  (j <  d/2)
+    rot[torch.arange(half) + half, torch.arange(half)] = 1.0     # out[j] =  x[j - d/2]  (j >= d/2)
+    model.rope.register_buffer("rotate_half_matrix", rot, persistent=False)
+    rope = model.rope
+
+    def apply_rope(q, k, cos, sin):       # q, k: [1, n, heads, d]; cos, sin: [n, d]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        r = rope.rotate_half_matrix
+        return q * cos + F.linear(q, r) * sin, k * cos + F.linear(k, r) * sin
+
+    rope.apply_rotary_emb = apply_rope
+
+
+def views_with_one_inferred_dim(ep) -> int:
+    """`view(x, [1, s, 9, 64])` with a symbolic `s` → `view(x, [1, -1, 9, 64])`.
+
+    XNNPACK lowers reshapes with one inferred (-1) dimension but not with a symbolic one, and
+    ExecuTorch's attention writes `view(bsz, seqlen, ...)` with the traced sequence length.
+    With the other dims static the two mean the same; returns how many views were rewritten."""
+    import torch
+
+    aten = torch.ops.aten
+    n_done = 0
+    for n in ep.graph_module.graph.nodes:
+        if n.op == "call_function" and n.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            shape = list(n.args[1])
+            symbolic = [i for i, v in enumerate(shape) if not isinstance(v, int)]
+            if len(symbolic) == 1 and -1 not in shape:
+                shape[symbolic[0]] = -1
+                n.args = (n.args[0], shape, *n.args[2:])
+                n_done += 1
+    if n_done:
+        ep.graph_module.recompile()
+    return n_done
+
+
+def _quantized_linear_class():
+    import torch
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed::)
+
+    qd = torch.ops.quantized_decomposed
+    _register_group_dequant_meta()
+
+    class DynamicQuantLinear(torch.nn.Module):
+        """int8 dynamic per-token activations × int4 (group-wise) or int8 (per-channel) weights.
+
+        Written with ExecuTorch's `quantized_decomposed` ops, the pattern XNNPACK lowers to its
+        qd8-f32-qb4w / qc8w GEMMs. (torchao's `Int8DynamicActivationIntxWeightConfig` lowers to the
+        same kernels, but its `torchao::*_affine` ops decompose into ~20 ATen ops every time a
+        pass re-traces the graph with fake tensors: 4-5x more export time for the same program.)
+        """
+
+        def __init__(self, weight_q, scales, bias, bits: int, group_size: int):
+            super().__init__()
+            self.register_buffer("weight", weight_q)               # int8 values in [-2^(b-1), 2^(b-1)-1]
+            self.register_buffer("scales", scales)                 # fp32 [N, K/group] (group) or [N] (channel)
+            self.register_buffer("zeros", torch.zeros_like(scales, dtype=torch.int8))
+            self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+            self.qmin, self.qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+            self.group_size = group_size                            # 0: per channel
+            self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
+
+        def forward(self, x):
+            s, zp = qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+            xq = qd.quantize_per_token(x, s, zp, -128, 127, torch.int8)
+            xdq = qd.dequantize_per_token(xq, s, zp, -128, 127, torch.int8, torch.float32)
+            if self.group_size:
+                w = qd.dequantize_per_channel_group(self.weight, self.scales, self.zeros, self.qmin, self.qmax,
+                                                    torch.int8, self.group_size, torch.float32)
+            else:
+                w = qd.dequantize_per_channel(self.weight, self.scales, self.zeros, 0, self.qmin, self.qmax,
+                                              torch.int8)
+            return torch.nn.functional.linear(xdq, w, self.bias)
+
+    return DynamicQuantLinear
+
+
+_META_LIB = None
+
+
+def _register_group_dequant_meta() -> None:
+    """torch defines `quantized_decomposed::dequantize_per_channel_group` without a Meta kernel, so
+    every fake-tensor re-trace runs its whole body; its output is just the input's shape."""
+    global _META_LIB
+    if _META_LIB is not None:
+        return
+    import torch
+    lib = torch.library.Library("quantized_decomposed", "IMPL")
+
+    def meta(w_int8, scales, zero_points, quant_min, quant_max, dtype, group_size=128, output_dtype=torch.float32):
+        return torch.empty_like(w_int8, dtype=output_dtype)
+    try:
+        lib.impl("dequantize_per_channel_group", meta, "Meta")
+    except RuntimeError:  # a later torch registers its own: use that
+        pass
+    _META_LIB = lib
+
+
+def quantize_weight(w, bits: int, group_size: int):
+    """Symmetric (zero point 0) min/max quantization of a [N, K] weight: per group of
+    `group_size` input channels, or per output channel when group_size is 0.
+    scale = max|w| / ((qmax - qmin) / 2), as torchao's symmetric mapping computes it."""
+    import torch
+
+    n, k = w.shape
+    g = group_size or k
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    wg = w.detach().float().reshape(n, k // g, g)
+    scale = (wg.abs().amax(dim=-1, keepdim=True) / ((qmax - qmin) / 2)).clamp(min=torch.finfo(torch.float32).eps)
+    q = torch.clamp(torch.round(wg / scale), qmin, qmax).to(torch.int8).reshape(n, k)
+    scale = scale.reshape(n, k // g)
+    return q, (scale if group_size else scale.reshape(n))
+
+
 def quantize_model(model, opts: CpuExportOptions):
     import torch
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
-    from torchao.quantization.granularity import PerAxis, PerGroup
 
-    algo = "hqq_scale_only" if opts.hqq else "affine"
     with torch.no_grad():
         if opts.embedding_bits:
             # ExecuTorch's own embedding quantizer: the lookup becomes one
@@ -175,16 +323,21 @@ def quantize_model(model, opts: CpuExportOptions):
             from executorch.examples.models.llama.source_transformation.quantize import EmbeddingQuantHandler
             model = EmbeddingQuantHandler(model, bitwidth=opts.embedding_bits,
                                           group_size=opts.embedding_group_size or None,
-                                          packed=opts.embedding_bits == 4, quantize_with_hqq=opts.hqq).quantized_model()
+                                          packed=opts.embedding_bits == 4, quantize_with_hqq=False).quantized_model()
         if opts.quant in ("8da4w", "8da8w"):
-            g = opts.group_size
+            bits = 4 if opts.quant == "8da4w" else 8
+            group = opts.group_size if bits == 4 else 0
+            cls = _quantized_linear_class()
 
-            def linear(m, fqn):
-                return isinstance(m, torch.nn.Linear) and (g == 0 or m.weight.shape[1] % g == 0)
-            quantize_(model, Int8DynamicActivationIntxWeightConfig(
-                weight_dtype=torch.int4 if opts.quant == "8da4w" else torch.int8,
-                weight_granularity=PerAxis(0) if g == 0 else PerGroup(g), intx_choose_qparams_algorithm=algo),
-                filter_fn=linear)
+            def swap(parent):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, torch.nn.Linear) and (not group or child.in_features % group == 0):
+                        q, scale = quantize_weight(child.weight, bits, group)
+                        bias = None if child.bias is None else child.bias.detach().float()
+                        setattr(parent, name, cls(q, scale, bias, bits, group))
+                    else:
+                        swap(child)
+            swap(model)
     return model
 
 
@@ -195,29 +348,35 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
     import torch
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama:: ops)
 
-    from .xnnpack_fast_lowering import fast_lowering
-
-    times: dict[str, float] = {}
+    times: dict[str, Any] = {}
     t = time.perf_counter()
 
-    def stage(name: str) -> None:
+    def stage(name: str, next_step: str | None = None) -> None:
         nonlocal t
         now = time.perf_counter()
         times[name] = round(now - t, 2)
         t = now
-        if progress:
-            progress(name)
+        if progress and next_step:
+            progress(next_step)
 
+    if progress:
+        progress("building the graph")
     model, args = build_transformer(hf_model, opts.max_seq_len)
-    stage("build")
+    stage("build", f"quantizing ({opts.quant})")
     model = quantize_model(model, opts)
-    stage("quantize")
+    stage("quantize", "torch.export")
     tokens = torch.tensor([[2, 3, 4]], dtype=torch.long)
     pos = torch.tensor([0], dtype=torch.long)
     dyn = ({1: torch.export.Dim("token_dim", max=opts.max_seq_len - 1)}, {"input_pos": {0: 1}})
+    # non-strict: traces with fake tensors in Python instead of through TorchDynamo (same graph, faster)
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]), torch.no_grad():
-        ep = torch.export.export(model, (tokens, {"input_pos": pos}), dynamic_shapes=dyn, strict=True)
-    stage("torch_export")
+        ep = torch.export.export(model, (tokens, {"input_pos": pos}), dynamic_shapes=dyn, strict=False)
+    # the KV cache comes back transposed and SDPA transposes it again: without this pass XNNPACK
+    # copies the whole cache twice per layer and token (what export_llm's canonical pass removes)
+    from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+    RemoveRedundantTransposes()(ep.graph_module)
+    times["views_rewritten"] = views_with_one_inferred_dim(ep)
+    stage("torch_export", "lowering to XNNPACK")
     metadata = {"get_max_seq_len": opts.max_seq_len, "get_max_context_len": opts.max_seq_len,
                 "get_vocab_size": int(args.vocab_size), "use_kv_cache": True, "use_sdpa_with_kv_cache": True,
                 "enable_dynamic_shape": True, "get_n_layers": int(args.n_layers)}
@@ -306,7 +465,7 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
         if progress:
-            progress("load")
+            progress("loading the weights")
         llm = load_llm() if load_llm else _load_source(source)
         t_load = time.perf_counter() - t0
         from .tokenizers import from_transformers

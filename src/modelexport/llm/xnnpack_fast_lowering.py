@@ -1,25 +1,30 @@
-"""Lowering an LLM to XNNPACK without redoing the same work for every layer.
+"""Lowering an LLM to XNNPACK without redoing work that does not change the result.
 
-Where the time goes (measured on SmolLM2, see `bench/results/llm_cpu_decode.json`): the export
-is graph bookkeeping, not arithmetic. A tiny 64-wide Llama costs about as much per layer as the
-576-wide SmolLM2. Most of it is re-tracing graphs through `ExportPass`es. Inside
-`to_edge_transform_and_lower`, every XNNPACK partition is preprocessed separately by
-`XnnpackBackend.preprocess`: 17 XNNPACK passes (each a full re-trace of the partition with
-fake tensors) and then the node visitors that serialize the XNNPACK graph and its weights. The
-visitors are cheap; the passes are most of the cost, and a decoder's layers give partitions
-that are identical except for their weights.
+Where the time goes (profiled on tiny and SmolLM2 Llamas, 2 busy cores): the export is graph
+bookkeeping, not arithmetic. A 64-wide Llama costs about as much per layer as the 576-wide
+SmolLM2. Nearly all of it is re-tracing the graph with fake tensors, again and again: three
+whole-program decompositions inside `to_edge_transform_and_lower`, the edge-dialect passes,
+then for every XNNPACK partition the 17 XNNPACK passes of `XnnpackBackend.preprocess`, each a
+re-trace of that partition, and finally `to_executorch`'s passes. Every op costs a few
+milliseconds per re-trace, and torchao's `*_affine` quantization ops cost ~20 ops each (they
+decompose on every trace), which is why `xnnpack_export` writes the quantized linears with
+`quantized_decomposed` ops instead.
 
-So `fast_lowering()` memoizes the pass pipeline per partition *structure*: the first partition
-of a given structure goes through the real `preprocess`, keeping the transformed program; a
-later partition with the same structure reuses that transformed graph with its own weights
-bound in, and only the node visitors run. It falls back to the real pipeline whenever it
-cannot prove the reuse is exact: the passes created or folded constants (then the template's
-constants would depend on its weights), a constant is held as a graph attribute, or the
-structures differ in any op, argument, shape, dtype or input kind.
+Two things here remove repeated work and keep the program byte-for-byte the same:
 
-The programs are byte-for-byte the ones the unpatched pipeline writes (checked by
-`tests/test_llm_generate_cpu.py`); debug handles are carried over per node, so ExecuTorch's
-profiling maps back to the right layer.
+1. `fast_lowering()` memoizes XNNPACK preprocessing per partition *structure*. A decoder's
+   layers give partitions identical except for their weights: the first of a structure goes
+   through the real passes, keeping the transformed program; the next ones reuse that graph
+   with their own weights and debug handles bound in, and only the node visitors (which
+   serialize the XNNPACK graph and pack the weights) run. It falls back to the real pipeline
+   whenever it cannot prove the reuse exact: the passes created or folded constants, a
+   constant is held as a graph attribute, or the structures differ in any op, argument,
+   shape, dtype or input kind.
+2. `to_edge_one_decomposition()` decomposes the program once instead of three times when every
+   op the partitioner wants kept passes its check (else the standard path runs).
+
+`tests/test_llm_generate_cpu.py` checks that the programs are identical with and without
+these; `bench/results/llm_cpu_decode.json` records the times.
 """
 from __future__ import annotations
 
@@ -292,4 +297,12 @@ def to_edge_one_decomposition(ep, partitioner, config, constant_methods):
     edge = _generate_edge_program(config, program, preserve_ops=list(kept))
     config._core_aten_ops_exception_list = list(set(config._core_aten_ops_exception_list) | kept)
     manager = EdgeProgramManager({"forward": edge}, constant_methods, config, list(kept))
-    return manager.to_backend({"forward": partitioner})
+    # to_backend() on a manager built this way is what to_edge_transform_and_lower does inside;
+    # the partitioner's warning about the old to_edge()+to_backend() workflow does not apply
+    plog = logging.getLogger("executorch.backends.xnnpack.partition.xnnpack_partitioner")
+    level = plog.level
+    plog.setLevel(logging.ERROR)
+    try:
+        return manager.to_backend({"forward": partitioner})
+    finally:
+        plog.setLevel(level)

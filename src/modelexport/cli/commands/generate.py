@@ -1,6 +1,7 @@
 """`modelexport generate`: text from an LLM on this host, streamed as it comes."""
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -39,6 +40,9 @@ def generate(
     Tokens stream as they come; at the end the stats llama.cpp prints: time to first token,
     prefill and decode tokens per second. A GGUF or HF model is first built into an ExecuTorch
     XNNPACK program (4-bit weights by default), cached by its content, so that happens once."""
+    # import-time chatter of libraries that has nothing to do with the user's run
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     from ... import llm
     from ..app import progress
 
@@ -61,10 +65,13 @@ def generate(
     info = model_.info
     if not json_out and not quiet:
         built = info.get("export") or {}
-        how = ("cached" if info.get("cache_hit") else f"built in {built.get('export_seconds', '?')} s") if built else ""
-        err_console.print(f"[dim]{backend}: {info.get('model')} ({info.get('quant', '')} {how}), context "
-                          f"{model_.max_seq_len}, tokenizer {info['tokenizer']['kind']} "
-                          f"{info['tokenizer']['vocab_size']:,}[/]", highlight=False)
+        program = ""
+        if built:
+            how = "cached" if info.get("cache_hit") else f"built in {built.get('export_seconds', '?')} s"
+            program = f" ({info.get('quant')}, {how})"
+        err_console.print(f"[dim]{backend}: {info.get('model')}{program}, context {model_.max_seq_len}, "
+                          f"tokenizer {info['tokenizer']['kind']} {info['tokenizer']['vocab_size']:,}[/]",
+                          highlight=False, soft_wrap=True)
 
     if not chat:
         result = _run_one(model_, prompt, options, chat=False, json_out=json_out, quiet=quiet)
@@ -124,7 +131,7 @@ def _consume(stream, *, json_out: bool, quiet: bool):
     console.out("")
     if not quiet:
         s = result.stats
-        err_console.print(f"[dim]{s.summary()}[/]", highlight=False)
+        err_console.print(f"[dim]{s.summary()}[/]", highlight=False, soft_wrap=True)
         if s.stop_reason == "context_full":
             err_console.print("[yellow]the context is full[/]: pass --sliding-window to go on, "
                               "or rebuild with a larger --max-seq-len", highlight=False)
