@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-heavy setup bench clean browser
+.PHONY: demo test test-heavy test-wip setup bench clean browser
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP) browser
 # The SmolLM2 16a4w compile tests (15-40 min on 2 cores); not part of `make test`.
 test-heavy: $(STAMP)
 	MODELEXPORT_HEAVY_TESTS=1 $(BIN)/python -m pytest -m heavy tests
+
+# Tests of work still in progress (the ExecuTorch .pte path, issue 4).
+test-wip: $(STAMP)
+	MODELEXPORT_WIP_TESTS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/test_et_*.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

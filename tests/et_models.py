@@ -47,7 +47,7 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, n=2, d=32):
+    def __init__(self, n=1, d=32):
         super().__init__()
         self.layers = nn.ModuleList([Block(d) for _ in range(n)])
 

