@@ -33,12 +33,21 @@ def load_llm_ops() -> None:
     with _OPS_LOCK:
         if _OPS_LOADED:
             return
-        try:
-            from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
-            from executorch.kernels import quantized  # noqa: F401
-        except ImportError as e:
-            raise ToolchainError(f"ExecuTorch's LLM kernels are missing ({e})",
-                                 "reinstall the pinned executorch wheel (make setup)") from None
+        # The kernels live in two shared libraries that register themselves when loaded. Loading
+        # them directly is what `executorch.extension.llm.custom_ops.custom_ops` and
+        # `executorch.kernels.quantized` do at import, minus the export-time Python (which pulls
+        # in torch._inductor: seconds of start-up a generate call does not need).
+        import importlib.util
+
+        import torch
+        for package, pattern in (("executorch.extension.llm.custom_ops", "*custom_ops_aot_lib.*"),
+                                 ("executorch.kernels.quantized", "*quantized_ops_aot_lib.*")):
+            spec = importlib.util.find_spec(package)
+            libs = sorted(p for d in (spec.submodule_search_locations or []) for p in Path(d).glob(pattern)) if spec else []
+            if not libs:
+                raise ToolchainError(f"ExecuTorch's LLM kernels are missing ({pattern} in {package})",
+                                     "reinstall the pinned executorch wheel (make setup)")
+            torch.ops.load_library(str(libs[0]))
         _OPS_LOADED = True
 
 

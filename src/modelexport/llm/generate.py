@@ -143,9 +143,10 @@ class GenerationStats:
     def summary(self) -> str:
         def rate(x):
             return f"{x:.1f} tok/s" if x else "-"
-        return (f"prompt {self.prompt_tokens} tok ({self.prefill_tokens} run) in {self.prefill_s * 1e3:.0f} ms "
-                f"({rate(self.prefill_tokens_per_s)}), first token after {self.time_to_first_token_s * 1e3:.0f} ms; "
-                f"{self.generated_tokens} generated, decode {rate(self.decode_tokens_per_s)}; stop: {self.stop_reason}")
+        reused = f", {self.prompt_tokens - self.prefill_tokens} reused from the cache" if self.prefill_tokens < self.prompt_tokens else ""
+        return (f"prefill {self.prefill_tokens} tokens in {self.prefill_s * 1e3:.0f} ms ({rate(self.prefill_tokens_per_s)}"
+                f"{reused}) | first token after {self.time_to_first_token_s * 1e3:.0f} ms | "
+                f"decode {self.generated_tokens} tokens, {rate(self.decode_tokens_per_s)} | stop: {self.stop_reason}")
 
 
 @dataclass
