@@ -154,6 +154,43 @@ def test_eval_three_stages(bundle, cli, work):
     assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > 25
 
 
+def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_path):
+    import re
+    import shutil
+
+    from modelexport.artifacts import open_bundle
+    from modelexport.llm.export.quantize import parse_overrides
+    b = tmp_path / "b"
+    shutil.copytree(bundle.path, b)
+
+    def run(threshold):
+        proc = cli("verify", str(b), "--per-layer", "--threshold-db", str(threshold), "--min-sqnr", "-100", "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["per_layer"][0]
+
+    pl = run(-1000)
+    names = [x["name"] for x in pl["layers"]]
+    for i in range(2):                       # every decoder layer's modules, in order, then the head
+        for mod in ("input_layernorm", "self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"):
+            assert f"model.layers.{i}.{mod}" in names, names
+    assert names.index("model.layers.0.mlp.down_proj") < names.index("model.layers.1.self_attn.q_proj")
+    assert names[-1] == "lm_head" and pl["part"] == "ar4" and pl["first_bad_layer"] is None
+    sqnr = {x["name"]: x["sqnr_db"] for x in pl["layers"]}
+    q = [x["sqnr_db"] for x in pl["layers"] if x["op_type"] == "MatMul"]
+    assert all(-50 < v < 150 for v in q), q  # 4-bit weights: a real, finite loss at every projection
+    # a pass mark just above the last layer's: some layer fails first and the fix names a weight module
+    pl = run(sqnr["model.layers.1.mlp.down_proj"] + 0.01)
+    first = names.index(pl["first_bad_layer"])
+    assert first <= names.index("model.layers.1.mlp.down_proj")
+    assert all(sqnr[n] >= pl["threshold_db"] for n in names[:first])
+    pattern = parse_overrides([pl["suggested_override"].split("'")[1]], "16a4w")[0].pattern
+    modules = bundle.manifest.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]["modules"]
+    assert any(re.search(pattern, m) for m in modules), pattern
+    num = open_bundle(b).manifest.numerics
+    assert len(num["per_layer"]) == len(names) and "re-exported" in num["per_layer_source"]
+    assert "lm_head" in (b / "report.html").read_text()
+
+
 # ------------------------------------------------------------------------------------------
 # bad input: a clear message, nothing written
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,9 +81,11 @@ def _session(model):
     return ort.InferenceSession(model.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
 
 
-def layer_plan(float_model, qdq_model) -> list[tuple[str, Any, str]]:
-    """[(layer name, float node, qdq tensor name)] in graph order, one per layer."""
+def layer_plan(float_model, qdq_model, name_of: Callable[[Any], str | None] | None = None) -> list[tuple[str, Any, str]]:
+    """[(layer name, float node, qdq tensor name)] in graph order, one per layer; `name_of(node)`
+    names a node's layer (default: the exporter's module path)."""
     from ..audit.onnx_graph import module_path
+    name_of = name_of or module_path
     q_consumers: dict[str, list] = {}
     for n in qdq_model.graph.node:
         for i in n.input:
@@ -102,11 +104,34 @@ def layer_plan(float_model, qdq_model) -> list[tuple[str, Any, str]]:
                 if dq is not None:
                     t = dq.output[0]
                     break
-        name = module_path(node) or node.name or node.output[0]
+        name = name_of(node) or node.name or node.output[0]
         if name not in last:
             order.append(name)
         last[name] = (node, t)
     return [(name, last[name][0], last[name][1]) for name in order]
+
+
+def upstream_layers(model, layer_nodes: list) -> list[list[str]]:
+    """For each layer node, the nearest layer nodes upstream of it (walking producers through the
+    nodes that stand for no layer)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    key = lambda n: n.output[0]     # noqa: E731  (node names may be empty; first outputs are unique)
+    marked = {key(n) for n in layer_nodes}
+    out = []
+    for node in layer_nodes:
+        found, seen, stack = [], set(), list(node.input)
+        while stack:
+            t = stack.pop()
+            p = producer.get(t)
+            if p is None or key(p) in seen:
+                continue
+            seen.add(key(p))
+            if key(p) in marked:
+                found.append(key(p))
+            else:
+                stack.extend(p.input)
+        out.append(found)
+    return out
 
 
 def suggest_module(layer: str) -> str:
@@ -119,7 +144,9 @@ def suggest_module(layer: str) -> str:
 
 
 def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarray]], threshold_db: float,
-              precision: str = "?", part: str = "model", override_precision: str = "16a8w") -> PerLayerReport:
+              precision: str = "?", part: str = "model", override_precision: str = "16a8w",
+              name_of: Callable[[Any], str | None] | None = None,
+              overridable: Callable[[str], bool] | None = None) -> PerLayerReport:
     import time
 
     import onnx
@@ -128,7 +155,7 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
         raise InputError("no samples to compare layers on", "give --input or recompile so the bundle stores verify inputs")
     fm = onnx.load(str(float_path))
     qm = onnx.load(str(qdq_path))
-    plan = layer_plan(fm, qm)
+    plan = layer_plan(fm, qm, name_of)
     if not plan:
         raise InputError(f"no layer of {float_path.name} can be matched in its quantized model", "the quantizer renamed every node")
     f_out = [node.output[0] for _, node, _ in plan]
@@ -144,7 +171,9 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
             refs[i].append(np.asarray(fr[i], dtype=np.float32))
             gots[i].append(np.asarray(qr[i], dtype=np.float32))
     rep = PerLayerReport(part, precision, threshold_db, len(samples))
-    prev = None
+    upstream = upstream_layers(fm, [node for _, node, _ in plan])
+    by_node: dict[str, LayerNumerics] = {}
+    drops: list[float] = []
     for i, (name, node, t) in enumerate(plan):
         r, g = np.stack(refs[i]), np.stack(gots[i])
         if r.shape != g.shape or not np.issubdtype(r.dtype, np.floating):
@@ -152,21 +181,27 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
         c = compare(r, g)
         lay = LayerNumerics(name, node.name, node.op_type, t, _cap(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]))
         rep.layers.append(lay)
-        if prev is not None:
-            drop = prev.sqnr_db - lay.sqnr_db
-            if rep.worst_drop is None or drop > rep.worst_drop["drop_db"]:
-                rep.worst_drop = {"layer": name, "drop_db": round(drop, 3), "from_db": round(prev.sqnr_db, 3),
-                                  "to_db": round(lay.sqnr_db, 3)}
-        prev = lay
+        by_node[node.output[0]] = lay
+        # the dB this layer loses against the worst measured layer feeding it (not against its
+        # neighbour in graph order: in a transformer that is often a parallel branch)
+        feeding = [by_node[u] for u in upstream[i] if u in by_node]
+        drop = min(x.sqnr_db for x in feeding) - lay.sqnr_db if feeding else 0.0
+        drops.append(drop)
+        if feeding and (rep.worst_drop is None or drop > rep.worst_drop["drop_db"]):
+            rep.worst_drop = {"layer": name, "drop_db": round(drop, 3), "from_db": round(drop + lay.sqnr_db, 3),
+                              "to_db": round(lay.sqnr_db, 3)}
     bad_i = next((i for i, x in enumerate(rep.layers) if x.sqnr_db < threshold_db), None)
     if bad_i is not None:
         rep.first_bad_layer = rep.layers[bad_i].name
-        # the culprit: the layer losing the most dB on the way down to the first bad one
-        drops = [0.0] + [rep.layers[i - 1].sqnr_db - rep.layers[i].sqnr_db for i in range(1, bad_i + 1)]
-        culprit = rep.layers[max(range(bad_i + 1), key=lambda i: drops[i])] if bad_i > 0 else rep.layers[0]
-        rep.culprit_layer = culprit.name
-        mod = suggest_module(culprit.name)
-        rep.suggestion_module = mod
-        rep.suggestion = f"--override '{re.escape(mod)}={override_precision}'"
+        # the culprit: the layer losing the most dB on the way down to the first bad one, among those
+        # an override can change (a RoPE table or a reshape has no weights to give more bits)
+        can = overridable or (lambda name: True)
+        candidates = [i for i in range(bad_i + 1) if can(rep.layers[i].name)]
+        if candidates:
+            culprit = rep.layers[max(candidates, key=lambda i: drops[i])]
+            rep.culprit_layer = culprit.name
+            mod = suggest_module(culprit.name)
+            rep.suggestion_module = mod
+            rep.suggestion = f"--override '{re.escape(mod)}={override_precision}'"
     rep.seconds = time.perf_counter() - t0
     return rep

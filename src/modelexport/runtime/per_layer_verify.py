@@ -5,7 +5,10 @@ and report.html.
 ONNX bundles keep both models (roles float-model / quantized-model), so every layer can be
 compared. The compiled context binary exposes only its graph outputs, so per-layer numbers are the
 fake-quant ones; the per-output numbers are from the compiled graph on the HTP simulator.
-Other bundle kinds register a hook in PER_LAYER_HOOKS (LLM bundles: not wired yet).
+Other bundle kinds register a hook in PER_LAYER_HOOKS. LLM bundles (modelexport.llm.per_layer)
+re-export the float decoder from the source model and compare on the calibration text; their
+per-output numbers are the fake-quant logits (the compiled graphs' agreement with fake-quant is
+what `modelexport eval` measures).
 """
 from __future__ import annotations
 
@@ -67,7 +70,24 @@ def _given(paths, pm) -> list[dict]:
     return [feed]
 
 
+def _llm_per_layer(*a):
+    from ..llm.per_layer import llm_per_layer
+    return llm_per_layer(*a)
+
+
+def _logits_report(bundle, pl, min_sqnr):
+    """A VerifyReport for an LLM bundle from its per-layer run: the last module's (lm_head's) numbers."""
+    from .verify import GraphCheck, OutputCheck, VerifyReport
+    last = pl.layers[-1]
+    threshold = min_sqnr if min_sqnr is not None else get_precision(pl.precision).min_sqnr_db
+    g = GraphCheck(pl.part, "cpu fake-quant", pl.precision, threshold, pl.samples, "calibration text (held out)")
+    g.outputs.append(OutputCheck(f"logits ({last.name})", last.sqnr_db, last.cosine, last.max_abs_error, None,
+                                 last.sqnr_db >= threshold))
+    return VerifyReport(str(bundle.path), [g])
+
+
 PER_LAYER_HOOKS["model"] = _onnx_per_layer
+PER_LAYER_HOOKS["llm"] = _llm_per_layer
 
 
 def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
@@ -85,7 +105,12 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
         raise UnsupportedError(f"--per-layer is not wired up for {m.kind} bundles yet (hook: modelexport.runtime.per_layer_verify.PER_LAYER_HOOKS)",
                                "run `modelexport verify` without --per-layer for the per-output numbers")
     layers = hook(bundle, inputs, part, threshold_db, max_samples)
-    rep = api_verify(bundle_path, inputs, part, target, min_sqnr, max_samples)
+    if m.kind == "llm":
+        rep = _logits_report(bundle, layers[0], min_sqnr)
+        source = "float decoder (re-exported from the source) vs the bundle's QDQ fake-quant graph on the CPU EP"
+    else:
+        rep = api_verify(bundle_path, inputs, part, target, min_sqnr, max_samples)
+        source = "float ONNX vs QDQ fake-quant on the CPU EP (the context binary exposes only its outputs)"
     if record:
         bundle = open_bundle(bundle_path)      # re-read: verify may have touched it
         g = rep.graphs[0]
@@ -97,7 +122,7 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
                     "per_layer": [{"name": x.name, "sqnr_db": x.sqnr_db} for x in pl.layers],
                     "per_layer_threshold_db": pl.threshold_db, "first_bad_layer": pl.first_bad_layer,
                     "per_layer_culprit": pl.culprit_layer, "suggested_override": pl.suggestion,
-                    "per_layer_source": "float ONNX vs QDQ fake-quant on the CPU EP (the context binary exposes only its outputs)"})
+                    "per_layer_source": source, "per_layer_seconds": round(pl.seconds, 2)})
         bundle.manifest.numerics = num
         save_manifest(bundle)
         refresh_report(bundle)
