@@ -1,5 +1,6 @@
 """report.html: self-contained, honest about missing data, and rendered by a real browser."""
 import base64
+import xml.etree.ElementTree as ET
 import re
 import shutil
 import subprocess
@@ -44,8 +45,13 @@ def test_report_with_placement_and_numerics_embeds_plots(tmp_path):
                 kind="llm", extra={"llm": {"weight_bytes_per_token": 70_000_000}, "parameters": 134_515_008})
     html = (b.path / "report.html").read_text()
     assert "1/2 compute nodes on HTP" in html and "Det" in html and "layers.5" in html
-    imgs = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
-    assert len(imgs) == 3 and all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in imgs)
+    imgs = [ET.fromstring(base64.b64decode(i)) for i in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)]
+    assert len(imgs) == 3 and all(i.tag.endswith("svg") for i in imgs)
+    placement, outputs, layers = imgs
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(placement.findall(f"{ns}rect")) >= 1 + 2 * 2      # background + HTP/CPU segment per op type
+    dots = layers.findall(f"{ns}circle")
+    assert len(dots) == 8 and sum(d.get("fill") == "#c62828" for d in dots) == 2   # 22 and 19 dB < 25
     # the ceiling: SM8650 76.8 GB/s / 70 MB per token ≈ 1,097 tok/s
     assert "1,097" in html
 

@@ -20,10 +20,22 @@ from typing import Any, Callable, Sequence
 
 from ..errors import InputError
 from ..registry import Registry
-from .generate import (ChatSession, DecoderSession, Forward, GenerationConfig, GenerationResult, GenerationStats,
-                       Generator, StaticGraphSession, TokenStream)
-from .sampling import Sampler, SamplingConfig
-from .tokenizers import Tokenizer, check_vocab, load_tokenizer
+
+# The generation loop imports torch (seconds). `modelexport.llm.loaded` is read by the GGUF and
+# HF frontends on every compile, which must not pay that: these names load on first use.
+_LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationConfig", "GenerationResult",
+                                    "GenerationStats", "Generator", "StaticGraphSession", "TokenStream")},
+         "Sampler": "sampling", "SamplingConfig": "sampling",
+         "Tokenizer": "tokenizers", "check_vocab": "tokenizers", "load_tokenizer": "tokenizers"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["load", "LLM", "LoadOptions", "LLM_BACKENDS", "Generator", "GenerationConfig", "GenerationResult",
            "GenerationStats", "TokenStream", "ChatSession", "DecoderSession", "Forward", "StaticGraphSession",
@@ -103,6 +115,8 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
 def attach_tokenizer(session: DecoderSession, tokenizer: Tokenizer, *, backend: str, info: dict[str, Any],
                      extra_eos_ids: Sequence[int] = ()) -> LLM:
     """The common last step of every backend: check the tokenizer fits the model, wrap both."""
+    from .generate import Generator
+    from .tokenizers import check_vocab
     if session.vocab_size:
         check_vocab(tokenizer, session.vocab_size, where=f"the model ({info.get('model') or backend})")
     info = {**info, "tokenizer": tokenizer.describe(), "max_seq_len": session.max_seq_len}

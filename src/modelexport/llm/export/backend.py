@@ -41,7 +41,6 @@ from ...errors import InputError, ToolchainError, UnsupportedError, Verification
 from ...quant.precision import get_precision
 from ...targets import SoC, get_target, require_feature
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
-from .onnx_export import PartRange
 from .quantize import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
 EXPORT_VERSION = 2
