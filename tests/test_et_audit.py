@@ -6,12 +6,6 @@ import json
 
 import pytest
 
-# Issue 4 is still being finished: these tests were changing while the last full run went, and
-# were seen failing mid-edit. They run with `make test-wip` until the ExecuTorch path lands whole.
-_WIP = pytest.mark.skipif(not __import__("os").environ.get("MODELEXPORT_WIP_TESTS"),
-                          reason="work in progress (issue 4): run with `make test-wip`")
-pytestmark = _WIP
-
 from conftest import assert_clean_error, run_cli
 from et_models import TRANSFORMER, write
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...errors import ToolchainError
+from ..native_io import native_stdout_to_stderr
 from ..qairt import HOST_LIB_SUBDIR, LIBRARY_NAMES
 from . import adapter as _adapter
 
@@ -168,7 +169,8 @@ def _claim(htp: Path, what: str) -> None:
             "ensure_executorch_qnn()) before anything else loads QNN (ONNX Runtime's QNN EP, "
             "find_qairt()), or run the ExecuTorch step in its own process")
     try:
-        _handles.append(ctypes.CDLL(str(htp)))
+        with native_stdout_to_stderr():   # libQnnHtp.so may print a LIBNATIVE banner on fd 1
+            _handles.append(ctypes.CDLL(str(htp)))
     except OSError as e:
         raise ToolchainError(f"cannot load {what}: {e}",
                              "reinstall onnxruntime-qnn (make setup) or fix QNN_SDK_ROOT") from None
@@ -206,7 +208,14 @@ def ensure_executorch_qnn() -> AdapterState:
 
     Call it before ExecuTorch lowers to or runs on QNN. Raises ToolchainError when something the
     user can fix is wrong (no gcc, an untested QAIRT, the real library loaded too early).
+    Whatever the QAIRT libraries print while they load (libQnnHtp.so's "LIBNATIVE" banner) goes
+    to stderr, so a `--json` report stays the only thing on stdout.
     """
+    with native_stdout_to_stderr():
+        return _ensure()
+
+
+def _ensure() -> AdapterState:
     global _state
     with _lock:
         if _state is not None:
