@@ -190,6 +190,18 @@ def test_pytorch_only_options_and_formats_are_checked(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_dynamic_shapes_are_refused_before_any_work(tmp_path):
+    import torch
+
+    import modelexport
+    from modelexport.errors import UnsupportedError
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    with pytest.raises(UnsupportedError, match="static shapes") as e:
+        modelexport.compile(m, (torch.randn(1, 8, 16),), output=tmp_path / "o", precision="fp16", dynamic_shapes=({1: seq},))
+    assert "one program per shape" in e.value.fix and not (tmp_path / "o").exists()
+
+
 def test_fp16_folds_batch_norms_into_convolutions():
     """Measured: left as its own HTP op in fp16, BatchNorm cost MobileNetV2 its accuracy (2.5 dB); folded, 47 dB."""
     import torch

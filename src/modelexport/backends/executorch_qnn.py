@@ -197,6 +197,14 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
             socs.append(soc)
     if not parts:
         raise InputError("no model given", "pass model.py:factory, a .pt2, or an nn.Module with example inputs")
+    if opts.dynamic_shapes:
+        # Measured with executorch 1.5.1: QNN's validator refuses every node with a dynamic Dim
+        # (3110), and the program then fails to emit: QNN's export passes leave symbolic sizes in
+        # the views around the XNNPACK partitions, which the emitter cannot write.
+        raise UnsupportedError("a .pte with the QNN delegate needs static shapes: the HTP runs static graphs, and the "
+                               "CPU fallback of a dynamically shaped graph cannot be emitted here",
+                               "leave dynamic_shapes out and compile one program per shape you need (e.g. a prefill and "
+                               "a decode size); `modelexport audit` takes dynamic shapes to show what QNN refuses")
     steps = len(parts) * (1 + len(socs))
     done = 0
     preps, taken = [], set()
