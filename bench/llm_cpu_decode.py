@@ -6,13 +6,19 @@
 - llama.cpp on the same GGUF (Q4_1) through llama-cpp-python, built from source in its own venv
   under bench/.work/ (never in the project's venv).
 
-64 new tokens after a ~20-token prompt, greedy, EOS ignored; each engine runs 3 times,
-interleaved (A B C A B C ...) so that load from other processes hits all alike; the median is
-reported. Also recorded: the CPU program's build time cold and cached, and greedy agreement
-with transformers (fp32 program: must be equal; 8da4w: the length of the common prefix).
+64 new tokens after a ~20-token prompt, greedy, EOS ignored (the C++ runner stops at EOS; it
+records how many it made); each engine runs 3 times, interleaved (A B C D A B C D ...) so that
+load from other processes hits all alike; the median is reported, and every engine's decode
+speed as a ratio to llama.cpp's (the goal: modelexport >= 1.3x llama.cpp). Also recorded: the
+CPU program's build time cold and cached, and greedy agreement with transformers (fp32
+program: must be equal; 8da4w: the length of the common prefix).
 
-    .venv/bin/python bench/llm_cpu_decode.py [--runs 3] [--skip-llamacpp] [--skip-fp32]
-writes bench/results/llm_cpu_decode.json
+Decode tok/s is the same for every engine: forward passes after the first token / their time
+(the first token comes out of prefill).
+
+    .venv/bin/python bench/llm_cpu_decode.py [--runs 3] [--skip-llamacpp] [--skip-fp32] [--skip-hf]
+                                             [--new-tokens 64] [--group-size 32] [--out FILE]
+writes bench/results/llm_cpu_decode.json (a trial with other options: pass --out elsewhere)
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ NEW = 64
 THREADS = 2
 CACHE = Path(os.environ.get("MODELEXPORT_CACHE_DIR") or WORK / "cache")
 LLAMACPP_PY = WORK / "llamacpp-venv" / "bin" / "python"
+GOAL_VS_LLAMACPP = 1.3
 
 LLAMACPP_SCRIPT = r"""
 import json, sys, time
@@ -81,7 +88,14 @@ def run_modelexport(model, prompt_ids, runs_out):
 
 
 def run_et_runner(pte, tok_json, prompt_text, runs_out):
-    """ExecuTorch's own C++ runner on the same program (its own tokenizer and sampler, greedy)."""
+    """ExecuTorch's own C++ runner on the same program (its own tokenizer and sampler, greedy).
+
+    Its stats come as a `Stats` object: read its attributes (`to_json_string()` names them
+    differently: prompt_tokens / generated_tokens). `num_generated_tokens` counts the decode
+    steps only (the first token comes out of prefill), so decode tok/s is n / decode time, the
+    same definition as ours (generated - 1 forward passes after the first token)."""
+    from modelexport.llm.cpu_runtime import load_llm_ops
+    load_llm_ops()   # else: "Missing operator llama::custom_sdpa.out"
     from executorch.extension.llm.runner._llm_runner import GenerationConfig, TextLLMRunner
     stats = {}
     runner = run_et_runner.cache.get(str(pte))
@@ -89,13 +103,15 @@ def run_et_runner(pte, tok_json, prompt_text, runs_out):
         runner = run_et_runner.cache[str(pte)] = TextLLMRunner(str(pte), str(tok_json))
     runner.reset()
     cfg = GenerationConfig(echo=False, max_new_tokens=NEW, temperature=0.0, seq_len=512, warming=False)
-    runner.generate(prompt_text, cfg, lambda s: None, lambda st: stats.update(json.loads(st.to_json_string())))
+    keys = ("num_prompt_tokens", "num_generated_tokens", "inference_start_ms", "prompt_eval_end_ms",
+            "first_token_ms", "inference_end_ms", "aggregate_sampling_time_ms")
+    runner.generate(prompt_text, cfg, lambda s: None, lambda st: stats.update({k: getattr(st, k) for k in keys}))
     p = stats["num_prompt_tokens"]
     n = stats["num_generated_tokens"]
     prefill = (stats["prompt_eval_end_ms"] - stats["inference_start_ms"]) / 1e3
     decode = (stats["inference_end_ms"] - stats["prompt_eval_end_ms"]) / 1e3
     runs_out.append({"prefill_s": prefill, "decode_s": decode, "prefill_tok_s": p / prefill if prefill else None,
-                     "decode_tok_s": (n - 1) / decode if decode else None, "generated": n, "prompt_tokens": p})
+                     "decode_tok_s": n / decode if decode else None, "generated": n + 1, "prompt_tokens": p})
 
 
 run_et_runner.cache = {}
@@ -129,12 +145,18 @@ def summarize(runs):
 
 
 def main() -> None:
+    global NEW
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true", help="skip the fp32 CPU program (greedy equality check)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--new-tokens", type=int, default=NEW, help="tokens to generate (a quick trial: fewer)")
+    ap.add_argument("--group-size", type=int, default=32,
+                    help="8da4w weights per scale (0 = per channel); an uncached size costs a cold build (~8 min)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args()
+    NEW = a.new_tokens
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     torch.set_num_threads(THREADS)
@@ -143,16 +165,20 @@ def main() -> None:
     from modelexport.llm.xnnpack_export import CpuExportOptions, build_cached
 
     result: dict = {"bench": "llm_cpu_decode", "model": GGUF.name, "prompt": PROMPT, "new_tokens": NEW,
+                    "group_size_8da4w": a.group_size,
                     "threads": THREADS, "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
                                                  "loadavg_start": os.getloadavg()}}
     # ---- build (cold numbers come from the cache entry's metadata; a hit measures the cached path)
     builds = {}
     for quant in ("8da4w",) + (() if a.skip_fp32 else ("fp32",)):
         t0 = time.perf_counter()
-        entry, meta, hit = build_cached(GGUF, CpuExportOptions(quant=quant), cache_dir=CACHE)
+        eopts = CpuExportOptions(quant=quant, group_size=a.group_size if quant == "8da4w" else 32)
+        entry, meta, hit = build_cached(GGUF, eopts, cache_dir=CACHE)
         cached_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        model = llm.load(GGUF, quant=quant, cache_dir=CACHE, threads=THREADS)
+        # the user's path (GGUF -> cache lookup -> load); a non-default group size is not a load option
+        model = (llm.load(GGUF, quant=quant, cache_dir=CACHE, threads=THREADS) if eopts == CpuExportOptions(quant=quant)
+                 else llm.load(entry / meta["pte"], threads=THREADS))
         load_s = time.perf_counter() - t0
         builds[quant] = {"model": model, "entry": entry, "meta": meta}
         result.setdefault("build", {})[quant] = {
@@ -182,15 +208,19 @@ def main() -> None:
     engines = {"modelexport_cpu_8da4w": [], "executorch_textllmrunner_8da4w": [], "transformers_fp32": []}
     # warm-up (XNNPACK packs weights on the first run; transformers allocates its caches)
     model.generate(prompt_ids, max_new_tokens=4, stop_on_eos=False)
+    entry = builds["8da4w"]["entry"]
+    runner_ok = True
+    try:
+        run_et_runner(entry / "model.pte", entry / "tokenizer.json", PROMPT, [])
+    except Exception as e:  # reference only: record why it did not run
+        result["executorch_textllmrunner_error"] = f"{type(e).__name__}: {e}"
+        runner_ok = False
     if hf is not None:
         run_hf(hf, prompt_ids, [])
     for rep in range(a.runs):
         run_modelexport(model, prompt_ids, engines["modelexport_cpu_8da4w"])
-        entry = builds["8da4w"]["entry"]
-        try:
+        if runner_ok:
             run_et_runner(entry / "model.pte", entry / "tokenizer.json", PROMPT, engines["executorch_textllmrunner_8da4w"])
-        except Exception as e:  # reference only: record why it did not run
-            result["executorch_textllmrunner_error"] = f"{type(e).__name__}: {e}"
         if hf is not None:
             run_hf(hf, prompt_ids, engines["transformers_fp32"])
         if not a.skip_llamacpp and llama_note is None:
@@ -216,6 +246,12 @@ def main() -> None:
         if k in result["engines"]:
             cmp[k] = round(me / result["engines"][k]["median_decode_tok_s"], 3)
     result["decode_speedup_of_modelexport_vs"] = cmp
+    if "llamacpp_q4_1" in result["engines"]:
+        ref = result["engines"]["llamacpp_q4_1"]["median_decode_tok_s"]
+        result["decode_ratio_to_llamacpp"] = {k: round(v["median_decode_tok_s"] / ref, 3)
+                                              for k, v in result["engines"].items()}
+        result["goal"] = {"modelexport_decode_vs_llamacpp_at_least": GOAL_VS_LLAMACPP,
+                          "measured": cmp["llamacpp_q4_1"], "met": cmp["llamacpp_q4_1"] >= GOAL_VS_LLAMACPP}
 
     # ---- greedy agreement with transformers
     if hf is not None:
@@ -232,10 +268,10 @@ def main() -> None:
             r.pop("ids", None)
     result["raw_runs"] = engines
     result["host"]["loadavg_end"] = os.getloadavg()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: result[k] for k in ("engines", "decode_speedup_of_modelexport_vs")}, indent=1))
-    print("wrote", RESULTS)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: result[k] for k in ("engines", "decode_ratio_to_llamacpp", "goal") if k in result}, indent=1))
+    print("wrote", a.out)
 
 
 if __name__ == "__main__":

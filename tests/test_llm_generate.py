@@ -22,6 +22,26 @@ def test_greedy_is_argmax():
     assert Sampler(SamplingConfig(temperature=0.0, seed=5))(torch.tensor([[1.0, 0.0, 5.0]])) == 2
 
 
+def test_greedy_fast_path_matches_torch_argmax_and_leaves_torch_threads_alone():
+    """Greedy picks with numpy and the other modes run torch on one thread (so ATen's OpenMP pool
+    does not wake between two CPU forward passes); both must choose what torch.argmax chooses
+    and restore torch's thread count."""
+    from modelexport.llm.sampling import argmax
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(49152, generator=g).to(dtype)
+        assert argmax(x) == int(torch.argmax(x)) == Sampler()(x.reshape(1, -1))
+    ties = torch.tensor([1.0, 5.0, 5.0, 2.0])
+    assert argmax(ties) == int(torch.argmax(ties)) == 1           # the first of equal maxima
+    nan = torch.tensor([1.0, float("nan"), 7.0])
+    assert argmax(nan) == int(torch.argmax(nan)) == 1             # NaN counts as the largest
+    before = torch.get_num_threads()
+    Sampler(SamplingConfig(temperature=0.8, top_p=0.9, seed=1))(torch.randn(1000, generator=g))
+    Sampler(SamplingConfig(repetition_penalty=1.2))(torch.randn(1000, generator=g), history=[1, 2])
+    assert torch.get_num_threads() == before
+
+
 def test_repetition_penalty_follows_transformers():
     x = torch.tensor([2.0, -2.0, 1.0, 0.5])
     out = apply_repetition_penalty(x, [0, 1, 1], 2.0)

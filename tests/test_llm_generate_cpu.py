@@ -16,14 +16,15 @@ from modelexport.errors import InputError
 pytestmark = pytest.mark.xdist_group("llm_cpu_tiny")
 
 
-def _export(folder, quant: str, fast: bool = True, n_layers: int = 2, max_seq_len: int = 96):
+def _export(folder, quant: str, fast: bool = True, n_layers: int = 2, max_seq_len: int = 96, prefill_chunk: int = 0):
     from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
 
     model = tiny_llama(n_layers)
     folder.mkdir(parents=True, exist_ok=True)
     meta = export_pte(model, folder, CpuExportOptions(quant=quant, max_seq_len=max_seq_len,
                                                       embedding_bits=4 if quant != "fp32" else None,
-                                                      fast_lowering=fast), bos_id=BOS, eos_ids=[EOS])
+                                                      fast_lowering=fast, prefill_chunk=prefill_chunk),
+                      bos_id=BOS, eos_ids=[EOS])
     tiny_tokenizer().save(folder)
     return model, folder / "model.pte", meta
 
@@ -55,6 +56,29 @@ def test_fp32_program_matches_hf_logits_across_chunks(fp32):
     assert torch.allclose(s.feed([ids[9]]), ref[9], atol=1e-4)
     s.reset()
     assert s.position == 0 and torch.allclose(s.feed(ids), ref[-1], atol=1e-4)
+
+
+def test_static_one_token_program_matches_hf_and_keeps_logits(tmp_path):
+    """`prefill_chunk=1`: a static [1, 1] program (no dynamic shapes); the prompt is fed token by
+    token. Also: logits handed out by `feed` are copies (the program reuses its output buffer,
+    read without ATen's clone), so earlier ones stay as they were."""
+    import modelexport.llm as llm
+    from modelexport.llm.cpu_runtime import ExecuTorchSession
+
+    model, pte, _ = _export(tmp_path / "static", "fp32", prefill_chunk=1)
+    s = ExecuTorchSession(pte)
+    assert s.max_chunk == 1 and s.prefill_chunk == 1 and not s.meta["enable_dynamic_shape"]
+    ids = [BOS, 72, 101, 108, 108, 111]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    first = s.feed(ids[:3])
+    kept = first.clone()
+    last = s.feed(ids[3:])
+    assert s.position == len(ids) and torch.equal(first, kept)
+    assert torch.allclose(first, ref[2], atol=1e-4) and torch.allclose(last, ref[-1], atol=1e-4)
+    m = llm.load(pte)
+    prompt = m.tokenizer.encode("The quick brown fox")
+    assert m.generate(prompt, max_new_tokens=12, stop_on_eos=False).token_ids == hf_greedy(model, prompt, 12)
 
 
 def test_fp32_greedy_equals_transformers(fp32):

@@ -2,9 +2,26 @@
 
 The program is run through ExecuTorch's Python bindings, one `forward(tokens, input_pos)` call
 per prefill chunk or decode step; everything around it (sampling, stopping, streaming, stats)
-is the shared loop in `generate`. A decode step costs one C++ call of a few milliseconds, so the
-Python around it is a few percent at most (measured in `bench/llm_cpu_decode.py`, which also
-runs ExecuTorch's own C++ runner, `TextLLMRunner`, on the same file for comparison).
+is the shared loop in `generate`, the same for every backend and with every sampling option.
+
+Why not ExecuTorch's C++ runner (`TextLLMRunner`) for the loop: `bench/llm_cpu_decode.py`
+runs both on the same program. On SmolLM2-135M 8da4w, 2 cores, a decode step here is the C++
+forward call (~12.5 ms) plus ~0.35 ms of Python (sampling ~0.1 ms); the runner's step was
+~7-15% shorter in quiet runs, most of it inside the forward call itself (the bindings' per-call
+work), not in this loop. Its interface does not fit the shared loop: a text prompt only (no
+token ids, so no chat cache reuse or our chat templates), it always stops at EOS, samples with
+temperature only (no top-k/top-p/repetition penalty/seed) and has no stop strings or sliding
+window. A greedy/temperature-only fast path through it is possible but would give a second,
+differently-tokenized code path for a few percent; measure with the bench before adding it.
+
+No multi-threaded ATen work between two forward calls: the bindings' default
+`clone_outputs=True` copies the [1, vocab] logits with ATen, whose OpenMP pool runs the copy on
+2 threads; those threads then spin on the cores XNNPACK's own pool needs for the next forward.
+Back-to-back steps measured 32 ms with the clone vs 19-22 ms without on SmolLM2 (2 busy
+cores); with the Python of the generation loop between steps the pool mostly sleeps again and
+the difference is within noise, but nothing is gained by risking it. So `forward` runs with
+`clone_outputs=False`, the logits are copied by numpy (single-threaded memcpy) and the sampler
+avoids ATen's pool too (`sampling.Sampler`).
 
 The KV cache lives in the program's mutable buffers and is written by `llama::update_cache`
 at `input_pos`; `llama::custom_sdpa` attends over positions 0..input_pos+n-1 only, so
@@ -91,6 +108,8 @@ class ExecuTorchSession:
         self.prefill_chunk = min(prefill_chunk or self.max_chunk, self.max_chunk)
         self.position = 0
         self._pos = torch.zeros(1, dtype=torch.long)
+        self._tok1 = torch.zeros(1, 1, dtype=torch.long)
+        self._pos_np, self._tok1_np = self._pos.numpy(), self._tok1.numpy()
 
     def _const(self, name: str) -> Any:
         v = self.module.run_method(name, ())
@@ -113,9 +132,15 @@ class ExecuTorchSession:
         self.position = position
 
     def _forward(self, ids: Sequence[int]) -> torch.Tensor:
-        tokens = torch.tensor([list(ids)], dtype=torch.long)
-        self._pos[0] = self.position
-        out = self.module.run_method("forward", (tokens, self._pos))
+        """Run `ids` at `position`; the last token's logits as a view of the program's output
+        buffer, valid until the next call (no ATen copy: see the module docstring)."""
+        if len(ids) == 1:   # written through numpy views: torch's __setitem__ costs ~20-50 us
+            self._tok1_np[0, 0] = ids[0]
+            tokens = self._tok1
+        else:
+            tokens = torch.tensor([list(ids)], dtype=torch.long)
+        self._pos_np[0] = self.position
+        out = self.module.run_method("forward", (tokens, self._pos), False)
         self.position += len(ids)
         return out[0]
 
@@ -129,7 +154,9 @@ class ExecuTorchSession:
         logits = None
         for i in range(0, len(ids), self.prefill_chunk):
             logits = self._forward(ids[i:i + self.prefill_chunk])
-        return logits.reshape(-1)
+        # a copy of our own (the output buffer is reused by the next call), made by numpy:
+        # a single-threaded memcpy, where torch's clone would wake ATen's OpenMP pool
+        return torch.from_numpy(logits.numpy().reshape(-1).copy())
 
 
 def default_threads() -> int | None:

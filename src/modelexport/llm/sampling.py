@@ -4,10 +4,16 @@ The order is transformers' (`generate` with its default processors): repetition 
 raw logits, then temperature, then top-k, then top-p, then a draw from the softmax. Temperature
 0 means greedy (argmax after the penalty). Draws come from a seeded `torch.Generator`, so the
 same seed, prompt and model give the same text.
+
+The sampler runs between two forward passes, so it must not start ATen's OpenMP threads: on a
+small CPU they keep spinning and take the cores the next forward's own thread pool (XNNPACK)
+needs (see `cpu_runtime`). Greedy picks with numpy; everything else runs with torch limited
+to one thread (the work is a few vocab-sized vectors: microseconds either way).
 """
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -73,6 +79,28 @@ def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+@contextmanager
+def torch_single_threaded():
+    """torch ops inside run on the calling thread only (ATen's pool stays asleep)."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def argmax(logits: torch.Tensor) -> int:
+    """The first index of the largest logit (NaN counts as largest, as in torch.argmax)."""
+    if logits.dtype in (torch.float32, torch.float64, torch.float16) and logits.device.type == "cpu":
+        return int(logits.detach().numpy().argmax())   # flat index, as argmax of reshape(-1)
+    with torch_single_threaded():
+        return int(torch.argmax(logits.detach().reshape(-1)))
+
+
 class Sampler:
     """`sampler(logits, history) -> token id`; `distribution(...)` gives the probabilities it draws from."""
 
@@ -103,7 +131,11 @@ class Sampler:
         return torch.softmax(x, dim=-1)
 
     def __call__(self, logits: torch.Tensor, history: Sequence[int] = ()) -> int:
-        x = self.processed_logits(logits, history)
-        if self.config.greedy:
-            return int(torch.argmax(x))
-        return int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=self.generator))
+        c = self.config
+        if c.greedy and (c.repetition_penalty == 1.0 or not len(history)):
+            return argmax(logits)
+        with torch_single_threaded():
+            x = self.processed_logits(logits, history)
+            if c.greedy:
+                return int(torch.argmax(x))
+            return int(torch.multinomial(torch.softmax(x, dim=-1), 1, generator=self.generator))
