@@ -59,3 +59,11 @@ def test_unknown_target_vtcm_and_existing_output(tmp_path, cli, model):
     assert_clean_error(cli("compile-qnn", str(model), "x.bin", "--backend", "GPU"), "HTP")
     (tmp_path / "exists").mkdir()
     assert_clean_error(cli("compile", str(model), "-o", str(tmp_path / "exists"), "--calibration", "random"), "already exists", "--force")
+
+
+def test_a_missing_model_or_a_python_file_without_its_function(cli, tmp_path):
+    proc = cli("audit", str(tmp_path / "nothing.onnx"), "--target", "SM8650")
+    assert_clean_error(proc, "does not exist")
+    (tmp_path / "model.py").write_text("def build():\n    pass\n")
+    proc = cli("audit", str(tmp_path / "model.py"), "--target", "SM8650")
+    assert_clean_error(proc, "model.py:FUNCTION")

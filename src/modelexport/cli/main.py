@@ -13,12 +13,27 @@ from . import commands
 from .app import app, err_console
 
 
+# Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
+# kernels that cannot load on this CPU host, torch's pytree deprecation notes (MODELEXPORT_DEBUG=1
+# shows them again).
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def _quiet_libraries() -> None:
+    if os.environ.get("MODELEXPORT_DEBUG"):
+        return
+    import logging
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _load_commands() -> None:
     for mod in pkgutil.iter_modules(commands.__path__):
         importlib.import_module(f"{commands.__name__}.{mod.name}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
     _load_commands()
     try:
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
@@ -45,5 +46,12 @@ def find_frontend(obj: Any) -> Frontend:
     for _, fe in FRONTENDS:
         if fe.accepts(obj):
             return fe
-    raise InputError(f"modelexport cannot load {obj!r}",
-                     "give an ONNX model (.onnx); known frontends: " + ", ".join(FRONTENDS.names()))
+    what = str(obj) if isinstance(obj, (str, Path)) else f"a {type(obj).__name__}"
+    if isinstance(obj, (str, Path)) and not Path(str(obj).rsplit(":", 1)[0] if str(obj).count(":") else obj).exists():
+        raise InputError(f"{what} does not exist", "check the path")
+    if str(obj).endswith(".py"):
+        raise InputError(f"{what}: a Python file needs the name of the function that builds the model",
+                         f"write {what}:FUNCTION (it returns the module and its example inputs)")
+    raise InputError(f"modelexport cannot load {what}",
+                     "give an ONNX model (.onnx), model.py:FUNCTION, an exported program (.pt2), a GGUF file, "
+                     "a Hugging Face folder, or in Python an nn.Module with example inputs")
