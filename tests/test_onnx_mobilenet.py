@@ -47,7 +47,7 @@ def test_report_shows_per_node_placement(mnv2):
     assert htp and not [n for n in nodes if n["backend"] == "CPU"]
     assert any(n["module_path"] and n["module_path"].startswith("features.") for n in htp)
     html = (mnv2["bundle"] / "report.html").read_text()
-    assert f"{len(htp)}/{len(htp)} compute nodes on HTP" in html and "data:image/png;base64," in html
+    assert f"{len(htp)}/{len(htp)} compute nodes on HTP" in html and "data:image/svg+xml;base64," in html
 
 
 def test_audit_8a8w_reports_module_paths_and_no_fallback(mnv2, cli):
