@@ -49,3 +49,15 @@ def test_targets_cli_json(cli):
 
 def test_targets_cli_unknown(cli):
     assert_clean_error(cli("targets", "snapdragon-9000"), "unknown target", "SM8650")
+
+
+def test_a_mistyped_option_is_a_usage_error_not_a_traceback(cli):
+    proc = cli("targets", "--jsn")
+    assert_clean_error(proc, "No such option: --jsn")
+    assert proc.returncode == 2
+
+
+def test_version(cli):
+    from importlib.metadata import version
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"modelexport {version('modelexport')}"

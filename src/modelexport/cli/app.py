@@ -24,6 +24,19 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+        typer.echo(f"modelexport {version('modelexport')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print modelexport's version and exit.")) -> None:
+    pass
+
+
 def emit_json(data: Any) -> None:
     """Machine-readable output goes to stdout alone, nothing else mixed in."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -7,6 +7,7 @@ import pkgutil
 import sys
 
 import click
+import typer
 
 from ..errors import ModelExportError
 from . import commands
@@ -27,6 +28,20 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def _click_errors() -> tuple[type, ...]:
+    """Usage errors (unknown option, bad value): typer ≥ 0.29 raises those of its own copy of
+    click, not click's; both are caught so a typo never shows a traceback."""
+    try:
+        from typer._click.exceptions import ClickException as TyperClickException
+    except ImportError:
+        return (click.ClickException,)
+    return (click.ClickException, TyperClickException)
+
+
+EXITS = (click.exceptions.Exit, typer.Exit)
+ABORTS = (click.exceptions.Abort, typer.Abort)
+
+
 def _load_commands() -> None:
     for mod in pkgutil.iter_modules(commands.__path__):
         importlib.import_module(f"{commands.__name__}.{mod.name}")
@@ -45,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("MODELEXPORT_DEBUG"):
             raise
         return e.exit_code
-    except click.exceptions.Exit as e:
+    except EXITS as e:
         return e.exit_code
-    except click.ClickException as e:
+    except _click_errors() as e:
         e.show()
         return e.exit_code
-    except click.exceptions.Abort:
+    except ABORTS:
         err_console.print("[bold red]aborted[/]")
         return 130
     except KeyboardInterrupt:
