@@ -20,8 +20,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped or logged output (CI, `make demo | tee`) gets wide tables rather than rich's 80 columns,
+# which cut names and numbers to "mobi…"; a terminal keeps its own width.
+_PIPE_WIDTH = 160
+console = Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else _PIPE_WIDTH)
 
 
 def _print_version(value: bool) -> None:
