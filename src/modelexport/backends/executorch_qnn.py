@@ -150,13 +150,16 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
     refs = {n: [] for n in names_out}
     gots = {n: [] for n in names_out}
     run_s = []
-    for s in samples:
-        ref = eager_outputs(ref_mod, s, names_in, names_out)
-        got, dt = sess.run(s)
-        run_s.append(round(dt, 4))
-        for n in names_out:
-            refs[n].append(ref[n])
-            gots[n].append(got[n].astype(np.float32))
+    try:
+        for s in samples:
+            ref = eager_outputs(ref_mod, s, names_in, names_out)
+            got, dt = sess.run(s)
+            run_s.append(round(dt, 4))
+            for n in names_out:
+                refs[n].append(ref[n])
+                gots[n].append(got[n].astype(np.float32))
+    finally:
+        sess.close()
     checks = compare_outputs(refs, gots, threshold)
 
     def fin(v):

@@ -82,8 +82,8 @@ class PteSession:
         t0 = time.perf_counter()
         try:
             with capture_native_output() as log:
-                program = Runtime.get().load_program(g.pte)
-                self.method = program.load_method(g.method)
+                self.program = Runtime.get().load_program(g.pte)
+                self.method = self.program.load_method(g.method)
         except Exception as e:
             tail = " | ".join(line for line in log[-6:]) if "log" in locals() else ""
             raise ToolchainError(f"executorch.runtime could not load {g.pte} ({g.method}): {' '.join(str(e).split())[:300]}"
@@ -94,6 +94,16 @@ class PteSession:
         self.load_seconds = time.perf_counter() - t0
         self.g = g
         self.inputs = {i["name"]: i for i in g.inputs}
+
+    def close(self) -> None:
+        """Free the program now, with the QNN backend's "Destroy Qnn context/device/backend" INFO
+        lines captured rather than printed at interpreter exit."""
+        import gc
+
+        from ..backends.et_partition import capture_native_output
+        with capture_native_output():
+            self.method = self.program = None
+            gc.collect()
 
     def check_feed(self, feed: dict[str, np.ndarray]) -> list:
         import torch
@@ -155,9 +165,12 @@ def run_pte(path: str | Path, inputs=None, random: bool = False, part: str | Non
     else:
         feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, sess)
     outs, times = {}, []
-    for _ in range(max(1, repeat)):
-        outs, dt = sess.run(feed)
-        times.append(dt)
+    try:
+        for _ in range(max(1, repeat)):
+            outs, dt = sess.run(feed)
+            times.append(dt)
+    finally:
+        sess.close()
     placement = {}
     if g.bundle is not None:
         placement = (g.bundle.manifest.placement.get("summary") or {}).get("by_runtime", {})
@@ -228,12 +241,15 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
         ref_mod = refs_by_part[g.part]
         refs = {n: [] for n in g.outputs}
         gots = {n: [] for n in g.outputs}
-        for s in samples:
-            ref = eager_outputs(ref_mod, s, names_in, g.outputs)
-            got, _ = sess.run(s)
-            for n in g.outputs:
-                refs[n].append(ref[n])
-                gots[n].append(got[n].astype(np.float32))
+        try:
+            for s in samples:
+                ref = eager_outputs(ref_mod, s, names_in, g.outputs)
+                got, _ = sess.run(s)
+                for n in g.outputs:
+                    refs[n].append(ref[n])
+                    gots[n].append(got[n].astype(np.float32))
+        finally:
+            sess.close()
         threshold = min_sqnr if min_sqnr is not None else get_et_precision(g.precision).min_sqnr_db
         gc = GraphCheck(g.part, g.target or "-", g.precision, threshold, len(samples), kind)
         gc.outputs = compare_outputs(refs, gots, threshold)
