@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
+from ..quant.override_spec import split_override
 from ..quant.precision import PRECISIONS, Precision
 from ..targets import SoC, require_feature
 
@@ -54,14 +55,7 @@ class Override:
 def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
     out = []
     for spec in specs or []:
-        pattern, sep, prec = str(spec).rpartition("=")
-        if not sep or not pattern or not prec:
-            raise InputError(f"--override {spec!r} is not REGEX=PRECISION", "e.g. --override 'layers\\.0\\.mlp=16a8w'")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise InputError(f"--override {spec!r}: {pattern!r} is not a regular expression ({e})",
-                             "escape dots as \\. and check brackets") from None
+        pattern, prec = split_override(spec, "layers\\.0\\.mlp=16a8w")
         p = get_et_precision(prec)
         if not p.quantized:
             raise InputError(f"--override {spec!r}: a {p.name} override inside a quantized graph is not offered",

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import InputError
+from .override_spec import split_override
 from .precision import Precision, get_precision
 
 _WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
@@ -33,14 +34,7 @@ class OnnxOverride:
 def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[OnnxOverride]:
     out = []
     for spec in specs or []:
-        pattern, sep, prec = str(spec).rpartition("=")
-        if not sep or not pattern or not prec:
-            raise InputError(f"--override {spec!r} is not REGEX=PRECISION", "e.g. --override 'features\\.3\\.conv=16a8w'")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise InputError(f"--override {spec!r}: {pattern!r} is not a regular expression ({e})",
-                             "escape dots as \\. and check brackets") from None
+        pattern, prec = split_override(spec, "features\\.3\\.conv=16a8w")
         p = get_precision(prec)
         if not p.quantized:
             raise InputError(f"--override {spec!r}: an fp16 island inside a quantized ONNX graph is not offered",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ...errors import CalibrationError, InputError
 from ...quant.calibration import CalibrationSet
+from ...quant.override_spec import split_override
 from ...quant.precision import get_precision
 
 # weight bits → (QuantType name, symmetric)
@@ -46,18 +47,12 @@ def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
     base = get_precision(base_precision)
     out = []
     for item in items:
-        pat, sep, prec = item.rpartition("=")
-        if not sep or not pat:
-            raise InputError(f"--override {item!r} is not REGEX=PRECISION", "e.g. --override 'lm_head=16a8w'")
+        pat, prec = split_override(item, "lm_head=16a8w")
         p = get_precision(prec)
         if not p.quantized or p.activation_bits != base.activation_bits:
             raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
                              f"({base.activation_bits}-bit activations)",
                              f"use one of: {', '.join(x for x in LLM_PRECISIONS if get_precision(x).activation_bits == base.activation_bits)}")
-        try:
-            re.compile(pat)
-        except re.error as e:
-            raise InputError(f"--override {item!r}: bad regex ({e})") from None
         out.append(Override(pat, p.name))
     return out
 
