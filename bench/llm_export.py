@@ -15,37 +15,18 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from cli_measure import measured_cli
+
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_export.json"
 
-_WRAPPER = """
-import json, resource, sys, time
-from modelexport.cli.main import main
-t = time.perf_counter(); rc = main(sys.argv[2:]); dt = time.perf_counter() - t
-ru_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "peak_rss_mb": ru_self / 1024,
-                                         "peak_child_rss_mb": ru_kids / 1024}))
-sys.exit(rc)
-"""
-
-
 def run_cli(args: list[str], env: dict) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        stats = f.name
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _WRAPPER, stats, *args], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"modelexport {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    s = json.loads(Path(stats).read_text())
-    return {"wall_s": round(wall, 2), "in_process_s": round(s["in_process_s"], 2),
+    s = measured_cli(args, env)
+    return {"wall_s": round(s["wall_s"], 2), "in_process_s": round(s["in_process_s"], 2),
             "peak_rss_mb": round(s["peak_rss_mb"], 1), "peak_child_rss_mb": round(s["peak_child_rss_mb"], 1)}
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+from cli_measure import measured_cli
 
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "onnx_compile.json"
@@ -26,33 +25,11 @@ TARGETS4 = ["SM8550", "SM8650", "SM8750", "SM8850"]
 PRECISIONS = ["fp16", "8a8w", "16a8w", "16a16w", "16a4w"]
 IMAGES = ["chelsea", "coffee", "astronaut", "rocket"]
 
-# Runs the CLI in-process and reports its own peak RSS (and its children's: the compile pool).
-_WRAPPER = """
-import json, resource, sys, time
-from modelexport.cli.main import main
-t = time.perf_counter(); rc = main(sys.argv[2:]); dt = time.perf_counter() - t
-ru_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "peak_rss_mb": ru_self / 1024,
-                                         "peak_child_rss_mb": ru_kids / 1024}))
-sys.exit(rc)
-"""
-
-
 def cli(work: Path, *args: str, cache: Path | None = None) -> dict:
-    stats = work / f"stats-{time.monotonic_ns()}.json"
     env = dict(os.environ)
     if cache is not None:
         env["MODELEXPORT_CACHE_DIR"] = str(cache)
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _WRAPPER, str(stats), *args], capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"modelexport {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    s = json.loads(stats.read_text())
-    s["wall_s"] = wall
-    s["stdout"] = proc.stdout
-    return s
+    return measured_cli(list(args), env)
 
 
 def rounded(d: dict) -> dict:
