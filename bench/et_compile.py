@@ -97,19 +97,13 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="8a8w,fp16")
     ap.add_argument("--runs", type=int, default=3, help="simulator runs of each .pte")
     args = ap.parse_args(argv)
-    import numpy as np
 
-    from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     work = Path(tempfile.mkdtemp(prefix="et_compile_bench_"))
     (work / "mnv2.py").write_text(FACTORY)
     (work / "plain.py").write_text(PLAIN)
     calib = work / "calib"
-    calib.mkdir()
-    photos = {}
-    for name, path in sample_images().items():
-        photos[name] = preprocess(path)
-        np.save(calib / f"{name}.npy", photos[name])
+    photos = save_sample_photos(calib)
     adapter_cache = Path(os.environ.get("MODELEXPORT_CACHE_DIR", Path.home() / ".cache" / "modelexport"))
     base_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "_BENCH_OUT": str(work / "out.txt"),
                 "_BENCH_ERR": str(work / "err.txt")}

@@ -64,7 +64,6 @@ def main() -> None:
     RESULT.write_text(json.dumps(out, indent=2))
 
     os.environ["MODELEXPORT_CACHE_DIR"] = str(cache)
-    from modelexport.artifacts.bundle import open_bundle
     from modelexport.llm.evaluate import evaluate
     # float on the reference span (2048 tokens, 512-token windows: measured 30.9 before)
     t0 = time.perf_counter()

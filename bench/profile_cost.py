@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 
@@ -29,8 +28,7 @@ def main() -> None:
     from modelexport.profiling.profiler import time_runs
     from modelexport.quant.per_layer import per_layer
     from modelexport.runtime.verify import _stored_samples
-    from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "note": "shared 2-core host; noisy",
                              "loadavg_at_start": os.getloadavg()},
@@ -39,9 +37,7 @@ def main() -> None:
         d = Path(tmp)
         model = export_onnx(d / "mobilenet_v2.onnx")
         calib = d / "calib"
-        calib.mkdir()
-        for name, path in sample_images().items():
-            np.save(calib / f"{name}.npy", preprocess(path))
+        save_sample_photos(calib)
         b8 = modelexport.compile(str(model), output=d / "b8", target="SM8650", precision="8a8w", calibration=str(calib)).path
         runs = {}
         for level in ("off", "basic", "detailed"):

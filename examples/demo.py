@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from modelexport.cli.main import main
 
@@ -28,17 +27,15 @@ def step(*argv: str) -> None:
 
 def prepare() -> tuple[Path, Path]:
     from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     OUT.mkdir(exist_ok=True)
     model = OUT / "mobilenet_v2.onnx"
     print(f"\n# exporting MobileNetV2 (ImageNet weights) to {model}", flush=True)
     export_onnx(model)
     calib = OUT / "calibration"
-    calib.mkdir(exist_ok=True)
-    for name, path in sample_images().items():
-        np.save(calib / f"{name}.npy", preprocess(path))
-        print(f"# calibration sample {calib / name}.npy  ← {path.name}")
+    for name in save_sample_photos(calib):
+        print(f"# calibration sample {calib / name}.npy  ← {sample_images()[name].name}")
     return model, calib
 
 

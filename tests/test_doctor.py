@@ -1,6 +1,5 @@
 import json
 
-from conftest import assert_clean_error
 from modelexport.toolchain.qairt import find_qairt
 
 

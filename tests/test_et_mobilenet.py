@@ -5,7 +5,6 @@ The one real-model ExecuTorch compile of `make test` (a few minutes on 2 cores):
 of the .pte path is tested on tiny models (test_et_compile.py, test_et_audit.py)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from et_models import MOBILENET_V2, write
@@ -16,16 +15,11 @@ def test_mobilenet_v2_8a8w_sm8650_cold_compile_is_fully_delegated_with_float_top
     import torch
 
     import modelexport
-    from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import mobilenet_v2
     spec = write(tmp_path, "mnv2", MOBILENET_V2)
     calib = tmp_path / "calib"
-    calib.mkdir()
-    images = {}
-    for name, path in sample_images().items():
-        images[name] = preprocess(path)
-        np.save(calib / f"{name}.npy", images[name])
+    images = save_sample_photos(calib)
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cold-cache"))   # a cold compile, never a cache hit
     bundle = modelexport.compile(spec, output=tmp_path / "bundle", target="SM8650", precision="8a8w",
                                  calibration=str(calib))

@@ -23,20 +23,15 @@ TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on T
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    import os
     root = tmp_path_factory.mktemp("llm_export")
     # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
-    old = os.environ.get("MODELEXPORT_CACHE_DIR")
-    os.environ["MODELEXPORT_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "modelexport-cache")
-    hf = root / "tiny_hf"
-    tiny_llama(n_layers=2).save_pretrained(hf)
-    tiny_tokenizer().save(hf)
-    (root / "calib.txt").write_text(TEXT)
-    yield root
-    if old is None:
-        os.environ.pop("MODELEXPORT_CACHE_DIR", None)
-    else:
-        os.environ["MODELEXPORT_CACHE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        hf = root / "tiny_hf"
+        tiny_llama(n_layers=2).save_pretrained(hf)
+        tiny_tokenizer().save(hf)
+        (root / "calib.txt").write_text(TEXT)
+        yield root
 
 
 @pytest.fixture(scope="module")

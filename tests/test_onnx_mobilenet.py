@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from conftest import run_cli
@@ -13,17 +12,12 @@ pytestmark = pytest.mark.xdist_group("mobilenet_onnx")
 
 @pytest.fixture(scope="module")
 def mnv2(tmp_path_factory):
-    from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     d = tmp_path_factory.mktemp("mnv2")
     model = export_onnx(d / "mobilenet_v2.onnx")
     calib = d / "calib"
-    calib.mkdir()
-    images = {}
-    for name, path in sample_images().items():
-        images[name] = preprocess(path)
-        np.save(calib / f"{name}.npy", images[name])
+    images = save_sample_photos(calib)
     out = d / "bundle"
     proc = run_cli("compile", str(model), "-o", str(out), "--target", "SM8650", "--precision", "8a8w",
                    "--calibration", str(calib), "--json", check=True,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from conftest import assert_clean_error, run_cli
@@ -54,15 +53,12 @@ def test_fp16_bundle_and_bad_override_are_clean_errors(tmp_path, cli):
 
 @pytest.fixture(scope="module")
 def mnv2_16a4w(tmp_path_factory):
-    from modelexport.zoo.assets import sample_images
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     d = tmp_path_factory.mktemp("mnv2pl")
     model = export_onnx(d / "mobilenet_v2.onnx")
     calib = d / "calib"
-    calib.mkdir()
-    for name, path in sample_images().items():
-        np.save(calib / f"{name}.npy", preprocess(path))
+    save_sample_photos(calib)
     out = d / "b4"
     run_cli("compile", str(model), "-o", str(out), "--precision", "16a4w", "--calibration", str(calib), check=True,
             env=_cache_env(tmp_path_factory))

@@ -146,11 +146,10 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
     names_out = list(first)
     g = PteGraph("", None, pte_path, prep.precision.name,
                  [{"name": io.name, "shape": list(io.static_shape), "dtype": io.dtype} for io in prep.inputs], names_out)
-    sess = PteSession(g)
     refs = {n: [] for n in names_out}
     gots = {n: [] for n in names_out}
     run_s = []
-    try:
+    with PteSession(g) as sess:
         for s in samples:
             ref = eager_outputs(ref_mod, s, names_in, names_out)
             got, dt = sess.run(s)
@@ -158,8 +157,6 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
             for n in names_out:
                 refs[n].append(ref[n])
                 gots[n].append(got[n].astype(np.float32))
-    finally:
-        sess.close()
     checks = compare_outputs(refs, gots, threshold)
 
     def fin(v):

@@ -47,7 +47,7 @@ def find_frontend(obj: Any) -> Frontend:
         if fe.accepts(obj):
             return fe
     what = str(obj) if isinstance(obj, (str, Path)) else f"a {type(obj).__name__}"
-    if isinstance(obj, (str, Path)) and not Path(str(obj).rsplit(":", 1)[0] if str(obj).count(":") else obj).exists():
+    if isinstance(obj, (str, Path)) and not Path(str(obj).split(":", 1)[0]).exists():   # model.py:FUNCTION names a file too
         raise InputError(f"{what} does not exist", "check the path")
     if str(obj).endswith(".py"):
         raise InputError(f"{what}: a Python file needs the name of the function that builds the model",

@@ -95,6 +95,12 @@ class PteSession:
         self.g = g
         self.inputs = {i["name"]: i for i in g.inputs}
 
+    def __enter__(self) -> "PteSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         """Free the program now, with the QNN backend's "Destroy Qnn context/device/backend" INFO
         lines captured rather than printed at interpreter exit."""
@@ -157,20 +163,17 @@ def _one(graphs: list[PteGraph], path) -> PteGraph:
 def run_pte(path: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
             perf_profile: str | None = None, repeat: int = 1, seed: int = 0) -> RunResult:
     g = _one(_select(path, part, target), path)
-    sess = PteSession(g)
-    if inputs is None or inputs == []:
-        if not random:
-            raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
-        feed = sess.random_feed(seed)
-    else:
-        feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, sess)
-    outs, times = {}, []
-    try:
+    with PteSession(g) as sess:
+        if inputs is None or inputs == []:
+            if not random:
+                raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
+            feed = sess.random_feed(seed)
+        else:
+            feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, sess)
+        outs, times = {}, []
         for _ in range(max(1, repeat)):
             outs, dt = sess.run(feed)
             times.append(dt)
-    finally:
-        sess.close()
     placement = {}
     if g.bundle is not None:
         placement = (g.bundle.manifest.placement.get("summary") or {}).get("by_runtime", {})
@@ -224,32 +227,29 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
     report = VerifyReport(str(graphs[0].bundle.path), [])
     refs_by_part: dict[str, Any] = {}
     for g in graphs:
-        sess = PteSession(g)
-        names_in = [i["name"] for i in g.inputs]
-        if inputs:
-            samples, kind = [load_inputs(inputs, sess)], "given"
-        else:
-            samples = stored_samples(g.bundle, g.part)
-            cal = g.bundle.manifest.calibration.get(g.part, {}).get("verify_inputs", {})
-            kind = f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
-            if not samples:
-                samples, kind = [sess.random_feed()], "random"
-        if max_samples:
-            samples = samples[:max_samples]
-        if g.part not in refs_by_part:
-            refs_by_part[g.part] = float_reference(g.bundle, g.part)
-        ref_mod = refs_by_part[g.part]
-        refs = {n: [] for n in g.outputs}
-        gots = {n: [] for n in g.outputs}
-        try:
+        with PteSession(g) as sess:
+            names_in = [i["name"] for i in g.inputs]
+            if inputs:
+                samples, kind = [load_inputs(inputs, sess)], "given"
+            else:
+                samples = stored_samples(g.bundle, g.part)
+                cal = g.bundle.manifest.calibration.get(g.part, {}).get("verify_inputs", {})
+                kind = f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
+                if not samples:
+                    samples, kind = [sess.random_feed()], "random"
+            if max_samples:
+                samples = samples[:max_samples]
+            if g.part not in refs_by_part:
+                refs_by_part[g.part] = float_reference(g.bundle, g.part)
+            ref_mod = refs_by_part[g.part]
+            refs = {n: [] for n in g.outputs}
+            gots = {n: [] for n in g.outputs}
             for s in samples:
                 ref = eager_outputs(ref_mod, s, names_in, g.outputs)
                 got, _ = sess.run(s)
                 for n in g.outputs:
                     refs[n].append(ref[n])
                     gots[n].append(got[n].astype(np.float32))
-        finally:
-            sess.close()
         threshold = min_sqnr if min_sqnr is not None else get_et_precision(g.precision).min_sqnr_db
         gc = GraphCheck(g.part, g.target or "-", g.precision, threshold, len(samples), kind)
         gc.outputs = compare_outputs(refs, gots, threshold)

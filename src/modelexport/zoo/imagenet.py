@@ -27,3 +27,16 @@ def preprocess(path: str | Path, size: int = 224, resize: int = 256) -> np.ndarr
 
 def top1(logits: np.ndarray) -> int:
     return int(np.asarray(logits).reshape(-1).argmax())
+
+
+def save_sample_photos(folder: str | Path) -> dict[str, np.ndarray]:
+    """The bundled sample photos, preprocessed, saved as `<name>.npy` in `folder` (a calibration
+    folder for MobileNetV2's `image` input); → {name: array}."""
+    from .assets import sample_images
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    photos = {}
+    for name, path in sample_images().items():
+        photos[name] = preprocess(path)
+        np.save(folder / f"{name}.npy", photos[name])
+    return photos
