@@ -47,7 +47,7 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     auditor = AUDITORS.get(kind)
     unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
     if unknown:
-        raise InputError(f"{', '.join(unknown)} do(es) not apply to {kind} models",
+        raise InputError(f"option(s) {', '.join(unknown)} do not apply to auditing {kind} models",
                          f"{kind} audits take: target, precision, input_shapes, calibration, log_path")
     return auditor(model, target=target, precision=precision, input_shapes=input_shapes,
                    calibration=calibration, log_path=log_path, **options)

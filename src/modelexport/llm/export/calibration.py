@@ -38,7 +38,7 @@ def read_text(path: str | Path | None) -> TextSource:
         path = asset_path(DEFAULT_TEXT_ASSET)
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"calibration text {p} does not exist", "give a plain-text file (--calibration text.txt)")
+        raise InputError(f"text file {p} does not exist", "give the path of an existing plain-text file")
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
