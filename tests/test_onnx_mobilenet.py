@@ -75,8 +75,16 @@ def test_verify_passes_and_cache_is_reused(mnv2, cli, tmp_path):
     again = cli("compile", str(mnv2["model"]), "-o", str(tmp_path / "again"), "--target", "SM8650", "--precision", "8a8w",
                 "--calibration", str(mnv2["calib"]), "--json", check=True)
     res = json.loads(again.stdout)
-    assert res["cache"]["misses"] == 0 and res["cache"]["hits"] == 2
+    assert res["cache"]["bundle_memo"] is True   # the same inputs: the whole bundle is copied
     sha = {f["path"]: f["sha256"] for f in mnv2["result"]["files"]}
+    assert all(sha[f["path"]] == f["sha256"] for f in res["files"])
+    # The same bytes at another path miss the memo (the manifest names the source) but hit both stage caches.
+    moved = tmp_path / "elsewhere" / "mobilenet_v2.onnx"
+    moved.parent.mkdir()
+    moved.write_bytes(mnv2["model"].read_bytes())
+    res = json.loads(cli("compile", str(moved), "-o", str(tmp_path / "moved"), "--target", "SM8650", "--precision", "8a8w",
+                         "--calibration", str(mnv2["calib"]), "--json", check=True).stdout)
+    assert "bundle_memo" not in res["cache"] and res["cache"]["misses"] == 0 and res["cache"]["hits"] == 2
     assert all(sha[f["path"]] == f["sha256"] for f in res["files"] if f["path"].endswith(".bin"))
 
 

@@ -90,16 +90,44 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
     defaults to `<name>_bundle` in the working directory."""
+    if more and example_inputs is None and not _is_model_like(more[0]):
+        example_inputs, more = more[0], more[1:]
+    out = Path(output) if output is not None else _default_output(model)
+    options = dict(target=target, precision=precision, input_shapes=input_shapes, output_format=output_format,
+                   vtcm_mb=vtcm_mb, optimization_level=optimization_level, strict=strict, use_cache=use_cache, jobs=jobs,
+                   per_channel=per_channel, backend=backend, overrides=overrides, block_size=block_size,
+                   rewrites=rewrites, fallback=fallback, variants=variants, max_seq_len=max_seq_len,
+                   context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, dynamic_shapes=dynamic_shapes)
+    memo = _bundle_memo([model, *more], example_inputs, calibration, options)
+    restored = memo.restore(out, force) if memo else None
+    if restored is not None:
+        from .artifacts.bundle import Bundle
+        return Bundle.from_trusted(restored)
+    bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, **options)
+    if memo is not None:
+        memo.store(bundle.path)
+    return bundle
+
+
+def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, options: dict[str, Any]):
+    """The whole-bundle memo for file inputs (modelexport.bundle_memo), or None."""
+    if example_inputs is not None or options["dynamic_shapes"] is not None:
+        return None
+    from .bundle_memo import BundleMemo
+    return BundleMemo.for_compile(models, calibration, options)
+
+
+def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, *, target, precision,
+                 input_shapes, output_format, vtcm_mb, optimization_level, strict, use_cache, jobs, per_channel, backend,
+                 overrides, block_size, rewrites, fallback, variants, max_seq_len, context_limit_mb, calibration_samples,
+                 dynamic_shapes):
     from .backends import backend_for_kind
     from .backends.spec import CompileOptions, PartSpec
     from .frontends import find_frontend
     from .pipeline import is_pipeline, load_pipeline
-    if more and example_inputs is None and not _is_model_like(more[0]):
-        example_inputs, more = more[0], more[1:]
     if example_inputs is not None:
         from .frontends.torch_frontend import load_torch
         model = load_torch(model, example_inputs)
-    output = Path(output) if output is not None else _default_output(model)
     targets = _as_list(target)
     parts: list[PartSpec] = []
     for m in (model, *more):

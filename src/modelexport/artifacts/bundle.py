@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InputError, IntegrityError
 from .atomic import check_output, replace_path, sibling_temp
-from .manifest import MANIFEST_NAME, REPORT_NAME, SCHEMA_VERSION, FileEntry, Manifest, sha256_file, tool_versions
+from .files import MANIFEST_NAME, REPORT_NAME, sha256_file
+
+if TYPE_CHECKING:
+    from .manifest import FileEntry, Manifest
 
 # Called with (folder, manifest) just before a bundle is sealed: e.g. the HTML report.
 _finalizers: list[Callable[[Path, Manifest], None]] = []
@@ -33,6 +33,7 @@ class BundleWriter:
         self.out = Path(out)
         self.force = force
         check_output(self.out, force)
+        from .manifest import Manifest
         self.manifest = manifest or Manifest()
         self.dir = sibling_temp(self.out)
         self.roles: dict[str, str] = {}
@@ -66,6 +67,7 @@ class BundleWriter:
         return False
 
     def _entries(self, known: dict[str, FileEntry]) -> list[FileEntry]:
+        from .manifest import FileEntry
         out = []
         for p in sorted(self.dir.rglob("*")):
             rel = p.relative_to(self.dir).as_posix()
@@ -79,6 +81,7 @@ class BundleWriter:
 
     def _seal(self) -> None:
         from ..report import write_report
+        from .manifest import tool_versions
         m = self.manifest
         m.versions = tool_versions() | m.versions
         m.files = self._entries({})
@@ -90,10 +93,32 @@ class BundleWriter:
         (self.dir / MANIFEST_NAME).write_text(m.to_json())
 
 
-@dataclass
 class Bundle:
-    path: Path
-    manifest: Manifest
+    """A bundle folder and its manifest, validated on first use; `data` is the same manifest as
+    plain JSON, for printing a result without importing pydantic."""
+
+    def __init__(self, path: Path, manifest: Manifest | None = None, data: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self._manifest = manifest
+        self._data = data
+
+    @classmethod
+    def from_trusted(cls, path: Path) -> "Bundle":
+        """A bundle modelexport itself just wrote (e.g. restored from the memo): read, not re-checked."""
+        return cls(path, data=json.loads((Path(path) / MANIFEST_NAME).read_text()))
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            from .manifest import Manifest
+            self._manifest = Manifest.model_validate(self._data or {})
+        return self._manifest
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self._manifest is not None:          # may have been edited since it was read
+            return json.loads(self._manifest.to_json())
+        return self._data or {}
 
     def file(self, rel: str) -> Path:
         return self.path / rel
@@ -129,6 +154,9 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if not is_bundle(p):
         raise InputError(f"{p} is not a modelexport bundle (no {MANIFEST_NAME})",
                          "give the folder that `modelexport compile -o` wrote")
+    from pydantic import ValidationError
+
+    from .manifest import SCHEMA_VERSION, Manifest
     try:
         manifest = Manifest.model_validate(json.loads((p / MANIFEST_NAME).read_text()))
     except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as e:
@@ -148,6 +176,7 @@ def refresh_report(bundle: Bundle) -> Path:
     from ..report import write_report
     m = bundle.manifest
     out = write_report(bundle.path, m, REPORT_NAME)
+    from .manifest import FileEntry
     entry = FileEntry(path=REPORT_NAME, size=out.stat().st_size, sha256=sha256_file(out), role="report")
     m.files = [f for f in m.files if f.path != REPORT_NAME] + [entry]
     save_manifest(bundle)

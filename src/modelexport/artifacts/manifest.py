@@ -4,15 +4,13 @@ inspect, run, verify, generate and profile read the manifest; they never guess.
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
+
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-REPORT_NAME = "report.html"
 
 
 class Encoding(BaseModel):
@@ -78,14 +76,6 @@ class Manifest(BaseModel):
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tool_versions() -> dict[str, str]:

@@ -24,32 +24,36 @@ CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt 
 
 
 def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
-    m = bundle.manifest
+    m = bundle.data          # plain JSON: a memo hit prints without loading the manifest models
+    info = m.get("extra", {})
     if json_out:
-        emit_json({"bundle": str(bundle.path), "targets": m.targets, "htp_arch": m.htp_arch, "precision": m.precision,
-                   "format": m.format, "qairt_build": m.qairt_build, "placement": m.placement,
-                   "graphs": [g.model_dump(exclude_none=True) for g in m.graphs],
-                   "files": [f.model_dump() for f in m.files], "cache": m.extra.get("cache"),
-                   "timings": m.extra.get("timings"), **(extra or {})})
+        emit_json({"bundle": str(bundle.path), "targets": m.get("targets", []), "htp_arch": m.get("htp_arch", {}),
+                   "precision": m.get("precision"), "format": m.get("format"), "qairt_build": m.get("qairt_build"),
+                   "placement": m.get("placement", {}), "graphs": m.get("graphs", []), "files": m.get("files", []),
+                   "cache": info.get("cache"), "timings": info.get("timings"), **(extra or {})})
         return
-    sizes = {f.path: f.size for f in m.files}
+    sizes = {f["path"]: f["size"] for f in m.get("files", [])}
     table = Table("part", "target", "HTP arch", "precision", "file", "bytes", "HTP nodes", "CPU fallbacks", "cached",
                   header_style="bold")
-    parts = {p["name"]: p for p in m.extra.get("parts", [])}
-    for g in m.graphs:
-        part = g.extra.get("part", g.name)
-        pl = m.placement.get(part, {}).get(g.target or "", {})
+    parts = {p["name"]: p for p in info.get("parts", [])}
+    memo_hit = (info.get("cache") or {}).get("bundle_memo", False)
+    for g in m.get("graphs", []):
+        part = g.get("extra", {}).get("part", g["name"])
+        target = g.get("target")
+        pl = m.get("placement", {}).get(part, {}).get(target or "", {})
         fb = pl.get("cpu_fallbacks", [])
-        hit = parts.get(part, {}).get("cache_hit", {}).get(g.target or m.targets[0])
-        table.add_row(part, g.target or "-", f"V{g.htp_arch}" if g.htp_arch else "-", parts.get(part, {}).get("precision", m.precision),
-                      g.file or "", f"{sizes.get(g.file, 0):,}", str(pl.get("htp_nodes", "")),
+        hit = memo_hit or parts.get(part, {}).get("cache_hit", {}).get(target or m["targets"][0])
+        table.add_row(part, target or "-", f"V{g['htp_arch']}" if g.get("htp_arch") else "-",
+                      parts.get(part, {}).get("precision", m.get("precision")), g.get("file") or "",
+                      f"{sizes.get(g.get('file'), 0):,}", str(pl.get("htp_nodes", "")),
                       ("[red]" + escape(", ".join(f"{x['name']} ({x['op_type']})" for x in fb[:4])) + "[/]") if fb else "[green]none[/]",
                       "yes" if hit else "no")
     console.print(table)
-    for part, cal in m.calibration.items():
+    for part, cal in m.get("calibration", {}).items():
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
-    console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.extra.get('timings', {}).get('total_s')} s)")
+    took = "copied from the bundle memo" if memo_hit else f"{info.get('timings', {}).get('total_s')} s"
+    console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
         console.print(f"  also wrote {line}")
 
@@ -109,7 +113,7 @@ def compile_cmd(
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples)
-    if bundle.manifest.kind == "llm":
+    if bundle.data.get("kind") == "llm":
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
         return
@@ -164,9 +168,9 @@ def compile_qnn(
                       strict, no_cache, None, force, json_out)
     also = []
     if file_out is not None:
-        g = bundle.manifest.graphs[0]
+        g = bundle.data["graphs"][0]
         with atomic_file(file_out, force) as tmp:
             import shutil
-            shutil.copyfile(bundle.file(g.file), tmp)
-        also.append(f"{file_out} ({'context binary for ' + g.target if g.target else 'DLC'}; run/verify use the bundle)")
+            shutil.copyfile(bundle.file(g["file"]), tmp)
+        also.append(f"{file_out} ({'context binary for ' + g['target'] if g.get('target') else 'DLC'}; run/verify use the bundle)")
     _summary(bundle, json_out, {"also_written": also})

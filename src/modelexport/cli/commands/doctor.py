@@ -3,7 +3,6 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from ... import doctor as doctor_checks
 from ..app import STATUS_STYLE, app, console, emit_json, progress
 
 
@@ -12,6 +11,7 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Print the checks
     """Check this machine: Python, torch/executorch/onnxruntime versions, QAIRT, a real run on the
     HTP simulator, gcc, and optional on-device tools. Exits non-zero when a required check fails."""
     with progress("checking the toolchain (runs a tiny graph on the HTP simulator)", enabled=not json_out):
+        from ... import doctor as doctor_checks
         results = doctor_checks.run_checks()
     healthy = doctor_checks.healthy(results)
     if json_out:

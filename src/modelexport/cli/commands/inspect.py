@@ -3,7 +3,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.pretty import Pretty
 from rich.table import Table
 
 from ...errors import IntegrityError
@@ -61,6 +60,11 @@ def _render_gguf(info: dict) -> None:
     console.print(table)
 
 
+def _render_plain(info: dict) -> None:
+    from rich.pretty import Pretty
+    console.print(Pretty(info))
+
+
 RENDERERS = {"bundle": _render_bundle, "gguf": _render_gguf}
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in QNN_RENDERERS.items()})
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in PTE_RENDERERS.items()})
@@ -77,7 +81,7 @@ def inspect(
     if json_out:
         emit_json(info)
     else:
-        RENDERERS.get(info["kind"], lambda i: console.print(Pretty(i)))(info)
+        RENDERERS.get(info["kind"], _render_plain)(info)
     integ = info.get("integrity")
     if integ and not integ["ok"]:
         raise IntegrityError(f"{path} does not match its manifest ({len(integ['problems'])} problem(s))",
