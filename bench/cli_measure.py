@@ -14,7 +14,8 @@ _WRAPPER = """
 import json, resource, sys, time
 from modelexport.cli.main import main
 t = time.perf_counter(); rc = main(sys.argv[2:]); dt = time.perf_counter() - t
-ru_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the bench's own size
+ru_self = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "peak_rss_mb": ru_self / 1024,
                                          "peak_child_rss_mb": ru_kids / 1024}))

@@ -53,9 +53,10 @@ def main() -> None:
 
     cache = work / "cache"
     cold = cli(work, *base, "-o", str(work / "cold"), "-t", "SM8650", cache=cache)
-    warm = cli(work, *base, "-o", str(work / "warm"), "-t", "SM8650", cache=cache)
+    warms = [cli(work, *base, "-o", str(work / f"warm{i}"), "-t", "SM8650", cache=cache) for i in range(3)]
+    warm = sorted(warms, key=lambda r: r["wall_s"])[1]          # the median of three
     res["compile_8a8w_sm8650"] = {
-        "cold": rounded(cold), "cached": rounded(warm),
+        "cold": rounded(cold), "cached": rounded(warm), "cached_runs_wall_s": [round(w["wall_s"], 3) for w in warms],
         "cached_over_cold_wall": round(warm["wall_s"] / cold["wall_s"], 4),
         "cached_over_cold_in_process": round(warm["in_process_s"] / cold["in_process_s"], 4),
         "cold_timings": json.loads(cold["stdout"])["timings"], "cached_cache": json.loads(warm["stdout"])["cache"]}
