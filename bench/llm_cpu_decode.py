@@ -75,6 +75,56 @@ print("VERSION", llama_cpp.__version__, flush=True)
 """
 
 
+# Perplexity of llama.cpp's Q4_1 on the same token ids and windows as ours (every position's logits).
+LLAMACPP_PPL_SCRIPT = r"""
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+gguf, ids, window, threads = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=gguf, n_ctx=window, n_threads=threads, n_threads_batch=threads, n_batch=window,
+            logits_all=True, verbose=False)
+nll, n = 0.0, 0
+for start in range(0, len(ids) - 1, window):
+    w = ids[start:start + window]
+    if len(w) < 2:
+        break
+    llm.reset()
+    llm.eval(w)
+    lg = np.array(llm.scores[:len(w) - 1], dtype=np.float64)
+    lg -= lg.max(-1, keepdims=True)
+    logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+    nll -= float(logp[np.arange(len(w) - 1), w[1:]].sum())
+    n += len(w) - 1
+print(json.dumps({"perplexity": float(np.exp(nll / n)), "scored": n}), flush=True)
+"""
+PPL_TOKENS, PPL_WINDOW = 2048, 512
+
+
+def perplexities(entry: Path, llama_ok: bool) -> dict:
+    """Float (the GGUF's weights, dequantized, as the static decoder), our 8da4w program and
+    llama.cpp Q4_1 on the first 2048 tokens of lee_background.cor, 512-token windows: the speed
+    ratio is only fair at comparable quality."""
+    import tempfile
+
+    from modelexport.llm.cpu_runtime import ExecuTorchSession
+    from modelexport.llm.evaluate import CpuProgramRunner, evaluate, perplexity
+    from modelexport.llm.export.calibration import read_text, tokenize
+    from modelexport.llm.tokenizers import load_tokenizer_json
+    ids = tokenize(load_tokenizer_json(entry / "tokenizer.json"), read_text(None).text, PPL_TOKENS)
+    out = {"text": "lee_background.cor", "tokens": len(ids), "window": PPL_WINDOW}
+    out["float"] = evaluate(GGUF, None, stages=["float"], window=PPL_WINDOW, max_tokens=PPL_TOKENS)["stages"]["float"]["perplexity"]
+    session = ExecuTorchSession(entry / "model.pte", threads=THREADS)
+    out["modelexport_cpu_8da4w"] = round(perplexity(CpuProgramRunner(session), ids, PPL_WINDOW, "cpu").perplexity, 4)
+    if llama_ok:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(ids, f)
+        p = subprocess.run([str(LLAMACPP_PY), "-c", LLAMACPP_PPL_SCRIPT, str(GGUF), f.name, str(PPL_WINDOW), str(THREADS)],
+                           capture_output=True, text=True, timeout=1800)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        out["llamacpp_q4_1"] = round(json.loads(lines[-1])["perplexity"], 4) if lines else f"failed: {p.stderr[-300:]}"
+    return out
+
+
 def _median(xs):
     return statistics.median(xs) if xs else None
 
@@ -154,6 +204,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=NEW, help="tokens to generate (a quick trial: fewer)")
     ap.add_argument("--group-size", type=int, default=32,
                     help="8da4w weights per scale (0 = per channel); an uncached size costs a cold build (~8 min)")
+    ap.add_argument("--skip-perplexity", action="store_true", help="skip the perplexity of each engine (~2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args()
     NEW = a.new_tokens
@@ -263,6 +314,8 @@ def main() -> None:
         if llama_runs:
             ag["llamacpp_q4_1"] = agreement(llama_runs[0]["ids"], ref)
         result["greedy_agreement_with_transformers_tokens"] = {**ag, "of": NEW}
+    if not a.skip_perplexity:
+        result["perplexity"] = perplexities(builds["8da4w"]["entry"], bool(llama_runs))
     for runs in engines.values():
         for r in runs:
             r.pop("ids", None)

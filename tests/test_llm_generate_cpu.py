@@ -190,3 +190,48 @@ def test_python_api_errors(fp32):
         m.generate("")
     with pytest.raises(InputError, match="max-new-tokens"):
         m.generate("hi", max_new_tokens=0)
+
+
+def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_path):
+    """`eval --stages cpu`: the CPU program's perplexity, one decode step per token, equals the
+    Hugging Face model's on the same windows (fp32 program); a .pte has no float stage."""
+    import math
+
+    from modelexport.llm.evaluate import evaluate
+    from modelexport.llm.export.calibration import tokenize
+    from modelexport.llm.tokenizers import load_tokenizer_json
+
+    model, pte, _ = fp32
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat. " * 12)
+    res = evaluate(pte, text, window=32, max_tokens=70)
+    assert list(res["stages"]) == ["cpu"] and res["stages"]["cpu"]["windows"] == 3
+    ids = tokenize(load_tokenizer_json(pte.parent / "tokenizer.json"), text.read_text(), 70)
+    nll, n = 0.0, 0
+    for start in range(0, len(ids) - 1, 32):
+        w = ids[start:start + 32]
+        if len(w) < 2:
+            break
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([w])).logits[0, :-1].double(), dim=-1)
+        nll -= float(logp[torch.arange(len(w) - 1), torch.tensor(w[1:])].sum())
+        n += len(w) - 1
+    assert res["stages"]["cpu"]["perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-3)
+    assert_clean_error(cli("eval", str(pte), "--perplexity", str(text), "--stages", "float"), "no float model")
+
+
+def test_weight_quantizer_beats_min_max_per_group():
+    """The clip search never does worse than min/max scales, uses the whole int4 grid, and gives
+    zero error on weights that sit exactly on a symmetric grid."""
+    from modelexport.llm.xnnpack_export import quantize_weight
+
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 2.0, 128)
+    q, scale = quantize_weight(w, 4, 32)
+    assert q.dtype == torch.int8 and int(q.min()) == -8 and int(q.max()) <= 7 and scale.shape == (64, 4)
+    ours = ((q.reshape(64, 4, 32) * scale.unsqueeze(-1)).reshape(64, 128) - w).pow(2).reshape(64, 4, 32).sum(-1)
+    mm_scale = w.reshape(64, 4, 32).abs().amax(-1, keepdim=True) / 7.5
+    mm = (torch.clamp(torch.round(w.reshape(64, 4, 32) / mm_scale), -8, 7) * mm_scale - w.reshape(64, 4, 32)).pow(2).sum(-1)
+    assert bool((ours <= mm * 1.01).all()) and float(ours.sum()) < 0.9 * float(mm.sum())
+    exact = torch.randint(-8, 8, (8, 64), generator=torch.Generator().manual_seed(1)).float() * 0.25
+    q, scale = quantize_weight(exact, 4, 32)
+    assert torch.equal((q.reshape(8, 2, 32) * scale.unsqueeze(-1)).reshape(8, 64), exact)

@@ -3,6 +3,9 @@
     float       the Hugging Face model (from the GGUF / HF folder) as the static decoder, eager, CPU
     fake-quant  the bundle's QDQ ONNX graphs on ONNX Runtime's CPU EP
     htp-sim     the bundle's compiled graphs (unshared twins) on the x86 HTP simulator
+    cpu         the CPU runtime's ExecuTorch XNNPACK program (8da4w unless told), the one
+                `generate` runs; it returns the last position's logits only, so it is scored
+                one decode step per token (the same KV-cache path generation takes)
 
 Every stage runs the same chunked loop (`StaticRunner`: arN prefill chunks over the real KV
 cache), on windows of `window` tokens cut from the start of the text; the first token of each
@@ -23,7 +26,8 @@ import torch
 from ..errors import InputError
 from .static_runner import StaticRunner
 
-STAGES = ("float", "fake-quant", "htp-sim")
+STAGES = ("float", "fake-quant", "htp-sim", "cpu")
+BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
 
 
 @dataclass
@@ -73,6 +77,20 @@ def perplexity(runner: StaticRunner, ids: list[int], window: int, stage: str, ke
                        time.perf_counter() - t0, kept)
 
 
+class CpuProgramRunner:
+    """`perplexity`'s runner over the CPU runtime's session: one decode step per token."""
+
+    def __init__(self, session):
+        self.session = session
+        self.max_seq_len = session.max_seq_len
+
+    def reset(self) -> None:
+        self.session.reset()
+
+    def feed(self, ids: list[int]) -> torch.Tensor:
+        return torch.stack([self.session.feed([t]) for t in ids])
+
+
 def float_runner(source: Path, max_seq_len: int, n_tokens: list[int]) -> tuple[StaticRunner, Any]:
     from ..frontends import find_frontend
     from .static_decoder import StaticDecoderConfig, build_static_decoder
@@ -83,9 +101,9 @@ def float_runner(source: Path, max_seq_len: int, n_tokens: list[int]) -> tuple[S
 
 def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[str] | None = None, window: int = 512,
              max_tokens: int = 2048, sim_window: int = 64, sim_tokens: int = 64, max_seq_len: int | None = None,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Perplexity per stage (+ SQNR between stages). `model`: an LLM bundle or a GGUF / HF folder
-    (then only the float stage)."""
+             cpu_quant: str = "8da4w", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Perplexity per stage (+ SQNR between stages). `model`: an LLM bundle, a GGUF / HF folder
+    (float and cpu stages) or an ExecuTorch LLM `.pte` (cpu)."""
     from ..artifacts.bundle import open_bundle
     from .export.calibration import read_text, tokenize
     say = progress or (lambda m: None)
@@ -102,14 +120,16 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         seq = llm_meta["max_seq_len"]
         variants = llm_meta["variants"]
         source = Path(bundle.manifest.source.path or "")
-        stages = stages or list(STAGES)
+        stages = stages or list(BUNDLE_STAGES)
     else:
         seq = max_seq_len or window
         variants = [32, 1] if seq > 32 else [1]
         source = src
-        stages = stages or ["float"]
-        if set(stages) - {"float"}:
+        stages = stages or (["cpu"] if src.suffix == ".pte" else ["float"])
+        if set(stages) & {"fake-quant", "htp-sim"}:
             raise InputError("fake-quant and htp-sim need a compiled bundle", "run `modelexport compile` first and eval the bundle")
+        if "float" in stages and src.suffix == ".pte":
+            raise InputError("a .pte holds no float model", "eval the GGUF or HF folder it was built from for --stages float")
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise InputError(f"unknown stage(s) {', '.join(sorted(unknown))}", f"choose from {', '.join(STAGES)}")
@@ -119,7 +139,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     results: dict[str, StageResult] = {}
     sim_stage_tokens = None
     flt = None
-    if "float" in stages or bundle is None:
+    if "float" in stages:
         if not source.exists():
             raise InputError(f"the float stage needs the source model {source}, which is not on this machine",
                              "run eval with --stages fake-quant,htp-sim")
@@ -131,6 +151,16 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         from .tokenizers import load_tokenizer
         tok_file = next(bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer")
         tok = load_tokenizer(tok_file)
+    cpu = None
+    if "cpu" in stages:
+        say("building or opening the CPU program")
+        from . import load
+        cpu = load(src, backend="cpu", quant=cpu_quant, progress=say)
+        if tok is None:
+            tok = cpu.tokenizer
+        if window > cpu.max_seq_len:
+            raise InputError(f"--window {window} is longer than the CPU program's context {cpu.max_seq_len}",
+                             f"use --window {cpu.max_seq_len} or less")
     ids = tokenize(tok, txt.text, max_tokens)
     short = ids[:sim_tokens]
     out: dict[str, Any] = {"model": str(src), "text": str(txt.path), "text_sha256": txt.sha256, "tokens": len(ids),
@@ -158,6 +188,12 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
                 results[stage] = r
                 short_logits[stage] = r.logits
                 sim_stage_tokens = {"graph_calls": calls, "seconds_per_call": round(r.seconds / max(1, calls), 3)}
+    if cpu is not None:
+        say(f"cpu ({cpu_quant}), one decode step per token")
+        runner = CpuProgramRunner(cpu.session)
+        results["cpu"] = perplexity(runner, ids, window, "cpu", progress=say)
+        short_logits["cpu"] = perplexity(runner, short, sim_window, "cpu", keep_logits=n_short).logits
+        out["cpu_program"] = {"quant": cpu_quant, "pte": cpu.info.get("pte")}
     for k, r in results.items():
         out["stages"][k] = r.to_dict()
     if sim_stage_tokens:
@@ -167,7 +203,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     out["short"]["perplexity"] = {}
     for k, ls in short_logits.items():
         out["short"]["perplexity"][k] = round(_ppl_from_logits(ls, short, sim_window), 4)
-    pairs = [("float", "fake-quant"), ("float", "htp-sim"), ("fake-quant", "htp-sim")]
+    pairs = [("float", "fake-quant"), ("float", "htp-sim"), ("fake-quant", "htp-sim"), ("float", "cpu")]
     out["sqnr"] = {}
     for a, b in pairs:
         if a in short_logits and b in short_logits:

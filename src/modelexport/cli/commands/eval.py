@@ -1,4 +1,4 @@
-"""`modelexport eval`: perplexity of an LLM at three stages (float, fake-quant, HTP simulator) + SQNR."""
+"""`modelexport eval`: perplexity of an LLM at its stages (float, fake-quant, HTP simulator, CPU runtime) + SQNR."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,18 +13,20 @@ from ..app import app, console, emit_json, err_console
 
 @app.command("eval")
 def eval_cmd(
-    model: Path = typer.Argument(..., help="An LLM bundle (all three stages) or a .gguf / Hugging Face folder (float only)."),
+    model: Path = typer.Argument(..., help="An LLM bundle (float, fake-quant, htp-sim), a .gguf / Hugging Face folder (float, cpu) or an ExecuTorch LLM .pte (cpu)."),
     perplexity: Optional[Path] = typer.Option(None, "--perplexity", help="Plain-text file to score (default: lee_background.cor)."),
     window: int = typer.Option(512, "--window", help="Tokens per window for float and fake-quant (at most the bundle's max_seq_len)."),
     max_tokens: int = typer.Option(2048, "--tokens", help="Score the first N tokens of the text (float, fake-quant)."),
     sim_window: int = typer.Option(64, "--sim-window", help="Tokens per window on the HTP simulator (slow: keep it short)."),
     sim_tokens: int = typer.Option(64, "--sim-tokens", help="Tokens scored on the simulator (also the span the SQNR compares)."),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim (default: all a bundle allows)."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim, cpu (the CPU runtime's program that `generate` runs; default: float, fake-quant, htp-sim for a bundle, float for a model)."),
+    quant: str = typer.Option("8da4w", "--quant", help="The cpu stage's program weights: 8da4w, 8da8w or fp32 (built once and cached, as by generate)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="GGUF / HF input: the context of the float decoder (default: --window)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Perplexity on a text at the float, fake-quant (QDQ on the CPU) and compiled (HTP simulator)
-    stages, and the SQNR of the quantized logits against float on the span all stages ran."""
+    stages, and the SQNR of the quantized logits against float on the span all stages ran. `--stages
+    float,cpu` on a GGUF scores the CPU runtime's program (what `generate` runs) against float."""
     from ...llm.evaluate import evaluate
     st = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     if window < 2 or sim_window < 2:
@@ -34,7 +36,7 @@ def eval_cmd(
         if not json_out:
             err_console.print(f"[dim]{msg}[/]", highlight=False)
     res = evaluate(model, perplexity, stages=st, window=window, max_tokens=max_tokens, sim_window=sim_window,
-                   sim_tokens=sim_tokens, max_seq_len=max_seq_len, progress=say)
+                   sim_tokens=sim_tokens, max_seq_len=max_seq_len, cpu_quant=quant, progress=say)
     if json_out:
         emit_json(res)
         return
