@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InputError
+from ..lazy import lazy_attributes
 from ..registry import Registry
 
 # The generation loop imports torch (seconds). `modelexport.llm.loaded` is read by the GGUF and
@@ -29,13 +30,7 @@ _LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", 
          "Tokenizer": "tokenizers", "check_vocab": "tokenizers", "load_tokenizer": "tokenizers"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = ["load", "LLM", "LoadOptions", "LLM_BACKENDS", "Generator", "GenerationConfig", "GenerationResult",
            "GenerationStats", "TokenStream", "ChatSession", "DecoderSession", "Forward", "StaticGraphSession",
