@@ -15,7 +15,6 @@ import platform
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from cli_measure import measured_cli
 
@@ -23,7 +22,6 @@ ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "onnx_compile.json"
 TARGETS4 = ["SM8550", "SM8650", "SM8750", "SM8850"]
 PRECISIONS = ["fp16", "8a8w", "16a8w", "16a16w", "16a4w"]
-IMAGES = ["chelsea", "coffee", "astronaut", "rocket"]
 
 def cli(work: Path, *args: str, cache: Path | None = None) -> dict:
     env = dict(os.environ)
@@ -37,17 +35,14 @@ def rounded(d: dict) -> dict:
 
 
 def main() -> None:
-    from modelexport.zoo.assets import asset_path
-    from modelexport.zoo.imagenet import preprocess
+    from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     work = Path(tempfile.mkdtemp(prefix="bench-onnx-"))
     model = export_onnx(work / "mobilenet_v2.onnx")
     calib = work / "calib"
-    calib.mkdir()
-    for name in IMAGES:
-        np.save(calib / f"{name}.npy", preprocess(asset_path(name)))
+    images = sorted(save_sample_photos(calib))   # the same photos the tests calibrate and check on
     res: dict = {"model": "MobileNetV2 (torchvision ImageNet weights), 1x3x224x224, exported with torch.onnx (TorchScript)",
-                 "calibration": f"{len(IMAGES)} real photos ({', '.join(IMAGES)})",
+                 "calibration": f"{len(images)} real photos ({', '.join(images)})",
                  "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_at_start": os.getloadavg()}}
     base = ["compile", str(model), "--precision", "8a8w", "--calibration", str(calib), "--json"]
 
@@ -84,7 +79,7 @@ def main() -> None:
         binsize = sum(f["size"] for f in json.loads(c["stdout"])["files"] if f["path"].endswith(".bin"))
         res["precisions"][p] = {"sqnr_db": round(o["sqnr_db"], 2), "cosine": round(o["cosine"], 5),
                                 "max_abs_error": round(o["max_abs_error"], 4), "top1_agreement": o["argmax_agreement"],
-                                "samples": len(IMAGES), "compile_wall_s": round(c["wall_s"], 2), "binary_bytes": binsize}
+                                "samples": len(images), "compile_wall_s": round(c["wall_s"], 2), "binary_bytes": binsize}
     res["load_avg_at_end"] = os.getloadavg()
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULT.with_suffix(".json.partial")

@@ -235,3 +235,22 @@ def test_every_decoder_op_is_delegated_to_htp_fp16():
             break
     assert proc.returncode == 0 and len(lines) == 2, proc.stderr[-3000:]
     assert lines[1]["max_abs_diff"] < 5e-3
+
+
+def test_scaled_rms_norm_is_the_same_function_and_survives_fp16():
+    """The ONNX path's RMSNorm form: equal to torch's in fp32; in fp16 (how the HTP runs the float
+    residual stream) it stays finite and right where the plain form's squares overflow."""
+    import torch
+
+    from modelexport.llm.static_decoder import RMSNorm
+
+    w = torch.nn.Parameter(torch.rand(64) + 0.5)
+    x = torch.randn(1, 3, 64)
+    x[0, 1, 5] = 25000.0                     # a massive activation, as SmolLM2's residual carries
+    ref = torch.nn.functional.rms_norm(x, (64,), w, 1e-5)
+    scaled, plain = RMSNorm(w, 1e-5, "scaled"), RMSNorm(w, 1e-5, "decomposed")
+    assert torch.allclose(scaled(x), ref, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        half = scaled.half()(x.half()).float()
+        assert torch.isfinite(half).all() and torch.allclose(half, ref, rtol=1e-2, atol=1e-3)
+        assert not torch.allclose(plain.half()(x.half()).float(), ref, rtol=1e-2, atol=1e-3)

@@ -29,7 +29,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from .export.calibration import calibration_samples, part_samples, read_text, tokenize
     from .export.onnx_export import DecoderPart, PartRange, export_part
     from .export.quantize import module_path
-    from .static_decoder import StaticDecoderConfig, build_static_decoder
+    from .static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from .tokenizers import from_transformers
 
     if inputs:
@@ -62,7 +62,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     ids = tokenize(tok, read_text(text_path).text, seq * (k + 3))
     held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
     samples = calibration_samples(llm.model, held_out, [n], seq, k)[n]
-    dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm="decomposed")
+    dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)
 
     precision = m.precision or "16a4w"
     thr = threshold_db if threshold_db is not None else get_precision(precision).min_sqnr_db

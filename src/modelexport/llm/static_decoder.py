@@ -37,6 +37,10 @@ Choices made for HTP (documented here because they are deliberate):
   `rms_norm="decomposed"` writes `x * rsqrt(mean(x*x) + eps) * w` from elementwise ops, for a
   path (e.g. an ONNX opset without RMSNormalization). ExecuTorch's QNN passes recompose the
   decomposed pattern into RmsNorm anyway (RecomposeRmsNorm), so both give the same QNN graph.
+  `rms_norm="scaled"` (the ONNX path) divides each row by max|x|/8 first and scales eps with it:
+  the same function (RMSNorm is scale invariant), but safe in fp16. The ONNX path keeps the
+  residual stream and the norms out of the integer QDQ (fp16 on the HTP), and SmolLM2's massive
+  activations (|x| ~ 25,000) would overflow fp16's 65,504 when squared.
 
 Measured with ExecuTorch 1.5.1's QnnPartitioner on QAIRT 2.51 (SM8650, tiny Llama and Qwen2,
 AR-4, C=32): every op is delegated in one subgraph (fp16, 8a8w, 16a8w; only the output
@@ -60,7 +64,8 @@ from ..errors import InputError, UnsupportedError
 
 DEFAULT_MASK_VALUE = -255.0
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-RMS_NORM_FORMS = ("aten", "decomposed")
+RMS_NORM_FORMS = ("aten", "decomposed", "scaled")
+ONNX_RMS_NORM = "scaled"   # the form the ONNX → QNN LLM path exports, calibrates and compares with
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.form == "aten":
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if self.form == "scaled":   # |x / m| <= 8: squares stay far below fp16's maximum
+            m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 8
+            xs = x / m
+            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + self.eps / (m * m)) * self.weight
         return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
 
 

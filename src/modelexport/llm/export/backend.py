@@ -43,7 +43,7 @@ from ...targets import SoC, get_target, require_feature
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
 from .quantize import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 2
+EXPORT_VERSION = 3
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -80,7 +80,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     import torch
 
     from ...frontends import find_frontend
-    from ..static_decoder import StaticDecoderConfig, build_static_decoder
+    from ..static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from ..tokenizers import from_transformers
     from ...quant.calibration import CalibrationSet
     from .calibration import calibration_samples, part_samples, tokenize
@@ -113,7 +113,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
     for n in variants:
-        dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm="decomposed")
+        dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
         hidden = None
         for part in parts:
             name = graph_name(n, max_seq_len, part.index, part.count)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ...errors import CalibrationError, InputError
-from ..static_decoder import StaticDecoderConfig, build_static_decoder
+from ..static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
 from ..static_runner import StaticRunner
 
 DEFAULT_TEXT_ASSET = "lee_background"
@@ -63,7 +63,7 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
     fed, and after each one a single token through every smaller N, all with the real cache."""
     big, small = max(variants), sorted(v for v in variants if v != max(variants))
-    dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm="decomposed")
+    dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()
     out: dict[int, list[dict[str, np.ndarray]]] = {n: [] for n in variants}
     recording: dict[str, int] = {"n": 0}

@@ -8,6 +8,13 @@ per output column), which the QNN EP compiles (measured on QAIRT 2.51, SM8650: e
 HTP). Block-wise 4-bit (16a4w_block, LPBQ) is not offered by ONNX Runtime's QDQ quantizer for
 MatMul; use the ExecuTorch backend for it.
 
+The residual stream stays out of the integer QDQ: the residual adds and the RMSNorms (and the
+final norm) are float in the QDQ graph, which the HTP runs in fp16 (`enable_htp_fp16_precision`).
+SmolLM2's residual carries massive activations (|x| up to ~25,000 from layer ~12 on): one uint16
+scale per tensor has a step of ~0.76 there and erased every other channel (greedy output was
+noise). Kept in fp16 (with the norm in its `scaled` form, see static_decoder), the 16a8w QDQ
+graph scores the float perplexity and answers "Paris" (measured; see docs/llm_export.md).
+
 Module paths for overrides are the HF names (`model.layers.3.mlp.down_proj`, `lm_head`,
 `model.embed_tokens`), matched with `re.search`; first matching override wins.
 """
@@ -31,6 +38,9 @@ _WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
 # do the same for lm_head); `--override 'lm_head=16a4w'` makes them 4-bit too.
 DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
 LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
+# node names (TorchScript exporter: the module path, then the op) that stay float: the residual adds
+# of each layer (`/layers.3/Add`, `/layers.3/Add_1`), the layer norms and the final norm
+FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_attention)_layernorm/|^/norm/")
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     act, weight = prec.quant_types()
     model = onnx.load(str(float_path), load_external_data=False)
     tq, chosen = weight_overrides(model, precision, overrides)
+    float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
     del model
     t0 = time.perf_counter()
     root = logging.getLogger()
@@ -115,7 +126,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             config = get_qnn_qdq_config(str(float_path), calibration.reader(), activation_type=act, weight_type=weight,
-                                        per_channel=True, init_overrides=tq)
+                                        per_channel=True, init_overrides=tq, nodes_to_exclude=float_nodes)
             config.use_external_data_format = True
             try:
                 quantize(str(float_path), str(out_path), config)
@@ -127,4 +138,5 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     bits = sorted(set(chosen.values()))
     return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
             "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
+            "float_nodes": {"count": len(float_nodes), "what": "residual adds and RMSNorms (fp16 on the HTP)"},
             "calibration_method": "MinMax", "seconds": round(time.perf_counter() - t0, 2)}
