@@ -1,5 +1,5 @@
-"""Benchmark the LLM path on the real SmolLM2-135M-Instruct (Q4_1 GGUF), SM8650, 16a4w,
-ar1 + ar32, max-seq-len 512.
+"""Benchmark the LLM path on the real SmolLM2-135M-Instruct (Q4_1 GGUF), SM8650, 16a4w (or
+`--precision 16a8w`), ar1 + ar32, max-seq-len 512.
 
 Measures (the compile CLI in a fresh process, as a user runs it):
 - compile wall time and peak RSS, cold (empty cache) and cached (same inputs, new output);
@@ -8,10 +8,12 @@ Measures (the compile CLI in a fresh process, as a user runs it):
   compiled on the HTP simulator (a short window), and SQNR of the logits between the stages;
 - decode steps per second on the simulator (ar1 graph) and the greedy answer to
   "What is the capital of France?" on the simulator.
-Writes bench/results/llm_export.json. Simulator timings say nothing about a phone.
+Writes bench/results/llm_export.json (llm_export_<precision>.json for another precision).
+Simulator timings say nothing about a phone.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -31,15 +33,19 @@ def run_cli(args: list[str], env: dict) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--precision", default="16a4w")
+    precision = ap.parse_args().precision
+    result = RESULT if precision == "16a4w" else RESULT.with_name(f"llm_export_{precision}.json")
     from modelexport.zoo.assets import asset_path
     gguf = asset_path("smollm2_gguf")
     work = Path(os.environ.get("BENCH_WORK", tempfile.mkdtemp(prefix="llm_bench_")))
     cache = Path(os.environ.get("BENCH_CACHE", work / "cache"))
     env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = {"model": gguf.name, "target": "SM8650", "precision": "16a4w", "variants": ["ar1", "ar32"], "max_seq_len": 512,
+    out = {"model": gguf.name, "target": "SM8650", "precision": precision, "variants": ["ar1", "ar32"], "max_seq_len": 512,
            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "2 cores shared with other jobs while measured"}}
-    args = ["compile", str(gguf), "--target", "SM8650", "--precision", "16a4w", "--variants", "ar1,ar32",
+                    "load_avg_at_start": os.getloadavg()}}
+    args = ["compile", str(gguf), "--target", "SM8650", "--precision", precision, "--variants", "ar1,ar32",
             "--max-seq-len", "512", "--json"]
     cold_cached = cache.exists() and any(cache.glob("llm-qdq/*/*/entry.json"))
     out["compile_cold"] = run_cli([*args, "-o", str(work / "cold"), "--force"], env)
@@ -60,8 +66,8 @@ def main() -> None:
                                    for g in m["graphs"]},
                         "files_bytes": sum(f["size"] for f in m["files"]),
                         "genie": llm["genie"]}
-    RESULT.parent.mkdir(exist_ok=True)
-    RESULT.write_text(json.dumps(out, indent=2))
+    result.parent.mkdir(exist_ok=True)
+    result.write_text(json.dumps(out, indent=2))
 
     os.environ["MODELEXPORT_CACHE_DIR"] = str(cache)
     from modelexport.llm.evaluate import evaluate
@@ -69,7 +75,7 @@ def main() -> None:
     t0 = time.perf_counter()
     ref = evaluate(gguf, None, stages=["float"], window=512, max_tokens=2048, max_seq_len=512)
     out["perplexity_float_2048"] = {**ref["stages"]["float"], "seconds": round(time.perf_counter() - t0, 1)}
-    RESULT.write_text(json.dumps(out, indent=2))
+    result.write_text(json.dumps(out, indent=2))
     # the three stages on the same tokens (fake-quant on the CPU EP is slow: a shorter span)
     t0 = time.perf_counter()
     ev = evaluate(work / "cold", None, window=512, max_tokens=int(os.environ.get("BENCH_TOKENS", 1024)),
@@ -77,7 +83,7 @@ def main() -> None:
                   sim_tokens=int(os.environ.get("BENCH_SIM_TOKENS", 64)), progress=lambda s: print(s, flush=True))
     out["perplexity"] = ev
     out["perplexity"]["seconds"] = round(time.perf_counter() - t0, 1)
-    RESULT.write_text(json.dumps(out, indent=2))
+    result.write_text(json.dumps(out, indent=2))
 
     # decode speed + the Paris question on the simulator
     import modelexport.llm as llm_api
@@ -90,7 +96,7 @@ def main() -> None:
                                  "wall_s": round(time.perf_counter() - t0, 1)}
     st = res.stats
     out["htp_sim_decode_steps_per_s"] = st.decode_tokens_per_s
-    RESULT.write_text(json.dumps(out, indent=2))
+    result.write_text(json.dumps(out, indent=2))
     print(json.dumps({k: out[k] for k in ("compile_cold", "compile_cached", "htp_sim_decode_steps_per_s")}, indent=1))
 
 
