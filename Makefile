@@ -31,7 +31,7 @@ browser:
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
 
-# The SmolLM2 16a4w compile tests (15-40 min on 2 cores); not part of `make test`.
+# The SmolLM2 16a4w and 16a8w compile tests (about 8 minutes each, cold, on 2 quiet cores); not part of `make test`.
 test-heavy: $(STAMP)
 	MODELEXPORT_HEAVY_TESTS=1 $(BIN)/python -m pytest -m heavy tests
 

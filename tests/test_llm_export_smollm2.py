@@ -1,7 +1,7 @@
-"""The real SmolLM2-135M-Instruct GGUF → SM8650, 16a4w, ar1 + ar32, max-seq-len 512: compiled
-once for the module (~3 min cold), then checked: both graphs in one weight-shared binary, size
-per parameter, Genie accepts the config, and the compiled graphs on the HTP simulator answer
-"What is the capital of France?" with Paris (greedy)."""
+"""The real SmolLM2-135M-Instruct GGUF → SM8650, ar1 + ar32, max-seq-len 512, at 16a4w and 16a8w
+(each compiled once for the module, ~8 min cold each), then checked: both graphs in one
+weight-shared binary, size per parameter, Genie accepts the config, and the compiled graphs on the
+HTP simulator answer "What is the capital of France?" with Paris (greedy)."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,7 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.heavy,
                                  reason="heavy: run with `make test-heavy` (cold SmolLM2 16a4w compile)")]
 
 
-@pytest.fixture(scope="module")
-def smol(tmp_path_factory):
+def _compile(tmp_path_factory, precision: str):
     import modelexport
     from modelexport.zoo.assets import asset_path
     old = os.environ.get("MODELEXPORT_CACHE_DIR")
@@ -25,13 +24,29 @@ def smol(tmp_path_factory):
     os.environ["MODELEXPORT_CACHE_DIR"] = os.environ.get("MODELEXPORT_SMOLLM2_CACHE") or str(
         tmp_path_factory.getbasetemp() / "modelexport-cache")
     try:
-        yield modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path_factory.mktemp("smol") / "bundle",
-                                  target="SM8650", precision="16a4w", variants="ar1,ar32", max_seq_len=512)
+        return modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path_factory.mktemp("smol") / "bundle",
+                                   target="SM8650", precision=precision, variants="ar1,ar32", max_seq_len=512)
     finally:
         if old is None:
             os.environ.pop("MODELEXPORT_CACHE_DIR", None)
         else:
             os.environ["MODELEXPORT_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    return _compile(tmp_path_factory, "16a4w")
+
+
+@pytest.fixture(scope="module")
+def smol_16a8w(tmp_path_factory):
+    return _compile(tmp_path_factory, "16a8w")
+
+
+def _answer(bundle) -> str:
+    import modelexport.llm as llm
+    model = llm.load(bundle.path, backend="htp-sim")
+    return model.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0.0).text
 
 
 def test_weight_shared_binary(smol):
@@ -50,11 +65,14 @@ def test_genie_accepts(smol):
     assert smol.manifest.extra["llm"]["genie"]["SM8650"]["accepted"]
 
 
-@pytest.mark.xfail(strict=False, reason="known defect: per-tensor 16-bit activations cannot hold SmolLM2's massive "
-                   "residual activations (|h| ~25k); the QDQ graph already collapses on the CPU (logits SQNR -1.3 dB). "
-                   "Fix: fp16 islands for the residual adds / RMSNorm chain")
-def test_paris_on_the_htp_simulator(smol):
-    import modelexport.llm as llm
-    model = llm.load(smol.path, backend="htp-sim")
-    res = model.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0.0)
-    assert "paris" in res.text.lower(), res.text
+def test_paris_on_the_htp_simulator_16a8w(smol_16a8w):
+    text = _answer(smol_16a8w)
+    assert "paris" in text.lower(), text
+
+
+@pytest.mark.xfail(strict=True, reason="known defect: 4-bit per-output-channel weights re-quantized from the Q4_1 "
+                   "GGUF are too coarse for this 135M model (fake-quant perplexity 75 vs float 31.7); the answer is "
+                   "English but not Paris. Needs block-wise 4-bit (LPBQ). Passing means it is fixed: drop this mark")
+def test_paris_on_the_htp_simulator_16a4w(smol):
+    text = _answer(smol)
+    assert "paris" in text.lower(), text
