@@ -27,7 +27,7 @@ def main() -> None:
     from modelexport.profiling import profile_bundle
     from modelexport.profiling.profiler import time_runs
     from modelexport.quant.per_layer import per_layer
-    from modelexport.runtime.verify import _stored_samples
+    from modelexport.runtime.verify import stored_samples
     from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "note": "shared 2-core host; noisy",
@@ -65,14 +65,14 @@ def main() -> None:
         bundle = modelexport.artifacts.open_bundle(b4)
         t0 = time.perf_counter()
         pl = per_layer(b4 / "mobilenet_v2/model.onnx", b4 / "mobilenet_v2/model.qdq.onnx",
-                       _stored_samples(bundle, "mobilenet_v2"), 5.0, "16a4w", "mobilenet_v2")
+                       stored_samples(bundle, "mobilenet_v2"), 5.0, "16a4w", "mobilenet_v2")
         t_pl = time.perf_counter() - t0
         spec = pl.suggestion.split("'")[1]
         bo = modelexport.compile(str(model), output=d / "b4o", target="SM8650", precision="16a4w", calibration=str(calib),
                                  overrides=[spec]).path
         vo = modelexport.verify(bo)
         plo = per_layer(bo / "mobilenet_v2/model.onnx", bo / "mobilenet_v2/model.qdq.onnx",
-                        _stored_samples(bundle, "mobilenet_v2"), 5.0, "16a4w", "mobilenet_v2")
+                        stored_samples(bundle, "mobilenet_v2"), 5.0, "16a4w", "mobilenet_v2")
         at = {x.name: x.sqnr_db for x in plo.layers}
         out["mobilenet_v2_16a4w_per_layer"] = {
             "verify_s": round(t_verify, 3), "per_layer_extra_s": round(t_pl, 3), "layers": len(pl.layers), "samples": pl.samples,

@@ -112,7 +112,7 @@ def _session(cg, level: str, work: Path):
 
 def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]:
     from ..runtime.simulator import SimulatorSession, load_inputs
-    from ..runtime.verify import _stored_samples
+    from ..runtime.verify import stored_samples
 
     class _Shim(SimulatorSession):
         def __init__(self, s):          # reuse the input checks without a second session
@@ -122,7 +122,7 @@ def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]
     if inputs:
         feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(list(inputs), shim)
         return shim.check_feed(feed), "given"
-    samples = _stored_samples(bundle, cg.part)
+    samples = stored_samples(bundle, cg.part)
     if samples:
         return shim.check_feed(samples[0]), "stored verify sample 0"
     return shim.random_feed(), "random"

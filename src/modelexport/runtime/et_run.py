@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import InputError, ToolchainError
 from ..targets import get_target
 from .metrics import compare
-from .simulator import RunResult, _version_tuple, load_inputs
-from .verify import GraphCheck, OutputCheck, VerifyReport
+from .simulator import RunResult, _version_tuple, run_repeated
+from .verify import GraphCheck, OutputCheck, VerifyReport, verify_samples
 
 
 @dataclass
@@ -164,25 +164,11 @@ def run_pte(path: str | Path, inputs=None, random: bool = False, part: str | Non
             perf_profile: str | None = None, repeat: int = 1, seed: int = 0) -> RunResult:
     g = _one(_select(path, part, target), path)
     with PteSession(g) as sess:
-        if inputs is None or inputs == []:
-            if not random:
-                raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
-            feed = sess.random_feed(seed)
-        else:
-            feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, sess)
-        outs, times = {}, []
-        for _ in range(max(1, repeat)):
-            outs, dt = sess.run(feed)
-            times.append(dt)
+        outs, times = run_repeated(sess, inputs, random, seed, repeat)
     placement = {}
     if g.bundle is not None:
         placement = (g.bundle.manifest.placement.get("summary") or {}).get("by_runtime", {})
     return RunResult(g.part, g.target or "-", outs, sess.load_seconds, times, placement)
-
-
-def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
-    from .verify import _stored_samples
-    return _stored_samples(bundle, part)
 
 
 def float_reference(bundle, part: str):
@@ -229,14 +215,7 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
     for g in graphs:
         with PteSession(g) as sess:
             names_in = [i["name"] for i in g.inputs]
-            if inputs:
-                samples, kind = [load_inputs(inputs, sess)], "given"
-            else:
-                samples = stored_samples(g.bundle, g.part)
-                cal = g.bundle.manifest.calibration.get(g.part, {}).get("verify_inputs", {})
-                kind = f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
-                if not samples:
-                    samples, kind = [sess.random_feed()], "random"
+            samples, kind = verify_samples(g.bundle, g.part, sess, inputs)
             if max_samples:
                 samples = samples[:max_samples]
             if g.part not in refs_by_part:

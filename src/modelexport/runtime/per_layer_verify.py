@@ -26,7 +26,7 @@ PER_LAYER_HOOKS: dict[str, Callable[..., list]] = {}
 
 def _onnx_per_layer(bundle, inputs, part, threshold_db, max_samples):
     from ..quant.per_layer import per_layer
-    from .verify import _stored_samples
+    from .verify import stored_samples
     out = []
     for pm in bundle.manifest.extra.get("parts", []):
         if part and pm["name"] != part:
@@ -38,7 +38,7 @@ def _onnx_per_layer(bundle, inputs, part, threshold_db, max_samples):
         if inputs:
             samples = [inputs] if isinstance(inputs, dict) else _given(inputs, pm)
         else:
-            samples = _stored_samples(bundle, pm["name"])
+            samples = stored_samples(bundle, pm["name"])
         if max_samples:
             samples = samples[:max_samples]
         thr = threshold_db if threshold_db is not None else get_precision(pm["precision"]).min_sqnr_db

@@ -176,6 +176,22 @@ def load_inputs(paths: list[str] | None, session: SimulatorSession) -> dict[str,
     return feed
 
 
+def run_repeated(session, inputs, random: bool, seed: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
+    """`run`'s loop for any session with `inputs`, `random_feed` and `run` (the QNN simulator's
+    or an ExecuTorch program's): the feed from files, arrays or random data, run `repeat` times."""
+    if inputs is None or inputs == []:
+        if not random:
+            raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
+        feed = session.random_feed(seed)
+    else:
+        feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, session)
+    outs, times = {}, []
+    for _ in range(max(1, repeat)):
+        outs, dt = session.run(feed)
+        times.append(dt)
+    return outs, times
+
+
 def run_bundle(bundle_path: str | Path, inputs: list[str] | dict[str, np.ndarray] | None = None, random: bool = False,
                part: str | None = None, target: str | None = None, perf_profile: str | None = None,
                repeat: int = 1, seed: int = 0) -> RunResult:
@@ -188,14 +204,5 @@ def run_bundle(bundle_path: str | Path, inputs: list[str] | dict[str, np.ndarray
                          + ", ".join(f"{g.part}@{g.target}" for g in graphs),
                          "choose one with --part and/or --target")
     sess = SimulatorSession(graphs[0], perf_profile)
-    if inputs is None or inputs == []:
-        if not random:
-            raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
-        feed = sess.random_feed(seed)
-    else:
-        feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, sess)
-    outs, times = {}, []
-    for _ in range(max(1, repeat)):
-        outs, dt = sess.run(feed)
-        times.append(dt)
+    outs, times = run_repeated(sess, inputs, random, seed, repeat)
     return RunResult(graphs[0].part, graphs[0].target, outs, sess.load_seconds, times, sess.placement)

@@ -64,7 +64,7 @@ class VerifyReport:
              "outputs": [{k: clean(v) for k, v in o.__dict__.items()} for o in g.outputs]} for g in self.graphs]}
 
 
-def _stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
+def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
     pm = next((p for p in bundle.manifest.extra.get("parts", []) if p["name"] == part), None)
     rel = (pm or {}).get("files", {}).get("verify_inputs")
     if not rel:
@@ -75,6 +75,18 @@ def _stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
             name, _, idx = key.rpartition("__")
             samples.setdefault(int(idx), {})[name] = z[key]
     return [samples[i] for i in sorted(samples)]
+
+
+def verify_samples(bundle, part: str, session, inputs) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The samples `verify` compares on, and how they were chosen: the user's files, else the
+    inputs stored at compile time, else one random feed."""
+    if inputs:
+        return [load_inputs(inputs, session)], "given"
+    samples = stored_samples(bundle, part)
+    if not samples:
+        return [session.random_feed()], "random"
+    cal = bundle.manifest.calibration.get(part, {}).get("verify_inputs", {})
+    return samples, f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
 
 
 def record_numerics(bundle_path: str | Path, report: VerifyReport) -> None:
@@ -108,14 +120,7 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
     float_sessions: dict[str, Any] = {}
     for cg in graphs:
         sim = SimulatorSession(cg)
-        if inputs:
-            samples, kind = [load_inputs(inputs, sim)], "given"
-        else:
-            samples = _stored_samples(bundle, cg.part)
-            cal = bundle.manifest.calibration.get(cg.part, {}).get("verify_inputs", {})
-            kind = f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
-            if not samples:
-                samples, kind = [sim.random_feed()], "random"
+        samples, kind = verify_samples(bundle, cg.part, sim, inputs)
         if max_samples:
             samples = samples[:max_samples]
         if cg.part not in float_sessions:
