@@ -76,7 +76,7 @@ def parse_variants(v: Any) -> list[int]:
 # stage 1: export + calibrate + quantize (cached)
 
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
-               text, n_samples: int, limit_mb: float, report) -> dict:
+               text, n_samples: int, limit_mb: float, report, workers: int) -> dict:
     import torch
 
     from ...frontends import find_frontend
@@ -85,7 +85,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     from ...quant.calibration import CalibrationSet
     from .calibration import calibration_samples, part_samples, tokenize
     from .onnx_export import DecoderPart, export_part
-    from .quantize import quantize_decoder
+    from .quantize import quantize_job
 
     t0 = time.perf_counter()
     report("loading the model")
@@ -109,7 +109,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
     samples = calibration_samples(model, ids, variants, max_seq_len, n_samples)
     calib_s = round(time.perf_counter() - t1, 2)
-    graphs, quant_info, export_s, quant_s = [], {}, 0.0, 0.0
+    graphs, jobs, export_s = [], [], 0.0
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
     for n in variants:
@@ -117,24 +117,33 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         hidden = None
         for part in parts:
             name = graph_name(n, max_seq_len, part.index, part.count)
-            report(f"exporting and quantizing {name}")
+            report(f"exporting {name}")
             t2 = time.perf_counter()
             fpath = export_part(dec, part, float_dir / f"{name}.onnx")
             export_s += time.perf_counter() - t2
             ps = part_samples(samples[n], part, hidden)
-            t3 = time.perf_counter()
-            qpath = tmp / "qdq" / f"{name}.onnx"
-            quant_info[name] = quantize_decoder(fpath, qpath, precision, overrides,
-                                                CalibrationSet(ps, "text", str(text.path)))
-            quant_s += time.perf_counter() - t3
+            jobs.append((quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
+                                        "precision": precision, "overrides": overrides, "samples": ps,
+                                        "source": str(text.path)}))
             if not part.is_last:   # hidden states entering the next part, from the float part
                 mod = DecoderPart(dec, part).eval()
                 with torch.inference_mode():
                     hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].numpy() for s in ps]
-            shutil.rmtree(float_dir, ignore_errors=True)
             graphs.append({"name": name, "n_tokens": n, "part": part.index, "n_parts": part.count,
                            "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
                            "memory_estimate": mem[n][part.index - 1].to_dict()})
+    # ONNX Runtime's quantizer is single-threaded Python: the graphs are quantized side by side
+    report(f"quantizing {len(jobs)} graphs ({precision})")
+    t3 = time.perf_counter()
+    samples_per_variant = {str(n): len(samples[n]) for n in variants}
+    del samples, ps   # the jobs hold what the workers need
+    results = _pool_run(jobs, min(workers, len(jobs)), lambda r: None)
+    quant_s = time.perf_counter() - t3
+    shutil.rmtree(float_dir, ignore_errors=True)
+    for r in results:
+        if "error" in r:
+            _raise(r["error"])
+    quant_info = {g["name"]: r for g, r in zip(graphs, results)}
     sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
     n_params = sum(p.numel() for p in model.parameters())
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -146,7 +155,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "architecture": llm.architecture, "n_params": int(n_params), "rope_theta": float(theta),
             "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
-                                                          "tokens": len(ids), "samples_per_variant": {str(n): len(samples[n]) for n in variants}},
+                                                          "tokens": len(ids), "samples_per_variant": samples_per_variant},
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
                         "quantize_s": round(quant_s, 2)}}
 
@@ -165,7 +174,7 @@ def _pool_run(jobs: list[tuple[Callable, dict]], workers: int, on_done) -> list[
                 results[futs[f]] = f.result()
             except Exception as e:  # a crashed worker (BrokenProcessPool)
                 results[futs[f]] = {"error": {"type": "ToolchainError",
-                                              "problem": f"a compile worker died: {type(e).__name__}: {e}",
+                                              "problem": f"a worker process died: {type(e).__name__}: {e}",
                                               "fix": "run again with --jobs 1; report the model if it persists"}}
             on_done(results[futs[f]])
     return results
@@ -237,7 +246,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     say("checking the cache", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
-        lambda m: say(m, 1, 4)))
+        lambda m: say(m, 1, 4), opts.jobs or min(2, os.cpu_count() or 1)))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])

@@ -84,7 +84,8 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
             break
         runner.reset()
         i = 0
-        while i + step <= len(window) and runner.past_len + big <= max_seq_len - max(1, len(small)):
+        while (i + step <= len(window) and runner.past_len + big <= max_seq_len - max(1, len(small))
+               and any(len(out[n]) < samples_per_variant for n in variants)):
             recording["n"] = big
             runner.run_chunk(window[i:i + big], big)
             i += big

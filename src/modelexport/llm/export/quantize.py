@@ -109,8 +109,9 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
 def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
                      calibration: CalibrationSet) -> dict:
     import onnx
-    from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from ...quant.minmax_ranges import minmax_ranges, quantize_with_ranges
 
     prec = get_precision(precision)
     act, weight = prec.quant_types()
@@ -129,7 +130,10 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
                                         per_channel=True, init_overrides=tq, nodes_to_exclude=float_nodes)
             config.use_external_data_format = True
             try:
-                quantize(str(float_path), str(out_path), config)
+                t1 = time.perf_counter()
+                ranges = minmax_ranges(float_path, calibration.samples, config.op_types_to_quantize)
+                ranges_s = time.perf_counter() - t1
+                quantize_with_ranges(float_path, out_path, config, ranges)
             except Exception as e:
                 raise CalibrationError(f"quantizing {float_path.name} failed: {' '.join(str(e).split())[:400]}",
                                        "check the calibration text; report the model if it persists") from None
@@ -139,4 +143,15 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
             "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
             "float_nodes": {"count": len(float_nodes), "what": "residual adds and RMSNorms (fp16 on the HTP)"},
-            "calibration_method": "MinMax", "seconds": round(time.perf_counter() - t0, 2)}
+            "calibration_method": "MinMax", "ranges_seconds": round(ranges_s, 2),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def quantize_job(job: dict) -> dict:
+    """`quantize_decoder` in a worker process: its result, or the error as a dict."""
+    from ...errors import ModelExportError
+    try:
+        cal = CalibrationSet(job["samples"], "text", job["source"])
+        return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal)
+    except ModelExportError as e:
+        return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
