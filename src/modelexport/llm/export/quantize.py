@@ -6,7 +6,8 @@ is on ("QNN does not support per-channel MatMul", its comment says); that is use
 Here every 2-D MatMul weight gets an explicit override instead: symmetric, `axis=1` (one scale
 per output column), which the QNN EP compiles (measured on QAIRT 2.51, SM8650: every node on the
 HTP). Block-wise 4-bit (16a4w_block, LPBQ) is not offered by ONNX Runtime's QDQ quantizer for
-MatMul; use the ExecuTorch backend for it.
+MatMul: with `block_size`, the 4-bit MatMul weights it made are rewritten afterwards from the
+float weights (`block_weights`).
 
 The residual stream stays out of the integer QDQ: the residual adds and the RMSNorms (and the
 final norm) are float in the QDQ graph, which the HTP runs in fp16 (`enable_htp_fp16_precision`).
@@ -107,7 +108,9 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
 
 
 def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
-                     calibration: CalibrationSet) -> dict:
+                     calibration: CalibrationSet, block_size: int = 0) -> dict:
+    """ONNX Runtime's QDQ quantization of one decoder graph; with `block_size`, its 4-bit MatMul
+    weights are then re-quantized in blocks of that many input channels (LPBQ, 16a4w_block)."""
     import onnx
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -118,6 +121,8 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     model = onnx.load(str(float_path), load_external_data=False)
     tq, chosen = weight_overrides(model, precision, overrides)
     float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
+    block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
+                   and n.input[1] in tq and chosen.get(module_path(n.name)) == 4}
     del model
     t0 = time.perf_counter()
     root = logging.getLogger()
@@ -139,11 +144,19 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
                                        "check the calibration text; report the model if it persists") from None
     finally:
         root.setLevel(level)
+    blocks = {}
+    if block_nodes:
+        from .block_weights import to_block_weights
+        t2 = time.perf_counter()
+        blocks = {"block_size": block_size, "matmuls": to_block_weights(out_path, float_path, block_nodes, block_size),
+                  "seconds": round(time.perf_counter() - t2, 2),
+                  "what": "4-bit MatMul weights in blocks of input channels, block scales as uint4 x a float per "
+                          "output channel (LPBQ)"}
     bits = sorted(set(chosen.values()))
     return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
             "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
             "float_nodes": {"count": len(float_nodes), "what": "residual adds and RMSNorms (fp16 on the HTP)"},
-            "calibration_method": "MinMax", "ranges_seconds": round(ranges_s, 2),
+            "calibration_method": "MinMax", "ranges_seconds": round(ranges_s, 2), **({"blocks": blocks} if blocks else {}),
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -152,6 +165,7 @@ def quantize_job(job: dict) -> dict:
     from ...errors import ModelExportError
     try:
         cal = CalibrationSet(job["samples"], "text", job["source"])
-        return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal)
+        return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
+                                job.get("block_size", 0))
     except ModelExportError as e:
         return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
