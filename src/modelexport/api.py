@@ -145,7 +145,8 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
     be = backend_for_kind(kinds.pop(), backend)
-    default_precision = "16a4w" if be.name == "llm_qnn" else "8a8w"
+    # LLMs: block-wise 4-bit weights (per-channel 4-bit loses too much: SmolLM2 stops answering)
+    default_precision = "16a4w_block" if be.name == "llm_qnn" else "8a8w"
     for p in parts:
         if p.precision is None:
             p.precision = default_precision

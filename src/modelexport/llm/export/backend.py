@@ -206,7 +206,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
     from ...backends.et_quant import get_et_precision
-    requested = get_et_precision(spec.precision or "16a4w").name
+    requested = get_et_precision(spec.precision or "16a4w_block").name
     block_size = (int(opts.block_size or DEFAULT_BLOCK)) if requested == "16a4w_block" else 0
     # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
     precision = "16a4w" if block_size else requested
@@ -300,6 +300,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     for r in results:
         if "error" in r:
             _raise(r["error"])
+    if block_size and block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
+        _check_twins_load(jobs, results, cache, block_size, say)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
         return _write_bundle(out, force, facts, socs, variants, max_seq_len, requested, overrides, qentry, qmeta, qhit,
@@ -309,6 +311,29 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
             shutil.rmtree(t, ignore_errors=True)
         if not cache.enabled:
             shutil.rmtree(qentry, ignore_errors=True)
+
+
+def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
+    """LPBQ twins of a non-default block size are loaded and run once on the simulator in child
+    processes first (cached by the twin's key; ~100 s for SmolLM2's two graphs): a binary that
+    crashes it fails the build here, not the user's process later."""
+    from .ctx_jobs import simulator_smoke_run
+    checks = []
+    for (fn, job), r in zip(jobs, results):
+        if job["kind"] == "twin" and not cache.get("sim-smoke", job["key"]):
+            checks.append((simulator_smoke_run, {"epcontext": str(Path(r["entry"]) / f"{job['graph']}_ctx.onnx"),
+                                                 "soc_model": get_target(job["target"]).soc_model,
+                                                 "graph": job["graph"], "key": job["key"]}))
+    if not checks:
+        return
+    say(f"running {len(checks)} host twins once on the simulator", 3.2, 4)
+    for (fn, job), r in zip(checks, _pool_run(checks, min(2, len(checks)), lambda r: None)):
+        if "error" in r or not r.get("ok"):
+            raise ToolchainError(f"the compiled {job['graph']} (16a4w_block, --block-size {block_size}) "
+                                 f"{'crashed' if 'error' in r else 'gave non-finite outputs on'} the x86 HTP simulator "
+                                 f"when loaded from its context binary (a simulator defect seen with 64-wide blocks)",
+                                 "use --block-size 32 (the default), or --precision 16a8w")
+        cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
 
 
 def _tensor_specs(infos) -> list[TensorSpec]:

@@ -52,3 +52,22 @@ def compile_shared(job: dict) -> dict:
         return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
     except ModelExportError as e:
         return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
+
+
+def simulator_smoke_run(job: dict) -> dict:
+    """Load one host twin from its context binary on the x86 simulator and run it once on zeros.
+
+    Run in a child process: some block-wise (LPBQ) binaries crash the simulator when loaded from a
+    context binary (measured on QAIRT 2.51 with 64-wide blocks on 576- and 512-wide inputs, while
+    16/32/48/96/128 ran), and the host numerics (`eval`, `verify`, `generate --backend htp-sim`)
+    must never take the user's process down. A crash is seen by the parent as a dead worker."""
+    import numpy as np
+
+    from ...backends.htp_options import run_provider_options
+    from ...toolchain.ort_qnn import SessionPlan, create_session
+    sess = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(job["soc_model"], None)))
+    dtypes = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}
+    feed = {i.name: np.zeros(i.shape, dtypes.get(i.type, np.float32)) for i in sess.get_inputs()}
+    t0 = time.perf_counter()
+    out = sess.run(None, feed)[0]
+    return {"ok": bool(np.isfinite(out).all()), "seconds": round(time.perf_counter() - t0, 2)}
