@@ -22,7 +22,7 @@ from pathlib import Path
 from modelexport.cli.main import main
 
 OUT = Path("demo-out")
-LLM_PRECISION = "16a8w"
+LLM_PRECISION = "16a4w_block"   # the LLM default: 4-bit weights in blocks of 32
 QUESTION = "What is the capital of France?"
 
 

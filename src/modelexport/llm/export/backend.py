@@ -244,10 +244,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     timings: dict[str, Any] = {}
 
     # 1. QDQ graphs
-    import torch
+    from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision) for o in overrides], text.sha256, n_samples, limit_mb,
-                     onnxruntime.__version__, torch.__version__)
+                     onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(

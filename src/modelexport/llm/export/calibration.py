@@ -13,11 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ...errors import CalibrationError, InputError
-from ..static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
-from ..static_runner import StaticRunner
 
 DEFAULT_TEXT_ASSET = "lee_background"
 
@@ -62,6 +59,10 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
     fed, and after each one a single token through every smaller N, all with the real cache."""
+    import torch
+
+    from ..static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from ..static_runner import StaticRunner
     big, small = max(variants), sorted(v for v in variants if v != max(variants))
     dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()

@@ -29,19 +29,35 @@ def _hf_sha(folder: Path) -> str:
     return h.hexdigest()
 
 
+def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
+    """(architecture, context length) of a GGUF that passed the checks, remembered by its sha256:
+    parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
+    from ...cache import Cache
+
+    def check(tmp: Path) -> dict:
+        from ...frontends.gguf_file import read_gguf_info
+        info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
+        check_architecture(info.architecture, str(p))
+        if info.tokenizer_model is None:
+            raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
+                             "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
+        return {"architecture": info.architecture, "context_length": info.context_length}
+
+    entry, _ = Cache().get_or_create("gguf-facts", sha, check)
+    meta = Cache.meta(entry)
+    check_architecture(meta["architecture"], str(p))   # the supported list may have changed since
+    return meta["architecture"], meta["context_length"]
+
+
 def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p} does not exist", "give a .gguf file or a Hugging Face model folder")
     if p.is_file():
-        from ...frontends.gguf_file import read_gguf_info
         from ..file_hash import file_sha256
-        info = read_gguf_info(p)           # truncated / damaged files fail here
-        check_architecture(info.architecture, str(p))
-        if info.tokenizer_model is None:
-            raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
-                             "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
-        facts = SourceFacts(p, "gguf", info.architecture, info.context_length, file_sha256(p))
+        sha = file_sha256(p)
+        arch, ctx = _gguf_facts(p, sha)
+        facts = SourceFacts(p, "gguf", arch, ctx, sha)
     else:
         from ...frontends.hf_folder import _has_tokenizer
         cfg_path = p / "config.json"
