@@ -221,6 +221,18 @@ def test_max_seq_len_beyond_context(cli, work, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("extra,words", [
+    (("--target", "SM8650", "--block-size", "20"), ("--block-size 20", "multiple of 16")),
+    (("--target", "SM8350"), ("16a4w_block", "SM8350")),          # the default precision needs HTP V69+
+    (("--target", "SM8650", "--precision", "4a4w"), ("4a4w",)),
+])
+def test_bad_block_options(cli, work, tmp_path, extra, words):
+    out = tmp_path / "out"   # one variant: no weight sharing to ask of the old SoC
+    proc = cli("compile", str(work / "tiny_hf"), "--variants", "ar1", "--max-seq-len", str(SEQ), "-o", str(out), *extra)
+    assert_clean_error(proc, *words)
+    assert not out.exists()
+
+
 def test_truncated_gguf(cli, tmp_path):
     from modelexport.zoo.assets import asset_path
     src = asset_path("smollm2_gguf")
