@@ -20,6 +20,10 @@ class ModelExportError(Exception):
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
 
+    def as_data(self) -> dict:
+        """The error as plain data, to cross a process boundary (`{"error": ...}` of a worker)."""
+        return {"error": {"type": type(self).__name__, "problem": self.problem, "fix": self.fix}}
+
 
 class InputError(ModelExportError):
     """A path, file or argument the user gave is missing, unreadable or malformed."""

@@ -64,4 +64,4 @@ def compile_job(job: dict) -> dict:
         entry, hit = cache.get_or_create("ctx", job["key"], lambda tmp: _build(job, tmp))
         return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
     except ModelExportError as e:
-        return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
+        return e.as_data()

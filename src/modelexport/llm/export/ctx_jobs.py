@@ -51,7 +51,7 @@ def compile_shared(job: dict) -> dict:
         entry, hit = cache.get_or_create("llm-ctx-shared", job["key"], lambda tmp: _build_shared(job, tmp))
         return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
     except ModelExportError as e:
-        return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
+        return e.as_data()
 
 
 def simulator_smoke_run(job: dict) -> dict:

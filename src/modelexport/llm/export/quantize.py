@@ -168,4 +168,4 @@ def quantize_job(job: dict) -> dict:
         return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
                                 job.get("block_size", 0))
     except ModelExportError as e:
-        return {"error": {"type": type(e).__name__, "problem": e.problem, "fix": e.fix}}
+        return e.as_data()
