@@ -20,6 +20,7 @@ BENCHES: dict[str, tuple[str, bool, str]] = {
     "et_compile": ("et_compile.py", False, "ExecuTorch .pte lowering vs the plain ExecuTorch script"),
     "llm_vocab_pairs": ("llm_vocab_pairs.py", False, "tokenizer/model vocabulary checks on the bundled models"),
     "llm_cpu_decode": ("llm_cpu_decode.py", True, "SmolLM2 decode/prefill: modelexport CPU vs transformers vs llama.cpp"),
+    "xnnpack_kernels": ("xnnpack_kernels.py", True, "XNNPACK matmul speed per weight layout on this CPU, and its SmolLM2 perplexity"),
     "llm_export": ("llm_export.py", True, "SmolLM2 → QNN context binaries: time, RSS, sizes, perplexity"),
 }
 
