@@ -206,8 +206,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
     from ...backends.et_quant import get_et_precision
-    requested = get_et_precision(spec.precision or "16a4w_block").name
-    block_size = (int(opts.block_size or DEFAULT_BLOCK)) if requested == "16a4w_block" else 0
+    requested_precision = get_et_precision(spec.precision or "16a4w_block")
+    requested = requested_precision.name
+    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested == "16a4w_block" else 0
     # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
     precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:
@@ -228,8 +229,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     for s in socs:
         if len(variants) > 1:
             require_feature(s, "weight_sharing", f"{len(variants)} variants sharing one copy of the weights")
-        if block_size:
-            require_feature(s, "block_quant_4bit", "16a4w_block (block-wise 4-bit weights)")
+        if requested_precision.feature:   # the precision table says what the HTP must have
+            require_feature(s, requested_precision.feature, f"precision {requested} ({requested_precision.description})")
     overrides = parse_overrides(list(DEFAULT_OVERRIDES) + list(opts.overrides or []), precision)
     overrides = list(reversed(overrides))  # user overrides first: the first match wins
     facts = check_source(spec.model, max_seq_len)
