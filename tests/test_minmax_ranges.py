@@ -100,3 +100,86 @@ def test_quantized_model_equals_onnxruntime_quantize(decoder_graph):
     assert ia.keys() == ib.keys()
     for k in ia:
         np.testing.assert_array_equal(ia[k], ib[k], err_msg=k)
+
+
+def _quantize_llm_style(path, samples, out, fast: bool, monkeypatch):
+    """The LLM recipe (16-bit activations, 4-bit per-channel MatMul weights by override, float
+    residual nodes) through `quantize_with_ranges`, with or without the vectorized loops."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from modelexport.llm.export.quantize import FLOAT_NODES, parse_overrides, weight_overrides, DEFAULT_OVERRIDES
+    from modelexport.quant import ort_fast_paths
+    from modelexport.quant.calibration import CalibrationSet
+    from modelexport.quant.minmax_ranges import minmax_ranges, quantize_with_ranges
+
+    model = onnx.load(str(path), load_external_data=False)
+    tq, _ = weight_overrides(model, "16a4w", list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w"))))
+    float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
+    config = get_qnn_qdq_config(str(path), CalibrationSet(samples, "arrays", "test").reader(),
+                                activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8, per_channel=True,
+                                init_overrides=tq, nodes_to_exclude=float_nodes)
+    config.use_external_data_format = True
+    from onnxruntime.quantization import qdq_quantizer
+    calls = []
+    with monkeypatch.context() as m:
+        if not fast:
+            m.setattr(ort_fast_paths, "_patches", lambda: [])
+        original = qdq_quantizer.compute_data_quant_params
+        m.setattr(qdq_quantizer, "compute_data_quant_params", lambda *a, **k: calls.append(1) or original(*a, **k))
+        out.parent.mkdir(parents=True)
+        quantize_with_ranges(path, out, config, minmax_ranges(path, samples, config.op_types_to_quantize))
+    return onnx.load(str(out)), len(calls)
+
+
+def test_vectorized_quantizer_loops_give_the_same_llm_model(decoder_graph, monkeypatch):
+    path, samples, root = decoder_graph
+    assert onnx.load(str(path), load_external_data=False).opset_import[0].version == 21   # converted at export
+    fast, fast_calls = _quantize_llm_style(path, samples, root / "fast" / "q.onnx", True, monkeypatch)
+    slow, slow_calls = _quantize_llm_style(path, samples, root / "slow" / "q.onnx", False, monkeypatch)
+    assert slow_calls > 500 and fast_calls < 20          # the per-channel loop was really replaced
+    assert [(n.op_type, list(n.input), list(n.output)) for n in fast.graph.node] == \
+           [(n.op_type, list(n.input), list(n.output)) for n in slow.graph.node]
+    fa = {i.name: i for i in fast.graph.initializer}
+    sa = {i.name: i for i in slow.graph.initializer}
+    assert fa.keys() == sa.keys()
+    int4 = [k for k, v in fa.items() if v.data_type == onnx.TensorProto.INT4]
+    assert len(int4) >= 14                                   # 7 MatMuls per layer, 2 layers, 4-bit per channel
+    for k in fa:
+        assert fa[k].data_type == sa[k].data_type, k
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(fa[k]), onnx.numpy_helper.to_array(sa[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("qtype,symmetric,reduce_range,dtype,min_range", [
+    ("INT4", True, False, np.float32, None), ("INT4", True, False, np.float32, 1e-4), ("INT8", True, False, np.float32, None),
+    ("UINT8", False, False, np.float32, 0.5), ("INT8", True, True, np.float32, None), ("UINT16", False, False, np.float16, None),
+    ("INT4", False, False, np.float32, None)])
+def test_channel_params_equal_onnxruntime_per_channel_loop(qtype, symmetric, reduce_range, dtype, min_range):
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import compute_data_quant_params
+
+    from modelexport.quant.ort_fast_paths import channel_quant_params
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((24, 9)).astype(dtype) * rng.uniform(0.001, 3, 9).astype(dtype)
+    w[:, 2] = 0                      # an all-zero channel: ORT's degenerate scale 1, zero point 0
+    w[:, 5] = np.abs(w[:, 5])        # one-sided channels
+    w[:, 6] = -np.abs(w[:, 6])
+    w[:, 7] = 1e-42 if dtype == np.float32 else 0   # below float32's tiny
+    qt = getattr(TensorProto, qtype)
+    zp, scale = channel_quant_params(w, 1, qt, symmetric, reduce_range, min_range)
+    for c in range(w.shape[1]):
+        z, s = compute_data_quant_params(w.take(c, 1).ravel(), qt, symmetric, reduce_range=reduce_range,
+                                         min_real_range=min_range)
+        assert zp[c] == z and zp.dtype == z.dtype, (c, zp[c], z)
+        assert scale[c] == s and scale.dtype == s.dtype, (c, scale[c], s)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 64])
+def test_4bit_packing_equals_onnxruntime(n):
+    from onnxruntime.quantization.quant_utils import pack_bytes_to_4bit as theirs
+
+    from modelexport.quant.ort_fast_paths import pack_bytes_to_4bit as ours
+
+    src = np.random.default_rng(n).integers(-8, 8, n).astype(np.int8).tobytes()
+    assert ours(src) == theirs(src)

@@ -92,7 +92,9 @@ def quantize_with_ranges(model_input: str | Path, model_output: str | Path, conf
     from onnxruntime.quantization.calibrate import save_tensors_data
     from onnxruntime.quantization.quantize import quantize_static
 
-    with tempfile.TemporaryDirectory(prefix="modelexport-ranges-") as d, _fast_input_rewiring():
+    from .ort_fast_paths import fast_quantizer
+
+    with tempfile.TemporaryDirectory(prefix="modelexport-ranges-") as d, fast_quantizer():
         cache = Path(d) / "ranges.json"
         save_tensors_data(ranges, cache)
         quantize_static(
@@ -104,25 +106,3 @@ def quantize_with_ranges(model_input: str | Path, model_output: str | Path, conf
             use_external_data_format=config.use_external_data_format,
             calibration_providers=config.calibration_providers, extra_options=config.extra_options,
             calibration_cache_path=cache)
-
-
-@contextlib.contextmanager
-def _fast_input_rewiring():
-    """ONNX Runtime's quantizer rewires each quantized tensor's consumers by walking every input of
-    every node in Python (`ONNXModel.replace_input_of_all_nodes`): quadratic, ~20 s per decoder
-    graph. Same walk, but each node is skipped unless the name is among its inputs (a C-level
-    membership test). Only while our call runs; the result is the same model (tested)."""
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    original = ONNXModel.replace_input_of_all_nodes
-
-    def replace_input_of_all_nodes(self, old_input_name, new_input_name):
-        for node in self.model.graph.node:
-            if old_input_name in node.input:
-                ONNXModel.replace_node_input(node, old_input_name, new_input_name)
-
-    ONNXModel.replace_input_of_all_nodes = replace_input_of_all_nodes
-    try:
-        yield
-    finally:
-        ONNXModel.replace_input_of_all_nodes = original
