@@ -110,36 +110,40 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
     samples = calibration_samples(model, ids, variants, max_seq_len, n_samples)
     calib_s = round(time.perf_counter() - t1, 2)
-    graphs, jobs, export_s = [], [], 0.0
+    graphs, export_s = [], 0.0
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
-    for n in variants:
-        dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
-        hidden = None
-        for part in parts:
-            name = graph_name(n, max_seq_len, part.index, part.count)
-            report(f"exporting {name}")
-            t2 = time.perf_counter()
-            fpath = export_part(dec, part, float_dir / f"{name}.onnx")
-            export_s += time.perf_counter() - t2
-            ps = part_samples(samples[n], part, hidden)
-            jobs.append((quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
-                                        "precision": precision, "overrides": overrides, "samples": ps,
-                                        "source": str(text.path), "block_size": block_size}))
-            if not part.is_last:   # hidden states entering the next part, from the float part
-                mod = DecoderPart(dec, part).eval()
-                with torch.inference_mode():
-                    hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].numpy() for s in ps]
-            graphs.append({"name": name, "n_tokens": n, "part": part.index, "n_parts": part.count,
-                           "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
-                           "memory_estimate": mem[n][part.index - 1].to_dict()})
-    # ONNX Runtime's quantizer is single-threaded Python: the graphs are quantized side by side
-    report(f"quantizing {len(jobs)} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
-    t3 = time.perf_counter()
+    n_graphs = len(variants) * len(parts)
     samples_per_variant = {str(n): len(samples[n]) for n in variants}
-    del samples, ps   # the jobs hold what the workers need
-    results = _pool_run(jobs, min(workers, len(jobs)), lambda r: None)
-    quant_s = time.perf_counter() - t3
+    # ONNX Runtime's quantizer is single-threaded Python: each graph is quantized in a worker as soon
+    # as it is exported, while the next one is exported here
+    with WorkerPool(min(workers, n_graphs)) as pool:
+        t3 = None
+        for n in variants:
+            dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
+            hidden = None
+            for part in parts:
+                name = graph_name(n, max_seq_len, part.index, part.count)
+                report(f"exporting {name}")
+                t2 = time.perf_counter()
+                fpath = export_part(dec, part, float_dir / f"{name}.onnx")
+                export_s += time.perf_counter() - t2
+                ps = part_samples(samples[n], part, hidden)
+                t3 = t3 or time.perf_counter()
+                pool.submit(quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
+                                           "precision": precision, "overrides": overrides, "samples": ps,
+                                           "source": str(text.path), "block_size": block_size})
+                if not part.is_last:   # hidden states entering the next part, from the float part
+                    mod = DecoderPart(dec, part).eval()
+                    with torch.inference_mode():
+                        hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].numpy() for s in ps]
+                graphs.append({"name": name, "n_tokens": n, "part": part.index, "n_parts": part.count,
+                               "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
+                               "memory_estimate": mem[n][part.index - 1].to_dict()})
+        del samples, ps   # the workers have what they need
+        report(f"quantizing {n_graphs} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
+        results = pool.results()
+    quant_s = time.perf_counter() - t3   # from the first graph's hand-over: overlaps the later exports
     shutil.rmtree(float_dir, ignore_errors=True)
     for r in results:
         if "error" in r:
@@ -163,22 +167,45 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
 
 # ----------------------------------------------------------------------------------------------
 
-def _pool_run(jobs: list[tuple[Callable, dict]], workers: int, on_done) -> list[dict]:
-    results: list[dict] = [None] * len(jobs)  # type: ignore[list-item]
-    if not jobs:
-        return results
-    # always child processes: a QNN crash must never take the user's process down
-    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn")) as pool:
-        futs = {pool.submit(fn, job): i for i, (fn, job) in enumerate(jobs)}
-        for f in as_completed(futs):
+class WorkerPool:
+    """Jobs in spawned child processes (a QNN crash must never take the user's process down),
+    submitted as soon as each is ready; `results()` in submission order, a crashed worker's job
+    as an error dict."""
+
+    def __init__(self, workers: int):
+        self._pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"))
+        self._futures: list = []
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+    def submit(self, fn: Callable, job: dict) -> None:
+        self._futures.append(self._pool.submit(fn, job))
+
+    def results(self, on_done=lambda r: None) -> list[dict]:
+        out: list[dict] = [None] * len(self._futures)  # type: ignore[list-item]
+        index = {f: i for i, f in enumerate(self._futures)}
+        for f in as_completed(index):
             try:
-                results[futs[f]] = f.result()
+                out[index[f]] = f.result()
             except Exception as e:  # a crashed worker (BrokenProcessPool)
-                results[futs[f]] = {"error": {"type": "ToolchainError",
-                                              "problem": f"a worker process died: {type(e).__name__}: {e}",
-                                              "fix": "run again with --jobs 1; report the model if it persists"}}
-            on_done(results[futs[f]])
-    return results
+                out[index[f]] = {"error": {"type": "ToolchainError",
+                                           "problem": f"a worker process died: {type(e).__name__}: {e}",
+                                           "fix": "run again with --jobs 1; report the model if it persists"}}
+            on_done(out[index[f]])
+        return out
+
+
+def _pool_run(jobs: list[tuple[Callable, dict]], workers: int, on_done) -> list[dict]:
+    if not jobs:
+        return []
+    with WorkerPool(workers) as pool:
+        for fn, job in jobs:
+            pool.submit(fn, job)
+        return pool.results(on_done)
 
 
 def _raise(err: dict) -> None:
