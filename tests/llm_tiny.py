@@ -43,6 +43,19 @@ def tiny_llama(n_layers: int = 2, seed: int = 0, **kw):
     return model
 
 
+def smollm2_shaped_llama(n_layers: int = 2, seed: int = 0):
+    """Random weights in SmolLM2-135M's shapes (576 wide, 9 heads, 3 KV heads, head_dim 64, RoPE
+    theta 100000) with the tiny vocabulary: some HTP behaviour shows only at these sizes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=n_layers,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
+                      rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})
+    return LlamaForCausalLM(cfg).eval()
+
+
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+from llm_tiny import smollm2_shaped_llama, tiny_llama, tiny_tokenizer  # noqa: E402
 
 SEQ = 64
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
@@ -352,3 +352,34 @@ def test_simulator_smoke_run_catches_the_lpbq_crash_in_a_child(tmp_path, block, 
     assert (r.get("ok") is True) == loads, r
     if not loads:
         assert "worker process died" in r["error"]["problem"]
+
+
+@pytest.mark.slow
+def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
+    """Regression: with the RoPE tables quantized, the simulator's table lookup gave wrong rows for
+    the chunk's tokens 16-31 in SmolLM2's shapes (its new keys at 1-4 dB from the QDQ graph on the
+    CPU, 60+ dB for tokens 0-15). An ar32 chunk: every token's new keys on the simulator match."""
+    import modelexport
+    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
+    from modelexport.runtime.metrics import compare
+
+    seq = 128
+    hf = work / "smollm2_shaped"
+    smollm2_shaped_llama(n_layers=2).save_pretrained(hf)
+    tiny_tokenizer().save(hf)
+    b = modelexport.compile(str(hf), output=work / "ar32", target="SM8650", variants="ar32", max_seq_len=seq,
+                            calibration=str(work / "calib.txt"), calibration_samples=2)   # 16a4w_block
+    ids = tiny_tokenizer().encode(TEXT)[:32]
+    cfg = StaticDecoderConfig(32, seq)
+    keys = {}
+    for stage in ("fake-quant", "htp-sim"):
+        graphs, spec, _ = open_forwards(b, stage)
+        feed = {"input_ids": np.array([ids], np.int32), "position_ids": make_position_ids(cfg, 0).numpy(),
+                "attention_mask": make_attention_mask(cfg, 0).numpy()}
+        for i in range(spec.n_layers):
+            feed[f"past_key_{i}"] = np.zeros((1, spec.n_kv_heads, spec.head_dim, seq - 32), np.float32)
+            feed[f"past_value_{i}"] = np.zeros((1, spec.n_kv_heads, seq - 32, spec.head_dim), np.float32)
+        keys[stage] = graphs[32].parts[0].session.run(["new_key_0"], feed)[0]   # [1, kv heads, head_dim, 32]
+    per_token = [compare(keys["fake-quant"][..., t], keys["htp-sim"][..., t])["sqnr_db"] for t in range(32)]
+    assert min(per_token) > 40, [round(x, 1) for x in per_token]

@@ -44,7 +44,7 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
 from .block_weights import DEFAULT_BLOCK
 from .quantize import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4   # 4: RoPE table lookups float
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
