@@ -1,0 +1,57 @@
+"""The real SmolLM2-135M weights, cut to their first 2 layers (an HF folder the test saves from the
+GGUF), compiled as the full model is (16a4w_block, SM8650, ar1 + ar32, here max-seq-len 128) in
+about a minute: part of `make test`, where the full model's compile (4-5 min) and simulator
+generation are not (`make test-heavy`). Checks the simulator against the QDQ graph on real text
+(25.5 dB before the RoPE lookup fix, ~45 dB after) and the weight-shared binary."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    import modelexport
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    from modelexport.zoo.assets import asset_path
+
+    llm = load_gguf_causal_lm(asset_path("smollm2_gguf"))
+    model = copy.deepcopy(llm.model)
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:2]
+    model.hf_quantizer = None                       # the GGUF load marks the model as quantized
+    model.config.__dict__.pop("quantization_config", None)
+    folder = tmp_path_factory.mktemp("smol2") / "hf"
+    model.save_pretrained(folder, safe_serialization=True)
+    llm.tokenizer.save_pretrained(folder)
+    # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        return modelexport.compile(str(folder), output=folder.parent / "bundle", target="SM8650",
+                                   variants="ar1,ar32", max_seq_len=128)
+
+
+def test_simulator_runs_what_the_qdq_graph_says(bundle):
+    from modelexport.llm.evaluate import evaluate
+    res = evaluate(bundle.path, stages=["float", "fake-quant", "htp-sim"], window=128, max_tokens=128,
+                   sim_window=64, sim_tokens=64)
+    sqnr = {k: v["sqnr_db"] for k, v in res["sqnr"].items()}
+    assert sqnr["fake-quant vs htp-sim"] > 40, sqnr
+    # quantization, not the simulator, is what separates the compiled graph from float
+    assert abs(sqnr["float vs htp-sim"] - sqnr["float vs fake-quant"]) < 2, sqnr
+
+
+def test_weight_shared_binary_holds_both_graphs(bundle):
+    ws = bundle.manifest.extra["llm"]["weight_sharing"]["SM8650/1"]
+    assert len(ws["graphs"]) == 2 and ws["weights_stored_once"]
+    assert ws["bytes"] < ws["unshared_twins_bytes"] * 0.75
+    placement = bundle.manifest.placement
+    assert set(placement) == {"prompt_ar32_cl128_1_of_1", "token_ar1_cl128_1_of_1"}
+    for graph in placement.values():
+        # only the float graph inputs' and outputs' Q/DQ at the boundary stay on the CPU
+        assert all(n.startswith(("attention_mask", "past_", "new_", "logits")) for n in graph["SM8650"]["cpu_nodes"])
