@@ -123,6 +123,8 @@ def _make_quantize_onnx_initializer(original: Callable) -> Callable:
         if axis is None or block_size > 0 or quant_type not in ints:
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         data = tensor_proto_to_array(weight)
+        if np.size(scale) != data.shape[axis] or np.size(zero_point) != data.shape[axis]:
+            return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         shape = [1] * data.ndim
         shape[axis] = data.shape[axis]
         qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
