@@ -18,6 +18,11 @@ import contextlib
 from typing import Any, Callable
 
 import numpy as np
+from onnx import TensorProto
+
+# the types the vectorized paths cover (float 8 stays on ONNX Runtime's own path)
+_INT_TYPES = (TensorProto.INT4, TensorProto.UINT4, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16,
+              TensorProto.UINT16)
 
 
 def _replace_input_of_all_nodes(self, old_input_name, new_input_name):
@@ -85,6 +90,8 @@ def _channel_params_or_none(quantizer, name: str, info, inits: dict) -> Any:
     if axis is None:
         return None
     quant_type = overrides[0]["quant_type"].tensor_type if "quant_type" in overrides[0] else quantizer.weight_qType
+    if quant_type not in _INT_TYPES:
+        return None
     data = tensor_proto_to_array(init)
     ok, axis = normalize_axis(axis, data.ndim)
     if not ok or data.dtype not in (np.float32, np.float16) or data.size == 0:
@@ -118,9 +125,7 @@ def _make_quantize_onnx_initializer(original: Callable) -> Callable:
         import onnx
         from onnxruntime.quantization.quant_utils import (ONNX_TYPE_TO_NP_TYPE, TENSOR_NAME_QUANT_SUFFIX,
                                                           get_qmin_qmax_for_qType, tensor_proto_to_array)
-        ints = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.INT8, onnx.TensorProto.UINT8,
-                onnx.TensorProto.INT16, onnx.TensorProto.UINT16)
-        if axis is None or block_size > 0 or quant_type not in ints:
+        if axis is None or block_size > 0 or quant_type not in _INT_TYPES:
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         data = tensor_proto_to_array(weight)
         if np.size(scale) != data.shape[axis] or np.size(zero_point) != data.shape[axis]:
