@@ -81,6 +81,37 @@ def test_static_one_token_program_matches_hf_and_keeps_logits(tmp_path):
     assert m.generate(prompt, max_new_tokens=12, stop_on_eos=False).token_ids == hf_greedy(model, prompt, 12)
 
 
+def _operators(pte) -> set[str]:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    plan = deserialize_pte_binary(pte.read_bytes()).program.execution_plan[0]
+    return {f"{op.name}.{op.overload}" for op in plan.operators}
+
+
+def test_attention_kernels_agree(fp32, tmp_path):
+    """The default program fuses q|k|v and attends with our kernel (`modelexport::sdpa`);
+    `attention="executorch"` keeps ExecuTorch's three projections and `llama::custom_sdpa`.
+    Both give Hugging Face's logits, through prefill chunks and decode steps."""
+    from modelexport.llm.cpu_runtime import ExecuTorchSession
+    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+
+    model, native_pte, _ = fp32
+    folder = tmp_path / "et_attention"
+    folder.mkdir()
+    export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=96, embedding_bits=None, attention="executorch"),
+               bos_id=BOS, eos_ids=[EOS])
+    ops_native, ops_et = _operators(native_pte), _operators(folder / "model.pte")
+    assert "modelexport::sdpa.out" in ops_native and "llama::custom_sdpa.out" not in ops_native
+    assert "llama::custom_sdpa.out" in ops_et and "modelexport::sdpa.out" not in ops_et
+    ids = [BOS, 84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0]
+    for pte in (native_pte, folder / "model.pte"):
+        s = ExecuTorchSession(pte)
+        got = [s.feed(ids[:7]), s.feed(ids[7:12]), s.feed([ids[12]]), s.feed([ids[13]]), s.feed(ids[14:])]
+        for g, i in zip(got, (6, 11, 12, 13, 15)):
+            assert torch.allclose(g, ref[i], atol=1e-4), (pte, i, float((g - ref[i]).abs().max()))
+
+
 def test_fp32_greedy_equals_transformers(fp32):
     import modelexport.llm as llm
 

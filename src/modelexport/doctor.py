@@ -109,6 +109,18 @@ def gcc() -> Check:
 
 
 @check
+def cpu_kernels() -> Check:
+    """The CPU runtime's own attention kernel: compiled with g++ on first use and loaded."""
+    try:
+        from .llm.native import load_native_kernels
+        path = load_native_kernels()
+    except Exception as e:  # reported, not raised: doctor must always finish
+        fix = getattr(e, "fix", None) or "install g++ (apt-get install g++) and run `make setup`"
+        return Check("cpu-kernels", FAIL, f"{type(e).__name__}: {e}".splitlines()[0], fix)
+    return Check("cpu-kernels", OK, f"modelexport::sdpa built and loaded ({path.parent.name[:12]})")
+
+
+@check
 def executorch_adapter() -> Check:
     try:
         from .toolchain.executorch_env import adapter_status

@@ -68,6 +68,17 @@ def load_llm_ops() -> None:
         _OPS_LOADED = True
 
 
+def load_native_kernels_if_possible() -> ToolchainError | None:
+    """Our kernels (`native/`), which the programs we build call. A program from elsewhere needs
+    none of them, so a missing compiler is only reported if the program then fails to load."""
+    from .native import load_native_kernels
+    try:
+        load_native_kernels()
+    except ToolchainError as e:
+        return e
+    return None
+
+
 def set_threads(n: int | None) -> int:
     """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores)."""
     from executorch.extension.pybindings import portable_lib as pl
@@ -85,11 +96,14 @@ class ExecuTorchSession:
         if not pte.is_file():
             raise InputError(f"ExecuTorch program not found: {pte}")
         load_llm_ops()
+        native_error = load_native_kernels_if_possible()
         from executorch.extension.pybindings import portable_lib as pl
 
         try:
             self.module = pl._load_for_executorch(str(pte))
         except RuntimeError as e:
+            if native_error is not None:   # a program of ours whose attention kernel could not be built
+                raise native_error from None
             raise InputError(f"{pte} is not a loadable ExecuTorch program ({e})") from None
         if threads:
             set_threads(threads)

@@ -1,0 +1,114 @@
+"""`modelexport::sdpa`: the export-time side of `sdpa.cpp` (schema, reference, shape function)
+and the module that puts it in place of ExecuTorch's `SDPACustom` in an LLM.
+
+Same contract as `llama::custom_sdpa(q, k_cache, v_cache, start_pos, None, 0, True)`: the first
+`q_heads` heads of query [1, n, >=q_heads, D] at positions start_pos..start_pos+n-1 over the KV
+cache [1, S, Hkv, D] (already updated with the new entries), causal, scale 1/sqrt(D); out
+[1, n, q_heads, D]. Taking the first heads only lets a fused q|k|v projection go in unsliced. The reference below
+is what eager runs and what the tests compare the C++ kernel with.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_LIB = torch.library.Library("modelexport", "DEF")
+_LIB.define("sdpa(Tensor query, Tensor key_cache, Tensor value_cache, SymInt start_pos, int q_heads) -> Tensor")
+_LIB.define("sdpa.out(Tensor query, Tensor key_cache, Tensor value_cache, SymInt start_pos, int q_heads, *, "
+            "Tensor(a!) out) -> Tensor(a!)")
+
+
+def sdpa_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   start_pos: int, q_heads: int | None = None) -> torch.Tensor:
+    query = query[:, :, :q_heads] if q_heads else query
+    _, n, heads, dim = query.shape
+    reps = heads // key_cache.shape[2]
+    length = int(start_pos) + n
+    k = key_cache[0, :length].repeat_interleave(reps, dim=1).float()     # [L, H, D]
+    v = value_cache[0, :length].repeat_interleave(reps, dim=1).float()
+    scores = torch.einsum("nhd,lhd->hnl", query[0].float(), k) / math.sqrt(dim)
+    allowed = torch.arange(length)[None, :] <= (int(start_pos) + torch.arange(n))[:, None]   # [n, L]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
+    return out.unsqueeze(0).to(query.dtype)
+
+
+@torch.library.impl(_LIB, "sdpa", "CompositeExplicitAutograd")
+def _sdpa(query, key_cache, value_cache, start_pos, q_heads):
+    return sdpa_reference(query, key_cache, value_cache, start_pos, q_heads)
+
+
+@torch.library.impl(_LIB, "sdpa.out", "CompositeExplicitAutograd")
+def _sdpa_out(query, key_cache, value_cache, start_pos, q_heads, *, out):
+    ref = sdpa_reference(query, key_cache, value_cache, start_pos, q_heads)
+    out.resize_(ref.shape).copy_(ref)
+    return out
+
+
+@torch.library.register_fake("modelexport::sdpa")
+def _sdpa_fake(query, key_cache, value_cache, start_pos, q_heads):
+    return query.new_empty((query.shape[0], query.shape[1], q_heads, query.shape[3]))
+
+
+@torch.library.register_fake("modelexport::sdpa.out")
+def _sdpa_out_fake(query, key_cache, value_cache, start_pos, q_heads, *, out):
+    return out
+
+
+def _fused_attention_forward(self, x, freqs_cos, freqs_sin, **kwargs):
+    """ExecuTorch's `AttentionMHA.forward` (KV cache, dynamic shape, no mask) with one q|k|v
+    projection: RoPE runs once over all heads (the value heads get cos 1, sin 0), the cache is
+    updated with the k and v heads, and `modelexport::sdpa` reads the q heads in place."""
+    input_pos = kwargs["input_pos"]
+    bsz, seqlen, _ = x.shape
+    h, hkv, d = self.n_local_heads, self.n_local_kv_heads, self.head_dim
+    rope = self.rope
+    qkv = self.wqkv(x).view(bsz, seqlen, h + 2 * hkv, d)
+    cos = freqs_cos.unsqueeze(1) * rope.rotary_heads + rope.plain_heads     # [n, heads, d]
+    sin = freqs_sin.unsqueeze(1) * rope.rotary_heads
+    qkv = qkv * cos + torch.nn.functional.linear(qkv, rope.rotate_half_matrix) * sin
+    start_pos = input_pos[-1].item()
+    torch._check(start_pos >= 0)
+    torch._check(start_pos < self.max_context_len)
+    torch.ops.llama.update_cache(qkv[:, :, h:h + hkv], self.kv_cache.k_cache, start_pos)
+    torch.ops.llama.update_cache(qkv[:, :, h + hkv:], self.kv_cache.v_cache, start_pos)
+    out = torch.ops.modelexport.sdpa(qkv, self.kv_cache.k_cache, self.kv_cache.v_cache, start_pos, h)
+    return self.wo(out.view(bsz, seqlen, h * d)), None
+
+
+def fuse_qkv_attention(model: torch.nn.Module) -> int:
+    """Give every plain attention layer of ExecuTorch's `Transformer` (custom KV cache, HF
+    rotate-half RoPE written as `rotate_half_matrix`) one fused q|k|v linear and the forward
+    above. The fused weight is the three stacked, so per-row quantization is unchanged; XNNPACK
+    runs one wider GEMM instead of three (the k and v ones are narrow and slow) and RoPE once.
+    Returns how many layers were fused (0: the model has something this does not cover)."""
+    import types
+
+    from executorch.examples.models.llama.attention import AttentionMHA
+    from executorch.examples.models.llama.source_transformation.custom_kv_cache import CustomKVCache
+
+    rope = getattr(model, "rope", None)
+    layers = [m for m in model.modules() if isinstance(m, AttentionMHA)]
+    plain = all(type(a.kv_cache) is CustomKVCache and a.rope is rope and a.enable_dynamic_shape
+                and not (a.use_q_gate or a.use_qk_norm or a.use_attn_o_gate or a.use_attn_o_norm)
+                and a.num_kv_shared_layers == 0 for a in layers)
+    if not layers or not plain or rope is None or not hasattr(rope, "rotate_half_matrix"):
+        return 0
+    h, hkv = layers[0].n_local_heads, layers[0].n_local_kv_heads
+    rotary = torch.zeros(h + 2 * hkv, 1)
+    rotary[:h + hkv] = 1.0
+    rope.register_buffer("rotary_heads", rotary, persistent=False)
+    rope.register_buffer("plain_heads", 1.0 - rotary, persistent=False)
+    for a in layers:
+        w = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight])
+        biases = [lin.bias for lin in (a.wq, a.wk, a.wv)]
+        fused = torch.nn.Linear(w.shape[1], w.shape[0], bias=biases[0] is not None)
+        with torch.no_grad():
+            fused.weight.copy_(w)
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat(biases))
+        a.wqkv = fused
+        a.wq = a.wk = a.wv = None
+        a.forward = types.MethodType(_fused_attention_forward, a)
+    return len(layers)

@@ -1,0 +1,105 @@
+"""`modelexport::sdpa`, our C++ attention kernel for the CPU runtime: compiled here with g++
+against the executorch wheel, run by ExecuTorch's runtime inside a real program, compared with
+the reference (itself checked against torch's own causal SDPA)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from modelexport.errors import ToolchainError
+from modelexport.llm.native.sdpa_op import sdpa_reference
+
+pytestmark = pytest.mark.xdist_group("native_sdpa")
+
+
+class _OneAttention(torch.nn.Module):
+    def __init__(self, q_heads: int):
+        super().__init__()
+        self.q_heads = q_heads
+
+    def forward(self, q, k_cache, v_cache, pos):
+        return torch.ops.modelexport.sdpa(q, k_cache, v_cache, pos[0].item(), self.q_heads)
+
+
+def _program(tmp_path, n_max: int, heads: int, kv_heads: int, dim: int, cache_len: int, extra_heads: int = 0):
+    """An ExecuTorch program holding only the op (portable runtime, no delegate), dynamic n; the
+    query tensor carries `extra_heads` more heads after the `heads` queries (a fused q|k|v)."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    q = torch.randn(1, 2, heads + extra_heads, dim)
+    k = torch.randn(1, cache_len, kv_heads, dim)
+    dyn = ({1: torch.export.Dim("n", max=n_max)}, None, None, None)
+    ep = torch.export.export(_OneAttention(heads), (q, k, k.clone(), torch.tensor([0])), dynamic_shapes=dyn,
+                             strict=False)
+    prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
+    path = tmp_path / f"sdpa_{heads}_{kv_heads}_{dim}_{extra_heads}.pte"
+    path.write_bytes(prog.buffer)
+    from modelexport.llm.native import load_native_kernels
+    load_native_kernels()
+    from executorch.extension.pybindings import portable_lib as pl
+    return pl._load_for_executorch(str(path))
+
+
+def test_reference_is_torch_causal_sdpa_with_an_offset():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 5, 6, 16), torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16)
+    got = sdpa_reference(q, k, v, 7)
+    kk = k[:, :12].repeat_interleave(3, dim=2).transpose(1, 2)
+    vv = v[:, :12].repeat_interleave(3, dim=2).transpose(1, 2)
+    mask = torch.arange(12)[None, :] <= (7 + torch.arange(5))[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, attn_mask=mask).transpose(1, 2)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,extra", [(9, 3, 64, 6), (4, 4, 32, 0), (2, 1, 20, 0)])
+def test_kernel_matches_reference_for_decode_and_prefill(tmp_path, heads, kv_heads, dim, extra):
+    """GQA with a fused q|k|v input (SmolLM2's shapes), plain MHA, and a head size with no
+    vectorized path."""
+    cache_len = 300
+    method = _program(tmp_path, 64, heads, kv_heads, dim, cache_len, extra)
+    torch.manual_seed(1)
+    k = torch.randn(1, cache_len, kv_heads, dim) * 2
+    v = torch.randn(1, cache_len, kv_heads, dim)
+    # (n, start_pos): decode steps early and late, prefill chunks from 0 and mid-cache, and one
+    # long enough to be split over ExecuTorch's thread pool
+    for n, start in [(1, 0), (1, 5), (1, 298), (7, 0), (16, 40), (64, 236)]:
+        q = torch.randn(1, n, heads + extra, dim) * 3
+        got = method.forward((q, k, v, torch.tensor([start])))[0]
+        want = sdpa_reference(q, k, v, start, heads)
+        assert got.shape == want.shape
+        err = float((got - want).abs().max())
+        assert err < 2e-5, (n, start, err)
+
+
+def test_kernel_refuses_positions_beyond_the_cache(tmp_path):
+    method = _program(tmp_path, 8, 2, 1, 8, 10)
+    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 10, 1, 8)
+    with pytest.raises(RuntimeError):
+        method.forward((q, k, k, torch.tensor([8])))    # positions 8..11 of a 10-position cache
+
+
+@pytest.mark.parametrize("dim", [1, 32])   # the portable path and the AVX2 one (8 scores a vector)
+def test_exp_polynomial_is_float_accurate(tmp_path, dim):
+    """The kernel's softmax uses its own exp. Eight keys, key 1 scores `gap` and the others 0, only
+    key 1 has a value (1): the output is e^gap / (7 + e^gap), over the whole range of gaps."""
+    method = _program(tmp_path, 8, 1, 1, dim, 8)
+    k = torch.zeros(1, 8, 1, dim)
+    k[0, 1, 0, 0] = 1.0
+    v = k.clone()
+    for gap in (-100.0, -60.0, -20.0, -8.0, -3.0, -1.0, -0.3, -0.01, 0.0, 0.7, 5.0, 30.0):
+        q = torch.zeros(1, 1, 1, dim)
+        q[..., 0] = gap * math.sqrt(dim)              # undo the 1/sqrt(D) scale
+        got = float(method.forward((q, k, v, torch.tensor([7])))[0].reshape(-1)[0])
+        want = math.exp(gap) / (7 + math.exp(gap)) if gap < 50 else 1.0
+        assert abs(got - want) <= 1e-7 + 1e-6 * want, (gap, got, want)
+
+
+def test_missing_compiler_is_a_clear_toolchain_error(tmp_path, monkeypatch):
+    from modelexport.llm import native
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ToolchainError, match="C\\+\\+ compiler"):
+        native.build_kernels()
