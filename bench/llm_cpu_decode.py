@@ -7,9 +7,10 @@
   under bench/.work/ (never in the project's venv).
 
 64 new tokens after a ~20-token prompt, greedy, EOS ignored (the C++ runner stops at EOS; it
-records how many it made); each engine runs 3 times, interleaved (A B C D A B C D ...) so that
+records how many it made); each engine runs 5 times, interleaved (A B C D A B C D ...) so that
 load from other processes hits all alike; the median is reported, and every engine's decode
-speed as a ratio to llama.cpp's (the goal: modelexport >= 1.3x llama.cpp). Also recorded: the
+speed as a ratio to llama.cpp's (the goal: modelexport >= 1.3x llama.cpp), both as the ratio of
+the medians and as the median of the per-round ratios (steadier on a host whose speed drifts). Also recorded: the
 CPU program's build time cold and cached, and greedy agreement with transformers (fp32
 program: must be equal; 8da4w: the length of the common prefix).
 
@@ -197,7 +198,7 @@ def summarize(runs):
 def main() -> None:
     global NEW
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--skip-llamacpp", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true", help="skip the fp32 CPU program (greedy equality check)")
     ap.add_argument("--skip-hf", action="store_true")
@@ -301,8 +302,14 @@ def main() -> None:
         ref = result["engines"]["llamacpp_q4_1"]["median_decode_tok_s"]
         result["decode_ratio_to_llamacpp"] = {k: round(v["median_decode_tok_s"] / ref, 3)
                                               for k, v in result["engines"].items()}
+        # the host's speed drifts between rounds (a shared VM): the ratio within each round, where
+        # the engines ran back to back, is steadier than the ratio of the medians
+        paired = {k: round(statistics.median(r["decode_tok_s"] / l["decode_tok_s"] for r, l in zip(v, llama_runs)), 3)
+                  for k, v in engines.items() if v and k != "llamacpp_q4_1"}
+        result["decode_ratio_to_llamacpp_median_of_rounds"] = paired
         result["goal"] = {"modelexport_decode_vs_llamacpp_at_least": GOAL_VS_LLAMACPP,
-                          "measured": cmp["llamacpp_q4_1"], "met": cmp["llamacpp_q4_1"] >= GOAL_VS_LLAMACPP}
+                          "measured": cmp["llamacpp_q4_1"], "measured_median_of_rounds": paired["modelexport_cpu_8da4w"],
+                          "met": min(cmp["llamacpp_q4_1"], paired["modelexport_cpu_8da4w"]) >= GOAL_VS_LLAMACPP}
 
     # ---- greedy agreement with transformers
     if hf is not None:
@@ -323,7 +330,8 @@ def main() -> None:
     result["host"]["loadavg_end"] = os.getloadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: result[k] for k in ("engines", "decode_ratio_to_llamacpp", "goal") if k in result}, indent=1))
+    print(json.dumps({k: result[k] for k in ("engines", "decode_ratio_to_llamacpp", "decode_ratio_to_llamacpp_median_of_rounds",
+                                              "goal") if k in result}, indent=1))
     print("wrote", a.out)
 
 

@@ -31,7 +31,7 @@ def sdpa_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     allowed = torch.arange(length)[None, :] <= (int(start_pos) + torch.arange(n))[:, None]   # [n, L]
     scores = scores.masked_fill(~allowed, float("-inf"))
     out = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v)
-    return out.unsqueeze(0).to(query.dtype)
+    return out.unsqueeze(0).to(query.dtype).contiguous()
 
 
 @torch.library.impl(_LIB, "sdpa", "CompositeExplicitAutograd")
