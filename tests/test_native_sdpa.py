@@ -103,3 +103,21 @@ def test_missing_compiler_is_a_clear_toolchain_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(ToolchainError, match="C\\+\\+ compiler"):
         native.build_kernels()
+
+
+def test_fused_attention_model_matches_transformers_in_eager():
+    """`fuse_qkv_attention` as plain PyTorch (the op's reference), before any export: the logits
+    of Hugging Face's model, for a prompt and then one more token at its position."""
+    from llm_tiny import tiny_llama
+    from modelexport.llm.xnnpack_export import build_transformer
+
+    hf = tiny_llama(2)
+    model, _ = build_transformer(hf, 64, "native")
+    assert all(a.wq is None and a.wqkv.out_features == (4 + 2 * 2) * 16 for a in (l.attention for l in model.layers))
+    ids = [1, 72, 101, 108, 108, 111, 32]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+        first = model(torch.tensor([ids[:6]]), {"input_pos": torch.tensor([0])})
+        last = model(torch.tensor([ids[6:]]), {"input_pos": torch.tensor([6])})
+    first, last = (x[0] if isinstance(x, tuple) else x for x in (first, last))
+    assert torch.allclose(first.reshape(-1), ref[5], atol=1e-4) and torch.allclose(last.reshape(-1), ref[6], atol=1e-4)
