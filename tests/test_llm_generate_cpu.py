@@ -266,3 +266,24 @@ def test_weight_quantizer_beats_min_max_per_group():
     exact = torch.randint(-8, 8, (8, 64), generator=torch.Generator().manual_seed(1)).float() * 0.25
     q, scale = quantize_weight(exact, 4, 32)
     assert torch.equal((q.reshape(8, 2, 32) * scale.unsqueeze(-1)).reshape(8, 64), exact)
+
+
+def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, cli, tmp_path):
+    """No C++ compiler and no kernel built yet: our program stops before its first call with the
+    fix; a program without our ops (ExecuTorch's attention) still generates."""
+    from modelexport.llm.cpu_runtime import calls_native_kernels
+
+    _, pte, _ = fp32
+    env = {"CXX": str(tmp_path / "no-such-g++"), "MODELEXPORT_CACHE_DIR": str(tmp_path / "empty-cache")}
+    assert calls_native_kernels(pte)
+    assert_clean_error(cli("generate", str(pte), "-p", "hi", "--max-new-tokens", "2", env=env), "g++")
+    model = tiny_llama(2)
+    folder = tmp_path / "et"
+    folder.mkdir()
+    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+    export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=32, embedding_bits=None, attention="executorch"),
+               bos_id=BOS, eos_ids=[EOS])
+    tiny_tokenizer().save(folder)
+    assert not calls_native_kernels(folder / "model.pte")
+    proc = cli("generate", str(folder / "model.pte"), "-p", "hi", "--max-new-tokens", "2", env=env)
+    assert proc.returncode == 0, proc.stderr

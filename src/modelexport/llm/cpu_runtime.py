@@ -79,6 +79,15 @@ def load_native_kernels_if_possible() -> ToolchainError | None:
     return None
 
 
+def calls_native_kernels(pte: Path) -> bool:
+    """Whether the program names one of our operators (the plan stores operator names as text)."""
+    import mmap
+
+    from .native import OPERATOR_NAMESPACE
+    with open(pte, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(OPERATOR_NAMESPACE.encode() + b"::") >= 0
+
+
 def set_threads(n: int | None) -> int:
     """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores)."""
     from executorch.extension.pybindings import portable_lib as pl
@@ -97,13 +106,13 @@ class ExecuTorchSession:
             raise InputError(f"ExecuTorch program not found: {pte}")
         load_llm_ops()
         native_error = load_native_kernels_if_possible()
+        if native_error is not None and calls_native_kernels(pte):
+            raise native_error    # else the program would fail at its first call, not here
         from executorch.extension.pybindings import portable_lib as pl
 
         try:
             self.module = pl._load_for_executorch(str(pte))
         except RuntimeError as e:
-            if native_error is not None:   # a program of ours whose attention kernel could not be built
-                raise native_error from None
             raise InputError(f"{pte} is not a loadable ExecuTorch program ({e})") from None
         if threads:
             set_threads(threads)

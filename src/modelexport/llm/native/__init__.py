@@ -24,6 +24,7 @@ from ...errors import ToolchainError
 HERE = Path(__file__).resolve().parent
 SOURCES = ("sdpa.cpp",)            # one shared library holds them all
 LIBRARY = "libmodelexport_kernels.so"
+OPERATOR_NAMESPACE = "modelexport"             # the kernels register modelexport::<op>.out
 LINK = ("executorch", "executorch_threadpool")   # the wheel's libraries the kernels call into
 _LOCK = threading.Lock()
 _LOADED: Path | None = None
