@@ -16,11 +16,14 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    does with `use_sdpa_with_kv_cache`); by default (`attention="native"`) each layer then gets
    one fused q|k|v projection and attends with our kernel `modelexport::sdpa`
    (`llm/native/sdpa.cpp`, compiled on first use) instead of `llama::custom_sdpa`: a decode
-   step is ~20% shorter at 60 positions and ~40% at 500 (`bench/attention_kernel.py`);
-3. weights are quantized (`8da4w`: int8 dynamic per-token activations, symmetric int4 weights
-   in groups of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
-   ExecuTorch's embedding quantizer), written with the `quantized_decomposed` ops XNNPACK
-   matches (see `DynamicQuantLinear` for why not torchao's affine ops), or kept fp32;
+   step is ~20% shorter at 60 positions and ~40% at 500 (`bench/cpu_kernels.py --option attention`);
+3. weights are quantized (`8da4w`: int8 dynamic activations, symmetric int4 weights in groups
+   of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
+   ExecuTorch's embedding quantizer), or kept fp32. By default (`linear="auto"`) 8da4w linears
+   run on our kernel `modelexport::linear_q4` (`llm/native/linear_q4.cpp`, activations in int8
+   per block of 32): a SmolLM2 decode step is ~12-18% shorter than with XNNPACK's block-4-bit
+   GEMM (`bench/cpu_kernels.py --option linear`); otherwise they are written with the `quantized_decomposed`
+   ops XNNPACK matches (see `DynamicQuantLinear` for why not torchao's affine ops);
 4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
    cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
    and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
@@ -42,9 +45,10 @@ from typing import Any
 
 from ..errors import InputError, ToolchainError, UnsupportedError
 
-EXPORT_FORMAT_VERSION = 5   # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 7   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
+LINEAR_KERNELS = ("auto", "native", "xnnpack")
 PTE_NAME = "model.pte"
 META_NAME = "llm.json"
 
@@ -60,7 +64,9 @@ class CpuExportOptions:
                                          # static one-token program (prompt fed token by token)
     fast_lowering: bool = True           # skip lowering work that provably changes nothing
     attention: str = "native"            # native: our AVX2 kernel (llm/native/sdpa.cpp) | executorch:
-                                         # llama::custom_sdpa (see bench/attention_kernel.py)
+                                         # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
+    linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
+                                         # auto: native for 8da4w in groups of 32, else xnnpack
 
     def __post_init__(self):
         if self.quant not in QUANT_MODES:
@@ -73,6 +79,14 @@ class CpuExportOptions:
             raise InputError(f"prefill chunk must be 0 (dynamic) or 1, got {self.prefill_chunk}")
         if self.attention not in ATTENTION_KERNELS:
             raise InputError(f"unknown attention kernel {self.attention!r}", f"choose one of: {', '.join(ATTENTION_KERNELS)}")
+        if self.linear not in LINEAR_KERNELS:
+            raise InputError(f"unknown linear kernel {self.linear!r}", f"choose one of: {', '.join(LINEAR_KERNELS)}")
+        native_fits = self.quant == "8da4w" and self.group_size == 32
+        if self.linear == "auto":
+            object.__setattr__(self, "linear", "native" if native_fits else "xnnpack")
+        elif self.linear == "native" and not native_fits:
+            raise InputError("the native linear kernel runs 8da4w weights in groups of 32 only",
+                             "use quant 8da4w with group size 32, or linear='xnnpack'")
         if self.max_seq_len < 8:
             raise InputError(f"--max-seq-len must be at least 8, got {self.max_seq_len}")
 
@@ -371,14 +385,25 @@ def quantize_model(model, opts: CpuExportOptions):
         if opts.quant in ("8da4w", "8da8w"):
             bits = 4 if opts.quant == "8da4w" else 8
             group = opts.group_size if bits == 4 else 0
-            cls = _quantized_linear_class()
+            if opts.linear == "native":
+                from .native.linear_q4_op import Q4Linear, fuse_swiglu
+
+                fuse_swiglu(model, lambda w: quantize_weight(w, bits, group))
+
+                def make(q, scale, bias):
+                    return Q4Linear(q, scale, bias)
+            else:
+                cls = _quantized_linear_class()
+
+                def make(q, scale, bias):
+                    return cls(q, scale, bias, bits, group)
 
             def swap(parent):
                 for name, child in list(parent.named_children()):
                     if isinstance(child, torch.nn.Linear) and (not group or child.in_features % group == 0):
                         q, scale = quantize_weight(child.weight, bits, group)
                         bias = None if child.bias is None else child.bias.detach().float()
-                        setattr(parent, name, cls(q, scale, bias, bits, group))
+                        setattr(parent, name, make(q, scale, bias))
                     else:
                         swap(child)
             swap(model)

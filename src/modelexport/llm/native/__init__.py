@@ -22,7 +22,7 @@ from pathlib import Path
 from ...errors import ToolchainError
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("sdpa.cpp",)            # one shared library holds them all
+SOURCES = ("sdpa.cpp", "linear_q4.cpp")   # one shared library holds them all
 LIBRARY = "libmodelexport_kernels.so"
 OPERATOR_NAMESPACE = "modelexport"             # the kernels register modelexport::<op>.out
 LINK = ("executorch", "executorch_threadpool")   # the wheel's libraries the kernels call into
@@ -63,7 +63,7 @@ def _executorch_dirs() -> tuple[Path, Path, Path]:
 def build_command(out: Path) -> list[str]:
     cxx = shutil.which(os.environ.get("CXX") or "g++")
     if cxx is None:
-        raise ToolchainError("no C++ compiler (g++) was found; the CPU runtime compiles its attention kernel "
+        raise ToolchainError("no C++ compiler (g++) was found; the CPU runtime compiles its kernels (attention, 4-bit linear) "
                              "on first use", "install g++ (`apt-get install g++`), or set CXX to a C++ compiler")
     inc, lib, torch_inc = _executorch_dirs()
     # ExecuTorch's c10 copy first; torch's include tree only for the one generated macro header

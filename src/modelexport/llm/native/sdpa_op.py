@@ -13,7 +13,7 @@ import math
 
 import torch
 
-_LIB = torch.library.Library("modelexport", "DEF")
+_LIB = torch.library.Library("modelexport", "FRAGMENT")
 _LIB.define("sdpa(Tensor query, Tensor key_cache, Tensor value_cache, SymInt start_pos, int q_heads) -> Tensor")
 _LIB.define("sdpa.out(Tensor query, Tensor key_cache, Tensor value_cache, SymInt start_pos, int q_heads, *, "
             "Tensor(a!) out) -> Tensor(a!)")

@@ -1,14 +1,17 @@
-"""The CPU runtime's attention: our kernel (`modelexport::sdpa`, llm/native/sdpa.cpp) against
-ExecuTorch's `llama::custom_sdpa`, side by side in one run, on SmolLM2-135M 8da4w programs that
-differ only in that op.
+"""The CPU runtime's own kernels against the ones they replace, side by side in one run, on
+SmolLM2-135M 8da4w programs that differ only in that op:
+
+- `--option attention`: our `modelexport::sdpa` (llm/native/sdpa.cpp) vs ExecuTorch's
+  `llama::custom_sdpa` → results/attention_kernel.json;
+- `--option linear`: our `modelexport::linear_q4` (llm/native/linear_q4.cpp) vs XNNPACK's
+  block-4-bit GEMM (qd8-f32-qb4w) → results/linear_kernel.json.
 
 For each cache position P: prefill to P, then time 32 decode steps at P..P+31; 3 rounds,
 programs interleaved, median step time per program, and the ratio. Also the greedy tokens of
-both programs for the decode bench's prompt (they should agree: same arithmetic up to float
-rounding) and each program's perplexity span check is left to `llm_cpu_decode.py`.
+both programs for the decode bench's prompt (8da4w SmolLM2 is chaotic under float rounding:
+they part early even for the same arithmetic; perplexity is left to `llm_cpu_decode.py`).
 
-    .venv/bin/python bench/attention_kernel.py [--positions 32,128,512,1024,2000] [--out FILE]
-writes bench/results/attention_kernel.json
+    .venv/bin/python bench/cpu_kernels.py --option attention|linear [--positions 32,128,512,1024,2000] [--out FILE]
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "attention_kernel.json"
+# option → (ours, theirs, results file)
+OPTIONS = {"attention": ("native", "executorch", "attention_kernel.json"),
+           "linear": ("native", "xnnpack", "linear_kernel.json")}
 STEPS = 32
 ROUNDS = 3
 
@@ -43,8 +48,11 @@ def step_ms(session, position: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--positions", default="32,128,512,1024,2000")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--option", choices=sorted(OPTIONS), required=True)
+    ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    ours, theirs, results_name = OPTIONS[a.option]
+    out = a.out or HERE / "results" / results_name
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sys
     sys.path.insert(0, str(HERE))
@@ -54,12 +62,12 @@ def main() -> None:
     from modelexport.llm.cpu_runtime import ExecuTorchSession
     from modelexport.llm.xnnpack_export import CpuExportOptions, build_cached
 
-    programs, result = {}, {"bench": "attention_kernel", "model": GGUF.name, "threads": THREADS,
+    programs, result = {}, {"bench": results_name[:-5], "option": a.option, "model": GGUF.name, "threads": THREADS,
                             "steps_per_position": STEPS, "rounds": ROUNDS,
                             "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
                                      "loadavg_start": os.getloadavg()}}
-    for kernel in ("native", "executorch"):
-        entry, meta, hit = build_cached(GGUF, CpuExportOptions(attention=kernel), cache_dir=CACHE)
+    for kernel in (ours, theirs):
+        entry, meta, hit = build_cached(GGUF, CpuExportOptions(**{a.option: kernel}), cache_dir=CACHE)
         programs[kernel] = ExecuTorchSession(entry / meta["pte"], threads=THREADS)
         result.setdefault("build", {})[kernel] = {"cold_export_s": meta["export_seconds"], "this_run": "cache hit" if hit else "built now"}
     positions = [int(p) for p in a.positions.split(",")]
@@ -72,9 +80,9 @@ def main() -> None:
                 s.reset()
                 runs[k][p].append(step_ms(s, p))
     result["decode_step_ms"] = {k: {str(p): round(statistics.median(v), 3) for p, v in per.items()} for k, per in runs.items()}
-    result["speedup_native_vs_executorch"] = {
-        str(p): round(result["decode_step_ms"]["executorch"][str(p)] / result["decode_step_ms"]["native"][str(p)], 3)
-        for p in positions}
+    speedup = f"speedup_{ours}_vs_{theirs}"
+    result[speedup] = {str(p): round(result["decode_step_ms"][theirs][str(p)] / result["decode_step_ms"][ours][str(p)], 3)
+                       for p in positions}
     # greedy agreement on the decode bench's prompt, 64 tokens
     tok = llm.load(GGUF, cache_dir=CACHE, threads=THREADS).tokenizer
     ids = tok.encode(PROMPT)
@@ -87,13 +95,13 @@ def main() -> None:
             out.append(t)
             logits = s.feed([t])
         outs[k] = out
-    same = next((i for i, (x, y) in enumerate(zip(outs["native"], outs["executorch"])) if x != y), 64)
-    result["greedy_agreement_tokens"] = {"native_vs_executorch": same, "of": 64}
+    same = next((i for i, (x, y) in enumerate(zip(outs[ours], outs[theirs])) if x != y), 64)
+    result["greedy_agreement_tokens"] = {f"{ours}_vs_{theirs}": same, "of": 64}
     result["host"]["loadavg_end"] = os.getloadavg()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("decode_step_ms", "speedup_native_vs_executorch", "greedy_agreement_tokens")}, indent=1))
-    print("wrote", a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("decode_step_ms", speedup, "greedy_agreement_tokens")}, indent=1))
+    print("wrote", out)
 
 
 if __name__ == "__main__":
