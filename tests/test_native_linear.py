@@ -91,14 +91,53 @@ def test_swiglu_kernel_matches_reference_and_the_unfused_mlp(tmp_path):
     unfused = torch.nn.functional.silu(gate(x)) * up(x)
     assert torch.allclose(swiglu_q4_reference(x, layer.weight, layer.scales), unfused, atol=1e-5)
     big_gate, big_up = quantize_weight(torch.randn(1536, 576), 4, 32), quantize_weight(torch.randn(1536, 576), 4, 32)
-    for layer, k in ((layer, 96), (Q4GateUp(*big_gate, *big_up).eval(), 576)):
+    big = Q4GateUp(*big_gate, *big_up).eval()
+    big.set_norm(torch.rand(576) + 0.5, 1e-5)            # as a fused block runs it: RMSNorm inside
+    for layer, k in ((layer, 96), (big, 576)):
         method = _program(tmp_path, layer, k)
         for n in (1, 9):
             x = torch.randn(1, n, k)
             got = method.forward((x,))[0]
-            want = swiglu_q4_reference(x, layer.weight, layer.scales)
+            want = layer(x)                                   # the reference op, norm included
             assert got.shape == want.shape
             assert float((got - want).abs().max()) <= 2e-5 * float(want.abs().max()) + 1e-5
+
+
+class _NormLinearResidual(torch.nn.Module):
+    """linear_q4 with an RMSNorm before and a residual after (how a fused block calls it)."""
+
+    def __init__(self, layer: Q4Linear):
+        super().__init__()
+        self.layer = layer
+        self.weight = layer.weight
+
+    def forward(self, x, residual):
+        return self.layer(x, residual)
+
+
+def test_norm_and_residual_inside_the_kernel(tmp_path):
+    layer, _ = _q4_linear(576, 576, bias=False, seed=3)
+    g = torch.rand(576) + 0.5
+    layer.set_norm(g, 1e-5)
+    x, res = torch.randn(1, 5, 576) * 4, torch.randn(1, 5, 576)
+    unfused = torch.ops.modelexport.linear_q4(
+        (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * g).contiguous(), layer.weight, layer.scales) + res
+    assert torch.allclose(layer(x, res), unfused, atol=1e-4)
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    from modelexport.llm.native import load_native_kernels
+    dyn = ({1: torch.export.Dim("n", max=16)}, {1: torch.export.Dim("n", max=16)})
+    wrapped = _NormLinearResidual(layer).eval()
+    ep = torch.export.export(wrapped, (x, res), dynamic_shapes=dyn, strict=False)
+    path = tmp_path / "norm_residual.pte"
+    path.write_bytes(to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer)
+    load_native_kernels()
+    from executorch.extension.pybindings import portable_lib as pl
+    method = pl._load_for_executorch(str(path))
+    for n in (1, 5):
+        got = method.forward((x[:, :n].contiguous(), res[:, :n].contiguous()))[0]
+        want = layer(x[:, :n], res[:, :n])
+        assert float((got - want).abs().max()) <= 2e-5 * float(want.abs().max()) + 1e-5
 
 
 def test_options_pick_the_kernel_and_refuse_what_it_cannot_run():

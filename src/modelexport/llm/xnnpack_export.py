@@ -20,10 +20,12 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
 3. weights are quantized (`8da4w`: int8 dynamic activations, symmetric int4 weights in groups
    of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
    ExecuTorch's embedding quantizer), or kept fp32. By default (`linear="auto"`) 8da4w linears
-   run on our kernel `modelexport::linear_q4` (`llm/native/linear_q4.cpp`, activations in int8
-   per block of 32): a SmolLM2 decode step is ~12-18% shorter than with XNNPACK's block-4-bit
-   GEMM (`bench/cpu_kernels.py --option linear`); otherwise they are written with the `quantized_decomposed`
-   ops XNNPACK matches (see `DynamicQuantLinear` for why not torchao's affine ops);
+   run on our kernels (`llm/native/linear_q4.cpp`, activations in int8 per block of 32): one
+   call for q|k|v with the RMSNorm before it, one for o with the residual add after it, one for
+   gate|up with the norm and SwiGLU, one for down with the residual (`fuse_blocks`), so only
+   RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
+   are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
+   why not torchao's affine ops);
 4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
    cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
    and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
@@ -45,7 +47,7 @@ from typing import Any
 
 from ..errors import InputError, ToolchainError, UnsupportedError
 
-EXPORT_FORMAT_VERSION = 7   # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 8   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -386,7 +388,7 @@ def quantize_model(model, opts: CpuExportOptions):
             bits = 4 if opts.quant == "8da4w" else 8
             group = opts.group_size if bits == 4 else 0
             if opts.linear == "native":
-                from .native.linear_q4_op import Q4Linear, fuse_swiglu
+                from .native.linear_q4_op import Q4Linear, fuse_blocks, fuse_swiglu
 
                 fuse_swiglu(model, lambda w: quantize_weight(w, bits, group))
 
@@ -407,6 +409,8 @@ def quantize_model(model, opts: CpuExportOptions):
                     else:
                         swap(child)
             swap(model)
+            if opts.linear == "native":
+                fuse_blocks(model)
     return model
 
 

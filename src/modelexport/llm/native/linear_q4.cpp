@@ -3,7 +3,10 @@
 //   weight uint8 [N, K/2]: row o, block b (32 input channels) is 16 bytes; byte j holds
 //     q[32b + j] + 8 in its low nibble and q[32b + 16 + j] + 8 in its high one (q in -8..7);
 //   scales bfloat16 [N, K/32]: W[o, 32b + i] = q * scale[o, b];
-//   bias float [N] or none; out float [..., N].
+//   bias float [N] or none; out float [..., N];
+//   optionally an RMSNorm first (norm_weight float [K], eps: x <- x * rsqrt(mean(x^2) + eps) * g,
+//   as the layer's norm would do before the projection) and a residual added after (float
+//   [..., N]): a Llama block is then norm+qkv, attention, o+residual, norm+gate|up, down+residual.
 // The activations are quantized on the fly to int8 per block of 32 (symmetric, scale max|x|/127,
 // as llama.cpp's Q8_0), so a block's dot product is exact in int32 and then scaled once.
 // Why our own: XNNPACK's AVX2 kernel for block-wise 4-bit weights (qd8-f32-qb4w 1x8c8) widens
@@ -184,8 +187,15 @@ enum class Epilogue { kBias, kSwiGLU };
 
 // Shared by both ops: checks, then out[t, :] = epilogue(W x_t) for every token t. `n_out` is the
 // output width: the weight's rows for kBias, half of them for kSwiGLU.
+struct Extras {                 // the optional parts of a call (null: not there)
+  const float* bias = nullptr;
+  const float* residual = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 0.f;
+};
+
 static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x, const Tensor& weight,
-                      const Tensor& scales, const float* bias_data, Epilogue epilogue, Tensor& out) {
+                      const Tensor& scales, const Extras& extras, Epilogue epilogue, Tensor& out) {
   ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
                       InvalidArgument, out, "%s: float32 input and output only", op);
   ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == ScalarType::Byte && scales.scalar_type() == ScalarType::BFloat16 &&
@@ -216,8 +226,19 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   qs.resize(static_cast<size_t>(tokens * blocks));
   qo.resize(static_cast<size_t>(tokens * blocks));
   const float* xd = x.const_data_ptr<float>();
-  for (int64_t t = 0; t < tokens; ++t)
-    quantize_row(xd + t * k, k, q.data() + t * k, qs.data() + t * blocks, qo.data() + t * blocks);
+  thread_local std::vector<float> normed;
+  if (extras.norm_weight) normed.resize(static_cast<size_t>(k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* row = xd + t * k;
+    if (extras.norm_weight) {
+      float ss = 0.f;
+      for (int64_t i = 0; i < k; ++i) ss += row[i] * row[i];
+      const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + extras.eps);
+      for (int64_t i = 0; i < k; ++i) normed[i] = row[i] * r * extras.norm_weight[i];
+      row = normed.data();
+    }
+    quantize_row(row, k, q.data() + t * k, qs.data() + t * blocks, qo.data() + t * blocks);
+  }
 
   const auto* w = static_cast<const uint8_t*>(weight.const_data_ptr());
   const auto* s = static_cast<const uint16_t*>(scales.const_data_ptr());
@@ -245,7 +266,9 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
           }
         } else {
           float* orow = od + t * n_out + o;
-          for (int64_t r = 0; r < rows; ++r) orow[r] = tmp[r] + (bias_data ? bias_data[o + r] : 0.f);
+          const float* res = extras.residual ? extras.residual + t * n_out + o : nullptr;
+          for (int64_t r = 0; r < rows; ++r)
+            orow[r] = tmp[r] + (extras.bias ? extras.bias[o + r] : 0.f) + (res ? res[r] : 0.f);
         }
       }
     }
@@ -259,22 +282,35 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   return out;
 }
 
+// The optional float tensors of a call, checked: null when absent or not of `numel` elements
+// (`ok` then false).
+static const float* optional_floats(const executorch::aten::optional<Tensor>& t, int64_t numel, bool& ok) {
+  if (!t.has_value()) return nullptr;
+  ok = ok && t->scalar_type() == ScalarType::Float && t->numel() == numel &&
+       executorch::runtime::tensor_is_contiguous(*t);
+  return t->const_data_ptr<float>();
+}
+
 Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                      const executorch::aten::optional<Tensor>& bias, Tensor& out) {
-  const float* bias_data = nullptr;
-  if (bias.has_value()) {
-    ET_KERNEL_CHECK_MSG(ctx, bias->scalar_type() == ScalarType::Float && bias->numel() == weight.size(0),
-                        InvalidArgument, out, "modelexport::linear_q4: bias must be float32 [N]");
-    bias_data = bias->const_data_ptr<float>();
-  }
-  return run_q4(ctx, "modelexport::linear_q4", x, weight, scales, bias_data, Epilogue::kBias, out);
+                      const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
+  bool ok = true;
+  const int64_t k = x.size(x.dim() - 1), n_out = weight.size(0);
+  Extras extras{optional_floats(bias, n_out, ok), optional_floats(residual, x.numel() / k * n_out, ok),
+                optional_floats(norm_weight, k, ok), static_cast<float>(eps)};
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out,
+                      "modelexport::linear_q4: bias [N], residual [..., N] and norm_weight [K] must be float32");
+  return run_q4(ctx, "modelexport::linear_q4", x, weight, scales, extras, Epilogue::kBias, out);
 }
 
 // silu(x G^T) * (x U^T) with G and U interleaved in groups of kRowsPerTask rows: one weight
 // read and one pass over the thread pool for a SwiGLU MLP's gate and up projections.
 Tensor& swiglu_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                      Tensor& out) {
-  return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, nullptr, Epilogue::kSwiGLU, out);
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
+  bool ok = true;
+  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q4: norm_weight must be float32 [K]");
+  return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, extras, Epilogue::kSwiGLU, out);
 }
 
 }  // namespace modelexport_native

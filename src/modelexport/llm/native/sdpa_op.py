@@ -74,7 +74,9 @@ def _fused_attention_forward(self, x, freqs_cos, freqs_sin, **kwargs):
     torch.ops.llama.update_cache(qkv[:, :, h:h + hkv], self.kv_cache.k_cache, start_pos)
     torch.ops.llama.update_cache(qkv[:, :, h + hkv:], self.kv_cache.v_cache, start_pos)
     out = torch.ops.modelexport.sdpa(qkv, self.kv_cache.k_cache, self.kv_cache.v_cache, start_pos, h)
-    return self.wo(out.view(bsz, seqlen, h * d)), None
+    out = out.view(bsz, seqlen, h * d)
+    residual = kwargs.get("residual")   # given by a fused block (linear_q4_op.fuse_blocks): wo adds it
+    return (self.wo(out) if residual is None else self.wo(out, residual)), None
 
 
 def fuse_qkv_attention(model: torch.nn.Module) -> int:
