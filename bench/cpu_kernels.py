@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     ours, theirs, results_name = OPTIONS[a.option]
-    out = a.out or HERE / "results" / results_name
+    out_path = a.out or HERE / "results" / results_name
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sys
     sys.path.insert(0, str(HERE))
@@ -98,10 +98,10 @@ def main() -> None:
     same = next((i for i, (x, y) in enumerate(zip(outs[ours], outs[theirs])) if x != y), 64)
     result["greedy_agreement_tokens"] = {f"{ours}_vs_{theirs}": same, "of": 64}
     result["host"]["loadavg_end"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result[k] for k in ("decode_step_ms", speedup, "greedy_agreement_tokens")}, indent=1))
-    print("wrote", out)
+    print("wrote", out_path)
 
 
 if __name__ == "__main__":
