@@ -11,6 +11,7 @@ from modelexport.errors import InputError
 from modelexport.llm.native.linear_q4_op import (Q4GateUp, Q4Linear, interleave_gate_up, linear_q4_reference,
                                                  pack_int4, quantize_activations, swiglu_q4_reference, unpack_int4)
 from modelexport.llm.xnnpack_export import CpuExportOptions, quantize_weight
+from native_programs import load_portable_program
 
 pytestmark = pytest.mark.xdist_group("native_linear")
 
@@ -24,18 +25,8 @@ def _q4_linear(n_out: int, k: int, bias: bool, seed: int = 0) -> tuple[Q4Linear,
 
 def _program(tmp_path, layer: torch.nn.Module, k: int, n_max: int = 64):
     """An ExecuTorch program holding only the op (portable runtime, no delegate), dynamic n."""
-    from executorch.exir import EdgeCompileConfig, to_edge
-
-    from modelexport.llm.native import load_native_kernels
-
-    dyn = ({1: torch.export.Dim("n", max=n_max)},)
-    ep = torch.export.export(layer, (torch.randn(1, 2, k),), dynamic_shapes=dyn, strict=False)
-    prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
-    path = tmp_path / f"{type(layer).__name__}_{layer.weight.shape[0]}_{k}.pte"
-    path.write_bytes(prog.buffer)
-    load_native_kernels()
-    from executorch.extension.pybindings import portable_lib as pl
-    return pl._load_for_executorch(str(path))
+    return load_portable_program(layer, (torch.randn(1, 2, k),), ({1: torch.export.Dim("n", max=n_max)},),
+                                 tmp_path / f"{type(layer).__name__}_{layer.weight.shape[0]}_{k}.pte")
 
 
 def test_packing_round_trips_and_keeps_the_block_layout():
@@ -123,17 +114,8 @@ def test_norm_and_residual_inside_the_kernel(tmp_path):
     unfused = torch.ops.modelexport.linear_q4(
         (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * g).contiguous(), layer.weight, layer.scales) + res
     assert torch.allclose(layer(x, res), unfused, atol=1e-4)
-    from executorch.exir import EdgeCompileConfig, to_edge
-
-    from modelexport.llm.native import load_native_kernels
     dyn = ({1: torch.export.Dim("n", max=16)}, {1: torch.export.Dim("n", max=16)})
-    wrapped = _NormLinearResidual(layer).eval()
-    ep = torch.export.export(wrapped, (x, res), dynamic_shapes=dyn, strict=False)
-    path = tmp_path / "norm_residual.pte"
-    path.write_bytes(to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer)
-    load_native_kernels()
-    from executorch.extension.pybindings import portable_lib as pl
-    method = pl._load_for_executorch(str(path))
+    method = load_portable_program(_NormLinearResidual(layer).eval(), (x, res), dyn, tmp_path / "norm_residual.pte")
     for n in (1, 5):
         got = method.forward((x[:, :n].contiguous(), res[:, :n].contiguous()))[0]
         want = layer(x[:, :n], res[:, :n])

@@ -10,6 +10,7 @@ import torch
 
 from modelexport.errors import ToolchainError
 from modelexport.llm.native.sdpa_op import sdpa_reference
+from native_programs import load_portable_program
 
 pytestmark = pytest.mark.xdist_group("native_sdpa")
 
@@ -26,20 +27,11 @@ class _OneAttention(torch.nn.Module):
 def _program(tmp_path, n_max: int, heads: int, kv_heads: int, dim: int, cache_len: int, extra_heads: int = 0):
     """An ExecuTorch program holding only the op (portable runtime, no delegate), dynamic n; the
     query tensor carries `extra_heads` more heads after the `heads` queries (a fused q|k|v)."""
-    from executorch.exir import EdgeCompileConfig, to_edge
-
     q = torch.randn(1, 2, heads + extra_heads, dim)
     k = torch.randn(1, cache_len, kv_heads, dim)
     dyn = ({1: torch.export.Dim("n", max=n_max)}, None, None, None)
-    ep = torch.export.export(_OneAttention(heads), (q, k, k.clone(), torch.tensor([0])), dynamic_shapes=dyn,
-                             strict=False)
-    prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
-    path = tmp_path / f"sdpa_{heads}_{kv_heads}_{dim}_{extra_heads}.pte"
-    path.write_bytes(prog.buffer)
-    from modelexport.llm.native import load_native_kernels
-    load_native_kernels()
-    from executorch.extension.pybindings import portable_lib as pl
-    return pl._load_for_executorch(str(path))
+    return load_portable_program(_OneAttention(heads), (q, k, k.clone(), torch.tensor([0])), dyn,
+                                 tmp_path / f"sdpa_{heads}_{kv_heads}_{dim}_{extra_heads}.pte")
 
 
 def test_reference_is_torch_causal_sdpa_with_an_offset():

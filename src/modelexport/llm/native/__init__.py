@@ -23,6 +23,7 @@ from ...errors import ToolchainError
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("sdpa.cpp", "linear_q4.cpp")   # one shared library holds them all
+HEADERS = ("kernel_common.h",)             # what they include (part of the cache key)
 LIBRARY = "libmodelexport_kernels.so"
 OPERATOR_NAMESPACE = "modelexport"             # the kernels register modelexport::<op>.out
 LINK = ("executorch", "executorch_threadpool")   # the wheel's libraries the kernels call into
@@ -77,7 +78,7 @@ def cache_key() -> str:
     from importlib.metadata import version
 
     from ...cache import cache_key as key
-    return key("native-kernels", [(s, (HERE / s).read_bytes()) for s in SOURCES], version("executorch"),
+    return key("native-kernels", [(s, (HERE / s).read_bytes()) for s in SOURCES + HEADERS], version("executorch"),
                compile_flags(), LINK, platform.machine())
 
 

@@ -14,27 +14,9 @@
 // reading the weights: here two blocks (64 weights) cost one load, two byte-wise multiply-adds
 // (maddubs) and a few more instructions, the next rows are prefetched, and the step is memory-
 // bound (bench/cpu_kernels.py --option linear).
-#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
-#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
-#include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace modelexport_native {
-
-using executorch::aten::ScalarType;
-using executorch::aten::Tensor;
-using executorch::runtime::Error;
-using executorch::runtime::KernelRuntimeContext;
 
 constexpr int64_t kBlock = 32;
 
@@ -104,12 +86,6 @@ static void rows_generic(const uint8_t* w, const uint16_t* s, int64_t k, const Q
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum(__m256 x) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
 constexpr int64_t kMaxBlocks = 512;   // K up to 16384 on the AVX2 path
 constexpr int64_t kPrefetchRows = 4;
 

@@ -11,27 +11,9 @@
 // that share a KV head are done one after the other on cached rows, the head size is a
 // compile-time constant (q and the output accumulator stay in AVX2 registers), and exp is a
 // polynomial on 8 lanes.
-#include <executorch/extension/kernel_util/make_boxed_from_unboxed_functor.h>
-#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
-#include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "kernel_common.h"
 
 namespace modelexport_native {
-
-using executorch::aten::ScalarType;
-using executorch::aten::Tensor;
-using executorch::runtime::Error;
-using executorch::runtime::KernelRuntimeContext;
 
 // exp(x) for x <= 0 (scores minus their max): 2^k * p(r), r in [-ln2/2, ln2/2], degree-6
 // polynomial (relative error < 2e-7, below float32 rounding of the softmax sums); `exp8` below
@@ -88,12 +70,6 @@ static void attend_generic(const Shapes& s, const float* q, const float* k, cons
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum(__m256 x) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
 // exp_nonpositive on 8 lanes (same polynomial)
 static inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
