@@ -100,7 +100,6 @@ class _NormLinearResidual(torch.nn.Module):
     def __init__(self, layer: Q4Linear):
         super().__init__()
         self.layer = layer
-        self.weight = layer.weight
 
     def forward(self, x, residual):
         return self.layer(x, residual)

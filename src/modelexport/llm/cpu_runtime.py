@@ -6,9 +6,9 @@ is the shared loop in `generate`, the same for every backend and with every samp
 
 Why not ExecuTorch's C++ runner (`TextLLMRunner`) for the loop: `bench/llm_cpu_decode.py`
 runs both on the same program. On SmolLM2-135M 8da4w, 2 cores, a decode step here is the C++
-forward call (~7-8 ms; the bindings add ~0.16 ms of it) plus ~0.15 ms of Python (sampling
-included); in the benchmark the two loops are within a few percent of each other, either way
-round from run to run. Its interface does not fit the shared loop: a text prompt only (no
+forward call (~7-9 ms; the bindings add ~0.16 ms of it) plus ~0.15 ms of Python (sampling
+included); in the benchmark the runner decoded 4-16% faster on the same program (more than
+these figures explain; not found why). Its interface does not fit the shared loop: a text prompt only (no
 token ids, so no chat cache reuse or our chat templates), it always stops at EOS, samples with
 temperature only (no top-k/top-p/repetition penalty/seed) and has no stop strings or sliding
 window. A greedy/temperature-only fast path through it is possible but would give a second,

@@ -53,8 +53,7 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
     int32_t sum = 0;
     for (int i = 0; i < kBlock; ++i) {
       const int v = static_cast<int>(std::nearbyint(xb[i] * inv));
-      // an odd last block has no partner: it is stored plainly after the pairs
-      q[blocks % 2 && b == blocks - 1 ? b * kBlock + i : value_index(b, i)] = static_cast<int8_t>(v);
+      q[value_index(b, i)] = static_cast<int8_t>(v);
       sum += v;
     }
     scale[b] = d;
@@ -72,11 +71,10 @@ static void rows_generic(const uint8_t* w, const uint16_t* s, int64_t k, const Q
     float acc = 0.f;
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* wb = wr + b * 16;
-      const bool alone = blocks % 2 && b == blocks - 1;
       int32_t dot = 0;
       for (int j = 0; j < 16; ++j) {
-        const int8_t lo = a.q[alone ? b * kBlock + j : value_index(b, j)];
-        const int8_t hi = a.q[alone ? b * kBlock + 16 + j : value_index(b, 16 + j)];
+        const int8_t lo = a.q[value_index(b, j)];
+        const int8_t hi = a.q[value_index(b, 16 + j)];
         dot += (wb[j] & 15) * lo + (wb[j] >> 4) * hi;
       }
       acc += (static_cast<float>(dot) - a.offset[b]) * (bf16_to_float(sr[b]) * a.scale[b]);
@@ -198,7 +196,9 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> qs;
   thread_local std::vector<float> qo;
-  q.resize(static_cast<size_t>(tokens * k));
+  // a token's values take whole pairs of blocks (an odd last block leaves its partner unused)
+  const int64_t q_stride = (blocks + 1) / 2 * 2 * kBlock;
+  q.resize(static_cast<size_t>(tokens * q_stride));
   qs.resize(static_cast<size_t>(tokens * blocks));
   qo.resize(static_cast<size_t>(tokens * blocks));
   const float* xd = x.const_data_ptr<float>();
@@ -213,7 +213,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
       for (int64_t i = 0; i < k; ++i) normed[i] = row[i] * r * extras.norm_weight[i];
       row = normed.data();
     }
-    quantize_row(row, k, q.data() + t * k, qs.data() + t * blocks, qo.data() + t * blocks);
+    quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * blocks, qo.data() + t * blocks);
   }
 
   const auto* w = static_cast<const uint8_t*>(weight.const_data_ptr());
@@ -232,7 +232,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
     for (int64_t task = begin; task < end; ++task) {
       const int64_t o = task * task_rows, rows = std::min(task_rows, w_rows - o);
       for (int64_t t = 0; t < tokens; ++t) {
-        const QuantRow a{qd + t * k, qsd + t * blocks, qod + t * blocks};
+        const QuantRow a{qd + t * q_stride, qsd + t * blocks, qod + t * blocks};
         rows_fn(w + o * (k / 2), s + o * blocks, k, a, rows, tmp);
         if (epilogue == Epilogue::kSwiGLU) {     // tmp: kRowsPerTask gate rows, then their up rows
           float* orow = od + t * n_out + task * kRowsPerTask;
