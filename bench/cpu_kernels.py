@@ -59,8 +59,8 @@ def main() -> None:
     from llm_cpu_decode import CACHE, GGUF, PROMPT, THREADS
 
     import modelexport.llm as llm
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
-    from modelexport.llm.xnnpack_export import CpuExportOptions, build_cached
+    from modelexport.llm.cpu.session import ExecuTorchSession
+    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
 
     programs, result = {}, {"bench": results_name[:-5], "option": a.option, "model": GGUF.name, "threads": THREADS,
                             "steps_per_position": STEPS, "rounds": ROUNDS,

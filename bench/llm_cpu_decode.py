@@ -107,9 +107,9 @@ def perplexities(entry: Path, llama_ok: bool) -> dict:
     ratio is only fair at comparable quality."""
     import tempfile
 
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
-    from modelexport.llm.evaluate import CpuProgramRunner, evaluate, perplexity
-    from modelexport.llm.export.calibration import read_text, tokenize
+    from modelexport.llm.cpu.session import ExecuTorchSession
+    from modelexport.runtime.evaluate import CpuProgramRunner, evaluate, perplexity
+    from modelexport.llm.text import read_text, tokenize
     from modelexport.llm.tokenizers import load_tokenizer_json
     ids = tokenize(load_tokenizer_json(entry / "tokenizer.json"), read_text(None).text, PPL_TOKENS)
     out = {"text": "lee_background.cor", "tokens": len(ids), "window": PPL_WINDOW}
@@ -145,7 +145,7 @@ def run_et_runner(pte, tok_json, prompt_text, runs_out):
     differently: prompt_tokens / generated_tokens). `num_generated_tokens` counts the decode
     steps only (the first token comes out of prefill), so decode tok/s is n / decode time, the
     same definition as ours (generated - 1 forward passes after the first token)."""
-    from modelexport.llm.cpu_runtime import load_llm_ops
+    from modelexport.llm.cpu.session import load_llm_ops
     load_llm_ops()   # else: "Missing operator llama::custom_sdpa.out"
     from executorch.extension.llm.runner._llm_runner import GenerationConfig, TextLLMRunner
     stats = {}
@@ -214,7 +214,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
 
     import modelexport.llm as llm
-    from modelexport.llm.xnnpack_export import CpuExportOptions, build_cached
+    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
 
     result: dict = {"bench": "llm_cpu_decode", "model": GGUF.name, "prompt": PROMPT, "new_tokens": NEW,
                     "group_size_8da4w": a.group_size,

@@ -70,7 +70,7 @@ def main() -> None:
     result.write_text(json.dumps(out, indent=2))
 
     os.environ["MODELEXPORT_CACHE_DIR"] = str(cache)
-    from modelexport.llm.evaluate import evaluate
+    from modelexport.runtime.evaluate import evaluate
     # float on the reference span (2048 tokens, 512-token windows: measured 30.9 before)
     t0 = time.perf_counter()
     ref = evaluate(gguf, None, stages=["float"], window=512, max_tokens=2048, max_seq_len=512)

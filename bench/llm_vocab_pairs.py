@@ -31,7 +31,7 @@ def main() -> None:
     if not ARCHIVE.is_file():
         sys.exit(f"{ARCHIVE} is missing: pip download --no-deps --no-binary=:all: llama-cpp-python==0.3.36 -d {ARCHIVE.parent}")
     os.environ.setdefault("MODELEXPORT_CACHE_DIR", str(HERE / ".work" / "cache"))
-    from modelexport.errors import ModelExportError
+    from modelexport.core.errors import ModelExportError
     from modelexport.llm.tokenizers import load_gguf_tokenizer
 
     out: dict = {"bench": "llm_vocab_pairs", "source": ARCHIVE.name, "vocabs": {}}

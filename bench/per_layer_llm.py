@@ -51,7 +51,7 @@ def _fake_quant_forward(bundle: Path, samples: int) -> dict:
     code = f"""
 import json, time
 import numpy as np, onnxruntime as ort
-from modelexport.artifacts import open_bundle
+from modelexport.contract import open_bundle
 b = open_bundle({str(bundle)!r})
 n = max(g.extra["n_tokens"] for g in b.manifest.graphs)
 g = next(g for g in b.manifest.graphs if g.extra["n_tokens"] == n)

@@ -24,10 +24,10 @@ RUNS = int(os.environ.get("BENCH_RUNS", "5"))
 
 def main() -> None:
     import modelexport
-    from modelexport.profiling import profile_bundle
-    from modelexport.profiling.profiler import time_runs
+    from modelexport.profiling.ort_profile import time_runs
+    from modelexport.runtime.runners import profile_bundle
     from modelexport.quant.per_layer import per_layer
-    from modelexport.runtime.verify import stored_samples
+    from modelexport.backends.ort_qnn.verify import stored_samples
     from modelexport.zoo.imagenet import save_sample_photos
     from modelexport.zoo.mobilenet_v2 import export_onnx
     out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "note": "shared 2-core host; noisy",
@@ -62,7 +62,7 @@ def main() -> None:
         t0 = time.perf_counter()
         v = modelexport.verify(b4)
         t_verify = time.perf_counter() - t0
-        bundle = modelexport.artifacts.open_bundle(b4)
+        bundle = modelexport.contract.open_bundle(b4)
         t0 = time.perf_counter()
         pl = per_layer(b4 / "mobilenet_v2/model.onnx", b4 / "mobilenet_v2/model.qdq.onnx",
                        stored_samples(bundle, "mobilenet_v2"), 5.0, "16a4w", "mobilenet_v2")

@@ -55,7 +55,7 @@ QUALITY = {
 def _linear(layout: str, n: int, k: int, gen):
     import torch
 
-    from modelexport.llm.xnnpack_export import _quantized_linear_class, quantize_weight
+    from modelexport.llm.cpu.export import _quantized_linear_class, quantize_weight
     w = torch.randn(n, k, generator=gen) * 0.05
     if LAYOUTS[layout] is None:
         lin = torch.nn.Linear(k, n, bias=False)
@@ -118,8 +118,8 @@ def quality(tokens: int = 1024, window: int = 512) -> dict:
     import torch
 
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    from modelexport.llm.export.calibration import read_text
-    from modelexport.llm.xnnpack_export import quantize_weight
+    from modelexport.llm.text import read_text
+    from modelexport.llm.cpu.export import quantize_weight
     torch.set_num_threads(THREADS)
     llm = load_gguf_causal_lm(GGUF)
     model = llm.model.eval()

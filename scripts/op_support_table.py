@@ -113,8 +113,8 @@ def rows():
 
 
 def measure(name: str, make, precision: str, target: str) -> dict:
-    from modelexport.audit.et_audit import audit_torch
-    from modelexport.errors import ModelExportError
+    from modelexport.backends.executorch_qnn.audit import audit_torch
+    from modelexport.core.errors import ModelExportError
     module, example, dyn = make()
     t0 = time.perf_counter()
     try:

@@ -11,7 +11,7 @@ def load_portable_program(module: torch.nn.Module, example_args: tuple, dynamic_
     from executorch.exir import EdgeCompileConfig, to_edge
     from executorch.extension.pybindings import portable_lib as pl
 
-    from modelexport.llm.native import load_native_kernels
+    from modelexport.llm.cpu.kernels import load_native_kernels
 
     ep = torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes, strict=False)
     prog = to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from conftest import assert_clean_error
-from modelexport.artifacts import BundleWriter, GraphSpec, TensorSpec, open_bundle
-from modelexport.artifacts.atomic import atomic_file
-from modelexport.errors import IntegrityError, OutputExistsError
+from modelexport.contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from modelexport.core.atomic import atomic_file
+from modelexport.core.errors import IntegrityError, OutputExistsError
 
 
 def _write(out, force=False, payload=b"abc"):

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from modelexport.bundle_memo import BundleMemo
-from modelexport.errors import OutputExistsError
+from modelexport.contract.bundle_memo import BundleMemo
+from modelexport.core.errors import OutputExistsError
 from onnx_models import conv_relu
 
 OPTIONS = {"target": "SM8650", "precision": "8a8w", "use_cache": True}

@@ -72,8 +72,8 @@ def test_validator_refusal_is_reported_in_qnn_own_words():
 
 def test_unknown_rewrite_is_refused_before_any_work(block):
     import modelexport
-    from modelexport.errors import InputError
+    from modelexport.core.errors import InputError
     with pytest.raises(InputError) as e:
         modelexport.audit(block["spec"], rewrites=["no-such-pass"])
     assert "unknown rewrite pass 'no-such-pass'" in e.value.problem and "causal-mask" in e.value.fix
-    assert callable(modelexport.audit)   # the package `modelexport.audit` stays callable once imported
+    assert callable(modelexport.audit)   # still the API function once `modelexport.auditing` is imported

@@ -78,8 +78,8 @@ def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli):
 
 
 def test_our_protocol_reader_agrees_with_executorchs(topk_fp16):
-    from modelexport.backends.et_specs import qnn_ready
-    from modelexport.backends.pte_inspect import qnn_binaries
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.backends.executorch_qnn.inspect import qnn_binaries
     qnn_ready()
     import executorch.backends.qualcomm.python.PyQnnManagerAdaptor as PyQnnManagerAdaptor
     from executorch.exir._serialize._program import deserialize_pte_binary
@@ -162,7 +162,7 @@ def test_a_module_export_cannot_capture_names_the_module_and_the_reason(tmp_path
     assert_clean_error(proc, "torch.export cannot capture", "blocks.1", "data-dependent", "Gate.forward", "if x.sum() > 0")
     assert not (tmp_path / "out").exists()
     import modelexport
-    from modelexport.errors import InputError
+    from modelexport.core.errors import InputError
     with pytest.raises(InputError, match=r"blocks\.1.*data-dependent"):
         modelexport.audit(spec)
 
@@ -179,7 +179,7 @@ def test_missing_gcc_is_a_clear_message(tmp_path):
 
 def test_pytorch_only_options_and_formats_are_checked(tmp_path):
     import modelexport
-    from modelexport.errors import InputError
+    from modelexport.core.errors import InputError
     spec = write(tmp_path, "mlp", MLP)
     with pytest.raises(InputError, match="compiles to a .pte"):
         modelexport.compile(spec, output=tmp_path / "o", output_format="context-binary")
@@ -194,7 +194,7 @@ def test_dynamic_shapes_are_refused_before_any_work(tmp_path):
     import torch
 
     import modelexport
-    from modelexport.errors import UnsupportedError
+    from modelexport.core.errors import UnsupportedError
     m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
     seq = torch.export.Dim("seq", min=2, max=64)
     with pytest.raises(UnsupportedError, match="static shapes") as e:
@@ -206,7 +206,7 @@ def test_fp16_folds_batch_norms_into_convolutions():
     """Measured: left as its own HTP op in fp16, BatchNorm cost MobileNetV2 its accuracy (2.5 dB); folded, 47 dB."""
     import torch
 
-    from modelexport.backends.et_pipeline import prepare
+    from modelexport.backends.executorch_qnn.pipeline import prepare
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU6(),
                             torch.nn.Conv2d(8, 8, 3, groups=8), torch.nn.BatchNorm2d(8)).eval()

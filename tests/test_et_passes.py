@@ -41,7 +41,7 @@ def test_every_pass_file_registers_one_pass_with_a_test_case():
 def test_the_refused_node_moves_to_htp_and_outputs_do_not_change(name):
     import torch
 
-    from modelexport.audit.et_audit import audit_torch
+    from modelexport.backends.executorch_qnn.audit import audit_torch
     module, example, refused_op = CASES[name]()
     before = audit_torch(module, "SM8650", "fp16", example_inputs=example)
     assert [n.op_type for n in before.fallbacks] == [refused_op]

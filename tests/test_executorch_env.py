@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from modelexport.errors import ToolchainError
-from modelexport.targets import get_target
-from modelexport.toolchain.executorch_env import (adapter_status, build_adapter, ensure_executorch_qnn,
-                                                  loaded_by_name, read_build_id)
+from modelexport.core.errors import ToolchainError
+from modelexport.core.targets import get_target
+from modelexport.toolchain.executorch_env import (
+    adapter_status, build_adapter, ensure_executorch_qnn, loaded_by_name, read_build_id)
 from modelexport.toolchain.executorch_env import environment as et_env
 
 pytestmark = pytest.mark.xdist_group("executorch_qnn")
@@ -283,7 +283,7 @@ def test_which_qairt_builds_get_the_adapter(build_id, forced, expected, monkeypa
 
 _ORT_FIRST_IN_CHILD = textwrap.dedent("""
     from onnx import TensorProto, helper
-    from modelexport.errors import ToolchainError
+    from modelexport.core.errors import ToolchainError
     from modelexport.toolchain.executorch_env import ensure_executorch_qnn
     from modelexport.toolchain.ort_qnn import SessionPlan, create_session, node_assignment
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "relu",
@@ -304,7 +304,7 @@ _REAL_LIBRARY_FIRST_IN_CHILD = textwrap.dedent("""
     import ctypes
     import onnxruntime_qnn, pathlib
     ctypes.CDLL(str(pathlib.Path(onnxruntime_qnn.__file__).parent / "libQnnHtp.so"))  # a user's code, before us
-    from modelexport.errors import ToolchainError
+    from modelexport.core.errors import ToolchainError
     from modelexport.toolchain.executorch_env import ensure_executorch_qnn
     try:
         ensure_executorch_qnn()

@@ -43,7 +43,7 @@ def bundle(work):
 
 
 def test_bundle_has_both_graphs_named_and_shared(bundle):
-    from modelexport.qnn_context import read_context_binary
+    from modelexport.toolchain.qnn_context import read_context_binary
     m = bundle.manifest
     assert m.kind == "llm" and m.precision == "16a4w" and m.htp_arch["SM8650"] == 75
     names = sorted(g.name for g in m.graphs)
@@ -65,9 +65,9 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
 
 
 def test_twin_on_simulator_matches_fake_quant_cpu(bundle):
-    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.llm.static_runner import StaticRunner
-    from modelexport.runtime.metrics import compare
+    from modelexport.core.numerics import compare
     ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:12]
     logits = {}
     for stage in ("fake-quant", "htp-sim"):
@@ -90,8 +90,8 @@ def test_generate_on_htp_sim_backend(bundle):
 
 
 def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
-    from modelexport.errors import VerificationError
-    from modelexport.llm.export.genie import validate_genie_config
+    from modelexport.core.errors import VerificationError
+    from modelexport.backends.llm_qnn.genie import validate_genie_config
     cfg = json.loads(bundle.file("genie_config.json").read_text())
     assert cfg["dialog"]["engine"]["backend"]["type"] == "QnnHtp"
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
@@ -118,9 +118,9 @@ def test_second_compile_is_cached(bundle, work):
 
 def test_split_into_parts_on_a_low_limit(work, bundle):
     import modelexport
-    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.llm.static_runner import StaticRunner
-    from modelexport.runtime.metrics import compare
+    from modelexport.core.numerics import compare
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "split", target="SM8650", precision="16a4w",
                             variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                             calibration_samples=4, context_limit_mb=0.06)
@@ -153,8 +153,8 @@ def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_pat
     import re
     import shutil
 
-    from modelexport.artifacts import open_bundle
-    from modelexport.llm.export.quantize import parse_overrides
+    from modelexport.contract import open_bundle
+    from modelexport.quant.llm_graphs import parse_overrides
     b = tmp_path / "b"
     shutil.copytree(bundle.path, b)
 
@@ -255,7 +255,7 @@ def test_inspect_gguf(cli):
 
 
 def test_block_weights_beat_per_channel_and_keep_their_form():
-    from modelexport.llm.export.block_weights import quantize_blocks
+    from modelexport.quant.block_weights import quantize_blocks
     rng = np.random.default_rng(0)
     w = rng.standard_normal((128, 24)).astype(np.float32)
     w[:32] *= 0.05                                           # quiet blocks beside loud ones
@@ -272,9 +272,9 @@ def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
     import onnx
 
     import modelexport
-    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.llm.static_runner import StaticRunner
-    from modelexport.runtime.metrics import compare
+    from modelexport.core.numerics import compare
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "block", target="SM8650", precision="16a4w_block",
                             block_size=16, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                             calibration_samples=4)
@@ -310,7 +310,7 @@ def _lpbq_matmul(path: Path, k: int, n: int, block: int) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelexport.llm.export.block_weights import quantize_blocks
+    from modelexport.quant.block_weights import quantize_blocks
     bw = quantize_blocks(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32) * 0.05, block)
     act = [numpy_helper.from_array(np.array(v, dt), nm) for nm, v, dt in
            (("s", 1e-4, np.float32), ("z", 32768, np.uint16), ("os", 1e-3, np.float32))]
@@ -338,10 +338,10 @@ def test_simulator_smoke_run_catches_the_lpbq_crash_in_a_child(tmp_path, block, 
     """The real defect the build guards against: a 64-wide LPBQ MatMul (576 inputs) compiled to a
     context binary segfaults the x86 simulator when loaded; 32-wide blocks run. The check runs in a
     child, so this process survives either way."""
-    from modelexport.backends.htp_options import compile_provider_options
-    from modelexport.llm.export.backend import _pool_run
-    from modelexport.llm.export.ctx_jobs import simulator_smoke_run
-    from modelexport.targets import get_target
+    from modelexport.toolchain.htp_options import compile_provider_options
+    from modelexport.backends.llm_qnn.compile import _pool_run
+    from modelexport.backends.llm_qnn.ctx_jobs import simulator_smoke_run
+    from modelexport.core.targets import get_target
     from modelexport.toolchain.ort_qnn import SessionPlan, create_session
     src = _lpbq_matmul(tmp_path / "m.onnx", 576, 576, block)
     ctx = tmp_path / "m_ctx.onnx"
@@ -360,9 +360,9 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
     the chunk's tokens 16-31 in SmolLM2's shapes (its new keys at 1-4 dB from the QDQ graph on the
     CPU, 60+ dB for tokens 0-15). An ar32 chunk: every token's new keys on the simulator match."""
     import modelexport
-    from modelexport.llm.htp_runtime import open_forwards
+    from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
-    from modelexport.runtime.metrics import compare
+    from modelexport.core.numerics import compare
 
     seq = 128
     hf = work / "smollm2_shaped"

@@ -37,7 +37,7 @@ def bundle(tmp_path_factory):
 
 
 def test_simulator_runs_what_the_qdq_graph_says(bundle):
-    from modelexport.llm.evaluate import evaluate
+    from modelexport.runtime.evaluate import evaluate
     res = evaluate(bundle.path, stages=["float", "fake-quant", "htp-sim"], window=128, max_tokens=128,
                    sim_window=64, sim_tokens=64)
     sqnr = {k: v["sqnr_db"] for k, v in res["sqnr"].items()}

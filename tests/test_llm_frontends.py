@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from modelexport.errors import InputError, OutputExistsError
+from modelexport.core.errors import InputError, OutputExistsError
 from modelexport.frontends.gguf_file import load_gguf_causal_lm, read_gguf_info
 from modelexport.frontends.hf_folder import load_hf_folder, write_hf_folder
 

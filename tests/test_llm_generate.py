@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llm_tiny import EOS, VOCAB, hf_greedy, tiny_llama, tiny_tokenizer
-from modelexport.errors import InputError
+from modelexport.core.errors import InputError
 from modelexport.llm import Generator, SamplingConfig, StaticGraphSession
 from modelexport.llm.generate import _StopMatcher
 from modelexport.llm.sampling import Sampler, apply_repetition_penalty, filter_top_k, filter_top_p

@@ -11,13 +11,13 @@ import torch
 
 from conftest import assert_clean_error
 from llm_tiny import BOS, EOS, hf_greedy, tiny_llama, tiny_tokenizer
-from modelexport.errors import InputError
+from modelexport.core.errors import InputError
 
 pytestmark = pytest.mark.xdist_group("llm_cpu_tiny")
 
 
 def _export(folder, quant: str, fast: bool = True, n_layers: int = 2, max_seq_len: int = 96, prefill_chunk: int = 0):
-    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
 
     model = tiny_llama(n_layers)
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,7 +40,7 @@ def q4(tmp_path_factory):
 
 
 def test_fp32_program_matches_hf_logits_across_chunks(fp32):
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
+    from modelexport.llm.cpu.session import ExecuTorchSession
 
     model, pte, meta = fp32
     s = ExecuTorchSession(pte)
@@ -63,7 +63,7 @@ def test_static_one_token_program_matches_hf_and_keeps_logits(tmp_path):
     token. Also: logits handed out by `feed` are copies (the program reuses its output buffer,
     read without ATen's clone), so earlier ones stay as they were."""
     import modelexport.llm as llm
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
+    from modelexport.llm.cpu.session import ExecuTorchSession
 
     model, pte, _ = _export(tmp_path / "static", "fp32", prefill_chunk=1)
     s = ExecuTorchSession(pte)
@@ -91,8 +91,8 @@ def test_attention_kernels_agree(fp32, tmp_path):
     """The default program fuses q|k|v and attends with our kernel (`modelexport::sdpa`);
     `attention="executorch"` keeps ExecuTorch's three projections and `llama::custom_sdpa`.
     Both give Hugging Face's logits, through prefill chunks and decode steps."""
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
-    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+    from modelexport.llm.cpu.session import ExecuTorchSession
+    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
 
     model, native_pte, _ = fp32
     folder = tmp_path / "et_attention"
@@ -142,7 +142,7 @@ def test_8da4w_program_runs_and_mostly_agrees(q4, fp32):
 
 
 def test_fast_lowering_writes_the_same_program(fp32, tmp_path):
-    from modelexport.llm import xnnpack_fast_lowering as fl
+    from modelexport.llm.cpu import fast_lowering as fl
 
     _, _, _ = fp32
     _, a, _ = _export(tmp_path / "fast", "8da4w", fast=True, n_layers=3)
@@ -195,8 +195,8 @@ def test_cli_bad_inputs(fp32, cli, tmp_path):
 
 
 def test_cli_bundles_that_cannot_generate(fp32, cli, tmp_path):
-    from modelexport.artifacts.bundle import BundleWriter
-    from modelexport.artifacts.manifest import Manifest
+    from modelexport.contract.bundle import BundleWriter
+    from modelexport.contract.manifest import Manifest
 
     _, pte, _ = fp32
     with BundleWriter(tmp_path / "cnn", manifest=Manifest(kind="model")) as w:
@@ -228,8 +228,8 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_p
     Hugging Face model's on the same windows (fp32 program); a .pte has no float stage."""
     import math
 
-    from modelexport.llm.evaluate import evaluate
-    from modelexport.llm.export.calibration import tokenize
+    from modelexport.runtime.evaluate import evaluate
+    from modelexport.llm.text import tokenize
     from modelexport.llm.tokenizers import load_tokenizer_json
 
     model, pte, _ = fp32
@@ -254,7 +254,7 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_p
 def test_weight_quantizer_beats_min_max_per_group():
     """The clip search never does worse than min/max scales, uses the whole int4 grid, and gives
     zero error on weights that sit exactly on a symmetric grid."""
-    from modelexport.llm.xnnpack_export import quantize_weight
+    from modelexport.llm.cpu.export import quantize_weight
 
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.1, 2.0, 128)
     q, scale = quantize_weight(w, 4, 32)
@@ -271,7 +271,7 @@ def test_weight_quantizer_beats_min_max_per_group():
 def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, cli, tmp_path):
     """No C++ compiler and no kernel built yet: our program stops before its first call with the
     fix; a program without our ops (ExecuTorch's attention) still generates."""
-    from modelexport.llm.cpu_runtime import calls_native_kernels
+    from modelexport.llm.cpu.session import calls_native_kernels
 
     _, pte, _ = fp32
     env = {"CXX": str(tmp_path / "no-such-g++"), "MODELEXPORT_CACHE_DIR": str(tmp_path / "empty-cache")}
@@ -280,7 +280,7 @@ def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, cli, 
     model = tiny_llama(2)
     folder = tmp_path / "et"
     folder.mkdir()
-    from modelexport.llm.xnnpack_export import CpuExportOptions, export_pte
+    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
     export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=32, embedding_bits=None, attention="executorch"),
                bos_id=BOS, eos_ids=[EOS])
     tiny_tokenizer().save(folder)

@@ -6,9 +6,9 @@ import types
 import pytest
 import torch
 
-from modelexport.errors import InputError
-from modelexport.llm.static_decoder import (StaticDecoderConfig, build_static_decoder, example_inputs,
-                                            make_attention_mask, make_position_ids)
+from modelexport.core.errors import InputError
+from modelexport.llm.static_decoder import (
+    StaticDecoderConfig, build_static_decoder, example_inputs, make_attention_mask, make_position_ids)
 from modelexport.llm.static_runner import StaticRunner
 
 MAX_SEQ = 32

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from modelexport.errors import InputError
-from modelexport.llm.tokenizers import (HFTokenizer, SentencePieceTokenizer, StreamDecoder, check_vocab,
-                                        load_gguf_tokenizer, load_tokenizer, load_tokenizer_json,
-                                        render_chat_template)
+from modelexport.core.errors import InputError
+from modelexport.llm.tokenizers import (
+    HFTokenizer, SentencePieceTokenizer, StreamDecoder, check_vocab, load_gguf_tokenizer, load_tokenizer,
+    load_tokenizer_json, render_chat_template)
 
 
 def _pkg_dir(name: str) -> Path:

@@ -17,7 +17,7 @@ from llm_tiny import tiny_llama  # noqa: E402
 
 @pytest.fixture(scope="module")
 def decoder_graph(tmp_path_factory):
-    from modelexport.llm.export.onnx_export import export_part, split_layers
+    from modelexport.backends.llm_qnn.onnx_export import export_part, split_layers
     from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
 
     root = tmp_path_factory.mktemp("ranges")
@@ -108,7 +108,7 @@ def _quantize_llm_style(path, samples, out, fast: bool, monkeypatch):
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    from modelexport.llm.export.quantize import FLOAT_NODES, parse_overrides, weight_overrides, DEFAULT_OVERRIDES
+    from modelexport.quant.llm_graphs import FLOAT_NODES, parse_overrides, weight_overrides, DEFAULT_OVERRIDES
     from modelexport.quant import ort_fast_paths
     from modelexport.quant.calibration import CalibrationSet
     from modelexport.quant.minmax_ranges import minmax_ranges, quantize_with_ranges

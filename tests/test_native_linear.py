@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from modelexport.errors import InputError
-from modelexport.llm.native.linear_q4_op import (Q4GateUp, Q4Linear, interleave_gate_up, linear_q4_reference,
-                                                 pack_int4, quantize_activations, swiglu_q4_reference, unpack_int4)
-from modelexport.llm.xnnpack_export import CpuExportOptions, quantize_weight
+from modelexport.core.errors import InputError
+from modelexport.llm.cpu.kernels.linear_q4_op import (
+    Q4GateUp, Q4Linear, interleave_gate_up, linear_q4_reference, pack_int4, quantize_activations,
+    swiglu_q4_reference, unpack_int4)
+from modelexport.llm.cpu.export import CpuExportOptions, quantize_weight
 from native_programs import load_portable_program
 
 pytestmark = pytest.mark.xdist_group("native_linear")
@@ -138,8 +139,8 @@ def test_tiny_llama_with_either_linear_kernel_is_close_to_hf(tmp_path):
     ours no further than XNNPACK's (per-block activation scales are finer than its per-token ones)."""
     from llm_tiny import BOS, EOS, tiny_llama
 
-    from modelexport.llm.cpu_runtime import ExecuTorchSession
-    from modelexport.llm.xnnpack_export import export_pte
+    from modelexport.llm.cpu.session import ExecuTorchSession
+    from modelexport.llm.cpu.export import export_pte
 
     model = tiny_llama(2)
     ids = [BOS, 72, 101, 108, 108, 111, 32, 119, 111, 114]

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from modelexport.errors import ToolchainError
-from modelexport.llm.native.sdpa_op import sdpa_reference
+from modelexport.core.errors import ToolchainError
+from modelexport.llm.cpu.kernels.sdpa_op import sdpa_reference
 from native_programs import load_portable_program
 
 pytestmark = pytest.mark.xdist_group("native_sdpa")
@@ -89,7 +89,7 @@ def test_exp_polynomial_is_float_accurate(tmp_path, dim):
 
 
 def test_missing_compiler_is_a_clear_toolchain_error(tmp_path, monkeypatch):
-    from modelexport.llm import native
+    from modelexport.llm.cpu import kernels as native
 
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
@@ -101,7 +101,7 @@ def test_fused_attention_model_matches_transformers_in_eager():
     """`fuse_qkv_attention` as plain PyTorch (the op's reference), before any export: the logits
     of Hugging Face's model, for a prompt and then one more token at its position."""
     from llm_tiny import tiny_llama
-    from modelexport.llm.xnnpack_export import build_transformer
+    from modelexport.llm.cpu.export import build_transformer
 
     hf = tiny_llama(2)
     model, _ = build_transformer(hf, 64, "native")

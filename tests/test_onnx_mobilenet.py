@@ -35,7 +35,7 @@ def test_every_compute_node_on_htp(mnv2):
 
 
 def test_report_shows_per_node_placement(mnv2):
-    from modelexport.artifacts import open_bundle
+    from modelexport.contract import open_bundle
     nodes = open_bundle(mnv2["bundle"]).manifest.placement["nodes"]
     htp = [n for n in nodes if n["backend"] == "HTP" and n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
     assert htp and not [n for n in nodes if n["backend"] == "CPU"]

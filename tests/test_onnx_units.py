@@ -6,11 +6,11 @@ import threading
 import numpy as np
 import pytest
 
-from modelexport.audit.fixes import suggest_fix
-from modelexport.audit.onnx_audit import parse_ep_log
-from modelexport.audit.onnx_graph import _collapse
-from modelexport.cache import Cache, cache_key
-from modelexport.errors import CalibrationError, InputError
+from modelexport.auditing.fixes import suggest_fix
+from modelexport.backends.ort_qnn.audit import parse_ep_log
+from modelexport.frontends.onnx_graph import _collapse
+from modelexport.core.cache import Cache, cache_key
+from modelexport.core.errors import CalibrationError, InputError
 from modelexport.frontends.onnx_model import IOSpec, parse_input_shapes
 from modelexport.quant import get_precision, load_calibration, precision_from_bitwidths
 

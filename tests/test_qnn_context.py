@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelexport.errors import InputError
-from modelexport.qnn_context import extract_from_epcontext, find_epcontext_nodes, read_context_binary
-from modelexport.qnn_context import structs as S
-from modelexport.qnn_context.reader import decode_htp_graph_blob, decode_quantization
+from modelexport.core.errors import InputError
+from modelexport.toolchain.qnn_context import extract_from_epcontext, find_epcontext_nodes, read_context_binary
+from modelexport.toolchain.qnn_context import structs as S
+from modelexport.toolchain.qnn_context.reader import decode_htp_graph_blob, decode_quantization
 
 pytestmark = pytest.mark.xdist_group("qnn_context")  # see `built` for why it is not relied on
 
@@ -435,7 +435,7 @@ def test_not_a_context_binary_is_an_input_error(built, tmp_path):
 
 def test_htp_graph_blob_is_decoded_only_as_far_as_it_goes(built):
     """A blob cut inside the V2 record keeps V1 and reports the rest as unparsed."""
-    from modelexport.qnn_context.reader import _HTP_GRAPH_BLOB_V1_SIZE as V1
+    from modelexport.toolchain.qnn_context.reader import _HTP_GRAPH_BLOB_V1_SIZE as V1
     full = decode_htp_graph_blob(_real_blob(built))
     cut = decode_htp_graph_blob(_real_blob(built)[:V1 + 20])
     assert full.record_versions == [1, 2] and cut.record_versions == [1]
@@ -445,7 +445,7 @@ def test_htp_graph_blob_is_decoded_only_as_far_as_it_goes(built):
 
 def _real_blob(built) -> bytes:
     """The graph blob bytes of a real binary, fetched again through the structs (not from the file)."""
-    from modelexport.qnn_context import reader
+    from modelexport.toolchain.qnn_context import reader
     data = _bin_of(built[("float", 57)]).read_bytes()
     s = reader._system()
     h = ctypes.c_void_p()

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from modelexport.artifacts import BundleWriter, open_bundle
-from modelexport.artifacts.bundle import refresh_report
+from modelexport.contract import BundleWriter, open_bundle
+from modelexport.contract.bundle import refresh_report
 
 
 def _bundle(tmp_path, placement=None, numerics=None, kind="model", extra=None):

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from conftest import assert_clean_error
-from modelexport.errors import TargetError
-from modelexport.targets import all_targets, get_target, require_feature
+from modelexport.core.errors import TargetError
+from modelexport.core.targets import all_targets, get_target, require_feature
 
 
 @pytest.mark.parametrize("name", ["SM8650", "sm8650", "8gen3", "snapdragon-8-gen-3", "Snapdragon 8 Gen 3", "8 gen 3"])

@@ -1,12 +1,12 @@
 """modelexport: audit, quantize, compile, inspect, run and verify models for Snapdragon NPUs (Hexagon HTP)."""
 from __future__ import annotations
 
-from .lazy import lazy_attributes
+from .core.lazy import lazy_attributes
 
 # Every name loads on first use: the CLI imports this package on each start, and a cached compile
 # must not pay for pydantic, numpy or onnx it never touches.
 _LAZY = {**{n: "api" for n in ("audit", "compile", "inspect", "run", "verify", "QNNCompiler")},
-         "Bundle": "artifacts", "open_bundle": "artifacts", "ModelExportError": "errors"}
+         "Bundle": "contract", "open_bundle": "contract", "ModelExportError": "core.errors"}
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())
 

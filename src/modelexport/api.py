@@ -10,15 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import InputError, UnsupportedError
-from .registry import Registry
+from .core.errors import InputError, UnsupportedError
+from .core.registry import Registry
 
 # kind → audit function (model, target=, precision=, input_shapes=, calibration=, log_path=)
 AUDITORS: Registry[Callable[..., Any]] = Registry("auditor")
 
 
 def _onnx_audit(*a, **k):
-    from .audit.onnx_audit import audit_onnx
+    from .backends.ort_qnn.audit import audit_onnx
     return audit_onnx(*a, **k)
 
 
@@ -26,7 +26,7 @@ AUDITORS.register("onnx")(_onnx_audit)
 
 
 def _torch_audit(*a, **k):
-    from .audit.et_audit import audit_torch
+    from .backends.executorch_qnn.audit import audit_torch
     return audit_torch(*a, **k)
 
 
@@ -101,7 +101,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     memo = _bundle_memo([model, *more], example_inputs, calibration, options)
     restored = memo.restore(out, force) if memo else None
     if restored is not None:
-        from .artifacts.bundle import Bundle
+        from .contract.bundle import Bundle
         return Bundle.from_trusted(restored)
     bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, **options)
     if memo is not None:
@@ -110,10 +110,10 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
 
 def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, options: dict[str, Any]):
-    """The whole-bundle memo for file inputs (modelexport.bundle_memo), or None."""
+    """The whole-bundle memo for file inputs (modelexport.contract.bundle_memo), or None."""
     if example_inputs is not None or options["dynamic_shapes"] is not None:
         return None
-    from .bundle_memo import BundleMemo
+    from .contract.bundle_memo import BundleMemo
     return BundleMemo.for_compile(models, calibration, options)
 
 
@@ -158,7 +158,7 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
         if be.name != "llm_qnn":
             raise InputError("--variants / --max-seq-len / --context-limit-mb apply to LLMs (a GGUF file or HF folder)",
                              "leave them out for this model")
-        from .llm.export.backend import parse_variants
+        from .backends.llm_qnn.compile import parse_variants
         opts.variants = parse_variants(variants)
         opts.max_seq_len = max_seq_len
         opts.context_limit_mb = context_limit_mb

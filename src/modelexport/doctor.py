@@ -73,7 +73,7 @@ def packages() -> list[Check]:
 
 @check
 def qairt() -> Check:
-    from .errors import ModelExportError
+    from .core.errors import ModelExportError
     from .toolchain.qairt import find_qairt
     try:
         q = find_qairt()
@@ -112,7 +112,7 @@ def gcc() -> Check:
 def cpu_kernels() -> Check:
     """The CPU runtime's own attention kernel: compiled with g++ on first use and loaded."""
     try:
-        from .llm.native import load_native_kernels
+        from .llm.cpu.kernels import load_native_kernels
         path = load_native_kernels()
     except Exception as e:  # reported, not raised: doctor must always finish
         fix = getattr(e, "fix", None) or "install g++ (apt-get install g++) and run `make setup`"

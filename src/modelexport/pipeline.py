@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from .backends.spec import PartSpec
-from .errors import InputError
+from .core.errors import InputError
 
 PIPELINE_SUFFIXES = (".yaml", ".yml", ".json")
 _PART_KEYS = {"name", "model", "precision", "calibration", "input_shapes"}

@@ -11,8 +11,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import InputError
-from ..registry import Registry
+from ..core.errors import InputError
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Backend:
 
 
 BACKENDS: Registry[Backend] = Registry("backend")
-_BUILTIN = ("modelexport.backends.ort_qnn", "modelexport.backends.executorch_qnn", "modelexport.llm.export.backend")
+_BUILTIN = ("modelexport.backends.ort_qnn.compile", "modelexport.backends.executorch_qnn.compile", "modelexport.backends.llm_qnn.compile")
 
 
 def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = ()):

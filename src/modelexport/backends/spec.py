@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .htp_options import DEFAULT_OPTIMIZATION_LEVEL
+from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL
 
 
 @dataclass

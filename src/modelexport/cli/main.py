@@ -9,7 +9,7 @@ import sys
 import click
 import typer
 
-from ..errors import ModelExportError
+from ..core.errors import ModelExportError
 from . import commands
 from .app import app, err_console
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import InputError
-from ..registry import Registry
+from ..core.errors import InputError
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)

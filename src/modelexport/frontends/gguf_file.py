@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..llm.loaded import SUPPORTED_ARCHITECTURES, LoadedLLM, check_architecture
+from ..core.errors import InputError
+from .loaded_llm import SUPPORTED_ARCHITECTURES, LoadedLLM, check_architecture
 from . import frontend
 
 

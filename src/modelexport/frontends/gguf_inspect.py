@@ -17,7 +17,7 @@ def _is_gguf(p: Path) -> bool:
 @inspector("gguf", _is_gguf)
 def inspect_gguf(p: Path) -> dict:
     from .gguf_file import read_gguf_info
-    from ..llm.loaded import SUPPORTED_ARCHITECTURES
+    from .loaded_llm import SUPPORTED_ARCHITECTURES
     info = read_gguf_info(p)
     d = info.to_dict()
     d["supported_architectures"] = list(SUPPORTED_ARCHITECTURES)

@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import InputError, OutputExistsError
-from ..llm.loaded import LoadedLLM, check_architecture
+from ..core.errors import InputError, OutputExistsError
+from .loaded_llm import LoadedLLM, check_architecture
 from . import frontend
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..errors import InputError
+from ..core.errors import InputError
 from . import frontend
 
 # ONNX element type → numpy dtype name

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def export_program(module, example_inputs: tuple, source: str = "<nn.Module>", d
     """torch.export.export (non-strict) → ExportedProgram; an InputError naming the module on failure."""
     import torch
 
-    from ..backends.et_partition import capture_native_output
+    from ..toolchain.native_io import capture_native_output
     try:
         with capture_native_output():  # the exporter prints graphs and hints to stderr on failure
             return torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)

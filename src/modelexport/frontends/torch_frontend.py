@@ -53,6 +53,6 @@ def load_torch(obj: Any, example_inputs: Any = None) -> LoadedModule:
     from . import find_frontend
     fe = find_frontend(obj)
     if fe.kind != "torch":
-        from ..errors import InputError
+        from ..core.errors import InputError
         raise InputError(f"{obj!r} is a {fe.kind} model, not a PyTorch one", "give an nn.Module, model.py:factory or a .pt2 file")
     return fe.load(obj, example_inputs)

@@ -5,11 +5,12 @@ Other modules add inspectors for their formats with `@inspector(...)`.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,15 @@ def inspector(name: str, detect: Callable[[Path], bool], first: bool = False):
     return add
 
 
+# Modules that register readers when imported, in the order they are asked (a `first=True` reader
+# goes before the others). A missing module is a bug, not an option: no ImportError is swallowed.
+_BUILTIN = ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
+            "modelexport.frontends.gguf_inspect", "modelexport.backends.ort_qnn.inspect")
+
+
 def _load_builtin() -> None:
-    from . import bundle_inspector  # noqa: F401  (registers itself)
-    for mod in ("modelexport.qnn_context.inspect_binary", "modelexport.backends.pte_inspect",
-                "modelexport.frontends.gguf_inspect", "modelexport.inspection.qnn_inspectors"):
-        try:
-            __import__(mod)
-        except ImportError:
-            pass
+    for mod in _BUILTIN:
+        importlib.import_module(mod)
 
 
 def inspect_path(path: str | Path) -> dict:

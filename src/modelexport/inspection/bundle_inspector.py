@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifacts.bundle import is_bundle, open_bundle
+from ..contract.bundle import is_bundle, open_bundle
 from . import inspector
 
 

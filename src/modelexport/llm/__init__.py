@@ -14,15 +14,16 @@ runtimes that generate text on this host.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import InputError
-from ..lazy import lazy_attributes
-from ..registry import Registry
+from ..core.errors import InputError
+from ..core.lazy import lazy_attributes
+from ..core.registry import Registry
 
-# The generation loop imports torch (seconds). `modelexport.llm.loaded` is read by the GGUF and
+# The generation loop imports torch (seconds). `modelexport.frontends.loaded_llm` is read by the GGUF and
 # HF frontends on every compile, which must not pay that: these names load on first use.
 _LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationConfig", "GenerationResult",
                                     "GenerationStats", "Generator", "StaticGraphSession", "TokenStream")},
@@ -94,11 +95,15 @@ def _norm(options: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # backends: name -> opener(source, options) -> LLM
 LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backend")
+# Modules that register openers when imported: the CPU one here, the simulator one by the format that
+# writes LLM bundles (a string, so this layer does not import the backends above it).
+_OPENERS = ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session")
 
 
 def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     """Open `source` (GGUF file, HF folder, ExecuTorch `.pte`, or an LLM bundle) on `backend`."""
-    from . import backends  # noqa: F401  (registers the built-in backends)
+    for module in _OPENERS:
+        importlib.import_module(module)
 
     opts = LoadOptions(**options)
     path = Path(source)

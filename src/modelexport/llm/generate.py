@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime
 
 import torch
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .sampling import Sampler, SamplingConfig
 from .tokenizers import Message, Tokenizer
 

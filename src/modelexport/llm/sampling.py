@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import InputError, UnsupportedError
+from ..core.errors import InputError, UnsupportedError
 
 DEFAULT_MASK_VALUE = -255.0
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")

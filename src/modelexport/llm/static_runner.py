@@ -18,9 +18,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..errors import InputError
-from .static_decoder import (DEFAULT_MASK_VALUE, DecoderSpec, StaticDecoder, StaticDecoderConfig,
-                             make_attention_mask, make_position_ids)
+from ..core.errors import InputError
+from .static_decoder import (
+    DEFAULT_MASK_VALUE, DecoderSpec, StaticDecoder, StaticDecoderConfig, make_attention_mask, make_position_ids)
 
 Graph = Callable[..., Sequence[torch.Tensor]]
 

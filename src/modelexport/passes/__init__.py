@@ -12,7 +12,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-from ..registry import Registry
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Per-op profiling of a compiled bundle on the HTP simulator (`modelexport profile`).
+"""Per-op profiling of a compiled bundle on the HTP simulator (`modelexport profile`): the report types and
+the readers of what the libraries write. `ort_profile` and `pte_profile` profile the two
+formats; `modelexport.runtime.runners.profile_bundle` picks one by the bundle's format.
 
 What the libraries really report (QAIRT 2.51 through onnxruntime-qnn 2.7.0):
 - the QNN EP's own profiler (`profiling_level` basic|detailed, `profiling_file_path` → a CSV the EP
@@ -13,7 +15,7 @@ What the libraries really report (QAIRT 2.51 through onnxruntime-qnn 2.7.0):
 On x86 `libQnnHtp.so` is a simulator: its times and cycles rank ops within one model and say
 nothing about a phone's latency.
 """
-from .profiler import NOTE as SIMULATOR_NOTE
-from .profiler import ProfileReport, ProfileRow, profile_bundle
+from .report import NOTE as SIMULATOR_NOTE
+from .report import ProfileReport, ProfileRow
 
-__all__ = ["ProfileReport", "ProfileRow", "profile_bundle", "SIMULATOR_NOTE"]
+__all__ = ["ProfileReport", "ProfileRow", "SIMULATOR_NOTE"]

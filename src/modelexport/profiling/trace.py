@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def write_trace(path, rep, ort_events, ort_runs, qprof, qnn_kernels, n_graphs, runs) -> Path:
-    from ..artifacts.atomic import atomic_file
+    from ..core.atomic import atomic_file
     info = {(r.name): r for r in rep.rows}
     ev = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"{rep.part}@{rep.target} on the HTP simulator"}},
           {"ph": "M", "pid": 1, "tid": 1, "name": "thread_name", "args": {"name": "ONNX Runtime nodes (wall time)"}},

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..errors import CalibrationError
+from ..core.errors import CalibrationError
 
 RANDOM = "random"
 DEFAULT_RANDOM_SAMPLES = 8

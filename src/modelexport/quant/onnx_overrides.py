@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .override_spec import split_override
 from .precision import Precision, get_precision
 
@@ -50,7 +50,7 @@ def tensor_overrides(model, overrides: list[OnnxOverride], default: Precision, p
     """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count})."""
     from onnxruntime.quantization import QuantType
 
-    from ..audit.onnx_graph import module_path
+    from ..frontends.onnx_graph import module_path
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, list[dict]] = {}
     matched = {o.pattern: 0 for o in overrides}

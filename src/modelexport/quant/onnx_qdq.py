@@ -9,7 +9,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from ..errors import CalibrationError, InputError
+from ..core.errors import CalibrationError, InputError
 from .calibration import CalibrationSet
 from .precision import Precision
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 
 def split_override(spec: str, example: str) -> tuple[str, str]:

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputError
-from ..runtime.metrics import compare
+from ..core.errors import InputError
+from ..core.numerics import compare
 
 SQNR_CAP_DB = 200.0      # identical tensors: reported as this rather than +inf (JSON has no inf)
 
@@ -84,7 +84,7 @@ def _session(model):
 def layer_plan(float_model, qdq_model, name_of: Callable[[Any], str | None] | None = None) -> list[tuple[str, Any, str]]:
     """[(layer name, float node, qdq tensor name)] in graph order, one per layer; `name_of(node)`
     names a node's layer (default: the exporter's module path)."""
-    from ..audit.onnx_graph import module_path
+    from ..frontends.onnx_graph import module_path
     name_of = name_of or module_path
     q_consumers: dict[str, list] = {}
     for n in qdq_model.graph.node:

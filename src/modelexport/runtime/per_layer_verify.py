@@ -5,7 +5,7 @@ and report.html.
 ONNX bundles keep both models (roles float-model / quantized-model), so every layer can be
 compared. The compiled context binary exposes only its graph outputs, so per-layer numbers are the
 fake-quant ones; the per-output numbers are from the compiled graph on the HTP simulator.
-Other bundle kinds register a hook in PER_LAYER_HOOKS. LLM bundles (modelexport.llm.per_layer)
+Other bundle kinds register a hook in PER_LAYER_HOOKS. LLM bundles (modelexport.backends.llm_qnn.per_layer)
 re-export the float decoder from the source model and compare on the calibration text; their
 per-output numbers are the fake-quant logits (the compiled graphs' agreement with fake-quant is
 what `modelexport eval` measures).
@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from ..artifacts import open_bundle
-from ..artifacts.bundle import refresh_report, save_manifest
-from ..errors import InputError, UnsupportedError
+from ..contract import open_bundle
+from ..contract.bundle import refresh_report, save_manifest
+from ..core.errors import InputError, UnsupportedError
 from ..quant import get_precision
 
 # kind → fn(bundle, inputs, part, threshold_db, max_samples) -> list[PerLayerReport]
@@ -26,7 +26,7 @@ PER_LAYER_HOOKS: dict[str, Callable[..., list]] = {}
 
 def _onnx_per_layer(bundle, inputs, part, threshold_db, max_samples):
     from ..quant.per_layer import per_layer
-    from .verify import stored_samples
+    from ..backends.ort_qnn.verify import stored_samples
     out = []
     for pm in bundle.manifest.extra.get("parts", []):
         if part and pm["name"] != part:
@@ -71,13 +71,13 @@ def _given(paths, pm) -> list[dict]:
 
 
 def _llm_per_layer(*a):
-    from ..llm.per_layer import llm_per_layer
+    from ..backends.llm_qnn.per_layer import llm_per_layer
     return llm_per_layer(*a)
 
 
 def _logits_report(bundle, pl, min_sqnr):
     """A VerifyReport for an LLM bundle from its per-layer run: the last module's (lm_head's) numbers."""
-    from .verify import GraphCheck, OutputCheck, VerifyReport
+    from ..backends.ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
     last = pl.layers[-1]
     threshold = min_sqnr if min_sqnr is not None else get_precision(pl.precision).min_sqnr_db
     g = GraphCheck(pl.part, "cpu fake-quant", pl.precision, threshold, pl.samples, "calibration text (held out)")
@@ -94,7 +94,7 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
                      threshold_db: float | None = None, min_sqnr: float | None = None, max_samples: int | None = None,
                      record: bool = True) -> tuple[Any, list]:
     """→ (VerifyReport of the compiled graph, [PerLayerReport per part]); records both in the bundle."""
-    from ..api import verify as api_verify
+    from .runners import runner_for
     bundle = open_bundle(bundle_path)
     m = bundle.manifest
     if m.format == "pte":
@@ -109,7 +109,7 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
         rep = _logits_report(bundle, layers[0], min_sqnr)
         source = "float decoder (re-exported from the source) vs the bundle's QDQ fake-quant graph on the CPU EP"
     else:
-        rep = api_verify(bundle_path, inputs, part, target, min_sqnr, max_samples)
+        rep = runner_for(bundle_path).verify(bundle_path, inputs, part, target, min_sqnr, max_samples)
         source = "float ONNX vs QDQ fake-quant on the CPU EP (the context binary exposes only its outputs)"
     if record:
         bundle = open_bundle(bundle_path)      # re-read: verify may have touched it

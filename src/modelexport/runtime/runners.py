@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..registry import Registry
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class Runner:
     format: str
     run: Callable[..., object]        # (bundle, inputs, random, part, target, perf_profile, repeat) -> RunResult
     verify: Callable[..., object]     # (bundle, inputs, part, target, min_sqnr, max_samples) -> VerifyReport
+    profile: Callable[..., object]    # (bundle, runs, level, part, target, inputs, trace, keep_dir) -> ProfileReport
 
 
 RUNNERS: Registry[Runner] = Registry("runtime")
@@ -33,27 +34,37 @@ def runner(fmt: str):
 
 
 def _ctx_run(*a, **k):
-    from .simulator import run_bundle
+    from ..backends.ort_qnn.run import run_bundle
     return run_bundle(*a, **k)
 
 
 def _ctx_verify(*a, **k):
-    from .verify import verify_bundle
+    from ..backends.ort_qnn.verify import verify_bundle
     return verify_bundle(*a, **k)
 
 
+def _ctx_profile(*a, **k):
+    from ..profiling.ort_profile import profile_ort
+    return profile_ort(*a, **k)
+
+
 def _pte_run(*a, **k):
-    from .et_run import run_pte
+    from ..backends.executorch_qnn.run import run_pte
     return run_pte(*a, **k)
 
 
 def _pte_verify(*a, **k):
-    from .et_run import verify_pte
+    from ..backends.executorch_qnn.run import verify_pte
     return verify_pte(*a, **k)
 
 
-runner("context-binary")(Runner("context-binary", _ctx_run, _ctx_verify))
-runner("pte")(Runner("pte", _pte_run, _pte_verify))
+def _pte_profile(bundle, runs, level, part, target, inputs, trace, keep_dir=None):
+    from ..profiling.pte_profile import profile_pte
+    return profile_pte(bundle, runs, level, part, target, inputs, trace)
+
+
+runner("context-binary")(Runner("context-binary", _ctx_run, _ctx_verify, _ctx_profile))
+runner("pte")(Runner("pte", _pte_run, _pte_verify, _pte_profile))
 
 
 def format_of(path: str | Path) -> str:
@@ -69,3 +80,12 @@ def format_of(path: str | Path) -> str:
 def runner_for(path: str | Path) -> Runner:
     fmt = format_of(path)
     return RUNNERS.get(fmt) if fmt in RUNNERS else RUNNERS.get(DEFAULT_FORMAT)
+
+
+def profile_bundle(bundle: str | Path, runs: int = 5, level: str = "basic", part: str | None = None,
+                   target: str | None = None, inputs=None, trace: str | Path | None = None,
+                   keep_dir: str | Path | None = None):
+    """Per-op times of a bundle's compiled graph on the HTP simulator → ProfileReport."""
+    from ..profiling.report import check_arguments
+    check_arguments(level, runs)
+    return runner_for(bundle).profile(bundle, runs, level, part, target, inputs, trace, keep_dir)

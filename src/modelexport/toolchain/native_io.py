@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -29,3 +30,32 @@ def native_stdout_to_stderr() -> Iterator[None]:
             pass
         os.dup2(saved, 1)
         os.close(saved)
+
+
+@contextmanager
+def capture_native_output() -> Iterator[list[str]]:
+    """Everything written to fds 1 and 2 (native code and Python alike) inside the block."""
+    lines: list[str] = []
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield lines
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            lines.extend(line.rstrip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip())

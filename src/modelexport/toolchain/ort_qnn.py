@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ToolchainError
+from ..core.errors import ToolchainError
 from .native_io import native_stdout_to_stderr
 
 EP_NAME = "QNNExecutionProvider"

@@ -12,21 +12,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import ToolchainError
+from ..core.errors import ToolchainError
 from .native_io import native_stdout_to_stderr
+from .qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES  # noqa: F401  (re-exported)
 
-HOST_LIB_SUBDIR = "lib/x86_64-linux-clang"
-# The libraries we look for, by role. Only libQnnHtp.so is required.
-LIBRARY_NAMES = {
-    "htp": "libQnnHtp.so",
-    "htp_prepare": "libHtpPrepare.so",
-    "system": "libQnnSystem.so",
-    "ir": "libQnnIr.so",
-    "saver": "libQnnSaver.so",
-    "gpu": "libQnnGpu.so",
-    "genie": "libGenie.so",
-    "ort_qnn_ep": "libonnxruntime_providers_qnn.so",
-}
 # Name variants seen in SDKs (the full SDK calls the preparer libQnnHtpPrepare.so).
 _ALTERNATES = {"htp_prepare": ("libQnnHtpPrepare.so",)}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, files
 from pathlib import Path
 
-from ..errors import InputError
+from ..core.errors import InputError
 
 # (package distribution, path suffix inside it, what it is)
 ASSETS: dict[str, tuple[str, str, str]] = {

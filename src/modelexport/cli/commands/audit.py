@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ...errors import UnsupportedError
+from ...core.errors import UnsupportedError
 from ..app import STATUS_STYLE, app, console, emit_json, progress
 
 

@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ...errors import InputError, UnsupportedError
+from ...core.errors import InputError, UnsupportedError
 from ..app import app, console, emit_json, progress
 
 FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
@@ -143,7 +143,7 @@ def compile_qnn(
     """The seeds' spelling of `compile`: `compile-qnn model.onnx model_ctx.bin --quantize
     --calibration-data list.txt --act-bitwidth 8 --weights-bitwidth 8 --format context-binary
     --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`."""
-    from ...artifacts.atomic import atomic_file, check_output
+    from ...core.atomic import atomic_file, check_output
     from ...quant import get_precision, precision_from_bitwidths
     if backend.upper() != "HTP":
         raise UnsupportedError(f"--backend {backend} is not available", "use --backend HTP (the wheel ships no libQnnCpu.so; GPU is not wired up)")

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ...errors import InputError
+from ...core.errors import InputError
 from ..app import app, console, emit_json, err_console
 
 
@@ -27,7 +27,7 @@ def eval_cmd(
     """Perplexity on a text at the float, fake-quant (QDQ on the CPU) and compiled (HTP simulator)
     stages, and the SQNR of the quantized logits against float on the span all stages ran. `--stages
     float,cpu` on a GGUF scores the CPU runtime's program (what `generate` runs) against float."""
-    from ...llm.evaluate import evaluate
+    from ...runtime.evaluate import evaluate
     st = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     if window < 2 or sim_window < 2:
         raise InputError("--window and --sim-window must be at least 2")

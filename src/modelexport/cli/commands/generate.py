@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ...errors import InputError
+from ...core.errors import InputError
 from ..app import app, console, emit_json, err_console
 
 

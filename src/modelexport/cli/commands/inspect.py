@@ -5,7 +5,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ...errors import IntegrityError
+from ...core.errors import IntegrityError
 from ...inspection import inspect_path
 from ...inspection.render_pte import RENDERERS as PTE_RENDERERS
 from ...inspection.render_qnn import RENDERERS as QNN_RENDERERS

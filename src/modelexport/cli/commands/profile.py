@@ -33,8 +33,8 @@ def profile_cmd(
 
     A .pte bundle is profiled through ExecuTorch's ETDump: delegate calls and CPU kernels are timed,
     ops inside the QNN delegate are not (the pip runtime's ETDump holds no events from inside it)."""
-    from ...artifacts.atomic import check_output
-    from ...profiling import profile_bundle
+    from ...core.atomic import check_output
+    from ...runtime.runners import profile_bundle
     if trace is not None:
         check_output(trace, force)
     with progress(f"profiling on the HTP simulator ({level}, {runs} runs)", enabled=not json_out):

@@ -16,9 +16,9 @@ def report(
 ) -> None:
     """Rebuild the bundle's self-contained report.html (target, placement, audit with fixes,
     numerics, sizes, LLM decode ceiling). Open it in any browser; it needs no network."""
-    from ...artifacts.atomic import atomic_file
-    from ...artifacts.bundle import open_bundle, refresh_report
-    from ...report import build_report
+    from ...core.atomic import atomic_file
+    from ...contract.bundle import open_bundle, refresh_report
+    from ...contract.report import build_report
     b = open_bundle(bundle)
     if output:
         with atomic_file(output, force=force) as tmp:

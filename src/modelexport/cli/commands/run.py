@@ -29,7 +29,7 @@ def run_cmd(
     import numpy as np
 
     from ...api import run as api_run
-    from ...artifacts.atomic import atomic_file, check_output
+    from ...core.atomic import atomic_file, check_output
     if output is not None:
         check_output(output, force)
     with progress("running on the HTP simulator", enabled=not json_out):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from ...targets import FEATURE_FLOORS, all_targets, get_target
+from ...core.targets import FEATURE_FLOORS, all_targets, get_target
 from ..app import app, console, emit_json
 
 

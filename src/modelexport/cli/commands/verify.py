@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ...errors import VerificationError
+from ...core.errors import VerificationError
 from ..app import app, console, emit_json, progress
 
 
@@ -33,7 +33,7 @@ def verify_cmd(
     the same inputs; report SQNR (dB), cosine similarity and max abs error per output. Exits 5
     when an output is below the pass mark."""
     from ...api import verify as api_verify
-    from ...artifacts.atomic import atomic_file, check_output
+    from ...core.atomic import atomic_file, check_output
     if report is not None:
         check_output(report, force)
     layers = None

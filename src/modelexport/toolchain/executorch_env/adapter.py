@@ -30,8 +30,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ToolchainError
-from ..qairt import HOST_LIB_SUBDIR, LIBRARY_NAMES
+from ...core.errors import ToolchainError
+from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
 
 ADAPTER_SOURCE = Path(__file__).with_name("qnn_htp_adapter.c")
 MARKER = "modelexport-adapter.json"
@@ -67,7 +67,7 @@ class AdapterBuild:
 
 def cache_dir() -> Path:
     """The project's cache root: `$MODELEXPORT_CACHE_DIR`, default `~/.cache/modelexport`."""
-    from ...cache import cache_root
+    from ...core.cache import cache_root
     return cache_root()
 
 

@@ -26,9 +26,9 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...errors import ToolchainError
+from ...core.errors import ToolchainError
 from ..native_io import native_stdout_to_stderr
-from ..qairt import HOST_LIB_SUBDIR, LIBRARY_NAMES
+from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
 from . import adapter as _adapter
 
 EXECUTORCH_QNN_ABI = (2, 37)      # the QNN headers executorch 1.5.1 was built against

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...errors import ToolchainError
+from ...core.errors import ToolchainError
 from . import adapter as _adapter
 from . import environment as _env
 

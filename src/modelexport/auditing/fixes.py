@@ -1,0 +1,96 @@
+"""What to do about a node the HTP will not take: a table of rules, first match wins.
+
+A rule matches on the op type and/or a regular expression over the backend's reason. The text
+says what to change in the model (or which flag to give), naming a rewrite into ops the HTP has
+where one exists.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FixRule:
+    fix: str
+    op_types: tuple[str, ...] = ()   # empty: any op
+    reason: str | None = None        # regex over the reason text (case-insensitive)
+
+    def matches(self, op_type: str, reason: str) -> bool:
+        if self.op_types and op_type not in self.op_types:
+            return False
+        return self.reason is None or re.search(self.reason, reason or "", re.I) is not None
+
+
+# ExecuTorch (PyTorch models): the QNN partitioner's reasons, in its own and QNN's words.
+ET_RULES: tuple[FixRule, ...] = (
+    FixRule("the HTP runs static shapes only: export without a dynamic Dim (one graph per shape you need, e.g. a "
+            "prefill and a decode graph)", reason=r"only have static dimensions|Dynamically shaped"),
+    FixRule("the causal mask is built at run time with tril (le.Scalar has no QNN op builder yet): give "
+            "scaled_dot_product_attention an explicit constant mask (--rewrite causal-mask does it for is_causal=True), "
+            "or precompute the mask as a buffer", op_types=("aten.le.Scalar",), reason=r"tril"),
+    FixRule("put the topk dimension last (x.transpose(d, -1).topk(k, -1), then transpose back): --rewrite topk-last-dim",
+            op_types=("aten.topk.default",), reason=r"only supports channel as dimension"),
+    FixRule("the HTP op builder takes max_pool2d without dilation only: use dilation=1, or take the max over the dilated "
+            "window's strided slices (x[..., ::d, ::d] views combined with torch.maximum)",
+            op_types=("aten.max_pool2d_with_indices.default",), reason=r"dilation"),
+    FixRule("ExecuTorch has not written the QNN op builder for this op yet: express it with ops that have one "
+            "(docs/op_support.md), or leave it on the CPU (XNNPACK)", reason=r"to_be_implemented"),
+    FixRule("ExecuTorch has no QNN op builder for this op: replace it with supported ops (docs/op_support.md), or leave "
+            "it on the CPU (XNNPACK)", reason=r"no QNN op builder"),
+)
+
+RULES: tuple[FixRule, ...] = ET_RULES + (
+    FixRule("give static shapes: --input-shape NAME=1,3,224,224 for every dynamic input (the HTP runs static graphs only)",
+            reason=r"cannot get shape|dynamic|shape must be static|unknown (rank|dim)"),
+    FixRule("data-dependent output size: move it into CPU post-processing, or use a fixed-size mask (Where / Greater) instead",
+            op_types=("NonZero", "Unique", "NonMaxSuppression", "Compress")),
+    FixRule("compile with a precision (the default compile flow runs qnn_preprocess_model, which fuses the Erf-based GELU "
+            "into one Gelu op the HTP has), or export GELU with approximate='tanh'", op_types=("Erf",)),
+    FixRule("rewrite Celu(x) as Max(x,0) + Min(0, alpha*(Exp(x/alpha)-1)): Max, Min, Exp, Mul, Sub all run on the HTP",
+            op_types=("Celu",)),
+    FixRule("rewrite Shrink as Where(|x|>lambd, x - Sign(x)*bias, 0) with Abs, Greater, Sign, Mul, Sub, Where",
+            op_types=("Shrink",)),
+    FixRule("multiply by a constant triangular mask (Mul with an initializer) instead of Trilu", op_types=("Trilu",)),
+    FixRule("replace Hardmax with ArgMax followed by OneHot (or Equal against ReduceMax)", op_types=("Hardmax",)),
+    FixRule("replace BitShift with Mul/Div by a power of two on int32 tensors", op_types=("BitShift",)),
+    FixRule("compute the determinant on the CPU after the graph, or in closed form for 2x2/3x3 "
+            "(a*d - b*c with Gather/Mul/Sub)", op_types=("Det",)),
+    FixRule("the HTP validator rejected this node's parameters (QNN error 3110 = op config validation failure): check its "
+            "shapes, attributes and dtypes; 16-bit activations (--precision 16a8w) or fp16 sometimes pass where 8-bit does not",
+            reason=r"3110|backendValidateOpConfig"),
+    FixRule("int64 arithmetic is not on the HTP: cast to int32 in the model (indices and shapes fit)", reason=r"int64|INT_64"),
+    FixRule("no HTP kernel for this op type: replace it with supported ops, or move it out of the graph into CPU pre/post-processing",
+            reason=r"not supported"),
+    FixRule("quantization parameters do not fit this op: quantize with --precision 16a8w, or keep the op in float (fp16)",
+            reason=r"quant|scale|zero.?point|offset"),
+)
+
+DEFAULT_FIX = "the node runs on the CPU; see the reason and the verbose log (modelexport audit --log FILE)"
+
+
+def suggest_fix(op_type: str, reason: str | None) -> str:
+    for rule in RULES:
+        if rule.matches(op_type, reason or ""):
+            return rule.fix
+    return DEFAULT_FIX
+
+
+def source_fn(node) -> str | None:
+    """The torch function a decomposed node came from (`tril` for the le.Scalar of a causal mask)."""
+    stack = node.meta.get("source_fn_stack") or []
+    if not stack:
+        return None
+    fn = stack[-1][1]
+    return getattr(fn, "__name__", None) or str(fn)
+
+
+def fix_for(op: str, reason: str | None, source: str | None = None) -> str:
+    """The rules table's fix for a refused node, naming the opt-in rewrite passes that remove it."""
+    from ..passes import passes_fixing
+    context = f"{reason} (from {source})" if source else (reason or "")
+    rewrites = passes_fixing(op, context)
+    fix = suggest_fix(op, context)
+    if not rewrites or any(f"--rewrite {r}" in fix for r in rewrites):
+        return fix
+    return f"opt in: --rewrite {' / '.join(rewrites)}; or: {fix}"

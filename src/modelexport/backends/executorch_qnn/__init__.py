@@ -1,0 +1,1 @@
+"""ExecuTorch with the QNN delegate: nn.Module / .pt2 → .pte; lower, partition, run, profile and inspect it."""

@@ -1,0 +1,101 @@
+"""Audit a PyTorch model for the HTP through ExecuTorch's QNN backend, node by node.
+
+The model goes through the same steps as compile (export, rewrites, quantization, QNN's export
+and to-edge passes), then ExecuTorch's QNN partitioner decides every node, explained
+(backends/et_partition.py): nothing is delegated and no HTP graph is built, so an audit costs
+an export plus one validator call per node. Each node gets its nn.Module path, its aten op, HTP
+or CPU, the reason in the backend's own words, and a fix from audit.fixes.
+"""
+from __future__ import annotations
+
+import operator
+import time
+from pathlib import Path
+from typing import Any
+
+from ...auditing.fixes import fix_for, source_fn
+from ...auditing.report import CPU, HTP, AuditReport, NodeAudit
+
+
+def _macs(node) -> int:
+    """Multiply-accumulates of linear/conv/matmul nodes, from the traced shapes."""
+    import math
+    name = getattr(node.target, "__name__", str(node.target))
+    try:
+        out = node.meta.get("val")
+        if "linear" in name or "addmm" in name or "matmul" in name or "bmm" in name or name.startswith("aten.mm"):
+            a = node.args[0].meta["val"] if "addmm" not in name else node.args[1].meta["val"]
+            return int(math.prod(out.shape) * a.shape[-1])
+        if "convolution" in name or "conv2d" in name or "conv1d" in name:
+            w = node.args[1].meta["val"]
+            return int(math.prod(out.shape) * math.prod(w.shape[1:]))
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return 0
+    return 0
+
+
+def is_qdq_name(target: str) -> bool:
+    from .lower import QDQ_OPS
+    return any(q in target for q in QDQ_OPS)
+
+
+def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
+    from .lower import is_qdq, module_path
+    from .partition import op_name
+    out = []
+    for node in edge_program.graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        d = decisions.get(node.name)
+        op = op_name(node.target)
+        supported = bool(d and d.supported)
+        if supported and is_qdq(node.target):
+            continue  # (de)quantize nodes QNN takes become its tensors' encodings: not ops on the HTP
+        backend = HTP if supported else CPU
+        n = NodeAudit(node.name, op, backend, module_path(node), macs=_macs(node))
+        if backend == CPU:
+            n.reason = d.reason if d else "not seen by the QNN partitioner"
+            source = source_fn(node)
+            n.fix = fix_for(op, n.reason, source)
+            n.details = {"reason_kind": d.kind if d else None}
+            if source:
+                n.details["source_fn"] = source
+            if d and d.log:
+                n.details["qnn_log"] = d.log[-20:]
+        out.append(n)
+    return out
+
+
+def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", input_shapes=None, calibration=None,
+                log_path: str | Path | None = None, example_inputs: Any = None, overrides: list[str] | None = None,
+                block_size: int | None = None, rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> AuditReport:
+    """→ AuditReport (backend "executorch-qnn"). Quantized precisions calibrate on `calibration`
+    or, when none is given, on random data: placement does not depend on the values."""
+    from .lower import lower
+    from .pipeline import prepare
+    from .specs import qnn_ready
+    state = qnn_ready()
+    if input_shapes:
+        from ...core.errors import InputError
+        raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
+    t0 = time.perf_counter()
+    prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
+                   overrides, block_size, rewrites, dynamic_shapes)
+    low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized, delegate=False,
+                log_level="warn", dynamic_shapes=dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
+    nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions)
+    notes = []
+    folded = sum(1 for d in low.decisions.values() if d.supported and is_qdq_name(d.target))
+    if folded:
+        notes.append(f"{folded} (de)quantize node(s) fold into the HTP graph's tensor encodings (not listed)")
+    if prep.precision.quantized and prep.calibration is not None and not prep.calibration.representative:
+        notes.append("quantized with random calibration data: placement does not depend on the values")
+    for r in prep.rewrites:
+        notes.append(f"rewrite {r['name']}: {r['nodes_rewritten']} node(s) changed")
+    if log_path:
+        Path(log_path).write_text("\n".join(low.log) + "\n")
+    rep = AuditReport(model=prep.loaded.source, target=prep.soc.name, htp_arch=prep.soc.htp_arch,
+                      precision=prep.precision.name, backend="executorch-qnn", nodes=nodes,
+                      qairt_build=state.qairt_build, notes=notes, log_file=str(log_path) if log_path else None)
+    rep.notes.append(f"audited in {time.perf_counter() - t0:.1f} s")
+    return rep

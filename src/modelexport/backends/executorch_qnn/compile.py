@@ -1,0 +1,361 @@
+"""PyTorch → ExecuTorch `.pte` with the QNN delegate (HTP), XNNPACK for what QNN refuses.
+
+Per part (one model) and target: load → torch.export → opt-in rewrites → QnnQuantizer with the
+precision (+ per-module overrides, block-wise 4-bit) and calibration → QNN's passes and the
+explaining QNN partitioner, then XNNPACK's → to_executorch with delegate segments extracted and
+aligned for mmap. The bundle holds the .pte, the float reference (`float.pt2`) and the verify
+inputs; the manifest has per method the IO (with the encodings of the embedded QNN graphs, read
+back through libQnnSystem.so), the target/HTP arch/QAIRT build the binaries name, the placement
+of every node (QNN, XNNPACK or portable, with the reason) and the numerics on the simulator.
+Lowering results are cached by content (the exported graph and weights, the options, the
+calibration data, the toolchain versions).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from ...core.atomic import check_output
+from ...contract.manifest import Encoding, SourceModel
+from ...core.cache import Cache, cache_key
+from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
+from ...core.targets import SoC, get_target
+from .. import backend
+from ..spec import CompileOptions, PartSpec
+
+FORMATS = ("pte",)
+FALLBACKS = ("xnnpack", "portable")
+VERIFY_SAMPLES = 4
+NUMERICS_SAMPLES = 2
+CACHE_NAMESPACE = "pte"
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+_QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
+               "SFIXED_POINT_16": ("int16", 16), "UFIXED_POINT_4": ("uint4", 4), "SFIXED_POINT_4": ("int4", 4),
+               "SFIXED_POINT_32": ("int32", 32), "FLOAT_16": ("float16", 16), "FLOAT_32": ("float32", 32),
+               "INT_32": ("int32", 32), "INT_64": ("int64", 64), "UINT_8": ("uint8", 8), "BOOL_8": ("bool", 8)}
+
+
+def _qnn_tensor(t) -> TensorSpec:
+    dtype, bits = _QNN_DTYPES.get(t.dtype, (t.dtype, None))
+    q = t.quantization
+    enc = None
+    if q is not None and (q.scale is not None or q.scales is not None):
+        enc = Encoding(dtype=dtype, scale=q.scale if q.scale is not None else q.scales,
+                       zero_point=q.zero_point if q.scale is not None else q.zero_points, axis=q.axis,
+                       bits=q.bitwidth or bits, block_size=(q.block_size[0] if q.block_size else None))
+    return TensorSpec(name=t.name, shape=list(t.shape), dtype=dtype, encoding=enc)
+
+
+def graph_fingerprint(exported) -> str:
+    """sha256 over the exported graph's code and every weight, buffer and constant byte."""
+    import hashlib
+
+    import torch
+    h = hashlib.sha256(exported.graph_module.code.encode())
+    h.update(str(exported.call_spec.in_spec).encode())
+    named = {**exported.state_dict, **{f"const:{k}": v for k, v in exported.constants.items()}}
+    for k in sorted(named):
+        v = named[k]
+        h.update(k.encode())
+        if isinstance(v, torch.Tensor):
+            t = v.detach().contiguous().cpu()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(v).encode())
+    return h.hexdigest()
+
+
+def _part_name(spec: PartSpec, loaded, taken: set[str]) -> str:
+    if spec.name:
+        base = spec.name
+    elif isinstance(loaded.source, str) and not loaded.source.startswith("<"):
+        base = Path(loaded.source.split(":")[0]).stem
+    else:
+        base = type(loaded.module).__name__.lower()
+    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, key: str,
+                 report: Callable[[str], None]) -> tuple[Path, dict, bool]:
+    """The cache entry holding model.pte and meta.json (placement, timings) for one target."""
+    from .lower import delegation_summary, lower, placement, to_pte
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        report(f"quantizing ({prep.precision.name})" if prep.precision.quantized else "preparing (fp16)")
+        graph = prep.lowerable()
+        t_quant = time.perf_counter() - t0
+        report(f"lowering to QNN for {soc.name}" + (" + XNNPACK" if fallback == "xnnpack" else ""))
+        t1 = time.perf_counter()
+        try:
+            low = lower(graph, prep.example_inputs(), soc, use_fp16=not prep.precision.quantized,
+                        fallback=fallback, dynamic_shapes=prep.dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
+            rows = placement(low.edge, low.decisions)
+            t2 = time.perf_counter()
+            report("writing the .pte (delegate segments aligned for mmap)")
+            et_program = to_pte(low.edge, alignment)
+        except ModelExportError:
+            raise
+        except Exception as e:
+            raise lowering_error(e) from None
+        (tmp / "model.pte").write_bytes(et_program.buffer)
+        t3 = time.perf_counter()
+        report("checking the numerics on the HTP simulator")
+        from ...quant.pt2e_qnn import get_et_precision
+        numerics = _numerics(tmp / "model.pte", prep, get_et_precision(prep.precision.name).min_sqnr_db)
+        return {"placement": rows, "summary": delegation_summary(rows), "segment_alignment": alignment,
+                "quantize_s": round(t_quant, 3), "lower_s": round(t2 - t1, 3),
+                "to_executorch_s": round(t3 - t2, 3), "numerics_s": round(time.perf_counter() - t3, 3),
+                "numerics": numerics, "quantization": prep.plan.describe()}
+
+    entry, hit = cache.get_or_create(CACHE_NAMESPACE, key, build)
+    return entry, Cache.meta(entry), hit
+
+
+def lowering_error(e: Exception) -> ToolchainError:
+    text = " ".join(str(e).split())
+    if "was not decomposed or delegated" in text:
+        import re
+        op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
+        return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
+                              "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
+    from .partition import qnn_reason
+    said = qnn_reason(getattr(e, "native_log", []) or [])
+    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {text[:400]}"
+                          + (f" — QNN said: {said[:400]}" if said else ""),
+                          "run `modelexport audit` on the model for the per-node view; report it if the audit is clean")
+
+
+def _numerics(pte_path: Path, prep, threshold: float) -> dict:
+    """Compiled (simulator) vs eager float on the first verify samples: manifest.numerics."""
+    from .run import PteGraph, PteSession, compare_outputs, eager_outputs
+    names_in = [i.name for i in prep.inputs]
+    samples = prep.verify_inputs.samples[:NUMERICS_SAMPLES]
+    ref_mod = prep.exported.module()
+    first = eager_outputs(ref_mod, samples[0], names_in, [f"output_{i}" for i in range(64)])
+    names_out = list(first)
+    g = PteGraph("", None, pte_path, prep.precision.name,
+                 [{"name": io.name, "shape": list(io.static_shape), "dtype": io.dtype} for io in prep.inputs], names_out)
+    refs = {n: [] for n in names_out}
+    gots = {n: [] for n in names_out}
+    run_s = []
+    with PteSession(g) as sess:
+        for s in samples:
+            ref = eager_outputs(ref_mod, s, names_in, names_out)
+            got, dt = sess.run(s)
+            run_s.append(round(dt, 4))
+            for n in names_out:
+                refs[n].append(ref[n])
+                gots[n].append(got[n].astype(np.float32))
+    checks = compare_outputs(refs, gots, threshold)
+
+    def fin(v):
+        return None if v is None or not np.isfinite(v) else v
+    return {"outputs": [{"name": c.name, "sqnr_db": fin(c.sqnr_db) if np.isfinite(c.sqnr_db) else 999.0,
+                         "cosine": c.cosine, "max_abs_error": c.max_abs_error,
+                         **({"argmax_agreement": c.argmax_agreement} if c.argmax_agreement is not None else {})}
+                        for c in checks],
+            "threshold_db": threshold, "samples": len(samples), "passed": all(c.passed for c in checks),
+            "inputs": prep.verify_inputs.kind, "reference": "eager PyTorch (float.pt2)", "runtime": "executorch.runtime on the HTP simulator",
+            "load_s": round(sess.load_seconds, 4), "run_s": run_s}
+
+
+@backend("executorch_qnn", kinds=("torch",), formats=FORMATS,
+         description="ExecuTorch: QnnQuantizer, QNN delegate (HTP) + XNNPACK fallback, .pte")
+def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
+                  progress: Callable[[str, float, float], None] | None = None) -> Any:
+    """Compile every PyTorch part for every target into one bundle at `out` → the opened Bundle."""
+    from .specs import qnn_ready
+    from .lower import SEGMENT_ALIGNMENT
+    from .pipeline import prepare
+    from ...quant.pt2e_qnn import RECIPE
+    opts = options or CompileOptions()
+    say = progress or (lambda msg, done, total: None)
+    t_start = time.perf_counter()
+    out = Path(out)
+    check_output(out, force)
+    if opts.output_format not in FORMATS:
+        raise InputError(f"a PyTorch model compiles to a .pte, not {opts.output_format!r}",
+                         "use --format pte (or leave --format out); ONNX models make context binaries")
+    fallback = opts.fallback or "xnnpack"
+    if fallback not in FALLBACKS:
+        raise InputError(f"unknown fallback {fallback!r}", f"choose one of: {', '.join(FALLBACKS)}")
+    socs: list[SoC] = []
+    for t in opts.targets or ["SM8650"]:
+        soc = get_target(t)
+        if soc not in socs:
+            socs.append(soc)
+    if not parts:
+        raise InputError("no model given", "pass model.py:factory, a .pt2, or an nn.Module with example inputs")
+    if opts.dynamic_shapes:
+        # Measured with executorch 1.5.1: QNN's validator refuses every node with a dynamic Dim
+        # (3110), and the program then fails to emit: QNN's export passes leave symbolic sizes in
+        # the views around the XNNPACK partitions, which the emitter cannot write.
+        raise UnsupportedError("a .pte with the QNN delegate needs static shapes: the HTP runs static graphs, and the "
+                               "CPU fallback of a dynamically shaped graph cannot be emitted here",
+                               "leave dynamic_shapes out and compile one program per shape you need (e.g. a prefill and "
+                               "a decode size); `modelexport audit` takes dynamic shapes to show what QNN refuses")
+    steps = len(parts) * (1 + len(socs))
+    done = 0
+    preps, taken = [], set()
+    for spec in parts:
+        if spec.input_shapes:
+            raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
+        say(f"loading and exporting {spec.model if isinstance(spec.model, str) else 'the module'}", done, steps)
+        prep = prepare(spec.model, None, socs[0].name, spec.precision, spec.calibration, opts.overrides, opts.block_size,
+                       opts.rewrites, opts.dynamic_shapes)
+        for soc in socs[1:]:
+            prep.plan.check_target(soc)
+        preps.append((spec, prep, _part_name(spec, prep.loaded, taken)))
+        done += 1
+    state = qnn_ready()      # after every input check: a wrong input fails before the toolchain loads
+    cache = Cache(enabled=opts.use_cache)
+    import executorch
+    import torch
+    built: dict[tuple[str, str], tuple[Path, dict, bool]] = {}
+    temp_entries = []
+    try:
+        for spec, prep, name in preps:
+            fingerprint = graph_fingerprint(prep.exported)
+            for soc in socs:
+                key = cache_key("pte", fingerprint, prep.plan.key(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes),
+                                prep.verify_inputs.digest(), [i.to_dict() for i in prep.inputs],
+                                prep.calibration.digest() if prep.calibration else None, soc.name, fallback, SEGMENT_ALIGNMENT,
+                                getattr(executorch, "__version__", "?"), torch.__version__, state.qairt_build, state.mode)
+
+                def report(msg: str, _soc=soc, _name=name) -> None:
+                    say(f"{_name}@{_soc.name}: {msg}", done, steps)
+                entry, meta, hit = _lower_entry(prep, soc, fallback, SEGMENT_ALIGNMENT, cache, key, report)
+                if not cache.enabled:
+                    temp_entries.append(entry)
+                built[(name, soc.name)] = (entry, meta, hit)
+                done += 1
+        strict_failures = []
+        for (name, target), (_, meta, _) in built.items():
+            off = [r for r in meta["placement"] if r["backend"] != "HTP"]
+            if off:
+                strict_failures.append(f"{name} on {target}: " + ", ".join(f"{r['name']} ({r['op_type']})" for r in off[:8])
+                                       + (" ..." if len(off) > 8 else ""))
+        if opts.strict and strict_failures:
+            raise UnsupportedError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
+                                   "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
+        say("writing the bundle", done, steps)
+        return _write_bundle(out, force, preps, socs, built, opts, fallback, state, cache, t_start)
+    finally:
+        import shutil
+        for t in temp_entries:
+            shutil.rmtree(t, ignore_errors=True)
+
+
+def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptions, fallback: str, state, cache, t_start):
+    import torch
+
+    from .lower import SEGMENT_ALIGNMENT
+    from .inspect import qnn_binaries, read_pte
+    with BundleWriter(out, force) as w:
+        m = w.manifest
+        m.kind = "model"
+        m.format = "pte"
+        m.targets = [s.name for s in socs]
+        precisions = {p.precision.name for _, p, _ in preps}
+        m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
+        first = preps[0][1].loaded
+        m.source = SourceModel(path=first.source, sha256=first.sha256, format="pytorch",
+                               description=first.description if len(preps) == 1 else f"{len(preps)} models")
+        m.options = {"backend": "executorch_qnn", "fallback": fallback, "segment_alignment": SEGMENT_ALIGNMENT,
+                     "extract_delegate_segments": True, "strict": opts.strict, "quantization": {},
+                     "rewrites": {}, "adapter": state.mode, "pairing": state.pairing}
+        parts_meta, placement, build_ids, timings = [], {}, set(), {}
+        numerics = None
+        for spec, prep, name in preps:
+            files: dict[str, str] = {}
+            fpath = w.path(f"{name}/float.pt2", role="float-model")
+            torch.export.save(prep.exported, fpath)
+            files["float_model"] = f"{name}/float.pt2"
+            samples = prep.verify_inputs.samples[:VERIFY_SAMPLES]
+            with open(w.path(f"{name}/verify_inputs.npz", role="verify-inputs"), "wb") as f:
+                np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
+            files["verify_inputs"] = f"{name}/verify_inputs.npz"
+            m.calibration[name] = (prep.calibration.describe() if prep.calibration else
+                                   {"kind": "none", "note": "fp16 needs no calibration"}) | {
+                "verify_inputs": {"samples": len(samples), "kind": prep.verify_inputs.kind,
+                                  "representative": prep.verify_inputs.representative}}
+            m.options["quantization"][name] = built[(name, socs[0].name)][1].get("quantization") or prep.plan.describe()
+            m.options["rewrites"][name] = prep.rewrites
+            if not prep.precision.quantized:
+                m.options.setdefault("fp16_batch_norms_folded", []).append(name)
+            hits = {}
+            for soc in socs:
+                entry, meta, hit = built[(name, soc.name)]
+                hits[soc.name] = hit
+                rel = w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role="pte")
+                data = (entry / "model.pte").read_bytes()
+                info = read_pte(data)
+                qgraphs = []
+                for b in info["qnn_binaries"]:
+                    build_ids.add(b["build_id"])
+                    if b.get("soc_model") is not None and b["soc_model"] != soc.soc_model:
+                        raise ToolchainError(f"the QNN binary built for {soc.name} names soc_model {b['soc_model']}",
+                                             "report this as a bug: the compile spec's SoC was not applied")
+                    m.htp_arch[soc.name] = b.get("dsp_arch") or soc.htp_arch
+                from ...toolchain.qnn_context import read_context_binary
+                from ...toolchain.native_io import native_stdout_to_stderr
+                for method, binary in qnn_binaries(data):
+                    with native_stdout_to_stderr():
+                        cb = read_context_binary(binary)
+                    for g in cb.graphs:
+                        qgraphs.append({"method": method, "graph": g.name,
+                                        "inputs": [_qnn_tensor(t).model_dump(exclude_none=True) for t in g.inputs],
+                                        "outputs": [_qnn_tensor(t).model_dump(exclude_none=True) for t in g.outputs],
+                                        "vtcm_mb": g.htp.vtcm_mb if g.htp else None,
+                                        "const_bytes": g.htp.const_size if g.htp else None})
+                for meth in info["methods"]:
+                    ins = [TensorSpec(name=io.name, shape=t["shape"], dtype=t["dtype"])
+                           for io, t in zip(prep.inputs, meth["inputs"])]
+                    outs = [TensorSpec(name=f"output_{i}", shape=t.get("shape", []), dtype=t.get("dtype", "?"))
+                            for i, t in enumerate(meth["outputs"])]
+                    m.graphs.append(GraphSpec(
+                        name=meth["name"], file=rel, kind="pte-method", target=soc.name, htp_arch=m.htp_arch.get(soc.name),
+                        inputs=ins, outputs=outs,
+                        extra={"part": name, "delegates": [{k: d[k] for k in ("backend_id", "location", "offset", "size", "alignment")
+                                                            if k in d} for d in info["delegates"] if d["method"] == meth["name"]],
+                               "delegate_calls": meth["delegate_calls"], "kernel_calls": meth["kernel_calls"],
+                               "qnn_graphs": [q for q in qgraphs if q["method"] == meth["name"]]}))
+                rows = meta["placement"]
+                placement.setdefault(name, {})[soc.name] = {
+                    "htp_nodes": sum(1 for r in rows if r["backend"] == "HTP"),
+                    "cpu_fallbacks": [{"name": r["name"], "op_type": r["op_type"], "runtime": r["runtime"]}
+                                      for r in rows if r["backend"] != "HTP"]}
+                timings[f"{name}.{soc.name}"] = {k: meta[k] for k in ("quantize_s", "lower_s", "to_executorch_s", "numerics_s")
+                                                 if k in meta}
+                if numerics is None:  # the first part and target: compiled (simulator) vs eager float
+                    numerics = dict(meta["numerics"], part=name, target=soc.name)
+            timings[f"{name}.prepare"] = prep.timings
+            parts_meta.append({"name": name, "source": prep.loaded.source, "sha256": prep.loaded.sha256,
+                               "precision": prep.precision.name, "inputs": [i.to_dict() for i in prep.inputs],
+                               "files": files, "cache_hit": hits, "rewrites": prep.rewrites})
+        if len(build_ids) > 1:
+            raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
+                                 "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
+        m.qairt_build = build_ids.pop() if build_ids else state.qairt_build
+        first_name, first_soc = preps[0][2], socs[0].name
+        rows = built[(first_name, first_soc)][1]["placement"]
+        m.placement = {"nodes": rows, "summary": built[(first_name, first_soc)][1]["summary"],
+                       "of": {"part": first_name, "target": first_soc}, **placement}
+        m.numerics = numerics or {}
+        timings["total_s"] = round(time.perf_counter() - t_start, 3)
+        m.extra = {"parts": parts_meta, "timings": timings,
+                   "cache": {"enabled": cache.enabled, "root": str(cache.root) if cache.enabled else None,
+                             "hits": sum(1 for v in built.values() if v[2]), "misses": sum(1 for v in built.values() if not v[2])},
+                   "qairt": {"source": state.qairt_source, "build": state.qairt_build, "pairing": state.pairing}}
+    return open_bundle(out)

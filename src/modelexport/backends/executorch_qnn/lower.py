@@ -1,0 +1,165 @@
+"""Lower a (quantized) torch graph to a `.pte`: QNN first, XNNPACK for what QNN refuses.
+
+The steps are executorch 1.5.1's `to_edge_transform_and_lower_to_qnn` (QNN's export passes,
+its to-edge passes, a QnnManager context), with two differences: the QNN partitioner is the
+explaining one (et_partition), and an XnnpackPartitioner follows it so that what the HTP will
+not take runs on XNNPACK rather than on portable kernels. `to_pte` writes the program with the
+delegate blobs extracted into segments aligned for mmap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.targets import SoC
+from .partition import Decision, capture_native_output, op_name
+from .specs import compile_specs
+
+# 16 KiB: a multiple of every page size Android uses (4 KiB and 16 KiB), so each delegate segment
+# can be mmapped straight from the file on any device.
+SEGMENT_ALIGNMENT = 16384
+QDQ_OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel",
+           "quantize_affine", "dequantize_affine", "choose_qparams")
+BACKEND_OF = {"QnnBackend": ("HTP", "QNN"), "XnnpackBackend": ("CPU", "XNNPACK")}
+
+
+@dataclass
+class Lowered:
+    edge: Any                               # EdgeProgramManager
+    decisions: dict[str, Decision]          # per edge node: the QNN partitioner's answer and reason
+    log: list[str] = field(default_factory=list)
+
+
+def _silence_python_logs() -> None:
+    import logging
+    for name in ("executorch", "executorch.backends.qualcomm", "executorch.exir", "torch.export", "torch._export"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str | None = "xnnpack",
+          delegate: bool = True, log_level: str = "error", dynamic_shapes=None, method: str = "forward",
+          linear_to_conv2d: bool = False) -> Lowered:
+    """export → QNN export passes → to_edge + QNN (+ XNNPACK) partitioners → EdgeProgramManager.
+
+    `linear_to_conv2d` turns on QNN's ConvertLinearToConv2d pass: block-wise 4-bit weights need it
+    (measured: a block-quantized linear left as FullyConnected gives -5 dB on the HTP, as conv2d 20 dB)."""
+    import torch
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
+    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    from executorch.exir import to_edge_transform_and_lower
+
+    from .partition import explaining_partitioner
+    _silence_python_logs()
+    specs = compile_specs(soc, use_fp16, log_level)
+    backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
+    qnn = explaining_partitioner(specs, delegate=delegate)
+    log: list[str] = []
+    try:
+        with capture_native_output() as log:
+            ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=True)
+            pm = get_qnn_pass_manager_cls(backend_type)()
+            aten = pm.transform_for_export_pipeline(ep)
+            passes = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=linear_to_conv2d)
+            with QnnManagerContext({method: specs}):
+                edge = to_edge_transform_and_lower({method: aten}, transform_passes={method: passes},
+                                                   partitioner={method: [qnn]}, compile_config=qnn_edge_config())
+            # XNNPACK gets what QNN left, as a second step: in one to_edge_transform_and_lower call
+            # its decomposition table would also decompose the ops QNN asked to keep whole.
+            if fallback == "xnnpack" and delegate and _has_cpu_ops(edge, method):
+                from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+                edge = edge.to_backend({method: XnnpackPartitioner()})
+    except Exception as e:
+        e.native_log = log  # type: ignore[attr-defined]
+        raise
+    return Lowered(edge, dict(qnn.decisions), log)
+
+
+def _has_cpu_ops(edge, method: str) -> bool:
+    import operator
+
+    import torch
+    for node in edge.exported_program(method).graph_module.graph.nodes:
+        if node.op == "call_function" and node.target not in (operator.getitem,
+                                                             torch.ops.higher_order.executorch_call_delegate):
+            return True
+    return False
+
+
+def to_pte(edge, alignment: int = SEGMENT_ALIGNMENT):
+    """ExecutorchProgramManager with delegate data in segments starting on `alignment` boundaries."""
+    from executorch.exir import ExecutorchBackendConfig
+    with capture_native_output():
+        return edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=alignment))
+
+
+def module_path(node) -> str | None:
+    """`layers.3.mlp.act`: the innermost module of the node's nn_module_stack."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return path or None
+
+
+def is_qdq(target) -> bool:
+    name = op_name(target)
+    return any(q in name for q in QDQ_OPS)
+
+
+def _aten(target) -> str:
+    return op_name(target)
+
+
+def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> list[dict]:
+    """One record per compute node of the lowered program: which runtime runs it and why.
+
+    QNN-delegated nodes are on the HTP; XNNPACK-delegated and portable nodes are on the CPU, with
+    the QNN partitioner's reason. (De)quantize nodes inside a delegate are folded into its
+    tensors' encodings and left out; outside one they run on the CPU and are listed.
+    """
+    import operator
+
+    import torch
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    gm = edge.exported_program(method).graph_module
+    rows: list[dict] = []
+
+    def record(node, backend: str, runtime: str) -> None:
+        if node.op != "call_function" or node.target is operator.getitem:
+            return
+        if is_qdq(node.target) and runtime != "portable":
+            return
+        d = decisions.get(node.name)
+        row = {"name": node.name, "op_type": _aten(node.target), "module_path": module_path(node),
+               "backend": backend, "runtime": runtime}
+        if backend != "HTP":
+            from ...auditing.fixes import fix_for, source_fn
+            row["reason_kind"] = d.kind if d else None
+            row["reason"] = d.reason if d else ("not seen by the QNN partitioner" if not is_qdq(node.target) else
+                                                "(de)quantization between a CPU op and the rest of the graph")
+            row["fix"] = fix_for(row["op_type"], row["reason"], source_fn(node))
+        rows.append(row)
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.executorch_call_delegate:
+            lowered = getattr(gm, node.args[0].target)
+            assert isinstance(lowered, LoweredBackendModule)
+            backend, runtime = BACKEND_OF.get(lowered.backend_id, ("CPU", lowered.backend_id))
+            for inner in lowered.original_module.graph_module.graph.nodes:
+                record(inner, backend, runtime)
+        else:
+            record(node, "CPU", "portable")
+    return rows
+
+
+def delegation_summary(rows: list[dict]) -> dict:
+    from collections import Counter
+    by_runtime = Counter(r["runtime"] for r in rows)
+    total = len(rows)
+    return {"nodes": total, "by_runtime": dict(by_runtime),
+            "htp_share": round(by_runtime.get("QNN", 0) / total, 4) if total else None,
+            "fallback_ops": dict(Counter(r["op_type"] for r in rows if r["backend"] != "HTP"))}

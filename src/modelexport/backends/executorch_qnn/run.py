@@ -1,0 +1,236 @@
+"""Run a `.pte` (bundle or bare file) on this host through executorch.runtime, and verify a
+.pte bundle against eager PyTorch.
+
+The QnnBackend of the pip runtime runs the embedded context binary on the HTP simulator
+(libQnnHtp.so on x86, through the ABI adapter: ensure_executorch_qnn first), XnnpackBackend and
+portable kernels run on the CPU. Numerics are real; timings say nothing about a phone.
+The float reference of `verify` is the bundle's own `float.pt2` (the exported float model,
+after any rewrites) run eagerly by torch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import InputError, ToolchainError
+from ...core.targets import get_target
+from ...core.numerics import compare
+from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
+from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, verify_samples
+
+
+@dataclass
+class PteGraph:
+    part: str
+    target: str | None
+    pte: Path
+    precision: str
+    inputs: list[dict]               # name, shape, dtype (the method's, float32 for a float graph)
+    outputs: list[str]
+    method: str = "forward"
+    bundle: Any = None
+
+
+def _select(path: str | Path, part: str | None, target: str | None) -> list[PteGraph]:
+    from ...contract import open_bundle
+    p = Path(path)
+    if p.is_file():
+        from .inspect import read_pte
+        info = read_pte(p.read_bytes(), read_binaries=False)
+        m = info["methods"][0]
+        ins = [{"name": f"input_{i}", **{k: t.get(k) for k in ("shape", "dtype")}} for i, t in enumerate(m["inputs"])]
+        return [PteGraph("model", None, p, "?", ins, [f"output_{i}" for i in range(len(m["outputs"]))], m["name"])]
+    bundle = open_bundle(p)
+    m = bundle.manifest
+    want = get_target(target).name if target else None
+    parts = {g.extra.get("part") for g in m.graphs}
+    if part and part not in parts:
+        raise InputError(f"{bundle.path} has no part {part!r}", f"parts: {', '.join(sorted(x for x in parts if x))}")
+    if want and want not in m.targets:
+        raise InputError(f"{bundle.path} was not compiled for {want}", f"its targets: {', '.join(m.targets)}")
+    precisions = {pm["name"]: pm["precision"] for pm in m.extra.get("parts", [])}
+    out = []
+    for g in m.graphs:
+        if g.kind != "pte-method" or (part and g.extra.get("part") != part) or (want and g.target != want):
+            continue
+        out.append(PteGraph(g.extra.get("part"), g.target, bundle.file(g.file), precisions.get(g.extra.get("part"), m.precision),
+                            [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in g.inputs],
+                            [t.name for t in g.outputs], g.name, bundle))
+    return out
+
+
+def check_runtime_build(built: str | None, have: str) -> None:
+    if built and _version_tuple(built) > _version_tuple(have):
+        raise ToolchainError(f"the .pte's QNN context binary was built by QAIRT {built}; the QNN runtime here is {have}",
+                             "run it with a QAIRT at least as new (QNN_SDK_ROOT), or recompile it here")
+
+
+class PteSession:
+    """One method of a .pte loaded through executorch.runtime."""
+
+    def __init__(self, g: PteGraph):
+        from .specs import qnn_ready
+        state = qnn_ready()
+        if g.bundle is not None:
+            check_runtime_build(g.bundle.manifest.qairt_build, state.qairt_build)
+        from ...toolchain.native_io import capture_native_output
+        from executorch.runtime import Runtime
+        t0 = time.perf_counter()
+        try:
+            with capture_native_output() as log:
+                self.program = Runtime.get().load_program(g.pte)
+                self.method = self.program.load_method(g.method)
+        except Exception as e:
+            tail = " | ".join(line for line in log[-6:]) if "log" in locals() else ""
+            raise ToolchainError(f"executorch.runtime could not load {g.pte} ({g.method}): {' '.join(str(e).split())[:300]}"
+                                 + (f" — log: {tail[:400]}" if tail else ""),
+                                 "check it with `modelexport inspect`; recompile it with this modelexport") from None
+        if self.method is None:
+            raise InputError(f"{g.pte} has no method {g.method!r}", "inspect it for its method names")
+        self.load_seconds = time.perf_counter() - t0
+        self.g = g
+        self.inputs = {i["name"]: i for i in g.inputs}
+
+    def __enter__(self) -> "PteSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the program now, with the QNN backend's "Destroy Qnn context/device/backend" INFO
+        lines captured rather than printed at interpreter exit."""
+        import gc
+
+        from ...toolchain.native_io import capture_native_output
+        with capture_native_output():
+            self.method = self.program = None
+            gc.collect()
+
+    def check_feed(self, feed: dict[str, np.ndarray]) -> list:
+        import torch
+        missing = sorted(set(self.inputs) - set(feed))
+        extra = sorted(set(feed) - set(self.inputs))
+        if missing or extra:
+            raise InputError(("missing input(s) " + ", ".join(missing) if missing else "")
+                             + ("; " if missing and extra else "") + ("unknown input(s) " + ", ".join(extra) if extra else ""),
+                             "the method's inputs: " + ", ".join(f"{k}{v['shape']} {v['dtype']}" for k, v in self.inputs.items()))
+        args = []
+        for name, spec in self.inputs.items():
+            arr = np.asarray(feed[name])
+            if spec.get("dtype") and str(arr.dtype) != spec["dtype"]:
+                raise InputError(f"input {name!r} has dtype {arr.dtype}; the method wants {spec['dtype']}",
+                                 f"save it as {spec['dtype']}")
+            if spec.get("shape") is not None and list(arr.shape) != list(spec["shape"]):
+                raise InputError(f"input {name!r} has shape {list(arr.shape)}; the method wants {spec['shape']}",
+                                 "give an array of the compiled shape")
+            args.append(torch.from_numpy(np.ascontiguousarray(arr)))
+        return args
+
+    def random_feed(self, seed: int = 0) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        feed = {}
+        for name, spec in self.inputs.items():
+            dt = np.dtype(spec.get("dtype") or "float32")
+            shape = spec["shape"]
+            feed[name] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else rng.integers(0, 8, shape).astype(dt)
+        return feed
+
+    def run(self, feed: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        from ...toolchain.native_io import capture_native_output
+        args = self.check_feed(feed)
+        t0 = time.perf_counter()
+        with capture_native_output():
+            outs = self.method.execute(args)
+        dt = time.perf_counter() - t0
+        names = self.g.outputs or [f"output_{i}" for i in range(len(outs))]
+        return {n: o.detach().numpy() if hasattr(o, "detach") else np.asarray(o) for n, o in zip(names, outs)}, dt
+
+
+def _one(graphs: list[PteGraph], path) -> PteGraph:
+    if not graphs:
+        raise InputError(f"{path} holds no .pte method to run", "compile a PyTorch model with --format pte")
+    if len(graphs) != 1:
+        raise InputError(f"{path} holds {len(graphs)} compiled methods: " + ", ".join(f"{g.part}@{g.target}" for g in graphs),
+                         "choose one with --part and/or --target")
+    return graphs[0]
+
+
+def run_pte(path: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
+            perf_profile: str | None = None, repeat: int = 1, seed: int = 0) -> RunResult:
+    g = _one(_select(path, part, target), path)
+    with PteSession(g) as sess:
+        outs, times = run_repeated(sess, inputs, random, seed, repeat)
+    placement = {}
+    if g.bundle is not None:
+        placement = (g.bundle.manifest.placement.get("summary") or {}).get("by_runtime", {})
+    return RunResult(g.part, g.target or "-", outs, sess.load_seconds, times, placement)
+
+
+def float_reference(bundle, part: str):
+    import torch
+    pm = next((p for p in bundle.manifest.extra.get("parts", []) if p["name"] == part), {})
+    rel = pm.get("files", {}).get("float_model")
+    if not rel:
+        raise InputError(f"{bundle.path} keeps no float model for {part}", "recompile the bundle with this modelexport")
+    return torch.export.load(bundle.file(rel)).module()
+
+
+def compare_outputs(refs: dict[str, list], gots: dict[str, list], threshold: float) -> list[OutputCheck]:
+    checks = []
+    for n in refs:
+        r, g = np.stack(refs[n]), np.stack(gots[n])
+        c = compare(r, g)
+        agree = None
+        if r.ndim >= 2 and r.shape[-1] > 1:
+            agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
+        checks.append(OutputCheck(n, float(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]), agree,
+                                  bool(c["sqnr_db"] >= threshold)))
+    return checks
+
+
+def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], names_out: list[str]) -> dict[str, np.ndarray]:
+    import torch
+    with torch.no_grad():
+        out = module(*[torch.from_numpy(np.ascontiguousarray(sample[n])) for n in names_in])
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return {n: o.detach().numpy() for n, o in zip(names_out, outs)}
+
+
+def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
+               min_sqnr: float | None = None, max_samples: int | None = None) -> VerifyReport:
+    from ...quant.pt2e_qnn import get_et_precision
+    if Path(path).is_file():
+        raise InputError(f"{path} is a bare .pte: it carries no float model to compare against",
+                         "verify the bundle folder that `modelexport compile -o` wrote")
+    graphs = _select(path, part, target)
+    if not graphs:
+        raise InputError(f"{path} holds no .pte method to verify", "compile a PyTorch model with --format pte")
+    report = VerifyReport(str(graphs[0].bundle.path), [])
+    refs_by_part: dict[str, Any] = {}
+    for g in graphs:
+        with PteSession(g) as sess:
+            names_in = [i["name"] for i in g.inputs]
+            samples, kind = verify_samples(g.bundle, g.part, sess, inputs)
+            if max_samples:
+                samples = samples[:max_samples]
+            if g.part not in refs_by_part:
+                refs_by_part[g.part] = float_reference(g.bundle, g.part)
+            ref_mod = refs_by_part[g.part]
+            refs = {n: [] for n in g.outputs}
+            gots = {n: [] for n in g.outputs}
+            for s in samples:
+                ref = eager_outputs(ref_mod, s, names_in, g.outputs)
+                got, _ = sess.run(s)
+                for n in g.outputs:
+                    refs[n].append(ref[n])
+                    gots[n].append(got[n].astype(np.float32))
+        threshold = min_sqnr if min_sqnr is not None else get_et_precision(g.precision).min_sqnr_db
+        gc = GraphCheck(g.part, g.target or "-", g.precision, threshold, len(samples), kind)
+        gc.outputs = compare_outputs(refs, gots, threshold)
+        report.graphs.append(gc)
+    return report

@@ -1,0 +1,531 @@
+"""LLM (GGUF file or HF folder) → static decoder variants → 16a4w QDQ → one weight-shared QNN
+context binary per part for devices, plus an unshared twin per graph for the host simulator.
+
+    modelexport compile SmolLM2.gguf --target SM8650 --precision 16a4w --variants ar1,ar32 \
+        --max-seq-len 512 [--calibration text.txt] [--override 'lm_head=16a4w'] -o OUT
+
+Stages, each cached by content (source sha256 + options + ONNX Runtime / QAIRT builds):
+1. `llm-qdq`: load the model, export every (variant, part) to ONNX, calibrate on real text run
+   through the float decoder, quantize (16-bit activations, per-channel 4-bit weights).
+   Also holds the tokenizer. A hit skips loading the model at all.
+2. `llm-ctx-shared`: per target and part, all variants compiled in one child process with
+   `ep.share_ep_contexts` → one `_ctx_qnn.bin` (weights once).
+3. `ctx`: per target, variant and part, the same QDQ graph compiled alone (the simulator cannot
+   load weight-shared binaries; numerics run on these twins).
+
+Graph names (AI Hub's scheme): `{type}_ar{N}_cl{C}_{i}_of_{n}` with type `prompt` for N > 1 and
+`token` for N = 1, C = max_seq_len, part i of n. The QNN EP names the graphs inside the binary
+itself (`QNNExecutionProvider_..._<hash>_1_0`); the manifest maps each documented name to it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from ...core.atomic import check_output
+from ...contract.manifest import SourceModel
+from .. import backend
+from ...toolchain.htp_options import check_knobs, compile_provider_options
+from ..spec import CompileOptions, PartSpec
+from ...core.cache import Cache, cache_key
+from ...core.errors import InputError, ToolchainError, UnsupportedError, VerificationError
+from ...quant.precision import get_precision
+from ...core.targets import SoC, get_target, require_feature
+from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+from ...quant.block_weights import DEFAULT_BLOCK
+from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
+
+EXPORT_VERSION = 4   # 4: RoPE table lookups float
+DEFAULT_VARIANTS = (1, 32)
+DEFAULT_MAX_SEQ_LEN = 512
+DEFAULT_CALIBRATION_SAMPLES = 8
+
+
+def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
+    return f"{'token' if n == 1 else 'prompt'}_ar{n}_cl{max_seq_len}_{part}_of_{n_parts}"
+
+
+def parse_variants(v: Any) -> list[int]:
+    if v is None:
+        return list(DEFAULT_VARIANTS)
+    items = v if isinstance(v, (list, tuple)) else str(v).split(",")
+    out = []
+    for it in items:
+        for s in str(it).split(","):
+            s = s.strip().lower()
+            if not s:
+                continue
+            num = s[2:] if s.startswith("ar") else s
+            if not num.isdigit() or int(num) < 1:
+                raise InputError(f"--variants: {s!r} is not arN", "write e.g. --variants ar1,ar32")
+            out.append(int(num))
+    if not out:
+        raise InputError("--variants is empty", "write e.g. --variants ar1,ar32")
+    return sorted(set(out), reverse=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# stage 1: export + calibrate + quantize (cached)
+
+def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
+               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0) -> dict:
+    import torch
+
+    from ...frontends import find_frontend
+    from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from ...llm.tokenizers import from_transformers
+    from ...quant.calibration import CalibrationSet
+    from ...llm.text import tokenize
+    from .calibration import calibration_samples, part_samples
+    from .onnx_export import DecoderPart, export_part
+    from ...quant.llm_graphs import quantize_job
+
+    t0 = time.perf_counter()
+    report("loading the model")
+    llm = find_frontend(str(src_path)).load(str(src_path))
+    model, cfg = llm.model, llm.config
+    load_s = round(time.perf_counter() - t0, 2)
+    ctx = getattr(cfg, "max_position_embeddings", None)
+    if ctx and max_seq_len > ctx:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
+                         f"use --max-seq-len {ctx} or less")
+    prec = get_precision(precision)
+    bits = {o.pattern: o.weight_bits for o in overrides}
+    embed_bits = next((b for p, b in bits.items() if "embed" in p), prec.weight_bits)
+    head_bits = next((b for p, b in bits.items() if "lm_head" in p), prec.weight_bits)
+    parts, mem = plan_parts(cfg, variants, max_seq_len, prec.weight_bits, prec.activation_bits, limit_mb,
+                            embed_bits, head_bits)
+    tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
+    tok.save(tmp / "tokenizer")
+    report(f"calibrating on {text.path.name} through the float decoder")
+    t1 = time.perf_counter()
+    ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
+    samples = calibration_samples(model, ids, variants, max_seq_len, n_samples)
+    calib_s = round(time.perf_counter() - t1, 2)
+    graphs, export_s = [], 0.0
+    (tmp / "qdq").mkdir()
+    float_dir = tmp / "float"
+    n_graphs = len(variants) * len(parts)
+    samples_per_variant = {str(n): len(samples[n]) for n in variants}
+    # ONNX Runtime's quantizer is single-threaded Python: each graph is quantized in a worker as soon
+    # as it is exported, while the next one is exported here
+    with WorkerPool(min(workers, n_graphs)) as pool:
+        t3 = None
+        for n in variants:
+            dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
+            hidden = None
+            for part in parts:
+                name = graph_name(n, max_seq_len, part.index, part.count)
+                report(f"exporting {name}")
+                t2 = time.perf_counter()
+                fpath = export_part(dec, part, float_dir / f"{name}.onnx")
+                export_s += time.perf_counter() - t2
+                ps = part_samples(samples[n], part, hidden)
+                t3 = t3 or time.perf_counter()
+                pool.submit(quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
+                                           "precision": precision, "overrides": overrides, "samples": ps,
+                                           "source": str(text.path), "block_size": block_size})
+                if not part.is_last:   # hidden states entering the next part, from the float part
+                    mod = DecoderPart(dec, part).eval()
+                    with torch.inference_mode():
+                        hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].numpy() for s in ps]
+                graphs.append({"name": name, "n_tokens": n, "part": part.index, "n_parts": part.count,
+                               "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
+                               "memory_estimate": mem[n][part.index - 1].to_dict()})
+        del samples, ps   # the workers have what they need
+        report(f"quantizing {n_graphs} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
+        results = pool.results()
+    quant_s = time.perf_counter() - t3   # from the first graph's hand-over: overlaps the later exports
+    shutil.rmtree(float_dir, ignore_errors=True)
+    for r in results:
+        if "error" in r:
+            _raise(r["error"])
+    quant_info = {g["name"]: r for g, r in zip(graphs, results)}
+    sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
+    n_params = sum(p.numel() for p in model.parameters())
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta or getattr(cfg, "rope_theta", 10000.0)
+    return {"graphs": graphs, "parts": [[p.first_layer, p.end_layer] for p in parts],
+            "spec": {"n_layers": sd.n_layers, "n_heads": sd.n_heads, "n_kv_heads": sd.n_kv_heads, "head_dim": sd.head_dim,
+                     "hidden_size": sd.hidden_size, "vocab_size": sd.vocab_size, "max_seq_len": max_seq_len},
+            "architecture": llm.architecture, "n_params": int(n_params), "rope_theta": float(theta),
+            "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "context_length": ctx,
+            "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
+                                                          "tokens": len(ids), "samples_per_variant": samples_per_variant},
+            "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
+                        "quantize_s": round(quant_s, 2)}}
+
+
+# ----------------------------------------------------------------------------------------------
+
+class WorkerPool:
+    """Jobs in spawned child processes (a QNN crash must never take the user's process down),
+    submitted as soon as each is ready; `results()` in submission order, a crashed worker's job
+    as an error dict."""
+
+    def __init__(self, workers: int):
+        self._pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"))
+        self._futures: list = []
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+    def submit(self, fn: Callable, job: dict) -> None:
+        self._futures.append(self._pool.submit(fn, job))
+
+    def results(self, on_done=lambda r: None) -> list[dict]:
+        out: list[dict] = [None] * len(self._futures)  # type: ignore[list-item]
+        index = {f: i for i, f in enumerate(self._futures)}
+        for f in as_completed(index):
+            try:
+                out[index[f]] = f.result()
+            except Exception as e:  # a crashed worker (BrokenProcessPool)
+                out[index[f]] = {"error": {"type": "ToolchainError",
+                                           "problem": f"a worker process died: {type(e).__name__}: {e}",
+                                           "fix": "run again with --jobs 1; report the model if it persists"}}
+            on_done(out[index[f]])
+        return out
+
+
+def _pool_run(jobs: list[tuple[Callable, dict]], workers: int, on_done) -> list[dict]:
+    if not jobs:
+        return []
+    with WorkerPool(workers) as pool:
+        for fn, job in jobs:
+            pool.submit(fn, job)
+        return pool.results(on_done)
+
+
+def _raise(err: dict) -> None:
+    import modelexport.core.errors as E
+    raise getattr(E, err["type"], E.ModelExportError)(err["problem"], err.get("fix"))
+
+
+@backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
+         formats=("context-binary",))
+def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
+                progress: Callable[[str, float, float], None] | None = None) -> Any:
+    from ...toolchain.qairt import find_qairt
+    from ...llm.text import read_text
+    from .source import check_source
+    import onnxruntime
+
+    opts = options or CompileOptions()
+    say = progress or (lambda msg, done, total: None)
+    t_start = time.perf_counter()
+    out = Path(out)
+    check_output(out, force)
+    if len(parts) != 1:
+        raise InputError("one LLM per bundle", "compile each model into its own bundle")
+    spec = parts[0]
+    if opts.output_format not in ("context-binary",):
+        raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
+    from ...quant.pt2e_qnn import get_et_precision
+    requested_precision = get_et_precision(spec.precision or "16a4w_block")
+    requested = requested_precision.name
+    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested == "16a4w_block" else 0
+    # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
+    precision = "16a4w" if block_size else requested
+    if precision not in LLM_PRECISIONS:
+        raise InputError(f"precision {precision} is not offered for LLMs",
+                         f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
+    if block_size < 0 or (block_size and block_size % 16):
+        raise InputError(f"--block-size {block_size}: give a positive multiple of 16 (e.g. 32 or 64)")
+    variants = parse_variants(getattr(opts, "variants", None))
+    max_seq_len = int(getattr(opts, "max_seq_len", None) or DEFAULT_MAX_SEQ_LEN)
+    if max_seq_len <= max(variants):
+        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
+    socs: list[SoC] = []
+    for t in opts.targets or ["SM8650"]:
+        s = get_target(t)
+        if s not in socs:
+            socs.append(s)
+    check_knobs(socs, opts.vtcm_mb, opts.optimization_level)
+    for s in socs:
+        if len(variants) > 1:
+            require_feature(s, "weight_sharing", f"{len(variants)} variants sharing one copy of the weights")
+        if requested_precision.feature:   # the precision table says what the HTP must have
+            require_feature(s, requested_precision.feature, f"precision {requested} ({requested_precision.description})")
+    overrides = parse_overrides(list(DEFAULT_OVERRIDES) + list(opts.overrides or []), precision)
+    overrides = list(reversed(overrides))  # user overrides first: the first match wins
+    facts = check_source(spec.model, max_seq_len)
+    text = read_text(spec.calibration if spec.calibration not in (None, "random") else None)
+    if spec.calibration == "random":
+        raise InputError("LLMs are calibrated on real text, not random data",
+                         "give a text file with --calibration (default: lee_background.cor)")
+    n_samples = int(getattr(opts, "calibration_samples", None) or DEFAULT_CALIBRATION_SAMPLES)
+    limit_mb = float(getattr(opts, "context_limit_mb", None) or DEFAULT_CONTEXT_LIMIT_MB)
+    qairt = find_qairt()
+    cache = Cache(enabled=opts.use_cache)
+    timings: dict[str, Any] = {}
+
+    # 1. QDQ graphs
+    from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
+    qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
+                     [(o.pattern, o.precision) for o in overrides], text.sha256, n_samples, limit_mb,
+                     onnxruntime.__version__, version("torch"))
+    t0 = time.perf_counter()
+    say("checking the cache", 0, 4)
+    qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
+        tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
+        lambda m: say(m, 1, 4), opts.jobs or min(2, os.cpu_count() or 1), block_size))
+    timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
+    qmeta = Cache.meta(qentry)
+    n_parts = len(qmeta["parts"])
+    graphs = qmeta["graphs"]
+
+    # 2 + 3. context binaries
+    from ..ort_qnn import worker as ort_qnn_worker
+    from ...contract.manifest import sha256_file
+    from .ctx_jobs import compile_shared
+    shas = {g["name"]: sha256_file(qentry / g["qdq"]) for g in graphs}
+    jobs: list[tuple[Callable, dict]] = []
+    for soc in socs:
+        popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
+        for p in range(1, n_parts + 1):
+            members = [g for g in graphs if g["part"] == p]
+            key = cache_key("llm-ctx-shared", [shas[g["name"]] for g in members], popts, qairt.build_id,
+                            onnxruntime.__version__)
+            jobs.append((compile_shared, {"kind": "shared", "part": p, "target": soc.name, "provider_options": popts,
+                                          "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
+                                          "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
+        for g in graphs:
+            key = cache_key("ctx", shas[g["name"]], popts, "context-binary", qairt.build_id, onnxruntime.__version__, g["name"])
+            jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], "part": g["name"], "target": soc.name,
+                                                      "model_path": str(qentry / g["qdq"]), "provider_options": popts,
+                                                      "format": "context-binary", "key": key, "cache_root": str(cache.root),
+                                                      "cache_enabled": cache.enabled}))
+    pending = [j for _, j in jobs if not cache.get("llm-ctx-shared" if j["kind"] == "shared" else "ctx", j["key"])]
+    workers = min(len(pending), opts.jobs or min(2, os.cpu_count() or 1)) if pending else 0
+    done = [0]
+
+    def on_done(r):
+        done[0] += 1
+        say(f"compiled {done[0]}/{len(jobs)} context binaries", 2 + done[0] / max(1, len(jobs)), 4)
+    say(f"compiling {len(jobs)} context binaries ({len(pending)} not cached)", 2, 4)
+    t0 = time.perf_counter()
+    if pending:
+        results = _pool_run(jobs, workers, on_done)
+    else:  # everything cached: read the entries here, no child process needed
+        results = []
+        for fn, j in jobs:
+            ns = "llm-ctx-shared" if j["kind"] == "shared" else "ctx"
+            e = cache.get(ns, j["key"])
+            results.append({"entry": str(e), "hit": True, "meta": Cache.meta(e)})
+    timings["compile_stage_s"] = round(time.perf_counter() - t0, 3)
+    for r in results:
+        if "error" in r:
+            _raise(r["error"])
+    if block_size and block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
+        _check_twins_load(jobs, results, cache, block_size, say)
+    temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
+    try:
+        return _write_bundle(out, force, facts, socs, variants, max_seq_len, requested, overrides, qentry, qmeta, qhit,
+                             jobs, results, qairt, cache, timings, t_start, limit_mb, say)
+    finally:
+        for t in temp_entries:
+            shutil.rmtree(t, ignore_errors=True)
+        if not cache.enabled:
+            shutil.rmtree(qentry, ignore_errors=True)
+
+
+def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
+    """LPBQ twins of a non-default block size are loaded and run once on the simulator in child
+    processes first (cached by the twin's key; ~100 s for SmolLM2's two graphs): a binary that
+    crashes it fails the build here, not the user's process later."""
+    from .ctx_jobs import simulator_smoke_run
+    checks = []
+    for (fn, job), r in zip(jobs, results):
+        if job["kind"] == "twin" and not cache.get("sim-smoke", job["key"]):
+            checks.append((simulator_smoke_run, {"epcontext": str(Path(r["entry"]) / f"{job['graph']}_ctx.onnx"),
+                                                 "soc_model": get_target(job["target"]).soc_model,
+                                                 "graph": job["graph"], "key": job["key"]}))
+    if not checks:
+        return
+    say(f"running {len(checks)} host twins once on the simulator", 3.2, 4)
+    for (fn, job), r in zip(checks, _pool_run(checks, min(2, len(checks)), lambda r: None)):
+        if "error" in r or not r.get("ok"):
+            raise ToolchainError(f"the compiled {job['graph']} (16a4w_block, --block-size {block_size}) "
+                                 f"{'crashed' if 'error' in r else 'gave non-finite outputs on'} the x86 HTP simulator "
+                                 f"when loaded from its context binary (a simulator defect seen with 64-wide blocks)",
+                                 "use --block-size 32 (the default), or --precision 16a8w")
+        cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
+
+
+def _tensor_specs(infos) -> list[TensorSpec]:
+    from ..ort_qnn.compile import _tensor
+    return [_tensor(t) for t in infos]
+
+
+def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,
+                  jobs, results, qairt, cache, timings, t_start, limit_mb, say):
+    from ..ort_qnn.compile import read_back
+    from .genie import genie_config, validate_genie_config
+
+    say("checking the binaries and writing the bundle", 3.5, 4)
+    n_parts = len(qmeta["parts"])
+    graphs = {g["name"]: g for g in qmeta["graphs"]}
+    spec = qmeta["spec"]
+    with BundleWriter(out, force) as w:
+        m = w.manifest
+        m.kind = "llm"
+        m.format = "context-binary"
+        m.targets = [s.name for s in socs]
+        m.precision = precision
+        m.source = SourceModel(path=str(facts.path.resolve()), sha256=facts.sha256,
+                               format="gguf" if facts.format == "gguf" else "hf-folder",
+                               description=f"{qmeta['architecture']}, {qmeta['n_params']:,} parameters")
+        m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
+                     "precision": precision, "overrides": [f"{o.pattern}={o.precision}" for o in overrides],
+                     "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
+                     "context_limit_mb": limit_mb, "n_parts": n_parts}
+        m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
+        tok_dir = qentry / "tokenizer"
+        for f in sorted(tok_dir.iterdir()):
+            w.add_file(f, f"tokenizer/{f.name}", role="tokenizer" if f.name == "tokenizer.json" else "tokenizer-config")
+        for g in qmeta["graphs"]:
+            for f in sorted((qentry / "qdq").glob(g["name"] + ".onnx*")):
+                w.add_file(f, f"qdq/{f.name}", role="quantized-model" if f.suffix == ".onnx" else "quantized-model-data")
+        weight_sharing: dict[str, Any] = {}
+        placement: dict[str, Any] = {}
+        build_ids = set()
+        ctx_bins: dict[str, list[str]] = {}
+        twin_files: dict[tuple[str, str], dict] = {}
+        for (fn, job), r in zip(jobs, results):
+            if job["kind"] != "twin":
+                continue
+            entry, meta = Path(r["entry"]), r["meta"]
+            tdir = f"{job['target']}/host"
+            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{job['graph']}_ctx.onnx", role="host-epcontext-model")
+            bin_name = meta["files"]["context_binary"]
+            bin_rel = w.add_file(entry / bin_name, f"{tdir}/{bin_name}", role="host-context-binary")
+            info = read_back(entry / bin_name, get_target(job["target"]))
+            build_ids.add(info.build_id)
+            g0 = info.graphs[0]
+            twin_files[(job["target"], job["graph"])] = {
+                "epcontext_model": ctx_rel, "context_binary": bin_rel, "qnn_graph_name": g0.name,
+                "const_bytes": g0.htp.const_size if g0.htp else None, "bytes": (entry / bin_name).stat().st_size}
+            pl = meta["placement"]
+            placement.setdefault(job["graph"], {})[job["target"]] = {
+                "htp_nodes": len(pl.get("QNNExecutionProvider", [])),
+                "cpu_nodes": [n for n, _ in pl.get("CPUExecutionProvider", [])],
+                "note": "CPU nodes are the graph-boundary QuantizeLinear/DequantizeLinear of the float IO"}
+        for (fn, job), r in zip(jobs, results):
+            if job["kind"] != "shared":
+                continue
+            entry, meta = Path(r["entry"]), r["meta"]
+            soc = get_target(job["target"])
+            p = job["part"]
+            tdir = f"{job['target']}"
+            bin_name = f"{qmeta['architecture']}_{precision}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
+            bin_rel = w.add_file(entry / meta["context_binary"], f"{tdir}/{bin_name}", role="context-binary")
+            ctx_bins.setdefault(job["target"], []).append(bin_name)
+            info = read_back(entry / meta["context_binary"], soc)
+            build_ids.add(info.build_id)
+            m.htp_arch[soc.name] = info.dsp_arch
+            names = [name for name, _ in job["models"]]
+            if len(info.graphs) != len(names):
+                raise VerificationError(f"the weight-shared binary of part {p} holds {len(info.graphs)} graphs, "
+                                        f"expected {len(names)} ({', '.join(names)})", "report this: sharing failed")
+            shared_sizes = {g.htp.shared_weights_size for g in info.graphs if g.htp}
+            const = {g.name: g.htp.const_size for g in info.graphs if g.htp}
+            twins = [twin_files[(job["target"], n)] for n in names]
+            unshared_total = sum(t["bytes"] for t in twins)
+            shared_bytes = (entry / meta["context_binary"]).stat().st_size
+            weights_once = len(shared_sizes) == 1 and next(iter(shared_sizes)) > 0
+            if len(names) > 1 and not weights_once:
+                raise VerificationError(f"the binary of part {p} does not share its weights (shared sizes {sorted(shared_sizes)})",
+                                        "report this: the QNN EP did not share the weights")
+            weight_sharing[f"{job['target']}/{p}"] = {
+                "file": bin_rel, "graphs": [g.name for g in info.graphs], "shared_weights_bytes": sorted(shared_sizes),
+                "const_bytes": const, "bytes": shared_bytes, "unshared_twins_bytes": unshared_total,
+                "saved_bytes": unshared_total - shared_bytes, "weights_stored_once": weights_once,
+                "note": "read back through libQnnSystem; the x86 simulator cannot load weight-shared binaries, "
+                        "host numerics run on the unshared twins built from the same QDQ graphs"}
+            for name in names:
+                ctx_name = meta["epcontext"][name]
+                ctx_rel = w.add_file(entry / ctx_name, f"{tdir}/{name}_ctx.onnx", role="epcontext-model")
+                # the EPContext model names the binary it references: point it at the renamed file
+                _retarget_epcontext(w.dir / ctx_rel, meta["context_binary"], bin_name)
+                twin = twin_files[(job["target"], name)]
+                qg = next(g for g in info.graphs if g.name == twin["qnn_graph_name"]) \
+                    if any(g.name == twin["qnn_graph_name"] for g in info.graphs) else None
+                g = graphs[name]
+                m.graphs.append(GraphSpec(
+                    name=name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
+                    inputs=_tensor_specs(qg.inputs) if qg else [], outputs=_tensor_specs(qg.outputs) if qg else [],
+                    extra={"part": name, "n_tokens": g["n_tokens"], "part_index": g["part"], "n_parts": g["n_parts"],
+                           "layers": g["layers"], "qnn_graph_name": qg.name if qg else None,
+                           "epcontext_model": ctx_rel, "shared": len(names) > 1,
+                           "const_bytes": qg.htp.const_size if qg and qg.htp else None,
+                           "shared_weights_bytes": qg.htp.shared_weights_size if qg and qg.htp else None,
+                           "host_twin": twin, "quantized_model": g["qdq"],
+                           "memory_estimate": g["memory_estimate"]}))
+        if len(build_ids) > 1:
+            raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
+                                 "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
+        m.qairt_build = build_ids.pop() if build_ids else qairt.build_id
+        m.placement = placement
+        # Genie config per target, checked by the real libGenie
+        genie = {}
+        for soc in socs:
+            rel = "genie_config.json" if len(socs) == 1 else f"{soc.name}/genie_config.json"
+            cfg = genie_config(ctx_bins=[(f"{soc.name}/{b}" if len(socs) == 1 else b) for b in ctx_bins[soc.name]],
+                               tokenizer=("tokenizer/tokenizer.json" if len(socs) == 1 else "../tokenizer/tokenizer.json"),
+                               context_size=max_seq_len, vocab=spec["vocab_size"], bos=qmeta["bos_id"],
+                               eos=qmeta["eos_ids"], head_dim=spec["head_dim"], rope_theta=qmeta["rope_theta"])
+            path = w.path(rel, role="genie-config")
+            path.write_text(json.dumps(cfg, indent=2))
+            genie[soc.name] = {"file": rel, **validate_genie_config(path)}
+        n_params = qmeta["n_params"]
+        device_bytes = sum(ws["bytes"] for ws in weight_sharing.values() if ws["file"].startswith(socs[0].name))
+        shared_w = sum(max(ws["shared_weights_bytes"] or [0]) for ws in weight_sharing.values()
+                       if ws["file"].startswith(socs[0].name))
+        timings["total_s"] = round(time.perf_counter() - t_start, 3)
+        split_note = (f"split into {n_parts} parts by layers: the largest graph's estimated HTP memory exceeds the "
+                      f"{limit_mb:g} MB per-context limit" if n_parts > 1 else None)
+        m.extra = {
+            "parameters": n_params,
+            "llm": {"architecture": qmeta["architecture"], "spec": spec, "variants": variants, "max_seq_len": max_seq_len,
+                    "n_parts": n_parts, "parts": qmeta["parts"], "split_note": split_note,
+                    "weight_bytes_per_token": shared_w or device_bytes,
+                    "device_bytes": device_bytes, "bytes_per_parameter": round(device_bytes / n_params, 4),
+                    "bos_id": qmeta["bos_id"], "eos_ids": qmeta["eos_ids"], "rope_theta": qmeta["rope_theta"],
+                    "graph_naming": "{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1) or token (N=1), C = max_seq_len, part i of n",
+                    "weight_sharing": weight_sharing, "genie": genie, "quantization": qmeta["quantization"],
+                    "memory_limit_mb": limit_mb},
+            "timings": {**qmeta["timings"], **timings},
+            "cache": {"enabled": cache.enabled, "quantize_hit": qhit,
+                      "compile_hits": sum(1 for r in results if r.get("hit")), "compile_jobs": len(results)},
+            "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api},
+        }
+    return open_bundle(out)
+
+
+def _retarget_epcontext(onnx_path: Path, old: str, new: str) -> None:
+    """Rewrite the EPContext nodes' `ep_cache_context` (the binary's file name in embed mode 0)."""
+    import onnx
+    model = onnx.load(str(onnx_path))
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "EPContext":
+            continue
+        for a in node.attribute:
+            if a.name == "ep_cache_context" and a.s.decode(errors="replace") == old:
+                a.s = new.encode()
+                changed = True
+    if changed:
+        onnx.save(model, str(onnx_path))

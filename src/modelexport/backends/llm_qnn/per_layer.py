@@ -1,0 +1,93 @@
+"""`verify --per-layer` for LLM bundles: every module of the float decoder vs the bundle's QDQ
+(fake-quant) graph, on real text, on ONNX Runtime's CPU EP.
+
+The bundle keeps the QDQ model of each graph but not its float twin, so the float graph is
+exported again from the source model with the same exporter (same node names). The inputs are
+windows of the bundle's calibration text recorded through the float decoder with a real KV cache
+(the windows after the first one, which calibration used, when the text is long enough). For a
+decoder split into parts, each part gets the float hidden states entering it, so a part's numbers
+are its own loss, not the sum of the parts before it.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from ...core.errors import InputError
+
+DEFAULT_SAMPLES = 2
+
+
+def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
+    """PER_LAYER_HOOKS["llm"]: → [PerLayerReport] for the chosen variant (default: the widest arN)."""
+    import torch
+
+    from ...frontends import find_frontend
+    from ...quant.pt2e_qnn import get_et_precision
+    from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
+    from ...llm.text import read_text, tokenize
+    from .calibration import calibration_samples, part_samples
+    from .onnx_export import DecoderPart, PartRange, export_part
+    from ...quant.llm_graphs import module_path
+    from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from ...llm.tokenizers import from_transformers
+
+    if inputs:
+        raise InputError("--input is not used for LLM bundles", "per-layer numerics run on the bundle's calibration text; leave --input out")
+    m = bundle.manifest
+    info = m.extra["llm"]
+    seq = int(info["max_seq_len"])
+    graphs = [g for g in m.graphs if g.target == m.targets[0]]
+    names = sorted({g.name for g in graphs})
+    if part:
+        chosen = [g for g in graphs if g.name == part or f"ar{g.extra['n_tokens']}" == part]
+        if not chosen:
+            raise InputError(f"{bundle.path} has no graph {part!r}", f"name one of: {', '.join(names)} (or arN)")
+        n = chosen[0].extra["n_tokens"]
+    else:
+        n = max(g.extra["n_tokens"] for g in graphs)
+    chain = sorted((g for g in graphs if g.extra["n_tokens"] == n), key=lambda g: g.extra["part_index"])
+
+    t0 = time.perf_counter()
+    src = Path(m.source.path)
+    if not src.exists():
+        raise InputError(f"the bundle's source model {src} is gone: per-layer numerics need the float model",
+                         "put the model back at that path (or recompile the bundle from where it is now)")
+    text_path = (m.calibration or {}).get("llm", {}).get("text")
+    if not text_path or not Path(text_path).exists():
+        raise InputError(f"the bundle's calibration text {text_path} is gone", "put it back, or recompile with --calibration TEXT")
+    llm = find_frontend(str(src)).load(str(src))
+    tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
+    k = max_samples or DEFAULT_SAMPLES
+    ids = tokenize(tok, read_text(text_path).text, seq * (k + 3))
+    held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
+    samples = calibration_samples(llm.model, held_out, [n], seq, k)[n]
+    dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)
+
+    precision = m.precision or "16a4w"
+    thr = threshold_db if threshold_db is not None else get_et_precision(precision).min_sqnr_db
+    merged = PerLayerReport(f"ar{n}", precision, thr, len(samples))
+    hidden = None
+    with tempfile.TemporaryDirectory(prefix="mx-llm-float-") as tmp:
+        for g in chain:
+            a, b = g.extra["layers"]
+            pr = PartRange(g.extra["part_index"], len(chain), a, b)
+            ps = part_samples(samples, pr, hidden)
+            fpath = export_part(dec, pr, Path(tmp) / f"{g.name}.onnx")
+            weights = set((info.get("quantization", {}).get(g.name) or {}).get("modules", {}))
+            rep = per_layer(fpath, bundle.file(g.extra["quantized_model"]), ps, thr, precision, g.name,
+                            name_of=lambda node: module_path(node.name) or node.name,
+                            overridable=lambda name, w=weights: any(x.startswith(suggest_module(name)) for x in w))
+            merged.layers.extend(rep.layers)
+            for key in ("first_bad_layer", "suggestion", "suggestion_module", "culprit_layer"):
+                if getattr(merged, key) is None:
+                    setattr(merged, key, getattr(rep, key))
+            if rep.worst_drop and (merged.worst_drop is None or rep.worst_drop["drop_db"] > merged.worst_drop["drop_db"]):
+                merged.worst_drop = rep.worst_drop
+            if not pr.is_last:      # the float hidden states entering the next part
+                mod = DecoderPart(dec, pr).eval()
+                with torch.inference_mode():
+                    hidden = [mod(*[torch.from_numpy(s[x]) for x in mod.input_names()])[0].numpy() for s in ps]
+    merged.seconds = time.perf_counter() - t0
+    return [merged]

@@ -1,0 +1,165 @@
+"""Run an LLM bundle's graphs: `Forward` callables over ONNX Runtime sessions, for the
+`htp-sim` backend of `modelexport.llm` and for `eval`.
+
+stage "htp-sim":    the unshared twins (EPContext models) on the x86 HTP simulator. The
+                    weight-shared binary is never loaded here: the simulator cannot run it.
+stage "fake-quant": the QDQ ONNX models on ONNX Runtime's CPU EP (what quantization alone does).
+
+A decoder split into parts is chained: part 1 takes input_ids, later parts the hidden states,
+each its own layers' caches; the new K/V of all parts are concatenated in layer order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...core.errors import InputError
+from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
+from ...llm.openers import open_llm_bundle, source_kind
+from ...llm.static_decoder import DecoderSpec
+from ...llm.tokenizers import load_tokenizer
+
+STAGES = ("htp-sim", "fake-quant")
+
+
+@dataclass
+class _PartSession:
+    session: object
+    layers: range
+    input_names: list[str]
+    output_names: list[str]
+
+
+class ChainedForward:
+    """A `Forward` over the parts of one arN graph."""
+
+    def __init__(self, parts: list[_PartSession], n_layers: int):
+        self.parts = parts
+        self.n_layers = n_layers
+        self.calls = 0
+
+    def __call__(self, input_ids, position_ids, attention_mask, *caches):
+        L = self.n_layers
+        ks, vs = caches[:L], caches[L:]
+        x = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int32))
+        pos = np.ascontiguousarray(np.asarray(position_ids, dtype=np.int32))
+        mask = np.ascontiguousarray(np.asarray(attention_mask, dtype=np.float32))
+        new_k: dict[int, np.ndarray] = {}
+        new_v: dict[int, np.ndarray] = {}
+        for ps in self.parts:
+            feed = {ps.input_names[0]: x, "position_ids": pos, "attention_mask": mask}
+            for i in ps.layers:
+                feed[f"past_key_{i}"] = np.ascontiguousarray(_np(ks[i]))
+                feed[f"past_value_{i}"] = np.ascontiguousarray(_np(vs[i]))
+            outs = dict(zip(ps.output_names, ps.session.run(ps.output_names, feed)))
+            x = outs[ps.output_names[0]]
+            for i in ps.layers:
+                new_k[i] = outs[f"new_key_{i}"]
+                new_v[i] = outs[f"new_value_{i}"]
+        self.calls += 1
+        return (torch.from_numpy(x), *[torch.from_numpy(new_k[i]) for i in range(L)],
+                *[torch.from_numpy(new_v[i]) for i in range(L)])
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+
+
+def _spec(bundle) -> DecoderSpec:
+    s = bundle.manifest.extra["llm"]["spec"]
+    return DecoderSpec(n_layers=s["n_layers"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"], head_dim=s["head_dim"],
+                       hidden_size=s["hidden_size"], vocab_size=s["vocab_size"], max_seq_len=s["max_seq_len"])
+
+
+def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
+                  variants: list[int] | None = None) -> tuple[dict[int, ChainedForward], DecoderSpec, int]:
+    """({N: Forward}, spec, max_seq_len) for the bundle's graphs at `stage`."""
+    if stage not in STAGES:
+        raise InputError(f"unknown stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
+    m = bundle.manifest
+    if m.kind != "llm":
+        raise InputError(f"{bundle.path} is not an LLM bundle")
+    target = target or m.targets[0]
+    spec = _spec(bundle)
+    by_n: dict[int, list] = {}
+    for g in m.graphs:
+        if g.target != target:
+            continue
+        n = g.extra["n_tokens"]
+        if variants and n not in variants:
+            continue
+        by_n.setdefault(n, []).append(g)
+    if not by_n:
+        raise InputError(f"{bundle.path} has no graphs for {target}", f"its targets: {', '.join(m.targets)}")
+    out = {}
+    for n, gs in by_n.items():
+        parts = []
+        for g in sorted(gs, key=lambda g: g.extra["part_index"]):
+            if stage == "htp-sim":
+                sess = _sim_session(bundle.file(g.extra["host_twin"]["epcontext_model"]), target)
+            else:
+                import onnxruntime as ort
+                so = ort.SessionOptions()
+                so.log_severity_level = 3
+                sess = ort.InferenceSession(str(bundle.file(g.extra["quantized_model"])), so,
+                                            providers=["CPUExecutionProvider"])
+            names_in = [i.name for i in sess.get_inputs()]
+            names_out = [o.name for o in sess.get_outputs()]
+            a, b = g.extra["layers"]
+            parts.append(_PartSession(sess, range(a, b), names_in, names_out))
+        out[n] = ChainedForward(parts, spec.n_layers)
+    return out, spec, spec.max_seq_len
+
+
+def _sim_session(epcontext: Path, target: str):
+    from ...toolchain.htp_options import run_provider_options
+    from ...core.errors import ToolchainError
+    from ...core.targets import get_target
+    from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
+    soc = get_target(target)
+    try:
+        sess = create_session(epcontext, SessionPlan(provider_options=run_provider_options(soc.soc_model, None)))
+    except Exception as e:
+        raise ToolchainError(f"the HTP simulator could not load {epcontext}: {' '.join(str(e).split())[:300]}",
+                             "recompile the bundle with this QAIRT") from None
+    if not node_assignment(sess).get(EP_NAME):
+        raise ToolchainError(f"{epcontext.name} did not land on the QNN EP", "run `modelexport doctor`")
+    return sess
+
+
+def open_session(bundle, stage: str = "htp-sim"):
+    """A `StaticGraphSession` (generation loop's `DecoderSession`) over the bundle's graphs."""
+    from ..ort_qnn.run import check_runtime
+    from ...llm.generate import StaticGraphSession
+    if stage == "htp-sim":
+        check_runtime(bundle)
+    graphs, spec, max_seq_len = open_forwards(bundle, stage)
+    return StaticGraphSession(graphs, spec, max_seq_len, vocab_size=spec.vocab_size)
+
+
+# bundle graph kinds that hold compiled HTP code
+_HTP_GRAPH_KINDS = ("context-binary", "epcontext-onnx", "pte-method", "qnn-pte")
+
+
+@LLM_BACKENDS.register("htp-sim")
+def open_htp_sim(path: Path, opts: LoadOptions) -> LLM:
+    kind = source_kind(path)
+    if kind != "bundle":
+        raise InputError(f"--backend htp-sim runs compiled LLM bundles; {path} is a {kind} file",
+                         "compile it first (modelexport compile ... -o BUNDLE), or use --backend cpu")
+    bundle = open_llm_bundle(path)
+    graphs = [g for g in bundle.manifest.graphs if g.kind in _HTP_GRAPH_KINDS or g.htp_arch]
+    if not graphs:
+        raise InputError(f"bundle {path} has no HTP graphs (nothing compiled for the NPU)",
+                         "compile the LLM for a target first, or use --backend cpu")
+    session = open_session(bundle)
+    tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer"), None)
+    if opts.tokenizer is not None:
+        tok_file = opts.tokenizer
+    if tok_file is None:
+        raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
+    return attach_tokenizer(session, load_tokenizer(tok_file), backend="htp-sim",
+                            info={"source": str(path), "source_kind": "bundle", "model": path.name})

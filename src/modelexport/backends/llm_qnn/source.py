@@ -1,0 +1,80 @@
+"""Checks on an LLM source (GGUF file or HF folder) that need no weights: done before any work,
+so a bad input costs nothing and leaves nothing behind."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...core.errors import InputError
+from ...frontends.loaded_llm import check_architecture
+
+
+@dataclass
+class SourceFacts:
+    path: Path
+    format: str               # gguf | hf
+    architecture: str
+    context_length: int | None
+    sha256: str
+
+
+def _hf_sha(folder: Path) -> str:
+    from ...core.file_hash import file_sha256
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and (f.suffix in (".json", ".safetensors", ".model", ".txt", ".jinja")):
+            h.update(f.name.encode() + file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
+    """(architecture, context length) of a GGUF that passed the checks, remembered by its sha256:
+    parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
+    from ...core.cache import Cache
+
+    def check(tmp: Path) -> dict:
+        from ...frontends.gguf_file import read_gguf_info
+        info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
+        check_architecture(info.architecture, str(p))
+        if info.tokenizer_model is None:
+            raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
+                             "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
+        return {"architecture": info.architecture, "context_length": info.context_length}
+
+    entry, _ = Cache().get_or_create("gguf-facts", sha, check)
+    meta = Cache.meta(entry)
+    check_architecture(meta["architecture"], str(p))   # the supported list may have changed since
+    return meta["architecture"], meta["context_length"]
+
+
+def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p} does not exist", "give a .gguf file or a Hugging Face model folder")
+    if p.is_file():
+        from ...core.file_hash import file_sha256
+        sha = file_sha256(p)
+        arch, ctx = _gguf_facts(p, sha)
+        facts = SourceFacts(p, "gguf", arch, ctx, sha)
+    else:
+        from ...frontends.hf_folder import _has_tokenizer
+        cfg_path = p / "config.json"
+        if not cfg_path.is_file():
+            raise InputError(f"{p} has no config.json: not a Hugging Face model folder")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
+        check_architecture(cfg.get("model_type"), str(p))
+        if not any(p.glob("*.safetensors")):
+            raise InputError(f"{p} has no *.safetensors weights", "save the model with save_pretrained(...)")
+        if not _has_tokenizer(p):
+            raise InputError(f"{p} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
+                             "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
+        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), _hf_sha(p))
+    if facts.context_length and max_seq_len > facts.context_length:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
+                         f"use --max-seq-len {facts.context_length} or less")
+    return facts

@@ -1,0 +1,202 @@
+"""Audit an ONNX model on the real QNN EP: which node runs where, and the validator's reasons.
+
+The placement is what the session reports (`session.record_ep_graph_assignment_info`). The
+reasons come from the EP's own verbose log (`log_severity_level=0`), which ONNX Runtime's C++
+logger writes to the process's stderr: the session is opened in a child process whose stderr
+goes to a file, and the log's `Validation FAILED ... Node name: X ... REASON : ...` blocks and
+`backendValidateOpConfig() failed for node X ... error code N` lines are matched to nodes by
+name. The EP's framework op trace (`enable_framework_op_trace`) adds its `unsupported_nodes`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import ToolchainError
+from ...frontends.onnx_model import LoadedOnnx, load_onnx
+from ...quant import get_precision, load_calibration
+from ...quant.calibration import CalibrationSet, random_samples
+from ...core.targets import get_target
+from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
+from ...auditing.fixes import suggest_fix
+from ...frontends.onnx_graph import module_path, node_macs
+from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
+
+_FAILED = re.compile(r"Validation FAILED for \d+ nodes in \w+ \(([^)]*)\)")
+_NODE = re.compile(r"Operator type: (\S+) Node name: (.*?) Node index: (\d+)")
+_REASON = re.compile(r"REASON\s*:\s*(.*)")
+_VALIDATE = re.compile(r"backendValidateOpConfig\(\) failed for node `([^`]*)` of type `([^`]*)` with error code (\d+)")
+_TOKEN = re.compile(r"_token_\d+$")
+IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
+             "(offload_graph_io_quantization=1); the context binary itself takes the quantized tensor")
+
+
+def parse_ep_log(text: str) -> dict[str, list[str]]:
+    """{node name: [reasons]} from the EP's verbose log."""
+    reasons: dict[str, list[str]] = {}
+
+    def add(name: str, why: str) -> None:
+        why = re.sub(r"\.(?=\S)", ". ", why.strip())
+        if why and why not in reasons.setdefault(name, []):
+            reasons[name].append(why)
+
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if _FAILED.search(lines[i]):
+            names, j = [], i + 1
+            while j < len(lines) and (lines[j].startswith(("\t", " ")) or not lines[j].strip()):
+                if m := _NODE.search(lines[j]):
+                    names.append(m.group(2))
+                elif m := _REASON.search(lines[j]):
+                    for n in names:
+                        add(n, m.group(1))
+                if not lines[j].strip() and names:
+                    break
+                j += 1
+            i = j
+            continue
+        if m := _VALIDATE.search(lines[i]):
+            add(m.group(1), f"the HTP validator rejected it: backendValidateOpConfig() error {m.group(3)}"
+                            + (" (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE)" if m.group(3) == "3110" else ""))
+        i += 1
+    return reasons
+
+
+def _name_nodes(model) -> None:
+    for i, n in enumerate(model.graph.node):
+        if not n.name:
+            n.name = f"{n.op_type}_{i}"
+
+
+def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float) -> tuple[dict, str, dict]:
+    trace_dir = work / "trace"
+    opts = {"provider_options": provider_options | {"enable_framework_op_trace": "1", "framework_op_trace_dir": str(trace_dir)}}
+    log = work / "ep.log"
+    with open(log, "wb") as err:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "modelexport.backends.ort_qnn.audit_probe", str(model_path), json.dumps(opts)],
+                                  stdout=subprocess.PIPE, stderr=err, cwd=work, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ToolchainError(f"the QNN EP did not finish placing the model in {timeout:.0f} s",
+                                 "try a smaller model, or raise the timeout (--timeout)") from None
+    text = log.read_text(errors="replace")
+    marker = proc.stdout.decode(errors="replace").rpartition("@@RESULT@@")[2].strip()
+    if not marker:
+        tail = "\n".join(l for l in text.splitlines()[-5:])
+        raise ToolchainError(f"the QNN EP probe crashed (exit {proc.returncode}) before reporting a placement: {tail[-400:]}",
+                             "run `modelexport doctor`; if it passes, report this model as a bug")
+    result = json.loads(marker)
+    if not result.get("ok"):
+        raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {result.get('error', '')[:500]}",
+                             "check the model with `python -c \"import onnxruntime as o; o.InferenceSession('m.onnx')\"`")
+    trace = {}
+    for f in trace_dir.glob("*.json") if trace_dir.is_dir() else []:
+        try:
+            trace = json.loads(f.read_text())
+        except json.JSONDecodeError:
+            pass
+    return result["placement"], text, trace
+
+
+def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
+               calibration: Any = None, log_path: str | Path | None = None, timeout: float = 1800) -> AuditReport:
+    """Place `model` on the QNN EP for `target` and explain every node the HTP does not take."""
+    import onnx
+    soc = get_target(target)
+    prec = get_precision(precision)
+    loaded: LoadedOnnx = load_onnx(model, input_shapes, allow_dynamic=True)
+    from ...toolchain.qairt import find_qairt
+    qairt = find_qairt()
+    notes: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="modelexport-audit-"))
+    try:
+        ref = onnx.ModelProto()
+        ref.CopyFrom(loaded.model)
+        _name_nodes(ref)
+        float_path = work / "float.onnx"
+        onnx.save(ref, str(float_path))
+        probe_path, graph_for_nodes = float_path, ref
+        options: dict[str, str] = {"soc_model": str(soc.soc_model)}
+        if prec.quantized and loaded.dynamic_inputs:
+            notes.append(f"{prec.name} needs static shapes to calibrate; audited as fp16 instead (give --input-shape)")
+            options["enable_htp_fp16_precision"] = "1"
+        elif prec.quantized:
+            from ...quant.onnx_qdq import quantize_onnx
+            calib = (load_calibration(calibration, loaded.inputs) if calibration is not None else
+                     CalibrationSet(random_samples(loaded.inputs, 2), "random", "random", representative=False))
+            qdq = work / "qdq.onnx"
+            info = quantize_onnx(float_path, qdq, prec, calib)
+            probe_path = qdq
+            graph_for_nodes = onnx.load(info["preprocessed_model"], load_external_data=False) if info["preprocessed"] else ref
+            _name_nodes(graph_for_nodes)
+            if info["preprocessed"]:
+                notes.append("qnn_preprocess_model rewrote the graph (e.g. fused GELU / LayerNorm patterns); nodes are those of the rewritten graph")
+        else:
+            options["enable_htp_fp16_precision"] = "1"
+        placement, log_text, trace = _probe(probe_path, options, work, timeout)
+        if log_path:
+            shutil.copyfile(work / "ep.log", log_path)
+        report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
+                               placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)
+        report.log_file = str(log_path) if log_path else None
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trace, soc, prec, build, notes) -> AuditReport:
+    where: dict[str, str] = {}
+    for ep, nodes in placement.items():
+        for name, _op in nodes:
+            for key in (name, _TOKEN.sub("", name)):
+                # a node split by the layout transformer counts as HTP if any piece is on the HTP
+                if where.get(key) != EP_NAME:
+                    where[key] = ep
+    for u in trace.get("unsupported_nodes", []) or []:
+        log_reasons.setdefault(u.get("node_name", ""), [])
+        r = re.sub(r"\.(?=\S)", ". ", str(u.get("reason", "")).strip())
+        if r and not any(r in x or x in r for x in log_reasons[u["node_name"]]):
+            log_reasons[u["node_name"]].append(r)
+    macs = node_macs(graph_model)
+    nodes: list[NodeAudit] = []
+    for n in graph_model.graph.node:
+        if n.op_type == "Constant":
+            continue
+        ep = where.get(n.name)
+        reasons = log_reasons.get(n.name, [])
+        if ep == EP_NAME:
+            backend, reason = HTP, None
+        elif ep == CPU_EP_NAME or ep is not None:
+            backend = CPU
+            reason = " | ".join(reasons) or "the EP validated it but left it to the CPU when partitioning the graph"
+        else:
+            backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
+        nodes.append(NodeAudit(n.name, n.op_type, backend, module_path(n), reason,
+                               suggest_fix(n.op_type, reason) if backend == CPU else None, macs.get(n.name, 0)))
+    # Quantize/Dequantize at the graph boundary of a QDQ model.
+    g_in = {i.name for i in probe_model.graph.input}
+    g_out = {o.name for o in probe_model.graph.output}
+    known = {n.name for n in graph_model.graph.node}
+    for n in probe_model.graph.node:
+        if n.name in known or n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        at_io = (n.op_type == "QuantizeLinear" and n.input[0] in g_in) or (n.op_type == "DequantizeLinear" and n.output[0] in g_out)
+        ep = where.get(n.name)
+        if at_io and ep == CPU_EP_NAME:
+            nodes.append(NodeAudit(n.name, n.op_type, IO, None, IO_REASON))
+        elif ep == CPU_EP_NAME:
+            reason = " | ".join(log_reasons.get(n.name, [])) or "left on the CPU next to a CPU node"
+            nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason)))
+    if loaded.dynamic_inputs:
+        notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
+                     + " (compile refuses these without --input-shape)")
+    return AuditReport(model=str(loaded.path or loaded.name), target=soc.name, htp_arch=soc.htp_arch, precision=prec.name,
+                       backend="onnxruntime-qnn", nodes=nodes, qairt_build=build, notes=notes)

@@ -1,0 +1,31 @@
+"""Child process of `audit`: open a session on the real QNN EP with verbose logging.
+
+Run as `python -m modelexport.backends.ort_qnn.audit_probe MODEL OPTIONS_JSON`. ONNX Runtime's C++ logger
+writes to this process's stderr, which the parent captures to a file; stdout carries one JSON
+object: the node placement the session reports (or the error). A crash in the native library
+ends only this process.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv: list[str]) -> int:
+    model, opts = argv[0], json.loads(argv[1])
+    from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
+    plan = SessionPlan(provider_options=opts.get("provider_options", {}), config_entries=opts.get("config_entries", {}),
+                       log_severity=0)
+    try:
+        sess = create_session(model, plan)
+        placement = node_assignment(sess)
+        result = {"ok": True, "placement": {ep: [list(x) for x in nodes] for ep, nodes in placement.items()}}
+    except Exception as e:  # reported to the parent, which turns it into a clear error
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write("\n@@RESULT@@" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""Verify: the float model on ONNX Runtime's CPU EP vs the compiled graph on the HTP simulator.
+
+Inputs are the bundle's stored verify inputs (calibration samples) unless the user gives some.
+Per output: SQNR (dB, over all samples), cosine similarity, max abs error, and for class-score
+shaped outputs the arg-max agreement. Passes when every output's SQNR reaches the threshold:
+the precision's default (quant.precision) or the user's `min_sqnr`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...contract import open_bundle
+from ...core.errors import InputError
+from ...quant import get_precision
+from ...core.numerics import compare
+from .run import SimulatorSession, check_runtime, load_inputs, select_graphs
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    sqnr_db: float
+    cosine: float
+    max_abs_error: float
+    argmax_agreement: float | None
+    passed: bool
+
+
+@dataclass
+class GraphCheck:
+    part: str
+    target: str
+    precision: str
+    threshold_db: float
+    samples: int
+    inputs_kind: str
+    outputs: list[OutputCheck] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+
+@dataclass
+class VerifyReport:
+    bundle: str
+    graphs: list[GraphCheck]
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.graphs)
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(v):
+            return None if isinstance(v, float) and not np.isfinite(v) and v < 0 else (
+                "inf" if isinstance(v, float) and np.isinf(v) else v)
+        return {"bundle": self.bundle, "passed": self.passed, "graphs": [
+            {"part": g.part, "target": g.target, "precision": g.precision, "threshold_sqnr_db": g.threshold_db,
+             "samples": g.samples, "inputs": g.inputs_kind, "passed": g.passed,
+             "outputs": [{k: clean(v) for k, v in o.__dict__.items()} for o in g.outputs]} for g in self.graphs]}
+
+
+def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
+    pm = next((p for p in bundle.manifest.extra.get("parts", []) if p["name"] == part), None)
+    rel = (pm or {}).get("files", {}).get("verify_inputs")
+    if not rel:
+        return []
+    samples: dict[int, dict[str, np.ndarray]] = {}
+    with np.load(bundle.file(rel), allow_pickle=False) as z:
+        for key in z.files:
+            name, _, idx = key.rpartition("__")
+            samples.setdefault(int(idx), {})[name] = z[key]
+    return [samples[i] for i in sorted(samples)]
+
+
+def verify_samples(bundle, part: str, session, inputs) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The samples `verify` compares on, and how they were chosen: the user's files, else the
+    inputs stored at compile time, else one random feed."""
+    if inputs:
+        return [load_inputs(inputs, session)], "given"
+    samples = stored_samples(bundle, part)
+    if not samples:
+        return [session.random_feed()], "random"
+    cal = bundle.manifest.calibration.get(part, {}).get("verify_inputs", {})
+    return samples, f"stored {cal.get('kind', '?')}" + ("" if cal.get("representative", True) else " (random, not representative)")
+
+
+def record_numerics(bundle_path: str | Path, report: VerifyReport) -> None:
+    """Keep the first graph's per-output numbers in the manifest so report.html can plot them."""
+    from ...contract.bundle import refresh_report, save_manifest
+    if not report.graphs:
+        return
+    bundle = open_bundle(bundle_path)
+    g = report.graphs[0]
+    num = dict(bundle.manifest.numerics or {})
+    num.update({"outputs": [{"name": o.name, "sqnr_db": min(o.sqnr_db, 200.0), "cosine": o.cosine,
+                             "max_abs_error": o.max_abs_error} for o in g.outputs],
+                "threshold_db": g.threshold_db, "part": g.part, "target": g.target, "samples": g.samples,
+                "inputs": g.inputs_kind})
+    bundle.manifest.numerics = num
+    save_manifest(bundle)
+    refresh_report(bundle)
+
+
+def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part: str | None = None,
+                  target: str | None = None, min_sqnr: float | None = None, max_samples: int | None = None,
+                  record: bool = True) -> VerifyReport:
+    import onnxruntime as ort
+    bundle = open_bundle(bundle_path)
+    check_runtime(bundle)
+    graphs = select_graphs(bundle, part, target)
+    if not graphs:
+        raise InputError(f"{bundle.path} has no compiled graph to verify", "compile with --format context-binary")
+    parts = {p["name"]: p for p in bundle.manifest.extra.get("parts", [])}
+    report = VerifyReport(str(bundle.path), [])
+    float_sessions: dict[str, Any] = {}
+    for cg in graphs:
+        sim = SimulatorSession(cg)
+        samples, kind = verify_samples(bundle, cg.part, sim, inputs)
+        if max_samples:
+            samples = samples[:max_samples]
+        if cg.part not in float_sessions:
+            float_rel = parts.get(cg.part, {}).get("files", {}).get("float_model")
+            if not float_rel:
+                raise InputError(f"{bundle.path} keeps no float model for {cg.part}", "recompile the bundle with this modelexport")
+            float_sessions[cg.part] = ort.InferenceSession(str(bundle.file(float_rel)), providers=["CPUExecutionProvider"])
+        ref_sess = float_sessions[cg.part]
+        names = [o.name for o in ref_sess.get_outputs()]
+        refs = {n: [] for n in names}
+        gots = {n: [] for n in names}
+        for s in samples:
+            ref = dict(zip(names, ref_sess.run(names, s)))
+            got, _ = sim.run(s)
+            for n in names:
+                refs[n].append(ref[n])
+                gots[n].append(got[n].astype(np.float32))
+        prec = cg.precision
+        threshold = min_sqnr if min_sqnr is not None else get_precision(prec).min_sqnr_db
+        gc = GraphCheck(cg.part, cg.target, prec, threshold, len(samples), kind)
+        for n in names:
+            r, g = np.stack(refs[n]), np.stack(gots[n])
+            c = compare(r, g)
+            agree = None
+            if r.ndim >= 2 and r.shape[-1] > 1:
+                agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
+            gc.outputs.append(OutputCheck(n, float(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]), agree,
+                                          bool(c["sqnr_db"] >= threshold)))
+        report.graphs.append(gc)
+    if record:
+        record_numerics(bundle_path, report)
+    return report

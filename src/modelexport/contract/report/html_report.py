@@ -1,0 +1,176 @@
+"""Build report.html from a bundle's manifest: target and toolchain, placement, audit, numerics,
+sizes and (for LLMs) the decode-speed ceiling per target. Sections are a list of functions;
+a section whose data is absent says what is missing instead of drawing an empty plot."""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import jinja2
+
+from ..manifest import Manifest
+from ...core.targets import all_targets
+
+
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    html: str = ""
+    missing: str | None = None
+
+
+def _kv(rows: list[tuple[str, object]]) -> str:
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in rows if v not in (None, "", [], {}))
+    return f'<table class="kv">{body}</table>'
+
+
+def _table(header: list[str], rows: list[list[object]], classes: dict[int, Callable[[object], str]] | None = None) -> str:
+    classes = classes or {}
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = ""
+    for r in rows:
+        cells = "".join(
+            f'<td class="{classes[i](v)}">{html.escape(str(v))}</td>' if i in classes else f"<td>{html.escape(str(v))}</td>"
+            for i, v in enumerate(r))
+        body += f"<tr>{cells}</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _nodes(m: Manifest) -> list[dict]:
+    return list(m.placement.get("nodes", []))
+
+
+def section_overview(m: Manifest, folder: Path) -> Section:
+    rows = [("source", m.source.path), ("source sha256", m.source.sha256), ("format", m.format),
+            ("kind", m.kind), ("precision", m.precision),
+            ("targets", ", ".join(f"{t} (HTP V{m.htp_arch[t]})" if t in m.htp_arch else t for t in m.targets)),
+            ("QAIRT build", m.qairt_build),
+            ("tool versions", ", ".join(f"{k} {v}" for k, v in m.versions.items())),
+            ("calibration", ", ".join(f"{k}: {v}" for k, v in m.calibration.items()))]
+    return Section("overview", "Target and toolchain", _kv(rows))
+
+
+def section_placement(m: Manifest, folder: Path) -> Section:
+    from . import plots
+    nodes = _nodes(m)
+    if not nodes:
+        return Section("placement", "Placement", missing="No per-node placement is recorded in this bundle "
+                       "(run `modelexport audit` on the source model to see it).")
+    by_backend = Counter(n["backend"] for n in nodes)
+    compute = [n for n in nodes if n["backend"] != "io"]  # graph-boundary (de)quantize is not compute
+    chart_nodes = [n for n in compute if n.get("op_type") not in QDQ_OPS]
+    by_op: dict[str, dict[str, int]] = {}
+    for n in chart_nodes:
+        by_op.setdefault(n.get("op_type", "?"), Counter())[n["backend"]] += 1
+    total = len(chart_nodes)
+    htp = sum(1 for n in chart_nodes if n["backend"] == "HTP")
+    pill = "ok" if htp == total else "bad"
+    summary = (f'<p><span class="pill {pill}">{htp}/{total} compute nodes on HTP</span> '
+               + " · ".join(f"{k}: {v}" for k, v in sorted(by_backend.items())) + "</p>")
+    if by_backend.get("io"):
+        summary += "<p class=sub>io = graph-boundary (de)quantization, kept on the CPU by design.</p>"
+    macs = m.placement.get("macs")
+    if macs:
+        summary += "<p>Estimated MACs: " + " · ".join(f"{k}: {v:,}" for k, v in macs.items()) + "</p>"
+    img = f'<img alt="placement by op type" src="{plots.placement_by_op(by_op)}">' if by_op else ""
+    if len(chart_nodes) < len(compute):
+        img += "<p class=sub>The chart leaves out QuantizeLinear/DequantizeLinear nodes: QNN folds them into the quantized ops.</p>"
+    return Section("placement", "Placement: HTP vs CPU", summary + img)
+
+
+def _audit_rows(nodes: list[dict]) -> list[list[object]]:
+    return [[n.get("name", ""), n.get("module_path") or "", n.get("op_type", ""), n["backend"],
+             n.get("reason") or "", n.get("fix") or ""] for n in nodes]
+
+
+AUDIT_HEADER = ["node", "module", "op", "runs on", "reason", "fix"]
+
+
+def section_audit(m: Manifest, folder: Path) -> Section:
+    nodes = _nodes(m)
+    if not nodes:
+        return Section("audit", "Audit", missing="No audit table is recorded in this bundle.")
+    off = [n for n in nodes if n["backend"] not in ("HTP", "io")]
+    on = [n for n in nodes if n["backend"] == "HTP" and n.get("op_type") not in QDQ_OPS]
+    out = (_table(AUDIT_HEADER, _audit_rows(off)) if off
+           else '<p><span class="pill ok">no CPU fallbacks</span></p>')
+    out += (f"<details><summary>{len(on)} compute nodes on HTP</summary>"
+            f"{_table(AUDIT_HEADER[:4], [r[:4] for r in _audit_rows(on)])}</details>")
+    return Section("audit", "Audit (CPU fallbacks first)", out)
+
+
+def section_numerics(m: Manifest, folder: Path) -> Section:
+    from . import plots
+    num = m.numerics or {}
+    outs = num.get("outputs") or []
+    if not outs:
+        return Section("numerics", "Numerics", missing="No numerics are recorded for this bundle: run "
+                       "`modelexport verify BUNDLE` (and `--per-layer`) to compare it with the float model.")
+    thr = num.get("threshold_db")
+    rows = [[o["name"], f"{o['sqnr_db']:.2f}", f"{o.get('cosine', float('nan')):.5f}", f"{o.get('max_abs_error', float('nan')):.4g}"]
+            for o in outs]
+    out = _table(["output", "SQNR (dB)", "cosine", "max abs error"], rows)
+    out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in outs], [o["sqnr_db"] for o in outs], "SQNR per output", "dB", thr)}">'
+    layers = num.get("per_layer") or []
+    if layers:
+        lthr = num.get("per_layer_threshold_db")
+        out += f'<img alt="SQNR per layer" src="{plots.line([layer["name"] for layer in layers], [layer["sqnr_db"] for layer in layers], "SQNR per layer", "dB", lthr)}">'
+        if num.get("first_bad_layer"):
+            out += f"<p>First layer below the threshold: <code>{html.escape(num['first_bad_layer'])}</code></p>"
+    else:
+        out += '<div class="missing">Per-layer SQNR not computed (run <code>modelexport verify --per-layer</code>).</div>'
+    return Section("numerics", "Numerics vs the float model", out)
+
+
+def section_sizes(m: Manifest, folder: Path) -> Section:
+    rows = [[f.path, f.role, f"{f.size:,}"] for f in m.files if f.role != "report"]
+    total = sum(f.size for f in m.files if f.role != "report")
+    params = m.extra.get("parameters")
+    text = f"<p>Total {total:,} bytes"
+    if params:
+        text += f" for {params:,} parameters: {total / params:.3f} bytes per parameter"
+    text += "</p>"
+    return Section("sizes", "Sizes", text + _table(["file", "role", "bytes"], rows))
+
+
+def section_llm_ceiling(m: Manifest, folder: Path) -> Section | None:
+    if m.kind != "llm":
+        return None
+    wbytes = (m.extra.get("llm") or {}).get("weight_bytes_per_token")
+    if not wbytes:
+        return Section("ceiling", "Decode-speed ceiling", missing="Weight bytes per token are not recorded.")
+    rows = [[s.name, s.marketing_name, f"{s.dram_gbps:g}", f"{s.dram_gbps * 1e9 / wbytes:,.0f}"]
+            for s in all_targets() if s.dram_gbps]
+    note = (f"<p>Every weight byte is read once per decoded token: tok/s ≤ DRAM bandwidth / {wbytes:,} bytes. "
+            "A physical upper bound, not a prediction.</p>")
+    return Section("ceiling", "Decode-speed ceiling per target", note + _table(["target", "name", "DRAM GB/s", "max tok/s"], rows))
+
+
+SECTIONS: list[Callable[[Manifest, Path], Section | None]] = [
+    section_overview, section_placement, section_audit, section_numerics, section_sizes, section_llm_ceiling,
+]
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True)
+
+
+def build_report(manifest: Manifest, folder: Path) -> str:
+    sections = [s for fn in SECTIONS if (s := fn(manifest, folder)) is not None]
+    title = Path(manifest.source.path or folder.name).name + (f" → {', '.join(manifest.targets)}" if manifest.targets else "")
+    return _env.get_template("report.html.j2").render(
+        title=title, sections=sections, generated=_dt.datetime.now().isoformat(timespec="seconds"))
+
+
+def write_report(folder: Path, manifest: Manifest, name: str = "report.html") -> Path:
+    out = Path(folder) / name
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(build_report(manifest, Path(folder)), encoding="utf-8")
+    tmp.replace(out)
+    return out

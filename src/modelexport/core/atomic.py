@@ -1,0 +1,55 @@
+"""Write outputs so that a crash or Ctrl-C never leaves half a file that looks whole."""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from .errors import InputError, OutputExistsError
+
+
+def check_output(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise OutputExistsError(f"{path} already exists",
+                                "pass --force to replace it, or choose another output path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"cannot write {path}: {parent} is not a folder", "choose another output path")
+
+
+def sibling_temp(path: Path, tag: str = "partial") -> Path:
+    return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
+
+
+def replace_path(tmp: Path, final: Path) -> None:
+    """Move tmp into place; an existing final (allowed by --force) is swapped out, then removed."""
+    if final.exists() or final.is_symlink():
+        trash = sibling_temp(final, "old")
+        os.replace(final, trash)
+        os.replace(tmp, final)
+        if trash.is_dir() and not trash.is_symlink():
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            trash.unlink(missing_ok=True)
+    else:
+        os.replace(tmp, final)
+
+
+@contextmanager
+def atomic_file(path: str | Path, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; it becomes `path` only if the block succeeds."""
+    final = Path(path)
+    check_output(final, force)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = sibling_temp(final)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise RuntimeError(f"nothing was written to {tmp}")
+        replace_path(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink() if tmp.is_file() else shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,94 @@
+"""A content-addressed cache of compiled results.
+
+The key is the sha256 of everything that shapes a result: the model bytes, the options and the
+QAIRT build. An entry is a folder, assembled under a temporary name and renamed into place
+while holding a per-key file lock, so two processes compiling the same thing at once never see
+half an entry; the loser of the race reuses the winner's entry. `MODELEXPORT_CACHE_DIR` moves
+the cache (default ~/.cache/modelexport); `--no-cache` bypasses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from .atomic import sibling_temp
+
+ENTRY_META = "entry.json"
+SCHEMA = 1
+
+
+def cache_root() -> Path:
+    env = os.environ.get("MODELEXPORT_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "modelexport"
+
+
+def cache_key(*parts: Any) -> str:
+    """sha256 over bytes / str / JSON-able parts, each length-prefixed so boundaries count."""
+    h = hashlib.sha256(f"modelexport-cache-v{SCHEMA}".encode())
+    for p in parts:
+        b = p if isinstance(p, (bytes, bytearray)) else (p if isinstance(p, str) else json.dumps(p, sort_keys=True, default=str)).encode()
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+class Cache:
+    def __init__(self, root: Path | None = None, enabled: bool = True):
+        self.root = root or cache_root()
+        self.enabled = enabled
+        self.hits = 0
+        self.misses = 0
+
+    def _entry(self, namespace: str, key: str) -> Path:
+        return self.root / namespace / key[:2] / key
+
+    def get(self, namespace: str, key: str) -> Path | None:
+        if not self.enabled:
+            return None
+        p = self._entry(namespace, key)
+        if (p / ENTRY_META).is_file():
+            self.hits += 1
+            return p
+        return None
+
+    def get_or_create(self, namespace: str, key: str, build: Callable[[Path], dict]) -> tuple[Path, bool]:
+        """The entry's folder and whether it was a hit. `build(tmp_dir)` fills a fresh folder and
+        returns metadata stored as entry.json. With the cache off, builds into a private temp folder."""
+        if not self.enabled:
+            import tempfile
+            tmp = Path(tempfile.mkdtemp(prefix="modelexport-nocache-"))
+            meta = build(tmp)
+            (tmp / ENTRY_META).write_text(json.dumps(meta, default=str))
+            self.misses += 1
+            return tmp, False
+        hit = self.get(namespace, key)
+        if hit:
+            return hit, True
+        from filelock import FileLock
+        final = self._entry(namespace, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(final) + ".lock"):
+            if (final / ENTRY_META).is_file():      # another process finished it while we waited
+                self.hits += 1
+                return final, True
+            tmp = sibling_temp(final)
+            tmp.mkdir()
+            try:
+                meta = build(tmp)
+                (tmp / ENTRY_META).write_text(json.dumps(meta, default=str))
+                if final.exists():                    # a broken leftover without entry.json
+                    shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+        self.misses += 1
+        return final, False
+
+    @staticmethod
+    def meta(entry: Path) -> dict:
+        return json.loads((entry / ENTRY_META).read_text())

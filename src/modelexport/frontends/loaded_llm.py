@@ -1,0 +1,59 @@
+"""What an LLM frontend hands on: a float32 HF causal LM, its tokenizer and where it came from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import InputError
+
+# Llama-family decoders the static decoder can rebuild. SmolLM/SmolLM2 are "llama".
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class LoadedLLM:
+    model: Any            # transformers PreTrainedModel (LlamaForCausalLM, Qwen2ForCausalLM, ...), eval, float32
+    tokenizer: Any        # transformers tokenizer
+    config: Any           # model.config
+    source: Path          # the GGUF file or the HF folder
+    source_format: str    # "gguf" or "hf"
+    architecture: str     # "llama", "qwen2", "mistral"
+    chat_template: str | None = None
+    gguf_info: Any = None  # GgufInfo when loaded from a GGUF
+    load_seconds: float | None = None
+    kind: str = "llm"
+
+    @property
+    def name(self) -> str:
+        return self.source.stem if self.source.suffix else self.source.name
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template."""
+        if not self.chat_template:
+            raise InputError(f"{self.source} has no chat template", "pass plain text instead of chat messages")
+        out = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template,
+                                                 add_generation_prompt=add_generation_prompt, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
+            out = out["input_ids"]
+        return list(out)
+
+    def eos_token_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.config, "eos_token_id", None),
+                    getattr(getattr(self.model, "generation_config", None), "eos_token_id", None),
+                    getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        return sorted(ids)
+
+
+def check_architecture(arch: str | None, where: str) -> str:
+    """`arch` if the static decoder supports it, else an InputError naming what is supported."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise InputError(f"{where}: architecture {arch!r} is not supported",
+                         f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
+                         "(Llama-family decoders; SmolLM/SmolLM2 are llama)")
+    return arch

@@ -1,0 +1,574 @@
+"""A Hugging Face Llama-family model → an ExecuTorch XNNPACK `.pte` for the CPU runtime.
+
+The program is ExecuTorch's own LLM layout (what `export_llm` builds and its C++ runner
+reads): `forward(tokens int64 [1, n], input_pos int64 [1]) -> logits [1, vocab]` of the last
+token, with a dynamic n (1 .. max_seq_len-1) and the KV cache as mutable buffers inside the
+program, updated in place by `llama::update_cache` and read by `llama::custom_sdpa`; plus the
+metadata methods (`get_max_seq_len`, `get_vocab_size`, `get_bos_id`, `get_eos_ids`, ...).
+
+It is built here from Python instead of through `export_llm`, which wants a Meta-format
+checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
+1. the HF weights are renamed to Meta's names and loaded into ExecuTorch's `Transformer`
+   (`use_hf_rope=True`, so q/k stay in HF's rotate-half layout and need no un-permuting; the
+   RoPE tables are taken from the HF model's own `inv_freq`/`attention_scaling`, so every
+   RoPE variant transformers knows comes out as HF computes it);
+2. the SDPA and KV cache modules are swapped for the custom-op versions (as `export_llm`
+   does with `use_sdpa_with_kv_cache`); by default (`attention="native"`) each layer then gets
+   one fused q|k|v projection and attends with our kernel `modelexport::sdpa`
+   (`llm/native/sdpa.cpp`, compiled on first use) instead of `llama::custom_sdpa`: a decode
+   step is ~20% shorter at 60 positions and ~40% at 500 (`bench/cpu_kernels.py --option attention`);
+3. weights are quantized (`8da4w`: int8 dynamic activations, symmetric int4 weights in groups
+   of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
+   ExecuTorch's embedding quantizer), or kept fp32. By default (`linear="auto"`) 8da4w linears
+   run on our kernels (`llm/native/linear_q4.cpp`, activations in int8 per block of 32): one
+   call for q|k|v with the RMSNorm before it, one for o with the residual add after it, one for
+   gate|up with the norm and SwiGLU, one for down with the residual (`fuse_blocks`), so only
+   RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
+   are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
+   why not torchao's affine ops);
+4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
+   cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
+   and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
+   XNNPACK partition instead of ~7, which makes both the export and every decode step faster;
+5. non-strict `torch.export` → `to_edge_transform_and_lower` with the XNNPACK partitioner →
+   `to_executorch`, with `xnnpack_fast_lowering` removing repeated work that does not change
+   the result.
+
+Results are cached by content: the weights' sha256 (the GGUF or safetensors bytes), the
+options and the library versions.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import InputError, ToolchainError, UnsupportedError
+
+EXPORT_FORMAT_VERSION = 8   # bump when the program layout, quantization or passes change
+QUANT_MODES = ("8da4w", "8da8w", "fp32")
+ATTENTION_KERNELS = ("native", "executorch")
+LINEAR_KERNELS = ("auto", "native", "xnnpack")
+PTE_NAME = "model.pte"
+META_NAME = "llm.json"
+
+
+@dataclass(frozen=True)
+class CpuExportOptions:
+    quant: str = "8da4w"                 # 8da4w | 8da8w | fp32
+    group_size: int = 32                 # weights per scale for 8da4w (0 = per channel)
+    embedding_bits: int | None | str = "auto"   # 4 | 8 | None (fp32) | "auto": 4 when quantized, fp32 for fp32
+    embedding_group_size: int = 32
+    max_seq_len: int = 2048              # positions in the KV cache (the context)
+    prefill_chunk: int = 0               # tokens per call: 0 = any number (dynamic shape); 1 = a
+                                         # static one-token program (prompt fed token by token)
+    fast_lowering: bool = True           # skip lowering work that provably changes nothing
+    attention: str = "native"            # native: our AVX2 kernel (llm/native/sdpa.cpp) | executorch:
+                                         # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
+    linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
+                                         # auto: native for 8da4w in groups of 32, else xnnpack
+
+    def __post_init__(self):
+        if self.quant not in QUANT_MODES:
+            raise InputError(f"unknown CPU quantization {self.quant!r}", f"choose one of: {', '.join(QUANT_MODES)}")
+        if self.embedding_bits == "auto":   # frozen dataclass: resolve through object.__setattr__
+            object.__setattr__(self, "embedding_bits", None if self.quant == "fp32" else 4)
+        if self.embedding_bits not in (None, 4, 8):
+            raise InputError(f"embedding bits must be 4, 8 or none, got {self.embedding_bits}")
+        if self.prefill_chunk not in (0, 1):
+            raise InputError(f"prefill chunk must be 0 (dynamic) or 1, got {self.prefill_chunk}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise InputError(f"unknown attention kernel {self.attention!r}", f"choose one of: {', '.join(ATTENTION_KERNELS)}")
+        if self.linear not in LINEAR_KERNELS:
+            raise InputError(f"unknown linear kernel {self.linear!r}", f"choose one of: {', '.join(LINEAR_KERNELS)}")
+        native_fits = self.quant == "8da4w" and self.group_size == 32
+        if self.linear == "auto":
+            object.__setattr__(self, "linear", "native" if native_fits else "xnnpack")
+        elif self.linear == "native" and not native_fits:
+            raise InputError("the native linear kernel runs 8da4w weights in groups of 32 only",
+                             "use quant 8da4w with group size 32, or linear='xnnpack'")
+        if self.max_seq_len < 8:
+            raise InputError(f"--max-seq-len must be at least 8, got {self.max_seq_len}")
+
+    def key(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("fast_lowering")   # same program either way (checked by a test)
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# HF model → ExecuTorch Transformer
+_LAYER_NAMES = {
+    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+    "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+    "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def model_args_from_hf(config, max_seq_len: int):
+    """ExecuTorch `ModelArgs` for a HF llama/mistral/qwen2 config; UnsupportedError for what it lacks."""
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    mt = getattr(config, "model_type", None)
+    if mt not in ("llama", "mistral", "qwen2"):
+        raise UnsupportedError(f"the CPU runtime builds llama, mistral and qwen2 models, not {mt!r}")
+    if getattr(config, "mlp_bias", False):
+        raise UnsupportedError("MLP biases are not supported by the CPU export")
+    qkv_bias = mt == "qwen2" or bool(getattr(config, "attention_bias", False))
+    if mt == "llama" and getattr(config, "attention_bias", False):
+        raise UnsupportedError("attention biases on a llama model (o_proj bias) are not supported by the CPU export")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UnsupportedError(f"activation {config.hidden_act!r} is not supported (SwiGLU/silu only)")
+    if mt == "mistral" and getattr(config, "sliding_window", None) and config.sliding_window < max_seq_len:
+        raise UnsupportedError(f"this Mistral model uses a {config.sliding_window}-token sliding window; "
+                               f"the CPU export supports full attention only",
+                               f"use --max-seq-len {config.sliding_window} or less")
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    ctx = getattr(config, "max_position_embeddings", None)
+    if ctx and max_seq_len > ctx:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx})",
+                         f"use --max-seq-len {ctx} or less")
+    return ModelArgs(
+        dim=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, vocab_size=config.vocab_size,
+        hidden_dim=config.intermediate_size, head_dim=head_dim, norm_eps=float(config.rms_norm_eps),
+        attention_qkv_bias=qkv_bias, use_hf_rope=True, max_seq_len=max_seq_len, max_context_len=max_seq_len,
+        use_kv_cache=True, use_sdpa_with_kv_cache_op=True, enable_dynamic_shape=True, generate_full_logits=False,
+        max_batch_size=1)
+
+
+def _meta_state_dict(hf_model, n_layers: int, qkv_bias: bool) -> dict:
+    sd = hf_model.state_dict()
+    emb = sd["model.embed_tokens.weight"]
+    out = {"tok_embeddings.weight": emb, "norm.weight": sd["model.norm.weight"],
+           "output.weight": sd.get("lm_head.weight", emb)}
+    for i in range(n_layers):
+        for hf, meta in _LAYER_NAMES.items():
+            out[f"layers.{i}.{meta}.weight"] = sd[f"model.layers.{i}.{hf}.weight"]
+        if qkv_bias:
+            for p, m in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
+                out[f"layers.{i}.attention.{m}.bias"] = sd[f"model.layers.{i}.self_attn.{p}.bias"]
+    return {k: v.detach().float().contiguous() for k, v in out.items()}
+
+
+def _hf_rope_tables(hf_model, max_seq_len: int):
+    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1."""
+    import torch
+
+    rot = hf_model.model.rotary_emb
+    pos = torch.arange(max_seq_len).unsqueeze(0)
+    dummy = torch.zeros(1, 1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = rot(dummy, pos)
+    return cos[0].float().contiguous(), sin[0].float().contiguous()
+
+
+def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
+    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops."""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.source_transformation.custom_kv_cache import \
+        replace_kv_cache_with_custom_kv_cache
+    from executorch.examples.models.llama.source_transformation.sdpa import replace_sdpa_with_custom_op
+
+    args = model_args_from_hf(hf_model.config, max_seq_len)
+    with torch.device("meta"):
+        model = construct_transformer(args)
+    sd = _meta_state_dict(hf_model, args.n_layers, args.attention_qkv_bias)
+    missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
+    still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+    if still_meta or unexpected:
+        raise UnsupportedError(f"the weights do not fit ExecuTorch's Llama layout: missing {still_meta[:4]}, "
+                               f"unexpected {unexpected[:4]}")
+    meta_bufs = [n for n, b in model.named_buffers() if b.is_meta]
+    if meta_bufs:  # ExecuTorch makes its buffers (caches, masks, RoPE) on the CPU explicitly
+        raise UnsupportedError(f"ExecuTorch's Transformer left buffers uninitialized: {meta_bufs[:4]}")
+    cos, sin = _hf_rope_tables(hf_model, max_seq_len)
+    if tuple(model.rope.freqs_cos.shape) != tuple(cos.shape):
+        raise UnsupportedError(f"RoPE table shape {tuple(cos.shape)} does not fit {tuple(model.rope.freqs_cos.shape)}")
+    model.rope.freqs_cos = cos
+    model.rope.freqs_sin = sin
+    _xnnpack_friendly_norms_and_rope(model, args)
+    model = replace_sdpa_with_custom_op(model)
+    model = replace_kv_cache_with_custom_kv_cache(model)
+    if attention == "native":
+        from .kernels.sdpa_op import fuse_qkv_attention
+        if fuse_qkv_attention(model) != args.n_layers:
+            raise UnsupportedError("this model's attention does not fit the native kernel",
+                                   "build with attention='executorch' (CpuExportOptions)")
+    return model.eval(), args
+
+
+def _xnnpack_friendly_norms_and_rope(model, args) -> None:
+    """Write RMSNorm and RoPE with ops XNNPACK takes with a dynamic sequence length.
+
+    As ExecuTorch's Transformer writes them, XNNPACK rejects RMSNorm's `mean` (it averages only
+    the two inner dims of a 4-D tensor) and RoPE's slices and concat (dynamic shapes): they stay
+    on ExecuTorch's portable kernels and cut every layer into ~7 XNNPACK partitions, each lowered
+    separately (export time) and entered separately at run time (decode time). Here the mean is
+    taken over a [1, n, d, 1] view (inner dims, keepdim) and rotate-half is a product with its
+    constant signed-permutation matrix; together with `views_with_one_inferred_dim` a layer's
+    ops between the KV-cache update and SDPA custom ops become one partition. Same arithmetic.
+    (The mean as a product with a [1, d] row of 1/d has fewer XNNPACK ops but measured ~3%
+    slower per decode step on SmolLM2.)
+    """
+    import types
+
+    import torch
+    import torch.nn.functional as F
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    def norm(self, x):                    # x: [1, n, d] (layers) or [1, d] (final norm)
+        d = x.shape[-1]
+        x4 = x.reshape(1, -1, d, 1)
+        y = x4 * torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.eps)
+        return y.reshape(1, -1, d) if x.dim() == 3 else y.reshape(1, d)
+
+    for m in model.modules():
+        if type(m) is RMSNorm:
+            m._norm = types.MethodType(norm, m)
+
+    d = args.head_dim
+    if model.rope.freqs_cos.shape[-1] != d or d % 2:
+        return  # partial rotary: keep ExecuTorch's own function
+    half = d // 2
+    rot = torch.zeros(d, d)
+    rot[torch.arange(half), torch.arange(half) + half] = -1.0    # out[j] = -x[j + d/2]  (j <  d/2)
+    rot[torch.arange(half) + half, torch.arange(half)] = 1.0     # out[j] =  x[j - d/2]  (j >= d/2)
+    model.rope.register_buffer("rotate_half_matrix", rot, persistent=False)
+    rope = model.rope
+
+    def apply_rope(q, k, cos, sin):       # q, k: [1, n, heads, d]; cos, sin: [n, d]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        r = rope.rotate_half_matrix
+        return q * cos + F.linear(q, r) * sin, k * cos + F.linear(k, r) * sin
+
+    rope.apply_rotary_emb = apply_rope
+
+
+def views_with_one_inferred_dim(ep) -> int:
+    """`view(x, [1, s, 9, 64])` with a symbolic `s` → `view(x, [1, -1, 9, 64])`.
+
+    XNNPACK lowers reshapes with one inferred (-1) dimension but not with a symbolic one, and
+    ExecuTorch's attention writes `view(bsz, seqlen, ...)` with the traced sequence length.
+    With the other dims static the two mean the same; returns how many views were rewritten."""
+    import torch
+
+    aten = torch.ops.aten
+    n_done = 0
+    for n in ep.graph_module.graph.nodes:
+        if n.op == "call_function" and n.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+            shape = list(n.args[1])
+            symbolic = [i for i, v in enumerate(shape) if not isinstance(v, int)]
+            if len(symbolic) == 1 and -1 not in shape:
+                shape[symbolic[0]] = -1
+                n.args = (n.args[0], shape, *n.args[2:])
+                n_done += 1
+    if n_done:
+        ep.graph_module.recompile()
+    return n_done
+
+
+def _quantized_linear_class():
+    import torch
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed::)
+
+    qd = torch.ops.quantized_decomposed
+    _register_group_dequant_meta()
+
+    class DynamicQuantLinear(torch.nn.Module):
+        """int8 dynamic per-token activations × int4 (group-wise) or int8 (per-channel) weights.
+
+        Written with ExecuTorch's `quantized_decomposed` ops, the pattern XNNPACK lowers to its
+        qd8-f32-qb4w / qc8w GEMMs. (torchao's `Int8DynamicActivationIntxWeightConfig` lowers to the
+        same kernels, but its `torchao::*_affine` ops decompose into ~20 ATen ops every time a
+        pass re-traces the graph with fake tensors: 4-5x more export time for the same program.)
+        """
+
+        def __init__(self, weight_q, scales, bias, bits: int, group_size: int):
+            super().__init__()
+            self.register_buffer("weight", weight_q)               # int8 values in [-2^(b-1), 2^(b-1)-1]
+            self.register_buffer("scales", scales)                 # fp32 [N, K/group] (group) or [N] (channel)
+            self.register_buffer("zeros", torch.zeros_like(scales, dtype=torch.int8))
+            self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+            self.qmin, self.qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+            self.group_size = group_size                            # 0: per channel
+            self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
+
+        def forward(self, x):
+            s, zp = qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+            xq = qd.quantize_per_token(x, s, zp, -128, 127, torch.int8)
+            xdq = qd.dequantize_per_token(xq, s, zp, -128, 127, torch.int8, torch.float32)
+            if self.group_size:
+                w = qd.dequantize_per_channel_group(self.weight, self.scales, self.zeros, self.qmin, self.qmax,
+                                                    torch.int8, self.group_size, torch.float32)
+            else:
+                w = qd.dequantize_per_channel(self.weight, self.scales, self.zeros, 0, self.qmin, self.qmax,
+                                              torch.int8)
+            return torch.nn.functional.linear(xdq, w, self.bias)
+
+    return DynamicQuantLinear
+
+
+_META_LIB = None
+
+
+def _register_group_dequant_meta() -> None:
+    """torch defines `quantized_decomposed::dequantize_per_channel_group` without a Meta kernel, so
+    every fake-tensor re-trace runs its whole body; its output is just the input's shape."""
+    global _META_LIB
+    if _META_LIB is not None:
+        return
+    import torch
+    lib = torch.library.Library("quantized_decomposed", "IMPL")
+
+    def meta(w_int8, scales, zero_points, quant_min, quant_max, dtype, group_size=128, output_dtype=torch.float32):
+        return torch.empty_like(w_int8, dtype=output_dtype)
+    try:
+        lib.impl("dequantize_per_channel_group", meta, "Meta")
+    except RuntimeError:  # a later torch registers its own: use that
+        pass
+    _META_LIB = lib
+
+
+# Candidate scales per group, as fractions of the widest one that fits: clipping the extremes
+# a little often lowers the group's squared error (measured on SmolLM2's Q4_1 weights re-quantized
+# to 4 bits: perplexity 50.2 with min/max scales, 46.4 with this search; bench/llm_cpu_decode.json).
+CLIP_CANDIDATES = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.79)
+
+
+def quantize_weight(w, bits: int, group_size: int):
+    """Symmetric (zero point 0) quantization of a [N, K] weight, per group of `group_size` input
+    channels, or per output channel when group_size is 0.
+
+    The grid is used in full (-8..7 for 4 bits: a group whose extreme is negative gets the step
+    max|w|/8, not /7), and each group takes the candidate scale with the least squared error
+    (torchao's min/max scale max|w|/7.5 is one of them, so no group does worse than with it).
+    Group scales are compared as bf16, the precision XNNPACK stores them in."""
+    import torch
+
+    n, k = w.shape
+    g = group_size or k
+    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    wg = w.detach().float().reshape(n, k // g, g)
+    eps = torch.finfo(torch.float32).eps
+    widest = torch.maximum(wg.amax(dim=-1, keepdim=True) / qmax, wg.amin(dim=-1, keepdim=True) / qmin).clamp(min=eps)
+    minmax = wg.abs().amax(dim=-1, keepdim=True) / ((qmax - qmin) / 2)   # torchao's symmetric scale
+    best_scale, best_err = None, None
+    for scale in [minmax] + [widest * c for c in CLIP_CANDIDATES]:
+        scale = scale.clamp(min=eps)
+        if group_size:
+            scale = scale.to(torch.bfloat16).float().clamp(min=eps)
+        err = ((torch.clamp(torch.round(wg / scale), qmin, qmax) * scale - wg) ** 2).sum(dim=-1, keepdim=True)
+        if best_scale is None:
+            best_scale, best_err = scale, err
+        else:
+            better = err < best_err
+            best_scale, best_err = torch.where(better, scale, best_scale), torch.where(better, err, best_err)
+    q = torch.clamp(torch.round(wg / best_scale), qmin, qmax).to(torch.int8).reshape(n, k)
+    scale = best_scale.reshape(n, k // g)
+    return q, (scale if group_size else scale.reshape(n))
+
+
+def quantize_model(model, opts: CpuExportOptions):
+    import torch
+
+    with torch.no_grad():
+        if opts.embedding_bits:
+            # ExecuTorch's own embedding quantizer: the lookup becomes one
+            # quantized_decomposed::embedding_{4bit,byte} kernel instead of dequantizing the table
+            from executorch.examples.models.llama.source_transformation.quantize import EmbeddingQuantHandler
+            model = EmbeddingQuantHandler(model, bitwidth=opts.embedding_bits,
+                                          group_size=opts.embedding_group_size or None,
+                                          packed=opts.embedding_bits == 4, quantize_with_hqq=False).quantized_model()
+        if opts.quant in ("8da4w", "8da8w"):
+            bits = 4 if opts.quant == "8da4w" else 8
+            group = opts.group_size if bits == 4 else 0
+            if opts.linear == "native":
+                from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_swiglu
+
+                fuse_swiglu(model, lambda w: quantize_weight(w, bits, group))
+
+                def make(q, scale, bias):
+                    return Q4Linear(q, scale, bias)
+            else:
+                cls = _quantized_linear_class()
+
+                def make(q, scale, bias):
+                    return cls(q, scale, bias, bits, group)
+
+            def swap(parent):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, torch.nn.Linear) and (not group or child.in_features % group == 0):
+                        q, scale = quantize_weight(child.weight, bits, group)
+                        bias = None if child.bias is None else child.bias.detach().float()
+                        setattr(parent, name, make(q, scale, bias))
+                    else:
+                        swap(child)
+            swap(model)
+            if opts.linear == "native":
+                fuse_blocks(model)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int | None, eos_ids: list[int],
+               progress=None) -> dict[str, Any]:
+    """Build `out_dir/model.pte`; returns metadata with the time of each stage."""
+    import torch
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama:: ops)
+
+    times: dict[str, Any] = {}
+    t = time.perf_counter()
+
+    def stage(name: str, next_step: str | None = None) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        times[name] = round(now - t, 2)
+        t = now
+        if progress and next_step:
+            progress(next_step)
+
+    if progress:
+        progress("building the graph")
+    model, args = build_transformer(hf_model, opts.max_seq_len, opts.attention)
+    stage("build", f"quantizing ({opts.quant})")
+    model = quantize_model(model, opts)
+    stage("quantize", "torch.export")
+    pos = torch.tensor([0], dtype=torch.long)
+    if opts.prefill_chunk == 0:
+        tokens = torch.tensor([[2, 3, 4]], dtype=torch.long)
+        dyn = ({1: torch.export.Dim("token_dim", max=opts.max_seq_len - 1)}, {"input_pos": {0: 1}})
+    else:  # static shapes: no re-planning of XNNPACK's runtime per call; on SmolLM2 (8da4w, 2 cores) a
+        # decode step measured the same as with the dynamic program, within this host's noise
+        tokens = torch.arange(2, 2 + opts.prefill_chunk, dtype=torch.long).unsqueeze(0)
+        dyn = None
+    # non-strict: traces with fake tensors in Python instead of through TorchDynamo (same graph, faster)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]), torch.no_grad():
+        ep = torch.export.export(model, (tokens, {"input_pos": pos}), dynamic_shapes=dyn, strict=False)
+    # the KV cache comes back transposed and SDPA transposes it again: without this pass XNNPACK
+    # copies the whole cache twice per layer and token (what export_llm's canonical pass removes)
+    from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+    RemoveRedundantTransposes()(ep.graph_module)
+    times["views_rewritten"] = views_with_one_inferred_dim(ep)
+    stage("torch_export", "lowering to XNNPACK")
+    metadata = {"get_max_seq_len": opts.max_seq_len, "get_max_context_len": opts.max_seq_len,
+                "get_vocab_size": int(args.vocab_size), "use_kv_cache": True, "use_sdpa_with_kv_cache": True,
+                "enable_dynamic_shape": opts.prefill_chunk == 0, "get_n_layers": int(args.n_layers)}
+    if bos_id is not None:
+        metadata["get_bos_id"] = int(bos_id)
+    if eos_ids:
+        metadata["get_eos_ids"] = [int(i) for i in eos_ids]
+    program, lower_times = lower_to_xnnpack(ep, metadata, fast=opts.fast_lowering)
+    times.update(lower_times)
+    t = time.perf_counter()
+    pte = out_dir / PTE_NAME
+    with open(pte, "wb") as f:
+        program.write_to_file(f)
+    stage("write")
+    return {"pte": PTE_NAME, "bytes": pte.stat().st_size, "times_s": times, "n_layers": int(args.n_layers),
+            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len}
+
+
+def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
+    """ExportedProgram → ExecuTorch program with everything XNNPACK takes delegated."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
+
+    from .fast_lowering import fast_lowering, to_edge_one_decomposition
+
+    times: dict[str, Any] = {}
+    t = time.perf_counter()
+    config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
+    with fast_lowering(enabled=fast) as stats:
+        edge = to_edge_one_decomposition(ep, XnnpackPartitioner(), config, metadata) if fast else None
+        if edge is None:
+            edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], compile_config=config,
+                                               constant_methods=metadata)
+        times["to_edge_and_lower"] = round(time.perf_counter() - t, 2)
+        if stats is not None:
+            times["xnnpack_partitions"] = stats.to_dict()
+        t = time.perf_counter()
+        program = edge.to_executorch(ExecutorchBackendConfig(
+            extract_delegate_segments=True, do_quant_fusion_and_const_prop=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass()))
+        times["to_executorch"] = round(time.perf_counter() - t, 2)
+    return program, times
+
+
+# --------------------------------------------------------------------------------------------
+def weights_digest(source: Path) -> str:
+    """sha256 of the weights the program is built from (the GGUF, or the HF folder's safetensors)."""
+    import hashlib
+
+    from ...core.file_hash import file_sha256
+
+    source = Path(source)
+    if source.is_file():
+        return file_sha256(source)
+    files = sorted(source.glob("*.safetensors")) + [p for p in (source / "config.json",) if p.is_file()]
+    if not files:
+        raise InputError(f"{source} has no weights (*.safetensors) to build from")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def cache_key_for(source_digest: str, opts: CpuExportOptions) -> str:
+    from importlib.metadata import version
+
+    from ...core.cache import cache_key
+    return cache_key("xnnpack-llm", EXPORT_FORMAT_VERSION, source_digest, opts.key(),
+                     {p: version(p) for p in ("executorch", "torch", "torchao", "transformers")})
+
+
+def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progress=None,
+                 use_cache: bool = True, cache_dir: Path | None = None) -> tuple[Path, dict[str, Any], bool]:
+    """The cache entry holding `model.pte` + `tokenizer.json` + `llm.json` for `source`; built on a miss.
+
+    `load_llm()` returns the `LoadedLLM` (called only on a miss: loading a GGUF dequantizes it)."""
+    from ...core.cache import Cache
+
+    digest = weights_digest(source)
+    key = cache_key_for(digest, opts)
+    cache = Cache(Path(cache_dir) if cache_dir else None, enabled=use_cache)
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        if progress:
+            progress("loading the weights")
+        llm = load_llm() if load_llm else _load_source(source)
+        t_load = time.perf_counter() - t0
+        from ..tokenizers import from_transformers
+        tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids(),
+                                source=str(source))
+        tok.save(tmp)
+        try:
+            meta = export_pte(llm.model, tmp, opts, bos_id=tok.bos_id, eos_ids=sorted(set(tok.eos_ids)),
+                              progress=progress)
+        except (ToolchainError, InputError, UnsupportedError):
+            raise
+        meta["times_s"] = {"load": round(t_load, 2), **meta["times_s"]}
+        meta.update(source=str(source), source_sha256=digest, options=asdict(opts), architecture=llm.architecture,
+                    export_seconds=round(time.perf_counter() - t0, 2), tokenizer="tokenizer.json",
+                    format_version=EXPORT_FORMAT_VERSION)
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=1))
+        return meta
+
+    entry, hit = cache.get_or_create("xnnpack-llm", key, build)
+    return entry, json.loads((entry / META_NAME).read_text()), hit
+
+
+def _load_source(source: Path):
+    if source.is_file():
+        from ...frontends.gguf_file import load_gguf_causal_lm
+        return load_gguf_causal_lm(source)
+    from ...frontends.hf_folder import load_hf_folder
+    return load_hf_folder(source)

@@ -1,0 +1,98 @@
+"""The LLM backends `modelexport.llm.load` can open, registered by name.
+
+cpu      an ExecuTorch XNNPACK program (`cpu_runtime`): given a GGUF or HF folder it is built
+         once and cached by the weights' sha256 + options (`xnnpack_export`); a `.pte` or a
+         bundle carrying one is used as is.
+htp-sim  the compiled QNN graphs of an LLM bundle on the x86 HTP simulator: registered by the
+         format that writes those bundles (`modelexport.backends.llm_qnn.session`).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..core.errors import InputError
+from . import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
+from .tokenizers import load_tokenizer, load_tokenizer_json
+
+
+def source_kind(path: Path) -> str:
+    """gguf | hf | pte | bundle; InputError for anything else."""
+    if path.is_dir():
+        if (path / "manifest.json").is_file():
+            return "bundle"
+        if (path / "config.json").is_file():
+            return "hf"
+        raise InputError(f"{path} is neither a bundle (manifest.json) nor a Hugging Face folder (config.json)",
+                         "give a .gguf file, a Hugging Face model folder, a .pte or a modelexport bundle")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if len(head) >= 8 and head[4:8] == b"ET12":  # ExecuTorch flatbuffer identifier
+        return "pte"
+    if path.suffix == ".pte":
+        return "pte"
+    raise InputError(f"{path} is not a GGUF, an ExecuTorch program or a model folder",
+                     "give a .gguf file, a Hugging Face model folder, a .pte or a modelexport bundle")
+
+
+def open_llm_bundle(path: Path):
+    from ..contract.bundle import open_bundle
+
+    bundle = open_bundle(path)
+    if bundle.manifest.kind != "llm":
+        raise InputError(f"{path} is a {bundle.manifest.kind!r} bundle, not an LLM",
+                         "generate runs LLM bundles (modelexport compile of a GGUF or HF folder), GGUF files or HF folders")
+    return bundle
+
+
+# --------------------------------------------------------------------------------------------
+@LLM_BACKENDS.register("cpu")
+def open_cpu(path: Path, opts: LoadOptions) -> LLM:
+    from .cpu.session import ExecuTorchSession, default_threads
+    from .cpu.export import CpuExportOptions, build_cached
+
+    kind = source_kind(path)
+    info: dict = {"source": str(path), "source_kind": kind}
+    tokenizer = None
+    if kind == "bundle":
+        bundle = open_llm_bundle(path)
+        pte = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "cpu-pte"), None)
+        if pte is not None:
+            kind, path = "pte", pte
+            tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer"), None)
+            tokenizer = load_tokenizer(tok_file) if tok_file else None
+        else:  # build the CPU program from the model the bundle was compiled from
+            src = bundle.manifest.source
+            if not src.path or not Path(src.path).exists():
+                raise InputError(f"bundle {path} carries no CPU program and its source model "
+                                 f"({src.path or 'not recorded'}) is not on this machine",
+                                 "run generate on the GGUF or HF folder itself, or use --backend htp-sim")
+            path = Path(src.path)
+            kind = source_kind(path)
+            info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)
+    if kind in ("gguf", "hf"):
+        t0 = time.perf_counter()
+        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len)
+        entry, meta, hit = build_cached(path, eopts, progress=opts.progress, use_cache=opts.use_cache,
+                                        cache_dir=opts.cache_dir)
+        info.update(pte=str(entry / meta["pte"]), cache_hit=hit, build_s=round(time.perf_counter() - t0, 2),
+                    export=meta, quant=opts.quant, model=path.name)
+        pte = entry / meta["pte"]
+        if tokenizer is None and opts.tokenizer is None:
+            tokenizer = load_tokenizer_json(entry / "tokenizer.json")
+    elif kind == "pte":
+        pte = path
+        info.update(pte=str(pte), model=pte.name)
+        if tokenizer is None and opts.tokenizer is None:
+            beside = pte.parent / "tokenizer.json"
+            if not beside.is_file():
+                raise InputError(f"no tokenizer for {pte}", "pass --tokenizer (tokenizer.json, a .model or a .gguf)")
+            tokenizer = load_tokenizer_json(beside)
+    if opts.tokenizer is not None:
+        tokenizer = load_tokenizer(opts.tokenizer)
+    t0 = time.perf_counter()
+    session = ExecuTorchSession(pte, threads=opts.threads or default_threads())
+    info["load_s"] = round(time.perf_counter() - t0, 3)
+    return attach_tokenizer(session, tokenizer, backend="cpu", info=info, extra_eos_ids=session.eos_ids)

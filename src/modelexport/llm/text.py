@@ -1,0 +1,45 @@
+"""The text an LLM is calibrated and evaluated on: a plain-text file (by default a real essay that
+ships with the assets), its sha256, and its first tokens."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import CalibrationError, InputError
+
+DEFAULT_TEXT_ASSET = "lee_background"
+
+
+@dataclass
+class TextSource:
+    path: Path
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def read_text(path: str | Path | None) -> TextSource:
+    if path is None:
+        from ..zoo.assets import asset_path
+        path = asset_path(DEFAULT_TEXT_ASSET)
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"text file {p} does not exist", "give the path of an existing plain-text file")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e}") from None
+    if len(text.split()) < 20:
+        raise CalibrationError(f"calibration text {p} is too short ({len(text.split())} words)",
+                               "give a plain-text file of real prose, at least a few hundred words")
+    return TextSource(p, text)
+
+
+def tokenize(tokenizer, text: str, n: int) -> list[int]:
+    ids = tokenizer.encode(text[: n * 12])
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids][:n]

@@ -1,0 +1,176 @@
+"""QDQ quantization of decoder graphs: 16-bit activations, 4-bit (or 8/16-bit) weights per output
+channel, per-module overrides.
+
+ONNX Runtime's QNN quantization config quantizes MatMul weights per tensor when `per_channel`
+is on ("QNN does not support per-channel MatMul", its comment says); that is useless at 4 bits.
+Here every 2-D MatMul weight gets an explicit override instead: symmetric, `axis=1` (one scale
+per output column), which the QNN EP compiles (measured on QAIRT 2.51, SM8650: every node on the
+HTP). Block-wise 4-bit (16a4w_block, LPBQ) is not offered by ONNX Runtime's QDQ quantizer for
+MatMul: with `block_size`, the 4-bit MatMul weights it made are rewritten afterwards from the
+float weights (`block_weights`).
+
+The residual stream stays out of the integer QDQ: the residual adds and the RMSNorms (and the
+final norm) are float in the QDQ graph, which the HTP runs in fp16 (`enable_htp_fp16_precision`).
+SmolLM2's residual carries massive activations (|x| up to ~25,000 from layer ~12 on): one uint16
+scale per tensor has a step of ~0.76 there and erased every other channel (greedy output was
+noise). Kept in fp16 (with the norm in its `scaled` form, see static_decoder), the 16a8w QDQ
+graph scores the float perplexity and answers "Paris" (measured; see docs/llm_export.md).
+
+Module paths for overrides are the HF names (`model.layers.3.mlp.down_proj`, `lm_head`,
+`model.embed_tokens`), matched with `re.search`; first matching override wins.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import CalibrationError, InputError
+from .calibration import CalibrationSet
+from .override_spec import split_override
+from .precision import get_precision
+
+# weight bits → (QuantType name, symmetric)
+_WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
+# by default the embedding table and lm_head keep 8-bit weights (ExecuTorch's 16a4w LLM recipes
+# do the same for lm_head); `--override 'lm_head=16a4w'` makes them 4-bit too.
+DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
+LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
+# node names (TorchScript exporter: the module path, then the op) that stay float: the residual adds
+# of each layer (`/layers.3/Add`, `/layers.3/Add_1`), the layer norms and the final norm, and the
+# RoPE table lookups (`/rotary_emb/Gather`, `/rotary_emb/Unsqueeze`). Quantized, the tables' Gather
+# gave wrong rows on the HTP simulator for the chunk's tokens 16-31 (SmolLM2 cut to 2 layers, real
+# text: the new keys at 6 dB vs the QDQ graph on the CPU, 65 dB with the tables float); see
+# docs/llm_export.md.
+FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_attention)_layernorm/|^/norm/"
+                         r"|^/rotary_emb/")
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    precision: str
+
+    @property
+    def weight_bits(self) -> int:
+        return get_precision(self.precision).weight_bits
+
+
+def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
+    base = get_precision(base_precision)
+    out = []
+    for item in items:
+        pat, prec = split_override(item, "lm_head=16a8w")
+        p = get_precision(prec)
+        if not p.quantized or p.activation_bits != base.activation_bits:
+            raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
+                             f"({base.activation_bits}-bit activations)",
+                             f"use one of: {', '.join(x for x in LLM_PRECISIONS if get_precision(x).activation_bits == base.activation_bits)}")
+        out.append(Override(pat, p.name))
+    return out
+
+
+def module_path(node_name: str) -> str:
+    """'/decoder/model/layers.0/mlp/down_proj/MatMul' → 'model.layers.0.mlp.down_proj'."""
+    parts = [p for p in node_name.split("/") if p]
+    if parts and parts[0] == "decoder":
+        parts = parts[1:]
+    path = ".".join(parts[:-1])
+    # the TorchScript exporter drops the `model` scope of the backbone: put HF's name back
+    if path.split(".")[0] in ("layers", "embed_tokens", "norm", "rotary_emb"):
+        path = "model." + path
+    return path
+
+
+def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:
+    """TensorQuantOverrides for every MatMul/Gather weight, and {module: weight bits} for the manifest."""
+    from onnxruntime.quantization import QuantType
+
+    inits = {i.name: i for i in model.graph.initializer}
+    base_bits = get_precision(base_precision).weight_bits
+    tq: dict[str, list[dict]] = {}
+    chosen: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and len(inits[node.input[1]].dims) == 2:
+            w, axis = node.input[1], 1
+        elif node.op_type == "Gather" and node.input[0] in inits and len(inits[node.input[0]].dims) == 2:
+            w, axis = node.input[0], None
+        else:
+            continue
+        mod = module_path(node.name)
+        bits = next((o.weight_bits for o in overrides if re.search(o.pattern, mod)), base_bits)
+        chosen[mod] = bits
+        if axis is None:   # the embedding table: per tensor (Gather data)
+            tq[w] = [{"quant_type": QuantType.QUInt8 if bits <= 8 else QuantType.QUInt16, "symmetric": False}]
+            chosen[mod] = 8 if bits <= 8 else 16
+            continue
+        qt, sym = _WEIGHT_TYPES[bits]
+        tq[w] = [{"quant_type": QuantType[qt], "symmetric": sym, "axis": axis}]
+    return tq, chosen
+
+
+def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
+                     calibration: CalibrationSet, block_size: int = 0) -> dict:
+    """ONNX Runtime's QDQ quantization of one decoder graph; with `block_size`, its 4-bit MatMul
+    weights are then re-quantized in blocks of that many input channels (LPBQ, 16a4w_block)."""
+    import onnx
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from .minmax_ranges import minmax_ranges, quantize_with_ranges
+
+    prec = get_precision(precision)
+    act, weight = prec.quant_types()
+    model = onnx.load(str(float_path), load_external_data=False)
+    tq, chosen = weight_overrides(model, precision, overrides)
+    float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
+    block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
+                   and n.input[1] in tq and chosen.get(module_path(n.name)) == 4}
+    del model
+    t0 = time.perf_counter()
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = get_qnn_qdq_config(str(float_path), calibration.reader(), activation_type=act, weight_type=weight,
+                                        per_channel=True, init_overrides=tq, nodes_to_exclude=float_nodes)
+            config.use_external_data_format = True
+            try:
+                t1 = time.perf_counter()
+                ranges = minmax_ranges(float_path, calibration.samples, config.op_types_to_quantize)
+                ranges_s = time.perf_counter() - t1
+                quantize_with_ranges(float_path, out_path, config, ranges)
+            except Exception as e:
+                raise CalibrationError(f"quantizing {float_path.name} failed: {' '.join(str(e).split())[:400]}",
+                                       "check the calibration text; report the model if it persists") from None
+    finally:
+        root.setLevel(level)
+    blocks = {}
+    if block_nodes:
+        from .block_weights import to_block_weights
+        t2 = time.perf_counter()
+        blocks = {"block_size": block_size, "matmuls": to_block_weights(out_path, float_path, block_nodes, block_size),
+                  "seconds": round(time.perf_counter() - t2, 2),
+                  "what": "4-bit MatMul weights in blocks of input channels, block scales as uint4 x a float per "
+                          "output channel (LPBQ)"}
+    bits = sorted(set(chosen.values()))
+    return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
+            "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
+            "float_nodes": {"count": len(float_nodes), "what": "residual adds, RMSNorms and RoPE table lookups (fp16 on the HTP)"},
+            "calibration_method": "MinMax", "ranges_seconds": round(ranges_s, 2), **({"blocks": blocks} if blocks else {}),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def quantize_job(job: dict) -> dict:
+    """`quantize_decoder` in a worker process: its result, or the error as a dict."""
+    from ..core.errors import ModelExportError
+    try:
+        cal = CalibrationSet(job["samples"], "text", job["source"])
+        return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
+                                job.get("block_size", 0))
+    except ModelExportError as e:
+        return e.as_data()

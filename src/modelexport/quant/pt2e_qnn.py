@@ -1,0 +1,187 @@
+"""ExecuTorch's QnnQuantizer driven by modelexport's precision names.
+
+The precision table is quant.precision's (8a8w, 16a8w, 16a16w, 16a4w, fp16) plus ExecuTorch's
+block-wise 4-bit `16a4w_block` (weights int4 in blocks of `block_size` input channels, each with
+its own scale; needs HTP V69+). `fp16` means no quantizer and the HTP's float16 mode.
+
+Per-module overrides (`--override 'REGEX=PRECISION'`) use the quantizer's submodule mechanism
+(`set_submodule_qconfig_list`): a node takes the first override whose regex matches one of the
+module paths in its `nn_module_stack` (as ExecuTorch's QuantRecipe.add_regex matches), otherwise
+the default. Block sizes are given per node (`set_block_size_map`) to every conv/linear whose
+config is 16a4w_block.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import InputError
+from .override_spec import split_override
+from .precision import PRECISIONS, Precision
+from ..core.targets import SoC, require_feature
+
+BLOCK = Precision("16a4w_block", 16, 4, "QUInt16", "QInt4", 5.0, "block_quant_4bit",
+                  "uint16 activations, int4 weights with one scale per block of input channels (LPBQ)")
+ET_PRECISIONS: dict[str, Precision] = {**PRECISIONS, BLOCK.name: BLOCK}
+QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w", "16a4w": "use_16a4w",
+               "16a4w_block": "use_16a4w_block"}
+DEFAULT_BLOCK_SIZE = 64
+# What the quantizer does beyond the plan (part of the compile cache key: change it when this file's recipe changes).
+RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
+
+
+def get_et_precision(name: str) -> Precision:
+    key = name.strip().lower().replace("-", "_")
+    key = {"w4a16_block": "16a4w_block", "16a4wblock": "16a4w_block", "lpbq": "16a4w_block"}.get(key, key)
+    if key in ET_PRECISIONS:
+        return ET_PRECISIONS[key]
+    try:
+        from . import get_precision
+        return get_precision(name)
+    except InputError:
+        raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(ET_PRECISIONS)}") from None
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    precision: Precision
+
+    def matches(self, paths: list[str]) -> bool:
+        return any(re.search(self.pattern, p) for p in paths if p)
+
+
+def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
+    out = []
+    for spec in specs or []:
+        pattern, prec = split_override(spec, "layers\\.0\\.mlp=16a8w")
+        p = get_et_precision(prec)
+        if not p.quantized:
+            raise InputError(f"--override {spec!r}: a {p.name} override inside a quantized graph is not offered",
+                             f"use a quantized precision ({', '.join(QUANT_DTYPE)}), or compile the whole model as fp16")
+        if not default.quantized:
+            raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
+                             "give --precision 8a8w/16a8w/... and override the modules that need another one")
+        out.append(Override(pattern, p))
+    return out
+
+
+def module_paths(node) -> list[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    return [v[0] for v in stack.values() if v and v[0]]
+
+
+@dataclass
+class QuantPlan:
+    precision: Precision
+    overrides: list[Override] = field(default_factory=list)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    matched: dict[str, int] = field(default_factory=dict)    # override pattern → nodes it matched
+    block_quantized_nodes: int = 0
+
+    def precision_of(self, node) -> Precision:
+        paths = module_paths(node)
+        for o in self.overrides:
+            if o.matches(paths):
+                return o.precision
+        return self.precision
+
+    @property
+    def uses_block(self) -> bool:
+        return any(p.name == "16a4w_block" for p in (self.precision, *(o.precision for o in self.overrides)))
+
+    def check_target(self, soc: SoC) -> None:
+        for p in {self.precision, *(o.precision for o in self.overrides)}:
+            if p.feature:
+                require_feature(soc, p.feature, f"precision {p.name}")
+
+    def key(self) -> dict:
+        """What shapes the quantization (for the cache key): no per-run counts."""
+        return {"precision": self.precision.name, "overrides": [(o.pattern, o.precision.name) for o in self.overrides],
+                "block_size": self.block_size if self.uses_block else None}
+
+    def describe(self) -> dict:
+        d: dict[str, Any] = {"precision": self.precision.name}
+        if self.overrides:
+            d["overrides"] = [{"regex": o.pattern, "precision": o.precision.name, "nodes": self.matched.get(o.pattern, 0)}
+                              for o in self.overrides]
+        if any(p.name == "16a4w_block" for p in (self.precision, *(o.precision for o in self.overrides))):
+            d["block_size"] = self.block_size
+            d["block_quantized_nodes"] = self.block_quantized_nodes
+        return d
+
+
+def _module_qconfig(p: Precision):
+    """Per-channel conv/linear weights; activation ranges by MinMaxObserver (the true min/max over
+    every calibration sample: the moving average ExecuTorch defaults to under-ranges a short
+    calibration set, as its own LLM recipes note by choosing MinMaxObserver)."""
+    from executorch.backends.qualcomm.quantizer.quantizer import ModuleQConfig, QuantDtype
+    from torchao.quantization.pt2e import MinMaxObserver
+    return ModuleQConfig(getattr(QuantDtype, QUANT_DTYPE[p.name]), is_conv_per_channel=True, is_linear_per_channel=True,
+                         act_observer=MinMaxObserver)
+
+
+def _block_shape(node, block_size: int) -> tuple | None:
+    """(1, block, 1, 1) for conv2d weights (O, I, kh, kw); (1, block) for linear (O, I)."""
+    import torch
+    if node.target == torch.ops.aten.conv2d.default:
+        w = node.args[1].meta.get("val")
+        if w is not None and w.shape[1] % block_size == 0:
+            return (1, block_size, 1, 1)
+    if node.target == torch.ops.aten.linear.default:
+        w = node.args[1].meta.get("val")
+        if w is not None and w.shape[1] % block_size == 0:
+            return (1, block_size)
+    return None
+
+
+def build_quantizer(plan: QuantPlan, soc: SoC):
+    """A QnnQuantizer with the plan's default and overrides. The per-node parts (block sizes, which
+    nodes each override matched) are worked out at annotation time, on the graph the quantizer's
+    own transforms produced, so node names are the ones it looks up."""
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
+
+    from ..toolchain.executorch_env.chipset import chipset
+
+    class PlannedQuantizer(QnnQuantizer):
+        def annotate(self, model):
+            plan.matched.clear()
+            blocks = {}
+            for node in model.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                paths = module_paths(node)
+                hit = next((o for o in plan.overrides if o.matches(paths)), None)
+                if hit is not None:
+                    plan.matched[hit.pattern] = plan.matched.get(hit.pattern, 0) + 1
+                if (hit.precision if hit else plan.precision).name == "16a4w_block":
+                    shape = _block_shape(node, plan.block_size)
+                    if shape:
+                        blocks[node.name] = shape
+            self.set_block_size_map(blocks)
+            plan.block_quantized_nodes = len(blocks)
+            return super().annotate(model)
+
+    quantizer = PlannedQuantizer(soc_model=chipset(soc))
+    quantizer.default_quant_config = _module_qconfig(plan.precision)
+    if plan.overrides:
+        def predicate_for(o: Override):
+            return lambda node: o.matches(module_paths(node))
+        quantizer.set_submodule_qconfig_list([(predicate_for(o), _module_qconfig(o.precision)) for o in plan.overrides])
+    return quantizer
+
+
+def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple]) -> Any:
+    """prepare_pt2e → run every calibration sample → convert_pt2e."""
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from ..toolchain.native_io import capture_native_output
+    quantizer = build_quantizer(plan, soc)
+    with capture_native_output():        # the quantizer prints ("No quant config ...") to stdout
+        prepared = prepare_pt2e(gm, quantizer)
+    with torch.no_grad():
+        for s in samples:
+            prepared(*s)
+    with capture_native_output():
+        return convert_pt2e(prepared)
