@@ -7,11 +7,28 @@ for `modelexport.compile(nn_module, ...)` to work too.
 """
 from __future__ import annotations
 
+import functools
+import inspect as _signature
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .core.errors import InputError, UnsupportedError
 from .core.registry import Registry
+
+
+def _public(fn):
+    """A user's wrong keyword or argument count is an InputError naming what the function takes, not a TypeError."""
+    sig = _signature.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise InputError(f"modelexport.{fn.__name__}: {e}",
+                             f"it takes: {', '.join(n for n in sig.parameters if n not in ('more', 'options'))}") from None
+        return fn(*args, **kwargs)
+    return checked
 
 # kind → audit function (model, target=, precision=, input_shapes=, calibration=, log_path=)
 AUDITORS: Registry[Callable[..., Any]] = Registry("auditor")
@@ -34,6 +51,7 @@ _torch_audit.options = ("example_inputs", "overrides", "block_size", "rewrites",
 AUDITORS.register("torch")(_torch_audit)
 
 
+@_public
 def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
           calibration=None, log_path: str | Path | None = None, **options: Any):
     """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
@@ -64,8 +82,7 @@ def _is_model_like(x: Any) -> bool:
     from .backends.spec import PartSpec
     if isinstance(x, (str, Path, PartSpec)):
         return True
-    from .frontends import FRONTENDS, _load_builtin
-    _load_builtin()
+    from .frontends import FRONTENDS
     return any(fe.accepts(x) for _, fe in FRONTENDS)
 
 
@@ -77,33 +94,33 @@ def _default_output(model: Any) -> Path:
     return Path(f"{stem}_bundle")
 
 
+@_public
 def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
-            output_format: str | None = None, vtcm_mb: int | None = None, optimization_level: int = 3, strict: bool = False,
-            use_cache: bool = True, jobs: int | None = None, per_channel: bool = True, backend: str | None = None,
-            progress: Callable[[str, float, float], None] | None = None, example_inputs: Any = None,
-            overrides: list[str] | None = None, block_size: int | None = None, rewrites: list[str] | None = None,
-            fallback: str | None = None, variants: Any = None, max_seq_len: int | None = None,
-            context_limit_mb: float | None = None, calibration_samples: int | None = None, dynamic_shapes: Any = None):
+            backend: str | None = None, progress: Callable[[str, float, float], None] | None = None,
+            example_inputs: Any = None, **options: Any):
     """Compile one or more models (or a pipeline .yaml) for one or more targets into one bundle → Bundle.
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
-    defaults to `<name>_bundle` in the working directory."""
+    defaults to `<name>_bundle` in the working directory.
+
+    `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
+    output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
+    PyTorch models also block_size, rewrites, fallback, dynamic_shapes; LLMs (GGUF / HF folder) also
+    block_size, variants, max_seq_len, context_limit_mb, calibration_samples. An option another
+    format takes, or none does, is an InputError."""
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]
     out = Path(output) if output is not None else _default_output(model)
-    options = dict(target=target, precision=precision, input_shapes=input_shapes, output_format=output_format,
-                   vtcm_mb=vtcm_mb, optimization_level=optimization_level, strict=strict, use_cache=use_cache, jobs=jobs,
-                   per_channel=per_channel, backend=backend, overrides=overrides, block_size=block_size,
-                   rewrites=rewrites, fallback=fallback, variants=variants, max_seq_len=max_seq_len,
-                   context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, dynamic_shapes=dynamic_shapes)
-    memo = _bundle_memo([model, *more], example_inputs, calibration, options)
+    memo = _bundle_memo([model, *more], example_inputs, calibration,
+                        dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend))
     restored = memo.restore(out, force) if memo else None
     if restored is not None:
         from .contract.bundle import Bundle
         return Bundle.from_trusted(restored)
-    bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, **options)
+    bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, target, precision,
+                          input_shapes, backend, options)
     if memo is not None:
         memo.store(bundle.path)
     return bundle
@@ -111,18 +128,16 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
 def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, options: dict[str, Any]):
     """The whole-bundle memo for file inputs (modelexport.contract.bundle_memo), or None."""
-    if example_inputs is not None or options["dynamic_shapes"] is not None:
+    if example_inputs is not None or options.get("dynamic_shapes") is not None:
         return None
     from .contract.bundle_memo import BundleMemo
     return BundleMemo.for_compile(models, calibration, options)
 
 
-def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, *, target, precision,
-                 input_shapes, output_format, vtcm_mb, optimization_level, strict, use_cache, jobs, per_channel, backend,
-                 overrides, block_size, rewrites, fallback, variants, max_seq_len, context_limit_mb, calibration_samples,
-                 dynamic_shapes):
+def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
+                 input_shapes, backend, options: dict[str, Any]):
     from .backends import backend_for_kind
-    from .backends.spec import CompileOptions, PartSpec
+    from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
     from .pipeline import is_pipeline, load_pipeline
     if example_inputs is not None:
@@ -145,27 +160,15 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
     be = backend_for_kind(kinds.pop(), backend)
-    # LLMs: block-wise 4-bit weights (per-channel 4-bit loses too much: SmolLM2 stops answering)
-    default_precision = "16a4w_block" if be.name == "llm_qnn" else "8a8w"
     for p in parts:
         if p.precision is None:
-            p.precision = default_precision
-    opts = CompileOptions(targets=targets or ["SM8650"], output_format=output_format or be.default_format, vtcm_mb=vtcm_mb,
-                          optimization_level=optimization_level, strict=strict, use_cache=use_cache, jobs=jobs,
-                          per_channel=per_channel, overrides=list(overrides or []), block_size=block_size,
-                          rewrites=list(rewrites or []), fallback=fallback, dynamic_shapes=dynamic_shapes)
-    if variants is not None or max_seq_len is not None or context_limit_mb is not None or calibration_samples is not None:
-        if be.name != "llm_qnn":
-            raise InputError("--variants / --max-seq-len / --context-limit-mb apply to LLMs (a GGUF file or HF folder)",
-                             "leave them out for this model")
-        from .backends.llm_qnn.compile import parse_variants
-        opts.variants = parse_variants(variants)
-        opts.max_seq_len = max_seq_len
-        opts.context_limit_mb = context_limit_mb
-        opts.calibration_samples = calibration_samples
+            p.precision = be.default_precision
+    opts = build_options(be.options, {**options, "targets": targets or ["SM8650"],
+                                      "output_format": options.get("output_format") or be.default_format})
     return be.compile(parts, output, opts, force=force, progress=progress)
 
 
+@_public
 def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
         perf_profile: str | None = None, repeat: int = 1):
     """Run a bundle's compiled graph on the HTP simulator → RunResult (outputs, timings)."""
@@ -173,6 +176,7 @@ def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None 
     return runner_for(bundle).run(bundle, inputs, random, part, target, perf_profile, repeat)
 
 
+@_public
 def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str | None = None,
            min_sqnr: float | None = None, max_samples: int | None = None):
     """Float model on CPU vs compiled graph on the simulator → VerifyReport (SQNR, cosine, max abs error)."""
@@ -180,6 +184,7 @@ def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str
     return runner_for(bundle).verify(bundle, inputs, part, target, min_sqnr, max_samples)
 
 
+@_public
 def inspect(path: str | Path) -> dict:
     from .inspection import inspect_path
     return inspect_path(path)

@@ -7,12 +7,12 @@ new registration.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
 from ..core.errors import InputError
 from ..core.registry import Registry
+from .spec import CompileOptions
 
 
 @dataclass(frozen=True)
@@ -22,30 +22,26 @@ class Backend:
     compile: Callable[..., object]
     description: str = ""
     formats: tuple[str, ...] = ()      # output formats it writes, default first
+    options: type[CompileOptions] = CompileOptions   # the keyword options its compile takes
+    default_precision: str = "8a8w"
 
     @property
     def default_format(self) -> str:
         return self.formats[0] if self.formats else "context-binary"
 
 
-BACKENDS: Registry[Backend] = Registry("backend")
-_BUILTIN = ("modelexport.backends.ort_qnn.compile", "modelexport.backends.executorch_qnn.compile", "modelexport.backends.llm_qnn.compile")
+BACKENDS: Registry[Backend] = Registry("backend", plugins="backend")
 
 
-def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = ()):
+def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = (),
+            options: type[CompileOptions] = CompileOptions, default_precision: str = "8a8w"):
     def add(fn: Callable[..., object]):
-        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats))
+        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats, options, default_precision))
         return fn
     return add
 
 
-def _load_builtin() -> None:
-    for mod in _BUILTIN:
-        importlib.import_module(mod)
-
-
 def backend_for_kind(kind: str, name: str | None = None) -> Backend:
-    _load_builtin()
     if name:
         b = BACKENDS.get(name)
         if kind not in b.kinds:

@@ -19,6 +19,7 @@ class PartSpec:
 
 @dataclass
 class CompileOptions:
+    """Options every format takes (ONNX models: exactly these)."""
     targets: list[str] = field(default_factory=lambda: ["SM8650"])
     output_format: str = "context-binary"
     vtcm_mb: int | None = None
@@ -28,14 +29,53 @@ class CompileOptions:
     use_cache: bool = True
     jobs: int | None = None
     random_samples: int = 8
-    # PyTorch → ExecuTorch (.pte) only
     overrides: list[str] = field(default_factory=list)   # 'REGEX=PRECISION' per-module precisions
+
+
+@dataclass
+class TorchCompileOptions(CompileOptions):
+    """PyTorch → ExecuTorch (.pte)."""
+    output_format: str = "pte"
     block_size: int | None = None                        # 16a4w_block: input channels per scale
     rewrites: list[str] = field(default_factory=list)    # opt-in rewrite passes (modelexport.passes)
     fallback: str | None = None                          # where QNN-refused nodes go: xnnpack (default) | portable
     dynamic_shapes: Any = None                           # torch.export dynamic_shapes (Python API; the HTP refuses them)
-    # LLMs (GGUF / HF folder → static decoders) only
-    variants: list[int] | None = None                    # arN graphs, e.g. [32, 1]
+
+
+@dataclass
+class LlmCompileOptions(CompileOptions):
+    """LLMs (GGUF / HF folder → static decoders)."""
+    block_size: int | None = None                        # 16a4w_block: input channels per scale
+    variants: Any = None                                 # arN graphs, e.g. "ar1,ar32" or [32, 1]
     max_seq_len: int | None = None                       # context of the static decoders
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
     calibration_samples: int | None = None               # samples per variant from the calibration text
+
+
+# Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.
+OPTION_OWNERS = {TorchCompileOptions: "PyTorch models", LlmCompileOptions: "LLMs (a GGUF file or HF folder)"}
+
+
+def build_options(options_type: type[CompileOptions], given: dict[str, Any]) -> CompileOptions:
+    """The typed options of one format from keyword arguments; an InputError for an option that is not
+    this format's (unset values, None and empty lists, count as not given)."""
+    from dataclasses import fields
+    mine = {f.name for f in fields(options_type)}
+    out, wrong = {}, []
+    for name, value in given.items():
+        if name in mine:
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        elif value not in (None, [], ()):
+            wrong.append(name)
+    if wrong:
+        from ..core.errors import InputError
+        known = {f.name for t in OPTION_OWNERS for f in fields(t)}
+        owners = sorted({owner for t, owner in OPTION_OWNERS.items() for f in fields(t) if f.name in wrong})
+        unknown = [w for w in wrong if w not in known]
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}",
+                             f"compile takes: {', '.join(sorted(known | mine))}")
+        flags = " / ".join("--" + w.replace("_", "-") for w in wrong)
+        raise InputError(f"{flags} apply to {' and '.join(owners)}", "leave them out for this model")
+    return options_type(**out)

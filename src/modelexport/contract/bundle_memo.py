@@ -135,7 +135,8 @@ class BundleMemo:
         calib = _calibration_fingerprint(calibration)
         if calib is None or any(f is None for f in fingerprints):
             return None
-        opts = {k: v for k, v in options.items() if k not in ("use_cache", "jobs", "force", "progress")}
+        opts = {k: v for k, v in sorted(options.items())         # unset (None, []) and given-as-unset hash alike
+                if k not in ("use_cache", "jobs", "force", "progress") and v not in (None, [], ())}
         key = cache_key(NAMESPACE, fingerprints, calib, opts, _toolchain_fingerprint(), _code_fingerprint())
         return cls(key, Cache())
 

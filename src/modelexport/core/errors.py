@@ -3,6 +3,10 @@
 Every failure that is the user's to fix (a wrong target, a corrupt file, a missing toolchain)
 is a `ModelExportError` carrying what is wrong and how to fix it. The CLI prints those two
 lines and exits non-zero without a traceback; anything else is a bug and keeps its traceback.
+
+Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU fallback,
+4 an artifact's files do not match its manifest, 5 verify's numbers are below the threshold,
+6 not supported (yet), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -45,10 +49,16 @@ class CalibrationError(ModelExportError):
     """Calibration data is missing or does not match the model's inputs."""
 
 
-class UnsupportedError(ModelExportError):
-    """Part of the model would not run on HTP and the user asked for strictness."""
+class StrictFallbackError(ModelExportError):
+    """`--strict` and some nodes fall back to the CPU."""
 
     exit_code = 3
+
+
+class UnsupportedError(ModelExportError):
+    """Something modelexport does not do (yet): an op, an architecture, a format, a feature of this host."""
+
+    exit_code = 6
 
 
 class IntegrityError(ModelExportError):

@@ -9,9 +9,18 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    """`plugins`: a group of `core.plugins.PLUGINS` imported on first lookup (they fill this registry)."""
+
+    def __init__(self, kind: str, plugins: str | None = None):
         self.kind = kind
+        self.plugins = plugins
         self._items: dict[str, T] = {}
+
+    def _load(self) -> None:
+        if self.plugins:
+            from .plugins import load_plugins
+            group, self.plugins = self.plugins, None   # once; set before importing, which registers here
+            load_plugins(group)
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
@@ -22,6 +31,7 @@ class Registry(Generic[T]):
         return add
 
     def get(self, name: str) -> T:
+        self._load()
         try:
             return self._items[name]
         except KeyError:
@@ -29,10 +39,13 @@ class Registry(Generic[T]):
                              f"choose one of: {', '.join(sorted(self._items))}") from None
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
+        self._load()
         return name in self._items
 
     def __iter__(self) -> Iterator[tuple[str, T]]:
+        self._load()
         return iter(sorted(self._items.items()))

@@ -6,7 +6,6 @@ that accepts the input, so supporting a new input kind is one new registration (
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,10 +22,7 @@ class Frontend:
     load: Callable[..., Any]
 
 
-FRONTENDS: Registry[Frontend] = Registry("frontend")
-# Modules that register frontends when imported (the ONNX one here; others add theirs).
-_BUILTIN = ("modelexport.frontends.onnx_model", "modelexport.frontends.torch_frontend",
-            "modelexport.frontends.gguf_file", "modelexport.frontends.hf_folder")
+FRONTENDS: Registry[Frontend] = Registry("frontend", plugins="frontend")
 
 
 def frontend(name: str, kind: str, accepts: Callable[[Any], bool]):
@@ -36,13 +32,7 @@ def frontend(name: str, kind: str, accepts: Callable[[Any], bool]):
     return add
 
 
-def _load_builtin() -> None:
-    for mod in _BUILTIN:
-        importlib.import_module(mod)
-
-
 def find_frontend(obj: Any) -> Frontend:
-    _load_builtin()
     for _, fe in FRONTENDS:
         if fe.accepts(obj):
             return fe

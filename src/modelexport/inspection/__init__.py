@@ -5,12 +5,12 @@ Other modules add inspectors for their formats with `@inspector(...)`.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..core.errors import InputError
+from ..core.plugins import load_plugins
 
 
 @dataclass(frozen=True)
@@ -35,22 +35,11 @@ def inspector(name: str, detect: Callable[[Path], bool], first: bool = False):
     return add
 
 
-# Modules that register readers when imported, in the order they are asked (a `first=True` reader
-# goes before the others). A missing module is a bug, not an option: no ImportError is swallowed.
-_BUILTIN = ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
-            "modelexport.frontends.gguf_inspect", "modelexport.backends.ort_qnn.inspect")
-
-
-def _load_builtin() -> None:
-    for mod in _BUILTIN:
-        importlib.import_module(mod)
-
-
 def inspect_path(path: str | Path) -> dict:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p} does not exist", "check the path")
-    _load_builtin()
+    load_plugins("inspector")      # the readers register themselves (core.plugins)
     for ins in _inspectors:
         if ins.detect(p):
             return {"kind": ins.name, "path": str(p)} | ins.read(p)

@@ -14,7 +14,6 @@ runtimes that generate text on this host.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -94,17 +93,12 @@ def _norm(options: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # backends: name -> opener(source, options) -> LLM
-LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backend")
-# Modules that register openers when imported: the CPU one here, the simulator one by the format that
-# writes LLM bundles (a string, so this layer does not import the backends above it).
-_OPENERS = ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session")
+# The CPU opener is here (llm.openers); the simulator's comes with the format that writes LLM bundles.
+LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backend", plugins="LLM backend")
 
 
 def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     """Open `source` (GGUF file, HF folder, ExecuTorch `.pte`, or an LLM bundle) on `backend`."""
-    for module in _OPENERS:
-        importlib.import_module(module)
-
     opts = LoadOptions(**options)
     path = Path(source)
     if not path.exists():

@@ -22,10 +22,10 @@ from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
 from ...contract.manifest import Encoding, SourceModel
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
 from .. import backend
-from ..spec import CompileOptions, PartSpec
+from ..spec import CompileOptions, PartSpec, TorchCompileOptions
 
 FORMATS = ("pte",)
 FALLBACKS = ("xnnpack", "portable")
@@ -170,16 +170,16 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
             "load_s": round(sess.load_seconds, 4), "run_s": run_s}
 
 
-@backend("executorch_qnn", kinds=("torch",), formats=FORMATS,
+@backend("executorch_qnn", kinds=("torch",), formats=FORMATS, options=TorchCompileOptions,
          description="ExecuTorch: QnnQuantizer, QNN delegate (HTP) + XNNPACK fallback, .pte")
-def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
+def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileOptions | None = None, force: bool = False,
                   progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every PyTorch part for every target into one bundle at `out` → the opened Bundle."""
     from .specs import qnn_ready
     from .lower import SEGMENT_ALIGNMENT
     from .pipeline import prepare
     from ...quant.pt2e_qnn import RECIPE
-    opts = options or CompileOptions()
+    opts = options or TorchCompileOptions()
     say = progress or (lambda msg, done, total: None)
     t_start = time.perf_counter()
     out = Path(out)
@@ -247,7 +247,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: CompileOption
                 strict_failures.append(f"{name} on {target}: " + ", ".join(f"{r['name']} ({r['op_type']})" for r in off[:8])
                                        + (" ..." if len(off) > 8 else ""))
         if opts.strict and strict_failures:
-            raise UnsupportedError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
+            raise StrictFallbackError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
                                    "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
         say("writing the bundle", done, steps)
         return _write_bundle(out, force, preps, socs, built, opts, fallback, state, cache, t_start)

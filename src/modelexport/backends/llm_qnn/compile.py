@@ -28,16 +28,15 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
 from ...contract.manifest import SourceModel
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
-from ..spec import CompileOptions, PartSpec
+from ..spec import LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ToolchainError, UnsupportedError, VerificationError
+from ...core.errors import InputError, ToolchainError, VerificationError
 from ...quant.precision import get_precision
 from ...core.targets import SoC, get_target, require_feature
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
@@ -83,7 +82,6 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     from ...frontends import find_frontend
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from ...llm.tokenizers import from_transformers
-    from ...quant.calibration import CalibrationSet
     from ...llm.text import tokenize
     from .calibration import calibration_samples, part_samples
     from .onnx_export import DecoderPart, export_part
@@ -214,16 +212,17 @@ def _raise(err: dict) -> None:
     raise getattr(E, err["type"], E.ModelExportError)(err["problem"], err.get("fix"))
 
 
+# Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
 @backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
-         formats=("context-binary",))
-def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
+         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block")
+def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
                 progress: Callable[[str, float, float], None] | None = None) -> Any:
     from ...toolchain.qairt import find_qairt
     from ...llm.text import read_text
     from .source import check_source
     import onnxruntime
 
-    opts = options or CompileOptions()
+    opts = options or LlmCompileOptions()
     say = progress or (lambda msg, done, total: None)
     t_start = time.perf_counter()
     out = Path(out)
@@ -244,8 +243,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
                          f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
     if block_size < 0 or (block_size and block_size % 16):
         raise InputError(f"--block-size {block_size}: give a positive multiple of 16 (e.g. 32 or 64)")
-    variants = parse_variants(getattr(opts, "variants", None))
-    max_seq_len = int(getattr(opts, "max_seq_len", None) or DEFAULT_MAX_SEQ_LEN)
+    variants = parse_variants(opts.variants)
+    max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
     if max_seq_len <= max(variants):
         raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
     socs: list[SoC] = []
@@ -266,8 +265,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     if spec.calibration == "random":
         raise InputError("LLMs are calibrated on real text, not random data",
                          "give a text file with --calibration (default: lee_background.cor)")
-    n_samples = int(getattr(opts, "calibration_samples", None) or DEFAULT_CALIBRATION_SAMPLES)
-    limit_mb = float(getattr(opts, "context_limit_mb", None) or DEFAULT_CONTEXT_LIMIT_MB)
+    n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
+    limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     timings: dict[str, Any] = {}

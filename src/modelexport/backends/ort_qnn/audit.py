@@ -10,7 +10,6 @@ name. The EP's framework op trace (`enable_framework_op_trace`) adds its `unsupp
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess

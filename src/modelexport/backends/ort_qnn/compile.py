@@ -24,7 +24,7 @@ from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
 from ...contract.manifest import Encoding, SourceModel
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
 from ...quant import Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
@@ -316,7 +316,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
             strict_failures.append(f"{p.name} on {job['target']}: " + ", ".join(f"{n} ({o})" for n, o in fb[:8])
                                    + (" ..." if len(fb) > 8 else ""))
     if opts.strict and strict_failures:
-        raise UnsupportedError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
+        raise StrictFallbackError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
                                "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
     with BundleWriter(out, force) as w:
         m = w.manifest

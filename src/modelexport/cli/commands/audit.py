@@ -7,7 +7,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ...core.errors import UnsupportedError
+from ...core.errors import StrictFallbackError
 from ..app import STATUS_STYLE, app, console, emit_json, progress
 
 
@@ -70,5 +70,5 @@ def audit(
                       f"[bold red]{len(report.fallbacks)} node(s) fall back to the CPU[/]")
     if strict and not report.ok:
         ops = ", ".join(f"{k}×{v}" for k, v in tot["fallback_ops"].items())
-        raise UnsupportedError(f"--strict: {len(report.fallbacks)} node(s) fall back to the CPU ({ops})",
+        raise StrictFallbackError(f"--strict: {len(report.fallbacks)} node(s) fall back to the CPU ({ops})",
                                "see the reasons and fixes above (or --json), change the model, then audit again")

@@ -1,0 +1,28 @@
+"""The built-in plugins: the modules that register frontends, backends, bundle inspectors and LLM
+runtimes when they are imported, by the registry they fill.
+
+This table is the one place that names modules by string. A registry imports its group on first
+use, so a lower layer (the frontends' or inspectors' registry, `modelexport.llm.load`) finds what
+a higher one registered (a backend's inspector, the simulator's LLM runtime) without importing
+it, and a command loads only the groups it uses. A new format or input kind adds its module here.
+"""
+from __future__ import annotations
+
+import importlib
+
+PLUGINS: dict[str, tuple[str, ...]] = {
+    "frontend": ("modelexport.frontends.onnx_model", "modelexport.frontends.torch_frontend",
+                 "modelexport.frontends.gguf_file", "modelexport.frontends.hf_folder"),
+    "backend": ("modelexport.backends.ort_qnn.compile", "modelexport.backends.executorch_qnn.compile",
+                "modelexport.backends.llm_qnn.compile"),
+    # asked in this order (a reader registered with first=True goes before the others)
+    "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
+                  "modelexport.frontends.gguf_inspect", "modelexport.backends.ort_qnn.inspect"),
+    "LLM backend": ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session"),
+}
+
+
+def load_plugins(group: str) -> None:
+    """Import every module of `group` (each registers itself; a second call costs nothing)."""
+    for module in PLUGINS[group]:
+        importlib.import_module(module)
