@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ...core.errors import InputError
 
@@ -91,3 +92,25 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
                     hidden = [mod(*[torch.from_numpy(s[x]) for x in mod.input_names()])[0].numpy() for s in ps]
     merged.seconds = time.perf_counter() - t0
     return [merged]
+
+
+SOURCE = "float decoder (re-exported from the source) vs the bundle's QDQ fake-quant graph on the CPU EP"
+
+
+def llm_per_layer_verify(bundle, inputs, part, target, threshold_db, min_sqnr, max_samples) -> tuple[Any, list, str]:
+    """→ (VerifyReport from the per-layer run's logits, [PerLayerReport], where the numbers come from). The
+    compiled graphs' agreement with fake-quant is what `modelexport eval` measures."""
+    layers = llm_per_layer(bundle, inputs, part, threshold_db, max_samples)
+    return _logits_report(bundle, layers[0], min_sqnr), layers, SOURCE
+
+
+def _logits_report(bundle, pl, min_sqnr):
+    """A VerifyReport for an LLM bundle from its per-layer run: the last module's (lm_head's) numbers."""
+    from ...quant import get_precision
+    from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
+    last = pl.layers[-1]
+    threshold = min_sqnr if min_sqnr is not None else get_precision(pl.precision).min_sqnr_db
+    g = GraphCheck(pl.part, "cpu fake-quant", pl.precision, threshold, pl.samples, "calibration text (held out)")
+    g.outputs.append(OutputCheck(f"logits ({last.name})", last.sqnr_db, last.cosine, last.max_abs_error, None,
+                                 last.sqnr_db >= threshold))
+    return VerifyReport(str(bundle.path), [g])
