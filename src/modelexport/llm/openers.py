@@ -56,22 +56,17 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
     kind = source_kind(path)
     info: dict = {"source": str(path), "source_kind": kind}
     tokenizer = None
-    if kind == "bundle":
+    if kind == "bundle":   # LLM bundles hold NPU graphs: the CPU program is built from the model they came from
         bundle = open_llm_bundle(path)
-        pte = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "cpu-pte"), None)
-        if pte is not None:
-            kind, path = "pte", pte
-            tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer"), None)
-            tokenizer = load_tokenizer(tok_file) if tok_file else None
-        else:  # build the CPU program from the model the bundle was compiled from
-            src = bundle.manifest.source
-            if not src.path or not Path(src.path).exists():
-                raise InputError(f"bundle {path} carries no CPU program and its source model "
-                                 f"({src.path or 'not recorded'}) is not on this machine",
-                                 "run generate on the GGUF or HF folder itself, or use --backend htp-sim")
-            path = Path(src.path)
-            kind = source_kind(path)
-            info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)
+        src = bundle.manifest.source
+        if not src.path or not Path(src.path).exists():
+            raise InputError(f"bundle {path} carries no CPU program and its source model "
+                             f"({src.path or 'not recorded'}) is not on this machine",
+                             "run generate on the GGUF or HF folder itself, or use --backend htp-sim")
+        from ..frontends.source_hash import recorded_source
+        path = recorded_source(bundle.manifest, "building its CPU program")
+        kind = source_kind(path)
+        info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)
     if kind in ("gguf", "hf"):
         t0 = time.perf_counter()
         eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len)

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import CalibrationError, InputError
+from ..core.errors import CalibrationError, InputError, IntegrityError
 
 DEFAULT_TEXT_ASSET = "lee_background"
 
@@ -43,3 +43,16 @@ def tokenize(tokenizer, text: str, n: int) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(i) for i in ids][:n]
+
+
+def recorded_text(manifest, why: str):
+    """The calibration text a bundle recorded, re-read by a later step: same path, same sha256."""
+    cal = (manifest.calibration or {}).get("llm", {})
+    text_path = cal.get("text")
+    if not text_path or not Path(text_path).exists():
+        raise InputError(f"the bundle's calibration text {text_path} is gone", "put it back, or recompile with --calibration TEXT")
+    text = read_text(text_path)
+    if cal.get("sha256") and text.sha256 != cal["sha256"]:
+        raise IntegrityError(f"the bundle's calibration text {text_path} changed since it was compiled ({why} would "
+                             "compare on other text)", "put back the text the bundle was calibrated on, or recompile with --calibration TEXT")
+    return text

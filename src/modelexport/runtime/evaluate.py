@@ -143,6 +143,9 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         if not source.exists():
             raise InputError(f"the float stage needs the source model {source}, which is not on this machine",
                              "run eval with --stages fake-quant,htp-sim")
+        if bundle is not None:
+            from ..frontends.source_hash import recorded_source
+            recorded_source(bundle.manifest, "the float stage")
         say("loading the float model")
         flt, loaded = float_runner(source, seq, variants)
         from ..llm.tokenizers import from_transformers

@@ -27,7 +27,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from ...frontends import find_frontend
     from ...quant.pt2e_qnn import get_et_precision
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
-    from ...llm.text import read_text, tokenize
+    from ...llm.text import tokenize
     from .calibration import calibration_samples, part_samples
     from .onnx_export import DecoderPart, PartRange, export_part
     from ...quant.llm_graphs import module_path
@@ -51,17 +51,14 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     chain = sorted((g for g in graphs if g.extra["n_tokens"] == n), key=lambda g: g.extra["part_index"])
 
     t0 = time.perf_counter()
-    src = Path(m.source.path)
-    if not src.exists():
-        raise InputError(f"the bundle's source model {src} is gone: per-layer numerics need the float model",
-                         "put the model back at that path (or recompile the bundle from where it is now)")
-    text_path = (m.calibration or {}).get("llm", {}).get("text")
-    if not text_path or not Path(text_path).exists():
-        raise InputError(f"the bundle's calibration text {text_path} is gone", "put it back, or recompile with --calibration TEXT")
+    from ...frontends.source_hash import recorded_source
+    from ...llm.text import recorded_text
+    src = recorded_source(m, "per-layer numerics")
+    text = recorded_text(m, "per-layer numerics")
     llm = find_frontend(str(src)).load(str(src))
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     k = max_samples or DEFAULT_SAMPLES
-    ids = tokenize(tok, read_text(text_path).text, seq * (k + 3))
+    ids = tokenize(tok, text.text, seq * (k + 3))
     held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
     samples = calibration_samples(llm.model, held_out, [n], seq, k)[n]
     dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)

@@ -141,7 +141,7 @@ def open_session(bundle, stage: str = "htp-sim"):
 
 
 # bundle graph kinds that hold compiled HTP code
-_HTP_GRAPH_KINDS = ("context-binary", "epcontext-onnx", "pte-method", "qnn-pte")
+_HTP_GRAPH_KINDS = ("context-binary",)
 
 
 @LLM_BACKENDS.register("htp-sim")

@@ -2,13 +2,13 @@
 so a bad input costs nothing and leaves nothing behind."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import InputError
 from ...frontends.loaded_llm import check_architecture
+from ...frontends.source_hash import source_sha256
 
 
 @dataclass
@@ -18,15 +18,6 @@ class SourceFacts:
     architecture: str
     context_length: int | None
     sha256: str
-
-
-def _hf_sha(folder: Path) -> str:
-    from ...core.file_hash import file_sha256
-    h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and (f.suffix in (".json", ".safetensors", ".model", ".txt", ".jinja")):
-            h.update(f.name.encode() + file_sha256(f).encode())
-    return h.hexdigest()
 
 
 def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
@@ -73,8 +64,9 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         if not _has_tokenizer(p):
             raise InputError(f"{p} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
                              "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
-        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), _hf_sha(p))
+        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), source_sha256(p))
     if facts.context_length and max_seq_len > facts.context_length:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
                          f"use --max-seq-len {facts.context_length} or less")
     return facts
+
