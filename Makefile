@@ -29,6 +29,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "[setup] chromium not installed (needs root): the browser test will be skipped"; }
 
 test: $(STAMP) browser
+	$(BIN)/python scripts/check_layout.py
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
 
 # The SmolLM2 16a4w and 16a8w compile tests (about 8 minutes each, cold, on 2 quiet cores); not part of `make test`.
