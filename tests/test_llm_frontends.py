@@ -203,7 +203,6 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_gguf_info(smollm2_gguf):
     info = read_gguf_info(smollm2_gguf)
     assert info.architecture == "llama" and info.supported
@@ -220,7 +219,6 @@ def test_smollm2_gguf_info(smollm2_gguf):
 
 
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_truncated(smollm2_gguf, tmp_path):
     cut = tmp_path / "cut.gguf"
     with open(smollm2_gguf, "rb") as f:
@@ -232,7 +230,6 @@ def test_smollm2_truncated(smollm2_gguf, tmp_path):
 
 
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_static_decoder_matches_hf_and_answers_paris(smollm2_gguf):
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.llm.static_runner import StaticRunner

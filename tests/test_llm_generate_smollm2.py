@@ -17,7 +17,7 @@ from conftest import REPO, assert_clean_error
 # These run in `make test` (CI): the first run on a machine builds the 8da4w program (about 4
 # minutes on 2 cores, once: it is cached by content). The fp32 program takes ~9 minutes to build:
 # its test runs with `make test-heavy` only.
-pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.xdist_group("smollm2_cpu")]
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 HEAVY = pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
                            reason="heavy: run with `make test-heavy` (SmolLM2 fp32 XNNPACK export, ~9 min)")
 
