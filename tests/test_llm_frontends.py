@@ -18,14 +18,7 @@ from modelexport.frontends.hf_folder import load_hf_folder, write_hf_folder
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """2 OpenMP threads on 2 cores shared with other test workers run ~10x slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _byte_level_alphabet() -> list[str]:
