@@ -45,6 +45,13 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, from its installed asset package (`make setup`)."""
+    from modelexport.zoo.assets import asset_path
+    return asset_path("smollm2_gguf")
+
+
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """A user's mistake: non-zero exit, a message naming it, and no Python traceback."""
     assert proc.returncode != 0, proc.stdout

