@@ -33,6 +33,25 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For files of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): they
+    gain nothing from threads, and 2 OpenMP threads on 2 cores shared with other test workers run
+    ~10x slower than one."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, from its installed asset package (`make setup`)."""
+    from modelexport.zoo.assets import asset_path
+    return asset_path("smollm2_gguf")
+
+
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """A user's mistake: non-zero exit, a message naming it, and no Python traceback."""
     assert proc.returncode != 0, proc.stdout

@@ -1,9 +1,12 @@
-"""A tiny real Llama (random weights, seeded) and a byte-level tokenizer for it, built in-process.
+"""Tiny real Llama-family models (one shared config, random weights, seeded) and a byte-level
+tokenizer for them, built in-process.
 
 The tokenizer is a real `tokenizers` byte-level BPE with 256 byte tokens, `<s>`=256 and
 `</s>`=257 and a ChatML-like template; the model's vocabulary is 260 (a little padding, as real
 models have)."""
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -11,6 +14,11 @@ VOCAB = 260
 BOS, EOS = 256, 257
 TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
             "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+# Every tiny Llama-family test model's config fields (JSON-able: a child process can rebuild it).
+TINY_CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                   tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
+                   rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
 
 
 def tiny_tokenizer():
@@ -28,14 +36,19 @@ def tiny_tokenizer():
     return HFTokenizer(backend, bos_id=BOS, eos_ids=[EOS], add_bos=True, chat_template=TEMPLATE, source="tiny", kind="hf")
 
 
+def tiny_config(config_cls=None, **kw):
+    """`config_cls` (LlamaConfig by default; Qwen2Config and MistralConfig take the same fields) with
+    TINY_CONFIG's fields, `kw` overriding them."""
+    if config_cls is None:
+        from transformers import LlamaConfig as config_cls
+    return config_cls(**{**copy.deepcopy(TINY_CONFIG), **kw})   # a config keeps the rope dict it is given
+
+
 def tiny_llama(n_layers: int = 2, seed: int = 0, **kw):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
-                      rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, **kw)
+    cfg = tiny_config(num_hidden_layers=n_layers, **kw)
     model = LlamaForCausalLM(cfg).eval()
     # sharper logits than the default init, so greedy choices are well separated (no near-ties)
     with torch.no_grad():
@@ -46,12 +59,11 @@ def tiny_llama(n_layers: int = 2, seed: int = 0, **kw):
 def smollm2_shaped_llama(n_layers: int = 2, seed: int = 0):
     """Random weights in SmolLM2-135M's shapes (576 wide, 9 heads, 3 KV heads, head_dim 64, RoPE
     theta 100000) with the tiny vocabulary: some HTP behaviour shows only at these sizes."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=n_layers,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
+    cfg = tiny_config(hidden_size=576, intermediate_size=1536, num_hidden_layers=n_layers, num_attention_heads=9,
+                      num_key_value_heads=3, max_position_embeddings=2048,
                       rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})
     return LlamaForCausalLM(cfg).eval()
 

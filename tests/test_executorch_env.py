@@ -23,8 +23,6 @@ from modelexport.toolchain.executorch_env import (
     adapter_status, build_adapter, ensure_executorch_qnn, loaded_by_name, read_build_id)
 from modelexport.toolchain.executorch_env import environment as et_env
 
-pytestmark = pytest.mark.xdist_group("executorch_qnn")
-
 
 def _load_adapter_at_collection() -> None:
     """The adapter must own the name libQnnHtp.so before anything in the process loads QAIRT's

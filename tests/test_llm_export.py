@@ -233,20 +233,17 @@ def test_bad_block_options(cli, work, tmp_path, extra, words):
     assert not out.exists()
 
 
-def test_truncated_gguf(cli, tmp_path):
-    from modelexport.zoo.assets import asset_path
-    src = asset_path("smollm2_gguf")
+def test_truncated_gguf(cli, tmp_path, smollm2_gguf):
     bad = tmp_path / "cut.gguf"
-    with open(src, "rb") as f:
+    with open(smollm2_gguf, "rb") as f:
         bad.write_bytes(f.read(4 << 20))
     out = tmp_path / "out"
     assert_clean_error(_compile_cli(cli, bad, out), "truncated")
     assert not out.exists()
 
 
-def test_inspect_gguf(cli):
-    from modelexport.zoo.assets import asset_path
-    proc = cli("inspect", str(asset_path("smollm2_gguf")), "--json")
+def test_inspect_gguf(cli, smollm2_gguf):
+    proc = cli("inspect", str(smollm2_gguf), "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d["kind"] == "gguf" and d["architecture"] == "llama" and d["n_layers"] == 30

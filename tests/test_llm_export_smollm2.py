@@ -18,15 +18,14 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.heavy,
                                  reason="heavy: run with `make test-heavy` (cold SmolLM2 16a4w compile)")]
 
 
-def _compile(tmp_path_factory, precision: str):
+def _compile(tmp_path_factory, gguf, precision: str):
     import modelexport
-    from modelexport.zoo.assets import asset_path
     old = os.environ.get("MODELEXPORT_CACHE_DIR")
     # MODELEXPORT_SMOLLM2_CACHE: reuse a warm cache (e.g. the bench's) instead of a cold compile
     os.environ["MODELEXPORT_CACHE_DIR"] = os.environ.get("MODELEXPORT_SMOLLM2_CACHE") or str(
         tmp_path_factory.getbasetemp() / "modelexport-cache")
     try:
-        return modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path_factory.mktemp("smol") / "bundle",
+        return modelexport.compile(str(gguf), output=tmp_path_factory.mktemp("smol") / "bundle",
                                    target="SM8650", precision=precision, variants="ar1,ar32", max_seq_len=512)
     finally:
         if old is None:
@@ -36,18 +35,18 @@ def _compile(tmp_path_factory, precision: str):
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    return _compile(tmp_path_factory, "16a4w")
+def smol(tmp_path_factory, smollm2_gguf):
+    return _compile(tmp_path_factory, smollm2_gguf, "16a4w")
 
 
 @pytest.fixture(scope="module")
-def smol_16a8w(tmp_path_factory):
-    return _compile(tmp_path_factory, "16a8w")
+def smol_16a8w(tmp_path_factory, smollm2_gguf):
+    return _compile(tmp_path_factory, smollm2_gguf, "16a8w")
 
 
 @pytest.fixture(scope="module")
-def smol_block(tmp_path_factory):
-    return _compile(tmp_path_factory, "16a4w_block")
+def smol_block(tmp_path_factory, smollm2_gguf):
+    return _compile(tmp_path_factory, smollm2_gguf, "16a4w_block")
 
 
 def _answer(bundle) -> str:

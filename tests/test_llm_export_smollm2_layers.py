@@ -13,12 +13,11 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
+def bundle(tmp_path_factory, smollm2_gguf):
     import modelexport
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    from modelexport.zoo.assets import asset_path
 
-    llm = load_gguf_causal_lm(asset_path("smollm2_gguf"))
+    llm = load_gguf_causal_lm(smollm2_gguf)
     model = copy.deepcopy(llm.model)
     model.model.layers = model.model.layers[:2]
     model.config.num_hidden_layers = 2

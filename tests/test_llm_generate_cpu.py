@@ -13,8 +13,6 @@ from conftest import assert_clean_error
 from llm_tiny import BOS, EOS, hf_greedy, tiny_llama, tiny_tokenizer
 from modelexport.core.errors import InputError
 
-pytestmark = pytest.mark.xdist_group("llm_cpu_tiny")
-
 
 def _export(folder, quant: str, fast: bool = True, n_layers: int = 2, max_seq_len: int = 96, prefill_chunk: int = 0):
     from modelexport.llm.cpu.export import CpuExportOptions, export_pte

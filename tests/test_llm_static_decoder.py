@@ -6,35 +6,24 @@ import types
 import pytest
 import torch
 
+from llm_tiny import TINY_CONFIG, tiny_config
 from modelexport.core.errors import InputError
 from modelexport.llm.static_decoder import (
     StaticDecoderConfig, build_static_decoder, example_inputs, make_attention_mask, make_position_ids)
 from modelexport.llm.static_runner import StaticRunner
 
 MAX_SEQ = 32
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models gain nothing from threads, and 2 OpenMP threads on 2 shared cores thrash."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tiny(kind: str):
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
     torch.manual_seed({"llama": 0, "llama_tied": 1, "qwen2": 2, "mistral": 3}[kind])
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=False))
-    elif kind == "mistral":
-        model = MistralForCausalLM(MistralConfig(**TINY, tie_word_embeddings=False))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=kind == "llama_tied"))
+    cfg_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                          "mistral": (MistralConfig, MistralForCausalLM)}.get(kind, (LlamaConfig, LlamaForCausalLM))
+    # 256 tokens, none of them padding: the output shapes below count on it
+    model = model_cls(tiny_config(cfg_cls, vocab_size=256, pad_token_id=None, tie_word_embeddings=kind == "llama_tied"))
     with torch.no_grad():  # large random weights (incl. the Qwen2 q/k/v biases) so differences show
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -225,7 +214,7 @@ def test_every_decoder_op_is_delegated_to_htp_fp16():
     import subprocess
     import sys
     for attempt in range(2):
-        proc = subprocess.run([sys.executable, "-c", _QNN_LOWERING, json.dumps(TINY)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _QNN_LOWERING, json.dumps(TINY_CONFIG)], capture_output=True,
                               text=True, timeout=900)
         lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
         assert lines, proc.stderr[-3000:]

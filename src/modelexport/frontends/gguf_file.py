@@ -3,8 +3,8 @@
 `read_gguf_info` reads only the header through the `gguf` package (metadata, tensor table,
 tokenizer kind, chat template) and checks that every tensor's data lies inside the file.
 `load_gguf_causal_lm` lets transformers dequantize the weights (`from_pretrained(...,
-gguf_file=...)`), keeping the architecture the GGUF states; only Llama-family architectures
-(those the static decoder rebuilds) are accepted.
+gguf_file=...)`), keeping the architecture the GGUF states; only the families of
+`llm_families.FAMILIES` are accepted.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
-from .loaded_llm import SUPPORTED_ARCHITECTURES, LoadedLLM, check_architecture
+from .llm_families import BY_MODEL_TYPE, SUPPORTED_GGUF_ARCHITECTURES
+from .loaded_llm import LoadedLLM, check_architecture
 from . import frontend
 
 
@@ -62,7 +63,7 @@ class GgufInfo:
 
     @property
     def supported(self) -> bool:
-        return self.architecture in SUPPORTED_ARCHITECTURES
+        return self.architecture in SUPPORTED_GGUF_ARCHITECTURES
 
     def to_dict(self, *, with_tensors: bool = True) -> dict[str, Any]:
         d = asdict(self)
@@ -200,7 +201,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 
     path = Path(path)
     info, reader = _read_info(path)
-    check_architecture(info.architecture, str(path))
+    check_architecture(info.architecture, str(path), SUPPORTED_GGUF_ARCHITECTURES)
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
                          "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
@@ -213,11 +214,12 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except (ValueError, OSError, KeyError) as e:
         raise InputError(f"transformers could not load {path}: {type(e).__name__}: {e}",
-                         "check that the GGUF is a complete llama/qwen2/mistral model file") from None
+                         f"check that the GGUF is a complete {'/'.join(SUPPORTED_GGUF_ARCHITECTURES)} model file") from None
     model.eval()
     model_type = model.config.model_type
-    # llama.cpp files Mistral under "llama"; transformers then builds MistralForCausalLM (same shape).
-    if model_type != info.architecture and not (info.architecture == "llama" and model_type == "mistral"):
+    # a family lists the GGUF names it is filed under (llama.cpp files Mistral under "llama")
+    family = BY_MODEL_TYPE.get(model_type)
+    if family is None or info.architecture not in family.gguf_architectures:
         raise InputError(f"{path} states architecture {info.architecture!r} but transformers built {model_type!r}")
     chat_template = info.chat_template or _template_of(tokenizer)
     if chat_template and not _template_of(tokenizer):

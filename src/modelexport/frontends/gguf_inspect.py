@@ -17,10 +17,10 @@ def _is_gguf(p: Path) -> bool:
 @inspector("gguf", _is_gguf)
 def inspect_gguf(p: Path) -> dict:
     from .gguf_file import read_gguf_info
-    from .loaded_llm import SUPPORTED_ARCHITECTURES
+    from .llm_families import SUPPORTED_GGUF_ARCHITECTURES
     info = read_gguf_info(p)
     d = info.to_dict()
-    d["supported_architectures"] = list(SUPPORTED_ARCHITECTURES)
+    d["supported_architectures"] = list(SUPPORTED_GGUF_ARCHITECTURES)
     d["note"] = ("compile it: modelexport compile MODEL.gguf --target SM8650 --variants ar1,ar32 --max-seq-len 512 -o OUT"
                  if info.supported else f"architecture {info.architecture!r} is not supported by the static decoder")
     return d

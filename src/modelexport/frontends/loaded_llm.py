@@ -6,9 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
-
-# Llama-family decoders the static decoder can rebuild. SmolLM/SmolLM2 are "llama".
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+from .llm_families import SUPPORTED_ARCHITECTURES
 
 
 @dataclass
@@ -18,7 +16,7 @@ class LoadedLLM:
     config: Any           # model.config
     source: Path          # the GGUF file or the HF folder
     source_format: str    # "gguf" or "hf"
-    architecture: str     # "llama", "qwen2", "mistral"
+    architecture: str     # a model_type of llm_families.FAMILIES: "llama", "qwen2", ...
     chat_template: str | None = None
     gguf_info: Any = None  # GgufInfo when loaded from a GGUF
     load_seconds: float | None = None
@@ -50,10 +48,12 @@ class LoadedLLM:
         return sorted(ids)
 
 
-def check_architecture(arch: str | None, where: str) -> str:
-    """`arch` if the static decoder supports it, else an InputError naming what is supported."""
-    if arch not in SUPPORTED_ARCHITECTURES:
+def check_architecture(arch: str | None, where: str,
+                       supported: tuple[str, ...] = SUPPORTED_ARCHITECTURES) -> str:
+    """`arch` if it is in `supported` (HF model types, or a GGUF's names for them), else an
+    InputError naming what is supported."""
+    if arch not in supported:
         raise InputError(f"{where}: architecture {arch!r} is not supported",
-                         f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
+                         f"supported architectures: {', '.join(supported)} "
                          "(Llama-family decoders; SmolLM/SmolLM2 are llama)")
     return arch

@@ -61,9 +61,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
+from ..frontends.llm_families import BY_MODEL_TYPE, FAMILIES
 
 DEFAULT_MASK_VALUE = -255.0
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
 RMS_NORM_FORMS = ("aten", "decomposed", "scaled")
 ONNX_RMS_NORM = "scaled"   # the form the ONNX → QNN LLM path exports, calibrates and compares with
 
@@ -334,7 +335,8 @@ def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_n
 
 def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> None:
     model_type = getattr(hf_cfg, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    family = BY_MODEL_TYPE.get(model_type)
+    if family is None or not family.npu:
         raise InputError(f"model type {model_type!r} is not supported by the static decoder",
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family; SmolLM is llama)")
     act = getattr(hf_cfg, "hidden_act", "silu")
@@ -342,7 +344,7 @@ def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> None:
         raise UnsupportedError(f"MLP activation {act!r} is not supported (only SwiGLU with silu)")
     window = getattr(hf_cfg, "sliding_window", None)
     layer_types = getattr(hf_cfg, "layer_types", None) or []
-    uses_window = window is not None and (model_type == "mistral" or "sliding_attention" in layer_types
+    uses_window = window is not None and (family.sliding_window_always or "sliding_attention" in layer_types
                                           or getattr(hf_cfg, "use_sliding_window", False))
     if uses_window and window < cfg.max_seq_len:
         raise UnsupportedError(f"the model uses sliding-window attention ({window} tokens), "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import InputError
+from ...frontends.llm_families import SUPPORTED_GGUF_ARCHITECTURES
 from ...frontends.loaded_llm import check_architecture
 from ...frontends.source_hash import source_sha256
 
@@ -28,7 +29,7 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
     def check(tmp: Path) -> dict:
         from ...frontends.gguf_file import read_gguf_info
         info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
-        check_architecture(info.architecture, str(p))
+        check_architecture(info.architecture, str(p), SUPPORTED_GGUF_ARCHITECTURES)
         if info.tokenizer_model is None:
             raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
                              "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
@@ -36,7 +37,7 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
 
     entry, _ = Cache().get_or_create("gguf-facts", sha, check)
     meta = Cache.meta(entry)
-    check_architecture(meta["architecture"], str(p))   # the supported list may have changed since
+    check_architecture(meta["architecture"], str(p), SUPPORTED_GGUF_ARCHITECTURES)   # the list may have changed since
     return meta["architecture"], meta["context_length"]
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, UnsupportedError
+from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES
 
 EXPORT_FORMAT_VERSION = 8   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
@@ -108,21 +109,25 @@ _LAYER_NAMES = {
 
 
 def model_args_from_hf(config, max_seq_len: int):
-    """ExecuTorch `ModelArgs` for a HF llama/mistral/qwen2 config; UnsupportedError for what it lacks."""
+    """ExecuTorch `ModelArgs` for a HF config of a CPU family (`frontends/llm_families.py`);
+    UnsupportedError for what it lacks."""
     from executorch.examples.models.llama.model_args import ModelArgs
 
     mt = getattr(config, "model_type", None)
-    if mt not in ("llama", "mistral", "qwen2"):
-        raise UnsupportedError(f"the CPU runtime builds llama, mistral and qwen2 models, not {mt!r}")
+    family = BY_MODEL_TYPE.get(mt)
+    if family is None or not family.cpu:
+        *rest, last = (f.model_type for f in FAMILIES if f.cpu)
+        raise UnsupportedError(f"the CPU runtime builds {', '.join(rest)} and {last} models, not {mt!r}")
     if getattr(config, "mlp_bias", False):
         raise UnsupportedError("MLP biases are not supported by the CPU export")
-    qkv_bias = mt == "qwen2" or bool(getattr(config, "attention_bias", False))
-    if mt == "llama" and getattr(config, "attention_bias", False):
-        raise UnsupportedError("attention biases on a llama model (o_proj bias) are not supported by the CPU export")
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    qkv_bias = family.qkv_bias or attention_bias
+    if attention_bias and family.attention_bias_on_o_proj:
+        raise UnsupportedError(f"attention biases on a {mt} model (o_proj bias) are not supported by the CPU export")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedError(f"activation {config.hidden_act!r} is not supported (SwiGLU/silu only)")
-    if mt == "mistral" and getattr(config, "sliding_window", None) and config.sliding_window < max_seq_len:
-        raise UnsupportedError(f"this Mistral model uses a {config.sliding_window}-token sliding window; "
+    if family.sliding_window_always and getattr(config, "sliding_window", None) and config.sliding_window < max_seq_len:
+        raise UnsupportedError(f"this {family.label} model uses a {config.sliding_window}-token sliding window; "
                                f"the CPU export supports full attention only",
                                f"use --max-seq-len {config.sliding_window} or less")
     n_heads = config.num_attention_heads
