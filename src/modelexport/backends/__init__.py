@@ -1,9 +1,13 @@
-"""Backends: compile a loaded model into a bundle.
+"""Backends: one package per bundle format, each compiling a kind of loaded model into a bundle.
 
-Each backend registers itself with `@backend(name, kinds=(...))`, naming the kinds of loaded
-model it compiles ("onnx" for ONNX Runtime's QNN EP; an ExecuTorch backend will register
-"torch"). `modelexport.compile` picks the backend by the frontend's kind, so adding one is one
-new registration.
+    ort_qnn/         "onnx"  → EPContext models + QNN context binaries (ONNX Runtime's QNN EP)
+    executorch_qnn/  "torch" → .pte with the QNN delegate (ExecuTorch)
+    llm_qnn/         "llm"   → ar-N static decoders, weight-shared context binaries, Genie config
+
+Each registers itself with `@backend(name, kinds, formats, options, default_precision)` (its
+compile module is listed in `core.plugins`); `modelexport.compile` picks the backend by the
+frontend's kind and checks the keywords against the backend's options type. A new format is one
+new package and one line in the plugin table.
 """
 from __future__ import annotations
 
