@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import CalibrationError, InputError
+from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
 from .override_spec import split_override
 from .precision import get_precision
@@ -73,18 +74,6 @@ def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
     return out
 
 
-def module_path(node_name: str) -> str:
-    """'/decoder/model/layers.0/mlp/down_proj/MatMul' → 'model.layers.0.mlp.down_proj'."""
-    parts = [p for p in node_name.split("/") if p]
-    if parts and parts[0] == "decoder":
-        parts = parts[1:]
-    path = ".".join(parts[:-1])
-    # the TorchScript exporter drops the `model` scope of the backbone: put HF's name back
-    if path.split(".")[0] in ("layers", "embed_tokens", "norm", "rotary_emb"):
-        path = "model." + path
-    return path
-
-
 def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:
     """TensorQuantOverrides for every MatMul/Gather weight, and {module: weight bits} for the manifest."""
     from onnxruntime.quantization import QuantType
@@ -100,7 +89,7 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
             w, axis = node.input[0], None
         else:
             continue
-        mod = module_path(node.name)
+        mod = llm_module_path(node.name)
         bits = next((o.weight_bits for o in overrides if re.search(o.pattern, mod)), base_bits)
         chosen[mod] = bits
         if axis is None:   # the embedding table: per tensor (Gather data)
@@ -127,7 +116,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     tq, chosen = weight_overrides(model, precision, overrides)
     float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
     block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
-                   and n.input[1] in tq and chosen.get(module_path(n.name)) == 4}
+                   and n.input[1] in tq and chosen.get(llm_module_path(n.name)) == 4}
     del model
     t0 = time.perf_counter()
     root = logging.getLogger()

@@ -50,12 +50,12 @@ def tensor_overrides(model, overrides: list[OnnxOverride], default: Precision, p
     """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count})."""
     from onnxruntime.quantization import QuantType
 
-    from ..frontends.onnx_graph import module_path
+    from ..frontends.module_paths import onnx_module_path
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, list[dict]] = {}
     matched = {o.pattern: 0 for o in overrides}
     for node in model.graph.node:
-        hit = next((o for o in overrides if o.matches(module_path(node), node.name)), None)
+        hit = next((o for o in overrides if o.matches(onnx_module_path(node), node.name)), None)
         if hit is None:
             continue
         matched[hit.pattern] += 1

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import InputError
+from ..core.targets import SoC, require_feature
+from ..frontends.module_paths import fx_module_paths
 from .override_spec import split_override
 from .precision import PRECISIONS, Precision
-from ..core.targets import SoC, require_feature
 
 BLOCK = Precision("16a4w_block", 16, 4, "QUInt16", "QInt4", 5.0, "block_quant_4bit",
                   "uint16 activations, int4 weights with one scale per block of input channels (LPBQ)")
@@ -67,11 +68,6 @@ def parse_overrides(specs: list[str] | None, default: Precision) -> list[Overrid
     return out
 
 
-def module_paths(node) -> list[str]:
-    stack = node.meta.get("nn_module_stack") or {}
-    return [v[0] for v in stack.values() if v and v[0]]
-
-
 @dataclass
 class QuantPlan:
     precision: Precision
@@ -81,7 +77,7 @@ class QuantPlan:
     block_quantized_nodes: int = 0
 
     def precision_of(self, node) -> Precision:
-        paths = module_paths(node)
+        paths = fx_module_paths(node)
         for o in self.overrides:
             if o.matches(paths):
                 return o.precision
@@ -151,7 +147,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
             for node in model.graph.nodes:
                 if node.op != "call_function":
                     continue
-                paths = module_paths(node)
+                paths = fx_module_paths(node)
                 hit = next((o for o in plan.overrides if o.matches(paths)), None)
                 if hit is not None:
                     plan.matched[hit.pattern] = plan.matched.get(hit.pattern, 0) + 1
@@ -167,7 +163,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     quantizer.default_quant_config = _module_qconfig(plan.precision)
     if plan.overrides:
         def predicate_for(o: Override):
-            return lambda node: o.matches(module_paths(node))
+            return lambda node: o.matches(fx_module_paths(node))
         quantizer.set_submodule_qconfig_list([(predicate_for(o), _module_qconfig(o.precision)) for o in plan.overrides])
     return quantizer
 

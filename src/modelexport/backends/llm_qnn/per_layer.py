@@ -29,7 +29,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from ...llm.text import read_text, tokenize
     from .calibration import calibration_samples, part_samples
     from .onnx_export import DecoderPart, PartRange, export_part
-    from ...quant.llm_graphs import module_path
+    from ...frontends.module_paths import llm_module_path
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from ...llm.tokenizers import from_transformers
 
@@ -77,7 +77,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
             fpath = export_part(dec, pr, Path(tmp) / f"{g.name}.onnx")
             weights = set((info.get("quantization", {}).get(g.name) or {}).get("modules", {}))
             rep = per_layer(fpath, bundle.file(g.extra["quantized_model"]), ps, thr, precision, g.name,
-                            name_of=lambda node: module_path(node.name) or node.name,
+                            name_of=lambda node: llm_module_path(node.name) or node.name,
                             overridable=lambda name, w=weights: any(x.startswith(suggest_module(name)) for x in w))
             merged.layers.extend(rep.layers)
             for key in ("first_bad_layer", "suggestion", "suggestion_module", "culprit_layer"):

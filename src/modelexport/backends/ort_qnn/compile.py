@@ -161,7 +161,7 @@ def _node_rows(job, result, by_part) -> list[dict]:
     """Per-node placement of the first part and target, in the shape report.html reads."""
     from types import SimpleNamespace
 
-    from ...frontends.onnx_graph import module_path
+    from ...frontends.module_paths import onnx_module_path
     p = by_part[job["part"]]
     ins = {i.name for i in p.loaded.inputs}
     outs = {o.name for o in p.loaded.outputs}
@@ -173,7 +173,7 @@ def _node_rows(job, result, by_part) -> list[dict]:
             name, op = str(name), str(op)
             backend = "HTP" if ep == "QNNExecutionProvider" else ("CPU" if (name, op) in fallbacks else "io")
             row = {"name": name, "op_type": op, "backend": backend,
-                   "module_path": module_path(SimpleNamespace(name=name, metadata_props=[]))}
+                   "module_path": onnx_module_path(SimpleNamespace(name=name, metadata_props=[]))}
             if backend == "CPU":
                 row["reason"] = "placed on the CPU EP by the QNN EP"
                 row["fix"] = "run `modelexport audit MODEL --target ...` for the validator's reason and a fix"
