@@ -32,13 +32,15 @@ from ..core.errors import CalibrationError, InputError
 from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
 from .override_spec import split_override
-from .precision import get_precision
+from .precision import ONNX_PRECISIONS, get_precision
 
 # weight bits → (QuantType name, symmetric)
 _WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
 # by default the embedding table and lm_head keep 8-bit weights (ExecuTorch's 16a4w LLM recipes
 # do the same for lm_head); `--override 'lm_head=16a4w'` makes them 4-bit too.
 DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
+# what the QDQ quantizer here makes of a decoder; 16a4w_block is 16a4w whose 4-bit MatMul weights are
+# then rewritten in blocks (see quantize_decoder)
 LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
 # node names (TorchScript exporter: the module path, then the op) that stay float: the residual adds
 # of each layer (`/layers.3/Add`, `/layers.3/Add_1`), the layer norms and the final norm, and the
@@ -65,7 +67,7 @@ def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
     out = []
     for item in items:
         pat, prec = split_override(item, "lm_head=16a8w")
-        p = get_precision(prec)
+        p = get_precision(prec, ONNX_PRECISIONS)
         if not p.quantized or p.activation_bits != base.activation_bits:
             raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
                              f"({base.activation_bits}-bit activations)",

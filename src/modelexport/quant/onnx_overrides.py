@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..core.errors import InputError
 from .override_spec import split_override
-from .precision import Precision, get_precision
+from .precision import ONNX_PRECISIONS, Precision, get_precision
 
 _WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 _CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
@@ -35,7 +35,7 @@ def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[On
     out = []
     for spec in specs or []:
         pattern, prec = split_override(spec, "features\\.3\\.conv=16a8w")
-        p = get_precision(prec)
+        p = get_precision(prec, ONNX_PRECISIONS)
         if not p.quantized:
             raise InputError(f"--override {spec!r}: an fp16 island inside a quantized ONNX graph is not offered",
                              "override with a quantized precision (16a8w, 16a16w, 8a8w), or compile the whole model as fp16")

@@ -233,10 +233,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     spec = parts[0]
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
-    from ...quant.pt2e_qnn import get_et_precision
-    requested_precision = get_et_precision(spec.precision or "16a4w_block")
+    requested_precision = get_precision(spec.precision or "16a4w_block")
     requested = requested_precision.name
-    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested == "16a4w_block" else 0
+    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested_precision.block_wise else 0
     # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
     precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:

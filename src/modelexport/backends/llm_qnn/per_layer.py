@@ -24,7 +24,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     import torch
 
     from ...frontends import find_frontend
-    from ...quant.pt2e_qnn import get_et_precision
+    from ...quant.precision import get_precision
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
     from ...llm.text import read_text, tokenize
     from .calibration import calibration_samples, part_samples
@@ -66,7 +66,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)
 
     precision = m.precision or "16a4w"
-    thr = threshold_db if threshold_db is not None else get_et_precision(precision).min_sqnr_db
+    thr = threshold_db if threshold_db is not None else get_precision(precision).min_sqnr_db
     merged = PerLayerReport(f"ar{n}", precision, thr, len(samples))
     hidden = None
     with tempfile.TemporaryDirectory(prefix="mx-llm-float-") as tmp:

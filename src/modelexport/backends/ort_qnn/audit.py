@@ -21,7 +21,7 @@ from typing import Any
 
 from ...core.errors import ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
-from ...quant import get_precision, load_calibration
+from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
@@ -112,7 +112,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     """Place `model` on the QNN EP for `target` and explain every node the HTP does not take."""
     import onnx
     soc = get_target(target)
-    prec = get_precision(precision)
+    prec = get_precision(precision, ONNX_PRECISIONS)
     loaded: LoadedOnnx = load_onnx(model, input_shapes, allow_dynamic=True)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()

@@ -26,7 +26,7 @@ from ...contract.manifest import Encoding, SourceModel
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ToolchainError, UnsupportedError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
-from ...quant import Precision, get_precision, load_calibration
+from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
@@ -72,7 +72,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
     """Everything that can be wrong with the inputs is found here, before any heavy work."""
     parts, taken = [], set()
     for spec in specs:
-        prec = get_precision(spec.precision)
+        prec = get_precision(spec.precision, ONNX_PRECISIONS)
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
