@@ -8,6 +8,7 @@ import pytest
 from modelexport.core.errors import InputError
 from modelexport.frontends.module_paths import fx_module_path, fx_module_paths, llm_module_path, onnx_module_path
 from modelexport.quant.precision import ONNX_PRECISIONS, PRECISIONS, get_precision, precision_from_bitwidths
+from modelexport.quant.override_spec import Override, parse_override_specs
 
 
 def _refused(fn) -> InputError:
@@ -36,6 +37,36 @@ def test_the_onnx_path_refuses_block_wise_as_before():
     assert precision_from_bitwidths(16, 4, True).name == "16a4w"
     fix = _refused(lambda: precision_from_bitwidths(16, 2, True)).fix
     assert fix.count("--act-bitwidth 16 --weights-bitwidth 4") == 1
+
+
+def test_override_parser():
+    seen = []
+    out = parse_override_specs([r"layers\.0=lpbq", "a=b=16a8w"], "x=16a8w", lambda spec, p: seen.append((spec, p.name)))
+    assert out == [Override(r"layers\.0", PRECISIONS["16a4w_block"]), Override("a=b", PRECISIONS["16a8w"])]
+    assert seen == [(r"layers\.0=lpbq", "16a4w_block"), ("a=b=16a8w", "16a8w")]
+    assert out[0].matches(None, "", "model.layers.0.mlp") and not out[0].matches("layers.1", None)
+    ok = lambda spec, p: None  # noqa: E731
+    assert _refused(lambda: parse_override_specs(["fc"], "x=16a8w", ok)).fix == "e.g. --override 'x=16a8w'"
+    assert "not a regular expression" in _refused(lambda: parse_override_specs(["fc(=8a8w"], "x", ok)).problem
+    e = _refused(lambda: parse_override_specs(["fc=16a4w_block"], "x", ok, ONNX_PRECISIONS))
+    assert e.problem == "unknown precision '16a4w_block'"
+
+
+def test_every_path_parses_into_the_one_override_type_with_its_own_checks():
+    from modelexport.quant import llm_graphs, pt2e_qnn
+    from modelexport.quant.onnx_overrides import parse_onnx_overrides
+    q8 = PRECISIONS["8a8w"]
+    et = pt2e_qnn.parse_overrides(["fc=lpbq"], q8)
+    assert et == [Override("fc", PRECISIONS["16a4w_block"])]
+    assert pt2e_qnn.QuantPlan(q8, et, 16).key()["block_size"] == 16
+    assert pt2e_qnn.QuantPlan(q8, [], 16).key()["block_size"] is None
+    assert parse_onnx_overrides(["fc=16a8w"], q8) == [Override("fc", PRECISIONS["16a8w"])]
+    assert "unknown precision" in _refused(lambda: parse_onnx_overrides(["fc=lpbq"], q8)).problem
+    assert "fp16 island" in _refused(lambda: parse_onnx_overrides(["fc=fp16"], q8)).problem
+    assert "a fp16 override" in _refused(lambda: pt2e_qnn.parse_overrides(["fc=fp16"], q8)).problem
+    llm = llm_graphs.parse_overrides(["lm_head=16a8w"], "16a4w")
+    assert llm == [Override("lm_head", PRECISIONS["16a8w"])]
+    assert _refused(lambda: llm_graphs.parse_overrides(["lm_head=8a8w"], "16a4w")).fix == "use one of: 16a4w, 16a8w, 16a16w"
 
 
 def test_module_path_readers_say_what_they_read():

@@ -25,14 +25,13 @@ import logging
 import re
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import CalibrationError, InputError
 from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
-from .override_spec import split_override
-from .precision import ONNX_PRECISIONS, get_precision
+from .override_spec import Override, parse_override_specs
+from .precision import ONNX_PRECISIONS, Precision, get_precision
 
 # weight bits → (QuantType name, symmetric)
 _WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
@@ -52,28 +51,15 @@ FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_att
                          r"|^/rotary_emb/")
 
 
-@dataclass(frozen=True)
-class Override:
-    pattern: str
-    precision: str
-
-    @property
-    def weight_bits(self) -> int:
-        return get_precision(self.precision).weight_bits
-
-
 def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
     base = get_precision(base_precision)
-    out = []
-    for item in items:
-        pat, prec = split_override(item, "lm_head=16a8w")
-        p = get_precision(prec, ONNX_PRECISIONS)
+
+    def check(item: str, p: Precision) -> None:
         if not p.quantized or p.activation_bits != base.activation_bits:
             raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
                              f"({base.activation_bits}-bit activations)",
                              f"use one of: {', '.join(x for x in LLM_PRECISIONS if get_precision(x).activation_bits == base.activation_bits)}")
-        out.append(Override(pat, p.name))
-    return out
+    return parse_override_specs(items, "lm_head=16a8w", check, ONNX_PRECISIONS)
 
 
 def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:
@@ -92,7 +78,7 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
         else:
             continue
         mod = llm_module_path(node.name)
-        bits = next((o.weight_bits for o in overrides if re.search(o.pattern, mod)), base_bits)
+        bits = next((o.precision.weight_bits for o in overrides if o.matches(mod)), base_bits)
         chosen[mod] = bits
         if axis is None:   # the embedding table: per tensor (Gather data)
             tq[w] = [{"quant_type": QuantType.QUInt8 if bits <= 8 else QuantType.QUInt16, "symmetric": False}]

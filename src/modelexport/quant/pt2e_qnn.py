@@ -12,15 +12,14 @@ config is 16a4w_block.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import InputError
 from ..core.targets import SoC, require_feature
 from ..frontends.module_paths import fx_module_paths
-from .override_spec import split_override
-from .precision import Precision, get_precision
+from .override_spec import Override, parse_override_specs
+from .precision import Precision
 
 # the quantized precisions → ExecuTorch's QuantDtype member
 QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w", "16a4w": "use_16a4w",
@@ -30,28 +29,15 @@ DEFAULT_BLOCK_SIZE = 64
 RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
 
 
-@dataclass(frozen=True)
-class Override:
-    pattern: str
-    precision: Precision
-
-    def matches(self, paths: list[str]) -> bool:
-        return any(re.search(self.pattern, p) for p in paths if p)
-
-
 def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
-    out = []
-    for spec in specs or []:
-        pattern, prec = split_override(spec, "layers\\.0\\.mlp=16a8w")
-        p = get_precision(prec)
+    def check(spec: str, p: Precision) -> None:
         if not p.quantized:
             raise InputError(f"--override {spec!r}: a {p.name} override inside a quantized graph is not offered",
                              f"use a quantized precision ({', '.join(QUANT_DTYPE)}), or compile the whole model as fp16")
         if not default.quantized:
             raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
                              "give --precision 8a8w/16a8w/... and override the modules that need another one")
-        out.append(Override(pattern, p))
-    return out
+    return parse_override_specs(specs, "layers\\.0\\.mlp=16a8w", check)
 
 
 @dataclass
@@ -65,7 +51,7 @@ class QuantPlan:
     def precision_of(self, node) -> Precision:
         paths = fx_module_paths(node)
         for o in self.overrides:
-            if o.matches(paths):
+            if o.matches(*paths):
                 return o.precision
         return self.precision
 
@@ -134,7 +120,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
                 if node.op != "call_function":
                     continue
                 paths = fx_module_paths(node)
-                hit = next((o for o in plan.overrides if o.matches(paths)), None)
+                hit = next((o for o in plan.overrides if o.matches(*paths)), None)
                 if hit is not None:
                     plan.matched[hit.pattern] = plan.matched.get(hit.pattern, 0) + 1
                 if (hit.precision if hit else plan.precision).block_wise:
@@ -149,7 +135,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     quantizer.default_quant_config = _module_qconfig(plan.precision)
     if plan.overrides:
         def predicate_for(o: Override):
-            return lambda node: o.matches(fx_module_paths(node))
+            return lambda node: o.matches(*fx_module_paths(node))
         quantizer.set_submodule_qconfig_list([(predicate_for(o), _module_qconfig(o.precision)) for o in plan.overrides])
     return quantizer
 
