@@ -8,7 +8,7 @@ import pytest
 
 from modelexport.auditing.fixes import suggest_fix
 from modelexport.backends.ort_qnn.audit import parse_ep_log
-from modelexport.frontends.onnx_graph import _collapse
+from modelexport.frontends.module_paths import _collapse
 from modelexport.core.cache import Cache, cache_key
 from modelexport.core.errors import CalibrationError, InputError
 from modelexport.frontends.onnx_model import IOSpec, parse_input_shapes

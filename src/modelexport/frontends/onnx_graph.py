@@ -1,47 +1,7 @@
-"""What an ONNX node is, for people: its module path and its multiply-accumulate count."""
+"""What an ONNX node costs: its multiply-accumulate count (its module path: module_paths)."""
 from __future__ import annotations
 
-import ast
 import math
-import re
-
-# Metadata keys exporters use for the module a node came from (dynamo exporter, onnxscript).
-_SCOPE_KEYS = ("pkg.torch.onnx.name_scopes", "namespace", "pkg.torch.onnx.class_hierarchy")
-
-
-def _collapse(segments: list[str]) -> str | None:
-    """`['features', 'features.3', 'conv', 'conv.0', 'conv.0.0']` → `features.3.conv.0.0`.
-
-    The TorchScript exporter names each scope by the child's qualified name within its nearest
-    named ancestor, so a segment that extends the previous one replaces it."""
-    path: list[str] = []
-    for seg in segments:
-        seg = seg.strip()
-        if not seg:
-            continue
-        if path and seg.startswith(path[-1] + "."):
-            path[-1] = seg
-        else:
-            path.append(seg)
-    return ".".join(path) or None
-
-
-def module_path(node) -> str | None:
-    for prop in getattr(node, "metadata_props", []):
-        if prop.key in _SCOPE_KEYS[:2] and prop.value:
-            v = prop.value
-            try:
-                parsed = ast.literal_eval(v)
-                segs = [str(s) for s in parsed] if isinstance(parsed, (list, tuple)) else [str(parsed)]
-            except (ValueError, SyntaxError):
-                segs = re.split(r"[/:]", v)
-            found = _collapse(segs)
-            if found:
-                return found
-    name = node.name or ""
-    if name.startswith("/") and name.count("/") >= 2:
-        return _collapse(name.strip("/").split("/")[:-1])
-    return None
 
 
 def _shapes(model) -> dict[str, list[int]]:

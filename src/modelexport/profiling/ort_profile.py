@@ -120,7 +120,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
     ref_model = pfiles.get("quantized_model") or pfiles.get("float_model")
     ref_nodes = _onnx_nodes(bundle.file(ref_model)) if ref_model else {}
     ctx_nodes = _onnx_nodes(cg.epcontext)
-    from ..frontends.onnx_graph import module_path
+    from ..frontends.module_paths import onnx_module_path
     graph_io = {i["name"] for i in cg.graph.extra.get("onnx_inputs", [])} | {o["name"] for o in cg.graph.extra.get("onnx_outputs", [])}
 
     with tempfile.TemporaryDirectory(prefix="mx-prof-") as tmp:
@@ -175,7 +175,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
         times = [per_node.get(name, {}).get(r, 0.0) for r in sorted(measured)]
         node = ctx_nodes.get(name) or ref_nodes.get(name)
         io = op in _IO_OPS and name.rsplit("_", 1)[0] in graph_io
-        rows.append(ProfileRow(name, op, module_path(node) if node is not None else None,
+        rows.append(ProfileRow(name, op, onnx_module_path(node) if node is not None else None,
                                "CPU (graph io)" if io else "CPU fallback", median(times), None, 0.0,
                                "ORT profiler: CPU EP kernel time", [round(t, 2) for t in times]))
     qnn_totals = {"execute_us": [], "accelerator_us": [], "accelerator_cycles": []}
@@ -210,7 +210,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
             name = key[0]
             node = ref_nodes.get(name)
             if node is not None:
-                op, mp = node.op_type, module_path(node)
+                op, mp = node.op_type, onnx_module_path(node)
             elif name in ("Input", "Output"):
                 op, mp = f"graph {name.lower()} (QNN)", None
             else:

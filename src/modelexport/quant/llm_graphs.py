@@ -25,19 +25,21 @@ import logging
 import re
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import CalibrationError, InputError
+from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
-from .override_spec import split_override
-from .precision import get_precision
+from .override_spec import Override, parse_override_specs
+from .precision import ONNX_PRECISIONS, Precision, get_precision
 
 # weight bits → (QuantType name, symmetric)
 _WEIGHT_TYPES = {4: ("QInt4", True), 8: ("QInt8", True), 16: ("QInt16", True)}
 # by default the embedding table and lm_head keep 8-bit weights (ExecuTorch's 16a4w LLM recipes
 # do the same for lm_head); `--override 'lm_head=16a4w'` makes them 4-bit too.
 DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
+# what the QDQ quantizer here makes of a decoder; 16a4w_block is 16a4w whose 4-bit MatMul weights are
+# then rewritten in blocks (see quantize_decoder)
 LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
 # node names (TorchScript exporter: the module path, then the op) that stay float: the residual adds
 # of each layer (`/layers.3/Add`, `/layers.3/Add_1`), the layer norms and the final norm, and the
@@ -49,40 +51,15 @@ FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_att
                          r"|^/rotary_emb/")
 
 
-@dataclass(frozen=True)
-class Override:
-    pattern: str
-    precision: str
-
-    @property
-    def weight_bits(self) -> int:
-        return get_precision(self.precision).weight_bits
-
-
 def parse_overrides(items: list[str], base_precision: str) -> list[Override]:
     base = get_precision(base_precision)
-    out = []
-    for item in items:
-        pat, prec = split_override(item, "lm_head=16a8w")
-        p = get_precision(prec)
+
+    def check(item: str, p: Precision) -> None:
         if not p.quantized or p.activation_bits != base.activation_bits:
             raise InputError(f"--override {item!r}: only the weight bits can differ from --precision {base.name} "
                              f"({base.activation_bits}-bit activations)",
                              f"use one of: {', '.join(x for x in LLM_PRECISIONS if get_precision(x).activation_bits == base.activation_bits)}")
-        out.append(Override(pat, p.name))
-    return out
-
-
-def module_path(node_name: str) -> str:
-    """'/decoder/model/layers.0/mlp/down_proj/MatMul' → 'model.layers.0.mlp.down_proj'."""
-    parts = [p for p in node_name.split("/") if p]
-    if parts and parts[0] == "decoder":
-        parts = parts[1:]
-    path = ".".join(parts[:-1])
-    # the TorchScript exporter drops the `model` scope of the backbone: put HF's name back
-    if path.split(".")[0] in ("layers", "embed_tokens", "norm", "rotary_emb"):
-        path = "model." + path
-    return path
+    return parse_override_specs(items, "lm_head=16a8w", check, ONNX_PRECISIONS)
 
 
 def weight_overrides(model, base_precision: str, overrides: list[Override]) -> tuple[dict, dict]:
@@ -100,8 +77,8 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
             w, axis = node.input[0], None
         else:
             continue
-        mod = module_path(node.name)
-        bits = next((o.weight_bits for o in overrides if re.search(o.pattern, mod)), base_bits)
+        mod = llm_module_path(node.name)
+        bits = next((o.precision.weight_bits for o in overrides if o.matches(mod)), base_bits)
         chosen[mod] = bits
         if axis is None:   # the embedding table: per tensor (Gather data)
             tq[w] = [{"quant_type": QuantType.QUInt8 if bits <= 8 else QuantType.QUInt16, "symmetric": False}]
@@ -127,7 +104,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     tq, chosen = weight_overrides(model, precision, overrides)
     float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
     block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
-                   and n.input[1] in tq and chosen.get(module_path(n.name)) == 4}
+                   and n.input[1] in tq and chosen.get(llm_module_path(n.name)) == 4}
     del model
     t0 = time.perf_counter()
     root = logging.getLogger()

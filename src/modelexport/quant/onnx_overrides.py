@@ -11,51 +11,35 @@ extra option; mixed activation types get the quantizer's own convert nodes.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from ..core.errors import InputError
-from .override_spec import split_override
-from .precision import Precision, get_precision
+from .override_spec import Override, parse_override_specs
+from .precision import ONNX_PRECISIONS, Precision
 
 _WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 _CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
 
 
-@dataclass(frozen=True)
-class OnnxOverride:
-    pattern: str
-    precision: Precision
-
-    def matches(self, *names: str | None) -> bool:
-        return any(n and re.search(self.pattern, n) for n in names)
-
-
-def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[OnnxOverride]:
-    out = []
-    for spec in specs or []:
-        pattern, prec = split_override(spec, "features\\.3\\.conv=16a8w")
-        p = get_precision(prec)
+def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
+    def check(spec: str, p: Precision) -> None:
         if not p.quantized:
             raise InputError(f"--override {spec!r}: an fp16 island inside a quantized ONNX graph is not offered",
                              "override with a quantized precision (16a8w, 16a16w, 8a8w), or compile the whole model as fp16")
         if not default.quantized:
             raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
                              "give --precision 8a8w/16a8w/16a4w/... and override the modules that need another one")
-        out.append(OnnxOverride(pattern, p))
-    return out
+    return parse_override_specs(specs, "features\\.3\\.conv=16a8w", check, ONNX_PRECISIONS)
 
 
-def tensor_overrides(model, overrides: list[OnnxOverride], default: Precision, per_channel: bool) -> tuple[dict, dict]:
+def tensor_overrides(model, overrides: list[Override], default: Precision, per_channel: bool) -> tuple[dict, dict]:
     """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count})."""
     from onnxruntime.quantization import QuantType
 
-    from ..frontends.onnx_graph import module_path
+    from ..frontends.module_paths import onnx_module_path
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, list[dict]] = {}
     matched = {o.pattern: 0 for o in overrides}
     for node in model.graph.node:
-        hit = next((o for o in overrides if o.matches(module_path(node), node.name)), None)
+        hit = next((o for o in overrides if o.matches(onnx_module_path(node), node.name)), None)
         if hit is None:
             continue
         matched[hit.pattern] += 1

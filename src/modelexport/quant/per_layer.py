@@ -84,8 +84,8 @@ def _session(model):
 def layer_plan(float_model, qdq_model, name_of: Callable[[Any], str | None] | None = None) -> list[tuple[str, Any, str]]:
     """[(layer name, float node, qdq tensor name)] in graph order, one per layer; `name_of(node)`
     names a node's layer (default: the exporter's module path)."""
-    from ..frontends.onnx_graph import module_path
-    name_of = name_of or module_path
+    from ..frontends.module_paths import onnx_module_path
+    name_of = name_of or onnx_module_path
     q_consumers: dict[str, list] = {}
     for n in qdq_model.graph.node:
         for i in n.input:

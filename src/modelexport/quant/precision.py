@@ -1,7 +1,9 @@
-"""The precision table: a name → activation/weight types for ONNX Runtime's QNN quantizer.
+"""The precision table: a name → activation/weight types, for every format (ONNX Runtime's QNN
+quantizer, ExecuTorch's QnnQuantizer, the LLM path).
 
 Names follow ExecuTorch's QnnQuantizer ("16a8w" = 16-bit activations, 8-bit weights). `fp16`
 keeps the float graph and asks the HTP to run it in float16 (`enable_htp_fp16_precision=1`).
+`16a4w_block` is 16a4w with one weight scale per block of input channels (LPBQ, HTP V69+).
 The SQNR floors are the default pass marks of `modelexport verify` (dB, compiled vs float on the
 same inputs); `--min-sqnr` overrides them.
 """
@@ -22,6 +24,7 @@ class Precision:
     min_sqnr_db: float
     feature: str | None = None       # a targets.FEATURE_FLOORS entry the target must have
     description: str = ""
+    block_wise: bool = False         # weight scales per block of input channels, not per output channel
 
     @property
     def quantized(self) -> bool:
@@ -43,17 +46,34 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("16a8w", 16, 8, "QUInt16", "QUInt8", 18.0, None, "uint16 activations, uint8 per-channel weights"),
     Precision("16a16w", 16, 16, "QUInt16", "QInt16", 25.0, None, "uint16 activations, int16 symmetric weights"),
     Precision("16a4w", 16, 4, "QUInt16", "QInt4", 5.0, None, "uint16 activations, int4 symmetric per-channel weights"),
+    Precision("16a4w_block", 16, 4, "QUInt16", "QInt4", 5.0, "block_quant_4bit",
+              "uint16 activations, int4 weights with one scale per block of input channels (LPBQ)", block_wise=True),
 )}
 
+# ONNX Runtime's QDQ quantizer has no block-wise weights, so the ONNX path offers the others (the
+# LLM path makes 16a4w_block itself: 16a4w, then its MatMul weights rewritten, see block_weights).
+ONNX_PRECISIONS = tuple(n for n, p in PRECISIONS.items() if not p.block_wise)
 
-def get_precision(name: str) -> Precision:
-    key = name.strip().lower().replace("-", "").replace("_", "")
-    key = {"float16": "fp16", "w8a8": "8a8w", "w8a16": "16a8w", "w16a16": "16a16w", "w4a16": "16a4w",
-           "int8": "8a8w", "a8w8": "8a8w", "a16w8": "16a8w", "a16w16": "16a16w", "a16w4": "16a4w"}.get(key, key)
-    try:
-        return PRECISIONS[key]
-    except KeyError:
-        raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(PRECISIONS)}") from None
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "").replace("_", "")
+
+
+# other spellings (ONNX Runtime's w8a16, Qualcomm's LPBQ ...), by _key; the names themselves are added below
+ALIASES = {"float16": "fp16", "int8": "8a8w", "w8a8": "8a8w", "a8w8": "8a8w", "w8a16": "16a8w", "a16w8": "16a8w",
+           "w16a16": "16a16w", "a16w16": "16a16w", "w4a16": "16a4w", "a16w4": "16a4w",
+           "w4a16block": "16a4w_block", "lpbq": "16a4w_block"}
+_NAMES = {**{_key(n): n for n in PRECISIONS}, **ALIASES}
+
+
+def get_precision(name: str, offered: tuple[str, ...] | None = None) -> Precision:
+    """The table entry for `name` or one of its spellings; `offered` is the names a format takes
+    (default: all), anything else is refused as unknown, with that list as the fix."""
+    found = _NAMES.get(_key(name))
+    choices = offered or tuple(PRECISIONS)
+    if found not in choices:
+        raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(choices)}")
+    return PRECISIONS[found]
 
 
 def precision_from_bitwidths(act_bits: int | None, weight_bits: int | None, quantize: bool) -> Precision:
@@ -61,8 +81,9 @@ def precision_from_bitwidths(act_bits: int | None, weight_bits: int | None, quan
     if not quantize and act_bits is None and weight_bits is None:
         return PRECISIONS["fp16"]
     a, w = act_bits or 8, weight_bits or 8
-    for p in PRECISIONS.values():
-        if p.quantized and (p.activation_bits, p.weight_bits) == (a, w):
+    per_channel = [p for p in PRECISIONS.values() if p.quantized and not p.block_wise]
+    for p in per_channel:
+        if (p.activation_bits, p.weight_bits) == (a, w):
             return p
-    pairs = ", ".join(f"--act-bitwidth {p.activation_bits} --weights-bitwidth {p.weight_bits}" for p in PRECISIONS.values() if p.quantized)
+    pairs = ", ".join(f"--act-bitwidth {p.activation_bits} --weights-bitwidth {p.weight_bits}" for p in per_channel)
     raise InputError(f"no QNN precision with {a}-bit activations and {w}-bit weights", f"use one of: {pairs}")

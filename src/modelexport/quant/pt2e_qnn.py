@@ -1,8 +1,8 @@
 """ExecuTorch's QnnQuantizer driven by modelexport's precision names.
 
-The precision table is quant.precision's (8a8w, 16a8w, 16a16w, 16a4w, fp16) plus ExecuTorch's
-block-wise 4-bit `16a4w_block` (weights int4 in blocks of `block_size` input channels, each with
-its own scale; needs HTP V69+). `fp16` means no quantizer and the HTP's float16 mode.
+Every precision of quant.precision's table is offered, block-wise 4-bit `16a4w_block` included
+(weights int4 in blocks of `block_size` input channels, each with its own scale; needs HTP V69+).
+`fp16` means no quantizer and the HTP's float16 mode.
 
 Per-module overrides (`--override 'REGEX=PRECISION'`) use the quantizer's submodule mechanism
 (`set_submodule_qconfig_list`): a node takes the first override whose regex matches one of the
@@ -12,18 +12,16 @@ config is 16a4w_block.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import InputError
-from .override_spec import split_override
-from .precision import PRECISIONS, Precision
 from ..core.targets import SoC, require_feature
+from ..frontends.module_paths import fx_module_paths
+from .override_spec import Override, parse_override_specs
+from .precision import Precision
 
-BLOCK = Precision("16a4w_block", 16, 4, "QUInt16", "QInt4", 5.0, "block_quant_4bit",
-                  "uint16 activations, int4 weights with one scale per block of input channels (LPBQ)")
-ET_PRECISIONS: dict[str, Precision] = {**PRECISIONS, BLOCK.name: BLOCK}
+# the quantized precisions → ExecuTorch's QuantDtype member
 QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w", "16a4w": "use_16a4w",
                "16a4w_block": "use_16a4w_block"}
 DEFAULT_BLOCK_SIZE = 64
@@ -31,45 +29,15 @@ DEFAULT_BLOCK_SIZE = 64
 RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
 
 
-def get_et_precision(name: str) -> Precision:
-    key = name.strip().lower().replace("-", "_")
-    key = {"w4a16_block": "16a4w_block", "16a4wblock": "16a4w_block", "lpbq": "16a4w_block"}.get(key, key)
-    if key in ET_PRECISIONS:
-        return ET_PRECISIONS[key]
-    try:
-        from . import get_precision
-        return get_precision(name)
-    except InputError:
-        raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(ET_PRECISIONS)}") from None
-
-
-@dataclass(frozen=True)
-class Override:
-    pattern: str
-    precision: Precision
-
-    def matches(self, paths: list[str]) -> bool:
-        return any(re.search(self.pattern, p) for p in paths if p)
-
-
 def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
-    out = []
-    for spec in specs or []:
-        pattern, prec = split_override(spec, "layers\\.0\\.mlp=16a8w")
-        p = get_et_precision(prec)
+    def check(spec: str, p: Precision) -> None:
         if not p.quantized:
             raise InputError(f"--override {spec!r}: a {p.name} override inside a quantized graph is not offered",
                              f"use a quantized precision ({', '.join(QUANT_DTYPE)}), or compile the whole model as fp16")
         if not default.quantized:
             raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
                              "give --precision 8a8w/16a8w/... and override the modules that need another one")
-        out.append(Override(pattern, p))
-    return out
-
-
-def module_paths(node) -> list[str]:
-    stack = node.meta.get("nn_module_stack") or {}
-    return [v[0] for v in stack.values() if v and v[0]]
+    return parse_override_specs(specs, "layers\\.0\\.mlp=16a8w", check)
 
 
 @dataclass
@@ -81,15 +49,15 @@ class QuantPlan:
     block_quantized_nodes: int = 0
 
     def precision_of(self, node) -> Precision:
-        paths = module_paths(node)
+        paths = fx_module_paths(node)
         for o in self.overrides:
-            if o.matches(paths):
+            if o.matches(*paths):
                 return o.precision
         return self.precision
 
     @property
     def uses_block(self) -> bool:
-        return any(p.name == "16a4w_block" for p in (self.precision, *(o.precision for o in self.overrides)))
+        return any(p.block_wise for p in (self.precision, *(o.precision for o in self.overrides)))
 
     def check_target(self, soc: SoC) -> None:
         for p in {self.precision, *(o.precision for o in self.overrides)}:
@@ -106,7 +74,7 @@ class QuantPlan:
         if self.overrides:
             d["overrides"] = [{"regex": o.pattern, "precision": o.precision.name, "nodes": self.matched.get(o.pattern, 0)}
                               for o in self.overrides]
-        if any(p.name == "16a4w_block" for p in (self.precision, *(o.precision for o in self.overrides))):
+        if self.uses_block:
             d["block_size"] = self.block_size
             d["block_quantized_nodes"] = self.block_quantized_nodes
         return d
@@ -151,11 +119,11 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
             for node in model.graph.nodes:
                 if node.op != "call_function":
                     continue
-                paths = module_paths(node)
-                hit = next((o for o in plan.overrides if o.matches(paths)), None)
+                paths = fx_module_paths(node)
+                hit = next((o for o in plan.overrides if o.matches(*paths)), None)
                 if hit is not None:
                     plan.matched[hit.pattern] = plan.matched.get(hit.pattern, 0) + 1
-                if (hit.precision if hit else plan.precision).name == "16a4w_block":
+                if (hit.precision if hit else plan.precision).block_wise:
                     shape = _block_shape(node, plan.block_size)
                     if shape:
                         blocks[node.name] = shape
@@ -167,7 +135,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     quantizer.default_quant_config = _module_qconfig(plan.precision)
     if plan.overrides:
         def predicate_for(o: Override):
-            return lambda node: o.matches(module_paths(node))
+            return lambda node: o.matches(*fx_module_paths(node))
         quantizer.set_submodule_qconfig_list([(predicate_for(o), _module_qconfig(o.precision)) for o in plan.overrides])
     return quantizer
 

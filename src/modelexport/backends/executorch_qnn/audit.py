@@ -40,7 +40,8 @@ def is_qdq_name(target: str) -> bool:
 
 
 def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
-    from .lower import is_qdq, module_path
+    from ...frontends.module_paths import fx_module_path
+    from .lower import is_qdq
     from .partition import op_name
     out = []
     for node in edge_program.graph_module.graph.nodes:
@@ -52,7 +53,7 @@ def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
         if supported and is_qdq(node.target):
             continue  # (de)quantize nodes QNN takes become its tensors' encodings: not ops on the HTP
         backend = HTP if supported else CPU
-        n = NodeAudit(node.name, op, backend, module_path(node), macs=_macs(node))
+        n = NodeAudit(node.name, op, backend, fx_module_path(node), macs=_macs(node))
         if backend == CPU:
             n.reason = d.reason if d else "not seen by the QNN partitioner"
             source = source_fn(node)

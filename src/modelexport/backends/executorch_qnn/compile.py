@@ -111,8 +111,8 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         (tmp / "model.pte").write_bytes(et_program.buffer)
         t3 = time.perf_counter()
         report("checking the numerics on the HTP simulator")
-        from ...quant.pt2e_qnn import get_et_precision
-        numerics = _numerics(tmp / "model.pte", prep, get_et_precision(prep.precision.name).min_sqnr_db)
+        from ...quant.precision import get_precision
+        numerics = _numerics(tmp / "model.pte", prep, get_precision(prep.precision.name).min_sqnr_db)
         return {"placement": rows, "summary": delegation_summary(rows), "segment_alignment": alignment,
                 "quantize_s": round(t_quant, 3), "lower_s": round(t2 - t1, 3),
                 "to_executorch_s": round(t3 - t2, 3), "numerics_s": round(time.perf_counter() - t3, 3),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.targets import SoC
+from ...frontends.module_paths import fx_module_path
 from .partition import Decision, capture_native_output, op_name
 from .specs import compile_specs
 
@@ -94,15 +95,6 @@ def to_pte(edge, alignment: int = SEGMENT_ALIGNMENT):
         return edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=alignment))
 
 
-def module_path(node) -> str | None:
-    """`layers.3.mlp.act`: the innermost module of the node's nn_module_stack."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    return path or None
-
-
 def is_qdq(target) -> bool:
     name = op_name(target)
     return any(q in name for q in QDQ_OPS)
@@ -132,7 +124,7 @@ def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> 
         if is_qdq(node.target) and runtime != "portable":
             return
         d = decisions.get(node.name)
-        row = {"name": node.name, "op_type": _aten(node.target), "module_path": module_path(node),
+        row = {"name": node.name, "op_type": _aten(node.target), "module_path": fx_module_path(node),
                "backend": backend, "runtime": runtime}
         if backend != "HTP":
             from ...auditing.fixes import fix_for, source_fn

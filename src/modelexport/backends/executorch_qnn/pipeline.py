@@ -14,9 +14,9 @@ from ...core.errors import CalibrationError, InputError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
 from ...frontends.torch_module import LoadedModule
 from ...quant.calibration import CalibrationSet, load_calibration
-from ...quant.precision import Precision
+from ...quant.precision import Precision, get_precision
 from ...core.targets import SoC, get_target
-from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, get_et_precision, parse_overrides, quantize
+from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, parse_overrides, quantize
 
 RANDOM_SAMPLES = 8
 
@@ -121,7 +121,7 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
     from ...frontends.torch_frontend import load_torch
     from ...passes import apply_rewrites, get_pass
     soc = get_target(target)
-    prec = get_et_precision(precision)
+    prec = get_precision(precision)
     plan = QuantPlan(prec, parse_overrides(overrides, prec), block_size or DEFAULT_BLOCK_SIZE)
     if block_size is not None and block_size <= 0:
         raise InputError(f"--block-size {block_size} must be positive", "use 32, 64 or 128")

@@ -97,7 +97,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
                          f"use --max-seq-len {ctx} or less")
     prec = get_precision(precision)
-    bits = {o.pattern: o.weight_bits for o in overrides}
+    bits = {o.pattern: o.precision.weight_bits for o in overrides}
     embed_bits = next((b for p, b in bits.items() if "embed" in p), prec.weight_bits)
     head_bits = next((b for p, b in bits.items() if "lm_head" in p), prec.weight_bits)
     parts, mem = plan_parts(cfg, variants, max_seq_len, prec.weight_bits, prec.activation_bits, limit_mb,
@@ -232,10 +232,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     spec = parts[0]
     if opts.output_format not in ("context-binary",):
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
-    from ...quant.pt2e_qnn import get_et_precision
-    requested_precision = get_et_precision(spec.precision or "16a4w_block")
+    requested_precision = get_precision(spec.precision or "16a4w_block")
     requested = requested_precision.name
-    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested == "16a4w_block" else 0
+    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested_precision.block_wise else 0
     # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
     precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:
@@ -274,7 +273,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     # 1. QDQ graphs
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
-                     [(o.pattern, o.precision) for o in overrides], text.sha256, n_samples, limit_mb,
+                     [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
                      onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
@@ -388,7 +387,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                                format="gguf" if facts.format == "gguf" else "hf-folder",
                                description=f"{qmeta['architecture']}, {qmeta['n_params']:,} parameters")
         m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
-                     "precision": precision, "overrides": [f"{o.pattern}={o.precision}" for o in overrides],
+                     "precision": precision, "overrides": [f"{o.pattern}={o.precision.name}" for o in overrides],
                      "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
                      "context_limit_mb": limit_mb, "n_parts": n_parts}
         m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}

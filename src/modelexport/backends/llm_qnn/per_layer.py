@@ -25,12 +25,12 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     import torch
 
     from ...frontends import find_frontend
-    from ...quant.pt2e_qnn import get_et_precision
+    from ...quant.precision import get_precision
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
     from ...llm.text import tokenize
     from .calibration import calibration_samples, part_samples
     from .onnx_export import DecoderPart, PartRange, export_part
-    from ...quant.llm_graphs import module_path
+    from ...frontends.module_paths import llm_module_path
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from ...llm.tokenizers import from_transformers
 
@@ -64,7 +64,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)
 
     precision = m.precision or "16a4w"
-    thr = threshold_db if threshold_db is not None else get_et_precision(precision).min_sqnr_db
+    thr = threshold_db if threshold_db is not None else get_precision(precision).min_sqnr_db
     merged = PerLayerReport(f"ar{n}", precision, thr, len(samples))
     hidden = None
     with tempfile.TemporaryDirectory(prefix="mx-llm-float-") as tmp:
@@ -75,7 +75,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
             fpath = export_part(dec, pr, Path(tmp) / f"{g.name}.onnx")
             weights = set((info.get("quantization", {}).get(g.name) or {}).get("modules", {}))
             rep = per_layer(fpath, bundle.file(g.extra["quantized_model"]), ps, thr, precision, g.name,
-                            name_of=lambda node: module_path(node.name) or node.name,
+                            name_of=lambda node: llm_module_path(node.name) or node.name,
                             overridable=lambda name, w=weights: any(x.startswith(suggest_module(name)) for x in w))
             merged.layers.extend(rep.layers)
             for key in ("first_bad_layer", "suggestion", "suggestion_module", "culprit_layer"):

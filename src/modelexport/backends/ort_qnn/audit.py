@@ -20,12 +20,13 @@ from typing import Any
 
 from ...core.errors import ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
-from ...quant import get_precision, load_calibration
+from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...auditing.fixes import suggest_fix
-from ...frontends.onnx_graph import module_path, node_macs
+from ...frontends.module_paths import onnx_module_path
+from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
 
 _FAILED = re.compile(r"Validation FAILED for \d+ nodes in \w+ \(([^)]*)\)")
@@ -110,7 +111,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     """Place `model` on the QNN EP for `target` and explain every node the HTP does not take."""
     import onnx
     soc = get_target(target)
-    prec = get_precision(precision)
+    prec = get_precision(precision, ONNX_PRECISIONS)
     loaded: LoadedOnnx = load_onnx(model, input_shapes, allow_dynamic=True)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
@@ -178,7 +179,7 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             reason = " | ".join(reasons) or "the EP validated it but left it to the CPU when partitioning the graph"
         else:
             backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
-        nodes.append(NodeAudit(n.name, n.op_type, backend, module_path(n), reason,
+        nodes.append(NodeAudit(n.name, n.op_type, backend, onnx_module_path(n), reason,
                                suggest_fix(n.op_type, reason) if backend == CPU else None, macs.get(n.name, 0)))
     # Quantize/Dequantize at the graph boundary of a QDQ model.
     g_in = {i.name for i in probe_model.graph.input}

@@ -26,7 +26,7 @@ from ...contract.manifest import Encoding, SourceModel
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
-from ...quant import Precision, get_precision, load_calibration
+from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
@@ -72,7 +72,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
     """Everything that can be wrong with the inputs is found here, before any heavy work."""
     parts, taken = [], set()
     for spec in specs:
-        prec = get_precision(spec.precision)
+        prec = get_precision(spec.precision, ONNX_PRECISIONS)
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
@@ -161,7 +161,7 @@ def _node_rows(job, result, by_part) -> list[dict]:
     """Per-node placement of the first part and target, in the shape report.html reads."""
     from types import SimpleNamespace
 
-    from ...frontends.onnx_graph import module_path
+    from ...frontends.module_paths import onnx_module_path
     p = by_part[job["part"]]
     ins = {i.name for i in p.loaded.inputs}
     outs = {o.name for o in p.loaded.outputs}
@@ -173,7 +173,7 @@ def _node_rows(job, result, by_part) -> list[dict]:
             name, op = str(name), str(op)
             backend = "HTP" if ep == "QNNExecutionProvider" else ("CPU" if (name, op) in fallbacks else "io")
             row = {"name": name, "op_type": op, "backend": backend,
-                   "module_path": module_path(SimpleNamespace(name=name, metadata_props=[]))}
+                   "module_path": onnx_module_path(SimpleNamespace(name=name, metadata_props=[]))}
             if backend == "CPU":
                 row["reason"] = "placed on the CPU EP by the QNN EP"
                 row["fix"] = "run `modelexport audit MODEL --target ...` for the validator's reason and a fix"
