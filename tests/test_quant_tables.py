@@ -83,7 +83,7 @@ def test_module_path_readers_say_what_they_read():
 def test_llm_per_layer_logits_threshold_reads_the_block_wise_entry():
     # a 16a4w_block LLM bundle's `verify --per-layer` without --min-sqnr used to fail: the ONNX-only
     # table did not know the name
-    from modelexport.runtime.per_layer_verify import _logits_report
+    from modelexport.backends.llm_qnn.per_layer import _logits_report
     last = NS(name="lm_head", sqnr_db=10.0, cosine=0.9, max_abs_error=1.0)
     rep = _logits_report(NS(path="b"), NS(layers=[last], part="ar4", precision="16a4w_block", samples=2), None)
     assert rep.graphs[0].threshold_db == PRECISIONS["16a4w_block"].min_sqnr_db
