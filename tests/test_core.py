@@ -51,3 +51,10 @@ def test_public_api_turns_wrong_arguments_into_input_errors(tmp_path):
         modelexport.inspect()
     with pytest.raises(InputError, match="unknown option.*colour"):
         modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "out", colour="red", use_cache=False)
+
+
+def test_llm_load_names_an_unknown_option(tmp_path):
+    import modelexport.llm as llm
+    with pytest.raises(InputError, match="unknown option.*colour") as e:
+        llm.load(tmp_path, colour="red")
+    assert "max_seq_len" in e.value.fix

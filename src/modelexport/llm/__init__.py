@@ -99,6 +99,11 @@ LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backe
 
 def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     """Open `source` (GGUF file, HF folder, ExecuTorch `.pte`, or an LLM bundle) on `backend`."""
+    from dataclasses import fields
+    unknown = sorted(set(options) - {f.name for f in fields(LoadOptions)})
+    if unknown:
+        raise InputError(f"modelexport.llm.load: unknown option(s) {', '.join(unknown)}",
+                         f"it takes: backend, {', '.join(f.name for f in fields(LoadOptions))}")
     opts = LoadOptions(**options)
     path = Path(source)
     if not path.exists():
