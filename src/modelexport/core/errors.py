@@ -3,6 +3,7 @@
 Every failure that is the user's to fix (a wrong target, a corrupt file, a missing toolchain)
 is a `ModelExportError` carrying what is wrong and how to fix it. The CLI prints those two
 lines and exits non-zero without a traceback; anything else is a bug and keeps its traceback.
+Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
 """
 from __future__ import annotations
 
@@ -19,10 +20,6 @@ class ModelExportError(Exception):
 
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
-
-    def as_data(self) -> dict:
-        """The error as plain data, to cross a process boundary (`{"error": ...}` of a worker)."""
-        return {"error": {"type": type(self).__name__, "problem": self.problem, "fix": self.fix}}
 
 
 class InputError(ModelExportError):

@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +30,7 @@ from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
+from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
 from ..spec import CompileOptions, PartSpec
 
@@ -121,28 +120,6 @@ def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Pa
 def _sha_file(p: Path) -> str:
     from ...contract.manifest import sha256_file
     return sha256_file(p)
-
-
-def _run_jobs(jobs: list[dict], workers: int, on_done: Callable[[dict], None]) -> list[dict]:
-    results: list[dict] = [None] * len(jobs)  # type: ignore[list-item]
-    if workers <= 1 or len(jobs) <= 1:
-        for i, job in enumerate(jobs):
-            results[i] = ort_qnn_worker.compile_job(job)
-            on_done(results[i])
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(ort_qnn_worker.compile_job, job): i for i, job in enumerate(jobs)}
-        from concurrent.futures import as_completed
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            on_done(results[futures[fut]])
-    return results
-
-
-def _raise_error(err: dict) -> None:
-    import modelexport.core.errors as E
-    cls = getattr(E, err["type"], E.ModelExportError)
-    raise cls(err["problem"], err.get("fix"))
 
 
 def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], graph_outputs: set[str]) -> list[tuple[str, str]]:
@@ -273,19 +250,18 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
            + (f" ({workers} in parallel)" if workers > 1 else ""), done, n_steps)
     t0 = time.perf_counter()
 
-    def on_done(res: dict) -> None:
+    def on_done(res) -> None:
         nonlocal done
         done += 1
-        report(f"compiled {res.get('meta', {}).get('part', '?')} for {res.get('meta', {}).get('target', '?')}", done, n_steps)
-    results = _run_jobs(jobs, workers, on_done)
+        meta = res["meta"] if isinstance(res, dict) else {}
+        report(f"compiled {meta.get('part', '?')} for {meta.get('target', '?')}", done, n_steps)
+    # one job or one worker: in this process, without a child's start-up
+    outcomes = run_jobs("the QNN EP compile", [(ort_qnn_worker.compile_job, j) for j in jobs], workers, on_done,
+                        in_process=workers <= 1 or len(jobs) <= 1)
     timings["compile_s"] = round(time.perf_counter() - t0, 3)
-    temp_entries = []
+    temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
-        for r in results:
-            if "error" in r:
-                _raise_error(r["error"])
-            if not cache.enabled:
-                temp_entries.append(Path(r["entry"]))
+        results = raise_first_error(outcomes)
         return _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache, timings, t_start)
     finally:
         for t in temp_entries:

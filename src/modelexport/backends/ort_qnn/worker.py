@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ...core.cache import Cache
-from ...core.errors import ModelExportError, ToolchainError
+from ...core.errors import ToolchainError
 
 
 def _build(job: dict, tmp: Path) -> dict:
@@ -58,10 +58,7 @@ def _build(job: dict, tmp: Path) -> dict:
 
 
 def compile_job(job: dict) -> dict:
-    """Returns {"entry", "hit", "meta"} or {"error": {...}} (errors cross process boundaries as data)."""
-    try:
-        cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
-        entry, hit = cache.get_or_create("ctx", job["key"], lambda tmp: _build(job, tmp))
-        return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
-    except ModelExportError as e:
-        return e.as_data()
+    """{"entry", "hit", "meta"} of the job's cache entry, built on a miss."""
+    cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
+    entry, hit = cache.get_or_create("ctx", job["key"], lambda tmp: _build(job, tmp))
+    return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
