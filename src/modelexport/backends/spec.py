@@ -39,3 +39,16 @@ class CompileOptions:
     max_seq_len: int | None = None                       # context of the static decoders
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
     calibration_samples: int | None = None               # samples per variant from the calibration text
+
+
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def part_name(base: str, taken: set[str]) -> str:
+    """`base` as a part's name: safe as a folder name in the bundle, and not in `taken` (which it joins)."""
+    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name

@@ -308,8 +308,8 @@ def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None
 
 
 def _tensor_specs(infos) -> list[TensorSpec]:
-    from ..ort_qnn.compile import _tensor
-    return [_tensor(t) for t in infos]
+    from ..context_binary import tensor_spec
+    return [tensor_spec(t) for t in infos]
 
 
 def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import Encoding, SourceModel
+from ...contract.manifest import SourceModel
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ToolchainError, UnsupportedError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
@@ -32,18 +32,12 @@ from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
-from ..spec import CompileOptions, PartSpec
+from ..context_binary import tensor_spec
+from ..spec import CompileOptions, PartSpec, part_name
 
 FORMATS = ("context-binary", "dlc")
 VERIFY_SAMPLES = 4
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-# QNN dtype → numpy name and bits
-_QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
-               "SFIXED_POINT_16": ("int16", 16), "UFIXED_POINT_4": ("uint4", 4), "SFIXED_POINT_4": ("int4", 4),
-               "SFIXED_POINT_32": ("int32", 32), "UFIXED_POINT_32": ("uint32", 32), "FLOAT_16": ("float16", 16),
-               "FLOAT_32": ("float32", 32), "INT_32": ("int32", 32), "UINT_8": ("uint8", 8), "BOOL_8": ("bool", 8),
-               "INT_64": ("int64", 64), "UINT_32": ("uint32", 32), "INT_8": ("int8", 8), "UINT_16": ("uint16", 16)}
 
 
 @dataclass
@@ -57,16 +51,6 @@ class _Part:
     work: dict[str, Any] = field(default_factory=dict)
 
 
-def _part_name(spec: PartSpec, loaded: LoadedOnnx, taken: set[str]) -> str:
-    base = spec.name or loaded.name or "model"
-    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
-    name, i = base, 2
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC]) -> list[_Part]:
     """Everything that can be wrong with the inputs is found here, before any heavy work."""
     parts, taken = [], set()
@@ -76,7 +60,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
         loaded = load_onnx(spec.model, spec.input_shapes)
-        name = _part_name(spec, loaded, taken)
+        name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         if prec.quantized:
             calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples)
@@ -158,26 +142,6 @@ def _node_rows(job, result, by_part) -> list[dict]:
                 row["reason"] = "graph-boundary (de)quantization, kept on the CPU by design"
             rows.append(row)
     return rows
-
-
-def _encoding(q) -> Encoding | None:
-    if q is None:
-        return None
-    if q.scale is not None:
-        return Encoding(dtype=q.encoding, scale=q.scale, zero_point=q.zero_point, bits=q.bitwidth)
-    if q.scales is not None:
-        return Encoding(dtype=q.encoding, scale=q.scales, zero_point=q.zero_points, axis=q.axis, bits=q.bitwidth,
-                        block_size=(q.block_size[0] if q.block_size else None))
-    return Encoding(dtype=q.encoding)
-
-
-def _tensor(t) -> TensorSpec:
-    dtype, bits = _QNN_DTYPES.get(t.dtype, (t.dtype, None))
-    enc = _encoding(t.quantization)
-    if enc is not None:
-        enc.dtype = dtype
-        enc.bits = enc.bits or bits
-    return TensorSpec(name=t.name, shape=list(t.shape), dtype=dtype, encoding=enc)
 
 
 def read_back(bin_path: Path, soc: SoC) -> Any:
@@ -355,7 +319,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
                 htp = g.htp
                 m.graphs.append(GraphSpec(
                     name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
-                    inputs=[_tensor(t) for t in g.inputs], outputs=[_tensor(t) for t in g.outputs],
+                    inputs=[tensor_spec(t) for t in g.inputs], outputs=[tensor_spec(t) for t in g.outputs],
                     extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
                            "vtcm_mb": htp.vtcm_mb if htp else None,
                            "optimization_level": htp.optimization_level if htp else None,
