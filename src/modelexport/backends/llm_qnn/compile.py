@@ -239,25 +239,24 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: CompileOptions 
     # 2 + 3. context binaries
     from ..ort_qnn import worker as ort_qnn_worker
     from ...contract.manifest import sha256_file
-    from .ctx_jobs import compile_shared
+    from .ctx_jobs import SHARED_NAMESPACE, compile_shared
     shas = {g["name"]: sha256_file(qentry / g["qdq"]) for g in graphs}
     jobs: list[tuple[Callable, dict]] = []
     for soc in socs:
         popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
         for p in range(1, n_parts + 1):
             members = [g for g in graphs if g["part"] == p]
-            key = cache_key("llm-ctx-shared", [shas[g["name"]] for g in members], popts, qairt.build_id,
+            key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
                             onnxruntime.__version__)
             jobs.append((compile_shared, {"kind": "shared", "part": p, "target": soc.name, "provider_options": popts,
                                           "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
                                           "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
-            key = cache_key("ctx", shas[g["name"]], popts, "context-binary", qairt.build_id, onnxruntime.__version__, g["name"])
-            jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], "part": g["name"], "target": soc.name,
-                                                      "model_path": str(qentry / g["qdq"]), "provider_options": popts,
-                                                      "format": "context-binary", "key": key, "cache_root": str(cache.root),
-                                                      "cache_enabled": cache.enabled}))
-    pending = [j for _, j in jobs if not cache.get("llm-ctx-shared" if j["kind"] == "shared" else "ctx", j["key"])]
+            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
+                                                  "context-binary", qairt.build_id, cache)
+            jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
+    namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
+    pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
     workers = min(len(pending), opts.jobs or min(2, os.cpu_count() or 1))
     done = [0]
 

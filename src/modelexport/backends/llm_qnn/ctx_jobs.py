@@ -15,6 +15,8 @@ from pathlib import Path
 from ...core.cache import Cache
 from ...core.errors import ToolchainError
 
+SHARED_NAMESPACE = "llm-ctx-shared"
+
 
 def _build_shared(job: dict, tmp: Path) -> dict:
     from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
@@ -47,7 +49,7 @@ def _build_shared(job: dict, tmp: Path) -> dict:
 
 def compile_shared(job: dict) -> dict:
     cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
-    entry, hit = cache.get_or_create("llm-ctx-shared", job["key"], lambda tmp: _build_shared(job, tmp))
+    entry, hit = cache.get_or_create(SHARED_NAMESPACE, job["key"], lambda tmp: _build_shared(job, tmp))
     return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
 
 

@@ -183,7 +183,6 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
         for p in prepared:
             parse_onnx_overrides(opts.overrides, p.precision)
     from ...toolchain.qairt import find_qairt
-    import onnxruntime
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     n_steps = len(prepared) + len(prepared) * (1 if opts.output_format == "dlc" else len(socs))
@@ -204,11 +203,9 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
         model_sha = _sha_file(model_path)
         for soc in (socs[:1] if opts.output_format == "dlc" else socs):
             popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
-            key = cache_key("ctx", model_sha, popts, opts.output_format, qairt.build_id, onnxruntime.__version__, p.name)
-            jobs.append({"part": p.name, "target": soc.name, "model_path": str(model_path), "provider_options": popts,
-                         "format": opts.output_format, "key": key, "cache_root": str(cache.root),
-                         "cache_enabled": cache.enabled})
-    pending = [j for j in jobs if not cache.get("ctx", j["key"])]
+            jobs.append(ort_qnn_worker.compile_job_for(p.name, soc.name, model_path, model_sha, popts, opts.output_format,
+                                                       qairt.build_id, cache))
+    pending = [j for j in jobs if not cache.get(ort_qnn_worker.CACHE_NAMESPACE, j["key"])]
     workers = min(len(pending), opts.jobs or os.cpu_count() or 1)
     report(f"compiling {len(jobs)} graph(s) for {', '.join(s.name for s in socs)}"
            + (f" ({workers} in parallel)" if workers > 1 else ""), done, n_steps)

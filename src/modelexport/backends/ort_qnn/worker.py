@@ -7,8 +7,20 @@ import shutil
 import time
 from pathlib import Path
 
-from ...core.cache import Cache
+from ...core.cache import Cache, cache_key
 from ...core.errors import ToolchainError
+
+CACHE_NAMESPACE = "ctx"
+
+
+def compile_job_for(part: str, target: str, model_path: Path, model_sha: str, provider_options: dict, output_format: str,
+                    qairt_build: str, cache: Cache) -> dict:
+    """The job `compile_job` takes, keyed by everything that shapes what the QNN EP writes; the
+    ONNX and LLM compilers share the cache entries."""
+    import onnxruntime
+    key = cache_key(CACHE_NAMESPACE, model_sha, provider_options, output_format, qairt_build, onnxruntime.__version__, part)
+    return {"part": part, "target": target, "model_path": str(model_path), "provider_options": provider_options,
+            "format": output_format, "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}
 
 
 def _build(job: dict, tmp: Path) -> dict:
@@ -60,5 +72,5 @@ def _build(job: dict, tmp: Path) -> dict:
 def compile_job(job: dict) -> dict:
     """{"entry", "hit", "meta"} of the job's cache entry, built on a miss."""
     cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
-    entry, hit = cache.get_or_create("ctx", job["key"], lambda tmp: _build(job, tmp))
+    entry, hit = cache.get_or_create(CACHE_NAMESPACE, job["key"], lambda tmp: _build(job, tmp))
     return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
