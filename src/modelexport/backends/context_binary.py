@@ -2,7 +2,12 @@
 ONNX and LLM backends through the QNN EP, ExecuTorch inside a .pte)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from ..contract.manifest import Encoding, TensorSpec
+from ..core.errors import ToolchainError
+from ..core.targets import SoC
 
 # QNN dtype → numpy name and bits
 QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
@@ -27,3 +32,15 @@ def _encoding(q, dtype: str, bits: int | None) -> Encoding | None:
         return Encoding(dtype=dtype, scale=q.scales, zero_point=q.zero_points, axis=q.axis, bits=q.bitwidth or bits,
                         block_size=q.block_size[0] if q.block_size else None)
     return Encoding(dtype=dtype, bits=bits)   # an encoding the reader names without its values
+
+
+def read_back(bin_path: Path, soc: SoC) -> Any:
+    """The binary's own account of itself; refuses one built for another SoC than asked."""
+    from ..toolchain.qnn_context import read_context_binary
+    from ..toolchain.native_io import native_stdout_to_stderr
+    with native_stdout_to_stderr():
+        info = read_context_binary(bin_path)
+    if info.soc_model is not None and info.soc_model != soc.soc_model:
+        raise ToolchainError(f"the context binary built for {soc.name} names soc_model {info.soc_model}, not {soc.soc_model}",
+                             "report this as a bug: the QNN EP ignored the soc_model option")
+    return info

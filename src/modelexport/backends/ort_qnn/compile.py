@@ -2,7 +2,7 @@
 
 Per part (one ONNX model): fix shapes → (quantized precisions) qnn_preprocess_model,
 get_qnn_qdq_config, quantize with the calibration data → per target: an EPContext model plus
-its raw context binary (embed mode 0), or a DLC through libQnnIr.so. Quantization is shared by
+its raw context binary (embed mode 0), or a DLC through libQnnIr.so (formats.py). Quantization is shared by
 all targets; targets compile concurrently in a process pool. Both stages are cached by content.
 The target, HTP arch and VTCM written into each binary are read back through libQnnSystem.so and
 checked against what was asked.
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from ...contract import BundleWriter, open_bundle
 from ...core.atomic import check_output
 from ...contract.manifest import SourceModel
 from ...core.cache import Cache, cache_key
@@ -32,10 +32,9 @@ from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
-from ..context_binary import tensor_spec
+from .formats import OUTPUT_FORMATS, output_format
 from ..spec import CompileOptions, PartSpec, part_name
 
-FORMATS = ("context-binary", "dlc")
 VERIFY_SAMPLES = 4
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -144,19 +143,8 @@ def _node_rows(job, result, by_part) -> list[dict]:
     return rows
 
 
-def read_back(bin_path: Path, soc: SoC) -> Any:
-    """The binary's own account of itself; refuses one built for another SoC than asked."""
-    from ...toolchain.qnn_context import read_context_binary
-    from ...toolchain.native_io import native_stdout_to_stderr
-    with native_stdout_to_stderr():
-        info = read_context_binary(bin_path)
-    if info.soc_model is not None and info.soc_model != soc.soc_model:
-        raise ToolchainError(f"the context binary built for {soc.name} names soc_model {info.soc_model}, not {soc.soc_model}",
-                             "report this as a bug: the QNN EP ignored the soc_model option")
-    return info
-
-
-@backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries")
+@backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries",
+         formats=tuple(OUTPUT_FORMATS))
 def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
                  progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every part for every target into one bundle at `out`; returns the opened Bundle."""
@@ -165,8 +153,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     t_start = time.perf_counter()
     out = Path(out)
     check_output(out, force)                     # before any work: an existing output needs --force
-    if opts.output_format not in FORMATS:
-        raise InputError(f"unknown format {opts.output_format!r}", f"choose one of: {', '.join(FORMATS)}")
+    fmt = output_format(opts.output_format)
     if not opts.targets:
         raise InputError("no target given", "pass --target SM8650 (see `modelexport targets`)")
     socs: list[SoC] = []
@@ -185,7 +172,8 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
-    n_steps = len(prepared) + len(prepared) * (1 if opts.output_format == "dlc" else len(socs))
+    compile_for = socs if fmt.per_target else socs[:1]
+    n_steps = len(prepared) + len(prepared) * len(compile_for)
     done = 0
     timings: dict[str, Any] = {}
     # 1. quantization, shared by all targets
@@ -196,12 +184,12 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
         timings[f"{p.name}.quantize_s"] = round(time.perf_counter() - t0, 3)
         p.work["quant_cache_hit"] = hit
         done += 1
-    # 2. one compile job per part and target (one per part for a DLC: it is not target-specific)
+    # 2. one compile job per part and target (per part only for a format that is the same for all targets)
     jobs = []
     for p in prepared:
         model_path = p.work["qdq"] or p.work["float"]
         model_sha = _sha_file(model_path)
-        for soc in (socs[:1] if opts.output_format == "dlc" else socs):
+        for soc in compile_for:
             popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
             jobs.append(ort_qnn_worker.compile_job_for(p.name, soc.name, model_path, model_sha, popts, opts.output_format,
                                                        qairt.build_id, cache))
@@ -223,7 +211,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
         results = raise_first_error(outcomes)
-        return _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache, timings, t_start)
+        return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
@@ -233,8 +221,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
                     shutil.rmtree(p.work["qdq_entry"], ignore_errors=True)
 
 
-def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache, timings, t_start):
-    import onnx
+def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start):
     by_part = {p.name: p for p in prepared}
     # strictness and placement, before anything is written
     placement: dict[str, dict] = {}
@@ -258,7 +245,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
     with BundleWriter(out, force) as w:
         m = w.manifest
         m.kind = "model"
-        m.format = opts.output_format
+        m.format = fmt.name
         m.targets = [s.name for s in socs]
         precisions = {p.precision.name for p in prepared}
         m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
@@ -294,36 +281,9 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
             m.options["provider_options"][job["target"]] = meta["provider_options"]
             part_meta[p.name]["cache_hit"][job["target"]] = r["hit"]
             timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
-            if opts.output_format == "dlc":
-                for key, name in meta["files"].items():
-                    if key.startswith("dlc_"):
-                        rel = w.add_file(entry / name, f"{p.name}/{name}", role="dlc")
-                qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
-                m.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind="dlc",
-                                          inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
-                                          outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
-                                          extra={"part": p.name, "nodes": len(qdq.graph.node)}))
-                continue
-            tdir = f"{p.name}/{soc.name}"
-            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{meta['files']['epcontext']}", role="epcontext-model")
-            for b in meta["files"]["context_binaries"]:
-                w.add_file(entry / b, f"{tdir}/{b}", role="context-binary")
-            bin_rel = f"{tdir}/{meta['files']['context_binary']}"
-            info = read_back(entry / meta["files"]["context_binary"], soc)
-            build_ids.add(info.build_id)
-            m.htp_arch[soc.name] = info.dsp_arch
-            for g in info.graphs:
-                htp = g.htp
-                m.graphs.append(GraphSpec(
-                    name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
-                    inputs=[tensor_spec(t) for t in g.inputs], outputs=[tensor_spec(t) for t in g.outputs],
-                    extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
-                           "vtcm_mb": htp.vtcm_mb if htp else None,
-                           "optimization_level": htp.optimization_level if htp else None,
-                           "spill_fill_bytes": htp.spill_fill_buffer_size if htp else None,
-                           "const_bytes": htp.const_size if htp else None,
-                           "onnx_inputs": [i.to_dict() for i in p.loaded.inputs],
-                           "onnx_outputs": [o.to_dict() for o in p.loaded.outputs]}))
+            build_id = fmt.add_to_bundle(w, p, soc, entry, meta)
+            if build_id is not None:
+                build_ids.add(build_id)
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
@@ -335,7 +295,6 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
                              "hits": sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
                              "misses": sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"])},
                    "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api}}
-        if opts.output_format == "dlc":
-            m.extra["dlc_note"] = ("DLC dumped by the QNN EP through libQnnIr.so: a target-independent QNN IR container "
-                                   "(for qnn-context-binary-generator / qnn-net-run); run/verify need a context-binary bundle")
+        if fmt.note:
+            m.extra[f"{fmt.name}_note"] = fmt.note
     return open_bundle(out)
