@@ -5,7 +5,7 @@
 `_ctx_qnn.bin` holding all graphs with one copy of the weights, referenced by one `_ctx.onnx`
 per variant. Compiling it never loads it on the simulator (which cannot run weight-shared
 binaries); it is read back only through libQnnSystem.
-`unshared` twins reuse the generic ONNX job (`backends.ort_qnn_worker.compile_job`).
+`unshared` twins reuse the generic ONNX job (`backends.ort_qnn.worker.compile_job`).
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Per part (one ONNX model): fix shapes → (quantized precisions) qnn_preprocess_model,
 get_qnn_qdq_config, quantize with the calibration data → per target: an EPContext model plus
-its raw context binary (embed mode 0), or a DLC through libQnnIr.so (formats.py). Quantization is shared by
-all targets; targets compile concurrently in a process pool. Both stages are cached by content.
+its raw context binary (embed mode 0), or a DLC through libQnnIr.so (formats.py). Quantization is
+shared by all targets; targets compile concurrently in a process pool. Both stages are cached by
+content.
 The target, HTP arch and VTCM written into each binary are read back through libQnnSystem.so and
 checked against what was asked.
 """
