@@ -336,19 +336,20 @@ def test_simulator_smoke_run_catches_the_lpbq_crash_in_a_child(tmp_path, block, 
     context binary segfaults the x86 simulator when loaded; 32-wide blocks run. The check runs in a
     child, so this process survives either way."""
     from modelexport.toolchain.htp_options import compile_provider_options
-    from modelexport.backends.llm_qnn.compile import _pool_run
+    from modelexport.core.errors import ToolchainError
     from modelexport.backends.llm_qnn.ctx_jobs import simulator_smoke_run
     from modelexport.core.targets import get_target
     from modelexport.toolchain.ort_qnn import SessionPlan, create_session
+    from modelexport.toolchain.worker_pool import run_jobs
     src = _lpbq_matmul(tmp_path / "m.onnx", 576, 576, block)
     ctx = tmp_path / "m_ctx.onnx"
     create_session(str(src), SessionPlan(provider_options=compile_provider_options(get_target("SM8650"), None, 3),
                                          config_entries={"ep.context_enable": "1", "ep.context_file_path": str(ctx),
                                                          "ep.context_embed_mode": "0"}))
-    [r] = _pool_run([(simulator_smoke_run, {"epcontext": str(ctx), "soc_model": 57})], 1, lambda r: None)
-    assert (r.get("ok") is True) == loads, r
+    [r] = run_jobs("the simulator check", [(simulator_smoke_run, {"epcontext": str(ctx), "soc_model": 57})], 1)
+    assert (isinstance(r, dict) and r.get("ok") is True) == loads, r
     if not loads:
-        assert "worker process died" in r["error"]["problem"]
+        assert isinstance(r, ToolchainError) and "worker process died" in r.problem
 
 
 @pytest.mark.slow

@@ -79,3 +79,16 @@ def build_options(options_type: type[CompileOptions], given: dict[str, Any]) -> 
         flags = " / ".join("--" + w.replace("_", "-") for w in wrong)
         raise InputError(f"{flags} apply to {' and '.join(owners)}", "leave them out for this model")
     return options_type(**out)
+
+
+_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def part_name(base: str, taken: set[str]) -> str:
+    """`base` as a part's name: safe as a folder name in the bundle, and not in `taken` (which it joins)."""
+    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name

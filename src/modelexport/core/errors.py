@@ -7,6 +7,8 @@ lines and exits non-zero without a traceback; anything else is a bug and keeps i
 Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU fallback,
 4 an artifact's files do not match its manifest, 5 verify's numbers are below the threshold,
 6 not supported (yet), 130 interrupted.
+
+Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
 """
 from __future__ import annotations
 
@@ -23,10 +25,6 @@ class ModelExportError(Exception):
 
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"
-
-    def as_data(self) -> dict:
-        """The error as plain data, to cross a process boundary (`{"error": ...}` of a worker)."""
-        return {"error": {"type": type(self).__name__, "problem": self.problem, "fix": self.fix}}
 
 
 class InputError(ModelExportError):

@@ -143,11 +143,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
 
 
 def quantize_job(job: dict) -> dict:
-    """`quantize_decoder` in a worker process: its result, or the error as a dict."""
-    from ..core.errors import ModelExportError
-    try:
-        cal = CalibrationSet(job["samples"], "text", job["source"])
-        return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
-                                job.get("block_size", 0))
-    except ModelExportError as e:
-        return e.as_data()
+    """`quantize_decoder` in a worker process (toolchain/worker_pool.py)."""
+    cal = CalibrationSet(job["samples"], "text", job["source"])
+    return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
+                            job.get("block_size", 0))

@@ -20,34 +20,19 @@ import numpy as np
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import Encoding, SourceModel
+from ...contract.manifest import SourceModel
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
 from .. import backend
-from ..spec import CompileOptions, PartSpec, TorchCompileOptions
+from ..context_binary import tensor_spec
+from ..spec import CompileOptions, PartSpec, TorchCompileOptions, part_name
 
 FORMATS = ("pte",)
 FALLBACKS = ("xnnpack", "portable")
 VERIFY_SAMPLES = 4
 NUMERICS_SAMPLES = 2
 CACHE_NAMESPACE = "pte"
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-_QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
-               "SFIXED_POINT_16": ("int16", 16), "UFIXED_POINT_4": ("uint4", 4), "SFIXED_POINT_4": ("int4", 4),
-               "SFIXED_POINT_32": ("int32", 32), "FLOAT_16": ("float16", 16), "FLOAT_32": ("float32", 32),
-               "INT_32": ("int32", 32), "INT_64": ("int64", 64), "UINT_8": ("uint8", 8), "BOOL_8": ("bool", 8)}
-
-
-def _qnn_tensor(t) -> TensorSpec:
-    dtype, bits = _QNN_DTYPES.get(t.dtype, (t.dtype, None))
-    q = t.quantization
-    enc = None
-    if q is not None and (q.scale is not None or q.scales is not None):
-        enc = Encoding(dtype=dtype, scale=q.scale if q.scale is not None else q.scales,
-                       zero_point=q.zero_point if q.scale is not None else q.zero_points, axis=q.axis,
-                       bits=q.bitwidth or bits, block_size=(q.block_size[0] if q.block_size else None))
-    return TensorSpec(name=t.name, shape=list(t.shape), dtype=dtype, encoding=enc)
 
 
 def graph_fingerprint(exported) -> str:
@@ -70,19 +55,13 @@ def graph_fingerprint(exported) -> str:
     return h.hexdigest()
 
 
-def _part_name(spec: PartSpec, loaded, taken: set[str]) -> str:
+def _name_base(spec: PartSpec, loaded) -> str:
+    """The user's name, else the source file's stem, else the module's class."""
     if spec.name:
-        base = spec.name
-    elif isinstance(loaded.source, str) and not loaded.source.startswith("<"):
-        base = Path(loaded.source.split(":")[0]).stem
-    else:
-        base = type(loaded.module).__name__.lower()
-    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
-    name, i = base, 2
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
+        return spec.name
+    if isinstance(loaded.source, str) and not loaded.source.startswith("<"):
+        return Path(loaded.source.split(":")[0]).stem
+    return type(loaded.module).__name__.lower()
 
 
 def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, key: str,
@@ -216,7 +195,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
                        opts.rewrites, opts.dynamic_shapes)
         for soc in socs[1:]:
             prep.plan.check_target(soc)
-        preps.append((spec, prep, _part_name(spec, prep.loaded, taken)))
+        preps.append((spec, prep, part_name(_name_base(spec, prep.loaded), taken)))
         done += 1
     state = qnn_ready()      # after every input check: a wrong input fails before the toolchain loads
     cache = Cache(enabled=opts.use_cache)
@@ -315,8 +294,8 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                         cb = read_context_binary(binary)
                     for g in cb.graphs:
                         qgraphs.append({"method": method, "graph": g.name,
-                                        "inputs": [_qnn_tensor(t).model_dump(exclude_none=True) for t in g.inputs],
-                                        "outputs": [_qnn_tensor(t).model_dump(exclude_none=True) for t in g.outputs],
+                                        "inputs": [tensor_spec(t).model_dump(exclude_none=True) for t in g.inputs],
+                                        "outputs": [tensor_spec(t).model_dump(exclude_none=True) for t in g.outputs],
                                         "vtcm_mb": g.htp.vtcm_mb if g.htp else None,
                                         "const_bytes": g.htp.const_size if g.htp else None})
                 for meth in info["methods"]:

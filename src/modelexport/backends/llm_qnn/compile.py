@@ -23,8 +23,6 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,9 +34,10 @@ from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ..spec import LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ToolchainError, VerificationError
+from ...core.errors import InputError, ModelExportError, ToolchainError, VerificationError
 from ...quant.precision import get_precision
 from ...core.targets import SoC, get_target, require_feature
+from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
@@ -116,7 +115,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     samples_per_variant = {str(n): len(samples[n]) for n in variants}
     # ONNX Runtime's quantizer is single-threaded Python: each graph is quantized in a worker as soon
     # as it is exported, while the next one is exported here
-    with WorkerPool(min(workers, n_graphs)) as pool:
+    with WorkerPool("the quantization of the LLM graphs", min(workers, n_graphs)) as pool:
         t3 = None
         for n in variants:
             dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
@@ -141,12 +140,10 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                                "memory_estimate": mem[n][part.index - 1].to_dict()})
         del samples, ps   # the workers have what they need
         report(f"quantizing {n_graphs} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
-        results = pool.results()
+        outcomes = pool.outcomes()
     quant_s = time.perf_counter() - t3   # from the first graph's hand-over: overlaps the later exports
     shutil.rmtree(float_dir, ignore_errors=True)
-    for r in results:
-        if "error" in r:
-            _raise(r["error"])
+    results = raise_first_error(outcomes)
     quant_info = {g["name"]: r for g, r in zip(graphs, results)}
     sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
     n_params = sum(p.numel() for p in model.parameters())
@@ -162,54 +159,6 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
                         "quantize_s": round(quant_s, 2)}}
-
-
-# ----------------------------------------------------------------------------------------------
-
-class WorkerPool:
-    """Jobs in spawned child processes (a QNN crash must never take the user's process down),
-    submitted as soon as each is ready; `results()` in submission order, a crashed worker's job
-    as an error dict."""
-
-    def __init__(self, workers: int):
-        self._pool = ProcessPoolExecutor(max_workers=max(1, workers), mp_context=get_context("spawn"))
-        self._futures: list = []
-
-    def __enter__(self) -> "WorkerPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
-
-    def submit(self, fn: Callable, job: dict) -> None:
-        self._futures.append(self._pool.submit(fn, job))
-
-    def results(self, on_done=lambda r: None) -> list[dict]:
-        out: list[dict] = [None] * len(self._futures)  # type: ignore[list-item]
-        index = {f: i for i, f in enumerate(self._futures)}
-        for f in as_completed(index):
-            try:
-                out[index[f]] = f.result()
-            except Exception as e:  # a crashed worker (BrokenProcessPool)
-                out[index[f]] = {"error": {"type": "ToolchainError",
-                                           "problem": f"a worker process died: {type(e).__name__}: {e}",
-                                           "fix": "run again with --jobs 1; report the model if it persists"}}
-            on_done(out[index[f]])
-        return out
-
-
-def _pool_run(jobs: list[tuple[Callable, dict]], workers: int, on_done) -> list[dict]:
-    if not jobs:
-        return []
-    with WorkerPool(workers) as pool:
-        for fn, job in jobs:
-            pool.submit(fn, job)
-        return pool.results(on_done)
-
-
-def _raise(err: dict) -> None:
-    import modelexport.core.errors as E
-    raise getattr(E, err["type"], E.ModelExportError)(err["problem"], err.get("fix"))
 
 
 # Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
@@ -288,26 +237,25 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     # 2 + 3. context binaries
     from ..ort_qnn import worker as ort_qnn_worker
     from ...contract.manifest import sha256_file
-    from .ctx_jobs import compile_shared
+    from .ctx_jobs import SHARED_NAMESPACE, compile_shared
     shas = {g["name"]: sha256_file(qentry / g["qdq"]) for g in graphs}
     jobs: list[tuple[Callable, dict]] = []
     for soc in socs:
         popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
         for p in range(1, n_parts + 1):
             members = [g for g in graphs if g["part"] == p]
-            key = cache_key("llm-ctx-shared", [shas[g["name"]] for g in members], popts, qairt.build_id,
+            key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
                             onnxruntime.__version__)
             jobs.append((compile_shared, {"kind": "shared", "part": p, "target": soc.name, "provider_options": popts,
                                           "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
                                           "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
-            key = cache_key("ctx", shas[g["name"]], popts, "context-binary", qairt.build_id, onnxruntime.__version__, g["name"])
-            jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], "part": g["name"], "target": soc.name,
-                                                      "model_path": str(qentry / g["qdq"]), "provider_options": popts,
-                                                      "format": "context-binary", "key": key, "cache_root": str(cache.root),
-                                                      "cache_enabled": cache.enabled}))
-    pending = [j for _, j in jobs if not cache.get("llm-ctx-shared" if j["kind"] == "shared" else "ctx", j["key"])]
-    workers = min(len(pending), opts.jobs or min(2, os.cpu_count() or 1)) if pending else 0
+            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
+                                                  "context-binary", qairt.build_id, cache)
+            jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
+    namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
+    pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
+    workers = min(len(pending), opts.jobs or min(2, os.cpu_count() or 1))
     done = [0]
 
     def on_done(r):
@@ -315,18 +263,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         say(f"compiled {done[0]}/{len(jobs)} context binaries", 2 + done[0] / max(1, len(jobs)), 4)
     say(f"compiling {len(jobs)} context binaries ({len(pending)} not cached)", 2, 4)
     t0 = time.perf_counter()
-    if pending:
-        results = _pool_run(jobs, workers, on_done)
-    else:  # everything cached: read the entries here, no child process needed
-        results = []
-        for fn, j in jobs:
-            ns = "llm-ctx-shared" if j["kind"] == "shared" else "ctx"
-            e = cache.get(ns, j["key"])
-            results.append({"entry": str(e), "hit": True, "meta": Cache.meta(e)})
+    # everything cached: the jobs only read their entries, here, without a child process
+    results = raise_first_error(run_jobs("the context-binary compile", jobs, workers, on_done if pending else None,
+                                         in_process=not pending))
     timings["compile_stage_s"] = round(time.perf_counter() - t0, 3)
-    for r in results:
-        if "error" in r:
-            _raise(r["error"])
     if block_size and block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
         _check_twins_load(jobs, results, cache, block_size, say)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
@@ -354,23 +294,24 @@ def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None
     if not checks:
         return
     say(f"running {len(checks)} host twins once on the simulator", 3.2, 4)
-    for (fn, job), r in zip(checks, _pool_run(checks, min(2, len(checks)), lambda r: None)):
-        if "error" in r or not r.get("ok"):
+    for (fn, job), r in zip(checks, run_jobs("the simulator check of the host twins", checks, min(2, len(checks)))):
+        crashed = isinstance(r, ModelExportError)
+        if crashed or not r.get("ok"):
             raise ToolchainError(f"the compiled {job['graph']} (16a4w_block, --block-size {block_size}) "
-                                 f"{'crashed' if 'error' in r else 'gave non-finite outputs on'} the x86 HTP simulator "
+                                 f"{'crashed' if crashed else 'gave non-finite outputs on'} the x86 HTP simulator "
                                  f"when loaded from its context binary (a simulator defect seen with 64-wide blocks)",
                                  "use --block-size 32 (the default), or --precision 16a8w")
         cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
 
 
 def _tensor_specs(infos) -> list[TensorSpec]:
-    from ..ort_qnn.compile import _tensor
-    return [_tensor(t) for t in infos]
+    from ..context_binary import tensor_spec
+    return [tensor_spec(t) for t in infos]
 
 
 def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,
                   jobs, results, qairt, cache, timings, t_start, limit_mb, say):
-    from ..ort_qnn.compile import read_back
+    from ..context_binary import read_back
     from .genie import genie_config, validate_genie_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)

@@ -5,7 +5,7 @@
 `_ctx_qnn.bin` holding all graphs with one copy of the weights, referenced by one `_ctx.onnx`
 per variant. Compiling it never loads it on the simulator (which cannot run weight-shared
 binaries); it is read back only through libQnnSystem.
-`unshared` twins reuse the generic ONNX job (`backends.ort_qnn_worker.compile_job`).
+`unshared` twins reuse the generic ONNX job (`backends.ort_qnn.worker.compile_job`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 from ...core.cache import Cache
-from ...core.errors import ModelExportError, ToolchainError
+from ...core.errors import ToolchainError
+
+SHARED_NAMESPACE = "llm-ctx-shared"
 
 
 def _build_shared(job: dict, tmp: Path) -> dict:
@@ -46,12 +48,9 @@ def _build_shared(job: dict, tmp: Path) -> dict:
 
 
 def compile_shared(job: dict) -> dict:
-    try:
-        cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
-        entry, hit = cache.get_or_create("llm-ctx-shared", job["key"], lambda tmp: _build_shared(job, tmp))
-        return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
-    except ModelExportError as e:
-        return e.as_data()
+    cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
+    entry, hit = cache.get_or_create(SHARED_NAMESPACE, job["key"], lambda tmp: _build_shared(job, tmp))
+    return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
 
 
 def simulator_smoke_run(job: dict) -> dict:
@@ -60,14 +59,18 @@ def simulator_smoke_run(job: dict) -> dict:
     Run in a child process: some block-wise (LPBQ) binaries crash the simulator when loaded from a
     context binary (measured on QAIRT 2.51 with 64-wide blocks on 576- and 512-wide inputs, while
     16/32/48/96/128 ran), and the host numerics (`eval`, `verify`, `generate --backend htp-sim`)
-    must never take the user's process down. A crash is seen by the parent as a dead worker."""
+    must never take the user's process down. A crash is seen by the parent as a dead worker; a
+    load or run that fails without crashing ends the same way, as a ToolchainError."""
     import numpy as np
 
     from ...toolchain.htp_options import run_provider_options
     from ...toolchain.ort_qnn import SessionPlan, create_session
-    sess = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(job["soc_model"], None)))
-    dtypes = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}
-    feed = {i.name: np.zeros(i.shape, dtypes.get(i.type, np.float32)) for i in sess.get_inputs()}
-    t0 = time.perf_counter()
-    out = sess.run(None, feed)[0]
+    try:
+        sess = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(job["soc_model"], None)))
+        dtypes = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}
+        feed = {i.name: np.zeros(i.shape, dtypes.get(i.type, np.float32)) for i in sess.get_inputs()}
+        t0 = time.perf_counter()
+        out = sess.run(None, feed)[0]
+    except Exception as e:
+        raise ToolchainError(f"the simulator could not run {job['epcontext']}: {' '.join(str(e).split())[:300]}") from None
     return {"ok": bool(np.isfinite(out).all()), "seconds": round(time.perf_counter() - t0, 2)}

@@ -2,8 +2,9 @@
 
 Per part (one ONNX model): fix shapes → (quantized precisions) qnn_preprocess_model,
 get_qnn_qdq_config, quantize with the calibration data → per target: an EPContext model plus
-its raw context binary (embed mode 0), or a DLC through libQnnIr.so. Quantization is shared by
-all targets; targets compile concurrently in a process pool. Both stages are cached by content.
+its raw context binary (embed mode 0), or a DLC through libQnnIr.so (formats.py). Quantization is
+shared by all targets; targets compile concurrently in a process pool. Both stages are cached by
+content.
 The target, HTP arch and VTCM written into each binary are read back through libQnnSystem.so and
 checked against what was asked.
 """
@@ -12,17 +13,15 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from ...contract import BundleWriter, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import Encoding, SourceModel
+from ...contract.manifest import SourceModel
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
@@ -32,19 +31,13 @@ from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
+from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
-from ..spec import CompileOptions, PartSpec
+from .formats import OUTPUT_FORMATS, output_format
+from ..spec import CompileOptions, PartSpec, part_name
 
-FORMATS = ("context-binary", "dlc")
 VERIFY_SAMPLES = 4
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-# QNN dtype → numpy name and bits
-_QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
-               "SFIXED_POINT_16": ("int16", 16), "UFIXED_POINT_4": ("uint4", 4), "SFIXED_POINT_4": ("int4", 4),
-               "SFIXED_POINT_32": ("int32", 32), "UFIXED_POINT_32": ("uint32", 32), "FLOAT_16": ("float16", 16),
-               "FLOAT_32": ("float32", 32), "INT_32": ("int32", 32), "UINT_8": ("uint8", 8), "BOOL_8": ("bool", 8),
-               "INT_64": ("int64", 64), "UINT_32": ("uint32", 32), "INT_8": ("int8", 8), "UINT_16": ("uint16", 16)}
 
 
 @dataclass
@@ -58,16 +51,6 @@ class _Part:
     work: dict[str, Any] = field(default_factory=dict)
 
 
-def _part_name(spec: PartSpec, loaded: LoadedOnnx, taken: set[str]) -> str:
-    base = spec.name or loaded.name or "model"
-    base = "".join(c if c in _NAME_OK else "_" for c in base) or "model"
-    name, i = base, 2
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC]) -> list[_Part]:
     """Everything that can be wrong with the inputs is found here, before any heavy work."""
     parts, taken = [], set()
@@ -77,7 +60,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
         loaded = load_onnx(spec.model, spec.input_shapes)
-        name = _part_name(spec, loaded, taken)
+        name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         if prec.quantized:
             calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples)
@@ -123,28 +106,6 @@ def _sha_file(p: Path) -> str:
     return sha256_file(p)
 
 
-def _run_jobs(jobs: list[dict], workers: int, on_done: Callable[[dict], None]) -> list[dict]:
-    results: list[dict] = [None] * len(jobs)  # type: ignore[list-item]
-    if workers <= 1 or len(jobs) <= 1:
-        for i, job in enumerate(jobs):
-            results[i] = ort_qnn_worker.compile_job(job)
-            on_done(results[i])
-        return results
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(ort_qnn_worker.compile_job, job): i for i, job in enumerate(jobs)}
-        from concurrent.futures import as_completed
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            on_done(results[futures[fut]])
-    return results
-
-
-def _raise_error(err: dict) -> None:
-    import modelexport.core.errors as E
-    cls = getattr(E, err["type"], E.ModelExportError)
-    raise cls(err["problem"], err.get("fix"))
-
-
 def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], graph_outputs: set[str]) -> list[tuple[str, str]]:
     """CPU nodes other than the graph-boundary (de)quantization ONNX Runtime keeps there by design."""
     out = []
@@ -183,39 +144,8 @@ def _node_rows(job, result, by_part) -> list[dict]:
     return rows
 
 
-def _encoding(q) -> Encoding | None:
-    if q is None:
-        return None
-    if q.scale is not None:
-        return Encoding(dtype=q.encoding, scale=q.scale, zero_point=q.zero_point, bits=q.bitwidth)
-    if q.scales is not None:
-        return Encoding(dtype=q.encoding, scale=q.scales, zero_point=q.zero_points, axis=q.axis, bits=q.bitwidth,
-                        block_size=(q.block_size[0] if q.block_size else None))
-    return Encoding(dtype=q.encoding)
-
-
-def _tensor(t) -> TensorSpec:
-    dtype, bits = _QNN_DTYPES.get(t.dtype, (t.dtype, None))
-    enc = _encoding(t.quantization)
-    if enc is not None:
-        enc.dtype = dtype
-        enc.bits = enc.bits or bits
-    return TensorSpec(name=t.name, shape=list(t.shape), dtype=dtype, encoding=enc)
-
-
-def read_back(bin_path: Path, soc: SoC) -> Any:
-    """The binary's own account of itself; refuses one built for another SoC than asked."""
-    from ...toolchain.qnn_context import read_context_binary
-    from ...toolchain.native_io import native_stdout_to_stderr
-    with native_stdout_to_stderr():
-        info = read_context_binary(bin_path)
-    if info.soc_model is not None and info.soc_model != soc.soc_model:
-        raise ToolchainError(f"the context binary built for {soc.name} names soc_model {info.soc_model}, not {soc.soc_model}",
-                             "report this as a bug: the QNN EP ignored the soc_model option")
-    return info
-
-
-@backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries")
+@backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries",
+         formats=tuple(OUTPUT_FORMATS))
 def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
                  progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every part for every target into one bundle at `out`; returns the opened Bundle."""
@@ -224,8 +154,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     t_start = time.perf_counter()
     out = Path(out)
     check_output(out, force)                     # before any work: an existing output needs --force
-    if opts.output_format not in FORMATS:
-        raise InputError(f"unknown format {opts.output_format!r}", f"choose one of: {', '.join(FORMATS)}")
+    fmt = output_format(opts.output_format)
     if not opts.targets:
         raise InputError("no target given", "pass --target SM8650 (see `modelexport targets`)")
     socs: list[SoC] = []
@@ -242,10 +171,10 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
         for p in prepared:
             parse_onnx_overrides(opts.overrides, p.precision)
     from ...toolchain.qairt import find_qairt
-    import onnxruntime
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
-    n_steps = len(prepared) + len(prepared) * (1 if opts.output_format == "dlc" else len(socs))
+    compile_for = socs if fmt.per_target else socs[:1]
+    n_steps = len(prepared) + len(prepared) * len(compile_for)
     done = 0
     timings: dict[str, Any] = {}
     # 1. quantization, shared by all targets
@@ -256,37 +185,34 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
         timings[f"{p.name}.quantize_s"] = round(time.perf_counter() - t0, 3)
         p.work["quant_cache_hit"] = hit
         done += 1
-    # 2. one compile job per part and target (one per part for a DLC: it is not target-specific)
+    # 2. one compile job per part and target (per part only for a format that is the same for all targets)
     jobs = []
     for p in prepared:
         model_path = p.work["qdq"] or p.work["float"]
         model_sha = _sha_file(model_path)
-        for soc in (socs[:1] if opts.output_format == "dlc" else socs):
+        for soc in compile_for:
             popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
-            key = cache_key("ctx", model_sha, popts, opts.output_format, qairt.build_id, onnxruntime.__version__, p.name)
-            jobs.append({"part": p.name, "target": soc.name, "model_path": str(model_path), "provider_options": popts,
-                         "format": opts.output_format, "key": key, "cache_root": str(cache.root),
-                         "cache_enabled": cache.enabled})
-    pending = [j for j in jobs if not cache.get("ctx", j["key"])]
+            jobs.append(ort_qnn_worker.compile_job_for(p.name, soc.name, model_path, model_sha, popts, opts.output_format,
+                                                       qairt.build_id, cache))
+    pending = [j for j in jobs if not cache.get(ort_qnn_worker.CACHE_NAMESPACE, j["key"])]
     workers = min(len(pending), opts.jobs or os.cpu_count() or 1)
     report(f"compiling {len(jobs)} graph(s) for {', '.join(s.name for s in socs)}"
            + (f" ({workers} in parallel)" if workers > 1 else ""), done, n_steps)
     t0 = time.perf_counter()
 
-    def on_done(res: dict) -> None:
+    def on_done(res) -> None:
         nonlocal done
         done += 1
-        report(f"compiled {res.get('meta', {}).get('part', '?')} for {res.get('meta', {}).get('target', '?')}", done, n_steps)
-    results = _run_jobs(jobs, workers, on_done)
+        meta = res["meta"] if isinstance(res, dict) else {}
+        report(f"compiled {meta.get('part', '?')} for {meta.get('target', '?')}", done, n_steps)
+    # one job or one worker: in this process, without a child's start-up
+    outcomes = run_jobs("the QNN EP compile", [(ort_qnn_worker.compile_job, j) for j in jobs], workers, on_done,
+                        in_process=workers <= 1 or len(jobs) <= 1)
     timings["compile_s"] = round(time.perf_counter() - t0, 3)
-    temp_entries = []
+    temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
-        for r in results:
-            if "error" in r:
-                _raise_error(r["error"])
-            if not cache.enabled:
-                temp_entries.append(Path(r["entry"]))
-        return _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache, timings, t_start)
+        results = raise_first_error(outcomes)
+        return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
@@ -296,8 +222,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
                     shutil.rmtree(p.work["qdq_entry"], ignore_errors=True)
 
 
-def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache, timings, t_start):
-    import onnx
+def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start):
     by_part = {p.name: p for p in prepared}
     # strictness and placement, before anything is written
     placement: dict[str, dict] = {}
@@ -321,7 +246,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
     with BundleWriter(out, force) as w:
         m = w.manifest
         m.kind = "model"
-        m.format = opts.output_format
+        m.format = fmt.name
         m.targets = [s.name for s in socs]
         precisions = {p.precision.name for p in prepared}
         m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
@@ -357,36 +282,9 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
             m.options["provider_options"][job["target"]] = meta["provider_options"]
             part_meta[p.name]["cache_hit"][job["target"]] = r["hit"]
             timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
-            if opts.output_format == "dlc":
-                for key, name in meta["files"].items():
-                    if key.startswith("dlc_"):
-                        rel = w.add_file(entry / name, f"{p.name}/{name}", role="dlc")
-                qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
-                m.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind="dlc",
-                                          inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
-                                          outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
-                                          extra={"part": p.name, "nodes": len(qdq.graph.node)}))
-                continue
-            tdir = f"{p.name}/{soc.name}"
-            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{meta['files']['epcontext']}", role="epcontext-model")
-            for b in meta["files"]["context_binaries"]:
-                w.add_file(entry / b, f"{tdir}/{b}", role="context-binary")
-            bin_rel = f"{tdir}/{meta['files']['context_binary']}"
-            info = read_back(entry / meta["files"]["context_binary"], soc)
-            build_ids.add(info.build_id)
-            m.htp_arch[soc.name] = info.dsp_arch
-            for g in info.graphs:
-                htp = g.htp
-                m.graphs.append(GraphSpec(
-                    name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
-                    inputs=[_tensor(t) for t in g.inputs], outputs=[_tensor(t) for t in g.outputs],
-                    extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
-                           "vtcm_mb": htp.vtcm_mb if htp else None,
-                           "optimization_level": htp.optimization_level if htp else None,
-                           "spill_fill_bytes": htp.spill_fill_buffer_size if htp else None,
-                           "const_bytes": htp.const_size if htp else None,
-                           "onnx_inputs": [i.to_dict() for i in p.loaded.inputs],
-                           "onnx_outputs": [o.to_dict() for o in p.loaded.outputs]}))
+            build_id = fmt.add_to_bundle(w, p, soc, entry, meta)
+            if build_id is not None:
+                build_ids.add(build_id)
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
@@ -398,7 +296,6 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
                              "hits": sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
                              "misses": sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"])},
                    "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api}}
-        if opts.output_format == "dlc":
-            m.extra["dlc_note"] = ("DLC dumped by the QNN EP through libQnnIr.so: a target-independent QNN IR container "
-                                   "(for qnn-context-binary-generator / qnn-net-run); run/verify need a context-binary bundle")
+        if fmt.note:
+            m.extra[f"{fmt.name}_note"] = fmt.note
     return open_bundle(out)

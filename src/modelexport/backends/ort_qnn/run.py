@@ -11,6 +11,7 @@ import numpy as np
 from ...contract import Bundle, GraphSpec, open_bundle
 from ...core.errors import InputError, ToolchainError
 from ...core.targets import get_target
+from .formats import OUTPUT_FORMATS
 
 
 @dataclass
@@ -40,7 +41,7 @@ def check_runtime(bundle: Bundle) -> None:
 
 def select_graphs(bundle: Bundle, part: str | None = None, target: str | None = None) -> list[CompiledGraph]:
     m = bundle.manifest
-    if m.format != "context-binary":
+    if m.format not in OUTPUT_FORMATS or not OUTPUT_FORMATS[m.format].runs_here:
         raise InputError(f"{bundle.path} holds a {m.format}, which this host cannot run",
                          "compile with --format context-binary to run or verify on the HTP simulator")
     want_target = get_target(target).name if target else None

@@ -1,29 +1,33 @@
-"""One compile job: an ONNX (QDQ or float) model → EPContext model + raw context binary (or a
-DLC) for one target, through a real QNN EP session. Runs in a pool worker or in-process; the
+"""One compile job: an ONNX (QDQ or float) model → one output format (formats.py) for one
+target, through a real QNN EP session. Runs in a pool worker or in-process; the
 result lands in the content-addressed cache."""
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
-from ...core.cache import Cache
-from ...core.errors import ModelExportError, ToolchainError
+from ...core.cache import Cache, cache_key
+from ...core.errors import ToolchainError
+from .formats import OUTPUT_FORMATS
+
+CACHE_NAMESPACE = "ctx"
+
+
+def compile_job_for(part: str, target: str, model_path: Path, model_sha: str, provider_options: dict, output_format: str,
+                    qairt_build: str, cache: Cache) -> dict:
+    """The job `compile_job` takes, keyed by everything that shapes what the QNN EP writes; the
+    ONNX and LLM compilers share the cache entries."""
+    import onnxruntime
+    key = cache_key(CACHE_NAMESPACE, model_sha, provider_options, output_format, qairt_build, onnxruntime.__version__, part)
+    return {"part": part, "target": target, "model_path": str(model_path), "provider_options": provider_options,
+            "format": output_format, "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}
 
 
 def _build(job: dict, tmp: Path) -> dict:
     from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
-    part = job["part"]
-    opts = dict(job["provider_options"])
-    entries: dict[str, str] = {}
-    files: dict[str, str] = {}
-    if job["format"] == "dlc":
-        dump = tmp / "dlc"
-        dump.mkdir()
-        opts |= {"dump_qnn_ir_dlc": "1", "dump_qnn_ir_dlc_dir": str(dump), "qnn_ir_backend_path": "libQnnIr.so"}
-    else:
-        entries = {"ep.context_enable": "1", "ep.context_file_path": str(tmp / f"{part}_ctx.onnx"),
-                   "ep.context_embed_mode": "0"}
+    part, fmt = job["part"], OUTPUT_FORMATS[job["format"]]
+    more_opts, entries = fmt.session(tmp, part)
+    opts = dict(job["provider_options"]) | more_opts
     t0 = time.perf_counter()
     try:
         sess = create_session(job["model_path"], SessionPlan(provider_options=opts, config_entries=entries))
@@ -35,33 +39,13 @@ def _build(job: dict, tmp: Path) -> dict:
     seconds = time.perf_counter() - t0
     placement = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
     del sess
-    if job["format"] == "dlc":
-        dlcs = sorted(dump.glob("*.dlc"))
-        if not dlcs:
-            raise ToolchainError(f"the QNN EP wrote no DLC for {part}", "check that libQnnIr.so is in the onnxruntime-qnn wheel")
-        for i, d in enumerate(dlcs):
-            name = f"{part}.dlc" if len(dlcs) == 1 else f"{part}_{i}.dlc"
-            shutil.move(str(d), tmp / name)
-            files.setdefault("dlc", name)
-            files[f"dlc_{i}"] = name
-        shutil.rmtree(dump, ignore_errors=True)
-    else:
-        files["epcontext"] = f"{part}_ctx.onnx"
-        bins = sorted(p.name for p in tmp.glob("*.bin"))
-        if not (tmp / files["epcontext"]).is_file() or not bins:
-            raise ToolchainError(f"the QNN EP produced no context binary for {part} ({job['target']})",
-                                 "every node may have fallen back to the CPU: run `modelexport audit`")
-        files["context_binary"] = bins[0]
-        files["context_binaries"] = bins
+    files = fmt.collect(tmp, part, job["target"])
     return {"part": part, "target": job["target"], "files": files, "placement": placement,
             "compile_seconds": round(seconds, 3), "provider_options": opts, "session_config": entries}
 
 
 def compile_job(job: dict) -> dict:
-    """Returns {"entry", "hit", "meta"} or {"error": {...}} (errors cross process boundaries as data)."""
-    try:
-        cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
-        entry, hit = cache.get_or_create("ctx", job["key"], lambda tmp: _build(job, tmp))
-        return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}
-    except ModelExportError as e:
-        return e.as_data()
+    """{"entry", "hit", "meta"} of the job's cache entry, built on a miss."""
+    cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
+    entry, hit = cache.get_or_create(CACHE_NAMESPACE, job["key"], lambda tmp: _build(job, tmp))
+    return {"entry": str(entry), "hit": hit, "meta": Cache.meta(entry)}

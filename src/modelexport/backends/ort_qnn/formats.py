@@ -1,0 +1,128 @@
+"""The ONNX backend's output formats (--format), each in one place: how the QNN EP is asked to
+write it, what one compile job leaves in its cache entry, and how that goes into the bundle.
+
+The compile looks its format up once (`output_format`); a compile job, in a worker process, by
+the name it carries. Bundle-side imports stay inside the functions: a worker needs none of them.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ...core.errors import InputError, ToolchainError
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    name: str
+    per_target: bool      # compiled for each target (the binary names its SoC), or once for all of them
+    runs_here: bool       # run / verify can load it on the HTP simulator
+    note: str | None      # manifest.extra["<name>_note"]: what the bundle is for when it cannot run here
+    session: Callable[[Path, str], tuple[dict, dict]]   # (entry dir, part) → provider options to add, session config
+    collect: Callable[[Path, str, str], dict]           # (entry dir, part, target) → the files written, by role
+    add_to_bundle: Callable[..., str | None]            # (writer, part, soc, entry, meta) → QAIRT build read back
+
+
+# context-binary: an EPContext model referencing the raw binary beside it (embed mode 0)
+
+def _context_session(tmp: Path, part: str) -> tuple[dict, dict]:
+    return {}, {"ep.context_enable": "1", "ep.context_file_path": str(tmp / f"{part}_ctx.onnx"),
+                "ep.context_embed_mode": "0"}
+
+
+def _context_collect(tmp: Path, part: str, target: str) -> dict:
+    files: dict = {"epcontext": f"{part}_ctx.onnx"}
+    bins = sorted(p.name for p in tmp.glob("*.bin"))
+    if not (tmp / files["epcontext"]).is_file() or not bins:
+        raise ToolchainError(f"the QNN EP produced no context binary for {part} ({target})",
+                             "every node may have fallen back to the CPU: run `modelexport audit`")
+    files["context_binary"] = bins[0]
+    files["context_binaries"] = bins
+    return files
+
+
+def _context_add(w, p, soc, entry: Path, meta: dict) -> str:
+    """The EPContext model and binaries under PART/TARGET/, one graph per QNN graph read back."""
+    from ...contract import GraphSpec
+    from ..context_binary import read_back, tensor_spec
+    files = meta["files"]
+    tdir = f"{p.name}/{soc.name}"
+    ctx_rel = w.add_file(entry / files["epcontext"], f"{tdir}/{files['epcontext']}", role="epcontext-model")
+    for b in files["context_binaries"]:
+        w.add_file(entry / b, f"{tdir}/{b}", role="context-binary")
+    bin_rel = f"{tdir}/{files['context_binary']}"
+    info = read_back(entry / files["context_binary"], soc)
+    w.manifest.htp_arch[soc.name] = info.dsp_arch
+    for g in info.graphs:
+        htp = g.htp
+        w.manifest.graphs.append(GraphSpec(
+            name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
+            inputs=[tensor_spec(t) for t in g.inputs], outputs=[tensor_spec(t) for t in g.outputs],
+            extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
+                   "vtcm_mb": htp.vtcm_mb if htp else None,
+                   "optimization_level": htp.optimization_level if htp else None,
+                   "spill_fill_bytes": htp.spill_fill_buffer_size if htp else None,
+                   "const_bytes": htp.const_size if htp else None,
+                   "onnx_inputs": [i.to_dict() for i in p.loaded.inputs],
+                   "onnx_outputs": [o.to_dict() for o in p.loaded.outputs]}))
+    return info.build_id
+
+
+# dlc: the QNN IR container the QNN EP dumps through libQnnIr.so, the same for every target
+
+_DLC_DUMP = "dlc"
+
+
+def _dlc_session(tmp: Path, part: str) -> tuple[dict, dict]:
+    dump = tmp / _DLC_DUMP
+    dump.mkdir()
+    return {"dump_qnn_ir_dlc": "1", "dump_qnn_ir_dlc_dir": str(dump), "qnn_ir_backend_path": "libQnnIr.so"}, {}
+
+
+def _dlc_collect(tmp: Path, part: str, target: str) -> dict:
+    dump = tmp / _DLC_DUMP
+    dlcs = sorted(dump.glob("*.dlc"))
+    if not dlcs:
+        raise ToolchainError(f"the QNN EP wrote no DLC for {part}", "check that libQnnIr.so is in the onnxruntime-qnn wheel")
+    files: dict = {}
+    for i, d in enumerate(dlcs):
+        name = f"{part}.dlc" if len(dlcs) == 1 else f"{part}_{i}.dlc"
+        shutil.move(str(d), tmp / name)
+        files.setdefault("dlc", name)
+        files[f"dlc_{i}"] = name
+    shutil.rmtree(dump, ignore_errors=True)
+    return files
+
+
+def _dlc_add(w, p, soc, entry: Path, meta: dict) -> None:
+    """The DLCs under PART/, one graph with the ONNX model's IO (a DLC is not read back here)."""
+    import onnx
+
+    from ...contract import GraphSpec, TensorSpec
+    for key, name in meta["files"].items():
+        if key.startswith("dlc_"):
+            w.add_file(entry / name, f"{p.name}/{name}", role="dlc")
+    qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
+    w.manifest.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind="dlc",
+                                       inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+                                       outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
+                                       extra={"part": p.name, "nodes": len(qdq.graph.node)}))
+    return None
+
+
+OUTPUT_FORMATS = {f.name: f for f in (
+    OutputFormat("context-binary", per_target=True, runs_here=True, note=None,
+                 session=_context_session, collect=_context_collect, add_to_bundle=_context_add),
+    OutputFormat("dlc", per_target=False, runs_here=False,
+                 note="DLC dumped by the QNN EP through libQnnIr.so: a target-independent QNN IR container "
+                      "(for qnn-context-binary-generator / qnn-net-run); run/verify need a context-binary bundle",
+                 session=_dlc_session, collect=_dlc_collect, add_to_bundle=_dlc_add),
+)}
+
+
+def output_format(name: str) -> OutputFormat:
+    if name not in OUTPUT_FORMATS:
+        raise InputError(f"unknown format {name!r}", f"choose one of: {', '.join(OUTPUT_FORMATS)}")
+    return OUTPUT_FORMATS[name]

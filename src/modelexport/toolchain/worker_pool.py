@@ -1,0 +1,100 @@
+"""Jobs in spawned worker processes, with one way back for their errors.
+
+Native toolchain work (the QNN EP, the x86 HTP simulator, ONNX Runtime's quantizer) runs in
+children so that a crash in it never takes the user's process down; spawn, not fork, so no child
+inherits a half-initialised QNN or ONNX Runtime. How a job ends, as its caller sees it:
+
+- it returns: its result;
+- it raises a `ModelExportError`: the same class with the same problem and fix (the exception
+  pickles whole: BaseException keeps the instance's `__dict__`);
+- its worker dies (killed, segfault: BrokenProcessPool): a `ToolchainError` naming the stage;
+- it raises anything else: a bug, re-raised here with the child's traceback.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from typing import Any, Callable, Iterable
+
+from ..core.errors import ModelExportError, ToolchainError
+
+Job = tuple[Callable[[Any], Any], Any]
+
+
+class WorkerPool:
+    """Up to `workers` spawned processes for the jobs of one `stage` (said when a worker dies),
+    each job submitted as soon as it is ready. `in_process` runs the jobs here, one by one, with
+    the same outcomes: for work too small to be worth a child's start-up."""
+
+    def __init__(self, stage: str, workers: int, in_process: bool = False):
+        self.stage = stage
+        self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
+                                                                 mp_context=get_context("spawn"))
+        self._submitted: list[Future | Job] = []
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+    def submit(self, fn: Callable[[Any], Any], job: Any) -> None:
+        if self._pool is None:
+            self._submitted.append((fn, job))
+            return
+        try:
+            self._submitted.append(self._pool.submit(fn, job))
+        except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
+            failed: Future = Future()
+            failed.set_exception(e)
+            self._submitted.append(failed)
+
+    def outcomes(self, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+        """Per job, in submission order: its result or the `ModelExportError` it ended with.
+        `on_done(outcome)` is called as each job ends."""
+        out: list[Any] = [None] * len(self._submitted)
+        if self._pool is None:
+            for i, (fn, job) in enumerate(self._submitted):
+                try:
+                    out[i] = fn(job)
+                except ModelExportError as e:
+                    out[i] = e
+                if on_done:
+                    on_done(out[i])
+            return out
+        index = {f: i for i, f in enumerate(self._submitted)}
+        for f in as_completed(index):
+            try:
+                out[index[f]] = f.result()
+            except ModelExportError as e:
+                e.__cause__ = None   # the child's traceback: the user sees problem and fix only
+                out[index[f]] = e
+            except BrokenProcessPool as e:
+                out[index[f]] = ToolchainError(f"a worker process died during {self.stage}: {type(e).__name__}: {e}",
+                                               "run again with --jobs 1; report the model if it persists")
+            if on_done:
+                on_done(out[index[f]])
+        return out
+
+    def results(self, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+        """Every job's result, or once all have ended the first failed job's error (in
+        submission order, so the same error whatever order they finished in)."""
+        return raise_first_error(self.outcomes(on_done))
+
+
+def run_jobs(stage: str, jobs: Iterable[Job], workers: int, on_done: Callable[[Any], None] | None = None,
+             in_process: bool = False) -> list[Any]:
+    """`WorkerPool.outcomes` of (function, job) pairs known up front."""
+    with WorkerPool(stage, workers, in_process) as pool:
+        for fn, job in jobs:
+            pool.submit(fn, job)
+        return pool.outcomes(on_done)
+
+
+def raise_first_error(outcomes: list[Any]) -> list[Any]:
+    for r in outcomes:
+        if isinstance(r, ModelExportError):
+            raise r
+    return outcomes

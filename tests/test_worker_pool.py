@@ -1,0 +1,67 @@
+"""The worker pool's one error channel: what a job raises comes back as the same error; a worker
+that dies comes back as a ToolchainError naming the stage. Fast: no toolchain is loaded."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from modelexport.core.errors import InputError, ModelExportError, ToolchainError
+from modelexport.toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def refuse(x: int) -> int:
+    raise InputError(f"input {x} is wrong", "give another one")
+
+
+def exit_hard(x: int) -> int:
+    os._exit(3)
+
+
+def kill_self(x: int) -> int:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def buggy(x: int) -> int:
+    return {}["missing"]
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_an_error_comes_back_as_the_same_class_with_problem_and_fix(in_process):
+    out = run_jobs("a test stage", [(double, 1), (refuse, 2), (double, 3)], 2, in_process=in_process)
+    assert out[0] == 2 and out[2] == 6
+    err = out[1]
+    assert type(err) is InputError
+    assert (err.problem, err.fix) == ("input 2 is wrong", "give another one")
+    with pytest.raises(InputError) as raised:
+        raise_first_error(out)
+    assert raised.value is err and raised.value.__cause__ is None
+
+
+@pytest.mark.parametrize("die", [exit_hard, kill_self])
+def test_a_dead_worker_is_a_toolchain_error_naming_the_stage(die):
+    [err] = run_jobs("the test compile", [(die, 0)], 1)
+    assert type(err) is ToolchainError
+    assert "a worker process died during the test compile" in err.problem
+    assert err.fix
+
+
+def test_results_raise_the_first_error_in_submission_order_once_all_ended():
+    seen = []
+    with WorkerPool("a test stage", 2) as pool:
+        for fn, x in [(double, 1), (refuse, 2), (refuse, 3), (double, 4)]:
+            pool.submit(fn, x)
+        with pytest.raises(InputError, match="input 2 is wrong"):
+            pool.results(seen.append)
+    assert len(seen) == 4
+
+
+def test_a_bug_in_a_job_keeps_its_traceback():
+    with pytest.raises(KeyError):
+        run_jobs("a test stage", [(buggy, 0)], 1)
