@@ -201,7 +201,7 @@ def test_cli_bundles_that_cannot_generate(fp32, cli, tmp_path):
         w.path("model.onnx").write_bytes(b"x")
     assert_clean_error(cli("generate", str(tmp_path / "cnn"), "--prompt", "hi"), "not an LLM")
     with BundleWriter(tmp_path / "llm", manifest=Manifest(kind="llm")) as w:
-        w.add_file(pte, "model.pte", role="cpu-pte")
+        w.add_file(pte, "model.pte")
         w.add_file(pte.parent / "tokenizer.json", "tokenizer.json", role="tokenizer")
     assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "--backend", "htp-sim"), "no HTP graphs")
     proc = cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "-n", "3", "--json", check=True)

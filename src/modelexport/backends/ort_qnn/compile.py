@@ -22,7 +22,8 @@ import numpy as np
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import Encoding, SourceModel
+from ...contract.manifest import CacheInfo, Encoding, PartEntry, PartFiles, QairtInfo, SourceModel, Timings
+from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
@@ -320,8 +321,8 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
                                "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
     with BundleWriter(out, force) as w:
         m = w.manifest
-        m.kind = "model"
-        m.format = opts.output_format
+        m.kind = BundleKind.MODEL
+        m.format = Format(opts.output_format)
         m.targets = [s.name for s in socs]
         precisions = {p.precision.name for p in prepared}
         m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
@@ -331,46 +332,45 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
         m.options = {"optimization_level": opts.optimization_level, "vtcm_mb": opts.vtcm_mb, "per_channel": opts.per_channel,
                      "strict": opts.strict, "embed_mode": 0, "offload_graph_io_quantization": 1,
                      "provider_options": {}, "backend": "ort_qnn"}
-        parts_meta = []
         for p in prepared:
             rel = p.name
-            files = {"float_model": w.add_file(p.work["float"], f"{rel}/model.onnx", role="float-model")}
+            files = PartFiles(float_model=w.add_file(p.work["float"], f"{rel}/model.onnx", role=Role.FLOAT_MODEL))
             if p.work["qdq"]:
-                files["quantized_model"] = w.add_file(p.work["qdq"], f"{rel}/model.qdq.onnx", role="quantized-model")
+                files.quantized_model = w.add_file(p.work["qdq"], f"{rel}/model.qdq.onnx", role=Role.QUANTIZED_MODEL)
             samples = p.verify_inputs.samples[:VERIFY_SAMPLES]
-            vpath = w.path(f"{rel}/verify_inputs.npz", role="verify-inputs")
+            vpath = w.path(f"{rel}/verify_inputs.npz", role=Role.VERIFY_INPUTS)
             with open(vpath, "wb") as f:
                 np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
-            files["verify_inputs"] = f"{rel}/verify_inputs.npz"
+            files.verify_inputs = f"{rel}/verify_inputs.npz"
             m.calibration[p.name] = (p.calibration.describe() if p.calibration else {"kind": "none", "note": "fp16 needs no calibration"}) \
                 | {"verify_inputs": {"samples": len(samples), "kind": p.verify_inputs.kind, "representative": p.verify_inputs.representative}}
-            parts_meta.append({"name": p.name, "source": str(p.loaded.path) if p.loaded.path else None, "sha256": p.loaded.sha256,
-                               "precision": p.precision.name, "inputs": [i.to_dict() for i in p.loaded.inputs],
-                               "outputs": [o.to_dict() for o in p.loaded.outputs], "fixed_shapes": p.loaded.fixed_shapes,
-                               "quantization": p.work["qmeta"].get("quantization"), "files": files,
-                               "cache_hit": {"quantize": p.work["quant_cache_hit"]}})
-        part_meta = {pm["name"]: pm for pm in parts_meta}
+            m.parts.append(PartEntry(
+                name=p.name, source=str(p.loaded.path) if p.loaded.path else None, sha256=p.loaded.sha256,
+                precision=p.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+                outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes,
+                quantization=p.work["qmeta"].get("quantization"), files=files,
+                cache_hit={"quantize": p.work["quant_cache_hit"]}))
         build_ids = set()
         for job, r in zip(jobs, results):
             entry, meta = Path(r["entry"]), r["meta"]
             p, soc = by_part[job["part"]], get_target(job["target"])
             m.options["provider_options"][job["target"]] = meta["provider_options"]
-            part_meta[p.name]["cache_hit"][job["target"]] = r["hit"]
+            m.part(p.name).cache_hit[job["target"]] = r["hit"]
             timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
             if opts.output_format == "dlc":
                 for key, name in meta["files"].items():
                     if key.startswith("dlc_"):
-                        rel = w.add_file(entry / name, f"{p.name}/{name}", role="dlc")
+                        rel = w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)
                 qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
-                m.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind="dlc",
+                m.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind=GraphKind.DLC,
                                           inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
                                           outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
-                                          extra={"part": p.name, "nodes": len(qdq.graph.node)}))
+                                          part=p.name, nodes=len(qdq.graph.node)))
                 continue
             tdir = f"{p.name}/{soc.name}"
-            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{meta['files']['epcontext']}", role="epcontext-model")
+            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{meta['files']['epcontext']}", role=Role.EPCONTEXT_MODEL)
             for b in meta["files"]["context_binaries"]:
-                w.add_file(entry / b, f"{tdir}/{b}", role="context-binary")
+                w.add_file(entry / b, f"{tdir}/{b}", role=Role.CONTEXT_BINARY)
             bin_rel = f"{tdir}/{meta['files']['context_binary']}"
             info = read_back(entry / meta["files"]["context_binary"], soc)
             build_ids.add(info.build_id)
@@ -378,27 +378,27 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, qairt, cache,
             for g in info.graphs:
                 htp = g.htp
                 m.graphs.append(GraphSpec(
-                    name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
+                    name=g.name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
                     inputs=[_tensor(t) for t in g.inputs], outputs=[_tensor(t) for t in g.outputs],
-                    extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
-                           "vtcm_mb": htp.vtcm_mb if htp else None,
-                           "optimization_level": htp.optimization_level if htp else None,
-                           "spill_fill_bytes": htp.spill_fill_buffer_size if htp else None,
-                           "const_bytes": htp.const_size if htp else None,
-                           "onnx_inputs": [i.to_dict() for i in p.loaded.inputs],
-                           "onnx_outputs": [o.to_dict() for o in p.loaded.outputs]}))
+                    part=p.name, epcontext_model=ctx_rel, soc_model=info.soc_model,
+                    vtcm_mb=htp.vtcm_mb if htp else None,
+                    optimization_level=htp.optimization_level if htp else None,
+                    spill_fill_bytes=htp.spill_fill_buffer_size if htp else None,
+                    const_bytes=htp.const_size if htp else None,
+                    onnx_inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+                    onnx_outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs]))
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
         m.qairt_build = build_ids.pop() if build_ids else qairt.build_id
         m.placement = placement | {"nodes": _node_rows(jobs[0], results[0], by_part)}
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
-        m.extra = {"parts": parts_meta, "timings": timings,
-                   "cache": {"enabled": cache.enabled, "root": str(cache.root) if cache.enabled else None,
-                             "hits": sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
-                             "misses": sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"])},
-                   "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api}}
+        m.timings = Timings.model_validate(timings)
+        m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
+                            hits=sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
+                            misses=sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"]))
+        m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
         if opts.output_format == "dlc":
-            m.extra["dlc_note"] = ("DLC dumped by the QNN EP through libQnnIr.so: a target-independent QNN IR container "
-                                   "(for qnn-context-binary-generator / qnn-net-run); run/verify need a context-binary bundle")
+            m.dlc_note = ("DLC dumped by the QNN EP through libQnnIr.so: a target-independent QNN IR container "
+                          "(for qnn-context-binary-generator / qnn-net-run); run/verify need a context-binary bundle")
     return open_bundle(out)
