@@ -54,15 +54,15 @@ def main() -> None:
         out["compile_cold_measured_separately"] = json.loads(os.environ["BENCH_COLD_MEASURED"])
     out["compile_cached"] = run_cli([*args, "-o", str(work / "cached"), "--force"], env)
     m = json.loads((work / "cold" / "manifest.json").read_text())
-    llm = m["extra"]["llm"]
-    out["stage_timings_s"] = m["extra"]["timings"]
-    out["artifacts"] = {"parameters": m["extra"]["parameters"], "device_bytes": llm["device_bytes"],
+    llm = m["llm"]                     # manifest schema 2
+    out["stage_timings_s"] = m["timings"]
+    out["artifacts"] = {"parameters": m["parameters"], "device_bytes": llm["device_bytes"],
                         "bytes_per_parameter": llm["bytes_per_parameter"],
                         "weight_sharing": llm["weight_sharing"], "n_parts": llm["n_parts"],
-                        "graphs": {g["name"]: {"qnn_graph_name": g["extra"]["qnn_graph_name"],
-                                               "const_bytes": g["extra"]["const_bytes"],
-                                               "shared_weights_bytes": g["extra"]["shared_weights_bytes"],
-                                               "memory_estimate_mb": g["extra"]["memory_estimate"]["total_mb"]}
+                        "graphs": {g["name"]: {"qnn_graph_name": g.get("qnn_graph_name"),
+                                               "const_bytes": g.get("const_bytes"),
+                                               "shared_weights_bytes": g.get("shared_weights_bytes"),
+                                               "memory_estimate_mb": g["memory_estimate"]["total_mb"]}
                                    for g in m["graphs"]},
                         "files_bytes": sum(f["size"] for f in m["files"]),
                         "genie": llm["genie"]}

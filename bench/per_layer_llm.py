@@ -53,12 +53,12 @@ import json, time
 import numpy as np, onnxruntime as ort
 from modelexport.contract import open_bundle
 b = open_bundle({str(bundle)!r})
-n = max(g.extra["n_tokens"] for g in b.manifest.graphs)
-g = next(g for g in b.manifest.graphs if g.extra["n_tokens"] == n)
+n = max(g.n_tokens for g in b.manifest.graphs)
+g = next(g for g in b.manifest.graphs if g.n_tokens == n)
 t0 = time.perf_counter()
 so = ort.SessionOptions(); so.log_severity_level = 3
 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-s = ort.InferenceSession(str(b.file(g.extra["quantized_model"])), so, providers=["CPUExecutionProvider"])
+s = ort.InferenceSession(str(b.file(g.quantized_model)), so, providers=["CPUExecutionProvider"])
 feed = {{}}
 for i in s.get_inputs():
     shape = [d if isinstance(d, int) else 1 for d in i.shape]

@@ -6,13 +6,15 @@ from conftest import assert_clean_error
 from modelexport.contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from modelexport.core.atomic import atomic_file
 from modelexport.core.errors import IntegrityError, OutputExistsError
+from modelexport.core.vocab import GraphKind
 
 
 def _write(out, force=False, payload=b"abc"):
     with BundleWriter(out, force=force) as w:
         w.path("model.bin").write_bytes(payload)
         w.manifest.targets = ["SM8650"]
-        w.manifest.graphs = [GraphSpec(name="g", file="model.bin", inputs=[TensorSpec(name="x", shape=[1, 3], dtype="float32")])]
+        w.manifest.graphs = [GraphSpec(name="g", file="model.bin", kind=GraphKind.CONTEXT_BINARY,
+                                       inputs=[TensorSpec(name="x", shape=[1, 3], dtype="float32")])]
     return out
 
 

@@ -73,10 +73,10 @@ def test_restore_never_overwrites_without_force(inputs, tmp_path):
     memo = BundleMemo.for_compile([model], calib, OPTIONS)
     src = tmp_path / "built"
     src.mkdir()
-    (src / "manifest.json").write_text(json.dumps({"extra": {}}))
+    (src / "manifest.json").write_text(json.dumps({"schema_version": 2}))
     memo.store(src)
     (tmp_path / "out").mkdir()
     with pytest.raises(OutputExistsError):
         memo.restore(tmp_path / "out", force=False)
     assert memo.restore(tmp_path / "out", force=True) == tmp_path / "out"
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["extra"]["cache"]["bundle_memo"] is True
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["cache"]["bundle_memo"] is True

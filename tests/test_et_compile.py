@@ -38,8 +38,8 @@ def test_api_compiles_a_module_to_a_pte_bundle_with_placement_per_node(topk_fp16
     assert topk["backend"] == "CPU" and topk["runtime"] in ("XNNPACK", "portable") and topk["module_path"] == "head"
     assert "only supports channel as dimension for topK" in topk["reason"]
     g = m.graphs[0]
-    assert g.kind == "pte-method" and g.inputs[0].name == "x" and g.extra["delegate_calls"] == {"QnnBackend": 1}
-    assert g.extra["qnn_graphs"] and all(d["alignment"] % 16384 == 0 for d in g.extra["delegates"])
+    assert g.kind == "pte-method" and g.inputs[0].name == "x" and g.delegate_calls == {"QnnBackend": 1}
+    assert g.qnn_graphs and all(d.alignment % 16384 == 0 for d in g.delegates)
     assert m.numerics["passed"] and m.numerics["outputs"][0]["sqnr_db"] > 30
 
 
@@ -97,10 +97,11 @@ def test_recompiling_the_same_model_hits_the_cache_and_writes_the_same_pte(topk_
 
     import modelexport
     again = modelexport.compile(topk_fp16["spec"], output=tmp_path / "again", target="SM8650", precision="fp16")
-    first = topk_fp16["bundle"].manifest.extra["cache"]
-    assert first["hits"] == 0 and first["misses"] == 1 and first["root"] == again.manifest.extra["cache"]["root"]
-    assert again.manifest.extra["cache"] | {"root": None} == {"enabled": True, "root": None, "hits": 1, "misses": 0}
-    assert again.manifest.extra["parts"][0]["cache_hit"] == {"SM8650": True}
+    first = topk_fp16["bundle"].manifest.cache
+    assert first.hits == 0 and first.misses == 1 and first.root == again.manifest.cache.root
+    assert again.manifest.cache.model_dump(exclude_none=True) | {"root": None} == {"enabled": True, "root": None, "hits": 1,
+                                                                                  "misses": 0}
+    assert again.manifest.parts[0].cache_hit == {"SM8650": True}
 
     def sha(b):
         (pte,) = b.path.rglob("*.pte")          # <part>/SM8650/<part>.pte; the part's name differs (file vs class)

@@ -24,7 +24,7 @@ def test_mobilenet_v2_8a8w_sm8650_cold_compile_is_fully_delegated_with_float_top
     bundle = modelexport.compile(spec, output=tmp_path / "bundle", target="SM8650", precision="8a8w",
                                  calibration=str(calib))
     m = bundle.manifest
-    assert m.extra["cache"]["hits"] == 0 and m.extra["cache"]["misses"] == 1
+    assert m.cache.hits == 0 and m.cache.misses == 1
 
     # fully delegated, as the library reports it: every node placed on QNN, one delegate call, no CPU kernel
     summary = m.placement["summary"]
@@ -33,7 +33,7 @@ def test_mobilenet_v2_8a8w_sm8650_cold_compile_is_fully_delegated_with_float_top
     assert {n["op_type"] for n in m.placement["nodes"]} >= {"aten.convolution.default", "aten.hardtanh.default"}
     assert m.targets == ["SM8650"] and m.htp_arch == {"SM8650": 75} and m.precision == "8a8w"
     (g,) = m.graphs
-    assert g.extra["delegate_calls"] == {"QnnBackend": 1} and g.extra["kernel_calls"] == {}
+    assert g.delegate_calls == {"QnnBackend": 1} and g.kernel_calls == {}
     pte = modelexport.inspect(next(bundle.path.rglob("*.pte")))["pte"]
     assert pte["methods"][0]["delegate_calls"] == {"QnnBackend": 1} and pte["methods"][0]["kernel_calls"] == {}
 

@@ -54,14 +54,14 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
     assert len(info.graphs) == 2
     shared = {g.htp.shared_weights_size for g in info.graphs}
     assert len(shared) == 1 and shared.pop() > 0              # one copy of the weights, named by both
-    ws = next(iter(m.extra["llm"]["weight_sharing"].values()))
-    assert ws["weights_stored_once"] and ws["bytes"] < ws["unshared_twins_bytes"]
+    ws = next(iter(m.llm.weight_sharing.values()))
+    assert ws.weights_stored_once and ws.bytes < ws.unshared_twins_bytes
     for g in m.graphs:                                        # the documented name maps to the QNN graph
-        assert g.extra["qnn_graph_name"] in ws["graphs"]
-        assert g.extra["host_twin"]["const_bytes"] > g.extra["const_bytes"]
-    q = m.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]
+        assert g.qnn_graph_name in ws.graphs
+        assert g.host_twin.const_bytes > g.const_bytes
+    q = m.llm.quantization["token_ar1_cl64_1_of_1"]
     assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
-    assert m.calibration["llm"]["representative"] and m.extra["parameters"] > 0
+    assert m.calibration["llm"]["representative"] and m.parameters > 0
 
 
 def test_twin_on_simulator_matches_fake_quant_cpu(bundle):
@@ -97,7 +97,7 @@ def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
     assert all(bundle.file(b).is_file() for b in bins)
     assert bundle.file(cfg["dialog"]["tokenizer"]["path"]).is_file()
-    assert bundle.manifest.extra["llm"]["genie"]["SM8650"]["accepted"]
+    assert bundle.manifest.llm.genie["SM8650"].accepted
     assert validate_genie_config(bundle.file("genie_config.json"))["status"] == 0
     del cfg["dialog"]["context"]
     bad = tmp_path / "bad.json"
@@ -111,9 +111,9 @@ def test_second_compile_is_cached(bundle, work):
     b2 = modelexport.compile(str(work / "tiny_hf"), output=work / "bundle2", target="SM8650", precision="16a4w",
                              variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                              calibration_samples=4)
-    c = b2.manifest.extra["cache"]
-    assert c["quantize_hit"] and c["compile_hits"] == c["compile_jobs"]
-    assert b2.manifest.graphs[0].extra["qnn_graph_name"] == bundle.manifest.graphs[0].extra["qnn_graph_name"]
+    c = b2.manifest.cache
+    assert c.quantize_hit and c.compile_hits == c.compile_jobs
+    assert b2.manifest.graphs[0].qnn_graph_name == bundle.manifest.graphs[0].qnn_graph_name
 
 
 def test_split_into_parts_on_a_low_limit(work, bundle):
@@ -124,11 +124,11 @@ def test_split_into_parts_on_a_low_limit(work, bundle):
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "split", target="SM8650", precision="16a4w",
                             variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                             calibration_samples=4, context_limit_mb=0.06)
-    llm = b.manifest.extra["llm"]
-    assert llm["n_parts"] == 2 and "split into 2 parts" in llm["split_note"]
+    llm = b.manifest.llm
+    assert llm.n_parts == 2 and "split into 2 parts" in llm.split_note
     assert sorted(g.name for g in b.manifest.graphs) == ["prompt_ar4_cl64_1_of_2", "prompt_ar4_cl64_2_of_2",
                                                          "token_ar1_cl64_1_of_2", "token_ar1_cl64_2_of_2"]
-    assert len(llm["weight_sharing"]) == 2                   # one shared binary per part
+    assert len(llm.weight_sharing) == 2                      # one shared binary per part
     cfg = json.loads(b.file("genie_config.json").read_text())
     assert len(cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]) == 2
     ids = tiny_tokenizer().encode("The quick brown fox")[:8]
@@ -179,7 +179,7 @@ def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_pat
     assert first <= names.index("model.layers.1.mlp.down_proj")
     assert all(sqnr[n] >= pl["threshold_db"] for n in names[:first])
     pattern = parse_overrides([pl["suggested_override"].split("'")[1]], "16a4w")[0].pattern
-    modules = bundle.manifest.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]["modules"]
+    modules = bundle.manifest.llm.quantization["token_ar1_cl64_1_of_1"]["modules"]
     assert any(re.search(pattern, m) for m in modules), pattern
     num = open_bundle(b).manifest.numerics
     assert len(num["per_layer"]) == len(names) and "re-exported" in num["per_layer_source"]
@@ -276,11 +276,11 @@ def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
                             block_size=16, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                             calibration_samples=4)
     assert b.manifest.precision == "16a4w_block"
-    q = b.manifest.extra["llm"]["quantization"]["token_ar1_cl64_1_of_1"]
+    q = b.manifest.llm.quantization["token_ar1_cl64_1_of_1"]
     # 16, not the default 32: the twins also pass the child-process simulator check non-default sizes get
     assert q["blocks"]["block_size"] == 16 and q["blocks"]["matmuls"] == 2 * 7   # 7 projections per layer
     g = next(g for g in b.manifest.graphs if g.name == "token_ar1_cl64_1_of_1")
-    model = onnx.load(str(b.file(g.extra["quantized_model"])), load_external_data=False)
+    model = onnx.load(str(b.file(g.quantized_model)), load_external_data=False)
     blocked = [n for n in model.graph.node if n.op_type == "DequantizeLinear"
                and any(a.name == "block_size" and a.i == 16 for a in n.attribute)]
     assert len(blocked) == 14

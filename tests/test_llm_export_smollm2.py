@@ -58,17 +58,17 @@ def _answer(bundle) -> str:
 def test_weight_shared_binary(smol):
     m = smol.manifest
     assert sorted(g.name for g in m.graphs) == ["prompt_ar32_cl512_1_of_1", "token_ar1_cl512_1_of_1"]
-    ws = m.extra["llm"]["weight_sharing"]["SM8650/1"]
-    assert len(ws["graphs"]) == 2 and ws["weights_stored_once"]
-    assert ws["bytes"] < 0.7 * ws["unshared_twins_bytes"]
-    assert m.extra["llm"]["bytes_per_parameter"] < 1.0          # 4-bit weights, 8-bit embedding table
-    assert m.extra["llm"]["n_parts"] == 1
+    ws = m.llm.weight_sharing["SM8650/1"]
+    assert len(ws.graphs) == 2 and ws.weights_stored_once
+    assert ws.bytes < 0.7 * ws.unshared_twins_bytes
+    assert m.llm.bytes_per_parameter < 1.0                     # 4-bit weights, 8-bit embedding table
+    assert m.llm.n_parts == 1
 
 
 def test_genie_accepts(smol):
     cfg = json.loads(smol.file("genie_config.json").read_text())
     assert cfg["dialog"]["context"]["n-vocab"] == 49152 and cfg["dialog"]["context"]["size"] == 512
-    assert smol.manifest.extra["llm"]["genie"]["SM8650"]["accepted"]
+    assert smol.manifest.llm.genie["SM8650"].accepted
 
 
 def test_paris_on_the_htp_simulator_16a8w(smol_16a8w):
@@ -78,9 +78,9 @@ def test_paris_on_the_htp_simulator_16a8w(smol_16a8w):
 
 def test_paris_on_the_htp_simulator_16a4w_block(smol_block):
     """The LLM default: 4-bit weights in blocks of 32 (LPBQ)."""
-    q = smol_block.manifest.extra["llm"]["quantization"]["token_ar1_cl512_1_of_1"]
+    q = smol_block.manifest.llm.quantization["token_ar1_cl512_1_of_1"]
     assert q["blocks"]["block_size"] == 32 and q["blocks"]["matmuls"] == 30 * 7
-    assert smol_block.manifest.extra["llm"]["bytes_per_parameter"] < 1.0
+    assert smol_block.manifest.llm.bytes_per_parameter < 1.0
     text = _answer(smol_block)
     assert "paris" in text.lower(), text
 

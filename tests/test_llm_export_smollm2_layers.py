@@ -46,9 +46,9 @@ def test_simulator_runs_what_the_qdq_graph_says(bundle):
 
 
 def test_weight_shared_binary_holds_both_graphs(bundle):
-    ws = bundle.manifest.extra["llm"]["weight_sharing"]["SM8650/1"]
-    assert len(ws["graphs"]) == 2 and ws["weights_stored_once"]
-    assert ws["bytes"] < ws["unshared_twins_bytes"] * 0.75
+    ws = bundle.manifest.llm.weight_sharing["SM8650/1"]
+    assert len(ws.graphs) == 2 and ws.weights_stored_once
+    assert ws.bytes < ws.unshared_twins_bytes * 0.75
     placement = bundle.manifest.placement
     assert set(placement) == {"prompt_ar32_cl128_1_of_1", "token_ar1_cl128_1_of_1"}
     for graph in placement.values():

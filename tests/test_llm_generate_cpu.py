@@ -194,18 +194,25 @@ def test_cli_bad_inputs(fp32, cli, tmp_path):
 
 def test_cli_bundles_that_cannot_generate(fp32, cli, tmp_path):
     from modelexport.contract.bundle import BundleWriter
-    from modelexport.contract.manifest import Manifest
+    from modelexport.contract.manifest import Manifest, SourceModel
 
     _, pte, _ = fp32
     with BundleWriter(tmp_path / "cnn", manifest=Manifest(kind="model")) as w:
         w.path("model.onnx").write_bytes(b"x")
     assert_clean_error(cli("generate", str(tmp_path / "cnn"), "--prompt", "hi"), "not an LLM")
     with BundleWriter(tmp_path / "llm", manifest=Manifest(kind="llm")) as w:
-        w.add_file(pte, "model.pte", role="cpu-pte")
         w.add_file(pte.parent / "tokenizer.json", "tokenizer.json", role="tokenizer")
     assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "--backend", "htp-sim"), "no HTP graphs")
-    proc = cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "-n", "3", "--json", check=True)
-    assert json.loads(proc.stdout)["stats"]["backend"] == "cpu"
+    # an LLM bundle holds NPU graphs: on the CPU it generates from the model it was compiled from
+    assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi"), "carries no CPU program")
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    with BundleWriter(tmp_path / "llm2", manifest=Manifest(kind="llm", source=SourceModel(path=str(source), sha256="0" * 64))):
+        pass
+    changed = cli("generate", str(tmp_path / "llm2"), "--prompt", "hi")
+    assert_clean_error(changed, "changed since it was compiled")
+    assert changed.returncode == 4
 
 
 def test_python_api_errors(fp32):

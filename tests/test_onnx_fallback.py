@@ -59,7 +59,7 @@ def test_pipeline_file_and_dlc(tmp_path, cli):
         "targets: [SM8650]\nparts:\n  - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: random}\n"
         "  - {name: embedder, model: emb.onnx, precision: fp16}\n")
     res = json.loads(cli("compile", str(tmp_path / "pipe.yaml"), "-o", str(tmp_path / "pipe"), "--json", check=True).stdout)
-    assert res["precision"] == "mixed" and {g["extra"]["part"] for g in res["graphs"]} == {"encoder", "embedder"}
+    assert res["precision"] == "mixed" and {g["part"] for g in res["graphs"]} == {"encoder", "embedder"}
     ver = json.loads(cli("verify", str(tmp_path / "pipe"), "--json", check=True).stdout)
     assert ver["passed"] and len(ver["graphs"]) == 2
     dlc = json.loads(cli("compile", str(tmp_path / "enc.onnx"), "-o", str(tmp_path / "dlc"), "--format", "dlc",

@@ -9,9 +9,11 @@ import pytest
 
 from modelexport.contract import BundleWriter, open_bundle
 from modelexport.contract.bundle import refresh_report
+from modelexport.contract.manifest import DecoderShape, LlmSection
+from modelexport.core.vocab import BundleKind
 
 
-def _bundle(tmp_path, placement=None, numerics=None, kind="model", extra=None):
+def _bundle(tmp_path, placement=None, numerics=None, kind=BundleKind.MODEL, llm=None, parameters=None):
     with BundleWriter(tmp_path / "b") as w:
         w.path("g.bin").write_bytes(b"x" * 1000)
         w.manifest.kind = kind
@@ -19,8 +21,17 @@ def _bundle(tmp_path, placement=None, numerics=None, kind="model", extra=None):
         w.manifest.htp_arch = {"SM8650": 75}
         w.manifest.placement = placement or {}
         w.manifest.numerics = numerics or {}
-        w.manifest.extra = extra or {}
+        w.manifest.llm = llm
+        w.manifest.parameters = parameters
     return open_bundle(tmp_path / "b")
+
+
+def _llm(weight_bytes_per_token: int) -> LlmSection:
+    shape = DecoderShape(n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64, hidden_size=576, vocab_size=49152,
+                         max_seq_len=512)
+    return LlmSection(architecture="llama", spec=shape, variants=[32, 1], max_seq_len=512, n_parts=1,
+                      weight_bytes_per_token=weight_bytes_per_token, device_bytes=weight_bytes_per_token,
+                      rope_theta=100000.0)
 
 
 NODES = [{"name": "conv0", "op_type": "Conv", "backend": "HTP"},
@@ -42,7 +53,7 @@ def test_report_with_placement_and_numerics_embeds_plots(tmp_path):
                           "threshold_db": 20,
                           "per_layer": [{"name": f"layers.{i}", "sqnr_db": 40 - 3 * i} for i in range(8)],
                           "per_layer_threshold_db": 25, "first_bad_layer": "layers.5"},
-                kind="llm", extra={"llm": {"weight_bytes_per_token": 70_000_000}, "parameters": 134_515_008})
+                kind=BundleKind.LLM, llm=_llm(70_000_000), parameters=134_515_008)
     html = (b.path / "report.html").read_text()
     assert "1/2 compute nodes on HTP" in html and "Det" in html and "layers.5" in html
     imgs = [ET.fromstring(base64.b64decode(i)) for i in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)]

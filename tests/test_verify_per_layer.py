@@ -86,7 +86,7 @@ def test_mobilenet_16a4w_per_layer_finds_the_collapse_and_the_override_fixes_it(
                              env=_cache_env(tmp_path_factory)).stdout)
     assert res["placement"]["mobilenet_v2"]["SM8650"]["cpu_fallbacks"] == []
     m = json.loads((fixed / "manifest.json").read_text())
-    ov = m["extra"]["parts"][0]["quantization"]["overrides"]
+    ov = m["parts"][0]["quantization"]["overrides"]
     assert ov[0]["regex"] == spec.rpartition("=")[0] and ov[0]["nodes"] >= 3 and ov[0]["precision"] == "16a8w"
     after = run_cli("verify", str(fixed), "--per-layer", "--json", "--min-sqnr", "0", env=_cache_env(tmp_path_factory))
     assert after.returncode == 0, after.stderr

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..core.errors import InputError, IntegrityError
 from ..core.atomic import check_output, replace_path, sibling_temp
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file
+from ..core.vocab import Role
 
 if TYPE_CHECKING:
     from .manifest import FileEntry, Manifest
@@ -36,20 +37,21 @@ class BundleWriter:
         from .manifest import Manifest
         self.manifest = manifest or Manifest()
         self.dir = sibling_temp(self.out)
-        self.roles: dict[str, str] = {}
+        self.roles: dict[str, Role] = {}
 
     def __enter__(self) -> "BundleWriter":
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir()
         return self
 
-    def path(self, rel: str, role: str = "artifact") -> Path:
+    def path(self, rel: str, role: Role = Role.ARTIFACT) -> Path:
+        role = Role(role)                 # a word the readers know, or ValueError
         p = self.dir / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         self.roles[rel] = role
         return p
 
-    def add_file(self, src: str | Path, rel: str | None = None, role: str = "artifact") -> str:
+    def add_file(self, src: str | Path, rel: str | None = None, role: Role = Role.ARTIFACT) -> str:
         rel = rel or Path(src).name
         shutil.copyfile(src, self.path(rel, role))
         return rel
@@ -75,7 +77,7 @@ class BundleWriter:
                 continue
             entry = known.get(rel)
             if entry is None or entry.size != p.stat().st_size:
-                entry = FileEntry(path=rel, size=p.stat().st_size, sha256=sha256_file(p), role=self.roles.get(rel, "artifact"))
+                entry = FileEntry(path=rel, size=p.stat().st_size, sha256=sha256_file(p), role=self.roles.get(rel, Role.ARTIFACT))
             out.append(entry)
         return out
 
@@ -87,7 +89,7 @@ class BundleWriter:
         m.files = self._entries({})
         for fn in _finalizers:
             fn(self.dir, m)
-        self.roles[REPORT_NAME] = "report"
+        self.roles[REPORT_NAME] = Role.REPORT
         write_report(self.dir, m, REPORT_NAME)  # sees the artifact files; lists itself next time it is rebuilt
         m.files = self._entries({f.path: f for f in m.files})
         (self.dir / MANIFEST_NAME).write_text(m.to_json())
@@ -158,13 +160,15 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
 
     from .manifest import SCHEMA_VERSION, Manifest
     try:
-        manifest = Manifest.model_validate(json.loads((p / MANIFEST_NAME).read_text()))
+        data = json.loads((p / MANIFEST_NAME).read_text())
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version > SCHEMA_VERSION:   # before its new words fail validation
+            raise InputError(f"bundle schema {version} is newer than this modelexport understands",
+                             "upgrade modelexport")
+        manifest = Manifest.model_validate(data)
     except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as e:
         raise IntegrityError(f"{p / MANIFEST_NAME} is not a valid manifest: {str(e).splitlines()[0]}",
                              "rebuild the bundle with --force") from None
-    if manifest.schema_version > SCHEMA_VERSION:
-        raise InputError(f"bundle schema {manifest.schema_version} is newer than this modelexport understands",
-                         "upgrade modelexport")
     bundle = Bundle(p, manifest)
     if verify:
         bundle.verify_integrity()
@@ -177,7 +181,7 @@ def refresh_report(bundle: Bundle) -> Path:
     m = bundle.manifest
     out = write_report(bundle.path, m, REPORT_NAME)
     from .manifest import FileEntry
-    entry = FileEntry(path=REPORT_NAME, size=out.stat().st_size, sha256=sha256_file(out), role="report")
+    entry = FileEntry(path=REPORT_NAME, size=out.stat().st_size, sha256=sha256_file(out), role=Role.REPORT)
     m.files = [f for f in m.files if f.path != REPORT_NAME] + [entry]
     save_manifest(bundle)
     return out

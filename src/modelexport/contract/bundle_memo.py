@@ -152,11 +152,10 @@ class BundleMemo:
         try:
             shutil.copytree(entry / ENTRY_BUNDLE, tmp)
             manifest = tmp / MANIFEST_NAME
-            data = json.loads(manifest.read_text())
-            extra = data.setdefault("extra", {})
-            extra["cache"] = {"enabled": True, "root": str(self.cache.root), "bundle_memo": True,
-                              "hits": 1, "misses": 0}
-            extra.setdefault("timings", {})["memo_restore_s"] = round(time.perf_counter() - t0, 4)
+            data = json.loads(manifest.read_text())   # schema 2 (the code fingerprint keeps older entries out)
+            data["cache"] = {"enabled": True, "root": str(self.cache.root), "bundle_memo": True,   # Manifest.cache
+                             "hits": 1, "misses": 0}
+            data.setdefault("timings", {})["memo_restore_s"] = round(time.perf_counter() - t0, 4)
             manifest.write_text(json.dumps(data, indent=2))   # manifest.json is not in its own file list
             replace_path(tmp, output)
         finally:

@@ -1,16 +1,58 @@
 """manifest.json: the contract between compile and everything after it.
 
-inspect, run, verify, generate and profile read the manifest; they never guess.
+inspect, run, verify, generate, eval, profile and report.html read the manifest; they never guess.
+Everything a writer records has a typed field here; the values writers and readers must agree on
+(bundle kind, format, graph kind, file role) are the `core.vocab` enums, stored as plain strings.
+
+Schema 2 (this one) gave the sections schema 1 kept in untyped dicts their own types:
+
+    schema 1                                  schema 2
+    extra["parts"]                            Manifest.parts: [PartEntry]      (ONNX and PyTorch bundles)
+    extra["llm"], extra["parameters"]         Manifest.llm: LlmSection, Manifest.parameters   (LLM bundles)
+    extra["timings" | "cache" | "qairt"]      Manifest.timings, .cache, .qairt
+    extra["dlc_note"]                         Manifest.dlc_note
+    graphs[i].extra[...]                      GraphSpec fields of the same names (part, n_tokens, ...)
+
+A schema-1 manifest still opens: `Manifest`'s before-validator moves those keys into the typed
+fields, and reads the same. There is no `extra` any more; what stays free-form is typed as a dict
+and says so: `options`, `calibration`, `placement`, `numerics` (as before), `PartEntry.quantization`
+and `.rewrites` (what the quantizer / the rewrite passes report), `LlmSection.quantization` (the
+quantizer's report per graph) and the per-stage entries of `Timings` (named by each writer).
+
+Inside the typed sections a field a writer set to None is kept in the JSON as null (the sections
+used to be dicts that kept them); only unset optional fields are left out.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler,
+                      model_serializer, model_validator)
 
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
+from ..core.vocab import BundleKind, Format, GraphKind, Role
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+GRAPH_NAMING = "{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1) or token (N=1), C = max_seq_len, part i of n"
+
+
+class _Recorded(BaseModel):
+    """Serialized as written: under `exclude_none` a field the writer set to None stays (as null);
+    only fields never set are left out. `keeps_none` limits that to some fields (None: all)."""
+    keeps_none: ClassVar[frozenset[str] | None] = None
+
+    @model_serializer(mode="wrap")
+    def _written_nones(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if not isinstance(data, dict) or not info.exclude_none or info.include is not None or info.exclude is not None:
+            return data
+        keep = self.model_fields_set if self.keeps_none is None else self.model_fields_set & self.keeps_none
+        nones = {k for k in keep if k not in data and getattr(self, k) is None}
+        if not nones:
+            return data
+        out = {k: data[k] if k in data else None for k in type(self).model_fields if k in data or k in nones}
+        return out | {k: v for k, v in data.items() if k not in out}
 
 
 class Encoding(BaseModel):
@@ -30,22 +72,96 @@ class TensorSpec(BaseModel):
     encoding: Encoding | None = None
 
 
-class GraphSpec(BaseModel):
+# ---------------------------------------------------------------------------------------------
+# per graph
+
+class HostTwin(_Recorded):
+    """LLM bundles: the unshared binary compiled from the same QDQ graph, which the x86 simulator runs
+    (it cannot load weight-shared binaries)."""
+    epcontext_model: str
+    context_binary: str
+    qnn_graph_name: str | None = None
+    const_bytes: int | None = None
+    bytes: int | None = None
+
+
+class MemoryEstimate(_Recorded):
+    """LLM bundles: the estimated HTP memory of one graph (backends/llm_qnn/memory.py)."""
+    weights_bytes: int
+    io_bytes: int
+    activation_bytes: int
+    total_bytes: int
+    total_mb: float
+
+
+class Delegate(_Recorded):
+    """PyTorch bundles: one delegate blob of a .pte method, where it sits in the file."""
+    backend_id: str
+    location: str
+    offset: int | None = None
+    size: int | None = None
+    alignment: int | None = None
+
+
+class QnnGraph(_Recorded):
+    """PyTorch bundles: a QNN graph inside a method's delegate, read back from its context binary."""
+    method: str
+    graph: str
+    inputs: list[TensorSpec] = Field(default_factory=list)
+    outputs: list[TensorSpec] = Field(default_factory=list)
+    vtcm_mb: float | None = None
+    const_bytes: int | None = None
+
+
+class GraphSpec(_Recorded):
+    """One compiled graph. The first fields every graph has; the rest are set by the writers that
+    know them (which, in the comments). Schema 1 kept those in `extra`."""
     name: str
     file: str | None = None              # the file in the bundle holding this graph
-    kind: str = "model"                  # e.g. context-binary, epcontext-onnx, pte-method, onnx
+    kind: GraphKind
     inputs: list[TensorSpec] = Field(default_factory=list)
     outputs: list[TensorSpec] = Field(default_factory=list)
     target: str | None = None
     htp_arch: int | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    part: str | None = None              # the part (ONNX / PyTorch) or graph name (LLM) it belongs to
+    # context binaries (ONNX and LLM bundles)
+    epcontext_model: str | None = None   # the EPContext .onnx that loads it
+    soc_model: int | None = None
+    vtcm_mb: float | None = None
+    optimization_level: int | None = None
+    spill_fill_bytes: int | None = None
+    const_bytes: int | None = None
+    onnx_inputs: list[TensorSpec] | None = None    # the ONNX model's own IO (float, before QDQ)
+    onnx_outputs: list[TensorSpec] | None = None
+    # dlc
+    nodes: int | None = None             # nodes of the QDQ model the DLC was dumped from
+    # pte-method
+    delegates: list[Delegate] | None = None
+    delegate_calls: dict[str, int] | None = None
+    kernel_calls: dict[str, int] | None = None
+    qnn_graphs: list[QnnGraph] | None = None
+    # LLM decoder graphs
+    n_tokens: int | None = None          # N of arN: tokens per call
+    part_index: int | None = None        # 1-based part of a decoder split by layers
+    n_parts: int | None = None
+    layers: list[int] | None = None      # [first, end) decoder layers of the part
+    qnn_graph_name: str | None = None    # the graph's name inside the weight-shared binary
+    shared: bool | None = None           # its binary holds several graphs sharing one copy of the weights
+    shared_weights_bytes: int | None = None
+    host_twin: HostTwin | None = None
+    quantized_model: str | None = None   # the QDQ .onnx it was compiled from
+    memory_estimate: MemoryEstimate | None = None
+
+    # schema 1 wrote these as dict entries, None included
+    keeps_none: ClassVar[frozenset[str] | None] = frozenset({
+        "vtcm_mb", "optimization_level", "spill_fill_bytes", "const_bytes", "qnn_graph_name", "shared_weights_bytes"})
 
 
 class FileEntry(BaseModel):
     path: str
     size: int
     sha256: str
-    role: str = "artifact"
+    role: Role = Role.ARTIFACT
 
 
 class SourceModel(BaseModel):
@@ -55,15 +171,164 @@ class SourceModel(BaseModel):
     description: str | None = None
 
 
+# ---------------------------------------------------------------------------------------------
+# per part (ONNX and PyTorch bundles)
+
+class PartFiles(_Recorded):
+    """A part's files in the bundle (besides its compiled graphs)."""
+    float_model: str | None = None       # .onnx or .pt2
+    quantized_model: str | None = None   # the QDQ .onnx (quantized ONNX parts)
+    verify_inputs: str | None = None     # .npz of the samples `verify` compares on
+
+
+class PartEntry(_Recorded):
+    """One model of a bundle: where it came from, its precision and IO, its files, what was cached."""
+    name: str
+    source: str | None = None
+    sha256: str | None = None
+    precision: str
+    inputs: list[TensorSpec] = Field(default_factory=list)
+    outputs: list[TensorSpec] | None = None              # ONNX parts
+    fixed_shapes: dict[str, list[int]] | None = None     # ONNX parts: --input-shape applied
+    quantization: dict[str, Any] | None = None           # ONNX parts: what the quantizer reports (free-form)
+    files: PartFiles = Field(default_factory=PartFiles)
+    cache_hit: dict[str, bool] = Field(default_factory=dict)   # "quantize" and per target
+    rewrites: list[dict[str, Any]] | None = None         # PyTorch parts: what each rewrite pass did (free-form)
+
+
+# ---------------------------------------------------------------------------------------------
+# LLM bundles
+
+class DecoderShape(_Recorded):
+    """The static decoder's dimensions (`llm.static_decoder.DecoderSpec`)."""
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_seq_len: int
+
+
+class WeightSharing(_Recorded):
+    """One weight-shared context binary (a target and a part), read back through libQnnSystem."""
+    file: str
+    graphs: list[str]
+    shared_weights_bytes: list[int]
+    const_bytes: dict[str, int | None] = Field(default_factory=dict)
+    bytes: int
+    unshared_twins_bytes: int
+    saved_bytes: int
+    weights_stored_once: bool
+    note: str | None = None
+
+
+class GenieCheck(_Recorded):
+    """The Genie config of a target and what libGenie said of it."""
+    file: str
+    accepted: bool
+    status: int | None = None
+    library: str | None = None
+
+
+class LlmSection(_Recorded):
+    """What an LLM bundle's readers (session, per-layer, eval, summary, report) need."""
+    architecture: str
+    spec: DecoderShape
+    variants: list[int]                  # the N of the arN graphs
+    max_seq_len: int
+    n_parts: int
+    parts: list[list[int]] = Field(default_factory=list)   # [first, end) layers per part
+    split_note: str | None = None
+    weight_bytes_per_token: int
+    device_bytes: int
+    bytes_per_parameter: float | None = None
+    bos_id: int | None = None
+    eos_ids: list[int] = Field(default_factory=list)
+    rope_theta: float
+    graph_naming: str = GRAPH_NAMING
+    weight_sharing: dict[str, WeightSharing] = Field(default_factory=dict)   # "TARGET/part" →
+    genie: dict[str, GenieCheck] = Field(default_factory=dict)               # target →
+    quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
+    memory_limit_mb: float | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# how the bundle was made
+
+class Timings(_Recorded):
+    """Seconds. `total_s` and `memo_restore_s` are read; every other entry is a stage named by its
+    writer (e.g. `encoder.quantize_s`, `encoder.SM8650.compile_s`, `quantize_stage_s`; PyTorch
+    bundles: a dict per part and target), kept as written."""
+    model_config = ConfigDict(extra="allow")
+    total_s: float | None = None
+    memo_restore_s: float | None = None
+
+    @model_serializer(mode="wrap")
+    def _written_nones(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)            # the stages first, as the writers record them, then the totals
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if k not in type(self).model_fields} | \
+            {k: v for k, v in data.items() if k in type(self).model_fields}
+
+
+class CacheInfo(_Recorded):
+    """What the stage caches (and the bundle memo) gave."""
+    enabled: bool
+    root: str | None = None
+    bundle_memo: bool | None = None      # the whole bundle was copied from the memo
+    hits: int | None = None              # ONNX / PyTorch bundles: stage entries reused
+    misses: int | None = None
+    quantize_hit: bool | None = None     # LLM bundles
+    compile_hits: int | None = None
+    compile_jobs: int | None = None
+
+
+class QairtInfo(_Recorded):
+    """The QAIRT the bundle was compiled with (its build id is `Manifest.qairt_build`)."""
+    source: str | None = None
+    version: str | None = None
+    core_api: str | None = None
+    htp_api: str | None = None
+    build: str | None = None             # PyTorch bundles: ExecuTorch's QNN build and its pairing
+    pairing: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+
+_SCHEMA1_SECTIONS = ("parts", "llm", "parameters", "timings", "cache", "qairt", "dlc_note")
+
+
+def upgrade_schema1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema-1 manifest (plain JSON) → schema 2: the `extra` entries move to their typed places."""
+    data = dict(data)
+    extra = dict(data.pop("extra", None) or {})
+    for key in _SCHEMA1_SECTIONS:
+        if key in extra:
+            data.setdefault(key, extra.pop(key))
+    graphs = []
+    for g in data.get("graphs") or []:
+        if isinstance(g, dict) and isinstance(g.get("extra"), dict):
+            g = dict(g)
+            for k, v in g.pop("extra").items():
+                g.setdefault(k, v)
+        graphs.append(g)
+    if "graphs" in data:
+        data["graphs"] = graphs
+    data["schema_version"] = SCHEMA_VERSION
+    return data
+
+
 class Manifest(BaseModel):
     schema_version: int = SCHEMA_VERSION
-    kind: str = "model"                 # model | llm
+    kind: BundleKind = BundleKind.MODEL
     created_by: str = "modelexport"
     source: SourceModel = Field(default_factory=SourceModel)
     targets: list[str] = Field(default_factory=list)
     htp_arch: dict[str, int] = Field(default_factory=dict)   # target → arch, as read back from binaries
-    precision: str | None = None
-    format: str | None = None           # context-binary, pte, ...
+    precision: str | None = None        # one precision, or "mixed" (then per part in `parts`)
+    format: Format | None = None
     qairt_build: str | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     options: dict[str, Any] = Field(default_factory=dict)
@@ -72,7 +337,24 @@ class Manifest(BaseModel):
     files: list[FileEntry] = Field(default_factory=list)
     placement: dict[str, Any] = Field(default_factory=dict)
     numerics: dict[str, Any] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    parts: list[PartEntry] = Field(default_factory=list)      # model bundles
+    llm: LlmSection | None = None                             # LLM bundles
+    parameters: int | None = None                             # LLM bundles: the source model's
+    timings: Timings = Field(default_factory=Timings)
+    cache: CacheInfo | None = None
+    qairt: QairtInfo | None = None
+    dlc_note: str | None = None                               # dlc bundles: what a DLC is good for
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        if isinstance(data, dict) and int(data.get("schema_version") or 1) < 2:
+            return upgrade_schema1(data)
+        return data
+
+    def part(self, name: str | None) -> PartEntry | None:
+        """The part of that name (model bundles), or None."""
+        return next((p for p in self.parts if p.name == name), None)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True)

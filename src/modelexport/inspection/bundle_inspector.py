@@ -10,4 +10,4 @@ from . import inspector
 def read_bundle(path: Path) -> dict:
     b = open_bundle(path, verify=False)
     problems = b.problems()
-    return {"manifest": b.manifest.model_dump(exclude_none=True), "integrity": {"ok": not problems, "problems": problems}}
+    return {"manifest": b.manifest.model_dump(mode="json", exclude_none=True), "integrity": {"ok": not problems, "problems": problems}}

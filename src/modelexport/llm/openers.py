@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ..core.errors import InputError
+from ..core.vocab import BundleKind
 from . import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from .tokenizers import load_tokenizer, load_tokenizer_json
 
@@ -41,8 +42,8 @@ def open_llm_bundle(path: Path):
     from ..contract.bundle import open_bundle
 
     bundle = open_bundle(path)
-    if bundle.manifest.kind != "llm":
-        raise InputError(f"{path} is a {bundle.manifest.kind!r} bundle, not an LLM",
+    if bundle.manifest.kind != BundleKind.LLM:
+        raise InputError(f"{path} is a '{bundle.manifest.kind}' bundle, not an LLM",
                          "generate runs LLM bundles (modelexport compile of a GGUF or HF folder), GGUF files or HF folders")
     return bundle
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..contract import Bundle, open_bundle
 from ..core.errors import InputError, ToolchainError, UnsupportedError
 from ..core.targets import get_target
+from ..core.vocab import BundleKind
 from .report import NOTE, ProfileReport, ProfileRow, check_build, median
 
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -104,7 +105,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
                    target: str | None = None, inputs=None, trace: str | Path | None = None,
                    keep_dir: str | Path | None = None) -> ProfileReport:
     bundle = open_bundle(bundle_path)
-    if bundle.manifest.kind == "llm":
+    if bundle.manifest.kind == BundleKind.LLM:
         raise UnsupportedError(f"{bundle.path} is an LLM bundle; `modelexport profile` profiles one compiled graph of a model bundle",
                                "profile an ONNX/PyTorch model bundle; LLM bundles: use `modelexport generate` timings")
     check_build(bundle)
@@ -115,13 +116,12 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
         raise InputError(f"{bundle.path} holds {len(graphs)} compiled graphs: " + ", ".join(f"{g.part}@{g.target}" for g in graphs),
                          "choose one with --part and/or --target")
     cg = graphs[0]
-    parts = {p["name"]: p for p in bundle.manifest.extra.get("parts", [])}
-    pfiles = parts.get(cg.part, {}).get("files", {})
-    ref_model = pfiles.get("quantized_model") or pfiles.get("float_model")
+    pm = bundle.manifest.part(cg.part)
+    ref_model = (pm.files.quantized_model or pm.files.float_model) if pm else None
     ref_nodes = _onnx_nodes(bundle.file(ref_model)) if ref_model else {}
     ctx_nodes = _onnx_nodes(cg.epcontext)
     from ..frontends.module_paths import onnx_module_path
-    graph_io = {i["name"] for i in cg.graph.extra.get("onnx_inputs", [])} | {o["name"] for o in cg.graph.extra.get("onnx_outputs", [])}
+    graph_io = {t.name for t in [*(cg.graph.onnx_inputs or []), *(cg.graph.onnx_outputs or [])]}
 
     with tempfile.TemporaryDirectory(prefix="mx-prof-") as tmp:
         work = Path(keep_dir) if keep_dir else Path(tmp)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..core.vocab import BundleKind, Role
 from ..llm.static_runner import StaticRunner
 
 STAGES = ("float", "fake-quant", "htp-sim", "cpu")
@@ -114,11 +115,11 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     bundle = None
     if src.is_dir() and (src / "manifest.json").is_file():
         bundle = open_bundle(src)
-        if bundle.manifest.kind != "llm":
+        llm_meta = bundle.manifest.llm
+        if bundle.manifest.kind != BundleKind.LLM or llm_meta is None:
             raise InputError(f"{src} is a {bundle.manifest.kind} bundle, not an LLM")
-        llm_meta = bundle.manifest.extra["llm"]
-        seq = llm_meta["max_seq_len"]
-        variants = llm_meta["variants"]
+        seq = llm_meta.max_seq_len
+        variants = llm_meta.variants
         source = Path(bundle.manifest.source.path or "")
         stages = stages or list(BUNDLE_STAGES)
     else:
@@ -152,7 +153,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         tok = from_transformers(loaded.tokenizer, chat_template=loaded.chat_template)
     if bundle is not None:
         from ..llm.tokenizers import load_tokenizer
-        tok_file = next(bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer")
+        tok_file = next(bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER)
         tok = load_tokenizer(tok_file)
     cpu = None
     if "cpu" in stages:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..contract import open_bundle
 from ..contract.bundle import refresh_report, save_manifest
 from ..core.errors import UnsupportedError
+from ..core.vocab import BundleKind, Format
 
 
 def _ort(*a):
@@ -28,8 +29,8 @@ def _llm(*a):
 # (manifest.format, manifest.kind) → fn(bundle, inputs, part, target, threshold_db, min_sqnr, max_samples)
 #   -> (VerifyReport, [PerLayerReport], source of the numbers)
 PER_LAYER: dict[tuple[str, str], Callable[..., tuple[Any, list, str]]] = {
-    ("context-binary", "model"): _ort,
-    ("context-binary", "llm"): _llm,
+    (Format.CONTEXT_BINARY, BundleKind.MODEL): _ort,
+    (Format.CONTEXT_BINARY, BundleKind.LLM): _llm,
 }
 
 
@@ -39,7 +40,7 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
     """→ (VerifyReport of the compiled graph, [PerLayerReport per part]); records both in the bundle."""
     bundle = open_bundle(bundle_path)
     m = bundle.manifest
-    run = PER_LAYER.get((m.format or "context-binary", m.kind))
+    run = PER_LAYER.get((m.format or Format.CONTEXT_BINARY, m.kind))
     if run is None:
         raise UnsupportedError(f"--per-layer is not available for {m.format} {m.kind} bundles ({bundle.path}) yet",
                                "run `modelexport verify` without --per-layer for the per-output numbers; for a .pte, "

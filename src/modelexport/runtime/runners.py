@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.registry import Registry
+from ..core.vocab import Format
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Runner:
 
 
 RUNNERS: Registry[Runner] = Registry("runtime")
-DEFAULT_FORMAT = "context-binary"
+DEFAULT_FORMAT = Format.CONTEXT_BINARY
 
 
 def runner(fmt: str):
@@ -63,14 +64,14 @@ def _pte_profile(bundle, runs, level, part, target, inputs, trace, keep_dir=None
     return profile_pte(bundle, runs, level, part, target, inputs, trace)
 
 
-runner("context-binary")(Runner("context-binary", _ctx_run, _ctx_verify, _ctx_profile))
-runner("pte")(Runner("pte", _pte_run, _pte_verify, _pte_profile))
+runner(Format.CONTEXT_BINARY)(Runner(Format.CONTEXT_BINARY, _ctx_run, _ctx_verify, _ctx_profile))
+runner(Format.PTE)(Runner(Format.PTE, _pte_run, _pte_verify, _pte_profile))
 
 
 def format_of(path: str | Path) -> str:
     p = Path(path)
     if p.is_file() and p.suffix.lower() == ".pte":
-        return "pte"
+        return Format.PTE
     try:
         return json.loads((p / "manifest.json").read_text()).get("format") or DEFAULT_FORMAT
     except (OSError, ValueError):

@@ -20,7 +20,9 @@ import numpy as np
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import SourceModel
+from ...contract.manifest import (CacheInfo, Delegate, PartEntry, PartFiles, QairtInfo, QnnGraph, SourceModel,
+                                  Timings)
+from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
@@ -243,8 +245,8 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
     from .inspect import qnn_binaries, read_pte
     with BundleWriter(out, force) as w:
         m = w.manifest
-        m.kind = "model"
-        m.format = "pte"
+        m.kind = BundleKind.MODEL
+        m.format = Format.PTE
         m.targets = [s.name for s in socs]
         precisions = {p.precision.name for _, p, _ in preps}
         m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
@@ -254,17 +256,16 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
         m.options = {"backend": "executorch_qnn", "fallback": fallback, "segment_alignment": SEGMENT_ALIGNMENT,
                      "extract_delegate_segments": True, "strict": opts.strict, "quantization": {},
                      "rewrites": {}, "adapter": state.mode, "pairing": state.pairing}
-        parts_meta, placement, build_ids, timings = [], {}, set(), {}
+        placement, build_ids, timings = {}, set(), {}
         numerics = None
         for spec, prep, name in preps:
-            files: dict[str, str] = {}
-            fpath = w.path(f"{name}/float.pt2", role="float-model")
+            fpath = w.path(f"{name}/float.pt2", role=Role.FLOAT_MODEL)
             torch.export.save(prep.exported, fpath)
-            files["float_model"] = f"{name}/float.pt2"
+            files = PartFiles(float_model=f"{name}/float.pt2")
             samples = prep.verify_inputs.samples[:VERIFY_SAMPLES]
-            with open(w.path(f"{name}/verify_inputs.npz", role="verify-inputs"), "wb") as f:
+            with open(w.path(f"{name}/verify_inputs.npz", role=Role.VERIFY_INPUTS), "wb") as f:
                 np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
-            files["verify_inputs"] = f"{name}/verify_inputs.npz"
+            files.verify_inputs = f"{name}/verify_inputs.npz"
             m.calibration[name] = (prep.calibration.describe() if prep.calibration else
                                    {"kind": "none", "note": "fp16 needs no calibration"}) | {
                 "verify_inputs": {"samples": len(samples), "kind": prep.verify_inputs.kind,
@@ -277,7 +278,7 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
             for soc in socs:
                 entry, meta, hit = built[(name, soc.name)]
                 hits[soc.name] = hit
-                rel = w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role="pte")
+                rel = w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role=Role.PTE)
                 data = (entry / "model.pte").read_bytes()
                 info = read_pte(data)
                 qgraphs = []
@@ -293,23 +294,23 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                     with native_stdout_to_stderr():
                         cb = read_context_binary(binary)
                     for g in cb.graphs:
-                        qgraphs.append({"method": method, "graph": g.name,
-                                        "inputs": [tensor_spec(t).model_dump(exclude_none=True) for t in g.inputs],
-                                        "outputs": [tensor_spec(t).model_dump(exclude_none=True) for t in g.outputs],
-                                        "vtcm_mb": g.htp.vtcm_mb if g.htp else None,
-                                        "const_bytes": g.htp.const_size if g.htp else None})
+                        qgraphs.append(QnnGraph(method=method, graph=g.name,
+                                                inputs=[tensor_spec(t) for t in g.inputs],
+                                                outputs=[tensor_spec(t) for t in g.outputs],
+                                                vtcm_mb=g.htp.vtcm_mb if g.htp else None,
+                                                const_bytes=g.htp.const_size if g.htp else None))
                 for meth in info["methods"]:
                     ins = [TensorSpec(name=io.name, shape=t["shape"], dtype=t["dtype"])
                            for io, t in zip(prep.inputs, meth["inputs"])]
                     outs = [TensorSpec(name=f"output_{i}", shape=t.get("shape", []), dtype=t.get("dtype", "?"))
                             for i, t in enumerate(meth["outputs"])]
                     m.graphs.append(GraphSpec(
-                        name=meth["name"], file=rel, kind="pte-method", target=soc.name, htp_arch=m.htp_arch.get(soc.name),
-                        inputs=ins, outputs=outs,
-                        extra={"part": name, "delegates": [{k: d[k] for k in ("backend_id", "location", "offset", "size", "alignment")
-                                                            if k in d} for d in info["delegates"] if d["method"] == meth["name"]],
-                               "delegate_calls": meth["delegate_calls"], "kernel_calls": meth["kernel_calls"],
-                               "qnn_graphs": [q for q in qgraphs if q["method"] == meth["name"]]}))
+                        name=meth["name"], file=rel, kind=GraphKind.PTE_METHOD, target=soc.name, htp_arch=m.htp_arch.get(soc.name),
+                        inputs=ins, outputs=outs, part=name,
+                        delegates=[Delegate(**{k: d[k] for k in ("backend_id", "location", "offset", "size", "alignment") if k in d})
+                                   for d in info["delegates"] if d["method"] == meth["name"]],
+                        delegate_calls=meth["delegate_calls"], kernel_calls=meth["kernel_calls"],
+                        qnn_graphs=[q for q in qgraphs if q.method == meth["name"]]))
                 rows = meta["placement"]
                 placement.setdefault(name, {})[soc.name] = {
                     "htp_nodes": sum(1 for r in rows if r["backend"] == "HTP"),
@@ -320,9 +321,9 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                 if numerics is None:  # the first part and target: compiled (simulator) vs eager float
                     numerics = dict(meta["numerics"], part=name, target=soc.name)
             timings[f"{name}.prepare"] = prep.timings
-            parts_meta.append({"name": name, "source": prep.loaded.source, "sha256": prep.loaded.sha256,
-                               "precision": prep.precision.name, "inputs": [i.to_dict() for i in prep.inputs],
-                               "files": files, "cache_hit": hits, "rewrites": prep.rewrites})
+            m.parts.append(PartEntry(name=name, source=prep.loaded.source, sha256=prep.loaded.sha256,
+                                     precision=prep.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in prep.inputs],
+                                     files=files, cache_hit=hits, rewrites=prep.rewrites))
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
@@ -333,8 +334,8 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
                        "of": {"part": first_name, "target": first_soc}, **placement}
         m.numerics = numerics or {}
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
-        m.extra = {"parts": parts_meta, "timings": timings,
-                   "cache": {"enabled": cache.enabled, "root": str(cache.root) if cache.enabled else None,
-                             "hits": sum(1 for v in built.values() if v[2]), "misses": sum(1 for v in built.values() if not v[2])},
-                   "qairt": {"source": state.qairt_source, "build": state.qairt_build, "pairing": state.pairing}}
+        m.timings = Timings.model_validate(timings)
+        m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
+                            hits=sum(1 for v in built.values() if v[2]), misses=sum(1 for v in built.values() if not v[2]))
+        m.qairt = QairtInfo(source=state.qairt_source, build=state.qairt_build, pairing=state.pairing)
     return open_bundle(out)

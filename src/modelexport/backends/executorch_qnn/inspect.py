@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError
+from ...core.vocab import Format, Role
 from ...inspection import inspector
 
 PTE_MAGIC_OFFSET = 4                    # "ET12" etc. at bytes 4..8 of a flatbuffer with file identifier
@@ -161,7 +162,7 @@ def _is_pte_bundle(path: Path) -> bool:
         return False
     import json
     try:
-        return json.loads((path / "manifest.json").read_text()).get("format") == "pte"
+        return json.loads((path / "manifest.json").read_text()).get("format") == Format.PTE
     except (OSError, ValueError):
         return False
 
@@ -173,6 +174,6 @@ def read_pte_bundle(path: Path) -> dict:
     m = info["manifest"]
     ptes = {}
     for f in m.get("files", []):
-        if f.get("role") == "pte" and (path / f["path"]).is_file():
+        if f.get("role") == Role.PTE and (path / f["path"]).is_file():
             ptes[f["path"]] = read_pte((path / f["path"]).read_bytes())
     return info | {"ptes": ptes, "placement_summary": (m.get("placement") or {}).get("summary")}

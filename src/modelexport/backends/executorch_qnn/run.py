@@ -18,6 +18,7 @@ import numpy as np
 
 from ...core.errors import InputError, ToolchainError
 from ...core.targets import get_target
+from ...core.vocab import GraphKind
 from ...core.numerics import compare
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
 from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, verify_samples
@@ -47,17 +48,17 @@ def _select(path: str | Path, part: str | None, target: str | None) -> list[PteG
     bundle = open_bundle(p)
     m = bundle.manifest
     want = get_target(target).name if target else None
-    parts = {g.extra.get("part") for g in m.graphs}
+    parts = {g.part for g in m.graphs}
     if part and part not in parts:
         raise InputError(f"{bundle.path} has no part {part!r}", f"parts: {', '.join(sorted(x for x in parts if x))}")
     if want and want not in m.targets:
         raise InputError(f"{bundle.path} was not compiled for {want}", f"its targets: {', '.join(m.targets)}")
-    precisions = {pm["name"]: pm["precision"] for pm in m.extra.get("parts", [])}
+    precisions = {pm.name: pm.precision for pm in m.parts}
     out = []
     for g in m.graphs:
-        if g.kind != "pte-method" or (part and g.extra.get("part") != part) or (want and g.target != want):
+        if g.kind != GraphKind.PTE_METHOD or (part and g.part != part) or (want and g.target != want):
             continue
-        out.append(PteGraph(g.extra.get("part"), g.target, bundle.file(g.file), precisions.get(g.extra.get("part"), m.precision),
+        out.append(PteGraph(g.part, g.target, bundle.file(g.file), precisions.get(g.part, m.precision),
                             [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in g.inputs],
                             [t.name for t in g.outputs], g.name, bundle))
     return out
@@ -173,8 +174,8 @@ def run_pte(path: str | Path, inputs=None, random: bool = False, part: str | Non
 
 def float_reference(bundle, part: str):
     import torch
-    pm = next((p for p in bundle.manifest.extra.get("parts", []) if p["name"] == part), {})
-    rel = pm.get("files", {}).get("float_model")
+    pm = bundle.manifest.part(part)
+    rel = pm.files.float_model if pm else None
     if not rel:
         raise InputError(f"{bundle.path} keeps no float model for {part}", "recompile the bundle with this modelexport")
     return torch.export.load(bundle.file(rel)).module()

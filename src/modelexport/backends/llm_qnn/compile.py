@@ -29,7 +29,9 @@ from typing import Any, Callable
 
 from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import SourceModel
+from ...contract.manifest import (GRAPH_NAMING, CacheInfo, DecoderShape, GenieCheck, HostTwin, LlmSection, MemoryEstimate, QairtInfo,
+                                  SourceModel, Timings, WeightSharing)
+from ...core.vocab import BundleKind, Format, GraphKind, Role
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ..spec import LlmCompileOptions, PartSpec
@@ -179,7 +181,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if len(parts) != 1:
         raise InputError("one LLM per bundle", "compile each model into its own bundle")
     spec = parts[0]
-    if opts.output_format not in ("context-binary",):
+    if opts.output_format != Format.CONTEXT_BINARY:
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
     requested_precision = get_precision(spec.precision or "16a4w_block")
     requested = requested_precision.name
@@ -320,8 +322,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     spec = qmeta["spec"]
     with BundleWriter(out, force) as w:
         m = w.manifest
-        m.kind = "llm"
-        m.format = "context-binary"
+        m.kind = BundleKind.LLM
+        m.format = Format.CONTEXT_BINARY
         m.targets = [s.name for s in socs]
         m.precision = precision
         m.source = SourceModel(path=str(facts.path.resolve()), sha256=facts.sha256,
@@ -334,29 +336,29 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
         m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
         tok_dir = qentry / "tokenizer"
         for f in sorted(tok_dir.iterdir()):
-            w.add_file(f, f"tokenizer/{f.name}", role="tokenizer" if f.name == "tokenizer.json" else "tokenizer-config")
+            w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
         for g in qmeta["graphs"]:
             for f in sorted((qentry / "qdq").glob(g["name"] + ".onnx*")):
-                w.add_file(f, f"qdq/{f.name}", role="quantized-model" if f.suffix == ".onnx" else "quantized-model-data")
-        weight_sharing: dict[str, Any] = {}
+                w.add_file(f, f"qdq/{f.name}", role=Role.QUANTIZED_MODEL if f.suffix == ".onnx" else Role.QUANTIZED_MODEL_DATA)
+        weight_sharing: dict[str, WeightSharing] = {}
         placement: dict[str, Any] = {}
         build_ids = set()
         ctx_bins: dict[str, list[str]] = {}
-        twin_files: dict[tuple[str, str], dict] = {}
+        twin_files: dict[tuple[str, str], HostTwin] = {}
         for (fn, job), r in zip(jobs, results):
             if job["kind"] != "twin":
                 continue
             entry, meta = Path(r["entry"]), r["meta"]
             tdir = f"{job['target']}/host"
-            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{job['graph']}_ctx.onnx", role="host-epcontext-model")
+            ctx_rel = w.add_file(entry / meta["files"]["epcontext"], f"{tdir}/{job['graph']}_ctx.onnx", role=Role.HOST_EPCONTEXT_MODEL)
             bin_name = meta["files"]["context_binary"]
-            bin_rel = w.add_file(entry / bin_name, f"{tdir}/{bin_name}", role="host-context-binary")
+            bin_rel = w.add_file(entry / bin_name, f"{tdir}/{bin_name}", role=Role.HOST_CONTEXT_BINARY)
             info = read_back(entry / bin_name, get_target(job["target"]))
             build_ids.add(info.build_id)
             g0 = info.graphs[0]
-            twin_files[(job["target"], job["graph"])] = {
-                "epcontext_model": ctx_rel, "context_binary": bin_rel, "qnn_graph_name": g0.name,
-                "const_bytes": g0.htp.const_size if g0.htp else None, "bytes": (entry / bin_name).stat().st_size}
+            twin_files[(job["target"], job["graph"])] = HostTwin(
+                epcontext_model=ctx_rel, context_binary=bin_rel, qnn_graph_name=g0.name,
+                const_bytes=g0.htp.const_size if g0.htp else None, bytes=(entry / bin_name).stat().st_size)
             pl = meta["placement"]
             placement.setdefault(job["graph"], {})[job["target"]] = {
                 "htp_nodes": len(pl.get("QNNExecutionProvider", [])),
@@ -370,7 +372,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             p = job["part"]
             tdir = f"{job['target']}"
             bin_name = f"{qmeta['architecture']}_{precision}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
-            bin_rel = w.add_file(entry / meta["context_binary"], f"{tdir}/{bin_name}", role="context-binary")
+            bin_rel = w.add_file(entry / meta["context_binary"], f"{tdir}/{bin_name}", role=Role.CONTEXT_BINARY)
             ctx_bins.setdefault(job["target"], []).append(bin_name)
             info = read_back(entry / meta["context_binary"], soc)
             build_ids.add(info.build_id)
@@ -382,37 +384,37 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             shared_sizes = {g.htp.shared_weights_size for g in info.graphs if g.htp}
             const = {g.name: g.htp.const_size for g in info.graphs if g.htp}
             twins = [twin_files[(job["target"], n)] for n in names]
-            unshared_total = sum(t["bytes"] for t in twins)
+            unshared_total = sum(t.bytes for t in twins)
             shared_bytes = (entry / meta["context_binary"]).stat().st_size
             weights_once = len(shared_sizes) == 1 and next(iter(shared_sizes)) > 0
             if len(names) > 1 and not weights_once:
                 raise VerificationError(f"the binary of part {p} does not share its weights (shared sizes {sorted(shared_sizes)})",
                                         "report this: the QNN EP did not share the weights")
-            weight_sharing[f"{job['target']}/{p}"] = {
-                "file": bin_rel, "graphs": [g.name for g in info.graphs], "shared_weights_bytes": sorted(shared_sizes),
-                "const_bytes": const, "bytes": shared_bytes, "unshared_twins_bytes": unshared_total,
-                "saved_bytes": unshared_total - shared_bytes, "weights_stored_once": weights_once,
-                "note": "read back through libQnnSystem; the x86 simulator cannot load weight-shared binaries, "
-                        "host numerics run on the unshared twins built from the same QDQ graphs"}
+            weight_sharing[f"{job['target']}/{p}"] = WeightSharing(
+                file=bin_rel, graphs=[g.name for g in info.graphs], shared_weights_bytes=sorted(shared_sizes),
+                const_bytes=const, bytes=shared_bytes, unshared_twins_bytes=unshared_total,
+                saved_bytes=unshared_total - shared_bytes, weights_stored_once=weights_once,
+                note="read back through libQnnSystem; the x86 simulator cannot load weight-shared binaries, "
+                     "host numerics run on the unshared twins built from the same QDQ graphs")
             for name in names:
                 ctx_name = meta["epcontext"][name]
-                ctx_rel = w.add_file(entry / ctx_name, f"{tdir}/{name}_ctx.onnx", role="epcontext-model")
+                ctx_rel = w.add_file(entry / ctx_name, f"{tdir}/{name}_ctx.onnx", role=Role.EPCONTEXT_MODEL)
                 # the EPContext model names the binary it references: point it at the renamed file
                 _retarget_epcontext(w.dir / ctx_rel, meta["context_binary"], bin_name)
                 twin = twin_files[(job["target"], name)]
-                qg = next(g for g in info.graphs if g.name == twin["qnn_graph_name"]) \
-                    if any(g.name == twin["qnn_graph_name"] for g in info.graphs) else None
+                qg = next(g for g in info.graphs if g.name == twin.qnn_graph_name) \
+                    if any(g.name == twin.qnn_graph_name for g in info.graphs) else None
                 g = graphs[name]
                 m.graphs.append(GraphSpec(
-                    name=name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
+                    name=name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
                     inputs=_tensor_specs(qg.inputs) if qg else [], outputs=_tensor_specs(qg.outputs) if qg else [],
-                    extra={"part": name, "n_tokens": g["n_tokens"], "part_index": g["part"], "n_parts": g["n_parts"],
-                           "layers": g["layers"], "qnn_graph_name": qg.name if qg else None,
-                           "epcontext_model": ctx_rel, "shared": len(names) > 1,
-                           "const_bytes": qg.htp.const_size if qg and qg.htp else None,
-                           "shared_weights_bytes": qg.htp.shared_weights_size if qg and qg.htp else None,
-                           "host_twin": twin, "quantized_model": g["qdq"],
-                           "memory_estimate": g["memory_estimate"]}))
+                    part=name, n_tokens=g["n_tokens"], part_index=g["part"], n_parts=g["n_parts"],
+                    layers=g["layers"], qnn_graph_name=qg.name if qg else None,
+                    epcontext_model=ctx_rel, shared=len(names) > 1,
+                    const_bytes=qg.htp.const_size if qg and qg.htp else None,
+                    shared_weights_bytes=qg.htp.shared_weights_size if qg and qg.htp else None,
+                    host_twin=twin, quantized_model=g["qdq"],
+                    memory_estimate=MemoryEstimate(**g["memory_estimate"])))
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
@@ -426,31 +428,29 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                                tokenizer=("tokenizer/tokenizer.json" if len(socs) == 1 else "../tokenizer/tokenizer.json"),
                                context_size=max_seq_len, vocab=spec["vocab_size"], bos=qmeta["bos_id"],
                                eos=qmeta["eos_ids"], head_dim=spec["head_dim"], rope_theta=qmeta["rope_theta"])
-            path = w.path(rel, role="genie-config")
+            path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
-            genie[soc.name] = {"file": rel, **validate_genie_config(path)}
+            genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path))
         n_params = qmeta["n_params"]
-        device_bytes = sum(ws["bytes"] for ws in weight_sharing.values() if ws["file"].startswith(socs[0].name))
-        shared_w = sum(max(ws["shared_weights_bytes"] or [0]) for ws in weight_sharing.values()
-                       if ws["file"].startswith(socs[0].name))
+        device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
+        shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()
+                       if ws.file.startswith(socs[0].name))
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
         split_note = (f"split into {n_parts} parts by layers: the largest graph's estimated HTP memory exceeds the "
                       f"{limit_mb:g} MB per-context limit" if n_parts > 1 else None)
-        m.extra = {
-            "parameters": n_params,
-            "llm": {"architecture": qmeta["architecture"], "spec": spec, "variants": variants, "max_seq_len": max_seq_len,
-                    "n_parts": n_parts, "parts": qmeta["parts"], "split_note": split_note,
-                    "weight_bytes_per_token": shared_w or device_bytes,
-                    "device_bytes": device_bytes, "bytes_per_parameter": round(device_bytes / n_params, 4),
-                    "bos_id": qmeta["bos_id"], "eos_ids": qmeta["eos_ids"], "rope_theta": qmeta["rope_theta"],
-                    "graph_naming": "{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1) or token (N=1), C = max_seq_len, part i of n",
-                    "weight_sharing": weight_sharing, "genie": genie, "quantization": qmeta["quantization"],
-                    "memory_limit_mb": limit_mb},
-            "timings": {**qmeta["timings"], **timings},
-            "cache": {"enabled": cache.enabled, "quantize_hit": qhit,
-                      "compile_hits": sum(1 for r in results if r.get("hit")), "compile_jobs": len(results)},
-            "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api},
-        }
+        m.parameters = n_params
+        m.llm = LlmSection(
+            architecture=qmeta["architecture"], spec=DecoderShape(**spec), variants=variants, max_seq_len=max_seq_len,
+            n_parts=n_parts, parts=qmeta["parts"], split_note=split_note,
+            weight_bytes_per_token=shared_w or device_bytes,
+            device_bytes=device_bytes, bytes_per_parameter=round(device_bytes / n_params, 4),
+            bos_id=qmeta["bos_id"], eos_ids=qmeta["eos_ids"], rope_theta=qmeta["rope_theta"],
+            graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
+            memory_limit_mb=limit_mb)
+        m.timings = Timings.model_validate({**qmeta["timings"], **timings})
+        m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit,
+                            compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
+        m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
     return open_bundle(out)
 
 

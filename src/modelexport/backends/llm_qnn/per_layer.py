@@ -37,18 +37,20 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     if inputs:
         raise InputError("--input is not used for LLM bundles", "per-layer numerics run on the bundle's calibration text; leave --input out")
     m = bundle.manifest
-    info = m.extra["llm"]
-    seq = int(info["max_seq_len"])
+    info = m.llm
+    if info is None:
+        raise InputError(f"{bundle.path} records no LLM section in its manifest", "recompile the bundle")
+    seq = int(info.max_seq_len)
     graphs = [g for g in m.graphs if g.target == m.targets[0]]
     names = sorted({g.name for g in graphs})
     if part:
-        chosen = [g for g in graphs if g.name == part or f"ar{g.extra['n_tokens']}" == part]
+        chosen = [g for g in graphs if g.name == part or f"ar{g.n_tokens}" == part]
         if not chosen:
             raise InputError(f"{bundle.path} has no graph {part!r}", f"name one of: {', '.join(names)} (or arN)")
-        n = chosen[0].extra["n_tokens"]
+        n = chosen[0].n_tokens
     else:
-        n = max(g.extra["n_tokens"] for g in graphs)
-    chain = sorted((g for g in graphs if g.extra["n_tokens"] == n), key=lambda g: g.extra["part_index"])
+        n = max(g.n_tokens for g in graphs)
+    chain = sorted((g for g in graphs if g.n_tokens == n), key=lambda g: g.part_index)
 
     t0 = time.perf_counter()
     from ...frontends.source_hash import recorded_source
@@ -69,12 +71,12 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     hidden = None
     with tempfile.TemporaryDirectory(prefix="mx-llm-float-") as tmp:
         for g in chain:
-            a, b = g.extra["layers"]
-            pr = PartRange(g.extra["part_index"], len(chain), a, b)
+            a, b = g.layers
+            pr = PartRange(g.part_index, len(chain), a, b)
             ps = part_samples(samples, pr, hidden)
             fpath = export_part(dec, pr, Path(tmp) / f"{g.name}.onnx")
-            weights = set((info.get("quantization", {}).get(g.name) or {}).get("modules", {}))
-            rep = per_layer(fpath, bundle.file(g.extra["quantized_model"]), ps, thr, precision, g.name,
+            weights = set((info.quantization.get(g.name) or {}).get("modules", {}))
+            rep = per_layer(fpath, bundle.file(g.quantized_model), ps, thr, precision, g.name,
                             name_of=lambda node: llm_module_path(node.name) or node.name,
                             overridable=lambda name, w=weights: any(x.startswith(suggest_module(name)) for x in w))
             merged.layers.extend(rep.layers)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...core.errors import InputError
+from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.openers import open_llm_bundle, source_kind
 from ...llm.static_decoder import DecoderSpec
@@ -69,9 +70,12 @@ def _np(t) -> np.ndarray:
 
 
 def _spec(bundle) -> DecoderSpec:
-    s = bundle.manifest.extra["llm"]["spec"]
-    return DecoderSpec(n_layers=s["n_layers"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"], head_dim=s["head_dim"],
-                       hidden_size=s["hidden_size"], vocab_size=s["vocab_size"], max_seq_len=s["max_seq_len"])
+    llm = bundle.manifest.llm
+    if llm is None:
+        raise InputError(f"{bundle.path} records no LLM section in its manifest", "recompile the bundle")
+    s = llm.spec
+    return DecoderSpec(n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads, head_dim=s.head_dim,
+                       hidden_size=s.hidden_size, vocab_size=s.vocab_size, max_seq_len=s.max_seq_len)
 
 
 def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
@@ -80,7 +84,7 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
     if stage not in STAGES:
         raise InputError(f"unknown stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
     m = bundle.manifest
-    if m.kind != "llm":
+    if m.kind != BundleKind.LLM:
         raise InputError(f"{bundle.path} is not an LLM bundle")
     target = target or m.targets[0]
     spec = _spec(bundle)
@@ -88,7 +92,7 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
     for g in m.graphs:
         if g.target != target:
             continue
-        n = g.extra["n_tokens"]
+        n = g.n_tokens
         if variants and n not in variants:
             continue
         by_n.setdefault(n, []).append(g)
@@ -97,18 +101,18 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
     out = {}
     for n, gs in by_n.items():
         parts = []
-        for g in sorted(gs, key=lambda g: g.extra["part_index"]):
+        for g in sorted(gs, key=lambda g: g.part_index):
             if stage == "htp-sim":
-                sess = _sim_session(bundle.file(g.extra["host_twin"]["epcontext_model"]), target)
+                sess = _sim_session(bundle.file(g.host_twin.epcontext_model), target)
             else:
                 import onnxruntime as ort
                 so = ort.SessionOptions()
                 so.log_severity_level = 3
-                sess = ort.InferenceSession(str(bundle.file(g.extra["quantized_model"])), so,
+                sess = ort.InferenceSession(str(bundle.file(g.quantized_model)), so,
                                             providers=["CPUExecutionProvider"])
             names_in = [i.name for i in sess.get_inputs()]
             names_out = [o.name for o in sess.get_outputs()]
-            a, b = g.extra["layers"]
+            a, b = g.layers
             parts.append(_PartSession(sess, range(a, b), names_in, names_out))
         out[n] = ChainedForward(parts, spec.n_layers)
     return out, spec, spec.max_seq_len
@@ -141,7 +145,7 @@ def open_session(bundle, stage: str = "htp-sim"):
 
 
 # bundle graph kinds that hold compiled HTP code
-_HTP_GRAPH_KINDS = ("context-binary",)
+_HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY,)
 
 
 @LLM_BACKENDS.register("htp-sim")
@@ -156,7 +160,7 @@ def open_htp_sim(path: Path, opts: LoadOptions) -> LLM:
         raise InputError(f"bundle {path} has no HTP graphs (nothing compiled for the NPU)",
                          "compile the LLM for a target first, or use --backend cpu")
     session = open_session(bundle)
-    tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == "tokenizer"), None)
+    tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
     if opts.tokenizer is not None:
         tok_file = opts.tokenizer
     if tok_file is None:

@@ -21,7 +21,8 @@ import numpy as np
 
 from ...contract import BundleWriter, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import SourceModel
+from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, SourceModel, TensorSpec, Timings
+from ...core.vocab import BundleKind, Format, Role
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
@@ -245,8 +246,8 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, c
                                "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
     with BundleWriter(out, force) as w:
         m = w.manifest
-        m.kind = "model"
-        m.format = fmt.name
+        m.kind = BundleKind.MODEL
+        m.format = Format(fmt.name)
         m.targets = [s.name for s in socs]
         precisions = {p.precision.name for p in prepared}
         m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
@@ -256,31 +257,30 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, c
         m.options = {"optimization_level": opts.optimization_level, "vtcm_mb": opts.vtcm_mb, "per_channel": opts.per_channel,
                      "strict": opts.strict, "embed_mode": 0, "offload_graph_io_quantization": 1,
                      "provider_options": {}, "backend": "ort_qnn"}
-        parts_meta = []
         for p in prepared:
             rel = p.name
-            files = {"float_model": w.add_file(p.work["float"], f"{rel}/model.onnx", role="float-model")}
+            files = PartFiles(float_model=w.add_file(p.work["float"], f"{rel}/model.onnx", role=Role.FLOAT_MODEL))
             if p.work["qdq"]:
-                files["quantized_model"] = w.add_file(p.work["qdq"], f"{rel}/model.qdq.onnx", role="quantized-model")
+                files.quantized_model = w.add_file(p.work["qdq"], f"{rel}/model.qdq.onnx", role=Role.QUANTIZED_MODEL)
             samples = p.verify_inputs.samples[:VERIFY_SAMPLES]
-            vpath = w.path(f"{rel}/verify_inputs.npz", role="verify-inputs")
+            vpath = w.path(f"{rel}/verify_inputs.npz", role=Role.VERIFY_INPUTS)
             with open(vpath, "wb") as f:
                 np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
-            files["verify_inputs"] = f"{rel}/verify_inputs.npz"
+            files.verify_inputs = f"{rel}/verify_inputs.npz"
             m.calibration[p.name] = (p.calibration.describe() if p.calibration else {"kind": "none", "note": "fp16 needs no calibration"}) \
                 | {"verify_inputs": {"samples": len(samples), "kind": p.verify_inputs.kind, "representative": p.verify_inputs.representative}}
-            parts_meta.append({"name": p.name, "source": str(p.loaded.path) if p.loaded.path else None, "sha256": p.loaded.sha256,
-                               "precision": p.precision.name, "inputs": [i.to_dict() for i in p.loaded.inputs],
-                               "outputs": [o.to_dict() for o in p.loaded.outputs], "fixed_shapes": p.loaded.fixed_shapes,
-                               "quantization": p.work["qmeta"].get("quantization"), "files": files,
-                               "cache_hit": {"quantize": p.work["quant_cache_hit"]}})
-        part_meta = {pm["name"]: pm for pm in parts_meta}
+            m.parts.append(PartEntry(
+                name=p.name, source=str(p.loaded.path) if p.loaded.path else None, sha256=p.loaded.sha256,
+                precision=p.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+                outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes,
+                quantization=p.work["qmeta"].get("quantization"), files=files,
+                cache_hit={"quantize": p.work["quant_cache_hit"]}))
         build_ids = set()
         for job, r in zip(jobs, results):
             entry, meta = Path(r["entry"]), r["meta"]
             p, soc = by_part[job["part"]], get_target(job["target"])
             m.options["provider_options"][job["target"]] = meta["provider_options"]
-            part_meta[p.name]["cache_hit"][job["target"]] = r["hit"]
+            m.part(p.name).cache_hit[job["target"]] = r["hit"]
             timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
             build_id = fmt.add_to_bundle(w, p, soc, entry, meta)
             if build_id is not None:
@@ -291,11 +291,11 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, c
         m.qairt_build = build_ids.pop() if build_ids else qairt.build_id
         m.placement = placement | {"nodes": _node_rows(jobs[0], results[0], by_part)}
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
-        m.extra = {"parts": parts_meta, "timings": timings,
-                   "cache": {"enabled": cache.enabled, "root": str(cache.root) if cache.enabled else None,
-                             "hits": sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
-                             "misses": sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"])},
-                   "qairt": {"source": qairt.source, "version": qairt.version, "core_api": qairt.core_api, "htp_api": qairt.htp_api}}
-        if fmt.note:
-            m.extra[f"{fmt.name}_note"] = fmt.note
+        m.timings = Timings.model_validate(timings)
+        m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
+                            hits=sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
+                            misses=sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"]))
+        m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
+        if fmt.note:              # the one format that cannot run here says what it is for
+            m.dlc_note = fmt.note
     return open_bundle(out)

@@ -19,7 +19,7 @@ class OutputFormat:
     name: str
     per_target: bool      # compiled for each target (the binary names its SoC), or once for all of them
     runs_here: bool       # run / verify can load it on the HTP simulator
-    note: str | None      # manifest.extra["<name>_note"]: what the bundle is for when it cannot run here
+    note: str | None      # manifest.dlc_note: what the bundle is for when it cannot run here
     session: Callable[[Path, str], tuple[dict, dict]]   # (entry dir, part) → provider options to add, session config
     collect: Callable[[Path, str, str], dict]           # (entry dir, part, target) → the files written, by role
     add_to_bundle: Callable[..., str | None]            # (writer, part, soc, entry, meta) → QAIRT build read back
@@ -45,28 +45,29 @@ def _context_collect(tmp: Path, part: str, target: str) -> dict:
 
 def _context_add(w, p, soc, entry: Path, meta: dict) -> str:
     """The EPContext model and binaries under PART/TARGET/, one graph per QNN graph read back."""
-    from ...contract import GraphSpec
+    from ...contract import GraphSpec, TensorSpec
+    from ...core.vocab import GraphKind, Role
     from ..context_binary import read_back, tensor_spec
     files = meta["files"]
     tdir = f"{p.name}/{soc.name}"
-    ctx_rel = w.add_file(entry / files["epcontext"], f"{tdir}/{files['epcontext']}", role="epcontext-model")
+    ctx_rel = w.add_file(entry / files["epcontext"], f"{tdir}/{files['epcontext']}", role=Role.EPCONTEXT_MODEL)
     for b in files["context_binaries"]:
-        w.add_file(entry / b, f"{tdir}/{b}", role="context-binary")
+        w.add_file(entry / b, f"{tdir}/{b}", role=Role.CONTEXT_BINARY)
     bin_rel = f"{tdir}/{files['context_binary']}"
     info = read_back(entry / files["context_binary"], soc)
     w.manifest.htp_arch[soc.name] = info.dsp_arch
     for g in info.graphs:
         htp = g.htp
         w.manifest.graphs.append(GraphSpec(
-            name=g.name, file=bin_rel, kind="context-binary", target=soc.name, htp_arch=info.dsp_arch,
+            name=g.name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
             inputs=[tensor_spec(t) for t in g.inputs], outputs=[tensor_spec(t) for t in g.outputs],
-            extra={"part": p.name, "epcontext_model": ctx_rel, "soc_model": info.soc_model,
-                   "vtcm_mb": htp.vtcm_mb if htp else None,
-                   "optimization_level": htp.optimization_level if htp else None,
-                   "spill_fill_bytes": htp.spill_fill_buffer_size if htp else None,
-                   "const_bytes": htp.const_size if htp else None,
-                   "onnx_inputs": [i.to_dict() for i in p.loaded.inputs],
-                   "onnx_outputs": [o.to_dict() for o in p.loaded.outputs]}))
+            part=p.name, epcontext_model=ctx_rel, soc_model=info.soc_model,
+            vtcm_mb=htp.vtcm_mb if htp else None,
+            optimization_level=htp.optimization_level if htp else None,
+            spill_fill_bytes=htp.spill_fill_buffer_size if htp else None,
+            const_bytes=htp.const_size if htp else None,
+            onnx_inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+            onnx_outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs]))
     return info.build_id
 
 
@@ -101,14 +102,15 @@ def _dlc_add(w, p, soc, entry: Path, meta: dict) -> None:
     import onnx
 
     from ...contract import GraphSpec, TensorSpec
+    from ...core.vocab import GraphKind, Role
     for key, name in meta["files"].items():
         if key.startswith("dlc_"):
-            w.add_file(entry / name, f"{p.name}/{name}", role="dlc")
+            w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)
     qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
-    w.manifest.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind="dlc",
+    w.manifest.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind=GraphKind.DLC,
                                        inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
                                        outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
-                                       extra={"part": p.name, "nodes": len(qdq.graph.node)}))
+                                       part=p.name, nodes=len(qdq.graph.node)))
     return None
 
 

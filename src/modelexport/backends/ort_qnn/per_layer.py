@@ -25,22 +25,22 @@ def _per_layer(bundle, inputs, part, threshold_db, max_samples):
     from ...quant.per_layer import per_layer
     from .verify import stored_samples
     out = []
-    for pm in bundle.manifest.extra.get("parts", []):
-        if part and pm["name"] != part:
+    for pm in bundle.manifest.parts:
+        if part and pm.name != part:
             continue
-        files = pm.get("files", {})
-        if not files.get("quantized_model"):
-            raise InputError(f"{bundle.path}: part {pm['name']} is {pm.get('precision')}, with no quantized model to compare layers of",
+        files = pm.files
+        if not files.quantized_model:
+            raise InputError(f"{bundle.path}: part {pm.name} is {pm.precision}, with no quantized model to compare layers of",
                              "per-layer numerics compare a quantized (QDQ) model with its float one; compile with --precision 8a8w/16a8w/...")
         if inputs:
             samples = [inputs] if isinstance(inputs, dict) else _given(inputs, pm)
         else:
-            samples = stored_samples(bundle, pm["name"])
+            samples = stored_samples(bundle, pm.name)
         if max_samples:
             samples = samples[:max_samples]
-        thr = threshold_db if threshold_db is not None else get_precision(pm["precision"]).min_sqnr_db
-        out.append(per_layer(bundle.file(files["float_model"]), bundle.file(files["quantized_model"]), samples, thr,
-                             pm["precision"], pm["name"]))
+        thr = threshold_db if threshold_db is not None else get_precision(pm.precision).min_sqnr_db
+        out.append(per_layer(bundle.file(files.float_model), bundle.file(files.quantized_model), samples, thr,
+                             pm.precision, pm.name))
     if not out:
         raise InputError(f"{bundle.path} has no part {part!r}", "leave --part out or name one of the bundle's parts")
     return out
@@ -48,7 +48,7 @@ def _per_layer(bundle, inputs, part, threshold_db, max_samples):
 
 def _given(paths, pm) -> list[dict]:
     import numpy as np
-    names = [i["name"] for i in pm.get("inputs", [])]
+    names = [i.name for i in pm.inputs]
     feed: dict[str, Any] = {}
     for spec in paths:
         name, sep, path = spec.partition("=")

@@ -45,22 +45,24 @@ def select_graphs(bundle: Bundle, part: str | None = None, target: str | None = 
         raise InputError(f"{bundle.path} holds a {m.format}, which this host cannot run",
                          "compile with --format context-binary to run or verify on the HTP simulator")
     want_target = get_target(target).name if target else None
-    parts = {g.extra.get("part") for g in m.graphs}
+    parts = {g.part for g in m.graphs}
     if part and part not in parts:
         raise InputError(f"{bundle.path} has no part {part!r}", f"parts: {', '.join(sorted(p for p in parts if p))}")
     if want_target and want_target not in m.targets:
         raise InputError(f"{bundle.path} was not compiled for {want_target}", f"its targets: {', '.join(m.targets)}")
-    precision = {pm["name"]: pm["precision"] for pm in m.extra.get("parts", [])}
+    precision = {pm.name: pm.precision for pm in m.parts}
     out, seen = [], set()
     for g in m.graphs:
-        p = g.extra.get("part")
+        p = g.part
         key = (p, g.target)
         if (part and p != part) or (want_target and g.target != want_target) or key in seen:
             continue
         seen.add(key)
         # LLM bundles: the weight-shared binary cannot run on the x86 simulator (it crashes the
         # process); its unshared twin, compiled from the same QDQ graph, is what runs here
-        ctx = (g.extra.get("host_twin") or {}).get("epcontext_model") or g.extra["epcontext_model"]
+        ctx = g.host_twin.epcontext_model if g.host_twin else g.epcontext_model
+        if not ctx:
+            raise InputError(f"{bundle.path}: graph {g.name} names no EPContext model", "recompile the bundle")
         out.append(CompiledGraph(bundle, p, g.target, bundle.file(ctx), g, precision.get(p, m.precision or "?")))
     return out
 

@@ -65,8 +65,8 @@ class VerifyReport:
 
 
 def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
-    pm = next((p for p in bundle.manifest.extra.get("parts", []) if p["name"] == part), None)
-    rel = (pm or {}).get("files", {}).get("verify_inputs")
+    pm = bundle.manifest.part(part)
+    rel = pm.files.verify_inputs if pm else None
     if not rel:
         return []
     samples: dict[int, dict[str, np.ndarray]] = {}
@@ -115,7 +115,6 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
     graphs = select_graphs(bundle, part, target)
     if not graphs:
         raise InputError(f"{bundle.path} has no compiled graph to verify", "compile with --format context-binary")
-    parts = {p["name"]: p for p in bundle.manifest.extra.get("parts", [])}
     report = VerifyReport(str(bundle.path), [])
     float_sessions: dict[str, Any] = {}
     for cg in graphs:
@@ -124,7 +123,8 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
         if max_samples:
             samples = samples[:max_samples]
         if cg.part not in float_sessions:
-            float_rel = parts.get(cg.part, {}).get("files", {}).get("float_model")
+            pm = bundle.manifest.part(cg.part)
+            float_rel = pm.files.float_model if pm else None
             if not float_rel:
                 raise InputError(f"{bundle.path} keeps no float model for {cg.part}", "recompile the bundle with this modelexport")
             float_sessions[cg.part] = ort.InferenceSession(str(bundle.file(float_rel)), providers=["CPUExecutionProvider"])

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ...core.errors import InputError, UnsupportedError
+from ...core.vocab import BundleKind
 from ..app import app, console, emit_json, progress
 
 FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
@@ -24,21 +25,20 @@ CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt 
 
 
 def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
-    m = bundle.data          # plain JSON: a memo hit prints without loading the manifest models
-    info = m.get("extra", {})
+    m = bundle.data          # plain JSON (schema 2): a memo hit prints without loading the manifest models
     if json_out:
         emit_json({"bundle": str(bundle.path), "targets": m.get("targets", []), "htp_arch": m.get("htp_arch", {}),
                    "precision": m.get("precision"), "format": m.get("format"), "qairt_build": m.get("qairt_build"),
                    "placement": m.get("placement", {}), "graphs": m.get("graphs", []), "files": m.get("files", []),
-                   "cache": info.get("cache"), "timings": info.get("timings"), **(extra or {})})
+                   "cache": m.get("cache"), "timings": m.get("timings"), **(extra or {})})
         return
     sizes = {f["path"]: f["size"] for f in m.get("files", [])}
     table = Table("part", "target", "HTP arch", "precision", "file", "bytes", "HTP nodes", "CPU fallbacks", "cached",
                   header_style="bold")
-    parts = {p["name"]: p for p in info.get("parts", [])}
-    memo_hit = (info.get("cache") or {}).get("bundle_memo", False)
+    parts = {p["name"]: p for p in m.get("parts", [])}
+    memo_hit = (m.get("cache") or {}).get("bundle_memo", False)
     for g in m.get("graphs", []):
-        part = g.get("extra", {}).get("part", g["name"])
+        part = g.get("part", g["name"])
         target = g.get("target")
         pl = m.get("placement", {}).get(part, {}).get(target or "", {})
         fb = pl.get("cpu_fallbacks", [])
@@ -52,7 +52,7 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
     for part, cal in m.get("calibration", {}).items():
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
-    took = "copied from the bundle memo" if memo_hit else f"{info.get('timings', {}).get('total_s')} s"
+    took = "copied from the bundle memo" if memo_hit else f"{m.get('timings', {}).get('total_s')} s"
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
         console.print(f"  also wrote {line}")
@@ -113,7 +113,7 @@ def compile_cmd(
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples)
-    if bundle.data.get("kind") == "llm":
+    if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
         return

@@ -14,6 +14,7 @@ import jinja2
 
 from ..manifest import Manifest
 from ...core.targets import all_targets
+from ...core.vocab import BundleKind, Role
 
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -131,9 +132,9 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
 
 
 def section_sizes(m: Manifest, folder: Path) -> Section:
-    rows = [[f.path, f.role, f"{f.size:,}"] for f in m.files if f.role != "report"]
-    total = sum(f.size for f in m.files if f.role != "report")
-    params = m.extra.get("parameters")
+    rows = [[f.path, str(f.role), f"{f.size:,}"] for f in m.files if f.role != Role.REPORT]
+    total = sum(f.size for f in m.files if f.role != Role.REPORT)
+    params = m.parameters
     text = f"<p>Total {total:,} bytes"
     if params:
         text += f" for {params:,} parameters: {total / params:.3f} bytes per parameter"
@@ -142,9 +143,9 @@ def section_sizes(m: Manifest, folder: Path) -> Section:
 
 
 def section_llm_ceiling(m: Manifest, folder: Path) -> Section | None:
-    if m.kind != "llm":
+    if m.kind != BundleKind.LLM:
         return None
-    wbytes = (m.extra.get("llm") or {}).get("weight_bytes_per_token")
+    wbytes = m.llm.weight_bytes_per_token if m.llm else None
     if not wbytes:
         return Section("ceiling", "Decode-speed ceiling", missing="Weight bytes per token are not recorded.")
     rows = [[s.name, s.marketing_name, f"{s.dram_gbps:g}", f"{s.dram_gbps * 1e9 / wbytes:,.0f}"]
