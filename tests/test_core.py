@@ -37,7 +37,7 @@ def test_typed_options_per_format():
     with pytest.raises(InputError, match="--variants / --max-seq-len apply to LLMs") as e:
         build_options(CompileOptions, {"variants": "ar1", "max_seq_len": 256})
     assert e.value.fix == "leave them out for this model"
-    with pytest.raises(InputError, match="--rewrites apply to PyTorch models"):
+    with pytest.raises(InputError, match="--rewrites applies to PyTorch models"):
         build_options(LlmCompileOptions, {"rewrites": ["causal-mask"]})
     with pytest.raises(InputError, match="unknown option.*colour"):
         build_options(CompileOptions, {"colour": "red"})

@@ -77,7 +77,8 @@ def build_options(options_type: type[CompileOptions], given: dict[str, Any]) -> 
             raise InputError(f"unknown option(s) {', '.join(sorted(unknown))}",
                              f"compile takes: {', '.join(sorted(known | mine))}")
         flags = " / ".join("--" + w.replace("_", "-") for w in wrong)
-        raise InputError(f"{flags} apply to {' and '.join(owners)}", "leave them out for this model")
+        verb, them = ("applies", "it") if len(wrong) == 1 else ("apply", "them")
+        raise InputError(f"{flags} {verb} to {' and '.join(owners)}", f"leave {them} out for this model")
     return options_type(**out)
 
 
