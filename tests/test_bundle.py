@@ -75,3 +75,47 @@ def test_inspect_missing_and_foreign_paths(tmp_path, cli):
     assert_clean_error(cli("inspect", str(tmp_path / "nothing")), "does not exist")
     (tmp_path / "notes.txt").write_text("hello")
     assert_clean_error(cli("inspect", str(tmp_path / "notes.txt")), "not an artifact")
+
+
+def _tamper(out, edit):
+    path = out / "manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("where", ["file-entry", "graph-file"])
+@pytest.mark.parametrize("escape", ["../../../../etc/passwd", "/etc/passwd"])
+def test_a_manifest_naming_a_file_outside_the_bundle_is_refused(tmp_path, cli, where, escape):
+    import os
+
+    from modelexport.core.files import sha256_file
+    out = _write(tmp_path / "b")
+    outside = {"path": escape, "size": os.stat("/etc/passwd").st_size, "sha256": sha256_file("/etc/passwd")}
+
+    def edit(data):
+        if where == "file-entry":     # with the outside file's real size and sha256: still refused
+            data["files"].append(outside)
+        else:
+            data["graphs"][0]["file"] = escape
+    _tamper(out, edit)
+    with pytest.raises(IntegrityError, match="not a path inside the bundle"):
+        open_bundle(out)
+    proc = cli("inspect", str(out), "--json")
+    assert_clean_error(proc, "not a path inside the bundle", "rebuild the bundle")
+    assert proc.returncode == 4 and "root:" not in proc.stdout
+
+
+def test_a_link_out_of_the_bundle_is_refused(tmp_path):
+    import os
+
+    from modelexport.core.files import sha256_file
+    out = _write(tmp_path / "b")
+    (out / "model.bin").unlink()
+    os.symlink("/etc/passwd", out / "model.bin")
+    _tamper(out, lambda d: d["files"][0].update(size=os.stat("/etc/passwd").st_size, sha256=sha256_file("/etc/passwd")))
+    with pytest.raises(IntegrityError, match="leads outside the bundle"):
+        open_bundle(out)
+    b = open_bundle(out, verify=False)
+    with pytest.raises(IntegrityError, match="leads outside the bundle"):
+        b.file("model.bin")

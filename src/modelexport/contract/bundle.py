@@ -123,14 +123,21 @@ class Bundle:
         return self._data or {}
 
     def file(self, rel: str) -> Path:
-        return self.path / rel
+        """A file the manifest names; IntegrityError if it leads outside the bundle (a link out of it)."""
+        p = self.path / rel
+        if not p.resolve().is_relative_to(self.path.resolve()):
+            raise IntegrityError(f"bundle {self.path}: {rel} leads outside the bundle (to {p.resolve()})",
+                                 "rebuild the bundle (modelexport compile ... --force); do not edit files inside it")
+        return p
 
     def problems(self) -> list[str]:
         """Every file the manifest names must exist with its recorded size and sha256."""
         out = []
         for f in self.manifest.files:
             p = self.path / f.path
-            if not p.is_file():
+            if not p.resolve().is_relative_to(self.path.resolve()):
+                out.append(f"{f.path}: leads outside the bundle (to {p.resolve()})")
+            elif not p.is_file():
                 out.append(f"{f.path}: missing")
             elif p.stat().st_size != f.size:
                 out.append(f"{f.path}: size {p.stat().st_size} B, manifest says {f.size} B (truncated or replaced)")
@@ -166,7 +173,12 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
             raise InputError(f"bundle schema {version} is newer than this modelexport understands",
                              "upgrade modelexport")
         manifest = Manifest.model_validate(data)
-    except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as e:
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise IntegrityError(f"{p / MANIFEST_NAME} is not a valid manifest: {where}: {first['msg']}",
+                             "rebuild the bundle with --force; do not edit its manifest") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise IntegrityError(f"{p / MANIFEST_NAME} is not a valid manifest: {str(e).splitlines()[0]}",
                              "rebuild the bundle with --force") from None
     bundle = Bundle(p, manifest)

@@ -24,15 +24,31 @@ used to be dicts that kept them); only unset optional fields are left out.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any, ClassVar
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler,
                       model_serializer, model_validator)
 
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
 from ..core.vocab import BundleKind, Format, GraphKind, Role
 
 SCHEMA_VERSION = 2
+
+
+def _inside_the_bundle(path: str) -> str:
+    """A path a manifest records for a file of its bundle: relative, never climbing out. A manifest
+    naming `/etc/passwd` or `../../x` is tampered with, and no reader may follow it."""
+    p = PurePosixPath(path.replace("\\", "/"))
+    if not path or p.is_absolute() or ".." in p.parts or re.match(r"^[A-Za-z]:", path):
+        raise ValueError(f"{path!r} is not a path inside the bundle")
+    return path
+
+
+# Every field naming a file of the bundle has this type (SourceModel.path and CacheInfo.root name
+# places outside it by design).
+BundlePath = Annotated[str, AfterValidator(_inside_the_bundle)]
 
 GRAPH_NAMING = "{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1) or token (N=1), C = max_seq_len, part i of n"
 
@@ -78,8 +94,8 @@ class TensorSpec(BaseModel):
 class HostTwin(_Recorded):
     """LLM bundles: the unshared binary compiled from the same QDQ graph, which the x86 simulator runs
     (it cannot load weight-shared binaries)."""
-    epcontext_model: str
-    context_binary: str
+    epcontext_model: BundlePath
+    context_binary: BundlePath
     qnn_graph_name: str | None = None
     const_bytes: int | None = None
     bytes: int | None = None
@@ -117,7 +133,7 @@ class GraphSpec(_Recorded):
     """One compiled graph. The first fields every graph has; the rest are set by the writers that
     know them (which, in the comments). Schema 1 kept those in `extra`."""
     name: str
-    file: str | None = None              # the file in the bundle holding this graph
+    file: BundlePath | None = None       # the file in the bundle holding this graph
     kind: GraphKind
     inputs: list[TensorSpec] = Field(default_factory=list)
     outputs: list[TensorSpec] = Field(default_factory=list)
@@ -125,7 +141,7 @@ class GraphSpec(_Recorded):
     htp_arch: int | None = None
     part: str | None = None              # the part (ONNX / PyTorch) or graph name (LLM) it belongs to
     # context binaries (ONNX and LLM bundles)
-    epcontext_model: str | None = None   # the EPContext .onnx that loads it
+    epcontext_model: BundlePath | None = None   # the EPContext .onnx that loads it
     soc_model: int | None = None
     vtcm_mb: float | None = None
     optimization_level: int | None = None
@@ -149,7 +165,7 @@ class GraphSpec(_Recorded):
     shared: bool | None = None           # its binary holds several graphs sharing one copy of the weights
     shared_weights_bytes: int | None = None
     host_twin: HostTwin | None = None
-    quantized_model: str | None = None   # the QDQ .onnx it was compiled from
+    quantized_model: BundlePath | None = None   # the QDQ .onnx it was compiled from
     memory_estimate: MemoryEstimate | None = None
 
     # schema 1 wrote these as dict entries, None included
@@ -158,7 +174,7 @@ class GraphSpec(_Recorded):
 
 
 class FileEntry(BaseModel):
-    path: str
+    path: BundlePath
     size: int
     sha256: str
     role: Role = Role.ARTIFACT
@@ -176,9 +192,9 @@ class SourceModel(BaseModel):
 
 class PartFiles(_Recorded):
     """A part's files in the bundle (besides its compiled graphs)."""
-    float_model: str | None = None       # .onnx or .pt2
-    quantized_model: str | None = None   # the QDQ .onnx (quantized ONNX parts)
-    verify_inputs: str | None = None     # .npz of the samples `verify` compares on
+    float_model: BundlePath | None = None       # .onnx or .pt2
+    quantized_model: BundlePath | None = None   # the QDQ .onnx (quantized ONNX parts)
+    verify_inputs: BundlePath | None = None     # .npz of the samples `verify` compares on
 
 
 class PartEntry(_Recorded):
@@ -212,7 +228,7 @@ class DecoderShape(_Recorded):
 
 class WeightSharing(_Recorded):
     """One weight-shared context binary (a target and a part), read back through libQnnSystem."""
-    file: str
+    file: BundlePath
     graphs: list[str]
     shared_weights_bytes: list[int]
     const_bytes: dict[str, int | None] = Field(default_factory=dict)
@@ -225,7 +241,7 @@ class WeightSharing(_Recorded):
 
 class GenieCheck(_Recorded):
     """The Genie config of a target and what libGenie said of it."""
-    file: str
+    file: BundlePath
     accepted: bool
     status: int | None = None
     library: str | None = None
