@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,14 @@ def test_a_link_out_of_the_bundle_is_refused(tmp_path):
     b = open_bundle(out, verify=False)
     with pytest.raises(IntegrityError, match="leads outside the bundle"):
         b.file("model.bin")
+
+
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, cli):
+    from modelexport.core.atomic import check_output
+    from modelexport.core.errors import InputError
+    with pytest.raises(InputError, match="not writable"):
+        check_output(Path("/proc/modelexport-out/bundle"), force=False)   # /proc takes no new files, even as root
+    check_output(tmp_path / "new" / "deeper" / "bundle", force=False)      # missing folders are made later
+    proc = cli("compile", str(tmp_path / "m.onnx"), "-o", "/proc/modelexport-out")
+    assert_clean_error(proc, "not writable", "choose an output path")
+    assert proc.returncode == 2

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,21 @@ def check_output(path: Path, force: bool) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if parent.exists() and not parent.is_dir():
         raise InputError(f"cannot write {path}: {parent} is not a folder", "choose another output path")
+    _check_writable(path, parent)
+
+
+def _check_writable(path: Path, parent: Path) -> None:
+    """Before any work: a compile that runs for minutes must not fail at its last step. Probed by
+    creating a file, since permission bits do not tell (root, read-only mounts, /proc)."""
+    folder = parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {folder} is not writable ({e.strerror or e})",
+                         "choose an output path in a folder you can write to, or fix that folder's permissions") from None
 
 
 def sibling_temp(path: Path, tag: str = "partial") -> Path:
