@@ -105,3 +105,23 @@ def test_qnn_csv_parser_splits_runs_and_names_nodes(tmp_path):
                                                     "/features/features.3/Add"]
     assert prof.runs[1].nodes[1].cycles == 200 and prof.runs[1].nodes[1].op_id == 81
     assert "QNN (load binary) time (US)" in prof.load
+
+
+@pytest.mark.parametrize("args, needles", [
+    (("verify", "--min-sqnr", "nan"), ("--min-sqnr must be a finite number",)),
+    (("verify", "--samples", "-1"), ("--samples must be at least 1",)),
+    (("verify", "--per-layer", "--samples", "0"), ("--samples must be at least 1",)),
+    (("run", "--random", "--repeat", "0"), ("--repeat must be at least 1",)),
+])
+def test_numbers_out_of_range_are_refused_before_work(det_bundle, cli, args, needles):
+    verb, *rest = args
+    proc = cli(verb, str(det_bundle), *rest)
+    assert_clean_error(proc, *needles)
+    assert proc.returncode == 2
+
+
+def test_keep_naming_a_file_is_refused(det_bundle, cli, tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    assert_clean_error(cli("profile", str(det_bundle), "--keep", str(f)), "--keep", "is a file")
+    assert f.read_text() == "mine"

@@ -172,7 +172,9 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
 def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
         perf_profile: str | None = None, repeat: int = 1):
     """Run a bundle's compiled graph on the HTP simulator → RunResult (outputs, timings)."""
+    from .core.arguments import at_least
     from .runtime.runners import runner_for
+    at_least("--repeat", repeat, 1, "5")
     return runner_for(bundle).run(bundle, inputs, random, part, target, perf_profile, repeat)
 
 
@@ -180,7 +182,8 @@ def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None 
 def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str | None = None,
            min_sqnr: float | None = None, max_samples: int | None = None):
     """Float model on CPU vs compiled graph on the simulator → VerifyReport (SQNR, cosine, max abs error)."""
-    from .runtime.runners import runner_for
+    from .runtime.runners import check_verify_arguments, runner_for
+    check_verify_arguments(min_sqnr, max_samples)
     return runner_for(bundle).verify(bundle, inputs, part, target, min_sqnr, max_samples)
 
 

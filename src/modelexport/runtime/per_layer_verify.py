@@ -38,6 +38,8 @@ def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = No
                      threshold_db: float | None = None, min_sqnr: float | None = None, max_samples: int | None = None,
                      record: bool = True) -> tuple[Any, list]:
     """→ (VerifyReport of the compiled graph, [PerLayerReport per part]); records both in the bundle."""
+    from .runners import check_verify_arguments
+    check_verify_arguments(min_sqnr, max_samples, threshold_db)
     bundle = open_bundle(bundle_path)
     m = bundle.manifest
     run = PER_LAYER.get((m.format or Format.CONTEXT_BINARY, m.kind))

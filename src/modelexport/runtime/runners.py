@@ -87,6 +87,17 @@ def profile_bundle(bundle: str | Path, runs: int = 5, level: str = "basic", part
                    target: str | None = None, inputs=None, trace: str | Path | None = None,
                    keep_dir: str | Path | None = None):
     """Per-op times of a bundle's compiled graph on the HTP simulator → ProfileReport."""
+    from ..core.errors import InputError
     from ..profiling.report import check_arguments
     check_arguments(level, runs)
+    if keep_dir is not None and Path(keep_dir).exists() and not Path(keep_dir).is_dir():
+        raise InputError(f"--keep {keep_dir} is a file: it names the folder the raw profiles are kept in",
+                         "give a folder path (it is made if missing)")
     return runner_for(bundle).profile(bundle, runs, level, part, target, inputs, trace, keep_dir)
+
+
+def check_verify_arguments(min_sqnr: float | None, max_samples: int | None, threshold_db: float | None = None) -> None:
+    from ..core.arguments import at_least, finite
+    finite("--min-sqnr", min_sqnr, "20")
+    finite("--threshold-db", threshold_db, "20")
+    at_least("--samples", max_samples, 1, "4")
