@@ -130,6 +130,18 @@ class Bundle:
                                  "rebuild the bundle (modelexport compile ... --force); do not edit files inside it")
         return p
 
+    def check_selection(self, part: str | None, target: str | None) -> str | None:
+        """A `--part` / `--target` choice among this bundle's graphs → the target's canonical name (None:
+        any); an InputError naming what the bundle has."""
+        from ..core.targets import get_target
+        want = get_target(target).name if target else None
+        parts = {g.part for g in self.manifest.graphs}
+        if part and part not in parts:
+            raise InputError(f"{self.path} has no part {part!r}", f"parts: {', '.join(sorted(p for p in parts if p))}")
+        if want and want not in self.manifest.targets:
+            raise InputError(f"{self.path} was not compiled for {want}", f"its targets: {', '.join(self.manifest.targets)}")
+        return want
+
     def problems(self) -> list[str]:
         """Every file the manifest names must exist with its recorded size and sha256."""
         out = []

@@ -8,6 +8,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.arguments import at_least
 from ..core.errors import InputError, ToolchainError
 
 LEVELS = ("basic", "detailed")
@@ -69,5 +70,4 @@ def median(xs: list[float]) -> float:
 def check_arguments(level: str, runs: int) -> None:
     if level not in LEVELS:
         raise InputError(f"unknown --level {level!r}", "choose basic (per-graph totals) or detailed (per QNN node cycles)")
-    if runs < 1:
-        raise InputError(f"--runs must be at least 1, got {runs}", "use --runs 5")
+    at_least("--runs", runs, 1, "5")

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import InputError, ToolchainError
-from ...core.targets import get_target
 from ...core.vocab import GraphKind
 from ...core.numerics import compare
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
@@ -47,12 +46,7 @@ def _select(path: str | Path, part: str | None, target: str | None) -> list[PteG
         return [PteGraph("model", None, p, "?", ins, [f"output_{i}" for i in range(len(m["outputs"]))], m["name"])]
     bundle = open_bundle(p)
     m = bundle.manifest
-    want = get_target(target).name if target else None
-    parts = {g.part for g in m.graphs}
-    if part and part not in parts:
-        raise InputError(f"{bundle.path} has no part {part!r}", f"parts: {', '.join(sorted(x for x in parts if x))}")
-    if want and want not in m.targets:
-        raise InputError(f"{bundle.path} was not compiled for {want}", f"its targets: {', '.join(m.targets)}")
+    want = bundle.check_selection(part, target)
     precisions = {pm.name: pm.precision for pm in m.parts}
     out = []
     for g in m.graphs:

@@ -44,12 +44,7 @@ def select_graphs(bundle: Bundle, part: str | None = None, target: str | None = 
     if m.format not in OUTPUT_FORMATS or not OUTPUT_FORMATS[m.format].runs_here:
         raise InputError(f"{bundle.path} holds a {m.format}, which this host cannot run",
                          "compile with --format context-binary to run or verify on the HTP simulator")
-    want_target = get_target(target).name if target else None
-    parts = {g.part for g in m.graphs}
-    if part and part not in parts:
-        raise InputError(f"{bundle.path} has no part {part!r}", f"parts: {', '.join(sorted(p for p in parts if p))}")
-    if want_target and want_target not in m.targets:
-        raise InputError(f"{bundle.path} was not compiled for {want_target}", f"its targets: {', '.join(m.targets)}")
+    want_target = bundle.check_selection(part, target)
     precision = {pm.name: pm.precision for pm in m.parts}
     out, seen = [], set()
     for g in m.graphs:
