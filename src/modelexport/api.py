@@ -39,6 +39,7 @@ def _onnx_audit(*a, **k):
     return audit_onnx(*a, **k)
 
 
+_onnx_audit.options = ("input_values",)  # type: ignore[attr-defined]
 AUDITORS.register("onnx")(_onnx_audit)
 
 
@@ -53,15 +54,18 @@ AUDITORS.register("torch")(_torch_audit)
 
 @_public
 def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
-          calibration=None, log_path: str | Path | None = None, **options: Any):
+          calibration=None, log_path: str | Path | None = None, input_values=None, **options: Any):
     """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
 
-    `example_inputs` (a tuple of tensors) goes with an nn.Module; `options` are the backend's own
+    `example_inputs` (a tuple of tensors) goes with an nn.Module; `input_values` ({name: value}) fixes
+    ONNX inputs to constants (folds control flow on them); `options` are the backend's own
     (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=)."""
     from .frontends import find_frontend
     kind = find_frontend(model).kind
     if example_inputs is not None:
         options["example_inputs"] = example_inputs
+    if input_values:
+        options["input_values"] = input_values
     auditor = AUDITORS.get(kind)
     unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
     if unknown:
@@ -98,12 +102,13 @@ def _default_output(model: Any) -> Path:
 def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
             backend: str | None = None, progress: Callable[[str, float, float], None] | None = None,
-            example_inputs: Any = None, **options: Any):
+            example_inputs: Any = None, input_values: Any = None, **options: Any):
     """Compile one or more models (or a pipeline .yaml) for one or more targets into one bundle → Bundle.
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
-    defaults to `<name>_bundle` in the working directory.
+    defaults to `<name>_bundle` in the working directory. `input_values` ({name: value} or
+    ["name=value"]) fixes ONNX inputs to constants: control flow on them is folded (recorded in the manifest).
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
@@ -114,16 +119,24 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
         example_inputs, more = more[0], more[1:]
     out = Path(output) if output is not None else _default_output(model)
     memo = _bundle_memo([model, *more], example_inputs, calibration,
-                        dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend))
+                        dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend,
+                             **({"input_values": _jsonable(input_values)} if input_values else {})))
     restored = memo.restore(out, force) if memo else None
     if restored is not None:
         from .contract.bundle import Bundle
         return Bundle.from_trusted(restored)
     bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, target, precision,
-                          input_shapes, backend, options)
+                          input_shapes, backend, options, input_values)
     if memo is not None:
         memo.store(bundle.path)
     return bundle
+
+
+def _jsonable(values: Any) -> Any:
+    """--input-value specs as plain data for the bundle memo's key."""
+    if isinstance(values, dict):
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in values.items()}
+    return [str(v) for v in values]
 
 
 def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, options: dict[str, Any]):
@@ -135,7 +148,7 @@ def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, optio
 
 
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
-                 input_shapes, backend, options: dict[str, Any]):
+                 input_shapes, backend, options: dict[str, Any], input_values: Any = None):
     from .backends import backend_for_kind
     from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
@@ -153,13 +166,17 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
             parts += p_parts
             targets = targets or p_targets
         else:
-            parts.append(PartSpec(model=m, precision=precision, calibration=calibration, input_shapes=input_shapes))
+            parts.append(PartSpec(model=m, precision=precision, calibration=calibration, input_shapes=input_shapes,
+                                  input_values=input_values))
     if not parts:
         raise InputError("no model given", "pass a .onnx file (or several, or a pipeline .yaml)")
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
-    be = backend_for_kind(kinds.pop(), backend)
+    kind = kinds.pop()
+    if input_values and kind != "onnx":
+        raise InputError("--input-value applies to ONNX models", "leave it out for this model")
+    be = backend_for_kind(kind, backend)
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision

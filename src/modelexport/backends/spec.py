@@ -15,6 +15,7 @@ class PartSpec:
     precision: str = "8a8w"
     calibration: Any = None                  # DIR | list.txt | .npz | "random" | arrays
     input_shapes: Any = None
+    input_values: Any = None                 # ONNX: inputs fixed to a value (folds control flow on them)
 
 
 @dataclass

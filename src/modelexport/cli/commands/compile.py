@@ -80,6 +80,8 @@ def compile_cmd(
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w."),
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
+    input_value: Optional[List[str]] = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
+                                                    "(folds If on it, e.g. sr=16000; recorded in the manifest; repeatable)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="16a4w_block: input channels per weight scale (default 64; 32 for LLMs)."),
     override: Optional[List[str]] = typer.Option(None, "--override", help=OVERRIDE_HELP),
@@ -112,7 +114,7 @@ def compile_cmd(
     bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, vtcm_mb, optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
-                      calibration_samples=calibration_samples)
+                      calibration_samples=calibration_samples, input_values=input_value)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)

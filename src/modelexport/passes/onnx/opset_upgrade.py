@@ -1,0 +1,28 @@
+"""`opset-upgrade`: convert the model to the opset a later repair needs (onnx.version_converter).
+
+Only when needed: today when an empty optional input may be dropped only from a later opset
+(Resize `roi` is required below opset 13; paddle2onnx writes opset 11/12 models with it empty).
+"""
+from __future__ import annotations
+
+from . import RepairContext, onnx_repair
+from .empty_inputs import needed_opset
+
+
+@onnx_repair("opset-upgrade", 40, "upgrade the default-domain opset when a later repair needs it (onnx.version_converter)")
+def upgrade_opset(model, ctx: RepairContext) -> dict | None:
+    want = needed_opset(model)
+    have = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if want is None or have >= want:
+        return None
+    from onnx import version_converter
+
+    from ...core.errors import UnsupportedError
+    try:
+        converted = version_converter.convert_version(model, want)
+    except Exception as e:               # the converter raises its own C++ errors
+        raise UnsupportedError(f"the model needs opset {want} (empty optional inputs) and onnx's version converter "
+                               f"could not convert it from {have}: {str(e).splitlines()[0][:300]}",
+                               f"re-export the model at opset {want} or later") from None
+    model.CopyFrom(converted)
+    return {"from": have, "to": want, "why": "empty optional inputs that are optional only from this opset"}
