@@ -115,7 +115,8 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     import onnx
     soc = get_target(target)
     prec = get_precision(precision, ONNX_PRECISIONS)
-    loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True)
+    loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
+                                       quantized=prec.quantized)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
     notes: list[str] = [f"repair {r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")[:300]

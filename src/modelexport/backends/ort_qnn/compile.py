@@ -61,7 +61,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
-        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values)
+        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         if prec.quantized:
@@ -133,7 +133,8 @@ def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], gr
     """CPU nodes other than the graph-boundary (de)quantization ONNX Runtime keeps there by design."""
     out = []
     for name, op in placement.get(CPU_EP_NAME, []):
-        if op in _IO_OPS and (name.endswith("_QuantizeLinear") or name.endswith("_DequantizeLinear")):
+        # the quantizer names them <tensor>_QuantizeLinear, or <tensor>_q / _dq (MTCNN's onet)
+        if op in _IO_OPS and name.endswith(("_QuantizeLinear", "_DequantizeLinear", "_q", "_dq")):
             base = name.rsplit("_", 1)[0]
             if base in graph_inputs or base in graph_outputs:
                 continue

@@ -38,10 +38,10 @@ def _merge(records: list[dict]) -> list[dict]:
 
 
 def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = None, allow_dynamic: bool = False,
-                  allow_control_flow: bool = False) -> LoadedOnnx:
+                  allow_control_flow: bool = False, quantized: bool = False) -> LoadedOnnx:
     import onnx
     first = load_onnx(source, None, allow_dynamic=True)
-    ctx = RepairContext(parse_input_values(input_values, first.inputs))
+    ctx = RepairContext(parse_input_values(input_values, first.inputs), quantized=quantized)
     model = onnx.ModelProto()
     model.CopyFrom(first.model)
     # Two rounds: branches are folded before the shapes are fixed (ONNX Runtime's optimizer crashes on an
@@ -49,7 +49,7 @@ def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = Non
     # Shape → Equal conditions of the inlined branches have become constants.
     done = apply_repairs(model, ctx)
     loaded = load_onnx(model, input_shapes, allow_dynamic=True)
-    again = apply_repairs(loaded.model, RepairContext())
+    again = apply_repairs(loaded.model, RepairContext(quantized=quantized))
     if again:
         shapes = loaded.fixed_shapes
         loaded = load_onnx(loaded.model, None, allow_dynamic=True)

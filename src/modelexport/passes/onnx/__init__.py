@@ -19,6 +19,7 @@ from ...core.registry import Registry
 @dataclass
 class RepairContext:
     input_values: dict[str, Any] = field(default_factory=dict)   # name → numpy array the user fixed
+    quantized: bool = False                      # the model will be quantized (QDQ) after the repairs
     detached_metadata: list[tuple[str, str]] = field(default_factory=list)  # re-attached to the written models
 
 
