@@ -83,6 +83,21 @@ def one(name: str, precision: str, work: Path) -> dict:
     return row
 
 
+def _write(rows: list[dict], args) -> dict:
+    precisions = args.precisions.split(",")
+    done = {"target": TARGET, "machine": {"cpus": os.cpu_count()}, "rows": rows}
+    if args.only and RESULT.exists():             # a partial run updates its rows only
+        mine = {(r["model"], r["precision"]) for r in rows}
+        done["rows"] = [r for r in json.loads(RESULT.read_text()).get("rows", []) if (r["model"], r["precision"]) not in mine] + rows
+    done["summary"] = {p: {"models": sum(1 for r in done["rows"] if r["precision"] == p),
+                           "compiled": sum(1 for r in done["rows"] if r["precision"] == p and r.get("compiled")),
+                           "tracebacks": sum(1 for r in done["rows"] if r["precision"] == p and r.get("traceback"))}
+                       for p in precisions}
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(done, indent=1, default=str))
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*")
@@ -108,20 +123,10 @@ def main() -> None:
             row["traceback"] = "Traceback (most recent call last)" in proc.stderr
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
+            _write(rows, args)                   # after every row: a long run stopped midway keeps what it measured
             print(f"{m.name:18s} {prec:5s} compiled={row.get('compiled')} htp={row.get('htp_share')} "
                   f"sqnr={row.get('verify', {}).get('sqnr_db')} {row.get('error', '')[:120]}", flush=True)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    done = {"target": TARGET, "machine": {"cpus": os.cpu_count()}, "rows": rows,
-            "summary": {p: {"models": sum(1 for r in rows if r["precision"] == p),
-                            "compiled": sum(1 for r in rows if r["precision"] == p and r.get("compiled")),
-                            "tracebacks": sum(1 for r in rows if r["precision"] == p and r["traceback"])}
-                        for p in args.precisions.split(",")}}
-    if args.only and RESULT.exists():             # a partial run updates its rows only
-        old = json.loads(RESULT.read_text())
-        keep = [r for r in old.get("rows", []) if (r["model"], r["precision"]) not in {(r2["model"], r2["precision"]) for r2 in rows}]
-        done["rows"] = keep + rows
-    RESULT.write_text(json.dumps(done, indent=1, default=str))
-    print(json.dumps(done["summary"]))
+    print(json.dumps(_write(rows, args)["summary"]))
 
 
 if __name__ == "__main__":
