@@ -7,9 +7,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ...core.errors import InputError, UnsupportedError
 from ...core.vocab import BundleKind
-from ..app import app, console, emit_json, progress
+from ..app import app, console, emit_json, err_console, progress
 
 FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
                "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
@@ -56,6 +55,8 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
         console.print(f"  also wrote {line}")
+    if m.get("dlc_note"):
+        console.print(f"[yellow]note[/]: {m['dlc_note']}")
 
 
 def _compile(models: list[str], out: Path, targets: list[str], precision: str, calibration: Optional[str],
@@ -129,7 +130,8 @@ def compile_qnn(
     act_bitwidth: Optional[int] = typer.Option(None, "--act-bitwidth", help="8 or 16."),
     weights_bitwidth: Optional[int] = typer.Option(None, "--weights-bitwidth", help="4, 8 or 16."),
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " Overrides the bitwidth flags."),
-    fmt: str = typer.Option("context-binary", "--format", "-f", help=FORMAT_HELP),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help=FORMAT_HELP + " compile-qnn: chosen by OUTPUT's suffix "
+                                      "(*.bin → context-binary, *.dlc → dlc) when OUTPUT is a file."),
     backend: str = typer.Option("HTP", "--backend", help="QNN backend: HTP (the only one available here)."),
     device: Optional[List[str]] = typer.Option(None, "--device", "--target", "-t", help="SoC: 'Snapdragon 8 Gen 3', SM8650, 8gen3 ... (repeatable)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224."),
@@ -142,35 +144,25 @@ def compile_qnn(
 ) -> None:
     """The seeds' spelling of `compile`: `compile-qnn model.onnx model_ctx.bin --quantize
     --calibration-data list.txt --act-bitwidth 8 --weights-bitwidth 8 --format context-binary
-    --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`."""
-    from ...core.atomic import atomic_file, check_output
+    --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`.
+
+    OUTPUT names the format by its suffix: *.bin → context-binary (the target's QNN context binary),
+    *.dlc → dlc (the QNN IR container the QNN EP writes through libQnnIr.so); the file is written
+    with its bundle `<name>.bundle/` beside it. A folder OUTPUT is the bundle itself (--format,
+    default context-binary); without OUTPUT the folder is named by model, format, precision and target."""
+    from ...qnn import check_backend, plan_output, write_artifact
+    from ...core.atomic import check_output
     from ...quant import ONNX_PRECISIONS, get_precision, precision_from_bitwidths
-    if backend.upper() != "HTP":
-        raise UnsupportedError(f"--backend {backend} is not available", "use --backend HTP (the wheel ships no libQnnCpu.so; GPU is not wired up)")
+    check_backend(backend)
     prec = get_precision(precision, ONNX_PRECISIONS).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
     targets = device or ["SM8650"]
-    fmt = {"ctx": "context-binary", "bin": "context-binary"}.get(fmt, fmt)
-    file_out: Optional[Path] = None
-    if output is None:
-        bundle_dir = Path(model).with_suffix("").with_name(Path(model).stem + "_qnn")
-    elif Path(output).suffix.lower() in (".bin", ".dlc"):
-        file_out = Path(output)
-        want = ".dlc" if fmt == "dlc" else ".bin"
-        if file_out.suffix.lower() != want:
-            raise InputError(f"{output} does not fit --format {fmt} (expected a {want} file)", f"name the output *{want} or change --format")
-        if len(targets) > 1 and fmt != "dlc":
-            raise InputError("one .bin file can hold one target's binary", "give a folder as OUTPUT for several --device")
-        bundle_dir = file_out.with_name(file_out.stem + ".bundle")
-        check_output(file_out, force)
-    else:
-        bundle_dir = Path(output)
-    bundle = _compile([model], bundle_dir, targets, prec, calibration_data, input_shape, fmt, vtcm_mb, optimization_level,
-                      strict, no_cache, None, force, json_out)
-    also = []
-    if file_out is not None:
-        g = bundle.data["graphs"][0]
-        with atomic_file(file_out, force) as tmp:
-            import shutil
-            shutil.copyfile(bundle.file(g["file"]), tmp)
-        also.append(f"{file_out} ({'context binary for ' + g['target'] if g.get('target') else 'DLC'}; run/verify use the bundle)")
-    _summary(bundle, json_out, {"also_written": also})
+    plan = plan_output(model, output, fmt, prec, targets)
+    if plan.file is not None:
+        check_output(plan.file, force)
+    if not json_out:
+        err_console.print(f"format [bold]{plan.format}[/] ({plan.why})", highlight=False)
+    bundle = _compile([model], plan.bundle, targets, prec, calibration_data, input_shape, plan.format, vtcm_mb,
+                      optimization_level, strict, no_cache, None, force, json_out)
+    written = write_artifact(bundle, plan, force)
+    _summary(bundle, json_out, {"format_chosen": {"format": plan.format, "why": plan.why},
+                                "also_written": [written] if written else []})

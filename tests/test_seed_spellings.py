@@ -1,0 +1,70 @@
+"""The seeds' own spellings (issue 21), typed as written, on the real QNN EP: compile-qnn's OUTPUT suffix
+picks the format, `modelexport.qnn.QNNCompiler` returns artifact paths and its calls do not collide."""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import pytest
+from conftest import assert_clean_error
+from onnx_models import conv_relu
+
+
+@pytest.fixture
+def model(tmp_path):
+    return conv_relu(tmp_path / "model.onnx")
+
+
+def test_dlc_suffix_chooses_dlc(tmp_path, cli, model):
+    out = tmp_path / "model.dlc"
+    proc = cli("compile-qnn", str(model), str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "format dlc (from the output's suffix .dlc)" in proc.stderr
+    assert zipfile.is_zipfile(out)              # a real DLC is a zip container (QNN IR, libQnnIr.so)
+    m = json.loads((tmp_path / "model.bundle" / "manifest.json").read_text())
+    assert m["format"] == "dlc" and "libQnnIr.so" in m["dlc_note"]
+    res = json.loads(cli("compile-qnn", str(model), str(tmp_path / "m.bin"), "--json", check=True).stdout)
+    assert res["format_chosen"]["format"] == "context-binary" and (tmp_path / "m.bin").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("x.dlc", "--format", "context-binary"), "names the dlc format"),
+    (("x.bin", "--format", "dlc"), "names the context-binary format"),
+    (("model.cpp",), "*.dlc"),
+    (("x.bin", "--device", "SM8650", "--device", "SM8750"), "one target"),
+])
+def test_output_suffix_mistakes(tmp_path, cli, model, args, needle):
+    out, *rest = args
+    proc = cli("compile-qnn", str(model), str(tmp_path / out), *rest)
+    assert proc.returncode == 2
+    assert_clean_error(proc, needle, "fix:")
+    assert not any(p.name.endswith(".bundle") for p in tmp_path.iterdir())
+
+
+def test_qnn_compiler_seed_calls_in_order(tmp_path, model, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from modelexport.core.errors import InputError, OutputExistsError
+    from modelexport.qnn import QNNCompiler
+    compiler = QNNCompiler(backend="HTP")
+    dlc_path = compiler.compile("model.onnx", output_format="dlc")
+    quantized_dlc = compiler.compile("model.onnx", output_format="dlc", quantization={
+        "enabled": True, "calibration_data": "random", "act_bitwidth": 8, "weights_bitwidth": 8, "per_channel": True})
+    context = compiler.compile("model.onnx", output_format="context-binary", target_device="snapdragon_8_gen3")
+    assert isinstance(dlc_path, str) and dlc_path.endswith(".dlc") and zipfile.is_zipfile(dlc_path)
+    assert quantized_dlc.endswith(".dlc") and os.path.dirname(dlc_path) != os.path.dirname(quantized_dlc)
+    assert context.endswith(".bin") and os.path.getsize(context) > 0
+    assert compiler.last_bundle.manifest.targets == ["SM8650"]
+    roots = {p.split(os.sep)[0] for p in (dlc_path, quantized_dlc, context)}
+    assert roots == {"model_dlc_fp16_bundle", "model_dlc_8a8w_bundle", "model_context_binary_fp16_SM8650_bundle"}
+    assert compiler.compile_onnx_to_dlc("model.onnx", "seed.dlc") == "seed.dlc" and zipfile.is_zipfile("seed.dlc")
+    with pytest.raises(OutputExistsError, match="exists"):
+        compiler.compile("model.onnx", output_format="dlc")
+    with pytest.raises(InputError, match="unknown key"):
+        compiler.compile("model.onnx", quantization={"act_bits": 8})
+
+
+def test_default_output_names_what_was_chosen():
+    from modelexport.contract.default_output import default_output
+    assert str(default_output("a/model.onnx")) == "model_bundle"
+    assert str(default_output("model.onnx", "context-binary", "8a8w", ["8gen3"])) == "model_context_binary_8a8w_SM8650_bundle"
