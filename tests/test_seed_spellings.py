@@ -68,3 +68,30 @@ def test_default_output_names_what_was_chosen():
     from modelexport.contract.default_output import default_output
     assert str(default_output("a/model.onnx")) == "model_bundle"
     assert str(default_output("model.onnx", "context-binary", "8a8w", ["8gen3"])) == "model_context_binary_8a8w_SM8650_bundle"
+
+
+def test_vtcm_sizes_parse_once():
+    from modelexport.core.arguments import size_in_bytes
+    from modelexport.core.errors import InputError, TargetError, UnsupportedError
+    from modelexport.toolchain.htp_options import vtcm_whole_mb
+    assert size_in_bytes("--vtcm-size", "524288", "B") == 524288
+    assert size_in_bytes("--vtcm-mb", "0.5", "MB") == 524288 == size_in_bytes("--vtcm-mb", "512KB", "MB")
+    assert vtcm_whole_mb("1048576B", ["SM8650"]) == 1 and vtcm_whole_mb(2, ["SM8650"]) == 2
+    assert vtcm_whole_mb(None, ["SM8650"]) is None
+    for bad in ("nan", "inf", "-1", "0", "2XB", "1.5B"):
+        with pytest.raises(InputError):
+            vtcm_whole_mb(bad, ["SM8650"])
+    with pytest.raises(TargetError, match="SM8350's VTCM"):
+        vtcm_whole_mb("8MB", ["SM8650", "SM8350"])
+    with pytest.raises(UnsupportedError, match="whole MB"):
+        vtcm_whole_mb("524288B", ["SM8650"])
+
+
+def test_seed_vtcm_size_in_bytes(tmp_path, cli, model):
+    import modelexport
+    out = tmp_path / "v.bin"
+    cli("compile-qnn", str(model), str(out), "--vtcm_size", "1048576", check=True)
+    assert modelexport.inspect(out)["binary"]["vtcm_mb"] == 1.0      # read back from the binary
+    half = cli("compile-qnn", str(model), str(tmp_path / "h.bin"), "--vtcm_size", "524288")
+    assert half.returncode == 6
+    assert_clean_error(half, "not a whole MB", "1MB (1048576 bytes)")

@@ -19,6 +19,9 @@ OVERRIDE_HELP = ("'REGEX=PRECISION' gives the modules whose path matches REGEX (
                  "exporter's module path such as 'features\\.3\\.conv', or the node name) another quantized precision "
                  "(repeatable; first match wins). `verify --per-layer` suggests one.")
 REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization (repeatable; `modelexport audit` names them)."
+VTCM_MB_HELP = ("VTCM to compile for (QNN EP option vtcm_mb): MB, or a size with a unit (1MB, 1048576B); "
+                "whole MB only (the EP's limit), at most the target's (`modelexport targets`).")
+VTCM_SIZE_HELP = "The seeds' spelling: VTCM in bytes (--vtcm_size 1048576), or with a unit; same rules as --vtcm-mb."
 CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
               "(labelled not representative in the manifest).")
 
@@ -59,8 +62,18 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
         console.print(f"[yellow]note[/]: {m['dlc_note']}")
 
 
+def _vtcm(vtcm_mb: Optional[str], vtcm_size: Optional[str]) -> Optional[str]:
+    """--vtcm-mb (a bare number is MB) or --vtcm-size (bytes) → one size with its unit for the API."""
+    from ...core.arguments import size_in_bytes
+    if vtcm_mb is not None and vtcm_size is not None:
+        from ...core.errors import InputError
+        raise InputError("--vtcm-mb and --vtcm-size both give the VTCM size", "give one of them")
+    size = size_in_bytes("--vtcm-size", vtcm_size, "B")
+    return f"{size}B" if size is not None else vtcm_mb
+
+
 def _compile(models: list[str], out: Path, targets: list[str], precision: str, calibration: Optional[str],
-             input_shape: Optional[list[str]], fmt: Optional[str], vtcm_mb: Optional[int], optimization_level: int, strict: bool,
+             input_shape: Optional[list[str]], fmt: Optional[str], vtcm_mb: Optional[str], optimization_level: int, strict: bool,
              no_cache: bool, jobs: Optional[int], force: bool, json_out: bool, **torch_options):
     from ...api import compile as api_compile
     with progress("compiling", enabled=not json_out, total=None) as bar:
@@ -86,7 +99,8 @@ def compile_cmd(
     override: Optional[List[str]] = typer.Option(None, "--override", help=OVERRIDE_HELP),
     rewrite: Optional[List[str]] = typer.Option(None, "--rewrite", help=REWRITE_HELP),
     fallback: Optional[str] = typer.Option(None, "--fallback", help="PyTorch models: where nodes the HTP refuses run: xnnpack (default) or portable."),
-    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for (QNN EP option vtcm_mb); at most the target's."),
+    vtcm_mb: Optional[str] = typer.Option(None, "--vtcm-mb", help=VTCM_MB_HELP),
+    vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="HTP graph finalization optimization (1, 2, 3; 3 = best)."),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
@@ -110,7 +124,7 @@ def compile_cmd(
           - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: calib/}
           - {name: embedder, model: emb.onnx, precision: fp16}
     """
-    bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, vtcm_mb, optimization_level,
+    bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, _vtcm(vtcm_mb, vtcm_size), optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples)
@@ -135,7 +149,8 @@ def compile_qnn(
     backend: str = typer.Option("HTP", "--backend", help="QNN backend: HTP (the only one available here)."),
     device: Optional[List[str]] = typer.Option(None, "--device", "--target", "-t", help="SoC: 'Snapdragon 8 Gen 3', SM8650, 8gen3 ... (repeatable)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224."),
-    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for; at most the target's."),
+    vtcm_mb: Optional[str] = typer.Option(None, "--vtcm-mb", help=VTCM_MB_HELP),
+    vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="1, 2 or 3."),
     strict: bool = typer.Option(False, "--strict", help="Refuse if any node falls back to the CPU."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the compile cache."),
@@ -161,7 +176,7 @@ def compile_qnn(
         check_output(plan.file, force)
     if not json_out:
         err_console.print(f"format [bold]{plan.format}[/] ({plan.why})", highlight=False)
-    bundle = _compile([model], plan.bundle, targets, prec, calibration_data, input_shape, plan.format, vtcm_mb,
+    bundle = _compile([model], plan.bundle, targets, prec, calibration_data, input_shape, plan.format, _vtcm(vtcm_mb, vtcm_size),
                       optimization_level, strict, no_cache, None, force, json_out)
     written = write_artifact(bundle, plan, force)
     _summary(bundle, json_out, {"format_chosen": {"format": plan.format, "why": plan.why},
