@@ -95,3 +95,25 @@ def test_seed_vtcm_size_in_bytes(tmp_path, cli, model):
     half = cli("compile-qnn", str(model), str(tmp_path / "h.bin"), "--vtcm_size", "524288")
     assert half.returncode == 6
     assert_clean_error(half, "not a whole MB", "1MB (1048576 bytes)")
+
+
+def test_inspect_qnn_schema(tmp_path, cli, model):
+    out = tmp_path / "q.bin"
+    cli("compile-qnn", str(model), str(out), "--quantize", "--calibration-data", "random", check=True)
+    ours = json.loads(cli("inspect", str(out), "--json", check=True).stdout)["binary"]
+    for target in (out, tmp_path / "q.bundle"):
+        proc = cli("inspect", str(target), "--json", "--schema", "qnn", check=True)
+        qnn = json.loads(proc.stdout)
+        info = qnn["info"]
+        assert info["buildId"] == ours["build_id"] and info["socModel"] == 57
+        assert info["contextMetadata"]["info"]["dspArch"] == 75 and info["numGraphs"] == 1
+        g = info["graphs"][0]
+        seed_path = g["graphOutputs"][0]                      # seed 003: .info.graphs[0].graphOutputs[0]
+        assert seed_path == g["info"]["graphOutputs"][0]      # the utility's: .info.graphs[0].info.graphOutputs[0]
+        t = seed_path["info"]
+        assert t["dimensions"] == ours["graphs"][0]["outputs"][0]["shape"] == [1, 8, 16, 16] and t["rank"] == 4
+        assert t["dataType"] == "QNN_DATATYPE_UFIXED_POINT_8" and t["type"] == "QNN_TENSOR_TYPE_APP_READ"
+        assert t["quantizeParams"]["scaleOffset"]["scale"] == ours["graphs"][0]["outputs"][0]["quantization"]["scale"]
+        assert g["info"]["graphBlobInfo"]["info"]["vtcmSize"] == ours["graphs"][0]["htp"]["vtcm_bytes"]
+    assert_clean_error(cli("inspect", str(model), "--schema", "qnn"), "holds no QNN context binary", "fix:")
+    assert_clean_error(cli("inspect", str(out), "--schema", "xml"), "unknown --schema")
