@@ -105,7 +105,7 @@ def compile_cmd(
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
-    variants: Optional[str] = typer.Option(None, "--variants", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default)."),
+    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32). A full-context `bert` graph (no KV cache) is not built: use a large arN."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
