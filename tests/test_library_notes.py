@@ -3,7 +3,6 @@ like failures (the QNN EP's power-config error, ExecuTorch's backend_opinfo warn
 source by a documented rule (toolchain.library_notes) while every other line stays visible."""
 from __future__ import annotations
 
-import glob
 import subprocess
 import sys
 
