@@ -1,4 +1,4 @@
-"""The Python API, with the CLI's names: audit, compile, run, verify, inspect, QNNCompiler.
+"""The Python API, with the CLI's names: audit, compile, run, verify, inspect (the seeds' QNNCompiler: qnn.py).
 
 `compile` dispatches on what it is given: a frontend (registry in modelexport.frontends) loads
 it and says its kind, and the backend registered for that kind (modelexport.backends) compiles
@@ -12,7 +12,7 @@ import inspect as _signature
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core.errors import InputError, UnsupportedError
+from .core.errors import InputError
 from .core.registry import Registry
 
 
@@ -75,6 +75,9 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
                    calibration=calibration, log_path=log_path, **options)
 
 
+_DEFAULT_TARGET = "SM8650"
+
+
 def _as_list(x) -> list:
     if x is None:
         return []
@@ -90,14 +93,6 @@ def _is_model_like(x: Any) -> bool:
     return any(fe.accepts(x) for _, fe in FRONTENDS)
 
 
-def _default_output(model: Any) -> Path:
-    if isinstance(model, (str, Path)):
-        stem = Path(str(model).split(":")[0]).stem
-    else:
-        stem = type(getattr(model, "module", model)).__name__.lower()
-    return Path(f"{stem}_bundle")
-
-
 @_public
 def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
@@ -107,7 +102,8 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
-    defaults to `<name>_bundle` in the working directory. `input_values` ({name: value} or
+    defaults to `<name>[_<format>][_<precision>][_<target>]_bundle` in the working directory, naming
+    what was chosen (modelexport.contract.default_output). `input_values` ({name: value} or
     ["name=value"]) fixes ONNX inputs to constants: control flow on them is folded (recorded in the manifest).
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
@@ -117,7 +113,11 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     format takes, or none does, is an InputError."""
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]
-    out = Path(output) if output is not None else _default_output(model)
+    if output is None:
+        from .contract.default_output import default_output
+        chosen = [t for t in _as_list(target) if t != _DEFAULT_TARGET]
+        output = default_output(model, options.get("output_format"), precision, chosen)
+    out = Path(output)
     memo = _bundle_memo([model, *more], example_inputs, calibration,
                         dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend,
                              **({"input_values": _jsonable(input_values)} if input_values else {})))
@@ -180,7 +180,7 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision
-    opts = build_options(be.options, {**options, "targets": targets or ["SM8650"],
+    opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
                                       "output_format": options.get("output_format") or be.default_format})
     return be.compile(parts, output, opts, force=force, progress=progress)
 
@@ -208,40 +208,3 @@ def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str
 def inspect(path: str | Path) -> dict:
     from .inspection import inspect_path
     return inspect_path(path)
-
-
-_FORMAT_ALIASES = {"context-binary": "context-binary", "context_binary": "context-binary", "ctx": "context-binary",
-                   "bin": "context-binary", "dlc": "dlc"}
-
-
-class QNNCompiler:
-    """The seeds' class, a thin layer over `modelexport.compile`.
-
-    `QNNCompiler(backend="HTP").compile("model.onnx", output_format="context-binary",
-    quantization={"enabled": True, "calibration_data": "calib/", "act_bitwidth": 8, "weights_bitwidth": 8,
-    "per_channel": True}, target_device="snapdragon_8_gen3")` → Bundle.
-    """
-
-    def __init__(self, backend: str = "HTP", use_cache: bool = True):
-        if str(backend).upper() != "HTP":
-            raise UnsupportedError(f"QNN backend {backend!r} is not available here",
-                                   "use backend='HTP' (the onnxruntime-qnn wheel ships no libQnnCpu.so; GPU is not wired up)")
-        self.backend = "HTP"
-        self.use_cache = use_cache
-
-    def compile(self, model: Any, output_format: str = "context-binary", quantization: dict | None = None,
-                target_device: str | Iterable[str] = "SM8650", output: str | Path | None = None, force: bool = False, **kw):
-        from .quant import precision_from_bitwidths
-        fmt = _FORMAT_ALIASES.get(str(output_format).lower())
-        if fmt is None:
-            raise InputError(f"unknown output_format {output_format!r}", "use 'context-binary' or 'dlc'")
-        q = dict(quantization or {})
-        enabled = bool(q.get("enabled", bool(q)))
-        if "precision" in q:
-            precision = q["precision"]
-        else:
-            precision = precision_from_bitwidths(q.get("act_bitwidth"), q.get("weights_bitwidth"), enabled).name
-        out = Path(output) if output else Path(str(model)).with_suffix("").with_name(Path(str(model)).stem + f"_{fmt.replace('-', '_')}")
-        return compile(model, output=out, target=target_device, precision=precision,
-                       calibration=q.get("calibration_data"), per_channel=q.get("per_channel", True),
-                       output_format=fmt, force=force, use_cache=self.use_cache, **kw)
