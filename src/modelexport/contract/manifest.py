@@ -241,11 +241,14 @@ class WeightSharing(_Recorded):
 
 
 class GenieCheck(_Recorded):
-    """The Genie config of a target and what libGenie said of it."""
+    """The Genie config of a target and what libGenie said of it: the config parser (`accepted`)
+    and a dialog created on the host twins (`dialog_created`: Genie's model validation passed)."""
     file: BundlePath
     accepted: bool
     status: int | None = None
     library: str | None = None
+    dialog_created: bool | None = None
+    dialog_checked_on: str | None = None
 
 
 class LlmSection(_Recorded):

@@ -14,12 +14,15 @@ inputs (in this order)
     input_ids       int32 [1, N]
     position_ids    int32 [1, N]                     absolute positions of the N tokens
     attention_mask  float [1, 1, N, C]                additive: 0 = attend, `mask_value` = not
-    past_key_i      float [1, kv_heads, head_dim, C - N]   one per layer, keys stored transposed
-    past_value_i    float [1, kv_heads, C - N, head_dim]   one per layer
+    past_key_i_in   float [1, kv_heads, head_dim, C - N]   one per layer, keys stored transposed
+    past_value_i_in float [1, kv_heads, C - N, head_dim]   one per layer
 outputs
     logits          float [1, N, vocab]
-    new_key_i       float [1, kv_heads, head_dim, N]   only the N new entries, already RoPE'd
-    new_value_i     float [1, kv_heads, N, head_dim]
+    past_key_i_out  float [1, kv_heads, head_dim, N]   only the N new entries, already RoPE'd
+    past_value_i_out float [1, kv_heads, N, head_dim]
+
+The cache names are Genie's (its default cache group is the prefix `past_`, each layer's tensors
+`past_key_<i>_in` / `_out`): Genie refuses other names ("Invalid cache-group prefix").
 
 C = `max_seq_len`. Attention runs over `cat(past, new)`: columns `0 .. C-N-1` are cache slots,
 the last N columns are the chunk itself. Cache slot p holds the token at position p; the caller
@@ -136,13 +139,29 @@ def make_position_ids(cfg: StaticDecoderConfig, past_len: int) -> torch.Tensor:
     return pos.clamp(max=cfg.max_seq_len - 1)[None]
 
 
+def past_key(i: int) -> str:
+    return f"past_key_{i}_in"
+
+
+def past_value(i: int) -> str:
+    return f"past_value_{i}_in"
+
+
+def new_key(i: int) -> str:
+    return f"past_key_{i}_out"
+
+
+def new_value(i: int) -> str:
+    return f"past_value_{i}_out"
+
+
 def input_names(n_layers: int) -> list[str]:
     return (["input_ids", "position_ids", "attention_mask"]
-            + [f"past_key_{i}" for i in range(n_layers)] + [f"past_value_{i}" for i in range(n_layers)])
+            + [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)])
 
 
 def output_names(n_layers: int) -> list[str]:
-    return (["logits"] + [f"new_key_{i}" for i in range(n_layers)] + [f"new_value_{i}" for i in range(n_layers)])
+    return (["logits"] + [new_key(i) for i in range(n_layers)] + [new_value(i) for i in range(n_layers)])
 
 
 def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int = 0) -> tuple[torch.Tensor, ...]:

@@ -27,6 +27,8 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from ..core.errors import CalibrationError, InputError
 from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
@@ -89,10 +91,35 @@ def weight_overrides(model, base_precision: str, overrides: list[Override]) -> t
     return tq, chosen
 
 
+# ops whose output the QDQ quantizer gives its input's encoding: a range fixed on a graph output
+# must be fixed on the tensor before them too, or the output inherits the upstream range
+_SAME_ENCODING_OPS = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def _tied_tensors(model, tied_ranges: dict[str, list[float]]) -> dict[str, list[float]]:
+    """{tensor: range} for the graph inputs and outputs named in `tied_ranges`, and for the tensors
+    each output takes its encoding from (through `_SAME_ENCODING_OPS`)."""
+    io_names = {v.name for v in (*model.graph.input, *model.graph.output)}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out: dict[str, list[float]] = {}
+    for name, r in tied_ranges.items():
+        if name not in io_names:
+            continue
+        out[name] = r
+        node = producer.get(name)
+        while node is not None and node.op_type in _SAME_ENCODING_OPS:
+            out[node.input[0]] = r
+            node = producer.get(node.input[0])
+    return out
+
+
 def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
-                     calibration: CalibrationSet, block_size: int = 0) -> dict:
+                     calibration: CalibrationSet, block_size: int = 0,
+                     tied_ranges: dict[str, list[float]] | None = None) -> dict:
     """ONNX Runtime's QDQ quantization of one decoder graph; with `block_size`, its 4-bit MatMul
-    weights are then re-quantized in blocks of that many input channels (LPBQ, 16a4w_block)."""
+    weights are then re-quantized in blocks of that many input channels (LPBQ, 16a4w_block).
+    `tied_ranges` ({tensor: [min, max]}) fixes the ranges of those graph inputs and outputs (the KV
+    caches), so every graph that names them gets the same encoding."""
     import onnx
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -102,6 +129,9 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     act, weight = prec.quant_types()
     model = onnx.load(str(float_path), load_external_data=False)
     tq, chosen = weight_overrides(model, precision, overrides)
+    tied = _tied_tensors(model, tied_ranges or {})
+    for name, (lo, hi) in tied.items():   # the quantizer wants numpy scalars here
+        tq[name] = [{"rmin": np.float32(lo), "rmax": np.float32(hi)}]
     float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
     block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
                    and n.input[1] in tq and chosen.get(llm_module_path(n.name)) == 4}
@@ -138,7 +168,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     return {"precision": prec.name, "activation_type": prec.activation_type, "weight_bits": {str(b): sum(1 for v in chosen.values() if v == b) for b in bits},
             "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
             "float_nodes": {"count": len(float_nodes), "what": "residual adds, RMSNorms and RoPE table lookups (fp16 on the HTP)"},
-            "calibration_method": "MinMax", "ranges_seconds": round(ranges_s, 2), **({"blocks": blocks} if blocks else {}),
+            "calibration_method": "MinMax", "tied_io_ranges": len(tied), "ranges_seconds": round(ranges_s, 2), **({"blocks": blocks} if blocks else {}),
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -146,4 +176,4 @@ def quantize_job(job: dict) -> dict:
     """`quantize_decoder` in a worker process (toolchain/worker_pool.py)."""
     cal = CalibrationSet(job["samples"], "text", job["source"])
     return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
-                            job.get("block_size", 0))
+                            job.get("block_size", 0), job.get("tied_ranges"))

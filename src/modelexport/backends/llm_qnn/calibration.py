@@ -5,6 +5,11 @@ so every sample carries the KV cache the model itself produced for the text befo
 graph is calibrated on (N real tokens, their positions and mask, the real caches), and the ar1
 graph on the single real token that follows each arN chunk. Random caches give ranges that make
 the quantized logits useless (measured: max error 21 on logits up to 23), real ones do not.
+
+`kv_ranges` ties each layer's cache encodings: Genie copies a graph's new key/value bytes into the
+next step's cache input as they are, in every variant, so `past_key_i_in` and `_out` of every arN
+graph must carry one scale and offset (Genie's model validation refuses the bundle otherwise:
+"Non-identical quantization parameters found for the same tensor").
 """
 from __future__ import annotations
 
@@ -12,15 +17,19 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.errors import CalibrationError
+from ...llm.static_decoder import new_key, new_value, past_key, past_value
 
 
 
 def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max_seq_len: int,
-                        samples_per_variant: int) -> dict[int, list[dict[str, np.ndarray]]]:
+                        samples_per_variant: int, kv_ranges: dict[str, list[float]] | None = None
+                        ) -> dict[int, list[dict[str, np.ndarray]]]:
     """{N: [flat input dict of the full decoder]} recorded from the float decoder on real text.
 
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
-    fed, and after each one a single token through every smaller N, all with the real cache."""
+    fed, and after each one a single token through every smaller N, all with the real cache.
+    `kv_ranges`, when given, is filled with one [min, max] per layer's keys and per layer's values,
+    over every cache the text produced (inputs and outputs of every variant), under both names."""
     import torch
 
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
@@ -36,7 +45,10 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
         if len(out[n]) < samples_per_variant:
             out[n].append({k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in zip(names, inputs)})
         with torch.inference_mode():
-            return dec(*inputs)
+            outputs = dec(*inputs)
+        if kv_ranges is not None:
+            _widen(kv_ranges, outputs[1:], dec.spec.n_layers)
+        return outputs
 
     runner = StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len)
     pos = 0
@@ -75,6 +87,18 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     return out
 
 
+def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
+    """Widen each layer's tied key and value range by this step's new keys and values (every cache
+    entry was a new key once, so these cover the caches too)."""
+    for i in range(n_layers):
+        for (cache_in, cache_out), t in (((past_key(i), new_key(i)), new_kv[i]),
+                                         ((past_value(i), new_value(i)), new_kv[n_layers + i])):
+            lo, hi = float(t.min()), float(t.max())
+            r = ranges.setdefault(cache_in, [0.0, 0.0])   # 0 inside: empty cache slots are zeros
+            r[0], r[1] = min(r[0], lo), max(r[1], hi)
+            ranges[cache_out] = r
+
+
 def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.ndarray] | None) -> list[dict[str, np.ndarray]]:
     """The inputs of one layer range: its own caches, and the hidden states entering it."""
     out = []
@@ -85,8 +109,8 @@ def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.nda
         else:
             d["hidden_states"] = hidden[j]
         for i in part.layers():
-            d[f"past_key_{i}"] = s[f"past_key_{i}"]
+            d[past_key(i)] = s[past_key(i)]
         for i in part.layers():
-            d[f"past_value_{i}"] = s[f"past_value_{i}"]
+            d[past_value(i)] = s[past_value(i)]
         out.append(d)
     return out

@@ -44,7 +44,7 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 4   # 4: RoPE table lookups float
+EXPORT_VERSION = 5   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -122,7 +122,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     report(f"calibrating on {text.path.name} through the float decoder")
     t1 = time.perf_counter()
     ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
-    samples = calibration_samples(model, ids, variants, max_seq_len, n_samples)
+    kv_ranges: dict[str, list[float]] = {}   # one encoding per layer's cache, in every graph (Genie)
+    samples = calibration_samples(model, ids, variants, max_seq_len, n_samples, kv_ranges)
     calib_s = round(time.perf_counter() - t1, 2)
     graphs, export_s = [], 0.0
     (tmp / "qdq").mkdir()
@@ -146,7 +147,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                 t3 = t3 or time.perf_counter()
                 pool.submit(quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
                                            "precision": precision, "overrides": overrides, "samples": ps,
-                                           "source": str(text.path), "block_size": block_size})
+                                           "source": str(text.path), "block_size": block_size,
+                                           "tied_ranges": kv_ranges})
                 if not part.is_last:   # hidden states entering the next part, from the float part
                     mod = DecoderPart(dec, part).eval()
                     with torch.inference_mode():
@@ -170,7 +172,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "spec": {"n_layers": sd.n_layers, "n_heads": sd.n_heads, "n_kv_heads": sd.n_kv_heads, "head_dim": sd.head_dim,
                      "hidden_size": sd.hidden_size, "vocab_size": sd.vocab_size, "max_seq_len": max_seq_len},
             "architecture": llm.architecture, "n_params": int(n_params), "rope_theta": float(theta),
-            "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "context_length": ctx,
+            "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
@@ -329,6 +331,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                   jobs, results, qairt, cache, timings, t_start, limit_mb, say):
     from ..context_binary import read_back
     from .genie import genie_config, validate_genie_config
+    from .genie_dialog import check_dialog, host_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)
     n_parts = len(qmeta["parts"])
@@ -440,11 +443,16 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             rel = "genie_config.json" if len(socs) == 1 else f"{soc.name}/genie_config.json"
             cfg = genie_config(ctx_bins=[(f"{soc.name}/{b}" if len(socs) == 1 else b) for b in ctx_bins[soc.name]],
                                tokenizer=("tokenizer/tokenizer.json" if len(socs) == 1 else "../tokenizer/tokenizer.json"),
-                               context_size=max_seq_len, vocab=spec["vocab_size"], bos=qmeta["bos_id"],
-                               eos=qmeta["eos_ids"], head_dim=spec["head_dim"], rope_theta=qmeta["rope_theta"])
+                               context_size=max_seq_len, vocab=spec["vocab_size"],
+                               bos=qmeta["bos_id"] if qmeta.get("add_bos") else None,
+                               eos=qmeta["eos_ids"], head_dim=spec["head_dim"])
             path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
-            genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path))
+            twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
+                     if g.target == soc.name and g.host_twin is not None]
+            say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
+            genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
+                                         **check_dialog(host_config(cfg, path.parent, twins)))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
         shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()

@@ -19,11 +19,14 @@ from ...core.errors import ToolchainError, VerificationError
 
 
 def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, vocab: int, bos: int | None,
-                 eos: list[int], head_dim: int, rope_theta: float, rope_scaling: dict | None = None,
-                 n_threads: int = 3) -> dict[str, Any]:
-    pe: dict[str, Any] = {"type": "rope", "rope-dim": head_dim // 2, "rope-theta": float(rope_theta)}
-    if rope_scaling:
-        pe["rope-scaling"] = rope_scaling
+                 eos: list[int], head_dim: int, n_threads: int = 3) -> dict[str, Any]:
+    """`bos`: the id Genie puts before a conversation, None when the model's tokenizer adds none.
+
+    Positions go in as `position_ids` ("absolute"): the graphs gather their RoPE tables themselves,
+    computed from the HF model's own `inv_freq` and attention scaling, so llama3 / linear / yarn
+    scaling is inside the graph and Genie needs no RoPE facts. With "rope", Genie would feed
+    `position_ids_cos` / `_sin` inputs the graphs do not have ("Could not find I/O tensors")."""
+    pe: dict[str, Any] = {"type": "absolute"}
     return {"dialog": {
         "version": 1,
         "type": "basic",
@@ -60,7 +63,7 @@ print(json.dumps({"status": rc}))
 """
 
 
-def _genie_library() -> tuple[Path, Path]:
+def genie_library() -> tuple[Path, Path]:
     try:
         import onnxruntime_qnn
     except ImportError:
@@ -74,7 +77,7 @@ def _genie_library() -> tuple[Path, Path]:
 
 def validate_genie_config(path: str | Path) -> dict[str, Any]:
     """{"status": 0, "accepted": True, "genie_api": ...} or VerificationError with Genie's message."""
-    lib, libs = _genie_library()
+    lib, libs = genie_library()
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), str(lib.parent), env.get("LD_LIBRARY_PATH", "")) if p)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(lib), str(path)], capture_output=True, text=True, env=env,

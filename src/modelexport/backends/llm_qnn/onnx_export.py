@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...llm.static_decoder import StaticDecoder
+from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
 # the opset the QDQ graphs need (int4 and uint16 Q/DQ, block-wise DequantizeLinear). The graph is
@@ -87,12 +87,12 @@ class DecoderPart(nn.Module):
     def input_names(self) -> list[str]:
         first = "input_ids" if self.part.is_first else "hidden_states"
         L = self.part.layers()
-        return [first, "position_ids", "attention_mask"] + [f"past_key_{i}" for i in L] + [f"past_value_{i}" for i in L]
+        return [first, "position_ids", "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
 
     def output_names(self) -> list[str]:
         last = "logits" if self.part.is_last else "hidden_states_out"
         L = self.part.layers()
-        return [last] + [f"new_key_{i}" for i in L] + [f"new_value_{i}" for i in L]
+        return [last] + [new_key(i) for i in L] + [new_value(i) for i in L]
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         full = self.decoder.example_inputs()

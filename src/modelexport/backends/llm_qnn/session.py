@@ -20,7 +20,7 @@ from ...core.errors import InputError
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.openers import open_llm_bundle, source_kind
-from ...llm.static_decoder import DecoderSpec
+from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.tokenizers import load_tokenizer
 
 STAGES = ("htp-sim", "fake-quant")
@@ -52,17 +52,25 @@ class ChainedForward:
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:
             feed = {ps.input_names[0]: x, "position_ids": pos, "attention_mask": mask}
+            name = _cache_names(ps)
             for i in ps.layers:
-                feed[f"past_key_{i}"] = np.ascontiguousarray(_np(ks[i]))
-                feed[f"past_value_{i}"] = np.ascontiguousarray(_np(vs[i]))
+                feed[name(past_key(i))] = np.ascontiguousarray(_np(ks[i]))
+                feed[name(past_value(i))] = np.ascontiguousarray(_np(vs[i]))
             outs = dict(zip(ps.output_names, ps.session.run(ps.output_names, feed)))
             x = outs[ps.output_names[0]]
             for i in ps.layers:
-                new_k[i] = outs[f"new_key_{i}"]
-                new_v[i] = outs[f"new_value_{i}"]
+                new_k[i] = outs[name(new_key(i))]
+                new_v[i] = outs[name(new_value(i))]
         self.calls += 1
         return (torch.from_numpy(x), *[torch.from_numpy(new_k[i]) for i in range(L)],
                 *[torch.from_numpy(new_v[i]) for i in range(L)])
+
+
+def _cache_names(ps: _PartSession):
+    """Bundles made before the caches took Genie's names call them past_key_3 / new_key_3."""
+    if any(n.endswith("_in") for n in ps.input_names):
+        return lambda n: n
+    return lambda n: n[:-3] if n.endswith("_in") else "new_" + n[len("past_"):-4]
 
 
 def _np(t) -> np.ndarray:

@@ -1,0 +1,177 @@
+"""Genie's own dialog on this host: `GenieDialog_create` and `GenieDialog_tokenQuery` of the
+`libGenie.so` in the onnxruntime-qnn wheel, run against a bundle's host twins on the x86 HTP
+simulator.
+
+The simulator cannot load weight-shared binaries, so the dialog is given the unshared twins built
+from the same QDQ graphs (same I/O names, shapes and encodings; Genie's model validation reads
+exactly those). What Genie checks when it creates a dialog: every graph's I/O names against its
+conventions (`input_ids`, `position_ids`, `attention_mask`, `logits`, the `past_` cache group's
+`past_key_<i>_in` / `_out`), the KV encodings (one per cache tensor across all graphs and between a
+layer's input and output), the variants' cache lengths (CL - N) and the context size. A query then
+runs Genie's own loop: its prefill / decode variant switching, its smart-mask attention mask, its
+KV-cache updates and its sampler.
+
+libGenie needs the wheel's libc++ on LD_LIBRARY_PATH when the process starts, so it runs in a
+child process that prints one JSON line per event.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ...core.errors import InputError, ToolchainError, VerificationError
+from .genie import genie_library
+
+_CHILD = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+cfg = open(sys.argv[2], 'rb').read()
+job = json.loads(sys.argv[3])
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+h = ctypes.c_void_p()
+lib.GenieDialogConfig_createFromJson.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+rc = lib.GenieDialogConfig_createFromJson(cfg, ctypes.byref(h))
+if rc != 0:
+    say(event="config", status=rc); sys.exit(0)
+d = ctypes.c_void_p()
+lib.GenieDialog_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+rc = lib.GenieDialog_create(h, ctypes.byref(d))
+say(event="dialog", status=rc)
+if rc != 0 or not job.get("tokens"):
+    sys.exit(0)
+lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
+CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p)
+def on_tokens(p, n, code, user):
+    if n:
+        say(event="tokens", ids=[p[i] for i in range(n)], code=code)
+cb = CB(on_tokens)
+lib.GenieDialog_tokenQuery.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
+                                       ctypes.c_int, CB, ctypes.c_void_p]
+ids = job["tokens"]
+rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
+say(event="query", status=rc)
+lib.GenieDialog_free.argtypes = [ctypes.c_void_p]
+lib.GenieDialog_free(d)
+"""
+
+
+def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
+                sampler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Genie config (as written in a bundle, in `config_dir`) pointed at the host twins `twins`
+    (one per graph, parts in order) with the tokenizer found from anywhere; `sampler` replaces its
+    sampler block."""
+    cfg = json.loads(json.dumps(cfg))
+    cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = [str(Path(p).resolve()) for p in twins]
+    tok = cfg["dialog"]["tokenizer"]
+    tok["path"] = str((config_dir / tok["path"]).resolve())
+    if sampler is not None:
+        cfg["dialog"]["sampler"] = {"version": 1, **sampler}
+    return cfg
+
+
+def bundle_config(bundle, target: str, sampler: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`host_config` of a sealed bundle's Genie config for `target`."""
+    m = bundle.manifest
+    entry = m.llm.genie.get(target) if m.llm else None
+    if entry is None:
+        raise InputError(f"the bundle has no Genie config for {target}",
+                         f"use one of its targets: {', '.join(m.llm.genie) if m.llm else 'none (not an LLM bundle)'}")
+    twins = sorted(((g.part_index or 1, g.name, bundle.file(g.host_twin.context_binary)) for g in m.graphs
+                    if g.target == target and g.host_twin is not None))
+    if not twins:
+        raise InputError(f"the bundle has no host twins for {target}", "compile the LLM again with this version")
+    path = bundle.file(entry.file)
+    return host_config(json.loads(path.read_text()), path.parent, [t[2] for t in twins], sampler)
+
+
+def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> dict:
+    """Our sampling flags as Genie's sampler: temperature 0 is greedy (top-k 1: Genie's `greedy`
+    flag alone still samples, measured)."""
+    if temperature <= 0:
+        return {"greedy": True, "top-k": 1, "temp": 1.0, "top-p": 1.0, "seed": int(seed or 0)}
+    return {"temp": float(temperature), "top-k": int(top_k) if top_k else 0, "top-p": float(top_p),
+            "seed": int(seed or 0)}
+
+
+def _run(config: dict, job: dict, timeout: float, on_event: Callable[[dict], None] | None = None
+         ) -> tuple[dict[str, int], str]:
+    """The dialog child on `config`: ({stage: status}, its stderr); `on_event` sees each event."""
+    lib, libs = genie_library()
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), str(lib.parent), env.get("LD_LIBRARY_PATH", "")) if p)
+    status: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d, \
+            tempfile.TemporaryFile("w+") as err:   # a file, not a pipe: Genie may print more than a pipe holds
+        path = Path(d) / "genie_config.json"
+        path.write_text(json.dumps(config))
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(lib), str(path), json.dumps(job)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=d)
+        try:
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    event = json.loads(line)
+                    if "status" in event:
+                        status[event["event"]] = event["status"]
+                    if on_event:
+                        on_event(event)
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0:
+        raise ToolchainError(f"Genie's dialog process died (exit {proc.returncode}): {_genie_messages(stderr)}",
+                             "run `modelexport doctor`; report it with the bundle's manifest")
+    return status, stderr
+
+
+def _genie_messages(stderr: str) -> str:
+    """Genie's own error lines (its INFO lines, the simulator's banner and affinity warnings dropped)."""
+    keep = [ln.strip() for ln in stderr.splitlines()
+            if ln.strip() and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
+    return " | ".join(keep)[-1500:] or "no message"
+
+
+def check_dialog(config: dict[str, Any]) -> dict[str, Any]:
+    """GenieDialog_create with `config` (a `host_config`): {"dialog_created": True, ...} or a
+    VerificationError with Genie's reasons."""
+    status, stderr = _run(config, {}, timeout=600)
+    if status.get("dialog") == 0:
+        return {"dialog_created": True, "dialog_checked_on": "host twins (x86 HTP simulator)"}
+    where = "GenieDialogConfig_createFromJson" if "config" in status else "GenieDialog_create"
+    raise VerificationError(f"Genie refuses the bundle ({where} status {status.get('config', status.get('dialog'))}): "
+                            f"{_genie_messages(stderr)}",
+                            "this is a bug in the generated graphs or config; report it with the bundle's manifest")
+
+
+def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int, sampler: dict,
+                 on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], str]:
+    """Run Genie's dialog on `prompt_ids`: (generated ids, stop reason). Genie prepends the
+    config's BOS itself, so the host config's BOS is cleared and `prompt_ids` go in as they are."""
+    cfg = bundle_config(bundle, target, sampler)
+    cfg["dialog"]["context"]["bos-token"] = -1
+    out: list[int] = []
+
+    def on_event(e: dict) -> None:
+        if e["event"] == "tokens":
+            out.extend(e["ids"])
+            if on_tokens:
+                on_tokens(e["ids"])
+    status, stderr = _run(cfg, {"tokens": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)},
+                          timeout=3600, on_event=on_event)
+    if status.get("dialog") != 0:
+        raise VerificationError(f"Genie refuses the bundle: {_genie_messages(stderr)}",
+                                "compile the LLM again with this version")
+    stop = "length" if len(out) >= max_new_tokens else ("eos" if status.get("query") == 0 else
+                                                         f"genie status {status.get('query')}")
+    return out, stop
