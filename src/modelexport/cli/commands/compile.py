@@ -68,7 +68,7 @@ def _compile(models: list[str], out: Path, targets: list[str], precision: str, c
         return api_compile(*models, output=out, target=targets, precision=precision, calibration=calibration,
                            input_shapes=input_shape, force=force, output_format=fmt, vtcm_mb=vtcm_mb,
                            optimization_level=optimization_level, strict=strict, use_cache=not no_cache, jobs=jobs,
-                           progress=report, **{k: v for k, v in torch_options.items() if v})
+                           progress=report, **{k: v for k, v in torch_options.items() if v not in (None, [], ())})
 
 
 @app.command("compile")
