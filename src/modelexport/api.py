@@ -63,6 +63,8 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     if example_inputs is not None:
         options["example_inputs"] = example_inputs
     auditor = AUDITORS.get(kind)
+    from .backends import backend_for_kind, check_offered
+    check_offered(backend_for_kind(kind), kind, None, [precision] + _override_precisions(options.get("overrides")))
     unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
     if unknown:
         raise InputError(f"option(s) {', '.join(unknown)} do not apply to auditing {kind} models",
@@ -134,9 +136,14 @@ def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, optio
     return BundleMemo.for_compile(models, calibration, options)
 
 
+def _override_precisions(overrides) -> list[str]:
+    """The PRECISION of each 'REGEX=PRECISION' (a malformed one is left to the override parser)."""
+    return [str(o).rpartition("=")[2].strip() for o in _as_list(overrides) if "=" in str(o)]
+
+
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
                  input_shapes, backend, options: dict[str, Any]):
-    from .backends import backend_for_kind
+    from .backends import backend_for_kind, check_offered
     from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
     from .pipeline import is_pipeline, load_pipeline
@@ -159,7 +166,10 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
-    be = backend_for_kind(kinds.pop(), backend)
+    kind = kinds.pop()
+    be = backend_for_kind(kind, backend)
+    check_offered(be, kind, options.get("output_format"),
+                  [p.precision for p in parts] + _override_precisions(options.get("overrides")))
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision

@@ -165,7 +165,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
 
 # Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
 @backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
-         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block")
+         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
+         precisions=LLM_PRECISIONS + ("16a4w_block",))
 def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
                 progress: Callable[[str, float, float], None] | None = None) -> Any:
     from ...toolchain.qairt import find_qairt

@@ -144,10 +144,10 @@ def compile_qnn(
     --calibration-data list.txt --act-bitwidth 8 --weights-bitwidth 8 --format context-binary
     --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`."""
     from ...core.atomic import atomic_file, check_output
-    from ...quant import ONNX_PRECISIONS, get_precision, precision_from_bitwidths
+    from ...quant import get_precision, precision_from_bitwidths
     if backend.upper() != "HTP":
         raise UnsupportedError(f"--backend {backend} is not available", "use --backend HTP (the wheel ships no libQnnCpu.so; GPU is not wired up)")
-    prec = get_precision(precision, ONNX_PRECISIONS).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
+    prec = get_precision(precision).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
     targets = device or ["SM8650"]
     fmt = {"ctx": "context-binary", "bin": "context-binary"}.get(fmt, fmt)
     file_out: Optional[Path] = None
