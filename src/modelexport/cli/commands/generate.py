@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ...core.errors import InputError
+from ...core.errors import InputError, Interrupted
 from ..app import app, console, emit_json, err_console
 
 
@@ -125,7 +125,7 @@ def _consume(stream, *, json_out: bool, quiet: bool):
         for piece in stream:
             console.out(piece, end="", highlight=False)
             console.file.flush()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):   # Ctrl-C stops the generation, not the verb
         stream.close()
     result = stream.result or stream.close()
     console.out("")
