@@ -97,7 +97,7 @@ def _default_output(model: Any) -> Path:
 
 
 @_public
-def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
+def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] | None = None,
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
             backend: str | None = None, progress: Callable[[str, float, float], None] | None = None,
             example_inputs: Any = None, **options: Any):
@@ -105,7 +105,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
-    defaults to `<name>_bundle` in the working directory.
+    defaults to `<name>_bundle` in the working directory; `target` to a pipeline's `targets:`, else SM8650.
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
@@ -166,6 +166,8 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
+    from .core.arguments import at_least
+    at_least("--jobs", options.get("jobs"), 1, "2")
     kind = kinds.pop()
     be = backend_for_kind(kind, backend)
     check_offered(be, kind, options.get("output_format"),

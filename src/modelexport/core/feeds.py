@@ -58,7 +58,8 @@ def read_input_files(paths: Sequence[str], names: Sequence[str]) -> dict[str, np
         try:
             if p.suffix == ".npz":
                 with np.load(p, allow_pickle=False) as z:
-                    feed.update({k: z[k] for k in z.files})
+                    for k in z.files:
+                        _add(feed, k, z[k], p)
                 continue
             arr = np.load(p, allow_pickle=False)
         except Exception as e:   # numpy raises ValueError, OSError, EOFError, BadZipFile... for a bad file
@@ -71,5 +72,11 @@ def read_input_files(paths: Sequence[str], names: Sequence[str]) -> dict[str, np
                 raise InputError(f"{p}: the graph has {len(names)} inputs ({', '.join(names)}), so say which one",
                                  "write --input NAME=path.npy")
             name = names[0]
-        feed[name] = arr
+        _add(feed, name, arr, p)
     return feed
+
+
+def _add(feed: dict[str, np.ndarray], name: str, arr: np.ndarray, source: Path) -> None:
+    if name in feed:
+        raise InputError(f"input {name!r} is given twice (again in {source})", "give each input once")
+    feed[name] = arr

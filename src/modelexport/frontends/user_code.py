@@ -47,5 +47,5 @@ def call_user(fn: Callable[..., Any], what: str, path: Path, *args: Any) -> Any:
     """fn(*args); any exception it raises (not a Ctrl-C) comes back as an InputError."""
     try:
         return fn(*args)
-    except Exception as e:       # whatever the user's code raises is the user's to fix
+    except (Exception, SystemExit) as e:   # whatever the user's code raises (even sys.exit) is the user's to fix
         raise user_code_error(e, what, path) from None

@@ -112,6 +112,9 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     import onnx
     soc = get_target(target)
     prec = get_precision(precision, ONNX_PRECISIONS)
+    if log_path:
+        from ...core.atomic import check_output
+        check_output(Path(log_path), force=True)     # a log is replaced; its folder must be writable
     loaded: LoadedOnnx = load_onnx(model, input_shapes, allow_dynamic=True)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
@@ -143,6 +146,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
             options["enable_htp_fp16_precision"] = "1"
         placement, log_text, trace = _probe(probe_path, options, work, timeout)
         if log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(work / "ep.log", log_path)
         report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
                                placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)

@@ -76,7 +76,7 @@ def compile_cmd(
     models: List[str] = typer.Argument(..., help="One or more .onnx models (one bundle holds them all), or a pipeline .yaml/.json; "
                                        "or a PyTorch model: model.py:factory (returns (module, example_inputs)) or a .pt2."),
     output: Path = typer.Option(..., "--output", "-o", help="The bundle folder to write."),
-    target: List[str] = typer.Option(["SM8650"], "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently)."),
+    target: Optional[List[str]] = typer.Option(None, "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently). Default: a pipeline's `targets:`, else SM8650."),
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w."),
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
