@@ -714,7 +714,8 @@ def _kill9_then_next_use_cleans(world: World, d: Path) -> None:
     killed = _wait_for(lambda: bool(partials(cache)), 120)
     os.killpg(p.pid, signal.SIGKILL)
     p.communicate(timeout=60)
-    stale = partials(cache) if killed else []
+    assert killed, "the compile made no cache partial to kill it in"
+    stale = partials(cache)
     live_key = cache / "test-ns" / "ab" / "abcdef"
     live_key.parent.mkdir(parents=True, exist_ok=True)
     live = live_key.parent / ".abcdef.partial-0badc0de"
