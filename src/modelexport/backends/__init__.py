@@ -51,7 +51,9 @@ KIND_LABELS = {"onnx": "ONNX", "torch": "PyTorch", "llm": "LLM"}
 
 
 def _kinds_label(kinds) -> str:
-    return " and ".join(KIND_LABELS.get(k, k) for k in kinds)
+    order = list(KIND_LABELS)
+    ordered = sorted(set(kinds), key=lambda k: order.index(k) if k in order else len(order))
+    return " and ".join(KIND_LABELS.get(k, k) for k in ordered)
 
 
 def check_offered(be: Backend, kind: str, output_format: str | None = None, precisions=()) -> None:

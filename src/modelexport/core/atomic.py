@@ -61,6 +61,7 @@ def remove_partials() -> int:
 
 def replace_path(tmp: Path, final: Path) -> None:
     """Move tmp into place; an existing final (allowed by --force) is swapped out, then removed."""
+    _PARTIALS.discard(tmp)
     if final.exists() or final.is_symlink():
         trash = sibling_temp(final, "old")
         os.replace(final, trash)

@@ -26,10 +26,11 @@ _in_job = False
 
 def _on_sigint(signum, frame) -> None:
     # A worker's Ctrl-C (the terminal sends it to the whole process group) ends the job it runs,
-    # which comes back to the parent as Interrupted; an idle worker ignores it (raising there
-    # would print the worker loop's traceback). The parent, interrupted too, stops the pool.
+    # which comes back to the parent as a KeyboardInterrupt, as Python API callers expect; an idle
+    # worker ignores it (raising there would print the worker loop's traceback). The parent,
+    # interrupted too, stops the pool.
     if _in_job:
-        raise Interrupted()
+        raise KeyboardInterrupt()
 
 
 def _worker_init() -> None:
