@@ -567,6 +567,7 @@ API = {
     "api-inspect-garbage": _api(lambda w, d: __import__("modelexport").inspect(w["garbage.onnx"]), INPUT),
     "api-qnncompiler-backend": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="GPU").compile(w["onnx"], output_format="context-binary"), UNSUPPORTED),
     "api-qnncompiler-format": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], output_format="tflite"), INPUT),
+    "api-qnncompiler-format-pte": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], output_format="pte"), INPUT, "PyTorch"),
     "api-qnncompiler-device": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], output_format="context-binary", target_device="snapdragon-99"), INPUT),
     "api-qnncompiler-bits": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], quantization={"enabled": True, "calibration_data": "random", "act_bitwidth": 5, "weights_bitwidth": 8}), INPUT),
     "api-llm-load-missing": _api(lambda w, d: __import__("modelexport").llm.load(d / "none.gguf"), INPUT, "does not exist"),
