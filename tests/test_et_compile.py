@@ -182,7 +182,7 @@ def test_pytorch_only_options_and_formats_are_checked(tmp_path):
     import modelexport
     from modelexport.core.errors import InputError
     spec = write(tmp_path, "mlp", MLP)
-    with pytest.raises(InputError, match="compiles to a .pte"):
+    with pytest.raises(InputError, match="PyTorch models compile to: pte"):
         modelexport.compile(spec, output=tmp_path / "o", output_format="context-binary")
     with pytest.raises(InputError, match="REGEX=PRECISION"):
         modelexport.compile(spec, output=tmp_path / "o", overrides=["fc2"])

@@ -67,6 +67,8 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     if input_values:
         options["input_values"] = input_values
     auditor = AUDITORS.get(kind)
+    from .backends import backend_for_kind, check_offered
+    check_offered(backend_for_kind(kind), kind, None, [precision] + _override_precisions(options.get("overrides")))
     unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
     if unknown:
         raise InputError(f"option(s) {', '.join(unknown)} do not apply to auditing {kind} models",
@@ -94,7 +96,7 @@ def _is_model_like(x: Any) -> bool:
 
 
 @_public
-def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
+def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] | None = None,
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
             backend: str | None = None, progress: Callable[[str, float, float], None] | None = None,
             example_inputs: Any = None, input_values: Any = None, **options: Any):
@@ -103,8 +105,9 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
     defaults to `<name>[_<format>][_<precision>][_<target>]_bundle` in the working directory, naming
-    what was chosen (modelexport.contract.default_output). `input_values` ({name: value} or
-    ["name=value"]) fixes ONNX inputs to constants: control flow on them is folded (recorded in the manifest).
+    what was chosen (modelexport.contract.default_output); `target` to a pipeline's `targets:`, else
+    SM8650. `input_values` ({name: value} or ["name=value"]) fixes ONNX inputs to constants: control
+    flow on them is folded (recorded in the manifest).
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
@@ -147,9 +150,14 @@ def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, optio
     return BundleMemo.for_compile(models, calibration, options)
 
 
+def _override_precisions(overrides) -> list[str]:
+    """The PRECISION of each 'REGEX=PRECISION' (a malformed one is left to the override parser)."""
+    return [str(o).rpartition("=")[2].strip() for o in _as_list(overrides) if "=" in str(o)]
+
+
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
                  input_shapes, backend, options: dict[str, Any], input_values: Any = None):
-    from .backends import backend_for_kind
+    from .backends import backend_for_kind, check_offered
     from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
     from .pipeline import is_pipeline, load_pipeline
@@ -173,10 +181,14 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
+    from .core.arguments import at_least
+    at_least("--jobs", options.get("jobs"), 1, "2")
     kind = kinds.pop()
     if input_values and kind != "onnx":
         raise InputError("--input-value applies to ONNX models", "leave it out for this model")
     be = backend_for_kind(kind, backend)
+    check_offered(be, kind, options.get("output_format"),
+                  [p.precision for p in parts] + _override_precisions(options.get("overrides")))
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision

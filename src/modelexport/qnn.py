@@ -43,6 +43,9 @@ def plan_output(model: Any, output: str | Path | None, fmt: str | None, precisio
     """Where a seed-style compile writes, and which format: a file OUTPUT's suffix names the format."""
     targets = list(targets)
     given = canonical_format(fmt) if fmt else None
+    if given is not None and given not in OUTPUT_FORMATS:   # the same words as compile: another kind's, or unknown
+        from .backends import backend_for_kind, check_offered
+        check_offered(backend_for_kind("onnx"), "onnx", given)
     if output is not None and names_a_file(Path(output)):
         file_out = Path(output)
         chosen, why = format_for_output(file_out, given)

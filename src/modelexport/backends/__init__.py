@@ -28,6 +28,7 @@ class Backend:
     formats: tuple[str, ...] = ()      # output formats it writes, default first
     options: type[CompileOptions] = CompileOptions   # the keyword options its compile takes
     default_precision: str = "8a8w"
+    precisions: tuple[str, ...] = ()   # names in quant.precision's table it compiles; () = all
 
     @property
     def default_format(self) -> str:
@@ -38,11 +39,45 @@ BACKENDS: Registry[Backend] = Registry("backend", plugins="backend")
 
 
 def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = (),
-            options: type[CompileOptions] = CompileOptions, default_precision: str = "8a8w"):
+            options: type[CompileOptions] = CompileOptions, default_precision: str = "8a8w",
+            precisions: tuple[str, ...] = ()):
     def add(fn: Callable[..., object]):
-        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats, options, default_precision))
+        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats, options, default_precision, precisions))
         return fn
     return add
+
+
+KIND_LABELS = {"onnx": "ONNX", "torch": "PyTorch", "llm": "LLM"}
+
+
+def _kinds_label(kinds) -> str:
+    order = list(KIND_LABELS)
+    ordered = sorted(set(kinds), key=lambda k: order.index(k) if k in order else len(order))
+    return " and ".join(KIND_LABELS.get(k, k) for k in ordered)
+
+
+def check_offered(be: Backend, kind: str, output_format: str | None = None, precisions=()) -> None:
+    """A format or precision documented for another kind of model (`--format pte` or
+    `-p 16a4w_block` on an ONNX model) is said to be that kind's, with this backend's own choices;
+    only a value no backend offers is called unknown."""
+    from ..quant.precision import PRECISIONS, get_precision
+    me = _kinds_label([kind])
+    if output_format and be.formats and output_format not in be.formats:
+        owners = [k for _, b in BACKENDS for k in b.kinds if output_format in b.formats]
+        if not owners:
+            every = sorted({f for _, b in BACKENDS for f in b.formats})
+            raise InputError(f"unknown format {output_format!r}", f"choose one of: {', '.join(every)}")
+        raise InputError(f"--format {output_format} is for {_kinds_label(owners)} models, not {me} ones",
+                         f"{me} models compile to: {', '.join(be.formats)} (or leave --format out)")
+    for name in precisions:
+        if not name:
+            continue
+        p = get_precision(name).name          # an unknown spelling fails here, with the whole table
+        offered = be.precisions or tuple(PRECISIONS)
+        if p not in offered:
+            owners = [k for _, b in BACKENDS for k in b.kinds if p in (b.precisions or tuple(PRECISIONS))]
+            raise InputError(f"precision {p} is for {_kinds_label(owners)} models, not {me} ones",
+                             f"{me} models take: {', '.join(offered)}")
 
 
 def backend_for_kind(kind: str, name: str | None = None) -> Backend:

@@ -48,7 +48,7 @@ def emit_json(data: Any) -> None:
 @contextmanager
 def progress(description: str, enabled: bool = True, total: float | None = None) -> Iterator[Any]:
     """A progress bar (or spinner when total is unknown) on stderr; silent under --json."""
-    if not enabled:
+    if not enabled or not err_console.is_terminal:   # a log or pipe gets no bar (nor the blank line it leaves)
         class _Null:
             def update(self, *a, **k): pass
             def advance(self, *a, **k): pass

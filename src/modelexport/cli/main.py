@@ -9,9 +9,10 @@ import sys
 import click
 import typer
 
-from ..core.errors import ModelExportError
+from ..core.errors import Interrupted, ModelExportError
 from . import commands
 from .app import app, err_console
+from .interrupts import MESSAGE, interrupts_explained
 
 
 # Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
@@ -58,10 +59,18 @@ def _say_qnn_log_level() -> None:
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     _load_commands()
+    with interrupts_explained():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         _say_qnn_log_level()
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
         return rc if isinstance(rc, int) else 0
+    except Interrupted:
+        err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
+        return Interrupted.exit_code
     except ModelExportError as e:
         err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
         if e.fix:
@@ -70,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return e.exit_code
     except EXITS as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):   # typer's silent exit 130 for a Ctrl-C it caught
+            err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
         return e.exit_code
     except _click_errors() as e:
         e.show()
@@ -78,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         err_console.print("[bold red]aborted[/]")
         return 130
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]: nothing was written")
-        return 130
+        err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
+        return Interrupted.exit_code
 
 
 def run() -> None:

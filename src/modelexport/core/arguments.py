@@ -13,6 +13,11 @@ def finite(flag: str, value: float | None, example: str) -> None:
         raise InputError(f"{flag} must be a finite number, got {value}", f"e.g. {flag} {example}")
 
 
+def one_of(flag: str, value: str | None, choices) -> None:
+    if value is not None and value not in choices:
+        raise InputError(f"{flag} {value!r} is not one of {', '.join(choices)}", f"e.g. {flag} {next(iter(choices))}")
+
+
 def at_least(flag: str, value: float | None, minimum: float, example: str) -> None:
     """None means "not given"; NaN fails too (no comparison holds for it)."""
     if value is not None and not value >= minimum:

@@ -36,12 +36,32 @@ def _check_writable(path: Path, parent: Path) -> None:
                          "choose an output path in a folder you can write to, or fix that folder's permissions") from None
 
 
+# Every partial named in this process, so an interrupt that cannot unwind (the main thread stuck in
+# native code) can still remove them before exiting (cli/interrupts.py).
+_PARTIALS: set[Path] = set()
+
+
 def sibling_temp(path: Path, tag: str = "partial") -> Path:
-    return path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(f".{path.name}.{tag}-{uuid.uuid4().hex[:8]}")
+    if tag == "partial":
+        _PARTIALS.add(tmp)
+    return tmp
+
+
+def remove_partials() -> int:
+    """Remove the partials of this process that still exist; how many there were."""
+    n = 0
+    for tmp in list(_PARTIALS):
+        if tmp.exists() or tmp.is_symlink():
+            n += 1
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink(missing_ok=True)
+        _PARTIALS.discard(tmp)
+    return n
 
 
 def replace_path(tmp: Path, final: Path) -> None:
     """Move tmp into place; an existing final (allowed by --force) is swapped out, then removed."""
+    _PARTIALS.discard(tmp)
     if final.exists() or final.is_symlink():
         trash = sibling_temp(final, "old")
         os.replace(final, trash)

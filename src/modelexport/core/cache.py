@@ -36,12 +36,39 @@ def cache_key(*parts: Any) -> str:
     return h.hexdigest()
 
 
+_SWEPT: set[Path] = set()
+
+
+def sweep_stale_partials(root: Path) -> list[Path]:
+    """Remove the half-built entries a killed process (kill -9, a crash) left behind. A partial
+    `.KEY.partial-*` is being built by whoever holds `KEY.lock`; it is removed only when that lock
+    can be taken at once, so a live compile's partial is never touched."""
+    from filelock import FileLock, Timeout
+    removed = []
+    for tmp in root.glob("*/*/.*.partial-*"):
+        key = tmp.name[1:].rpartition(".partial-")[0]
+        lock = FileLock(str(tmp.parent / f"{key}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue                      # a live build of that entry
+        try:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+        finally:
+            lock.release()
+    return removed
+
+
 class Cache:
     def __init__(self, root: Path | None = None, enabled: bool = True):
         self.root = root or cache_root()
         self.enabled = enabled
         self.hits = 0
         self.misses = 0
+        if enabled and self.root not in _SWEPT and self.root.is_dir():   # once per process and root
+            _SWEPT.add(self.root)
+            sweep_stale_partials(self.root)
 
     def _entry(self, namespace: str, key: str) -> Path:
         return self.root / namespace / key[:2] / key

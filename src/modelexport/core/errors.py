@@ -69,3 +69,11 @@ class VerificationError(ModelExportError):
     """Compiled outputs differ from the float model by more than the threshold."""
 
     exit_code = 5
+
+
+class Interrupted(BaseException):
+    """Ctrl-C, raised by the CLI's SIGINT handler (cli/interrupts.py) and by a worker's. A
+    BaseException, like KeyboardInterrupt, so no `except Exception` turns it into a user error; not a
+    KeyboardInterrupt, which typer swallows into a silent exit 130."""
+
+    exit_code = 130

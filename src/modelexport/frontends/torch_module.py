@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..core.errors import InputError
+from .user_code import call_user
 
 
 @dataclass
@@ -61,15 +64,12 @@ def load_factory(spec: str) -> LoadedModule:
     spec_obj = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec_obj)
     sys.modules[mod_name] = module
-    try:
-        spec_obj.loader.exec_module(module)
-    except SyntaxError as e:
-        raise InputError(f"{path} has a syntax error at line {e.lineno}: {e.msg}", "fix the file and try again") from None
+    call_user(spec_obj.loader.exec_module, f"importing {path.name}", path, module)
     factory = getattr(module, func, None)
     if not callable(factory):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         raise InputError(f"{path} has no function {func!r}", f"functions defined there: {', '.join(names) or 'none'}")
-    made = factory()
+    made = call_user(factory, f"{path.name}:{func}", path)
     inputs = None
     if isinstance(made, tuple) and len(made) == 2:
         made, inputs = made
@@ -78,17 +78,46 @@ def load_factory(spec: str) -> LoadedModule:
     return loaded
 
 
+@contextmanager
+def _logger_off(name: str) -> Iterator[None]:
+    log = logging.getLogger(name)
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
+def _refuse_dynamic(ep: Any, path: Path) -> None:
+    """QNN compiles one fixed shape: a program exported with a dynamic Dim would be compiled at its
+    example shape without a word, so it is refused here, before any work."""
+    dynamic = []
+    for n in ep.graph.nodes:
+        shape = getattr(n.meta.get("val"), "shape", None) if n.op == "placeholder" else None
+        for i, d in enumerate(shape or ()):
+            if not isinstance(d, int):
+                dynamic.append(f"{n.name} dim {i} ({d})")
+    if dynamic:
+        raise InputError(f"{path} was exported with dynamic shapes ({', '.join(dynamic[:4])}); "
+                         "QNN compiles one fixed shape per program",
+                         "export it again without dynamic_shapes (torch.export.export(model, example_inputs)), "
+                         "once per shape you need, and compile each")
+
+
 def load_pt2(path: str | Path) -> LoadedModule:
     import torch
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p} does not exist", "check the path of the .pt2 file")
     try:
-        ep = torch.export.load(p)
+        with _logger_off("torch.export"):   # it logs the whole traceback before raising
+            ep = torch.export.load(p)
     except Exception as e:  # torch raises many types for a corrupt archive
         raise InputError(f"{p} is not a readable torch.export archive: {type(e).__name__}: {str(e)[:200]}",
                          "save it with torch.export.save(exported_program, path)") from None
     args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
     if not args:
         raise InputError(f"{p} carries no example inputs", "export with example inputs and save again")
+    _refuse_dynamic(ep, p)
     return LoadedModule(ep.module(), tuple(args), str(p), _sha256(p), exported=ep, description="ExportedProgram")

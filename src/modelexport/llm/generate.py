@@ -110,7 +110,7 @@ class GenerationConfig:
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
-            raise InputError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+            raise InputError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}", "e.g. --max-new-tokens 64")
         self.stop_strings = tuple(s for s in self.stop_strings if s)
 
 

@@ -31,13 +31,13 @@ class SamplingConfig:
     seed: int | None = None            # None: a fresh random seed (reported in the stats)
 
     def __post_init__(self):
-        if not (self.temperature >= 0.0):
-            raise InputError(f"--temperature must be >= 0, got {self.temperature}", "0 means greedy decoding")
+        if not (0.0 <= self.temperature < float("inf")):
+            raise InputError(f"--temperature must be a finite number >= 0, got {self.temperature}", "0 means greedy decoding")
         if self.top_k < 0:
             raise InputError(f"--top-k must be >= 0, got {self.top_k}", "0 turns top-k off")
         if not (0.0 < self.top_p <= 1.0):
             raise InputError(f"--top-p must be in (0, 1], got {self.top_p}", "1 turns top-p off")
-        if not (self.repetition_penalty > 0.0):
+        if not (0.0 < self.repetition_penalty < float("inf")):
             raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}", "1 turns it off")
 
     @property

@@ -58,7 +58,7 @@ def _session(cg, level: str, work: Path):
 
 
 def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]:
-    from ..backends.ort_qnn.run import SimulatorSession, load_inputs
+    from ..backends.ort_qnn.run import SimulatorSession, given_feed
     from ..backends.ort_qnn.verify import stored_samples
 
     class _Shim(SimulatorSession):
@@ -67,8 +67,7 @@ def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]
             self.inputs = {i.name: i for i in s.get_inputs()}
     shim = _Shim(sess)
     if inputs:
-        feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(list(inputs), shim)
-        return shim.check_feed(feed), "given"
+        return given_feed(inputs, shim), "given"
     samples = stored_samples(bundle, cg.part)
     if samples:
         return shim.check_feed(samples[0]), "stored verify sample 0"

@@ -56,8 +56,8 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace):
                 self.g, self.inputs, self.method = g, {i["name"]: i for i in g.inputs}, method
         shim = _Shim()
         if inputs:
-            from ..backends.ort_qnn.run import load_inputs
-            feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(list(inputs), shim)
+            from ..backends.ort_qnn.run import given_feed
+            feed = given_feed(inputs, shim)
             kind = "given"
         else:
             feed, kind = shim.random_feed(), "random"

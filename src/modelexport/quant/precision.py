@@ -76,6 +76,19 @@ def get_precision(name: str, offered: tuple[str, ...] | None = None) -> Precisio
     return PRECISIONS[found]
 
 
+BLOCK_MULTIPLE = 16     # ExecuTorch's QNN LPBQ recipes use blocks of 16, 32, 64 and 128 input channels
+
+
+def check_block_size(block_size: int | None) -> None:
+    """--block-size: input channels per 4-bit weight scale (LPBQ). None means the default."""
+    if block_size is None:
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0 or block_size % BLOCK_MULTIPLE:
+        raise InputError(f"--block-size {block_size} is not a block size QNN's block quantization (LPBQ) takes: "
+                         f"it must be a positive multiple of {BLOCK_MULTIPLE} that divides the layers' input channels",
+                         "use --block-size 32 or 64 (16 keeps more accuracy, 128 compresses more)")
+
+
 def precision_from_bitwidths(act_bits: int | None, weight_bits: int | None, quantize: bool) -> Precision:
     """The seeds' `--quantize --act-bitwidth A --weights-bitwidth W` spelling → a table entry."""
     if not quantize and act_bits is None and weight_bits is None:

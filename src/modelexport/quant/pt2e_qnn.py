@@ -90,18 +90,33 @@ def _module_qconfig(p: Precision):
                          act_observer=MinMaxObserver)
 
 
+def _in_channels(node) -> int | None:
+    """The input channels of a conv2d / linear weight (O, I, ...), the axis blocks are cut along."""
+    import torch
+    if node.target in (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default):
+        w = node.args[1].meta.get("val")
+        return int(w.shape[1]) if w is not None else None
+    return None
+
+
 def _block_shape(node, block_size: int) -> tuple | None:
     """(1, block, 1, 1) for conv2d weights (O, I, kh, kw); (1, block) for linear (O, I)."""
     import torch
-    if node.target == torch.ops.aten.conv2d.default:
-        w = node.args[1].meta.get("val")
-        if w is not None and w.shape[1] % block_size == 0:
-            return (1, block_size, 1, 1)
-    if node.target == torch.ops.aten.linear.default:
-        w = node.args[1].meta.get("val")
-        if w is not None and w.shape[1] % block_size == 0:
-            return (1, block_size)
-    return None
+    ch = _in_channels(node)
+    if ch is None or ch % block_size:
+        return None
+    return (1, block_size, 1, 1) if node.target == torch.ops.aten.conv2d.default else (1, block_size)
+
+
+def _check_blocks(blocks: dict, channels: list[int], block_size: int) -> None:
+    """Block-wise weights asked for, layers that could take them, and none does: the block size
+    divides none of their input channels (it would compile with zero block-quantized layers)."""
+    if channels and not blocks:
+        from ..core.errors import InputError
+        shown = ", ".join(str(c) for c in sorted(set(channels))[:8])
+        raise InputError(f"--block-size {block_size} divides the input channels of none of the {len(channels)} "
+                         f"conv/linear layers (their input channels: {shown}), so no weight would be block-quantized",
+                         "choose a --block-size that divides them (a multiple of 16, e.g. 32), or use --precision 16a4w")
 
 
 def build_quantizer(plan: QuantPlan, soc: SoC):
@@ -116,7 +131,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     class PlannedQuantizer(QnnQuantizer):
         def annotate(self, model):
             plan.matched.clear()
-            blocks = {}
+            blocks, channels = {}, []
             for node in model.graph.nodes:
                 if node.op != "call_function":
                     continue
@@ -124,10 +139,12 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
                 hit = next((o for o in plan.overrides if o.matches(*paths)), None)
                 if hit is not None:
                     plan.matched[hit.pattern] = plan.matched.get(hit.pattern, 0) + 1
-                if (hit.precision if hit else plan.precision).block_wise:
+                if (hit.precision if hit else plan.precision).block_wise and _in_channels(node) is not None:
+                    channels.append(_in_channels(node))
                     shape = _block_shape(node, plan.block_size)
                     if shape:
                         blocks[node.name] = shape
+            _check_blocks(blocks, channels, plan.block_size)
             self.set_block_size_map(blocks)
             plan.block_quantized_nodes = len(blocks)
             return super().annotate(model)

@@ -100,6 +100,18 @@ def float_runner(source: Path, max_seq_len: int, n_tokens: list[int]) -> tuple[S
     return StaticRunner.from_decoder(dec, n_tokens), llm
 
 
+def _check_llm_source(src: Path) -> None:
+    """eval scores language models: anything else (an ONNX or PyTorch model) is refused here,
+    before a loader meant for LLMs fails on it."""
+    if src.suffix.lower() == ".pte":
+        return
+    from ..frontends import find_frontend
+    kind = find_frontend(str(src)).kind
+    if kind != "llm":
+        raise InputError(f"{src} is a {kind} model, not an LLM",
+                         "eval scores LLMs (a .gguf, a Hugging Face folder or an LLM bundle); check other models with `modelexport verify`")
+
+
 def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[str] | None = None, window: int = 512,
              max_tokens: int = 2048, sim_window: int = 64, sim_tokens: int = 64, max_seq_len: int | None = None,
              cpu_quant: str = "8da4w", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -117,12 +129,14 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         bundle = open_bundle(src)
         llm_meta = bundle.manifest.llm
         if bundle.manifest.kind != BundleKind.LLM or llm_meta is None:
-            raise InputError(f"{src} is a {bundle.manifest.kind} bundle, not an LLM")
+            raise InputError(f"{src} is a {bundle.manifest.kind} bundle, not an LLM",
+                             "eval scores LLMs; check a model bundle with `modelexport verify`")
         seq = llm_meta.max_seq_len
         variants = llm_meta.variants
         source = Path(bundle.manifest.source.path or "")
         stages = stages or list(BUNDLE_STAGES)
     else:
+        _check_llm_source(src)
         seq = max_seq_len or window
         variants = [32, 1] if seq > 32 else [1]
         source = src

@@ -17,9 +17,34 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Callable, Iterable
 
-from ..core.errors import ModelExportError, ToolchainError
+from ..core.errors import Interrupted, ModelExportError, ToolchainError
 
 Job = tuple[Callable[[Any], Any], Any]
+
+_in_job = False
+
+
+def _on_sigint(signum, frame) -> None:
+    # A worker's Ctrl-C (the terminal sends it to the whole process group) ends the job it runs,
+    # which comes back to the parent as a KeyboardInterrupt, as Python API callers expect; an idle
+    # worker ignores it (raising there would print the worker loop's traceback). The parent,
+    # interrupted too, stops the pool.
+    if _in_job:
+        raise KeyboardInterrupt()
+
+
+def _worker_init() -> None:
+    import signal
+    signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _run_job(fn: Callable[[Any], Any], job: Any) -> Any:
+    global _in_job
+    _in_job = True
+    try:
+        return fn(job)
+    finally:
+        _in_job = False
 
 
 class WorkerPool:
@@ -30,22 +55,30 @@ class WorkerPool:
     def __init__(self, stage: str, workers: int, in_process: bool = False):
         self.stage = stage
         self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
-                                                                 mp_context=get_context("spawn"))
+                                                                 mp_context=get_context("spawn"),
+                                                                 initializer=_worker_init)
         self._submitted: list[Future | Job] = []
 
     def __enter__(self) -> "WorkerPool":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        if self._pool is None:
+            return
+        if exc[0] is not None and issubclass(exc[0], (Interrupted, KeyboardInterrupt)):
+            # do not wait minutes for a compile nobody wants: stop the workers now
+            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
+                proc.terminate()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
+        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
     def submit(self, fn: Callable[[Any], Any], job: Any) -> None:
         if self._pool is None:
             self._submitted.append((fn, job))
             return
         try:
-            self._submitted.append(self._pool.submit(fn, job))
+            self._submitted.append(self._pool.submit(_run_job, fn, job))
         except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
             failed: Future = Future()
             failed.set_exception(e)

@@ -74,6 +74,8 @@ def read_pte(data: bytes, read_binaries: bool = True) -> dict[str, Any]:
     base = eh.segment_base_offset if eh else 0
     try:
         program = _flatbuffer_to_program(data[:program_size])
+        if program.segments is None or program.execution_plan is None:   # bytes that decode to no program
+            raise ValueError("no execution plan")
     except Exception as e:  # flatc/flatbuffers raise various types for garbage
         raise InputError(f"not a readable ExecuTorch program: {type(e).__name__}: {str(e)[:200]}",
                          "give a .pte written by ExecuTorch (to_executorch().write_to_file)") from None
@@ -162,7 +164,8 @@ def _is_pte_bundle(path: Path) -> bool:
         return False
     import json
     try:
-        return json.loads((path / "manifest.json").read_text()).get("format") == Format.PTE
+        m = json.loads((path / "manifest.json").read_text())
+        return isinstance(m, dict) and m.get("format") == Format.PTE
     except (OSError, ValueError):
         return False
 

@@ -14,7 +14,7 @@ from ...core.errors import CalibrationError, InputError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
 from ...frontends.torch_module import LoadedModule
 from ...quant.calibration import CalibrationSet, load_calibration
-from ...quant.precision import Precision, get_precision
+from ...quant.precision import Precision, check_block_size, get_precision
 from ...core.targets import SoC, get_target
 from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, parse_overrides, quantize
 
@@ -122,9 +122,11 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
     from ...passes import apply_rewrites, get_pass
     soc = get_target(target)
     prec = get_precision(precision)
-    plan = QuantPlan(prec, parse_overrides(overrides, prec), block_size or DEFAULT_BLOCK_SIZE)
-    if block_size is not None and block_size <= 0:
-        raise InputError(f"--block-size {block_size} must be positive", "use 32, 64 or 128")
+    check_block_size(block_size)
+    plan = QuantPlan(prec, parse_overrides(overrides, prec), DEFAULT_BLOCK_SIZE if block_size is None else block_size)
+    if block_size is not None and not plan.uses_block:
+        raise InputError(f"--block-size {block_size} applies to block-wise weights only, and {prec.name} has none",
+                         "add --precision 16a4w_block (or an --override to it), or leave --block-size out")
     plan.check_target(soc)
     for name in rewrites or []:
         get_pass(name)  # unknown names fail here, before export

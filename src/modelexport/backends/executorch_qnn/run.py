@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...core.errors import InputError, ToolchainError
+from ...core.feeds import InputSpec, check_feed
 from ...core.vocab import GraphKind
 from ...core.numerics import compare
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
@@ -106,25 +107,15 @@ class PteSession:
             self.method = self.program = None
             gc.collect()
 
+    @property
+    def input_specs(self) -> list[InputSpec]:
+        return [InputSpec(n, tuple(i["shape"]) if i.get("shape") is not None else None, i.get("dtype"))
+                for n, i in self.inputs.items()]
+
     def check_feed(self, feed: dict[str, np.ndarray]) -> list:
         import torch
-        missing = sorted(set(self.inputs) - set(feed))
-        extra = sorted(set(feed) - set(self.inputs))
-        if missing or extra:
-            raise InputError(("missing input(s) " + ", ".join(missing) if missing else "")
-                             + ("; " if missing and extra else "") + ("unknown input(s) " + ", ".join(extra) if extra else ""),
-                             "the method's inputs: " + ", ".join(f"{k}{v['shape']} {v['dtype']}" for k, v in self.inputs.items()))
-        args = []
-        for name, spec in self.inputs.items():
-            arr = np.asarray(feed[name])
-            if spec.get("dtype") and str(arr.dtype) != spec["dtype"]:
-                raise InputError(f"input {name!r} has dtype {arr.dtype}; the method wants {spec['dtype']}",
-                                 f"save it as {spec['dtype']}")
-            if spec.get("shape") is not None and list(arr.shape) != list(spec["shape"]):
-                raise InputError(f"input {name!r} has shape {list(arr.shape)}; the method wants {spec['shape']}",
-                                 "give an array of the compiled shape")
-            args.append(torch.from_numpy(np.ascontiguousarray(arr)))
-        return args
+        arrays = check_feed(feed, self.input_specs, "method")
+        return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays.values()]
 
     def random_feed(self, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)

@@ -37,7 +37,7 @@ from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ..spec import LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
-from ...quant.precision import get_precision
+from ...quant.precision import check_block_size, get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
@@ -181,7 +181,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
 
 # Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
 @backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
-         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block")
+         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
+         precisions=LLM_PRECISIONS + ("16a4w_block",))
 def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
                 progress: Callable[[str, float, float], None] | None = None) -> Any:
     from ...toolchain.qairt import find_qairt
@@ -201,14 +202,13 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
     requested_precision = get_precision(spec.precision or "16a4w_block")
     requested = requested_precision.name
-    block_size = int(opts.block_size or DEFAULT_BLOCK) if requested_precision.block_wise else 0
+    check_block_size(opts.block_size)
+    block_size = int(DEFAULT_BLOCK if opts.block_size is None else opts.block_size) if requested_precision.block_wise else 0
     # 16a4w_block: ONNX Runtime quantizes as 16a4w, then the 4-bit MatMul weights become LPBQ blocks
     precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:
         raise InputError(f"precision {precision} is not offered for LLMs",
                          f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
-    if block_size < 0 or (block_size and block_size % 16):
-        raise InputError(f"--block-size {block_size}: give a positive multiple of 16 (e.g. 32 or 64)")
     variants = parse_variants(opts.variants)
     max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
     if max_seq_len <= max(variants):

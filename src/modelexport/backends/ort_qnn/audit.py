@@ -115,6 +115,9 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     import onnx
     soc = get_target(target)
     prec = get_precision(precision, ONNX_PRECISIONS)
+    if log_path:
+        from ...core.atomic import check_output
+        check_output(Path(log_path), force=True)     # a log is replaced; its folder must be writable
     loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
                                        quantized=prec.quantized)
     from ...toolchain.qairt import find_qairt
@@ -159,6 +162,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
                 raise InputError(f"{open_flow[0]} (the QNN EP then fails: {e.problem[:200]})", open_flow[1]) from None
             raise
         if log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(work / "ep.log", log_path)
         report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
                                placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)

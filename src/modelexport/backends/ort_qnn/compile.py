@@ -169,7 +169,7 @@ def _node_rows(job, result, by_part) -> list[dict]:
 
 
 @backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries",
-         formats=tuple(OUTPUT_FORMATS))
+         formats=tuple(OUTPUT_FORMATS), precisions=ONNX_PRECISIONS)
 def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
                  progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every part for every target into one bundle at `out`; returns the opened Bundle."""

@@ -10,8 +10,14 @@ import numpy as np
 
 from ...contract import Bundle, GraphSpec, open_bundle
 from ...core.errors import InputError, ToolchainError
+from ...core.feeds import InputSpec, check_feed, read_input_files
 from ...core.targets import get_target
 from .formats import OUTPUT_FORMATS
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64", "tensor(int32)": "int32",
+              "tensor(uint8)": "uint8", "tensor(int8)": "int8", "tensor(uint16)": "uint16", "tensor(int16)": "int16",
+              "tensor(bool)": "bool"}
 
 
 @dataclass
@@ -103,29 +109,13 @@ class SimulatorSession:
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.cg = cg
 
+    @property
+    def input_specs(self) -> list[InputSpec]:
+        return [InputSpec(name, tuple(i.shape) if all(isinstance(d, int) for d in i.shape) else None,
+                          _ORT_TYPES.get(i.type)) for name, i in self.inputs.items()]
+
     def check_feed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ort_types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-                     "tensor(int32)": np.int32, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8,
-                     "tensor(uint16)": np.uint16, "tensor(int16)": np.int16, "tensor(bool)": np.bool_}
-        missing = sorted(set(self.inputs) - set(feed))
-        extra = sorted(set(feed) - set(self.inputs))
-        if missing or extra:
-            raise InputError(("missing input(s) " + ", ".join(missing) if missing else "")
-                             + ("; " if missing and extra else "") + ("unknown input(s) " + ", ".join(extra) if extra else ""),
-                             "the graph's inputs: " + ", ".join(f"{k}{v.shape} {v.type}" for k, v in self.inputs.items()))
-        out = {}
-        for name, arr in feed.items():
-            spec = self.inputs[name]
-            want = ort_types.get(spec.type)
-            arr = np.asarray(arr)
-            if want is not None and arr.dtype != want:
-                raise InputError(f"input {name!r} has dtype {arr.dtype}; the graph wants {np.dtype(want)}",
-                                 f"save it as {np.dtype(want)}")
-            if list(arr.shape) != list(spec.shape):
-                raise InputError(f"input {name!r} has shape {list(arr.shape)}; the graph wants {spec.shape}",
-                                 "give an array of the compiled shape")
-            out[name] = arr
-        return out
+        return check_feed(feed, self.input_specs)
 
     def random_feed(self, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -146,32 +136,11 @@ class SimulatorSession:
         return dict(zip(names, outs)), time.perf_counter() - t0
 
 
-def load_inputs(paths: list[str] | None, session: SimulatorSession) -> dict[str, np.ndarray]:
-    """`x.npy` (single input), `name=x.npy`, or an `.npz` with arrays named after the inputs."""
-    feed: dict[str, np.ndarray] = {}
-    names = list(session.inputs)
-    for spec in paths or []:
-        name, sep, path = spec.partition("=")
-        if not sep:
-            name, path = "", spec
-        p = Path(path)
-        if not p.is_file():
-            raise InputError(f"input file {p} does not exist", "give .npy files (name=path.npy) or one .npz")
-        try:
-            if p.suffix == ".npz":
-                with np.load(p, allow_pickle=False) as z:
-                    feed.update({k: z[k] for k in z.files})
-                continue
-            arr = np.load(p, allow_pickle=False)
-        except Exception as e:
-            raise InputError(f"{p} is not a readable numpy file: {e}", "save inputs with numpy.save / numpy.savez") from None
-        if not name:
-            if len(names) != 1:
-                raise InputError(f"{p}: the graph has {len(names)} inputs ({', '.join(names)}), so say which one",
-                                 "write --input NAME=path.npy")
-            name = names[0]
-        feed[name] = arr
-    return feed
+def given_feed(inputs, session) -> dict[str, np.ndarray]:
+    """The user's inputs — --input files, or arrays by name from the Python API — checked against
+    the inputs of a session (any with `inputs` and `input_specs`: run, verify and profile, per format)."""
+    feed = dict(inputs) if isinstance(inputs, dict) else read_input_files(list(inputs or []), list(session.inputs))
+    return check_feed(feed, session.input_specs)
 
 
 def run_repeated(session, inputs, random: bool, seed: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
@@ -182,7 +151,7 @@ def run_repeated(session, inputs, random: bool, seed: int, repeat: int) -> tuple
             raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
         feed = session.random_feed(seed)
     else:
-        feed = dict(inputs) if isinstance(inputs, dict) else load_inputs(inputs, session)
+        feed = given_feed(inputs, session)
     outs, times = {}, []
     for _ in range(max(1, repeat)):
         outs, dt = session.run(feed)

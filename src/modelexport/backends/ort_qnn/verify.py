@@ -17,7 +17,7 @@ from ...contract import open_bundle
 from ...core.errors import InputError
 from ...quant import get_precision
 from ...core.numerics import compare
-from .run import SimulatorSession, check_runtime, load_inputs, select_graphs
+from .run import SimulatorSession, check_runtime, given_feed, select_graphs
 
 
 @dataclass
@@ -81,7 +81,7 @@ def verify_samples(bundle, part: str, session, inputs) -> tuple[list[dict[str, n
     """The samples `verify` compares on, and how they were chosen: the user's files, else the
     inputs stored at compile time, else one random feed."""
     if inputs:
-        return [load_inputs(inputs, session)], "given"
+        return [given_feed(inputs, session)], "given"
     samples = stored_samples(bundle, part)
     if not samples:
         return [session.random_feed()], "random"

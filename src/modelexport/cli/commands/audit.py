@@ -43,7 +43,7 @@ def audit(
     from ...api import audit as run_audit
     with progress(f"placing {model.name} on the QNN EP for {target} ({precision})", enabled=not json_out):
         extra = {k: v for k, v in {"overrides": override, "block_size": block_size, "rewrites": rewrite,
-                                   "input_values": input_value}.items() if v}
+                                   "input_values": input_value}.items() if v not in (None, [], ())}
         if calibration is not None:
             extra["calibration"] = calibration
         report = run_audit(model, target=target, precision=precision, input_shapes=input_shape, log_path=log, **extra)

@@ -82,7 +82,7 @@ def _compile(models: list[str], out: Path, targets: list[str], precision: str, c
         return api_compile(*models, output=out, target=targets, precision=precision, calibration=calibration,
                            input_shapes=input_shape, force=force, output_format=fmt, vtcm_mb=vtcm_mb,
                            optimization_level=optimization_level, strict=strict, use_cache=not no_cache, jobs=jobs,
-                           progress=report, **{k: v for k, v in torch_options.items() if v})
+                           progress=report, **{k: v for k, v in torch_options.items() if v not in (None, [], ())})
 
 
 @app.command("compile")
@@ -90,7 +90,7 @@ def compile_cmd(
     models: List[str] = typer.Argument(..., help="One or more .onnx models (one bundle holds them all), or a pipeline .yaml/.json; "
                                        "or a PyTorch model: model.py:factory (returns (module, example_inputs)) or a .pt2."),
     output: Path = typer.Option(..., "--output", "-o", help="The bundle folder to write."),
-    target: List[str] = typer.Option(["SM8650"], "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently)."),
+    target: Optional[List[str]] = typer.Option(None, "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently). Default: a pipeline's `targets:`, else SM8650."),
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w."),
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
@@ -169,9 +169,9 @@ def compile_qnn(
     default context-binary); without OUTPUT the folder is named by model, format, precision and target."""
     from ...qnn import check_backend, plan_output, write_artifact
     from ...core.atomic import check_output
-    from ...quant import ONNX_PRECISIONS, get_precision, precision_from_bitwidths
+    from ...quant import get_precision, precision_from_bitwidths
     check_backend(backend)
-    prec = get_precision(precision, ONNX_PRECISIONS).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
+    prec = get_precision(precision).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
     targets = device or ["SM8650"]
     plan = plan_output(model, output, fmt, prec, targets)
     if plan.file is not None:

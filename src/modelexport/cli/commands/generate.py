@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ...core.errors import InputError
+from ...core.errors import InputError, Interrupted
 from ..app import app, console, emit_json, err_console
 
 
@@ -51,6 +51,7 @@ def generate(
                          "pass --prompt TEXT, or --chat for a conversation")
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty", "pass some text with --prompt")
+    _check_numbers(max_seq_len, threads, quant)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
                    sliding_window=sliding_window)
@@ -97,6 +98,15 @@ def generate(
         emit_json({"turns": turns, "model": info})
 
 
+def _check_numbers(max_seq_len: int, threads: int | None, quant: str) -> None:
+    """Before the model is opened (minutes for a first build): the flags that cannot work."""
+    from ...core.arguments import at_least, one_of
+    from ...llm.cpu.export import QUANT_MODES
+    at_least("--max-seq-len", max_seq_len, 2, "2048")
+    at_least("--threads", threads, 1, "2")
+    one_of("--quant", quant, QUANT_MODES)
+
+
 def _more_messages(first: list[str], interactive: bool):
     yield from first
     while True:
@@ -125,7 +135,7 @@ def _consume(stream, *, json_out: bool, quiet: bool):
         for piece in stream:
             console.out(piece, end="", highlight=False)
             console.file.flush()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):   # Ctrl-C stops the generation, not the verb
         stream.close()
     result = stream.result or stream.close()
     console.out("")

@@ -22,7 +22,7 @@ def profile_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Which target's binary."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace JSON (ui.perfetto.dev)."),
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the raw QNN EP CSV and ORT profile JSON in this folder."),
-    top: int = typer.Option(25, "--top", help="Rows to print (all rows in --json)."),
+    top: int = typer.Option(25, "--top", help="Rows to print (all rows in --json).", min=1),
     force: bool = typer.Option(False, "--force", help="Replace an existing --trace file."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON."),
 ) -> None:
