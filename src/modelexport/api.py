@@ -39,6 +39,7 @@ def _onnx_audit(*a, **k):
     return audit_onnx(*a, **k)
 
 
+_onnx_audit.options = ("timeout",)  # type: ignore[attr-defined]
 AUDITORS.register("onnx")(_onnx_audit)
 
 
@@ -57,7 +58,7 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
 
     `example_inputs` (a tuple of tensors) goes with an nn.Module; `options` are the backend's own
-    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=)."""
+    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds)."""
     from .frontends import find_frontend
     kind = find_frontend(model).kind
     if example_inputs is not None:

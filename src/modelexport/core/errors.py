@@ -69,3 +69,17 @@ class VerificationError(ModelExportError):
     """Compiled outputs differ from the float model by more than the threshold."""
 
     exit_code = 5
+
+
+def clip(text: str, limit: int = 800) -> str:
+    """`text` whole when it fits, else cut after the last full sentence within `limit` (at a word,
+    marked with …, when no sentence ends in its second half): a message never stops mid-word."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = max(head.rfind(p) for p in (". ", "! ", "? ", "; "))
+    if end >= limit // 2:
+        return head[:end + 1] + " …"
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head) + " …"

@@ -18,13 +18,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import ToolchainError
+from ...core.errors import ToolchainError, clip
 from ...frontends.onnx_model import LoadedOnnx, load_onnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...auditing.fixes import suggest_fix
+from .audit_blockers import blocker_audit
+from .audit_locate import Blocker, blockers_from_log, is_graph_refusal
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
@@ -76,27 +78,32 @@ def _name_nodes(model) -> None:
             n.name = f"{n.op_type}_{i}"
 
 
-def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float) -> tuple[dict, str, dict]:
-    trace_dir = work / "trace"
-    opts = {"provider_options": provider_options | {"enable_framework_op_trace": "1", "framework_op_trace_dir": str(trace_dir)}}
-    log = work / "ep.log"
-    with open(log, "wb") as err:
+def _run_probe(model_path: Path, opts: dict, work: Path, log: Path, timeout: float) -> tuple[dict, str]:
+    """(the child's result, its log) for one audit_probe run."""
+    with open(log, "ab") as err:
         try:
             proc = subprocess.run([sys.executable, "-m", "modelexport.backends.ort_qnn.audit_probe", str(model_path), json.dumps(opts)],
                                   stdout=subprocess.PIPE, stderr=err, cwd=work, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ToolchainError(f"the QNN EP did not finish placing the model in {timeout:.0f} s",
-                                 "try a smaller model, or raise the timeout (--timeout)") from None
+                                 "audit a smaller part of the model, or call modelexport.audit(..., timeout=SECONDS) from Python") from None
     text = log.read_text(errors="replace")
     marker = proc.stdout.decode(errors="replace").rpartition("@@RESULT@@")[2].strip()
     if not marker:
         tail = "\n".join(l for l in text.splitlines()[-5:])
-        raise ToolchainError(f"the QNN EP probe crashed (exit {proc.returncode}) before reporting a placement: {tail[-400:]}",
-                             "run `modelexport doctor`; if it passes, report this model as a bug")
-    result = json.loads(marker)
+        raise ToolchainError(f"the QNN EP probe crashed (exit {proc.returncode}) before reporting a placement: "
+                             f"{clip(tail, 600)}", "run `modelexport doctor`; if it passes, report this model as a bug")
+    return json.loads(marker), text
+
+
+def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float) -> tuple[dict, str, dict]:
+    """(placement, the EP's log, the framework op trace); placement None and {"error": ...} when
+    the session could not be opened."""
+    trace_dir = work / "trace"
+    opts = {"provider_options": provider_options | {"enable_framework_op_trace": "1", "framework_op_trace_dir": str(trace_dir)}}
+    result, text = _run_probe(model_path, opts, work, work / "ep.log", timeout)
     if not result.get("ok"):
-        raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {result.get('error', '')[:500]}",
-                             "check the model with `python -c \"import onnxruntime as o; o.InferenceSession('m.onnx')\"`")
+        return None, text, {"error": result.get("error", "")}
     trace = {}
     for f in trace_dir.glob("*.json") if trace_dir.is_dir() else []:
         try:
@@ -142,14 +149,49 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
         else:
             options["enable_htp_fp16_precision"] = "1"
         placement, log_text, trace = _probe(probe_path, options, work, timeout)
-        if log_path:
-            shutil.copyfile(work / "ep.log", log_path)
+        if placement is None:
+            return _refused_report(loaded, probe_path, options, work, log_text, trace["error"], soc, prec,
+                                   qairt.build_id, notes, log_path, timeout)
         report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
                                placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)
         report.log_file = str(log_path) if log_path else None
         return report
     finally:
+        if log_path and (work / "ep.log").is_file():   # kept whatever happened: a failed audit needs it most
+            shutil.copyfile(work / "ep.log", log_path)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _refused_report(loaded, probe_path, options, work, log_text, error, soc, prec, build, notes, log_path,
+                    timeout) -> AuditReport:
+    """The session failed: name the node(s) QNN refused (from the log, else by bisection), or
+    raise a clear error when it is not a refusal of the graph."""
+    import onnx
+    if not is_graph_refusal(error):
+        if prec.quantized:   # the float model loaded; the QDQ model the quantizer wrote did not
+            opset = next((o.version for o in loaded.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+            raise ToolchainError(f"ONNX Runtime could not open the {prec.name} (QDQ) model its quantizer wrote: "
+                                 f"{clip(error, 600)}",
+                                 (f"the model is at opset {opset} and per-channel Q/DQ needs 13: re-export it at "
+                                  "opset 13 or later, or " if 0 < opset < 13 else "")
+                                 + "audit and compile it at --precision fp16 (no Q/DQ)")
+        raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {clip(error, 600)}",
+                             "the model itself is invalid for ONNX Runtime: check it with `onnx.checker.check_model` "
+                             "and fix or re-export it; `modelexport audit --log FILE` keeps the EP's log")
+    blockers = blockers_from_log(log_text)
+    if not blockers:
+        result, _ = _run_probe(probe_path, {"provider_options": options, "locate": str(work / "ep.log")},
+                               work, work / "ep.log", timeout)
+        if result.get("ok") and result.get("blocker"):
+            blockers = [Blocker(**result["blocker"])]
+    graph = onnx.load(str(probe_path), load_external_data=False)
+    nodes = [blocker_audit(b, graph, prec) for b in blockers]
+    ep_error = clip(error.split(" : ")[-1], 300)
+    if not nodes:
+        notes.append("the log names no node and bisection found none: see the EP's log (--log FILE)")
+    return AuditReport(model=str(loaded.path or loaded.name), target=soc.name, htp_arch=soc.htp_arch, precision=prec.name,
+                       backend="onnxruntime-qnn", nodes=nodes, qairt_build=build, notes=notes,
+                       log_file=str(log_path) if log_path else None, refused=ep_error)
 
 
 def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trace, soc, prec, build, notes) -> AuditReport:
@@ -180,7 +222,7 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
         else:
             backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
         nodes.append(NodeAudit(n.name, n.op_type, backend, onnx_module_path(n), reason,
-                               suggest_fix(n.op_type, reason) if backend == CPU else None, macs.get(n.name, 0)))
+                               suggest_fix(n.op_type, reason, prec.quantized) if backend == CPU else None, macs.get(n.name, 0)))
     # Quantize/Dequantize at the graph boundary of a QDQ model.
     g_in = {i.name for i in probe_model.graph.input}
     g_out = {o.name for o in probe_model.graph.output}
@@ -194,7 +236,7 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             nodes.append(NodeAudit(n.name, n.op_type, IO, None, IO_REASON))
         elif ep == CPU_EP_NAME:
             reason = " | ".join(log_reasons.get(n.name, [])) or "left on the CPU next to a CPU node"
-            nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason)))
+            nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason, prec.quantized)))
     if loaded.dynamic_inputs:
         notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
                      + " (compile refuses these without --input-shape)")
