@@ -88,7 +88,7 @@ def test_cli_refused_graph_is_one_message_and_the_log_is_kept(model, tmp_path):
 
 def test_log_parser_blames_the_node_being_built(tmp_path):
     """A compose error line naming no node: the node the builder was adding just before it."""
-    from modelexport.backends.ort_qnn.audit_locate import blockers_from_log
+    from modelexport.toolchain.ort_qnn_log import blockers_from_log
     text = ("2026 [V:onnxruntime:, base_op_builder.cc:40 AddToModelBuilder] QNN node builder is trying to add node. "
             "Onnx node name: [a] onnx node type: [Conv].\n"
             "2026 [V:onnxruntime:, base_op_builder.cc:40 AddToModelBuilder] QNN node builder is trying to add node. "

@@ -78,7 +78,7 @@ def clip(text: str, limit: int = 800) -> str:
     if len(text) <= limit:
         return text
     head = text[:limit]
-    end = max(head.rfind(p) for p in (". ", "! ", "? ", "; "))
+    end = max(head.rfind(p) for p in (". ", "! ", "? ", "; ", " | "))
     if end >= limit // 2:
         return head[:end + 1] + " …"
     space = head.rfind(" ")

@@ -1,7 +1,10 @@
-"""What an ONNX node costs: its multiply-accumulate count (its module path: module_paths)."""
+"""What an ONNX node costs: its multiply-accumulate count (its module path: module_paths); and
+what feeds it: constant sizes, the tensor a Q/DQ chain starts from."""
 from __future__ import annotations
 
 import math
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
 def _shapes(model) -> dict[str, list[int]]:
@@ -47,3 +50,22 @@ def node_macs(model) -> dict[str, int]:
         if n.name:
             out[n.name] = int(macs)
     return out
+
+
+def constant_sizes(graph) -> dict[str, int]:
+    """Element count of every constant tensor: initializers and Constant nodes' values."""
+    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    sizes[n.output[0]] = math.prod(a.t.dims)
+    return sizes
+
+
+def qdq_source(name: str, producer: dict, seen: int = 0) -> str:
+    """The tensor a chain of Q/DQ nodes starts from (`roi` for roi_QuantizeLinear_Output)."""
+    n = producer.get(name)
+    if n is None or n.op_type not in QDQ_OPS or seen > 4:
+        return name
+    return qdq_source(n.input[0], producer, seen + 1)

@@ -24,7 +24,7 @@ from ...contract.manifest import (CacheInfo, Delegate, PartEntry, PartFiles, Qai
                                   Timings)
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError, clip
 from ...core.targets import SoC, get_target
 from .. import backend
 from ..context_binary import tensor_spec
@@ -112,9 +112,10 @@ def lowering_error(e: Exception) -> ToolchainError:
                               "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
     from .partition import qnn_reason
     said = qnn_reason(getattr(e, "native_log", []) or [])
-    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {text[:400]}"
-                          + (f" — QNN said: {said[:400]}" if said else ""),
-                          "run `modelexport audit` on the model for the per-node view; report it if the audit is clean")
+    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {clip(text, 1000)}"
+                          + (f" — QNN said: {clip(said, 1000)}" if said else ""),
+                          "run `modelexport audit` on the model with the same --precision: it builds the QNN "
+                          "partitions as compile does and names the op that fails, with its fix")
 
 
 def _numerics(pte_path: Path, prep, threshold: float) -> dict:

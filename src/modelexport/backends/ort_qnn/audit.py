@@ -26,50 +26,14 @@ from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...auditing.fixes import suggest_fix
 from .audit_blockers import blocker_audit
-from .audit_locate import Blocker, blockers_from_log, is_graph_refusal
+from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusal, parse_ep_log
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
 
-_FAILED = re.compile(r"Validation FAILED for \d+ nodes in \w+ \(([^)]*)\)")
-_NODE = re.compile(r"Operator type: (\S+) Node name: (.*?) Node index: (\d+)")
-_REASON = re.compile(r"REASON\s*:\s*(.*)")
-_VALIDATE = re.compile(r"backendValidateOpConfig\(\) failed for node `([^`]*)` of type `([^`]*)` with error code (\d+)")
 _TOKEN = re.compile(r"_token_\d+$")
 IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
              "(offload_graph_io_quantization=1); the context binary itself takes the quantized tensor")
-
-
-def parse_ep_log(text: str) -> dict[str, list[str]]:
-    """{node name: [reasons]} from the EP's verbose log."""
-    reasons: dict[str, list[str]] = {}
-
-    def add(name: str, why: str) -> None:
-        why = re.sub(r"\.(?=\S)", ". ", why.strip())
-        if why and why not in reasons.setdefault(name, []):
-            reasons[name].append(why)
-
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if _FAILED.search(lines[i]):
-            names, j = [], i + 1
-            while j < len(lines) and (lines[j].startswith(("\t", " ")) or not lines[j].strip()):
-                if m := _NODE.search(lines[j]):
-                    names.append(m.group(2))
-                elif m := _REASON.search(lines[j]):
-                    for n in names:
-                        add(n, m.group(1))
-                if not lines[j].strip() and names:
-                    break
-                j += 1
-            i = j
-            continue
-        if m := _VALIDATE.search(lines[i]):
-            add(m.group(1), f"the HTP validator rejected it: backendValidateOpConfig() error {m.group(3)}"
-                            + (" (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE)" if m.group(3) == "3110" else ""))
-        i += 1
-    return reasons
 
 
 def _name_nodes(model) -> None:

@@ -1,33 +1,13 @@
-"""A node QNN refused while building the graph (audit_locate.Blocker) → an audit row: what the
+"""A node QNN refused while building the graph (toolchain.ort_qnn_log.Blocker) → an audit row: what the
 node is, which op it serves, what in the graph explains the refusal, and the fix for it."""
 from __future__ import annotations
 
 from ...auditing.fixes import suggest_fix
 from ...auditing.report import BLOCKS, NodeAudit
 from ...frontends.module_paths import onnx_module_path
-from .audit_locate import QNN_ERRORS, Blocker
-
-_QDQ = ("QuantizeLinear", "DequantizeLinear")
-
-
-def _constants(graph) -> dict[str, int]:
-    """Element count of every constant tensor: initializers and Constant nodes' values."""
-    import math
-    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    sizes[n.output[0]] = math.prod(a.t.dims)
-    return sizes
-
-
-def _source(name: str, producer: dict, seen: int = 0) -> str:
-    """The tensor a chain of Q/DQ nodes starts from (`roi` for roi_QuantizeLinear_Output)."""
-    n = producer.get(name)
-    if n is None or n.op_type not in _QDQ or seen > 4:
-        return name
-    return _source(n.input[0], producer, seen + 1)
+from ...frontends.onnx_graph import QDQ_OPS as _QDQ
+from ...frontends.onnx_graph import constant_sizes, qdq_source
+from ...toolchain.ort_qnn_log import QNN_ERRORS, Blocker
 
 
 def blocker_audit(b: Blocker, model, precision) -> NodeAudit:
@@ -48,11 +28,11 @@ def blocker_audit(b: Blocker, model, precision) -> NodeAudit:
     if node.op_type in _QDQ:
         users = [n for n, _ in consumers.get(node.output[0], []) if n.op_type not in _QDQ]
         op = users[0] if users else node
-    sizes = _constants(graph)
+    sizes = constant_sizes(graph)
     empty = []
     for n in {id(x): x for x in (node, op)}.values():
         for i, t in enumerate(n.input):
-            src = _source(t, producer)
+            src = qdq_source(t, producer)
             if t and sizes.get(src) == 0:
                 empty.append((src, i))
     what = f"error {b.code}: {QNN_ERRORS[b.code]}" if b.code in QNN_ERRORS else (b.error or "no error line")

@@ -1,69 +1,17 @@
 """Which node makes QNN refuse a whole graph ("Failed to compose / finalize Qnn graph").
 
 A refused graph gives no placement, only an EP error. The node is found in two ways, both on
-the real EP: (1) the EP's verbose log, which names it in an error line (`Failed to create tensor
-for node: X ... error code: 7004`) or as the last node the builder was adding before the first
-error; (2) when the log names none (a finalize failure), bisection over prefixes of the graph:
+the real EP: (1) the EP's verbose log (toolchain.ort_qnn_log.blockers_from_log), which names it
+in an error line or as the node being built at the first error; (2) when the log names none (a
+finalize failure), bisection over prefixes of the graph, here:
 the shortest prefix QNN refuses ends with the culprit. Bisection runs inside the audit's child
 process (audit_probe), one session per step, so a crash ends only that child.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-# The EP's words for a graph QNN refused as a whole (not a node left to the CPU).
-GRAPH_REFUSED = re.compile(r"Failed to (compose|finalize) Qnn graph|QNN (graph )?(compose|finalize)|graphFinalize", re.I)
-_CREATE_TENSOR = re.compile(r"Failed to create tensor for node: (\S+) tensor_name: (\S+) error code: (\d+)")
-_ADD_NODE = re.compile(r"Failed to add node (\S+)|graphAddNode.* node[: ]+`?([\w./:-]+)", re.I)
-_BUILDING = re.compile(r"Onnx node name: \[([^\]]+)\] onnx node type: \[([^\]]+)\]")
-_ERROR = re.compile(r"\[E:onnxruntime")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-# QnnTensor.h: QNN_MIN_ERROR_TENSOR is 7000.
-QNN_ERRORS = {7001: "invalid graph handle", 7002: "tensor not registered", 7004: "invalid tensor parameter",
-              7005: "unsupported tensor parameter", 6000: "graph error", 6001: "unsupported graph feature"}
-
-
-@dataclass
-class Blocker:
-    """One node QNN refused while building the graph, with what the log and the graph say about it."""
-    node: str
-    how: str                          # "log" (the EP named it) or "bisect" (shortest refused prefix)
-    error: str = ""                   # the EP's error line(s)
-    tensor: str | None = None
-    code: int | None = None
-    details: dict = field(default_factory=dict)
-
-
-def is_graph_refusal(error: str) -> bool:
-    return bool(GRAPH_REFUSED.search(error or ""))
-
-
-def blockers_from_log(text: str) -> list[Blocker]:
-    """The nodes the EP's log blames for a refused graph (empty when it names none)."""
-    lines = [_ANSI.sub("", l) for l in text.splitlines()]
-    found: dict[str, Blocker] = {}
-    first_error = None
-    for i, line in enumerate(lines):
-        if not _ERROR.search(line):
-            continue
-        first_error = i if first_error is None else first_error
-        if m := _CREATE_TENSOR.search(line):
-            found.setdefault(m[1], Blocker(m[1], "log", line.split("] ", 1)[-1].strip(), m[2], int(m[3])))
-        elif m := _ADD_NODE.search(line):
-            name = m[1] or m[2]
-            found.setdefault(name, Blocker(name, "log", line.split("] ", 1)[-1].strip()))
-    if not found and first_error is not None:
-        # No name in the error: the node the builder was adding when the first error came.
-        for line in reversed(lines[:first_error]):
-            if m := _BUILDING.search(line):
-                err = lines[first_error].split("] ", 1)[-1].strip()
-                found[m[1]] = Blocker(m[1], "log", err)
-                break
-    return list(found.values())
-
+from ...toolchain.ort_qnn_log import _ANSI, _ERROR, Blocker
 
 def cut_points(model) -> list[int]:
     """Prefix lengths worth probing: never between an op and the QuantizeLinear of its output

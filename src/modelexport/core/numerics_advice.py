@@ -1,0 +1,46 @@
+"""What verify says beside its numbers: warnings about what the numbers can mean, and the fix
+for a failure that fits the precision (calibration and more bits mean nothing for fp16).
+Duck-typed over the verify report (backends/ort_qnn/verify.py: GraphCheck, OutputCheck)."""
+from __future__ import annotations
+
+# An output is "nearly constant" when its spread is below this share of its largest value, or when
+# every value is below it (a detector's scores on noise): SQNR then divides by a tiny signal and
+# measures the compiled graph's noise floor, not the model.
+NEAR_CONSTANT = 1e-2
+
+
+def near_constant(o) -> bool:
+    if o.ref_std is None or o.ref_abs_max is None:
+        return False
+    return o.ref_std <= NEAR_CONSTANT * o.ref_abs_max or o.ref_abs_max < NEAR_CONSTANT
+
+
+def graph_warnings(g) -> list[str]:
+    out = []
+    random = "random" in (g.inputs_kind or "")
+    for o in g.outputs:
+        if random and near_constant(o):
+            out.append(f"{g.part}:{o.name}: the float output is nearly constant on these random inputs (std "
+                       f"{o.ref_std:.3g}, max |x| {o.ref_abs_max:.3g}), so its SQNR measures noise, not the model: "
+                       "verify on real data with --input FILE (.npy/.npz or an image)")
+        if o.cosine is None:
+            out.append(f"{g.part}:{o.name}: a single value: cosine is not defined (n/a); SQNR is its relative error")
+    return out
+
+
+def failure_fix(report, quantized: bool, hint: str | None = None) -> str:
+    """The fix for a failed verify: real inputs first when the samples were random, then what
+    the precision allows (`quantized`: some failing graph is quantized)."""
+    bad = [g for g in report.graphs if not g.passed]
+    parts = []
+    if any("random" in (g.inputs_kind or "") for g in bad):
+        parts.append("verify on real inputs (--input FILE): these samples are random")
+    if hint:
+        parts.append(f"recompile with {hint} (from --per-layer)")
+    if quantized:
+        parts.append("calibrate on representative data (compile --calibration DIR), use a wider precision "
+                     "(--precision 16a8w), find the layer that loses most with verify --per-layer, or set --min-sqnr")
+    else:
+        parts.append("fp16 has no calibration: check that the float output fits fp16 (|x| < 65504, small values "
+                     "lose relative precision below 6e-5), or set --min-sqnr for this model")
+    return "; ".join(parts)
