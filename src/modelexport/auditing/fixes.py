@@ -29,8 +29,8 @@ class FixRule:
 
 # ExecuTorch (PyTorch models): the QNN partitioner's reasons, in its own and QNN's words.
 ET_RULES: tuple[FixRule, ...] = (
-    FixRule("the HTP runs static shapes only: export without a dynamic Dim (one graph per shape you need, e.g. a "
-            "prefill and a decode graph)", reason=r"only have static dimensions|Dynamically shaped"),
+    FixRule("the HTP runs static shapes only: compile without dynamic_shapes= (no torch.export Dim), one bundle per "
+            "shape you need (e.g. a prefill and a decode graph)", reason=r"only have static dimensions|Dynamically shaped"),
     FixRule("the causal mask is built at run time with tril (le.Scalar has no QNN op builder yet): give "
             "scaled_dot_product_attention an explicit constant mask (--rewrite causal-mask does it for is_causal=True), "
             "or precompute the mask as a buffer", op_types=("aten.le.Scalar",), reason=r"tril"),
@@ -83,9 +83,10 @@ RULES: tuple[FixRule, ...] = ET_RULES + (
     FixRule("the HTP validator rejected this node's parameters at fp16 (QNN error 3110 = op config validation failure): "
             "check its shapes, attributes and dtypes against docs/op_support.md, or try a quantized precision "
             "(--precision 8a8w)", reason=r"3110|backendValidateOpConfig", quantized=False),
-    FixRule("int64 arithmetic is not on the HTP: cast to int32 in the model (indices and shapes fit)", reason=r"int64|INT_64"),
-    FixRule("no HTP kernel for this op type: replace it with supported ops, or move it out of the graph into CPU pre/post-processing",
-            reason=r"not supported"),
+    FixRule("int64 arithmetic is not on the HTP: cast to int32 in the model (indices and shapes fit); until then the "
+            "node runs on the CPU, which compile accepts without --strict", reason=r"int64|INT_64"),
+    FixRule("no HTP kernel for this op type: replace it with supported ops (docs/op_support.md), or move it out of the "
+            "graph into CPU pre/post-processing", reason=r"not supported"),
     FixRule("quantization parameters do not fit this op: quantize with --precision 16a8w, or keep the op in float (fp16)",
             reason=r"quant|scale|zero.?point|offset", quantized=True),
 )

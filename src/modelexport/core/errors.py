@@ -6,7 +6,8 @@ lines and exits non-zero without a traceback; anything else is a bug and keeps i
 
 Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU fallback,
 4 an artifact's files do not match its manifest, 5 verify's numbers are below the threshold,
-6 not supported (yet), 130 interrupted.
+6 not supported (yet), 7 `compile --strict-numerics` found its own numerics check below the pass
+mark, 130 interrupted.
 
 Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
 """
@@ -69,6 +70,12 @@ class VerificationError(ModelExportError):
     """Compiled outputs differ from the float model by more than the threshold."""
 
     exit_code = 5
+
+
+class StrictNumericsError(ModelExportError):
+    """`compile --strict-numerics` and compile's own numerics check is below the pass mark."""
+
+    exit_code = 7
 
 
 def clip(text: str, limit: int = 800) -> str:

@@ -32,15 +32,28 @@ def failure_fix(report, quantized: bool, hint: str | None = None) -> str:
     """The fix for a failed verify: real inputs first when the samples were random, then what
     the precision allows (`quantized`: some failing graph is quantized)."""
     bad = [g for g in report.graphs if not g.passed]
+    return numerics_fix(quantized, any("random" in (g.inputs_kind or "") for g in bad), hint)
+
+
+def numerics_fix(quantized: bool, random_inputs: bool, hint: str | None = None) -> str:
+    """What to do about numbers below the pass mark, for verify and compile's own check."""
     parts = []
-    if any("random" in (g.inputs_kind or "") for g in bad):
-        parts.append("verify on real inputs (--input FILE): these samples are random")
+    if random_inputs:
+        parts.append("verify on real inputs (modelexport verify BUNDLE --input FILE): these samples are random")
     if hint:
         parts.append(f"recompile with {hint} (from --per-layer)")
     if quantized:
         parts.append("calibrate on representative data (compile --calibration DIR), use a wider precision "
                      "(--precision 16a8w), find the layer that loses most with verify --per-layer, or set --min-sqnr")
     else:
-        parts.append("fp16 has no calibration: check that the float output fits fp16 (|x| < 65504, small values "
-                     "lose relative precision below 6e-5), or set --min-sqnr for this model")
+        parts.append("fp16 has no calibration: check that the float model's values fit fp16 (|x| < 65504; values "
+                     "below 6e-5 lose precision) and scale them in the model if not; if the numbers are acceptable "
+                     "for this model, verify with a lower pass mark (modelexport verify BUNDLE --min-sqnr DB)")
     return "; ".join(parts)
+
+
+def numerics_failures(numerics: dict) -> list[str]:
+    """`output_0 -77.0 dB < 30` for each output of compile's own check below its pass mark."""
+    return [f"{o['name']} {o['sqnr_db'] if o['sqnr_db'] is not None else float('-inf'):.1f} dB < "
+            f"{numerics.get('threshold_db', 0):g}" for o in numerics.get("outputs", [])
+            if o.get("sqnr_db") is None or o["sqnr_db"] < numerics.get("threshold_db", 0)]
