@@ -83,6 +83,17 @@ RULES: tuple[FixRule, ...] = ET_RULES + (
     FixRule("the HTP validator rejected this node's parameters at fp16 (QNN error 3110 = op config validation failure): "
             "check its shapes, attributes and dtypes against docs/op_support.md, or try a quantized precision "
             "(--precision 8a8w)", reason=r"3110|backendValidateOpConfig", quantized=False),
+    # A (de)quantize node left alone: audit's reason says which op it feeds and where that runs.
+    FixRule("it stays on the CPU because the op it feeds does: fix that op (its row) and this node joins it on the HTP",
+            op_types=("DequantizeLinear", "QuantizeLinear"), reason=r"feeds .* \(on the CPU\)"),
+    FixRule("the model holds its weights quantized per channel (weight-only quantization) and QNN runs such a "
+            "DequantizeLinear only inside a quantized op: compile at --precision 8a8w (activations get Q/DQ and "
+            "the DequantizeLinear joins the op it feeds), or export the model with float weights for fp16",
+            reason=r"standalone (DQ|Q) op with per-channel", quantized=False),
+    FixRule("QNN takes a per-channel DequantizeLinear only as the weight of the op it feeds, in one Q/DQ unit with "
+            "it: compile the float model (without its own Q/DQ nodes) with --precision 8a8w, so that modelexport "
+            "quantizes every input of the op",
+            reason=r"standalone (DQ|Q) op with per-channel", quantized=True),
     FixRule("int64 arithmetic is not on the HTP: cast to int32 in the model (indices and shapes fit); until then the "
             "node runs on the CPU, which compile accepts without --strict", reason=r"int64|INT_64"),
     FixRule("no HTP kernel for this op type: replace it with supported ops (docs/op_support.md), or move it out of the "

@@ -158,6 +158,17 @@ def _refused_report(loaded, probe_path, options, work, log_text, error, soc, pre
                        log_file=str(log_path) if log_path else None, refused=ep_error)
 
 
+def _feeds(q, model, where: dict[str, str]) -> str:
+    """`; it feeds Conv `conv` (on the CPU)`: a (de)quantize node's fate follows the op it feeds,
+    whose row then holds the fix that matters."""
+    users = [n for n in model.graph.node if q.output[0] in n.input]
+    if not users:
+        return ""
+    u = users[0]
+    at = "on the HTP" if where.get(u.name) == EP_NAME else ("on the CPU" if u.name in where else "folded")
+    return f"; it feeds {u.op_type} `{u.name}` ({at})"
+
+
 def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trace, soc, prec, build, notes) -> AuditReport:
     where: dict[str, str] = {}
     for ep, nodes in placement.items():
@@ -185,6 +196,8 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             reason = " | ".join(reasons) or "the EP validated it but left it to the CPU when partitioning the graph"
         else:
             backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
+        if backend == CPU and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            reason += _feeds(n, graph_model, where)
         nodes.append(NodeAudit(n.name, n.op_type, backend, onnx_module_path(n), reason,
                                suggest_fix(n.op_type, reason, prec.quantized) if backend == CPU else None, macs.get(n.name, 0)))
     # Quantize/Dequantize at the graph boundary of a QDQ model.
@@ -200,6 +213,7 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             nodes.append(NodeAudit(n.name, n.op_type, IO, None, IO_REASON))
         elif ep == CPU_EP_NAME:
             reason = " | ".join(log_reasons.get(n.name, [])) or "left on the CPU next to a CPU node"
+            reason += _feeds(n, probe_model, where)
             nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason, prec.quantized)))
     if loaded.dynamic_inputs:
         notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
