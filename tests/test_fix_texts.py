@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "modelexport"
 REPO = SRC.parents[1]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-VERB = re.compile(r"(?<!a )modelexport (\w[\w-]*)((?: (?:--?[\w-]+|[A-Z_.]+|'[^']*'|[\w./:=,-]+))*)")
+VERB = re.compile(r"(?:(?<=`)|(?<=run )|(?<=\()|^)modelexport (\w[\w-]*)((?: (?:--?[\w-]+|[A-Z_.]+|'[^']*'|[\w./:=,-]+))*)")
 DOC = re.compile(r"\b(docs/[\w./-]+\.\w+)")
 API_KEYWORD = re.compile(r"\b([a-z_]+)=(?=[\s),]|$)")   # a bare `dynamic_shapes=`: a keyword of the Python API
 # Steps a fix names outside our CLI (the other tools a user has), allowed as they are.
