@@ -59,3 +59,25 @@ def test_audit_log_is_written_when_the_audit_fails(tmp_path):
     proc = run_cli("audit", str(tmp_path / "old.onnx"), "-p", "8a8w", "--log", str(log))
     assert_clean_error(proc, "opset 11", "per-channel Q/DQ needs 13", "--precision fp16")
     assert log.is_file() and log.stat().st_size > 0
+
+
+def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path):
+    """A detector whose scores are ~0 on noise (sigmoid of a large negative bias), fp16: verify fails
+    on the stored random samples; it says why the number means little and leads to --input."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    w = nh.from_array((np.random.default_rng(0).standard_normal((4, 3, 3, 3)) * 0.1).astype(np.float32), "w")
+    b = nh.from_array(np.full(4, -9.0, np.float32), "b")
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("Sigmoid", ["c"], ["y"], name="score")]
+    g = h.make_graph(nodes, "det", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], [w, b])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "det.onnx"))
+    run_cli("compile", str(tmp_path / "det.onnx"), "-p", "fp16", "-o", str(tmp_path / "out"), check=True)
+    proc = run_cli("verify", str(tmp_path / "out"))
+    assert_clean_error(proc, "nearly constant on these random inputs", "fix: verify on real inputs")
+    assert proc.returncode == 5 and "calibrate" not in proc.stderr

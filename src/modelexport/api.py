@@ -58,7 +58,9 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
 
     `example_inputs` (a tuple of tensors) goes with an nn.Module; `options` are the backend's own
-    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds)."""
+    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds).
+    When QNN refuses to build the graph as a whole, the report has `refused` (QNN's words) and
+    `blockers` (the node(s) responsible, with reason and fix); the CLI then exits 2."""
     from .frontends import find_frontend
     kind = find_frontend(model).kind
     if example_inputs is not None:

@@ -71,6 +71,9 @@ RULES: tuple[FixRule, ...] = ET_RULES + (
     FixRule("QNN refused this node while building the fp16 graph (its shapes, attributes or dtypes): replace the op "
             "with ones the HTP has (docs/op_support.md), or move it out of the graph into CPU pre/post-processing",
             reason=r"refused to build the graph", quantized=False),
+    FixRule("this QNN partition has no graph input: it computes only from constants, cut off from the rest by the "
+            "op(s) left on the CPU: fix those first (their rows; a tril causal mask: --rewrite causal-mask), or "
+            "precompute the constant part as a buffer", reason=r"No graph inputs present"),
     FixRule("QNN could not lower this fp16 partition (its op builder for this op emits tensors QNN then rejects): "
             "compile at a quantized precision (--precision 8a8w or 16a8w), or replace the op with ones the HTP has "
             "(docs/op_support.md)", reason=r"lowering failed|genNop|mismatched scale", quantized=False),

@@ -22,7 +22,7 @@ def graph_warnings(g) -> list[str]:
         if random and near_constant(o):
             out.append(f"{g.part}:{o.name}: the float output is nearly constant on these random inputs (std "
                        f"{o.ref_std:.3g}, max |x| {o.ref_abs_max:.3g}), so its SQNR measures noise, not the model: "
-                       "verify on real data with --input FILE (.npy/.npz or an image)")
+                       "verify on real data with --input FILE (.npy per input, or one .npz)")
         if o.cosine is None:
             out.append(f"{g.part}:{o.name}: a single value: cosine is not defined (n/a); SQNR is its relative error")
     return out

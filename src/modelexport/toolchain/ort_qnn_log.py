@@ -72,6 +72,11 @@ class Blocker:
     details: dict = field(default_factory=dict)
 
 
+def error_lines(text: str) -> list[str]:
+    """The EP's error lines (`[E:onnxruntime ...] message`), as messages."""
+    return [_ANSI.sub("", l).split("] ", 1)[-1].strip() for l in text.splitlines() if _ERROR.search(l)]
+
+
 def is_graph_refusal(error: str) -> bool:
     return bool(GRAPH_REFUSED.search(error or ""))
 

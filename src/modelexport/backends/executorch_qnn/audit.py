@@ -8,6 +8,7 @@ or CPU, the reason in the backend's own words, and a fix from audit.fixes.
 """
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from pathlib import Path
@@ -86,8 +87,8 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
         prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
                        overrides, block_size, rewrites, dynamic_shapes)
         try:
-            low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
-                        delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes,
+            low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
+                        use_fp16=not prep.precision.quantized, delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes,
                         linear_to_conv2d=prep.plan.uses_block)
         except Exception as e:
             log += getattr(e, "native_log", []) or []
@@ -124,8 +125,8 @@ def _lower_fails(prep, skip: set[str] | None = None) -> tuple[str | None, list[s
     """(QNN's words when building the QNN partitions fails, else None; the native log)."""
     from .lower import lower
     from .partition import qnn_reason
-    try:
-        low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
+    try:   # a copy: a lowering's passes change the graph it is given, and the audit lowers it again
+        low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
                     fallback=None, delegate=True, log_level="warn", dynamic_shapes=prep.dynamic_shapes,
                     linear_to_conv2d=prep.plan.uses_block, skip_nodes=skip)
         return None, low.log

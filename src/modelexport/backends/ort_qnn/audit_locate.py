@@ -3,24 +3,26 @@
 A refused graph gives no placement, only an EP error. The node is found in two ways, both on
 the real EP: (1) the EP's verbose log (toolchain.ort_qnn_log.blockers_from_log), which names it
 in an error line or as the node being built at the first error; (2) when the log names none (a
-finalize failure), bisection over prefixes of the graph, here:
-the shortest prefix QNN refuses ends with the culprit. Bisection runs inside the audit's child
+finalize failure), bisection over prefixes of the graph (this module): the shortest prefix QNN
+refuses ends with the culprit. Bisection runs inside the audit's child
 process (audit_probe), one session per step, so a crash ends only that child.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ...toolchain.ort_qnn_log import _ANSI, _ERROR, Blocker
+from ...toolchain.ort_qnn_log import Blocker, error_lines
+
 
 def cut_points(model) -> list[int]:
     """Prefix lengths worth probing: never between an op and the QuantizeLinear of its output
     (QNN takes an op with its Q/DQ as one unit; a half unit is a different question)."""
     nodes = list(model.graph.node)
-    cuts = []
+    cuts, produced = [], set()
     for k in range(1, len(nodes) + 1):
+        produced.update(nodes[k - 1].output)
         nxt = nodes[k] if k < len(nodes) else None
-        if nxt is not None and nxt.op_type == "QuantizeLinear" and any(nxt.input[0] in n.output for n in nodes[:k]):
+        if nxt is not None and nxt.op_type == "QuantizeLinear" and nxt.input[0] in produced:
             continue
         cuts.append(k)
     return cuts
@@ -65,8 +67,7 @@ def bisect(model_path: str, refuses, log_path: str | None = None) -> Blocker | N
         if bad and log_path:
             with open(log_path, errors="replace") as f:
                 f.seek(start)
-                errors[k] = "\n".join(_ANSI.sub("", l).split("] ", 1)[-1].strip()
-                                      for l in f.read().splitlines() if _ERROR.search(l))
+                errors[k] = "\n".join(error_lines(f.read()))
         path.unlink(missing_ok=True)
         return bad
 
