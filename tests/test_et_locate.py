@@ -70,3 +70,17 @@ def test_compile_failure_points_to_the_audit_that_names_the_op(spec, tmp_path):
     proc = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "out"))
     assert_clean_error(proc, "genNopWithScaleParamsFP16", "fix: run `modelexport audit`")
     assert not (tmp_path / "out").exists()
+
+
+def test_bisection_finds_the_first_op_that_breaks_the_lowering():
+    """The search itself, over a stand-in for the lowering (the real one is exercised above)."""
+    from modelexport.backends.executorch_qnn.locate import bisect_lowering
+    ops = [f"op{i}" for i in range(13)]
+
+    def fails(skip):   # the lowering breaks once op7 is delegated
+        return "QNN said no" if "op7" not in skip else None
+    i, said, runs = bisect_lowering(ops, fails)
+    assert ops[i] == "op7" and said == "QNN said no" and runs <= 5
+    i, said, runs = bisect_lowering(ops, fails, known="seen")   # the whole graph's failure already known
+    assert ops[i] == "op7" and runs <= 4
+    assert bisect_lowering(ops, lambda skip: None) is None

@@ -143,7 +143,7 @@ def check_partitions(prep, low, log: list[str]) -> tuple[str | None, NodeAudit |
     log += more
     if error is None:
         return None, None
-    found = locate(low.edge.exported_program(), low.decisions, lambda skip: _lower_fails(prep, skip)[0])
+    found = locate(low.edge.exported_program(), low.decisions, lambda skip: _lower_fails(prep, skip)[0], error)
     if found is None:
         return error, None
     where = (f"QNN partition {found.partition + 1} of {found.partitions}" if found.partition is not None

@@ -41,12 +41,13 @@ def qnn_partitions(edge_program, accepted: set[str]) -> list[list[str]]:
     return sorted(named, key=lambda p: order.get(p[0], 0))
 
 
-def bisect_lowering(candidates: list[str], fails: Callable[[set[str]], str | None]) -> tuple[int, str | None, int] | None:
+def bisect_lowering(candidates: list[str], fails: Callable[[set[str]], str | None],
+                    known: str | None = None) -> tuple[int, str | None, int] | None:
     """(index of the culprit in `candidates`, QNN's words, lowerings run), where
     `fails(skip) -> error or None` lowers with the nodes in `skip` kept off QNN. None when
-    delegating every candidate works."""
+    delegating every candidate works. `known`: the error of delegating them all, already seen."""
     runs = 0
-    said: dict[int, str | None] = {}
+    said: dict[int, str | None] = {len(candidates): known} if known else {}
 
     def bad(k: int) -> bool:
         nonlocal runs
@@ -56,7 +57,7 @@ def bisect_lowering(candidates: list[str], fails: Callable[[set[str]], str | Non
         return err is not None
 
     lo, hi = 1, len(candidates)
-    if not candidates or not bad(hi):
+    if not candidates or not (known or bad(hi)):
         return None
     while lo < hi:
         mid = (lo + hi) // 2
@@ -67,9 +68,11 @@ def bisect_lowering(candidates: list[str], fails: Callable[[set[str]], str | Non
     return hi - 1, said.get(hi), runs
 
 
-def locate(edge_program, decisions, lower_part: Callable[[set[str]], str | None]) -> LoweringBlocker | None:
+def locate(edge_program, decisions, lower_part: Callable[[set[str]], str | None],
+           known: str | None = None) -> LoweringBlocker | None:
     """The op (and its partition) that makes `lower_part(skip)` fail; `decisions` are the
-    partitioner's, `edge_program` the audited (undelegated) graph."""
+    partitioner's, `edge_program` the audited (undelegated) graph, `known` the error of the
+    whole graph's lowering when already seen."""
     from ...frontends.module_paths import fx_module_path
     from .lower import is_qdq
     from .partition import op_name
@@ -79,7 +82,8 @@ def locate(edge_program, decisions, lower_part: Callable[[set[str]], str | None]
     # Only compute ops are culprits: (de)quantize nodes stay with the ops around them.
     compute = [name for name in accepted if not is_qdq(nodes[name].target)]
     qdq = {name for name in accepted if is_qdq(nodes[name].target)}
-    found = bisect_lowering(compute, lambda skip: lower_part(skip | {q for q in qdq if _only_serves(nodes[q], skip)}))
+    found = bisect_lowering(compute, lambda skip: lower_part(skip | {q for q in qdq if _only_serves(nodes[q], skip)}),
+                            known)
     if found is None:
         return None
     i, said, runs = found
