@@ -381,3 +381,17 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
         keys[stage] = graphs[32].parts[0].session.run(["new_key_0"], feed)[0]   # [1, kv heads, head_dim, 32]
     per_token = [compare(keys["fake-quant"][..., t], keys["htp-sim"][..., t])["sqnr_db"] for t in range(32)]
     assert min(per_token) > 40, [round(x, 1) for x in per_token]
+
+
+def test_seed_variant_spellings(cli, work, tmp_path):
+    """Seed 003: `--variant bert` says what it means and what to use instead (exit 6); `--variant` is `--variants`."""
+    from modelexport.backends.llm_qnn.compile import parse_variants
+    assert parse_variants(["ar1", "ar32"]) == [32, 1] == parse_variants(["ar32,ar1"])
+    out = tmp_path / "out"
+    proc = cli("compile", str(work / "tiny_hf"), "--variant", "bert", "--max-seq-len", str(SEQ), "-o", str(out))
+    assert proc.returncode == 6
+    assert_clean_error(proc, "full-context", "no KV-cache", "--variants ar1,ar128")
+    assert not out.exists()
+    proc = cli("compile", str(work / "tiny_hf"), "--variant", "ar1", "--variant", "ar99", "--max-seq-len", str(SEQ),
+               "-o", str(out))
+    assert_clean_error(proc, "--max-seq-len 64", "ar99")       # both repeats reached the check

@@ -5,7 +5,7 @@ from .core.lazy import lazy_attributes
 
 # Every name loads on first use: the CLI imports this package on each start, and a cached compile
 # must not pay for pydantic, numpy or onnx it never touches.
-_LAZY = {**{n: "api" for n in ("audit", "compile", "inspect", "run", "verify", "QNNCompiler")},
+_LAZY = {**{n: "api" for n in ("audit", "compile", "inspect", "run", "verify")}, "QNNCompiler": "qnn",
          "Bundle": "contract", "open_bundle": "contract", "ModelExportError": "core.errors"}
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -1,4 +1,4 @@
-"""The Python API, with the CLI's names: audit, compile, run, verify, inspect, QNNCompiler.
+"""The Python API, with the CLI's names: audit, compile, run, verify, inspect (the seeds' QNNCompiler: qnn.py).
 
 `compile` dispatches on what it is given: a frontend (registry in modelexport.frontends) loads
 it and says its kind, and the backend registered for that kind (modelexport.backends) compiles
@@ -12,7 +12,7 @@ import inspect as _signature
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core.errors import InputError, UnsupportedError
+from .core.errors import InputError
 from .core.registry import Registry
 
 
@@ -39,7 +39,7 @@ def _onnx_audit(*a, **k):
     return audit_onnx(*a, **k)
 
 
-_onnx_audit.options = ("timeout",)  # type: ignore[attr-defined]
+_onnx_audit.options = ("input_values", "timeout")  # type: ignore[attr-defined]
 AUDITORS.register("onnx")(_onnx_audit)
 
 
@@ -54,10 +54,11 @@ AUDITORS.register("torch")(_torch_audit)
 
 @_public
 def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
-          calibration=None, log_path: str | Path | None = None, **options: Any):
+          calibration=None, log_path: str | Path | None = None, input_values=None, **options: Any):
     """Which nodes the target's HTP takes and why the rest fall back → AuditReport.
 
-    `example_inputs` (a tuple of tensors) goes with an nn.Module; `options` are the backend's own
+    `example_inputs` (a tuple of tensors) goes with an nn.Module; `input_values` ({name: value}) fixes
+    ONNX inputs to constants (folds control flow on them); `options` are the backend's own
     (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds).
     When QNN refuses to build the graph as a whole, the report has `refused` (QNN's words) and
     `blockers` (the node(s) responsible, with reason and fix); the CLI then exits 2."""
@@ -65,6 +66,8 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     kind = find_frontend(model).kind
     if example_inputs is not None:
         options["example_inputs"] = example_inputs
+    if input_values:
+        options["input_values"] = input_values
     auditor = AUDITORS.get(kind)
     unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
     if unknown:
@@ -72,6 +75,9 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
                          f"{kind} audits take: target, precision, input_shapes, calibration, log_path")
     return auditor(model, target=target, precision=precision, input_shapes=input_shapes,
                    calibration=calibration, log_path=log_path, **options)
+
+
+_DEFAULT_TARGET = "SM8650"
 
 
 def _as_list(x) -> list:
@@ -89,24 +95,18 @@ def _is_model_like(x: Any) -> bool:
     return any(fe.accepts(x) for _, fe in FRONTENDS)
 
 
-def _default_output(model: Any) -> Path:
-    if isinstance(model, (str, Path)):
-        stem = Path(str(model).split(":")[0]).stem
-    else:
-        stem = type(getattr(model, "module", model)).__name__.lower()
-    return Path(f"{stem}_bundle")
-
-
 @_public
 def compile(model: Any, *more: Any, output: str | Path | None = None, target: str | Iterable[str] = "SM8650",
             precision: str | None = None, calibration: Any = None, input_shapes: Any = None, force: bool = False,
             backend: str | None = None, progress: Callable[[str, float, float], None] | None = None,
-            example_inputs: Any = None, **options: Any):
+            example_inputs: Any = None, input_values: Any = None, **options: Any):
     """Compile one or more models (or a pipeline .yaml) for one or more targets into one bundle → Bundle.
 
     A PyTorch model is an nn.Module with its example inputs (`compile(module, (x,), target=...)`),
     `model.py:factory` or a `.pt2`; it compiles to a .pte (ExecuTorch, QNN delegate). `output`
-    defaults to `<name>_bundle` in the working directory.
+    defaults to `<name>[_<format>][_<precision>][_<target>]_bundle` in the working directory, naming
+    what was chosen (modelexport.contract.default_output). `input_values` ({name: value} or
+    ["name=value"]) fixes ONNX inputs to constants: control flow on them is folded (recorded in the manifest).
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
@@ -115,18 +115,30 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     format takes, or none does, is an InputError."""
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]
-    out = Path(output) if output is not None else _default_output(model)
+    if output is None:
+        from .contract.default_output import default_output
+        chosen = [t for t in _as_list(target) if t != _DEFAULT_TARGET]
+        output = default_output(model, options.get("output_format"), precision, chosen)
+    out = Path(output)
     memo = _bundle_memo([model, *more], example_inputs, calibration,
-                        dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend))
+                        dict(options, target=target, precision=precision, input_shapes=input_shapes, backend=backend,
+                             **({"input_values": _jsonable(input_values)} if input_values else {})))
     restored = memo.restore(out, force) if memo else None
     if restored is not None:
         from .contract.bundle import Bundle
         return Bundle.from_trusted(restored)
     bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, target, precision,
-                          input_shapes, backend, options)
+                          input_shapes, backend, options, input_values)
     if memo is not None:
         memo.store(bundle.path)
     return bundle
+
+
+def _jsonable(values: Any) -> Any:
+    """--input-value specs as plain data for the bundle memo's key."""
+    if isinstance(values, dict):
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in values.items()}
+    return [str(v) for v in values]
 
 
 def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, options: dict[str, Any]):
@@ -138,7 +150,7 @@ def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, optio
 
 
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
-                 input_shapes, backend, options: dict[str, Any]):
+                 input_shapes, backend, options: dict[str, Any], input_values: Any = None):
     from .backends import backend_for_kind
     from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
@@ -156,17 +168,21 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
             parts += p_parts
             targets = targets or p_targets
         else:
-            parts.append(PartSpec(model=m, precision=precision, calibration=calibration, input_shapes=input_shapes))
+            parts.append(PartSpec(model=m, precision=precision, calibration=calibration, input_shapes=input_shapes,
+                                  input_values=input_values))
     if not parts:
         raise InputError("no model given", "pass a .onnx file (or several, or a pipeline .yaml)")
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
-    be = backend_for_kind(kinds.pop(), backend)
+    kind = kinds.pop()
+    if input_values and kind != "onnx":
+        raise InputError("--input-value applies to ONNX models", "leave it out for this model")
+    be = backend_for_kind(kind, backend)
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision
-    opts = build_options(be.options, {**options, "targets": targets or ["SM8650"],
+    opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
                                       "output_format": options.get("output_format") or be.default_format})
     return be.compile(parts, output, opts, force=force, progress=progress)
 
@@ -194,40 +210,3 @@ def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str
 def inspect(path: str | Path) -> dict:
     from .inspection import inspect_path
     return inspect_path(path)
-
-
-_FORMAT_ALIASES = {"context-binary": "context-binary", "context_binary": "context-binary", "ctx": "context-binary",
-                   "bin": "context-binary", "dlc": "dlc"}
-
-
-class QNNCompiler:
-    """The seeds' class, a thin layer over `modelexport.compile`.
-
-    `QNNCompiler(backend="HTP").compile("model.onnx", output_format="context-binary",
-    quantization={"enabled": True, "calibration_data": "calib/", "act_bitwidth": 8, "weights_bitwidth": 8,
-    "per_channel": True}, target_device="snapdragon_8_gen3")` → Bundle.
-    """
-
-    def __init__(self, backend: str = "HTP", use_cache: bool = True):
-        if str(backend).upper() != "HTP":
-            raise UnsupportedError(f"QNN backend {backend!r} is not available here",
-                                   "use backend='HTP' (the onnxruntime-qnn wheel ships no libQnnCpu.so; GPU is not wired up)")
-        self.backend = "HTP"
-        self.use_cache = use_cache
-
-    def compile(self, model: Any, output_format: str = "context-binary", quantization: dict | None = None,
-                target_device: str | Iterable[str] = "SM8650", output: str | Path | None = None, force: bool = False, **kw):
-        from .quant import precision_from_bitwidths
-        fmt = _FORMAT_ALIASES.get(str(output_format).lower())
-        if fmt is None:
-            raise InputError(f"unknown output_format {output_format!r}", "use 'context-binary' or 'dlc'")
-        q = dict(quantization or {})
-        enabled = bool(q.get("enabled", bool(q)))
-        if "precision" in q:
-            precision = q["precision"]
-        else:
-            precision = precision_from_bitwidths(q.get("act_bitwidth"), q.get("weights_bitwidth"), enabled).name
-        out = Path(output) if output else Path(str(model)).with_suffix("").with_name(Path(str(model)).stem + f"_{fmt.replace('-', '_')}")
-        return compile(model, output=out, target=target_device, precision=precision,
-                       calibration=q.get("calibration_data"), per_channel=q.get("per_channel", True),
-                       output_format=fmt, force=force, use_cache=self.use_cache, **kw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL
+from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL, vtcm_whole_mb
 
 
 @dataclass
@@ -15,6 +15,7 @@ class PartSpec:
     precision: str = "8a8w"
     calibration: Any = None                  # DIR | list.txt | .npz | "random" | arrays
     input_shapes: Any = None
+    input_values: Any = None                 # ONNX: inputs fixed to a value (folds control flow on them)
 
 
 @dataclass
@@ -22,7 +23,7 @@ class CompileOptions:
     """Options every format takes (ONNX models: exactly these)."""
     targets: list[str] = field(default_factory=lambda: ["SM8650"])
     output_format: str = "context-binary"
-    vtcm_mb: int | None = None
+    vtcm_mb: int | float | str | None = None             # MB, or a size with a unit ('1MB', '1048576B'): whole MB
     optimization_level: int = DEFAULT_OPTIMIZATION_LEVEL
     per_channel: bool = True
     strict: bool = False
@@ -30,6 +31,10 @@ class CompileOptions:
     jobs: int | None = None
     random_samples: int = 8
     overrides: list[str] = field(default_factory=list)   # 'REGEX=PRECISION' per-module precisions
+
+    def __post_init__(self):
+        # one parse of the VTCM size, checked against the targets before any work; whole MB from here on
+        self.vtcm_mb = vtcm_whole_mb(self.vtcm_mb, self.targets)
 
 
 @dataclass

@@ -47,10 +47,19 @@ def _load_commands() -> None:
         importlib.import_module(f"{commands.__name__}.{mod.name}")
 
 
+def _say_qnn_log_level() -> None:
+    """QNN_LOG_LEVEL is honoured by mapping (toolchain.qnn_log_level): say so once, on stderr."""
+    from ..toolchain.qnn_log_level import describe
+    note = describe()
+    if note:
+        err_console.print(f"[bold]note[/]: {note}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     _load_commands()
     try:
+        _say_qnn_log_level()
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
         return rc if isinstance(rc, int) else 0
     except ModelExportError as e:

@@ -210,6 +210,7 @@ class PartEntry(_Recorded):
     files: PartFiles = Field(default_factory=PartFiles)
     cache_hit: dict[str, bool] = Field(default_factory=dict)   # "quantize" and per target
     rewrites: list[dict[str, Any]] | None = None         # PyTorch parts: what each rewrite pass did (free-form)
+    repairs: list[dict[str, Any]] | None = None          # ONNX parts: the graph repairs that ran, with their arguments
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ class SoC:
     dram_gbps: float | None
     aliases: tuple[str, ...] = ()
 
+    @property
+    def vtcm_bytes(self) -> int:
+        return self.vtcm_mb << 20
+
     def supports(self, feature: str) -> bool:
         return self.htp_arch >= FEATURE_FLOORS[feature]
 

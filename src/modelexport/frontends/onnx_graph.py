@@ -91,8 +91,8 @@ def constant_sizes(graph) -> dict[str, int]:
 
 
 def qdq_source(name: str, producer: dict, seen: int = 0) -> str:
-    """The tensor a chain of Q/DQ nodes starts from (`roi` for roi_QuantizeLinear_Output)."""
+    """The tensor a chain of Q/DQ (and Identity) nodes starts from (`roi` for roi_QuantizeLinear_Output)."""
     n = producer.get(name)
-    if n is None or n.op_type not in QDQ_OPS or seen > 4:
+    if n is None or n.op_type not in QDQ_OPS + ("Identity",) or seen > 6:
         return name
     return qdq_source(n.input[0], producer, seen + 1)

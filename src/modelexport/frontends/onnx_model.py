@@ -51,6 +51,8 @@ class LoadedOnnx:
     outputs: list[IOSpec]
     fixed_shapes: dict[str, list[int]] = field(default_factory=dict)
     kind: str = "onnx"
+    repairs: list[dict] = field(default_factory=list)           # backends' graph repairs, for the manifest
+    detached_metadata: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -96,6 +98,44 @@ def parse_input_shapes(specs: Iterable[str] | Mapping[str, Iterable[int]] | None
             raise InputError(f"--input-shape for {name!r} must be positive integers, got {dims}",
                              "write it as --input-shape image=1,3,224,224")
         out[name] = dims
+    return out
+
+
+def parse_input_values(specs: Iterable[str] | Mapping[str, Any] | None, inputs: list[IOSpec]) -> dict[str, Any]:
+    """`["sr=16000", "mask=1,0,1"]` or `{"sr": 16000}` → {name: numpy array of the input's dtype and shape}."""
+    import numpy as np
+    if not specs:
+        return {}
+    if isinstance(specs, Mapping):
+        items = list(specs.items())
+    else:
+        items = []
+        for s in specs:
+            name, sep, value = str(s).partition("=")
+            if not sep or not name.strip() or not value.strip():
+                raise InputError(f"--input-value {s!r} is not NAME=VALUE", "write it as --input-value sr=16000")
+            items.append((name.strip(), [v for v in re.split(r"[,\s]+", value.strip().strip("[]()")) if v]))
+    by_name = {i.name: i for i in inputs}
+    out = {}
+    for name, value in items:
+        spec = by_name.get(name)
+        if spec is None:
+            raise InputError(f"--input-value names {name!r}, which the model does not have as an input",
+                             f"the model's inputs are: {', '.join(by_name) or '(none)'}")
+        try:
+            arr = np.asarray(value, dtype=spec.dtype)
+        except (TypeError, ValueError):
+            raise InputError(f"--input-value {name}: {value!r} is not a {spec.dtype} value",
+                             f"give {spec.dtype} numbers, e.g. --input-value {name}=1") from None
+        if arr.ndim == 1 and arr.size == 1 and len(spec.shape) == 0:
+            arr = arr.reshape(())
+        static = all(isinstance(d, int) and d > 0 for d in spec.shape) and spec.shape != ["?rank"]
+        if static and list(arr.shape) != list(spec.shape):
+            if arr.size != int(np.prod(spec.shape or [1])):
+                raise InputError(f"--input-value {name} has {arr.size} value(s); the input's shape is {spec.shape}",
+                                 f"give {int(np.prod(spec.shape or [1]))} comma-separated value(s)")
+            arr = arr.reshape(spec.shape)
+        out[name] = arr
     return out
 
 

@@ -111,6 +111,7 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
 
     from ..toolchain.executorch_env.chipset import chipset
+    from ..toolchain.library_notes import quiet_python_notes
 
     class PlannedQuantizer(QnnQuantizer):
         def annotate(self, model):
@@ -131,7 +132,8 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
             plan.block_quantized_nodes = len(blocks)
             return super().annotate(model)
 
-    quantizer = PlannedQuantizer(soc_model=chipset(soc))
+    with quiet_python_notes():      # the wheel has no QNN SDK op-info table: toolchain.library_notes
+        quantizer = PlannedQuantizer(soc_model=chipset(soc))
     quantizer.default_quant_config = _module_qconfig(plan.precision)
     if plan.overrides:
         def predicate_for(o: Override):

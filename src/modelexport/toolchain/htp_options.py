@@ -1,7 +1,7 @@
 """User-facing HTP knobs → ONNX Runtime QNN EP provider options (names checked in the EP library).
 
 | knob                  | EP option                                   | values                          |
-| --vtcm-mb             | vtcm_mb                                     | 1 .. the target's VTCM size     |
+| --vtcm-mb / --vtcm-size | vtcm_mb                                   | whole MB, 1 .. the target's VTCM |
 | --optimization-level  | htp_graph_finalization_optimization_mode    | 1, 2, 3 (3 = best, slowest)     |
 | fp16 (float graphs)   | enable_htp_fp16_precision                   | 1                               |
 | --perf-profile (run)  | htp_performance_mode                        | PERF_PROFILES                   |
@@ -9,8 +9,9 @@
 """
 from __future__ import annotations
 
-from ..core.errors import InputError, TargetError
-from ..core.targets import SoC
+from ..core.arguments import size_in_bytes
+from ..core.errors import InputError, TargetError, UnsupportedError
+from ..core.targets import SoC, get_target
 
 OPTIMIZATION_LEVELS = (1, 2, 3)
 DEFAULT_OPTIMIZATION_LEVEL = 3
@@ -22,14 +23,27 @@ def check_knobs(socs: list[SoC], vtcm_mb: int | None, optimization_level: int) -
     if optimization_level not in OPTIMIZATION_LEVELS:
         raise InputError(f"--optimization-level {optimization_level} is not one of 1, 2, 3",
                          "use 3 (default: slowest compile, fastest graph) or 1 for quick iterations")
-    if vtcm_mb is None:
-        return
-    if vtcm_mb <= 0:
-        raise InputError(f"--vtcm-mb must be a positive number of MB, got {vtcm_mb}", "leave it out to use the target's default")
-    for soc in socs:
-        if vtcm_mb > soc.vtcm_mb:
-            raise TargetError(f"--vtcm-mb {vtcm_mb} exceeds {soc.name}'s VTCM ({soc.vtcm_mb} MB)",
-                              f"use at most {soc.vtcm_mb} for {soc.name}, or leave --vtcm-mb out")
+    vtcm_whole_mb(vtcm_mb, socs)
+
+
+def vtcm_whole_mb(vtcm: int | float | str | None, socs: list[SoC] | list[str]) -> int | None:
+    """A VTCM size (--vtcm-mb: a bare number is MB; '512KB', '1048576B' with a unit) → the whole MB the
+    QNN EP takes, checked against every target's VTCM. The EP's `vtcm_mb` is an integer it hands to
+    QNN's graph config `vtcmSizeInMB`, so a size that is not a whole MB cannot be compiled here."""
+    size = size_in_bytes("--vtcm-mb", vtcm, "MB")
+    if size is None:
+        return None
+    shown = f"{size} bytes ({size / (1 << 20):g} MB)"
+    for soc in (s if isinstance(s, SoC) else get_target(s) for s in socs):
+        if size > soc.vtcm_bytes:
+            raise TargetError(f"VTCM {shown} exceeds {soc.name}'s VTCM ({soc.vtcm_mb} MB)",
+                              f"use at most {soc.vtcm_mb}MB ({soc.vtcm_bytes} bytes) for {soc.name}, or leave the VTCM size out")
+    if size % (1 << 20):
+        lower, upper = size >> 20, (size >> 20) + 1
+        choices = " or ".join(f"{n}MB ({n << 20} bytes)" for n in (lower, upper) if n >= 1)
+        raise UnsupportedError(f"VTCM {shown} is not a whole MB: ONNX Runtime's QNN EP passes VTCM to QNN in whole MB "
+                               "(its vtcm_mb option, QNN's vtcmSizeInMB)", f"use {choices}, or leave the VTCM size out")
+    return size >> 20
 
 
 def compile_provider_options(soc: SoC, vtcm_mb: int | None, optimization_level: int) -> dict[str, str]:
@@ -39,7 +53,7 @@ def compile_provider_options(soc: SoC, vtcm_mb: int | None, optimization_level: 
             # float32 on the HTP simulator fails with QNN_COMMON_ERROR_MEM_ALLOC.
             "enable_htp_fp16_precision": "1"}
     if vtcm_mb is not None:
-        opts["vtcm_mb"] = str(vtcm_mb)
+        opts["vtcm_mb"] = str(vtcm_whole_mb(vtcm_mb, [soc]))
     return opts
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 @contextmanager
@@ -59,3 +60,40 @@ def capture_native_output() -> Iterator[list[str]]:
                 os.close(fd)
             tmp.seek(0)
             lines.extend(line.rstrip() for line in tmp.read().decode(errors="replace").splitlines() if line.strip())
+
+
+@contextmanager
+def filtered_stderr(drop: Callable[[str], bool]) -> Iterator[None]:
+    """fd 2 through a filter while the block runs: lines for which `drop` is true are not shown,
+    every other line is passed on as written (native code's and Python's alike)."""
+    try:
+        sys.stderr.flush()
+        out = os.dup(2)
+        r, w = os.pipe()
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+
+    def pump() -> None:
+        # owns `out` and the read end; ends at EOF, when every copy of the write end is closed
+        with os.fdopen(r, "rb") as pipe:
+            for line in pipe:
+                if not drop(line.decode(errors="replace")):
+                    os.write(out, line)
+        os.close(out)
+
+    saved = os.dup(2)
+    os.dup2(w, 2)
+    os.close(w)
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)          # closes the pipe's last write end: the pump reads EOF
+        os.close(saved)
+        thread.join(timeout=5)

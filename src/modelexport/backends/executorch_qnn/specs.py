@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...toolchain.executorch_env.chipset import chipset
 from ...core.targets import SoC
+from ...toolchain.qnn_log_level import executorch_log_level
 
 LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "verbose": 4, "debug": 5}
 
@@ -24,7 +25,7 @@ def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sha
         soc_model=chipset(soc),
         backend_options=generate_htp_compiler_spec(use_fp16=use_fp16, use_weight_sharing=weight_sharing))
     option = flatbuffer_to_option(specs[0].value)
-    option.log_level = QnnExecuTorchLogLevel(LOG_LEVELS[log_level])
+    option.log_level = QnnExecuTorchLogLevel(LOG_LEVELS[executorch_log_level(log_level)])   # QNN_LOG_LEVEL
     return [CompileSpec(QCOM_QNN_COMPILE_SPEC, option_to_flatbuffer(option))]
 
 

@@ -36,7 +36,7 @@ from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ..spec import LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, ToolchainError, VerificationError
+from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
 from ...quant.precision import get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
@@ -54,6 +54,18 @@ def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
     return f"{'token' if n == 1 else 'prompt'}_ar{n}_cl{max_seq_len}_{part}_of_{n_parts}"
 
 
+# Variant names of other LLM toolchains (seed 003's `--variant bert`) that are not built here, and why.
+NOT_BUILT_VARIANTS = {
+    "bert": ("--variant bert is a full-context graph: all --max-seq-len tokens in one call with no KV-cache inputs or "
+             "outputs (BERT-style). It is not built here: every graph is an arN decoder over a KV cache, which the "
+             "generation loop (generate --backend htp-sim), the Genie config and the weights shared between "
+             "variants all rely on",
+             "for the prompt, use a large prefill variant: --variants ar1,ar128 (or up to ar{N-1} with --max-seq-len N, "
+             "e.g. --variants ar1,ar511 --max-seq-len 512) reads the whole prompt in one call and fills the KV cache "
+             "that ar1 decodes from"),
+}
+
+
 def parse_variants(v: Any) -> list[int]:
     if v is None:
         return list(DEFAULT_VARIANTS)
@@ -64,6 +76,8 @@ def parse_variants(v: Any) -> list[int]:
             s = s.strip().lower()
             if not s:
                 continue
+            if s in NOT_BUILT_VARIANTS:
+                raise UnsupportedError(*NOT_BUILT_VARIANTS[s])
             num = s[2:] if s.startswith("ar") else s
             if not num.isdigit() or int(num) < 1:
                 raise InputError(f"--variants: {s!r} is not arN", "write e.g. --variants ar1,ar32")

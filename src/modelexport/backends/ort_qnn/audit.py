@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import ToolchainError, clip
-from ...frontends.onnx_model import LoadedOnnx, load_onnx
+from ...core.errors import InputError, ToolchainError, clip
+from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import get_target
@@ -30,6 +30,8 @@ from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusa
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
+from ...passes.onnx.control_flow import control_flow_on_inputs
+from .repair import control_flow_fix, load_repaired
 
 _TOKEN = re.compile(r"_token_\d+$")
 IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
@@ -78,15 +80,21 @@ def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float)
 
 
 def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", input_shapes=None,
-               calibration: Any = None, log_path: str | Path | None = None, timeout: float = 1800) -> AuditReport:
+               calibration: Any = None, log_path: str | Path | None = None, timeout: float = 1800,
+               input_values: Any = None) -> AuditReport:
     """Place `model` on the QNN EP for `target` and explain every node the HTP does not take."""
     import onnx
     soc = get_target(target)
     prec = get_precision(precision, ONNX_PRECISIONS)
-    loaded: LoadedOnnx = load_onnx(model, input_shapes, allow_dynamic=True)
+    loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
+                                       quantized=prec.quantized)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
-    notes: list[str] = []
+    notes: list[str] = [f"repair {r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")[:300]
+                        for r in loaded.repairs]
+    open_flow = control_flow_fix(loaded.model)
+    if open_flow:
+        notes.append(f"{open_flow[0]}. Fix: {open_flow[1]}")
     work = Path(tempfile.mkdtemp(prefix="modelexport-audit-"))
     try:
         ref = onnx.ModelProto()
@@ -96,7 +104,10 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
         onnx.save(ref, str(float_path))
         probe_path, graph_for_nodes = float_path, ref
         options: dict[str, str] = {"soc_model": str(soc.soc_model)}
-        if prec.quantized and loaded.dynamic_inputs:
+        if prec.quantized and open_flow:
+            notes.append(f"{prec.name} needs the control flow folded to calibrate; audited as fp16 instead (give --input-value)")
+            options["enable_htp_fp16_precision"] = "1"
+        elif prec.quantized and loaded.dynamic_inputs:
             notes.append(f"{prec.name} needs static shapes to calibrate; audited as fp16 instead (give --input-shape)")
             options["enable_htp_fp16_precision"] = "1"
         elif prec.quantized:
@@ -113,6 +124,8 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
         else:
             options["enable_htp_fp16_precision"] = "1"
         placement, log_text, trace = _probe(probe_path, options, work, timeout)
+        if placement is None and open_flow:   # the EP's failure comes from the unfolded branches: name the real blocker
+            raise InputError(f"{open_flow[0]} (the QNN EP then fails: {clip(trace['error'], 200)})", open_flow[1])
         if placement is None:
             return _refused_report(loaded, probe_path, options, work, log_text, trace["error"], soc, prec,
                                    qairt.build_id, notes, log_path, timeout)
@@ -183,6 +196,7 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
         if r and not any(r in x or x in r for x in log_reasons[u["node_name"]]):
             log_reasons[u["node_name"]].append(r)
     macs = node_macs(graph_model)
+    open_flow = control_flow_on_inputs(graph_model)
     nodes: list[NodeAudit] = []
     for n in graph_model.graph.node:
         if n.op_type == "Constant":
@@ -196,10 +210,17 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             reason = " | ".join(reasons) or "the EP validated it but left it to the CPU when partitioning the graph"
         else:
             backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
+        fix = suggest_fix(n.op_type, reason, prec.quantized) if backend == CPU else None
         if backend == CPU and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             reason += _feeds(n, graph_model, where)
-        nodes.append(NodeAudit(n.name, n.op_type, backend, onnx_module_path(n), reason,
-                               suggest_fix(n.op_type, reason, prec.quantized) if backend == CPU else None, macs.get(n.name, 0)))
+            fix = suggest_fix(n.op_type, reason, prec.quantized)
+        if n.name in open_flow:          # the EP's reason (often "Cannot get shape") hides the real blocker
+            ins = open_flow[n.name]
+            backend = CPU
+            reason = f"{n.op_type} on the input(s) {', '.join(ins)}: the HTP runs no control flow" + (f" | {reason}" if reason else "")
+            fix = (" ".join(f"--input-value {i}=VALUE" for i in ins)
+                   + ": fix the value you will run with; the branch is then folded at compile time")
+        nodes.append(NodeAudit(n.name, n.op_type, backend, onnx_module_path(n), reason, fix, macs.get(n.name, 0)))
     # Quantize/Dequantize at the graph boundary of a QDQ model.
     g_in = {i.name for i in probe_model.graph.input}
     g_out = {o.name for o in probe_model.graph.output}

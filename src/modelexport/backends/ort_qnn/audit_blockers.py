@@ -35,6 +35,8 @@ def blocker_audit(b: Blocker, model, precision) -> NodeAudit:
             src = qdq_source(t, producer)
             if t and sizes.get(src) == 0:
                 empty.append((src, i))
+    if b.tensor and sizes.get(qdq_source(b.tensor, producer)) == 0:   # the tensor QNN could not create
+        empty.append((qdq_source(b.tensor, producer), -1))
     what = f"error {b.code}: {QNN_ERRORS[b.code]}" if b.code in QNN_ERRORS else (b.error or "no error line")
     reason = f"QNN refused to build the graph at this node ({what}"
     reason += f", creating tensor {b.tensor})" if b.tensor else ")"

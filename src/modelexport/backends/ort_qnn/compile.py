@@ -25,7 +25,7 @@ from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, Sou
 from ...core.vocab import BundleKind, Format, Role
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
-from ...frontends.onnx_model import LoadedOnnx, load_onnx
+from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import SoC, get_target, require_feature
@@ -35,6 +35,7 @@ from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
 from .formats import OUTPUT_FORMATS, output_format
+from .repair import load_repaired
 from ..spec import CompileOptions, PartSpec, part_name
 
 VERIFY_SAMPLES = 4
@@ -60,7 +61,7 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
-        loaded = load_onnx(spec.model, spec.input_shapes)
+        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         if prec.quantized:
@@ -80,10 +81,17 @@ def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Pa
     float_bytes = part.loaded.to_bytes()
     key = cache_key("qdq", float_bytes, part.precision.to_dict(), opts.per_channel,
                     part.calibration.digest() if part.calibration else None, onnxruntime.__version__,
-                    *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []))
+                    *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []),
+                    *([["metadata", part.loaded.detached_metadata]] if part.loaded.detached_metadata else []))
 
     def build(tmp: Path) -> dict:
         (tmp / "model.onnx").write_bytes(float_bytes)
+        try:
+            return _quantize_into(tmp)
+        finally:
+            _reattach_metadata(tmp, part.loaded.detached_metadata)
+
+    def _quantize_into(tmp: Path) -> dict:
         if not part.precision.quantized:
             return {"quantized": False}
         from ...quant.onnx_qdq import quantize_onnx
@@ -102,6 +110,20 @@ def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Pa
     return entry / "model.onnx", qdq, meta, hit
 
 
+def _reattach_metadata(folder: Path, props: list[tuple[str, str]]) -> None:
+    """The metadata the `metadata-props` repair detached, back on the written float and QDQ models."""
+    if not props:
+        return
+    import onnx
+
+    from ...passes.onnx.metadata_props import attach
+    for f in (folder / "model.onnx", folder / "model.qdq.onnx"):
+        if f.exists():
+            m = onnx.load(str(f), load_external_data=False)
+            attach(m, props)
+            onnx.save(m, str(f))
+
+
 def _sha_file(p: Path) -> str:
     from ...contract.manifest import sha256_file
     return sha256_file(p)
@@ -111,7 +133,8 @@ def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], gr
     """CPU nodes other than the graph-boundary (de)quantization ONNX Runtime keeps there by design."""
     out = []
     for name, op in placement.get(CPU_EP_NAME, []):
-        if op in _IO_OPS and (name.endswith("_QuantizeLinear") or name.endswith("_DequantizeLinear")):
+        # the quantizer names them <tensor>_QuantizeLinear, or <tensor>_q / _dq (MTCNN's onet)
+        if op in _IO_OPS and name.endswith(("_QuantizeLinear", "_DequantizeLinear", "_q", "_dq")):
             base = name.rsplit("_", 1)[0]
             if base in graph_inputs or base in graph_outputs:
                 continue
@@ -272,7 +295,7 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, c
             m.parts.append(PartEntry(
                 name=p.name, source=str(p.loaded.path) if p.loaded.path else None, sha256=p.loaded.sha256,
                 precision=p.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
-                outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes,
+                outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes, repairs=p.loaded.repairs or None,
                 quantization=p.work["qmeta"].get("quantization"), files=files,
                 cache_hit={"quantize": p.work["quant_cache_hit"]}))
         build_ids = set()

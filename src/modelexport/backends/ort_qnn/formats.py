@@ -124,7 +124,49 @@ OUTPUT_FORMATS = {f.name: f for f in (
 )}
 
 
+# The seeds' other spellings of the format names.
+FORMAT_ALIASES = {"context_binary": "context-binary", "ctx": "context-binary", "bin": "context-binary"}
+
+
+def canonical_format(name: str) -> str:
+    """A format name or one of its aliases → the name; unknown names are refused by `output_format`."""
+    key = str(name).strip().lower()
+    return FORMAT_ALIASES.get(key, key)
+
+
 def output_format(name: str) -> OutputFormat:
     if name not in OUTPUT_FORMATS:
         raise InputError(f"unknown format {name!r}", f"choose one of: {', '.join(OUTPUT_FORMATS)}")
     return OUTPUT_FORMATS[name]
+
+
+# An output file's suffix → the format it names (`compile-qnn model.onnx model.dlc`). Only suffixes
+# that name one format unambiguously: a .onnx output could be a float, QDQ or EPContext model.
+SUFFIX_FORMATS = {".bin": "context-binary", ".dlc": "dlc"}
+# Suffixes of model files the seeds name that we do not write: an output so named is refused with the
+# suffixes above rather than taken for a folder (.cpp is qnn-model-lib-generator's input, not ours).
+OTHER_MODEL_SUFFIXES = (".onnx", ".cpp", ".so", ".pte", ".json", ".serialized")
+
+
+def names_a_file(output: Path) -> bool:
+    """An OUTPUT that means a file (format by its suffix), not a bundle folder."""
+    suffix = output.suffix.lower()
+    return suffix in SUFFIX_FORMATS or suffix in OTHER_MODEL_SUFFIXES
+
+
+def format_for_output(output: Path, given: str | None) -> tuple[str, str]:
+    """(format, why it was chosen) for an output file; `given` is --format / output_format, or None."""
+    suffix = output.suffix.lower()
+    named = SUFFIX_FORMATS.get(suffix)
+    if named is None:
+        raise InputError(f"{output.name}: the suffix {suffix or '(none)'} names no output format",
+                         f"name the file {', '.join('*' + s + ' (' + f + ')' for s, f in SUFFIX_FORMATS.items())}, "
+                         "or give a folder as OUTPUT for the whole bundle")
+    if given is not None and given != named:
+        raise InputError(f"{output.name} names the {named} format but --format is {given}",
+                         f"name the output *{_suffix_of(given)} or leave --format out")
+    return named, "from --format" if given else f"from the output's suffix {suffix}"
+
+
+def _suffix_of(fmt: str) -> str:
+    return next((s for s, f in SUFFIX_FORMATS.items() if f == fmt), "")

@@ -26,6 +26,8 @@ def audit(
     precision: str = typer.Option("fp16", "--precision", "-p", help="fp16, 8a8w, 16a8w, 16a16w or 16a4w (quantized precisions are "
                                   "audited on a QDQ model calibrated with random data: placement does not depend on the values)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
+    input_value: Optional[List[str]] = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
+                                                    "(folds If on it, e.g. sr=16000; repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="Exit non-zero (3) when any node falls back to the CPU."),
     show_all: bool = typer.Option(False, "--all", help="List every node, not only those off the HTP."),
     log: Optional[Path] = typer.Option(None, "--log", help="Keep the QNN EP's verbose log in this file."),
@@ -41,7 +43,8 @@ def audit(
     nodes and MACs on HTP vs CPU."""
     from ...api import audit as run_audit
     with progress(f"placing {model.name} on the QNN EP for {target} ({precision})", enabled=not json_out):
-        extra = {k: v for k, v in {"overrides": override, "block_size": block_size, "rewrites": rewrite}.items() if v}
+        extra = {k: v for k, v in {"overrides": override, "block_size": block_size, "rewrites": rewrite,
+                                   "input_values": input_value}.items() if v}
         if calibration is not None:
             extra["calibration"] = calibration
         report = run_audit(model, target=target, precision=precision, input_shapes=input_shape, log_path=log, **extra)

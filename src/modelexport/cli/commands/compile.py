@@ -7,9 +7,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ...core.errors import InputError, UnsupportedError
 from ...core.vocab import BundleKind
-from ..app import app, console, emit_json, progress
+from ..app import app, console, emit_json, err_console, progress
 
 FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
                "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
@@ -20,6 +19,9 @@ OVERRIDE_HELP = ("'REGEX=PRECISION' gives the modules whose path matches REGEX (
                  "exporter's module path such as 'features\\.3\\.conv', or the node name) another quantized precision "
                  "(repeatable; first match wins). `verify --per-layer` suggests one.")
 REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization (repeatable; `modelexport audit` names them)."
+VTCM_MB_HELP = ("VTCM to compile for (QNN EP option vtcm_mb): MB, or a size with a unit (1MB, 1048576B); "
+                "whole MB only (the EP's limit), at most the target's (`modelexport targets`).")
+VTCM_SIZE_HELP = "The seeds' spelling: VTCM in bytes (--vtcm_size 1048576), or with a unit; same rules as --vtcm-mb."
 CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
               "(labelled not representative in the manifest).")
 
@@ -63,10 +65,22 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
         console.print(f"  also wrote {line}")
+    if m.get("dlc_note"):
+        console.print(f"[yellow]note[/]: {m['dlc_note']}")
+
+
+def _vtcm(vtcm_mb: Optional[str], vtcm_size: Optional[str]) -> Optional[str]:
+    """--vtcm-mb (a bare number is MB) or --vtcm-size (bytes) → one size with its unit for the API."""
+    from ...core.arguments import size_in_bytes
+    if vtcm_mb is not None and vtcm_size is not None:
+        from ...core.errors import InputError
+        raise InputError("--vtcm-mb and --vtcm-size both give the VTCM size", "give one of them")
+    size = size_in_bytes("--vtcm-size", vtcm_size, "B")
+    return f"{size}B" if size is not None else vtcm_mb
 
 
 def _compile(models: list[str], out: Path, targets: list[str], precision: str, calibration: Optional[str],
-             input_shape: Optional[list[str]], fmt: Optional[str], vtcm_mb: Optional[int], optimization_level: int, strict: bool,
+             input_shape: Optional[list[str]], fmt: Optional[str], vtcm_mb: Optional[str], optimization_level: int, strict: bool,
              no_cache: bool, jobs: Optional[int], force: bool, json_out: bool, **torch_options):
     from ...api import compile as api_compile
     with progress("compiling", enabled=not json_out, total=None) as bar:
@@ -87,12 +101,15 @@ def compile_cmd(
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w."),
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
+    input_value: Optional[List[str]] = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
+                                                    "(folds If on it, e.g. sr=16000; recorded in the manifest; repeatable)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="16a4w_block: input channels per weight scale (default 64; 32 for LLMs)."),
     override: Optional[List[str]] = typer.Option(None, "--override", help=OVERRIDE_HELP),
     rewrite: Optional[List[str]] = typer.Option(None, "--rewrite", help=REWRITE_HELP),
     fallback: Optional[str] = typer.Option(None, "--fallback", help="PyTorch models: where nodes the HTP refuses run: xnnpack (default) or portable."),
-    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for (QNN EP option vtcm_mb); at most the target's."),
+    vtcm_mb: Optional[str] = typer.Option(None, "--vtcm-mb", help=VTCM_MB_HELP),
+    vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="HTP graph finalization optimization (1, 2, 3; 3 = best)."),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
     strict_numerics: bool = typer.Option(False, "--strict-numerics", help="PyTorch models: refuse (exit 7, nothing written) "
@@ -100,7 +117,7 @@ def compile_cmd(
                                          "the precision's pass mark (otherwise a warning)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
-    variants: Optional[str] = typer.Option(None, "--variants", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default)."),
+    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32). A full-context `bert` graph (no KV cache) is not built: use a large arN."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
@@ -119,10 +136,11 @@ def compile_cmd(
           - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: calib/}
           - {name: embedder, model: emb.onnx, precision: fp16}
     """
-    bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, vtcm_mb, optimization_level,
+    bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, _vtcm(vtcm_mb, vtcm_size), optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
-                      calibration_samples=calibration_samples, strict_numerics=strict_numerics)
+                      calibration_samples=calibration_samples, input_values=input_value,
+                      strict_numerics=strict_numerics)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
@@ -139,11 +157,13 @@ def compile_qnn(
     act_bitwidth: Optional[int] = typer.Option(None, "--act-bitwidth", help="8 or 16."),
     weights_bitwidth: Optional[int] = typer.Option(None, "--weights-bitwidth", help="4, 8 or 16."),
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " Overrides the bitwidth flags."),
-    fmt: str = typer.Option("context-binary", "--format", "-f", help=FORMAT_HELP),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help=FORMAT_HELP + " compile-qnn: chosen by OUTPUT's suffix "
+                                      "(*.bin → context-binary, *.dlc → dlc) when OUTPUT is a file."),
     backend: str = typer.Option("HTP", "--backend", help="QNN backend: HTP (the only one available here)."),
     device: Optional[List[str]] = typer.Option(None, "--device", "--target", "-t", help="SoC: 'Snapdragon 8 Gen 3', SM8650, 8gen3 ... (repeatable)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224."),
-    vtcm_mb: Optional[int] = typer.Option(None, "--vtcm-mb", help="VTCM to compile for; at most the target's."),
+    vtcm_mb: Optional[str] = typer.Option(None, "--vtcm-mb", help=VTCM_MB_HELP),
+    vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="1, 2 or 3."),
     strict: bool = typer.Option(False, "--strict", help="Refuse if any node falls back to the CPU."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Bypass the compile cache."),
@@ -152,35 +172,25 @@ def compile_qnn(
 ) -> None:
     """The seeds' spelling of `compile`: `compile-qnn model.onnx model_ctx.bin --quantize
     --calibration-data list.txt --act-bitwidth 8 --weights-bitwidth 8 --format context-binary
-    --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`."""
-    from ...core.atomic import atomic_file, check_output
+    --backend HTP --device "Snapdragon 8 Gen 3"`. Same code as `compile`.
+
+    OUTPUT names the format by its suffix: *.bin → context-binary (the target's QNN context binary),
+    *.dlc → dlc (the QNN IR container the QNN EP writes through libQnnIr.so); the file is written
+    with its bundle `<name>.bundle/` beside it. A folder OUTPUT is the bundle itself (--format,
+    default context-binary); without OUTPUT the folder is named by model, format, precision and target."""
+    from ...qnn import check_backend, plan_output, write_artifact
+    from ...core.atomic import check_output
     from ...quant import ONNX_PRECISIONS, get_precision, precision_from_bitwidths
-    if backend.upper() != "HTP":
-        raise UnsupportedError(f"--backend {backend} is not available", "use --backend HTP (the wheel ships no libQnnCpu.so; GPU is not wired up)")
+    check_backend(backend)
     prec = get_precision(precision, ONNX_PRECISIONS).name if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize).name
     targets = device or ["SM8650"]
-    fmt = {"ctx": "context-binary", "bin": "context-binary"}.get(fmt, fmt)
-    file_out: Optional[Path] = None
-    if output is None:
-        bundle_dir = Path(model).with_suffix("").with_name(Path(model).stem + "_qnn")
-    elif Path(output).suffix.lower() in (".bin", ".dlc"):
-        file_out = Path(output)
-        want = ".dlc" if fmt == "dlc" else ".bin"
-        if file_out.suffix.lower() != want:
-            raise InputError(f"{output} does not fit --format {fmt} (expected a {want} file)", f"name the output *{want} or change --format")
-        if len(targets) > 1 and fmt != "dlc":
-            raise InputError("one .bin file can hold one target's binary", "give a folder as OUTPUT for several --device")
-        bundle_dir = file_out.with_name(file_out.stem + ".bundle")
-        check_output(file_out, force)
-    else:
-        bundle_dir = Path(output)
-    bundle = _compile([model], bundle_dir, targets, prec, calibration_data, input_shape, fmt, vtcm_mb, optimization_level,
-                      strict, no_cache, None, force, json_out)
-    also = []
-    if file_out is not None:
-        g = bundle.data["graphs"][0]
-        with atomic_file(file_out, force) as tmp:
-            import shutil
-            shutil.copyfile(bundle.file(g["file"]), tmp)
-        also.append(f"{file_out} ({'context binary for ' + g['target'] if g.get('target') else 'DLC'}; run/verify use the bundle)")
-    _summary(bundle, json_out, {"also_written": also})
+    plan = plan_output(model, output, fmt, prec, targets)
+    if plan.file is not None:
+        check_output(plan.file, force)
+    if not json_out:
+        err_console.print(f"format [bold]{plan.format}[/] ({plan.why})", highlight=False)
+    bundle = _compile([model], plan.bundle, targets, prec, calibration_data, input_shape, plan.format, _vtcm(vtcm_mb, vtcm_size),
+                      optimization_level, strict, no_cache, None, force, json_out)
+    written = write_artifact(bundle, plan, force)
+    _summary(bundle, json_out, {"format_chosen": {"format": plan.format, "why": plan.why},
+                                "also_written": [written] if written else []})

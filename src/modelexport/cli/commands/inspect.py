@@ -5,7 +5,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ...core.errors import IntegrityError
+from ...core.errors import InputError, IntegrityError
 from ...inspection import inspect_path
 from ...inspection.render_pte import RENDERERS as PTE_RENDERERS
 from ...inspection.render_qnn import RENDERERS as QNN_RENDERERS
@@ -70,14 +70,50 @@ RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in QN
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in PTE_RENDERERS.items()})
 
 
+SCHEMAS = ("modelexport", "qnn")
+
+
+def _qnn_schema(path: Path, info: dict) -> dict:
+    """A context binary (or a bundle / EPContext model holding exactly one) in qnn-context-binary-utility's
+    JSON layout (toolchain.qnn_context.utility_json)."""
+    from ...toolchain.qnn_context.utility_json import utility_json
+    if "binary" in info:
+        return utility_json(info["binary"])
+    if info["kind"] == "bundle":
+        bins = sorted({g["file"] for g in info["manifest"].get("graphs", []) if g.get("kind") == "context-binary"})
+        if len(bins) == 1:
+            return _qnn_schema(path, inspect_path(Path(info["path"]) / bins[0]))
+        if bins:
+            raise InputError(f"{path} holds {len(bins)} context binaries; --schema qnn describes one",
+                             f"name one: modelexport inspect {Path(info['path']) / bins[0]} --json --schema qnn")
+    what = f"{info['kind']}, format {info['manifest'].get('format')}" if info["kind"] == "bundle" else info["kind"]
+    raise InputError(f"{path} ({what}) holds no QNN context binary: --schema qnn has nothing to describe",
+                     "pass a context binary (.bin), an EPContext .onnx or a context-binary bundle, or leave --schema out")
+
+
 @app.command()
 def inspect(
     path: Path = typer.Argument(..., help="A bundle folder, context binary (.bin), EPContext .onnx, .pte or .gguf."),
     json_out: bool = typer.Option(False, "--json", help="Print everything as JSON."),
+    schema: str = typer.Option("modelexport", "--schema", help="JSON layout: modelexport (ours), or qnn: a context "
+                               "binary as QAIRT's `qnn-context-binary-utility --json_file` writes it "
+                               "(`.info.graphs[0].info.graphOutputs[0]`; implies --json)."),
 ) -> None:
     """Show what an artifact holds: graphs, inputs and outputs with their encodings, target and
-    HTP arch, QAIRT build, sizes. For bundles every file's sha256 is checked (exit 4 on mismatch)."""
+    HTP arch, QAIRT build, sizes. For bundles every file's sha256 is checked (exit 4 on mismatch).
+
+    `--json --schema qnn` prints a context binary in qnn-context-binary-utility's JSON layout, so its
+    scripts work unchanged: `modelexport inspect model_ctx.bin --json --schema qnn | jq '.info.graphs[0].info.graphOutputs[0]'`."""
+    if schema not in SCHEMAS:
+        raise InputError(f"unknown --schema {schema!r}", f"choose one of: {', '.join(SCHEMAS)}")
     info = inspect_path(path)
+    if schema == "qnn":
+        integ = info.get("integrity")
+        if integ and not integ["ok"]:
+            raise IntegrityError(f"{path} does not match its manifest ({len(integ['problems'])} problem(s))",
+                                 "rebuild the bundle; do not edit files inside it")
+        emit_json(_qnn_schema(path, info))
+        return
     if json_out:
         emit_json(info)
     else:

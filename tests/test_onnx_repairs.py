@@ -1,0 +1,152 @@
+"""The ONNX graph repairs (passes/onnx), one by one on tiny models built here, and through the loader."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from modelexport.backends.ort_qnn.repair import load_repaired
+from modelexport.core.errors import InputError
+from modelexport.passes.onnx import RepairContext, all_repairs, apply_repairs
+from modelexport.passes.onnx.control_flow import control_flow_on_inputs, fold_control_flow
+from modelexport.passes.onnx.empty_inputs import drop_empty_optional_inputs
+from modelexport.passes.onnx.metadata_props import attach, detach_metadata
+from modelexport.passes.onnx.opset_upgrade import upgrade_opset
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _run(m, feeds):
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _resize(opset: int):
+    """Resize with an empty roi constant, as paddle2onnx writes it."""
+    nodes = [helper.make_node("Constant", [], ["roi"], value=numpy_helper.from_array(np.zeros((0,), np.float32))),
+             helper.make_node("Constant", [], ["scales"], value=numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32))),
+             helper.make_node("Resize", ["x", "roi", "scales"], ["y"], name="up", mode="nearest")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])], opset=opset)
+
+
+def _if_on(cond_input: str = "sr"):
+    """y = x * 2 when sr == 16000 else x * 3: a switch on an input that is constant in practice."""
+    two = numpy_helper.from_array(np.array(2, np.float32), "two")
+    three = numpy_helper.from_array(np.array(3, np.float32), "three")
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Mul", ["x", "three"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    k = numpy_helper.from_array(np.array(16000, np.int64), "k")
+    nodes = [helper.make_node("Equal", [cond_input, "k"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="switch", then_branch=then_g, else_branch=else_g)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                          helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [two, three, k])
+
+
+def test_repairs_are_a_table_in_order():
+    names = [r.name for r in all_repairs()]
+    assert names == ["metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "drop-empty-optional-inputs"]
+
+
+def test_metadata_props_detached_and_attached_back():
+    m = _resize(13)
+    helper.set_model_props(m, {"character": "abc" * 100, "names": "x"})
+    ctx = RepairContext()
+    rec = detach_metadata(m, ctx)
+    assert rec["keys"] == ["character", "names"] and rec["chars"] == 301
+    assert not m.metadata_props and len(ctx.detached_metadata) == 2
+    assert detach_metadata(m, RepairContext()) is None                 # nothing left: not applied again
+    attach(m, ctx.detached_metadata)
+    assert {p.key: p.value for p in m.metadata_props}["character"] == "abc" * 100
+
+
+def test_metadata_props_no_longer_crash_qnn_preprocess(tmp_path):
+    """The bug the repair exists for: qnn_preprocess_model raises TypeError on any metadata_props."""
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+    m = _model([helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    helper.set_model_props(m, {"character": "abc"})
+    onnx.save(m, str(tmp_path / "with.onnx"))
+    with pytest.raises(TypeError):
+        qnn_preprocess_model(str(tmp_path / "with.onnx"), str(tmp_path / "out.onnx"), fuse_layernorm=True)
+    detach_metadata(m, RepairContext())
+    onnx.save(m, str(tmp_path / "without.onnx"))
+    qnn_preprocess_model(str(tmp_path / "without.onnx"), str(tmp_path / "out.onnx"), fuse_layernorm=True)
+
+
+def test_empty_roi_dropped_at_opset_13_same_numbers():
+    m = _resize(13)
+    x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
+    want = _run(m, {"x": x})[0]
+    rec = drop_empty_optional_inputs(m, RepairContext())
+    assert rec["count"] == 1
+    resize = next(n for n in m.graph.node if n.op_type == "Resize")
+    assert resize.input[1] == ""
+    assert not any(n.op_type == "Constant" and n.output[0] == "roi" for n in m.graph.node)
+    np.testing.assert_array_equal(_run(m, {"x": x})[0], want)
+
+
+def test_opset_12_upgraded_only_when_needed():
+    m = _resize(12)
+    assert drop_empty_optional_inputs(m, RepairContext()) is None      # roi is required at opset 12
+    rec = upgrade_opset(m, RepairContext())
+    assert rec["from"] == 12 and rec["to"] == 13
+    assert drop_empty_optional_inputs(m, RepairContext())["count"] == 1
+    plain = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], opset=11)
+    assert upgrade_opset(plain, RepairContext()) is None               # nothing needs it: left at 11
+
+
+def test_if_on_an_input_is_named_then_folded_with_its_value():
+    m = _if_on()
+    assert control_flow_on_inputs(m) == {"switch": ["sr"]}
+    assert fold_control_flow(m, RepairContext()) is None               # still open on sr: not folded
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    done = apply_repairs(m, RepairContext({"sr": np.array(16000, np.int64)}))
+    assert [d["name"] for d in done] == ["input-values", "fold-control-flow"]
+    assert done[0]["values"] == {"sr": 16000} and done[1]["control_flow_nodes"] == [1, 0]
+    assert [i.name for i in m.graph.input] == ["x"]
+    assert not any(n.op_type == "If" for n in m.graph.node)
+    np.testing.assert_allclose(_run(m, {"x": x})[0], x * 2)
+
+
+def test_loader_records_repairs_and_refuses_open_control_flow(tmp_path):
+    p = tmp_path / "switch.onnx"
+    onnx.save(_if_on(), str(p))
+    with pytest.raises(InputError) as e:
+        load_repaired(p)
+    assert "sr" in e.value.problem and "--input-value sr=" in e.value.fix and "--input-shape" not in e.value.fix
+    loaded = load_repaired(p, input_values=["sr=8000"])
+    assert [i.name for i in loaded.inputs] == ["x"]
+    assert loaded.repairs[0] == {"name": "input-values", "values": {"sr": 8000}}
+    assert loaded.sha256 == __import__("hashlib").sha256(p.read_bytes()).hexdigest()   # the source as given
+    np.testing.assert_allclose(_run(loaded.model, {"x": np.ones((1, 4), np.float32)})[0], 3 * np.ones((1, 4)))
+
+
+@pytest.mark.parametrize("spec, words", [(["sr"], "NAME=VALUE"), (["rate=1"], "does not have"), (["sr=abc"], "int64"),
+                                         ({"sr": [1, 2]}, "value(s)")])
+def test_bad_input_values_are_clear(tmp_path, spec, words):
+    p = tmp_path / "switch.onnx"
+    onnx.save(_if_on(), str(p))
+    with pytest.raises(InputError) as e:
+        load_repaired(p, input_values=spec)
+    assert words in str(e.value)
+
+
+def test_opset_upgraded_for_per_channel_quantization_only():
+    plain = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], opset=12)
+    assert upgrade_opset(plain, RepairContext()) is None
+    rec = upgrade_opset(plain, RepairContext(quantized=True))
+    assert rec["to"] == 13 and "axis" in rec["why"]
