@@ -39,7 +39,7 @@ def _onnx_audit(*a, **k):
     return audit_onnx(*a, **k)
 
 
-_onnx_audit.options = ("input_values",)  # type: ignore[attr-defined]
+_onnx_audit.options = ("input_values", "timeout")  # type: ignore[attr-defined]
 AUDITORS.register("onnx")(_onnx_audit)
 
 
@@ -59,7 +59,9 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
 
     `example_inputs` (a tuple of tensors) goes with an nn.Module; `input_values` ({name: value}) fixes
     ONNX inputs to constants (folds control flow on them); `options` are the backend's own
-    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=)."""
+    (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds).
+    When QNN refuses to build the graph as a whole, the report has `refused` (QNN's words) and
+    `blockers` (the node(s) responsible, with reason and fix); the CLI then exits 2."""
     from .frontends import find_frontend
     kind = find_frontend(model).kind
     if example_inputs is not None:
@@ -111,7 +113,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
-    PyTorch models also block_size, rewrites, fallback, dynamic_shapes; LLMs (GGUF / HF folder) also
+    PyTorch models also block_size, rewrites, fallback, dynamic_shapes, strict_numerics; LLMs (GGUF / HF folder) also
     block_size, variants, max_seq_len, context_limit_mb, calibration_samples. An option another
     format takes, or none does, is an InputError."""
     if more and example_inputs is None and not _is_model_like(more[0]):

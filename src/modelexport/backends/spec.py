@@ -45,6 +45,7 @@ class TorchCompileOptions(CompileOptions):
     rewrites: list[str] = field(default_factory=list)    # opt-in rewrite passes (modelexport.passes)
     fallback: str | None = None                          # where QNN-refused nodes go: xnnpack (default) | portable
     dynamic_shapes: Any = None                           # torch.export dynamic_shapes (Python API; the HTP refuses them)
+    strict_numerics: bool = False                        # compile's own numerics below the pass mark: exit 7, nothing written
 
 
 @dataclass

@@ -67,4 +67,4 @@ def progress(description: str, enabled: bool = True, total: float | None = None)
         yield _Task()
 
 
-STATUS_STYLE = {"OK": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "HTP": "green", "CPU": "red"}
+STATUS_STYLE = {"OK": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "HTP": "green", "CPU": "red", "blocks": "bold red"}

@@ -17,7 +17,7 @@ def print_per_layer(layers) -> None:
                 mark = "[bold red]first below[/]"
             if x.name == pl.culprit_layer:
                 mark += " [yellow]largest drop[/]"
-            table.add_row(str(i), escape(x.name), x.op_type, f"{x.sqnr_db:.2f}", f"{x.cosine:.4f}", mark)
+            table.add_row(str(i), escape(x.name), x.op_type, f"{x.sqnr_db:.2f}", "n/a" if x.cosine is None else f"{x.cosine:.4f}", mark)
         console.print(table)
         if pl.first_bad_layer:
             console.print(f"  first layer below {pl.threshold_db:g} dB: [bold]{escape(pl.first_bad_layer)}[/]; the largest drop "

@@ -6,7 +6,8 @@ lines and exits non-zero without a traceback; anything else is a bug and keeps i
 
 Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU fallback,
 4 an artifact's files do not match its manifest, 5 verify's numbers are below the threshold,
-6 not supported (yet), 130 interrupted.
+6 not supported (yet), 7 `compile --strict-numerics` found its own numerics check below the pass
+mark, 130 interrupted.
 
 Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
 """
@@ -77,3 +78,23 @@ class Interrupted(BaseException):
     KeyboardInterrupt, which typer swallows into a silent exit 130."""
 
     exit_code = 130
+
+
+class StrictNumericsError(ModelExportError):
+    """`compile --strict-numerics` and compile's own numerics check is below the pass mark."""
+
+    exit_code = 7
+
+
+def clip(text: str, limit: int = 800) -> str:
+    """`text` whole when it fits, else cut after the last full sentence within `limit` (at a word,
+    marked with …, when no sentence ends in its second half): a message never stops mid-word."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = max(head.rfind(p) for p in (". ", "! ", "? ", "; ", " | "))
+    if end >= limit // 2:
+        return head[:end + 1] + " …"
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head) + " …"

@@ -17,9 +17,12 @@ def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return 10.0 * np.log10(signal / noise)
 
 
-def cosine(ref: np.ndarray, got: np.ndarray) -> float:
+def cosine(ref: np.ndarray, got: np.ndarray) -> float | None:
+    """Cosine similarity; None for fewer than 2 values, where it is ±1 whatever the error."""
     a = np.asarray(ref, dtype=np.float64).ravel()
     b = np.asarray(got, dtype=np.float64).ravel()
+    if a.size < 2:
+        return None
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0:
         return 1.0 if na == nb else 0.0

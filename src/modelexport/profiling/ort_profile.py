@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import Bundle, open_bundle
-from ..core.errors import InputError, ToolchainError, UnsupportedError
+from ..core.errors import InputError, ToolchainError, UnsupportedError, clip
 from ..core.targets import get_target
 from ..core.vocab import BundleKind
 from .report import NOTE, ProfileReport, ProfileRow, check_build, median
@@ -52,7 +52,7 @@ def _session(cg, level: str, work: Path):
         with native_stdout_to_stderr():
             sess = ort.InferenceSession(str(cg.epcontext), sess_options=so)
     except Exception as e:
-        raise ToolchainError(f"the HTP simulator could not load {cg.epcontext}: {' '.join(str(e).split())[:400]}",
+        raise ToolchainError(f"the HTP simulator could not load {cg.epcontext}: {clip(str(e), 1000)}",
                              "check the bundle with `modelexport inspect`; recompile it if it came from another QAIRT") from None
     return sess, csv_path
 

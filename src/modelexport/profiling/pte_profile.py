@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ..core.errors import ToolchainError
+from ..core.errors import ToolchainError, clip
 from .report import NOTE, ProfileReport, ProfileRow, check_build
 
 ET_NOTE = ("ETDump of the executorch 1.5.1 pip runtime: delegate calls and CPU kernels are timed; ops inside the "
@@ -48,7 +48,7 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace):
                 program = Runtime.get().load_program(g.pte, enable_etdump=True)
                 method = program.load_method(g.method)
         except Exception as e:
-            raise ToolchainError(f"executorch.runtime could not load {g.pte}: {' '.join(str(e).split())[:300]}",
+            raise ToolchainError(f"executorch.runtime could not load {g.pte}: {clip(str(e), 1000)}",
                                  "check it with `modelexport inspect`; recompile it with this modelexport") from None
 
         class _Shim(PteSession):

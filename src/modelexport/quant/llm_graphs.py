@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import CalibrationError, InputError
+from ..core.errors import CalibrationError, InputError, clip
 from ..frontends.module_paths import llm_module_path
 from .calibration import CalibrationSet
 from .override_spec import Override, parse_override_specs
@@ -152,7 +152,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
                 ranges_s = time.perf_counter() - t1
                 quantize_with_ranges(float_path, out_path, config, ranges)
             except Exception as e:
-                raise CalibrationError(f"quantizing {float_path.name} failed: {' '.join(str(e).split())[:400]}",
+                raise CalibrationError(f"quantizing {float_path.name} failed: {clip(str(e), 1000)}",
                                        "check the calibration text; report the model if it persists") from None
     finally:
         root.setLevel(level)

@@ -9,7 +9,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from ..core.errors import CalibrationError, InputError
+from ..core.errors import CalibrationError, InputError, clip
 from .calibration import CalibrationSet
 from .precision import Precision
 
@@ -42,7 +42,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             try:
                 quantize(str(src), str(out_path), config)
             except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
-                msg = " ".join(str(e).split())[:400]
+                msg = clip(str(e), 1000)
                 if "feed" in msg.lower() or "invalid_argument" in msg.lower() or "input" in msg.lower():
                     raise CalibrationError(f"calibration failed: {msg}",
                                            "check the calibration arrays against the model's inputs") from None

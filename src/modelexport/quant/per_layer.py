@@ -30,7 +30,7 @@ class LayerNumerics:
     op_type: str
     tensor: str
     sqnr_db: float
-    cosine: float
+    cosine: float | None             # None for a single value
     max_abs_error: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,7 +179,7 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
         if r.shape != g.shape or not np.issubdtype(r.dtype, np.floating):
             continue
         c = compare(r, g)
-        lay = LayerNumerics(name, node.name, node.op_type, t, _cap(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]))
+        lay = LayerNumerics(name, node.name, node.op_type, t, _cap(c["sqnr_db"]), c["cosine"], float(c["max_abs_error"]))
         rep.layers.append(lay)
         by_node[node.output[0]] = lay
         # the dB this layer loses against the worst measured layer feeding it (not against its

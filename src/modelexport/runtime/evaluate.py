@@ -228,7 +228,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             ra, rb = np.concatenate(short_logits[a]), np.concatenate(short_logits[b])
             c = compare(ra, rb)
             agree = float(np.mean(ra.argmax(-1) == rb.argmax(-1)))
-            out["sqnr"][f"{a} vs {b}"] = {"sqnr_db": round(float(c["sqnr_db"]), 3), "cosine": round(c["cosine"], 6),
+            out["sqnr"][f"{a} vs {b}"] = {"sqnr_db": round(float(c["sqnr_db"]), 3), "cosine": None if c["cosine"] is None else round(c["cosine"], 6),
                                           "max_abs_error": round(c["max_abs_error"], 4), "top1_agreement": round(agree, 4)}
     return out
 

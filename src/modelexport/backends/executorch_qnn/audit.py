@@ -8,13 +8,15 @@ or CPU, the reason in the backend's own words, and a fix from audit.fixes.
 """
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from pathlib import Path
 from typing import Any
 
 from ...auditing.fixes import fix_for, source_fn
-from ...auditing.report import CPU, HTP, AuditReport, NodeAudit
+from ...auditing.report import BLOCKS, CPU, HTP, AuditReport, NodeAudit
+from ...core.errors import clip
 
 
 def _macs(node) -> int:
@@ -39,7 +41,7 @@ def is_qdq_name(target: str) -> bool:
     return any(q in target for q in QDQ_OPS)
 
 
-def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
+def nodes_from_decisions(edge_program, decisions, quantized: bool | None = None) -> list[NodeAudit]:
     from ...frontends.module_paths import fx_module_path
     from .lower import is_qdq
     from .partition import op_name
@@ -57,7 +59,7 @@ def nodes_from_decisions(edge_program, decisions) -> list[NodeAudit]:
         if backend == CPU:
             n.reason = d.reason if d else "not seen by the QNN partitioner"
             source = source_fn(node)
-            n.fix = fix_for(op, n.reason, source)
+            n.fix = fix_for(op, n.reason, source, quantized)
             n.details = {"reason_kind": d.kind if d else None}
             if source:
                 n.details["source_fn"] = source
@@ -80,11 +82,29 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
         from ...core.errors import InputError
         raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
     t0 = time.perf_counter()
-    prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
-                   overrides, block_size, rewrites, dynamic_shapes)
-    low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized, delegate=False,
-                log_level="warn", dynamic_shapes=dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
-    nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions)
+    log: list[str] = []
+    try:
+        prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
+                       overrides, block_size, rewrites, dynamic_shapes)
+        try:
+            low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
+                        use_fp16=not prep.precision.quantized, delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes,
+                        linear_to_conv2d=prep.plan.uses_block)
+        except Exception as e:
+            log += getattr(e, "native_log", []) or []
+            raise
+        log += low.log
+        nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions, prep.precision.quantized)
+        refused = None
+        if any(n.backend == HTP for n in nodes):
+            # The partitioner judges one op at a time; QNN can still refuse a whole partition when
+            # it builds it. Build them as compile would, and name the op when that fails.
+            refused, blocker = check_partitions(prep, low, log)
+            if blocker is not None:
+                nodes = [blocker if n.name == blocker.name else n for n in nodes]
+    finally:
+        if log_path:   # written whatever happened: a failed audit needs its log most
+            Path(log_path).write_text("\n".join(log) + "\n")
     notes = []
     folded = sum(1 for d in low.decisions.values() if d.supported and is_qdq_name(d.target))
     if folded:
@@ -93,10 +113,48 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
         notes.append("quantized with random calibration data: placement does not depend on the values")
     for r in prep.rewrites:
         notes.append(f"rewrite {r['name']}: {r['nodes_rewritten']} node(s) changed")
-    if log_path:
-        Path(log_path).write_text("\n".join(low.log) + "\n")
     rep = AuditReport(model=prep.loaded.source, target=prep.soc.name, htp_arch=prep.soc.htp_arch,
                       precision=prep.precision.name, backend="executorch-qnn", nodes=nodes,
-                      qairt_build=state.qairt_build, notes=notes, log_file=str(log_path) if log_path else None)
+                      qairt_build=state.qairt_build, notes=notes, log_file=str(log_path) if log_path else None,
+                      refused=refused)
     rep.notes.append(f"audited in {time.perf_counter() - t0:.1f} s")
     return rep
+
+
+def _lower_fails(prep, skip: set[str] | None = None) -> tuple[str | None, list[str]]:
+    """(QNN's words when building the QNN partitions fails, else None; the native log)."""
+    from .lower import lower
+    from .partition import qnn_reason
+    try:   # a copy: a lowering's passes change the graph it is given, and the audit lowers it again
+        low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
+                    fallback=None, delegate=True, log_level="warn", dynamic_shapes=prep.dynamic_shapes,
+                    linear_to_conv2d=prep.plan.uses_block, skip_nodes=skip)
+        return None, low.log
+    except Exception as e:   # any failure of the real lowering is the answer sought here
+        log = getattr(e, "native_log", []) or []
+        return qnn_reason(log) or clip(f"{type(e).__name__}: {e}", 600), log
+
+
+def check_partitions(prep, low, log: list[str]) -> tuple[str | None, NodeAudit | None]:
+    """Lower the QNN partitions for real; on failure bisect for the op → (QNN's words, its row).
+    The real lowering's native log is added to `log`."""
+    from .locate import locate
+    error, more = _lower_fails(prep)
+    log += more
+    if error is None:
+        return None, None
+    found = locate(low.edge.exported_program(), low.decisions, lambda skip: _lower_fails(prep, skip)[0], error)
+    if found is None:
+        return error, None
+    where = (f"QNN partition {found.partition + 1} of {found.partitions}" if found.partition is not None
+             else "a QNN partition") + (f" (modules {', '.join(found.partition_modules[:6])})"
+                                        if found.partition_modules else "")
+    fed = f"; it is fed by {' ← '.join(found.inputs_chain)}" if found.inputs_chain else ""
+    reason = (f"lowering failed: QNN accepted this op alone but could not build {where} once it was added{fed}. "
+              f"QNN said: {found.qnn_said or error}")
+    n = NodeAudit(found.node, found.op, BLOCKS, found.module_path, reason,
+                  fix_for(found.op, reason, quantized=prep.precision.quantized),
+                  details={"partition": found.partition, "partitions": found.partitions,
+                           "partition_modules": found.partition_modules, "located_by": "bisect",
+                           "lowerings": found.lowerings})
+    return error, n

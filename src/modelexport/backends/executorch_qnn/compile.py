@@ -24,7 +24,7 @@ from ...contract.manifest import (CacheInfo, Delegate, PartEntry, PartFiles, Qai
                                   Timings)
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError, clip
 from ...core.targets import SoC, get_target
 from .. import backend
 from ..context_binary import tensor_spec
@@ -103,6 +103,24 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
     return entry, Cache.meta(entry), hit
 
 
+def check_numerics(built: dict, preps) -> None:
+    """--strict-numerics: refuse (exit 7, nothing written) when compile's own check failed."""
+    from ...core.errors import StrictNumericsError
+    from ...core.numerics_advice import numerics_failures, numerics_fix
+    quantized = {name: p.precision.quantized for _, p, name in preps}
+    bad, random, quant = [], False, False
+    for (name, target), (_, meta, _) in built.items():
+        num = meta.get("numerics") or {}
+        if num.get("passed") is False:
+            bad.append(f"{name} on {target}: " + ", ".join(numerics_failures(num)))
+            random |= "random" in str(num.get("inputs", ""))
+            quant |= quantized.get(name, False)
+    if bad:
+        raise StrictNumericsError("--strict-numerics: the compiled graph differs from the float model on compile's "
+                                  "own check: " + "; ".join(bad), numerics_fix(quant, random)
+                                  + "; or drop --strict-numerics to keep the bundle and check it yourself")
+
+
 def lowering_error(e: Exception) -> ToolchainError:
     text = " ".join(str(e).split())
     if "was not decomposed or delegated" in text:
@@ -112,9 +130,10 @@ def lowering_error(e: Exception) -> ToolchainError:
                               "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
     from .partition import qnn_reason
     said = qnn_reason(getattr(e, "native_log", []) or [])
-    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {text[:400]}"
-                          + (f" — QNN said: {said[:400]}" if said else ""),
-                          "run `modelexport audit` on the model for the per-node view; report it if the audit is clean")
+    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {clip(text, 1000)}"
+                          + (f" — QNN said: {clip(said, 1000)}" if said else ""),
+                          "run `modelexport audit` on the model with the same --precision: it builds the QNN "
+                          "partitions as compile does and names the op that fails, with its fix")
 
 
 def _numerics(pte_path: Path, prep, threshold: float) -> dict:
@@ -230,6 +249,8 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
         if opts.strict and strict_failures:
             raise StrictFallbackError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
                                    "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
+        if opts.strict_numerics:
+            check_numerics(built, preps)
         say("writing the bundle", done, steps)
         return _write_bundle(out, force, preps, socs, built, opts, fallback, state, cache, t_start)
     finally:

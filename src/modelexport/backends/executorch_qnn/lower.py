@@ -39,11 +39,12 @@ def _silence_python_logs() -> None:
 
 def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str | None = "xnnpack",
           delegate: bool = True, log_level: str = "error", dynamic_shapes=None, method: str = "forward",
-          linear_to_conv2d: bool = False) -> Lowered:
+          linear_to_conv2d: bool = False, skip_nodes: set[str] | None = None) -> Lowered:
     """export → QNN export passes → to_edge + QNN (+ XNNPACK) partitioners → EdgeProgramManager.
 
     `linear_to_conv2d` turns on QNN's ConvertLinearToConv2d pass: block-wise 4-bit weights need it
-    (measured: a block-quantized linear left as FullyConnected gives -5 dB on the HTP, as conv2d 20 dB)."""
+    (measured: a block-quantized linear left as FullyConnected gives -5 dB on the HTP, as conv2d 20 dB).
+    `skip_nodes`: edge node names QNN must not take (the locator delegates part of a graph)."""
     import torch
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
     from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
@@ -55,7 +56,7 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     _silence_python_logs()
     specs = compile_specs(soc, use_fp16, log_level)
     backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
-    qnn = explaining_partitioner(specs, delegate=delegate)
+    qnn = explaining_partitioner(specs, delegate=delegate, skip_node_id_set=set(skip_nodes or ()))
     log: list[str] = []
     try:
         with capture_native_output() as log:

@@ -24,6 +24,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from ...core.errors import clip
 from ...toolchain.native_io import capture_native_output
 
 SUPPORTED = "supported"
@@ -75,11 +76,11 @@ def qnn_reason(lines: list[str]) -> str | None:
             messages.append([_PREFIX.sub("", raw).strip()])
     if not messages and not supported:
         kept = [_PREFIX.sub("", x).strip() for x in lines if x.startswith("[") and not _NOISE.search(x)]
-        return " | ".join(dict.fromkeys(k for k in kept if k))[:600] or None
+        return clip(" | ".join(dict.fromkeys(k for k in kept if k)), 600) or None
     out = [" ".join(m) for m in messages]
     if supported:
         out.insert(1 if out else 0, "supported datatype sets: " + ", ".join(dict.fromkeys(supported)))
-    return " | ".join(dict.fromkeys(o for o in out if o))[:700]
+    return clip(" | ".join(dict.fromkeys(o for o in out if o)), 1000)
 
 
 def op_name(target) -> str:

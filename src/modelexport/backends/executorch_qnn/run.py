@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import InputError, ToolchainError
+from ...core.errors import InputError, ToolchainError, clip
 from ...core.feeds import InputSpec, check_feed
 from ...core.vocab import GraphKind
 from ...core.numerics import compare
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
-from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, verify_samples
+from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, check_output, verify_samples
 
 
 @dataclass
@@ -82,8 +82,8 @@ class PteSession:
                 self.method = self.program.load_method(g.method)
         except Exception as e:
             tail = " | ".join(line for line in log[-6:]) if "log" in locals() else ""
-            raise ToolchainError(f"executorch.runtime could not load {g.pte} ({g.method}): {' '.join(str(e).split())[:300]}"
-                                 + (f" — log: {tail[:400]}" if tail else ""),
+            raise ToolchainError(f"executorch.runtime could not load {g.pte} ({g.method}): {clip(str(e), 1000)}"
+                                 + (f" — log: {clip(tail, 1000)}" if tail else ""),
                                  "check it with `modelexport inspect`; recompile it with this modelexport") from None
         if self.method is None:
             raise InputError(f"{g.pte} has no method {g.method!r}", "inspect it for its method names")
@@ -167,16 +167,7 @@ def float_reference(bundle, part: str):
 
 
 def compare_outputs(refs: dict[str, list], gots: dict[str, list], threshold: float) -> list[OutputCheck]:
-    checks = []
-    for n in refs:
-        r, g = np.stack(refs[n]), np.stack(gots[n])
-        c = compare(r, g)
-        agree = None
-        if r.ndim >= 2 and r.shape[-1] > 1:
-            agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
-        checks.append(OutputCheck(n, float(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]), agree,
-                                  bool(c["sqnr_db"] >= threshold)))
-    return checks
+    return [check_output(n, refs[n], gots[n], threshold) for n in refs]
 
 
 def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], names_out: list[str]) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ...core.cache import Cache
-from ...core.errors import ToolchainError
+from ...core.errors import ToolchainError, clip
 
 SHARED_NAMESPACE = "llm-ctx-shared"
 
@@ -33,7 +33,7 @@ def _build_shared(job: dict, tmp: Path) -> dict:
                                                           config_entries=entries))
         except Exception as e:
             raise ToolchainError(f"the QNN EP could not compile {name} (weight-shared) for {job['target']}: "
-                                 f"{' '.join(str(e).split())[:500]}",
+                                 f"{clip(str(e), 1000)}",
                                  "try --optimization-level 1, or compile without weight sharing (one variant)") from None
         seconds[name] = round(time.perf_counter() - t0, 3)
         placements[name] = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
@@ -72,5 +72,5 @@ def simulator_smoke_run(job: dict) -> dict:
         t0 = time.perf_counter()
         out = sess.run(None, feed)[0]
     except Exception as e:
-        raise ToolchainError(f"the simulator could not run {job['epcontext']}: {' '.join(str(e).split())[:300]}") from None
+        raise ToolchainError(f"the simulator could not run {job['epcontext']}: {clip(str(e), 1000)}") from None
     return {"ok": bool(np.isfinite(out).all()), "seconds": round(time.perf_counter() - t0, 2)}

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...core.errors import InputError
+from ...core.errors import InputError, clip
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.openers import open_llm_bundle, source_kind
@@ -135,7 +135,7 @@ def _sim_session(epcontext: Path, target: str):
     try:
         sess = create_session(epcontext, SessionPlan(provider_options=run_provider_options(soc.soc_model, None)))
     except Exception as e:
-        raise ToolchainError(f"the HTP simulator could not load {epcontext}: {' '.join(str(e).split())[:300]}",
+        raise ToolchainError(f"the HTP simulator could not load {epcontext}: {clip(str(e), 1000)}",
                              "recompile the bundle with this QAIRT") from None
     if not node_assignment(sess).get(EP_NAME):
         raise ToolchainError(f"{epcontext.name} did not land on the QNN EP", "run `modelexport doctor`")

@@ -18,58 +18,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...core.errors import InputError, ToolchainError
+from ...core.errors import InputError, ToolchainError, clip
 from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...auditing.fixes import suggest_fix
+from .audit_blockers import blocker_audit
+from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusal, parse_ep_log
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
 from ...passes.onnx.control_flow import control_flow_on_inputs
 from .repair import control_flow_fix, load_repaired
 
-_FAILED = re.compile(r"Validation FAILED for \d+ nodes in \w+ \(([^)]*)\)")
-_NODE = re.compile(r"Operator type: (\S+) Node name: (.*?) Node index: (\d+)")
-_REASON = re.compile(r"REASON\s*:\s*(.*)")
-_VALIDATE = re.compile(r"backendValidateOpConfig\(\) failed for node `([^`]*)` of type `([^`]*)` with error code (\d+)")
 _TOKEN = re.compile(r"_token_\d+$")
 IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
              "(offload_graph_io_quantization=1); the context binary itself takes the quantized tensor")
-
-
-def parse_ep_log(text: str) -> dict[str, list[str]]:
-    """{node name: [reasons]} from the EP's verbose log."""
-    reasons: dict[str, list[str]] = {}
-
-    def add(name: str, why: str) -> None:
-        why = re.sub(r"\.(?=\S)", ". ", why.strip())
-        if why and why not in reasons.setdefault(name, []):
-            reasons[name].append(why)
-
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if _FAILED.search(lines[i]):
-            names, j = [], i + 1
-            while j < len(lines) and (lines[j].startswith(("\t", " ")) or not lines[j].strip()):
-                if m := _NODE.search(lines[j]):
-                    names.append(m.group(2))
-                elif m := _REASON.search(lines[j]):
-                    for n in names:
-                        add(n, m.group(1))
-                if not lines[j].strip() and names:
-                    break
-                j += 1
-            i = j
-            continue
-        if m := _VALIDATE.search(lines[i]):
-            add(m.group(1), f"the HTP validator rejected it: backendValidateOpConfig() error {m.group(3)}"
-                            + (" (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE)" if m.group(3) == "3110" else ""))
-        i += 1
-    return reasons
 
 
 def _name_nodes(model) -> None:
@@ -78,27 +44,32 @@ def _name_nodes(model) -> None:
             n.name = f"{n.op_type}_{i}"
 
 
-def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float) -> tuple[dict, str, dict]:
-    trace_dir = work / "trace"
-    opts = {"provider_options": provider_options | {"enable_framework_op_trace": "1", "framework_op_trace_dir": str(trace_dir)}}
-    log = work / "ep.log"
-    with open(log, "wb") as err:
+def _run_probe(model_path: Path, opts: dict, work: Path, log: Path, timeout: float) -> tuple[dict, str]:
+    """(the child's result, its log) for one audit_probe run."""
+    with open(log, "ab") as err:
         try:
             proc = subprocess.run([sys.executable, "-m", "modelexport.backends.ort_qnn.audit_probe", str(model_path), json.dumps(opts)],
                                   stdout=subprocess.PIPE, stderr=err, cwd=work, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise ToolchainError(f"the QNN EP did not finish placing the model in {timeout:.0f} s",
-                                 "try a smaller model, or raise the timeout (--timeout)") from None
+                                 "audit a smaller part of the model, or call modelexport.audit(..., timeout=SECONDS) from Python") from None
     text = log.read_text(errors="replace")
     marker = proc.stdout.decode(errors="replace").rpartition("@@RESULT@@")[2].strip()
     if not marker:
         tail = "\n".join(l for l in text.splitlines()[-5:])
-        raise ToolchainError(f"the QNN EP probe crashed (exit {proc.returncode}) before reporting a placement: {tail[-400:]}",
-                             "run `modelexport doctor`; if it passes, report this model as a bug")
-    result = json.loads(marker)
+        raise ToolchainError(f"the QNN EP probe crashed (exit {proc.returncode}) before reporting a placement: "
+                             f"{clip(tail, 600)}", "run `modelexport doctor`; if it passes, report this model as a bug")
+    return json.loads(marker), text
+
+
+def _probe(model_path: Path, provider_options: dict, work: Path, timeout: float) -> tuple[dict, str, dict]:
+    """(placement, the EP's log, the framework op trace); placement None and {"error": ...} when
+    the session could not be opened."""
+    trace_dir = work / "trace"
+    opts = {"provider_options": provider_options | {"enable_framework_op_trace": "1", "framework_op_trace_dir": str(trace_dir)}}
+    result, text = _run_probe(model_path, opts, work, work / "ep.log", timeout)
     if not result.get("ok"):
-        raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {result.get('error', '')[:500]}",
-                             "check the model with `python -c \"import onnxruntime as o; o.InferenceSession('m.onnx')\"`")
+        return None, text, {"error": result.get("error", "")}
     trace = {}
     for f in trace_dir.glob("*.json") if trace_dir.is_dir() else []:
         try:
@@ -155,21 +126,64 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
                 notes.append("qnn_preprocess_model rewrote the graph (e.g. fused GELU / LayerNorm patterns); nodes are those of the rewritten graph")
         else:
             options["enable_htp_fp16_precision"] = "1"
-        try:
-            placement, log_text, trace = _probe(probe_path, options, work, timeout)
-        except ToolchainError as e:
-            if open_flow:                # the EP's failure comes from the unfolded branches: name the real blocker
-                raise InputError(f"{open_flow[0]} (the QNN EP then fails: {e.problem[:200]})", open_flow[1]) from None
-            raise
-        if log_path:
-            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(work / "ep.log", log_path)
+        placement, log_text, trace = _probe(probe_path, options, work, timeout)
+        if placement is None and open_flow:   # the EP's failure comes from the unfolded branches: name the real blocker
+            raise InputError(f"{open_flow[0]} (the QNN EP then fails: {clip(trace['error'], 200)})", open_flow[1])
+        if placement is None:
+            return _refused_report(loaded, probe_path, options, work, log_text, trace["error"], soc, prec,
+                                   qairt.build_id, notes, log_path, timeout)
         report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
                                placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)
         report.log_file = str(log_path) if log_path else None
         return report
     finally:
+        if log_path and (work / "ep.log").is_file():   # kept whatever happened: a failed audit needs it most
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(work / "ep.log", log_path)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _refused_report(loaded, probe_path, options, work, log_text, error, soc, prec, build, notes, log_path,
+                    timeout) -> AuditReport:
+    """The session failed: name the node(s) QNN refused (from the log, else by bisection), or
+    raise a clear error when it is not a refusal of the graph."""
+    import onnx
+    if not is_graph_refusal(error):
+        if prec.quantized:   # the float model loaded; the QDQ model the quantizer wrote did not
+            opset = next((o.version for o in loaded.model.opset_import if o.domain in ("", "ai.onnx")), 0)
+            raise ToolchainError(f"ONNX Runtime could not open the {prec.name} (QDQ) model its quantizer wrote: "
+                                 f"{clip(error, 600)}",
+                                 (f"the model is at opset {opset} and per-channel Q/DQ needs 13: re-export it at "
+                                  "opset 13 or later, or " if 0 < opset < 13 else "")
+                                 + "audit and compile it at --precision fp16 (no Q/DQ)")
+        raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {clip(error, 600)}",
+                             "the model itself is invalid for ONNX Runtime: check it with `onnx.checker.check_model` "
+                             "and fix or re-export it; `modelexport audit --log FILE` keeps the EP's log")
+    blockers = blockers_from_log(log_text)
+    if not blockers:
+        result, _ = _run_probe(probe_path, {"provider_options": options, "locate": str(work / "ep.log")},
+                               work, work / "ep.log", timeout)
+        if result.get("ok") and result.get("blocker"):
+            blockers = [Blocker(**result["blocker"])]
+    graph = onnx.load(str(probe_path), load_external_data=False)
+    nodes = [blocker_audit(b, graph, prec) for b in blockers]
+    ep_error = clip(error.split(" : ")[-1], 300)
+    if not nodes:
+        notes.append("the log names no node and bisection found none: see the EP's log (--log FILE)")
+    return AuditReport(model=str(loaded.path or loaded.name), target=soc.name, htp_arch=soc.htp_arch, precision=prec.name,
+                       backend="onnxruntime-qnn", nodes=nodes, qairt_build=build, notes=notes,
+                       log_file=str(log_path) if log_path else None, refused=ep_error)
+
+
+def _feeds(q, model, where: dict[str, str]) -> str:
+    """`; it feeds Conv `conv` (on the CPU)`: a (de)quantize node's fate follows the op it feeds,
+    whose row then holds the fix that matters."""
+    users = [n for n in model.graph.node if q.output[0] in n.input]
+    if not users:
+        return ""
+    u = users[0]
+    at = "on the HTP" if where.get(u.name) == EP_NAME else ("on the CPU" if u.name in where else "folded")
+    return f"; it feeds {u.op_type} `{u.name}` ({at})"
 
 
 def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trace, soc, prec, build, notes) -> AuditReport:
@@ -200,7 +214,10 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             reason = " | ".join(reasons) or "the EP validated it but left it to the CPU when partitioning the graph"
         else:
             backend, reason = FOLDED, "removed by ONNX Runtime's graph optimizer before placement (folded or fused)"
-        fix = suggest_fix(n.op_type, reason) if backend == CPU else None
+        fix = suggest_fix(n.op_type, reason, prec.quantized) if backend == CPU else None
+        if backend == CPU and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            reason += _feeds(n, graph_model, where)
+            fix = suggest_fix(n.op_type, reason, prec.quantized)
         if n.name in open_flow:          # the EP's reason (often "Cannot get shape") hides the real blocker
             ins = open_flow[n.name]
             backend = CPU
@@ -221,7 +238,8 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             nodes.append(NodeAudit(n.name, n.op_type, IO, None, IO_REASON))
         elif ep == CPU_EP_NAME:
             reason = " | ".join(log_reasons.get(n.name, [])) or "left on the CPU next to a CPU node"
-            nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason)))
+            reason += _feeds(n, probe_model, where)
+            nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason, prec.quantized)))
     if loaded.dynamic_inputs:
         notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
                      + " (compile refuses these without --input-shape)")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ...contract import Bundle, GraphSpec, open_bundle
-from ...core.errors import InputError, ToolchainError
+from ...core.errors import InputError, ToolchainError, clip
 from ...core.feeds import InputSpec, check_feed, read_input_files
 from ...core.targets import get_target
 from .formats import OUTPUT_FORMATS
@@ -98,7 +98,7 @@ class SimulatorSession:
         try:
             self.session = create_session(cg.epcontext, SessionPlan(provider_options=run_provider_options(soc.soc_model, perf_profile)))
         except Exception as e:
-            raise ToolchainError(f"the HTP simulator could not load {cg.epcontext}: {' '.join(str(e).split())[:400]}",
+            raise ToolchainError(f"the HTP simulator could not load {cg.epcontext}: {clip(str(e), 1000)}",
                                  "check the bundle with `modelexport inspect`; recompile it if it came from another QAIRT") from None
         self.load_seconds = time.perf_counter() - t0
         placement = node_assignment(self.session)

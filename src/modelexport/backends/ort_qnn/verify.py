@@ -24,10 +24,23 @@ from .run import SimulatorSession, check_runtime, given_feed, select_graphs
 class OutputCheck:
     name: str
     sqnr_db: float
-    cosine: float
+    cosine: float | None             # None for a single value (a scalar output on one sample)
     max_abs_error: float
     argmax_agreement: float | None
     passed: bool
+    ref_std: float | None = None     # spread of the float output: near 0, SQNR measures noise
+    ref_abs_max: float | None = None
+
+
+def check_output(name: str, refs: list, gots: list, threshold: float) -> OutputCheck:
+    """One output's numbers over all samples (float reference vs compiled)."""
+    r, g = np.stack(refs), np.stack(gots)
+    c = compare(r, g)
+    agree = None
+    if r.ndim >= 2 and r.shape[-1] > 1:
+        agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
+    return OutputCheck(name, float(c["sqnr_db"]), c["cosine"], float(c["max_abs_error"]), agree,
+                       bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"])
 
 
 @dataclass
@@ -44,6 +57,11 @@ class GraphCheck:
     def passed(self) -> bool:
         return all(o.passed for o in self.outputs)
 
+    @property
+    def warnings(self) -> list[str]:
+        from ...core.numerics_advice import graph_warnings
+        return graph_warnings(self)
+
 
 @dataclass
 class VerifyReport:
@@ -54,11 +72,23 @@ class VerifyReport:
     def passed(self) -> bool:
         return all(g.passed for g in self.graphs)
 
+    @property
+    def warnings(self) -> list[str]:
+        return [w for g in self.graphs for w in g.warnings]
+
+    def failure_fix(self, hint: str | None = None) -> str:
+        """The fix for a failed verify, fitting the failing graphs' precision."""
+        from ...core.numerics_advice import failure_fix
+        from ...quant.precision import PRECISIONS
+        quantized = any(PRECISIONS[g.precision].quantized for g in self.graphs
+                        if not g.passed and g.precision in PRECISIONS)
+        return failure_fix(self, quantized, hint)
+
     def to_dict(self) -> dict[str, Any]:
         def clean(v):
             return None if isinstance(v, float) and not np.isfinite(v) and v < 0 else (
                 "inf" if isinstance(v, float) and np.isinf(v) else v)
-        return {"bundle": self.bundle, "passed": self.passed, "graphs": [
+        return {"bundle": self.bundle, "passed": self.passed, "warnings": self.warnings, "graphs": [
             {"part": g.part, "target": g.target, "precision": g.precision, "threshold_sqnr_db": g.threshold_db,
              "samples": g.samples, "inputs": g.inputs_kind, "passed": g.passed,
              "outputs": [{k: clean(v) for k, v in o.__dict__.items()} for o in g.outputs]} for g in self.graphs]}
@@ -141,14 +171,7 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
         prec = cg.precision
         threshold = min_sqnr if min_sqnr is not None else get_precision(prec).min_sqnr_db
         gc = GraphCheck(cg.part, cg.target, prec, threshold, len(samples), kind)
-        for n in names:
-            r, g = np.stack(refs[n]), np.stack(gots[n])
-            c = compare(r, g)
-            agree = None
-            if r.ndim >= 2 and r.shape[-1] > 1:
-                agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
-            gc.outputs.append(OutputCheck(n, float(c["sqnr_db"]), float(c["cosine"]), float(c["max_abs_error"]), agree,
-                                          bool(c["sqnr_db"] >= threshold)))
+        gc.outputs = [check_output(n, refs[n], gots[n], threshold) for n in names]
         report.graphs.append(gc)
     if record:
         record_numerics(bundle_path, report)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ...core.cache import Cache, cache_key
-from ...core.errors import ToolchainError
+from ...core.errors import ToolchainError, clip
 from .formats import OUTPUT_FORMATS
 
 CACHE_NAMESPACE = "ctx"
@@ -32,10 +32,9 @@ def _build(job: dict, tmp: Path) -> dict:
     try:
         sess = create_session(job["model_path"], SessionPlan(provider_options=opts, config_entries=entries))
     except Exception as e:
-        msg = " ".join(str(e).split())[:600]
-        raise ToolchainError(f"the QNN EP could not compile {part} for {job['target']}: {msg}",
-                             "run `modelexport audit` on the model to see which node fails; try --optimization-level 1 "
-                             "or another precision") from None
+        raise ToolchainError(f"the QNN EP could not compile {part} for {job['target']}: {clip(str(e), 1000)}",
+                             "run `modelexport audit` on the model with the same --precision: it names the node QNN "
+                             "refuses and the fix for it") from None
     seconds = time.perf_counter() - t0
     placement = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
     del sess

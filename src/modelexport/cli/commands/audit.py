@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ...core.errors import StrictFallbackError
+from ...auditing.report import graph_refused_error
 from ..app import STATUS_STYLE, app, console, emit_json, progress
 
 
@@ -62,15 +63,23 @@ def audit(
         by = tot["by_backend"]
         macs = tot["macs"]
         console.print(f"[bold]{report.model}[/] on {report.target} (HTP V{report.htp_arch}, {report.precision}, QAIRT {report.qairt_build})")
-        console.print(f"  nodes: {by.get('HTP', 0)} on HTP, {by.get('CPU', 0)} on CPU"
-                      + (f", {by.get('io', 0)} graph-IO (de)quantize on CPU by design" if by.get("io") else "")
-                      + (f", {by.get('folded', 0)} folded by the optimizer" if by.get("folded") else ""))
-        console.print(f"  MACs:  {_fmt_macs(macs.get('HTP', 0))} on HTP, {_fmt_macs(macs.get('CPU', 0))} on CPU"
-                      + (f" ({100 * tot['htp_mac_share']:.1f}% on HTP)" if tot["htp_mac_share"] is not None else ""))
+        if report.refused:
+            console.print(f"  nodes: {by.get('blocks', 0)} block the graph (nothing compiles until they are fixed)")
+        else:
+            console.print(f"  nodes: {by.get('HTP', 0)} on HTP, {by.get('CPU', 0)} on CPU"
+                          + (f", {by.get('io', 0)} graph-IO (de)quantize on CPU by design" if by.get("io") else "")
+                          + (f", {by.get('folded', 0)} folded by the optimizer" if by.get("folded") else ""))
+            console.print(f"  MACs:  {_fmt_macs(macs.get('HTP', 0))} on HTP, {_fmt_macs(macs.get('CPU', 0))} on CPU"
+                          + (f" ({100 * tot['htp_mac_share']:.1f}% on HTP)" if tot["htp_mac_share"] is not None else ""))
         for note in report.notes:
             console.print(f"  [yellow]note[/]: {note}")
-        console.print("[bold green]every compute node runs on the HTP[/]" if report.ok else
-                      f"[bold red]{len(report.fallbacks)} node(s) fall back to the CPU[/]")
+        if report.refused:
+            console.print(f"[bold red]QNN refused to build the graph ({escape(report.refused)})[/]")
+        else:
+            console.print("[bold green]every compute node runs on the HTP[/]" if report.ok else
+                          f"[bold red]{len(report.fallbacks)} node(s) fall back to the CPU[/]")
+    if report.refused:
+        raise graph_refused_error(report)
     if strict and not report.ok:
         ops = ", ".join(f"{k}×{v}" for k, v in tot["fallback_ops"].items())
         raise StrictFallbackError(f"--strict: {len(report.fallbacks)} node(s) fall back to the CPU ({ops})",

@@ -54,6 +54,13 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
     for part, cal in m.get("calibration", {}).items():
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
+    num = m.get("numerics") or {}
+    if num.get("passed") is False:
+        from ...core.numerics_advice import numerics_failures
+        console.print(f"[yellow]warning[/]: compile's own numerics check failed ({num.get('part')}@{num.get('target')}, "
+                      f"{num.get('samples')} {escape(str(num.get('inputs')))} sample(s): "
+                      f"{escape(', '.join(numerics_failures(num)))}); the bundle is written: check it on real inputs "
+                      "with `modelexport verify BUNDLE --input FILE`, or compile with --strict-numerics to refuse it (exit 7)")
     took = "copied from the bundle memo" if memo_hit else f"{m.get('timings', {}).get('total_s')} s"
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
@@ -105,6 +112,9 @@ def compile_cmd(
     vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help="HTP graph finalization optimization (1, 2, 3; 3 = best)."),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
+    strict_numerics: bool = typer.Option(False, "--strict-numerics", help="PyTorch models: refuse (exit 7, nothing written) "
+                                         "if compile's own check of the compiled graph against the float model is below "
+                                         "the precision's pass mark (otherwise a warning)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
     variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32). A full-context `bert` graph (no KV cache) is not built: use a large arN."),
@@ -129,7 +139,8 @@ def compile_cmd(
     bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, _vtcm(vtcm_mb, vtcm_size), optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
-                      calibration_samples=calibration_samples, input_values=input_value)
+                      calibration_samples=calibration_samples, input_values=input_value,
+                      strict_numerics=strict_numerics)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)

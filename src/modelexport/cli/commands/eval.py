@@ -49,4 +49,4 @@ def eval_cmd(
                   f"{res['short']['perplexity'].get(k, float('nan')):.3f}", f"{r['seconds']:.1f}")
     console.print(t)
     for pair, c in res["sqnr"].items():
-        console.print(f"  logits {pair}: SQNR {c['sqnr_db']:.2f} dB, cosine {c['cosine']:.5f}, top-1 agreement {c['top1_agreement']:.2%}")
+        console.print(f"  logits {pair}: SQNR {c['sqnr_db']:.2f} dB, cosine {'n/a' if c['cosine'] is None else format(c['cosine'], '.5f')}, top-1 agreement {c['top1_agreement']:.2%}")

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ...core.errors import VerificationError
@@ -57,18 +58,18 @@ def verify_cmd(
                       header_style="bold")
         for g in rep.graphs:
             for o in g.outputs:
-                table.add_row(g.part, g.target, g.precision, o.name, f"{o.sqnr_db:.2f}", f"{o.cosine:.5f}", f"{o.max_abs_error:.4g}",
+                table.add_row(g.part, g.target, g.precision, o.name, f"{o.sqnr_db:.2f}", "n/a" if o.cosine is None else f"{o.cosine:.5f}", f"{o.max_abs_error:.4g}",
                               "" if o.argmax_agreement is None else f"{100 * o.argmax_agreement:.0f}%", f"{g.threshold_db:g}",
                               "[green]PASS[/]" if o.passed else "[red]FAIL[/]")
         console.print(table)
         for g in rep.graphs:
             console.print(f"  {g.part}@{g.target}: {g.samples} sample(s), inputs: {g.inputs_kind}")
+        for w in rep.warnings:
+            console.print(f"  [yellow]warning[/]: {escape(w)}")
         if layers is not None:
             from ..per_layer_view import print_per_layer
             print_per_layer(layers)
     if not rep.passed:
         bad = [f"{g.part}@{g.target}:{o.name} {o.sqnr_db:.1f} dB < {g.threshold_db:g}" for g in rep.graphs for o in g.outputs if not o.passed]
         hint = next((pl.suggestion for pl in layers or [] if pl.suggestion), None)
-        raise VerificationError("compiled outputs differ from the float model: " + "; ".join(bad),
-                                (f"recompile with {hint} (from --per-layer), " if hint else "")
-                                + "calibrate on more representative data, use a wider precision (16a8w), or set --min-sqnr")
+        raise VerificationError("compiled outputs differ from the float model: " + "; ".join(bad), rep.failure_fix(hint))

@@ -108,6 +108,11 @@ def section_audit(m: Manifest, folder: Path) -> Section:
     return Section("audit", "Audit (CPU fallbacks first)", out)
 
 
+def _cos(c) -> str:
+    """A cosine, or why there is none: one value has cosine ±1 whatever its error."""
+    return "n/a (1 value)" if c is None else f"{c:.5f}"
+
+
 def section_numerics(m: Manifest, folder: Path) -> Section:
     from . import plots
     num = m.numerics or {}
@@ -116,7 +121,7 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
         return Section("numerics", "Numerics", missing="No numerics are recorded for this bundle: run "
                        "`modelexport verify BUNDLE` (and `--per-layer`) to compare it with the float model.")
     thr = num.get("threshold_db")
-    rows = [[o["name"], f"{o['sqnr_db']:.2f}", f"{o.get('cosine', float('nan')):.5f}", f"{o.get('max_abs_error', float('nan')):.4g}"]
+    rows = [[o["name"], f"{o['sqnr_db']:.2f}", _cos(o.get('cosine')), f"{o.get('max_abs_error', float('nan')):.4g}"]
             for o in outs]
     out = _table(["output", "SQNR (dB)", "cosine", "max abs error"], rows)
     out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in outs], [o["sqnr_db"] for o in outs], "SQNR per output", "dB", thr)}">'

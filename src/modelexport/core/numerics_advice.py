@@ -1,0 +1,59 @@
+"""What verify says beside its numbers: warnings about what the numbers can mean, and the fix
+for a failure that fits the precision (calibration and more bits mean nothing for fp16).
+Duck-typed over the verify report (backends/ort_qnn/verify.py: GraphCheck, OutputCheck)."""
+from __future__ import annotations
+
+# An output is "nearly constant" when its spread is below this share of its largest value, or when
+# every value is below it (a detector's scores on noise): SQNR then divides by a tiny signal and
+# measures the compiled graph's noise floor, not the model.
+NEAR_CONSTANT = 1e-2
+
+
+def near_constant(o) -> bool:
+    if o.ref_std is None or o.ref_abs_max is None:
+        return False
+    return o.ref_std <= NEAR_CONSTANT * o.ref_abs_max or o.ref_abs_max < NEAR_CONSTANT
+
+
+def graph_warnings(g) -> list[str]:
+    out = []
+    random = "random" in (g.inputs_kind or "")
+    for o in g.outputs:
+        if random and near_constant(o):
+            out.append(f"{g.part}:{o.name}: the float output is nearly constant on these random inputs (std "
+                       f"{o.ref_std:.3g}, max |x| {o.ref_abs_max:.3g}), so its SQNR measures noise, not the model: "
+                       "verify on real data with --input FILE (.npy per input, or one .npz)")
+        if o.cosine is None:
+            out.append(f"{g.part}:{o.name}: a single value: cosine is not defined (n/a); SQNR is its relative error")
+    return out
+
+
+def failure_fix(report, quantized: bool, hint: str | None = None) -> str:
+    """The fix for a failed verify: real inputs first when the samples were random, then what
+    the precision allows (`quantized`: some failing graph is quantized)."""
+    bad = [g for g in report.graphs if not g.passed]
+    return numerics_fix(quantized, any("random" in (g.inputs_kind or "") for g in bad), hint)
+
+
+def numerics_fix(quantized: bool, random_inputs: bool, hint: str | None = None) -> str:
+    """What to do about numbers below the pass mark, for verify and compile's own check."""
+    parts = []
+    if random_inputs:
+        parts.append("verify on real inputs (modelexport verify BUNDLE --input FILE): these samples are random")
+    if hint:
+        parts.append(f"recompile with {hint} (from --per-layer)")
+    if quantized:
+        parts.append("calibrate on representative data (compile --calibration DIR), use a wider precision "
+                     "(--precision 16a8w), find the layer that loses most with verify --per-layer, or set --min-sqnr")
+    else:
+        parts.append("fp16 has no calibration: check that the float model's values fit fp16 (|x| < 65504; values "
+                     "below 6e-5 lose precision) and scale them in the model if not; if the numbers are acceptable "
+                     "for this model, verify with a lower pass mark (modelexport verify BUNDLE --min-sqnr DB)")
+    return "; ".join(parts)
+
+
+def numerics_failures(numerics: dict) -> list[str]:
+    """`output_0 -77.0 dB < 30` for each output of compile's own check below its pass mark."""
+    return [f"{o['name']} {o['sqnr_db'] if o['sqnr_db'] is not None else float('-inf'):.1f} dB < "
+            f"{numerics.get('threshold_db', 0):g}" for o in numerics.get("outputs", [])
+            if o.get("sqnr_db") is None or o["sqnr_db"] < numerics.get("threshold_db", 0)]

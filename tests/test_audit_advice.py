@@ -1,0 +1,64 @@
+"""Advice that leads somewhere, on the real QNN EP: a weight-only quantized model at fp16
+(per-channel DequantizeLinear the EP will not run alone); verify on random samples of a detector.
+(`audit --log` kept on failure: test_audit_locate.py.)"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from conftest import assert_clean_error, run_cli
+
+
+def weight_only_quantized(path: Path) -> Path:
+    """Conv whose weight is int8 per channel behind a DequantizeLinear; activations float."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    scale = (np.abs(w).reshape(8, -1).max(1) / 127).astype(np.float32)
+    wq = np.clip(np.round(w / scale[:, None, None, None]), -127, 127).astype(np.int8)
+    inits = [nh.from_array(wq, "w_q"), nh.from_array(scale, "w_scale"), nh.from_array(np.zeros(8, np.int8), "w_zp")]
+    nodes = [h.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], name="w_DequantizeLinear", axis=0),
+             h.make_node("Conv", ["x", "w"], ["a"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["a"], ["y"], name="relu")]
+    g = h.make_graph(nodes, "wq", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 16, 16])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_standalone_per_channel_dq_gets_the_fix_that_works(tmp_path):
+    import modelexport
+    model = weight_only_quantized(tmp_path / "wq.onnx")
+    rep = modelexport.audit(model, precision="fp16")
+    [dq] = rep.fallbacks
+    assert dq.op_type == "DequantizeLinear" and "standalone DQ op with per-channel" in dq.reason
+    assert "it feeds Conv `conv` (on the HTP)" in dq.reason
+    assert "--precision 8a8w" in dq.fix and "16a8w" not in dq.fix
+    assert modelexport.audit(model, precision="8a8w").ok      # following the fix puts every node on the HTP
+
+
+def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path):
+    """A detector whose scores are ~0 on noise (sigmoid of a large negative bias), fp16: verify fails
+    on the stored random samples; it says why the number means little and leads to --input."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+    w = nh.from_array((np.random.default_rng(0).standard_normal((4, 3, 3, 3)) * 0.1).astype(np.float32), "w")
+    b = nh.from_array(np.full(4, -9.0, np.float32), "b")
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("Sigmoid", ["c"], ["y"], name="score")]
+    g = h.make_graph(nodes, "det", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16, 16])], [w, b])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "det.onnx"))
+    run_cli("compile", str(tmp_path / "det.onnx"), "-p", "fp16", "-o", str(tmp_path / "out"), check=True)
+    proc = run_cli("verify", str(tmp_path / "out"))
+    assert_clean_error(proc, "nearly constant on these random inputs", "fix: verify on real inputs")
+    assert proc.returncode == 5 and "calibrate" not in proc.stderr

@@ -1,0 +1,211 @@
+"""Every fix text leads somewhere: each `--flag`, `modelexport VERB` and `docs/` file it names
+exists (read from the CLI's real Typer/click definitions and the repo), a fix never sends the
+user back to the step that failed with nothing new, and advice fits the precision (no
+calibration or 16-bit advice where it can apply to fp16).
+
+Fix texts are found in the rules table (auditing/fixes.py) and, by reading the source, in every
+`...Error(problem, fix)` raised with a literal fix.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "modelexport"
+REPO = SRC.parents[1]
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+VERB = re.compile(r"(?:(?<=`)|(?<=run )|(?<=\()|^)modelexport (\w[\w-]*)((?: (?:--?[\w-]+|[A-Z_.]+|'[^']*'|[\w./:=,-]+))*)")
+DOC = re.compile(r"\b(docs/[\w./-]+\.\w+)")
+API_KEYWORD = re.compile(r"\b([a-z_]+)=(?=[\s),]|$)")   # a bare `dynamic_shapes=`: a keyword of the Python API
+# Steps a fix names outside our CLI (the other tools a user has), allowed as they are.
+FOREIGN_FLAGS = {"--no-deps", "--break-system-packages", "--upgrade", "--version", "--help"}
+
+
+@pytest.fixture(scope="module")
+def cli() -> dict[str, set[str]]:
+    """verb → its option names, from the real command definitions."""
+    import typer.main
+
+    from modelexport.cli.app import app
+    from modelexport.cli.main import _load_commands
+    _load_commands()
+    group = typer.main.get_command(app)
+    verbs = {}
+    for name, cmd in group.commands.items():
+        opts = set()
+        for p in cmd.params:
+            opts.update(o for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", []) if o.startswith("--"))
+        verbs[name] = opts
+    return verbs
+
+
+def _literal(node) -> str | None:
+    """The text of a str constant or f-string (formatted parts as {}), or of + / implicit joins."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _literal(node.left), _literal(node.right)
+        return (a or "") + (b or "") if (a or b) else None
+    if isinstance(node, ast.IfExp):
+        a, b = _literal(node.body), _literal(node.orelse)
+        return " / ".join(x for x in (a, b) if x) or None
+    return None
+
+
+def raised_fixes() -> list[tuple[str, int, str]]:
+    """(file, line, fix text) of every XxxError(problem, fix) built with a literal fix."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.endswith("Error")):
+                continue
+            fix = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "fix"), None)
+            text = _literal(fix) if fix is not None else None
+            if text:
+                out.append((str(path.relative_to(SRC)), node.lineno, text))
+    return out
+
+
+def table_fixes() -> list[tuple[str, object]]:
+    from modelexport.auditing import fixes
+    return [(r.fix, r) for r in fixes.RULES] + [(fixes.DEFAULT_FIX, None)]
+
+
+def check_names(text: str, cli: dict[str, set[str]]) -> list[str]:
+    """What `text` names that does not exist."""
+    bad = []
+    all_flags = set().union(*cli.values())
+    for verb, rest in VERB.findall(text):
+        if verb not in cli:
+            bad.append(f"no verb `modelexport {verb}`")
+            continue
+        for flag in FLAG.findall(rest):
+            if flag not in cli[verb] | {"--help"}:
+                bad.append(f"`modelexport {verb}` has no {flag}")
+    for flag in FLAG.findall(text):
+        if flag not in all_flags and flag not in FOREIGN_FLAGS:
+            bad.append(f"no verb takes {flag}")
+    for doc in DOC.findall(text):
+        if not (REPO / doc).exists():
+            bad.append(f"{doc} does not exist")
+    for kw in API_KEYWORD.findall(text):
+        if kw not in api_keywords():
+            bad.append(f"the Python API takes no {kw}=")
+    return bad
+
+
+def api_keywords() -> set[str]:
+    import inspect
+
+    import modelexport.api as api
+    from modelexport.backends.spec import TorchCompileOptions
+    keywords = {k for f in (api.compile, api.audit) for k in inspect.signature(f).parameters}
+    keywords |= {k for _, f in api.AUDITORS for k in getattr(f, "options", ())}
+    return keywords | set(TorchCompileOptions.__dataclass_fields__)
+
+
+def test_the_cli_is_read_for_real(cli):
+    assert {"audit", "compile", "verify", "run", "inspect"} <= set(cli)
+    assert {"--precision", "--log", "--rewrite"} <= cli["audit"] and "--override" in cli["compile"]
+
+
+def test_every_raised_fix_names_only_steps_that_exist(cli):
+    found = raised_fixes()
+    assert len(found) > 100          # the walk really reads the source
+    problems = [f"{f}:{line}: {b} — {text!r}" for f, line, text in found for b in check_names(text, cli)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_rule_names_only_steps_that_exist_and_leads_somewhere(cli):
+    for text, rule in table_fixes():
+        assert not check_names(text, cli), (text, check_names(text, cli))
+        concrete = (FLAG.search(text) or VERB.search(text) or DOC.search(text) or API_KEYWORD.search(text)
+                    or (rule is not None and rule.op_types))
+        assert concrete, f"fix names no flag, verb, doc or op-specific rewrite: {text!r}"
+
+
+def test_no_fix_loops_back_to_the_step_it_came_from():
+    """An audit's fix never says only "run the audit"; a compile's that names the audit adds what it gives."""
+    for f, line, text in raised_fixes():
+        for verb, rest in VERB.findall(text):
+            came_from = "audit" if "audit" in f else ("compile" if "compile" in f else None)
+            if verb == came_from:
+                assert FLAG.search(rest), f"{f}:{line}: the fix sends the user back to `{verb}` unchanged: {text!r}"
+    from modelexport.auditing.fixes import DEFAULT_FIX
+    assert "--log" in DEFAULT_FIX
+
+
+def test_advice_fits_the_precision():
+    """Calibration and more-bits advice only in rules that cannot apply to fp16."""
+    from modelexport.auditing.fixes import RULES, suggest_fix
+    quant_words = re.compile(r"calibrate|--calibration|wider precision|16-bit activations|representative", re.I)
+    for r in RULES:
+        if r.quantized is not False and quant_words.search(r.fix):
+            assert r.quantized is True, f"quantization advice in a rule that also applies to fp16: {r.fix!r}"
+    for reason in ("backendValidateOpConfig() error 3110", "bad quant scale", "QNN refused to build the graph at this node",
+                   "lowering failed: genNopWithScaleParamsFP16 mismatched scale and bias dimensions"):
+        assert not quant_words.search(suggest_fix("Conv", reason, quantized=False)), reason
+        assert suggest_fix("Conv", reason, quantized=False) != suggest_fix("Conv", reason, quantized=True), reason
+
+
+def test_verify_advice_fits_the_precision_and_the_inputs():
+    from modelexport.backends.ort_qnn.verify import GraphCheck, VerifyReport, check_output
+    import numpy as np
+    ref = [np.full((1, 100), 0.001, np.float32) + np.linspace(0, 0.004, 100, dtype=np.float32)]
+    got = [r + 0.001 for r in ref]
+    for prec, inputs in (("fp16", "stored random (random, not representative)"), ("8a8w", "given")):
+        g = GraphCheck("model", "SM8650", prec, 30.0, 1, inputs, [check_output("boxes", ref, got, 30.0)])
+        rep = VerifyReport("b", [g])
+        fix = rep.failure_fix()
+        if prec == "fp16":
+            assert "--input" in fix and "calibrate" not in fix and "16a8w" not in fix
+            assert any("nearly constant" in w and "--input" in w for w in rep.warnings)
+        else:
+            assert "--calibration" in fix and "--precision 16a8w" in fix and not rep.warnings
+
+
+def test_one_value_has_no_cosine():
+    from modelexport.backends.ort_qnn.verify import check_output
+    import numpy as np
+    o = check_output("score", [np.array([2.0], np.float32)], [np.array([2.4], np.float32)], 30.0)
+    assert o.cosine is None and o.sqnr_db < 20
+    many = check_output("score", [np.array([2.0]), np.array([-1.0])], [np.array([2.4]), np.array([-1.1])], 30.0)
+    assert many.cosine is not None and many.cosine < 1.0
+
+
+BIG = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x) * 1e6          # beyond fp16's range: the HTP's fp16 output is far off
+
+
+def build():
+    torch.manual_seed(0)
+    return Model().eval(), (torch.randn(1, 8),)
+'''
+
+
+def test_compile_warns_when_its_numerics_fail_and_strict_numerics_refuses(tmp_path):
+    from conftest import assert_clean_error, run_cli
+    from et_models import write
+    spec = write(tmp_path, "big", BIG)
+    ok = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "kept"))
+    assert ok.returncode == 0, ok.stderr
+    assert "compile's own numerics check failed" in ok.stdout and "--strict-numerics" in ok.stdout
+    strict = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "refused"), "--strict-numerics")
+    assert_clean_error(strict, "--strict-numerics", "output_0", "fix: fp16 has no calibration")
+    assert strict.returncode == 7 and not (tmp_path / "refused").exists()
