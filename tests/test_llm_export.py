@@ -91,7 +91,7 @@ def test_generate_on_htp_sim_backend(bundle):
 
 def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
     from modelexport.core.errors import VerificationError
-    from modelexport.backends.llm_qnn.genie import validate_genie_config
+    from modelexport.toolchain.genie import validate_genie_config
     cfg = json.loads(bundle.file("genie_config.json").read_text())
     assert cfg["dialog"]["engine"]["backend"]["type"] == "QnnHtp"
     bins = cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
@@ -104,6 +104,36 @@ def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
     bad.write_text(json.dumps(cfg))
     with pytest.raises(VerificationError, match="context"):
         validate_genie_config(bad)
+
+
+def test_genie_creates_a_dialog_and_refuses_what_it_cannot_run(bundle):
+    """Genie's own GenieDialog_create (libGenie.so, host twins on the simulator) accepted the bundle
+    at build time; asked to feed RoPE tables the graphs do not take, the same check refuses it with
+    Genie's words."""
+    from modelexport.backends.llm_qnn.genie_dialog import bundle_config, check_dialog
+    from modelexport.core.errors import VerificationError
+    assert bundle.manifest.llm.genie["SM8650"].dialog_created
+    # the caches carry Genie's names and one encoding per tensor in every graph, input = output
+    encodings: dict[str, set] = {}
+    for g in bundle.manifest.graphs:
+        for t in (*g.inputs, *g.outputs):
+            if t.name.startswith("past_"):
+                encodings.setdefault(t.name.rsplit("_", 1)[0], set()).add(json.dumps(t.encoding.model_dump()))
+    assert len(encodings) == 2 * 2 and all(len(v) == 1 for v in encodings.values()), encodings
+    assert check_dialog(bundle_config(bundle, "SM8650"))["dialog_created"]
+    cfg = bundle_config(bundle, "SM8650")
+    cfg["dialog"]["engine"]["model"]["positional-encoding"] = {"type": "rope", "rope-dim": 8, "rope-theta": 1e4}
+    with pytest.raises(VerificationError, match="Could not find I/O tensors"):
+        check_dialog(cfg)
+
+
+def test_genie_generates_what_our_loop_generates(bundle):
+    """Genie's dialog loop (its prefill/decode switching, mask and KV updates) on the host twins gives
+    the tokens our own loop gives on the same binaries."""
+    import modelexport.llm as llm
+    ours = llm.load(bundle.path, backend="htp-sim").generate("Markets rose", max_new_tokens=6)
+    genie = llm.load(bundle.path, backend="genie").generate("Markets rose", max_new_tokens=6)
+    assert genie.token_ids == ours.token_ids and genie.stats.backend == "genie"
 
 
 def test_second_compile_is_cached(bundle, work):

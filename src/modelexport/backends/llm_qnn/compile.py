@@ -330,7 +330,8 @@ def _tensor_specs(infos) -> list[TensorSpec]:
 def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,
                   jobs, results, qairt, cache, timings, t_start, limit_mb, say):
     from ..context_binary import read_back
-    from .genie import genie_config, validate_genie_config
+    from ...toolchain.genie import validate_genie_config
+    from .genie import genie_config
     from .genie_dialog import check_dialog, host_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)

@@ -11,56 +11,17 @@ layer's input and output), the variants' cache lengths (CL - N) and the context 
 runs Genie's own loop: its prefill / decode variant switching, its smart-mask attention mask, its
 KV-cache updates and its sampler.
 
-libGenie needs the wheel's libc++ on LD_LIBRARY_PATH when the process starts, so it runs in a
-child process that prints one JSON line per event.
+The library calls themselves (a child process per dialog) are in toolchain/genie.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ...core.errors import InputError, ToolchainError, VerificationError
-from .genie import genie_library
-
-_CHILD = r"""
-import ctypes, json, sys
-lib = ctypes.CDLL(sys.argv[1])
-cfg = open(sys.argv[2], 'rb').read()
-job = json.loads(sys.argv[3])
-def say(**kw):
-    print(json.dumps(kw), flush=True)
-h = ctypes.c_void_p()
-lib.GenieDialogConfig_createFromJson.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
-rc = lib.GenieDialogConfig_createFromJson(cfg, ctypes.byref(h))
-if rc != 0:
-    say(event="config", status=rc); sys.exit(0)
-d = ctypes.c_void_p()
-lib.GenieDialog_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
-rc = lib.GenieDialog_create(h, ctypes.byref(d))
-say(event="dialog", status=rc)
-if rc != 0 or not job.get("tokens"):
-    sys.exit(0)
-lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
-CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p)
-def on_tokens(p, n, code, user):
-    if n:
-        say(event="tokens", ids=[p[i] for i in range(n)], code=code)
-cb = CB(on_tokens)
-lib.GenieDialog_tokenQuery.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
-                                       ctypes.c_int, CB, ctypes.c_void_p]
-ids = job["tokens"]
-rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
-say(event="query", status=rc)
-lib.GenieDialog_free.argtypes = [ctypes.c_void_p]
-lib.GenieDialog_free(d)
-"""
-
+from ...core.errors import InputError, VerificationError
+from ...toolchain.genie import genie_messages, run_dialog
 
 def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
                 sampler: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -71,6 +32,10 @@ def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
     cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = [str(Path(p).resolve()) for p in twins]
     tok = cfg["dialog"]["tokenizer"]
     tok["path"] = str((config_dir / tok["path"]).resolve())
+    # a phone's settings busy-poll on 3 big cores; here the simulator needs the host's cores
+    engine = cfg["dialog"]["engine"]
+    engine["n-threads"] = 1
+    engine["backend"]["QnnHtp"].update({"poll": False, "cpu-mask": hex((1 << (os.cpu_count() or 1)) - 1)})
     if sampler is not None:
         cfg["dialog"]["sampler"] = {"version": 1, **sampler}
     return cfg
@@ -100,57 +65,15 @@ def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, 
             "seed": int(seed or 0)}
 
 
-def _run(config: dict, job: dict, timeout: float, on_event: Callable[[dict], None] | None = None
-         ) -> tuple[dict[str, int], str]:
-    """The dialog child on `config`: ({stage: status}, its stderr); `on_event` sees each event."""
-    lib, libs = genie_library()
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), str(lib.parent), env.get("LD_LIBRARY_PATH", "")) if p)
-    status: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d, \
-            tempfile.TemporaryFile("w+") as err:   # a file, not a pipe: Genie may print more than a pipe holds
-        path = Path(d) / "genie_config.json"
-        path.write_text(json.dumps(config))
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(lib), str(path), json.dumps(job)],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=d)
-        try:
-            for line in proc.stdout:
-                if line.startswith("{"):
-                    event = json.loads(line)
-                    if "status" in event:
-                        status[event["event"]] = event["status"]
-                    if on_event:
-                        on_event(event)
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        err.seek(0)
-        stderr = err.read()
-    if proc.returncode != 0:
-        raise ToolchainError(f"Genie's dialog process died (exit {proc.returncode}): {_genie_messages(stderr)}",
-                             "run `modelexport doctor`; report it with the bundle's manifest")
-    return status, stderr
-
-
-def _genie_messages(stderr: str) -> str:
-    """Genie's own error lines (its INFO lines, the simulator's banner and affinity warnings dropped)."""
-    keep = [ln.strip() for ln in stderr.splitlines()
-            if ln.strip() and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
-    return " | ".join(keep)[-1500:] or "no message"
-
-
 def check_dialog(config: dict[str, Any]) -> dict[str, Any]:
     """GenieDialog_create with `config` (a `host_config`): {"dialog_created": True, ...} or a
     VerificationError with Genie's reasons."""
-    status, stderr = _run(config, {}, timeout=600)
+    status, stderr = run_dialog(config, {}, timeout=600)
     if status.get("dialog") == 0:
         return {"dialog_created": True, "dialog_checked_on": "host twins (x86 HTP simulator)"}
     where = "GenieDialogConfig_createFromJson" if "config" in status else "GenieDialog_create"
     raise VerificationError(f"Genie refuses the bundle ({where} status {status.get('config', status.get('dialog'))}): "
-                            f"{_genie_messages(stderr)}",
+                            f"{genie_messages(stderr)}",
                             "this is a bug in the generated graphs or config; report it with the bundle's manifest")
 
 
@@ -167,10 +90,10 @@ def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int
             out.extend(e["ids"])
             if on_tokens:
                 on_tokens(e["ids"])
-    status, stderr = _run(cfg, {"tokens": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)},
+    status, stderr = run_dialog(cfg, {"tokens": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)},
                           timeout=3600, on_event=on_event)
     if status.get("dialog") != 0:
-        raise VerificationError(f"Genie refuses the bundle: {_genie_messages(stderr)}",
+        raise VerificationError(f"Genie refuses the bundle: {genie_messages(stderr)}",
                                 "compile the LLM again with this version")
     stop = "length" if len(out) >= max_new_tokens else ("eos" if status.get("query") == 0 else
                                                          f"genie status {status.get('query')}")

@@ -18,7 +18,7 @@ def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The prompt (plain text; with --chat, the first user message)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template; multi-turn: more messages from stdin, one per line ('/reset', '/exit')."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
-    backend: str = typer.Option("cpu", "--backend", help="cpu (ExecuTorch XNNPACK, the fast default) or htp-sim (a compiled bundle on the HTP simulator)."),
+    backend: str = typer.Option("cpu", "--backend", help="cpu (ExecuTorch XNNPACK, the fast default), htp-sim (a compiled bundle on the HTP simulator, our loop) or genie (the bundle run by Genie's own dialog, libGenie.so, on the simulator)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = off)."),

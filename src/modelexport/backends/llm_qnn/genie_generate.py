@@ -1,0 +1,144 @@
+"""`generate BUNDLE --backend genie`: the text comes from Genie's own dialog loop (its variant
+switching, attention mask, KV-cache updates and sampler) running the bundle's host twins on the
+x86 HTP simulator. Our tokenizer encodes the prompt (chat template included) and decodes what
+Genie returns; the token ids go to `GenieDialog_tokenQuery` as they are.
+
+Greedy Genie gives the same tokens as `--backend htp-sim` (our loop over the same binaries):
+tests/test_llm_genie.py checks it token for token.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ...core.errors import InputError, UnsupportedError
+from ...core.vocab import Role
+from ...llm import LLM, LLM_BACKENDS, LoadOptions
+from ...llm.generate import GenerationConfig, GenerationResult, GenerationStats, TokenStream, _config_with
+from ...llm.openers import open_llm_bundle, source_kind
+from ...llm.tokenizers import StreamDecoder, load_tokenizer
+from .genie_dialog import genie_tokens, sampler_block
+
+
+class GenieGenerator:
+    """The `Generator` surface (`generate`, `stream`, `encode_prompt`) over Genie's dialog."""
+
+    session = None
+
+    def __init__(self, bundle, tokenizer, target: str):
+        self.bundle = bundle
+        self.tokenizer = tokenizer
+        self.target = target
+        self.max_seq_len = bundle.manifest.llm.max_seq_len
+
+    def encode_prompt(self, prompt, *, chat: bool = False) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InputError("the prompt is empty", "pass some text with --prompt")
+            return (self.tokenizer.encode_chat([{"role": "user", "content": prompt}]) if chat
+                    else self.tokenizer.encode(prompt))
+        if not prompt:
+            raise InputError("the conversation is empty", "give at least one message")
+        return self.tokenizer.encode_chat(prompt)
+
+    def stream(self, prompt, config: GenerationConfig | None = None, *, chat: bool = False, **overrides: Any) -> TokenStream:
+        config = _config_with(config, overrides)
+        s = config.sampling
+        if s.repetition_penalty != 1.0 or config.stop_strings or config.sliding_window:
+            raise UnsupportedError("--backend genie takes the sampling flags Genie has (temperature, top-k, top-p, "
+                                   "seed); not --repetition-penalty, --stop or --sliding-window",
+                                   "leave those out, or use --backend htp-sim (the same binaries, our loop)")
+        ids = [int(t) for t in prompt] if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int) \
+            else self.encode_prompt(prompt, chat=chat)
+        if not ids or len(ids) >= self.max_seq_len:
+            raise InputError(f"the prompt is {len(ids)} tokens; the bundle's context holds {self.max_seq_len}",
+                             "shorten the prompt, or compile with a larger --max-seq-len")
+        state: dict[str, Any] = {"ids": [], "t0": time.perf_counter()}
+        return TokenStream(self._run(ids, config, state), lambda: self._finish(ids, config, state))
+
+    def generate(self, prompt, config: GenerationConfig | None = None, *, chat: bool = False,
+                 on_text=None, **overrides: Any) -> GenerationResult:
+        stream = self.stream(prompt, config, chat=chat, **overrides)
+        for piece in stream:
+            if on_text:
+                on_text(piece)
+        return stream.result
+
+    def chat(self, system: str | None = None):
+        raise UnsupportedError("--backend genie runs one prompt per dialog here",
+                               "use --backend htp-sim for --chat (the same binaries, our loop)")
+
+    def _run(self, prompt_ids: list[int], config: GenerationConfig, state: dict):
+        """Genie's dialog in a thread (its child process streams token ids); text pieces as they come."""
+        s = config.sampling
+        sampler = sampler_block(s.temperature, s.top_k, s.top_p, s.seed)
+        pieces: queue.Queue = queue.Queue()
+        decoder = StreamDecoder(self.tokenizer, prompt_ids)
+        eos = set(self.tokenizer.eos_ids)
+
+        def work() -> None:
+            try:
+                _, stop = genie_tokens(self.bundle, self.target, prompt_ids, config.max_new_tokens, sampler,
+                                       on_tokens=lambda ids: pieces.put(("ids", ids)))
+                pieces.put(("done", stop))
+            except BaseException as e:   # handed to the consumer, raised there
+                pieces.put(("error", e))
+
+        threading.Thread(target=work, daemon=True).start()
+        while True:
+            kind, value = pieces.get()
+            if kind == "error":
+                raise value
+            if kind == "done":
+                state["stop"] = value
+                return
+            for t in value:
+                state.setdefault("first", time.perf_counter())
+                state["ids"].append(t)
+                if t in eos:
+                    continue
+                piece = decoder.push(t)
+                if piece:
+                    yield piece
+
+    def _finish(self, prompt_ids: list[int], config: GenerationConfig, state: dict) -> GenerationResult:
+        ids = state["ids"]
+        end = time.perf_counter()
+        first = state.get("first", end)
+        stop = state.get("stop", "stopped")
+        if ids and ids[-1] in set(self.tokenizer.eos_ids):
+            stop = "eos"
+        decode_s = end - first
+        stats = GenerationStats(
+            backend="genie", prompt_tokens=len(prompt_ids), prefill_tokens=len(prompt_ids), generated_tokens=len(ids),
+            time_to_first_token_s=round(first - state["t0"], 6), prefill_s=round(first - state["t0"], 6),
+            prefill_tokens_per_s=None, decode_s=round(decode_s, 6),
+            decode_tokens_per_s=round((len(ids) - 1) / decode_s, 3) if len(ids) > 1 and decode_s > 0 else None,
+            sampling_s=0.0, total_s=round(end - state["t0"], 6), stop_reason=stop,
+            seed=int(config.sampling.seed or 0))
+        text = self.tokenizer.decode([t for t in ids if t not in set(self.tokenizer.eos_ids)], skip_special_tokens=True)
+        return GenerationResult(text=text, token_ids=list(ids), prompt_ids=list(prompt_ids), stats=stats)
+
+
+@LLM_BACKENDS.register("genie")
+def open_genie(path: Path, opts: LoadOptions) -> LLM:
+    kind = source_kind(path)
+    if kind != "bundle":
+        raise InputError(f"--backend genie runs compiled LLM bundles; {path} is a {kind} file",
+                         "compile it first (modelexport compile ... -o BUNDLE), or use --backend cpu")
+    bundle = open_llm_bundle(path)
+    targets: Sequence[str] = list(bundle.manifest.llm.genie) if bundle.manifest.llm else []
+    if not targets:
+        raise InputError(f"bundle {path} has no Genie config", "compile the LLM again with this version")
+    tok_file = opts.tokenizer or next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
+    if tok_file is None:
+        raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
+    tokenizer = load_tokenizer(tok_file)
+    gen = GenieGenerator(bundle, tokenizer, targets[0])
+    info = {"source": str(path), "source_kind": "bundle", "model": path.name, "target": targets[0],
+            "tokenizer": tokenizer.describe(), "max_seq_len": gen.max_seq_len,
+            "runtime": "libGenie.so (onnxruntime-qnn wheel) on the host twins, x86 HTP simulator"}
+    return LLM(gen, "genie", info)   # type: ignore[arg-type]   # the Generator surface, Genie's loop

@@ -1,0 +1,147 @@
+"""Qualcomm's Genie runtime (`libGenie.so` inside the onnxruntime-qnn wheel) called from a child
+process: its config parser (`GenieDialogConfig_createFromJson`) and its dialog
+(`GenieDialog_create`, `GenieDialog_tokenQuery`).
+
+libGenie needs the wheel's libc++ on LD_LIBRARY_PATH when the process starts, so each call runs
+`python -c` with that environment and reads one JSON line per event from it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..core.errors import ToolchainError, VerificationError
+
+_CONFIG_CHILD = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+cfg = open(sys.argv[2], 'rb').read()
+h = ctypes.c_void_p()
+lib.GenieDialogConfig_createFromJson.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+lib.GenieDialogConfig_createFromJson.restype = ctypes.c_int32
+rc = lib.GenieDialogConfig_createFromJson(cfg, ctypes.byref(h))
+if rc == 0 and h.value:
+    lib.GenieDialogConfig_free.argtypes = [ctypes.c_void_p]
+    lib.GenieDialogConfig_free(h)
+print(json.dumps({"status": rc}))
+"""
+
+
+def genie_library() -> tuple[Path, Path]:
+    try:
+        import onnxruntime_qnn
+    except ImportError:
+        raise ToolchainError("onnxruntime-qnn is not installed (it carries libGenie.so)", "run `make setup`") from None
+    root = Path(onnxruntime_qnn.__file__).parent
+    lib = root / "libGenie.so"
+    if not lib.is_file():
+        raise ToolchainError(f"{lib} is missing", "reinstall onnxruntime-qnn (make setup)")
+    return lib, root.parent / "onnxruntime_qnn.libs"
+
+
+def _env(lib: Path, libs: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), str(lib.parent), env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+def validate_genie_config(path: str | Path) -> dict[str, Any]:
+    """{"status": 0, "accepted": True, "genie_api": ...} or VerificationError with Genie's message."""
+    lib, libs = genie_library()
+    proc = subprocess.run([sys.executable, "-c", _CONFIG_CHILD, str(lib), str(path)], capture_output=True, text=True, env=_env(lib, libs),
+                          timeout=120)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+    if proc.returncode != 0 or line is None:
+        raise ToolchainError(f"libGenie.so could not check {path} (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
+                             "run `modelexport doctor`")
+    status = json.loads(line)["status"]
+    message = " ".join(x for x in (proc.stdout + proc.stderr).splitlines() if x and not x.startswith("{")
+                       and "LIBNATIVE" not in x)[-500:]
+    if status != 0:
+        raise VerificationError(f"Genie rejects {Path(path).name} (GenieDialogConfig_createFromJson status {status}"
+                                + (f": {message}" if message else "") + ")",
+                                "this is a bug in the generated config; report it with the bundle's manifest")
+    return {"accepted": True, "status": status, "library": str(lib)}
+
+
+_DIALOG_CHILD = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+cfg = open(sys.argv[2], 'rb').read()
+job = json.loads(sys.argv[3])
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+h = ctypes.c_void_p()
+lib.GenieDialogConfig_createFromJson.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+rc = lib.GenieDialogConfig_createFromJson(cfg, ctypes.byref(h))
+if rc != 0:
+    say(event="config", status=rc); sys.exit(0)
+d = ctypes.c_void_p()
+lib.GenieDialog_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+rc = lib.GenieDialog_create(h, ctypes.byref(d))
+say(event="dialog", status=rc)
+if rc != 0 or not job.get("tokens"):
+    sys.exit(0)
+lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
+CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p)
+def on_tokens(p, n, code, user):
+    if n:
+        say(event="tokens", ids=[p[i] for i in range(n)], code=code)
+cb = CB(on_tokens)
+lib.GenieDialog_tokenQuery.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
+                                       ctypes.c_int, CB, ctypes.c_void_p]
+ids = job["tokens"]
+rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
+say(event="query", status=rc)
+lib.GenieDialog_free.argtypes = [ctypes.c_void_p]
+lib.GenieDialog_free(d)
+"""
+
+
+def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict], None] | None = None
+         ) -> tuple[dict[str, int], str]:
+    """Genie's dialog on `config` (a dict) in a child: ({stage: status}, its stderr). `job` = {} only
+    creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it. `on_event` sees each
+    event ({"event": "tokens", "ids": [...]}, ...) as it comes."""
+    lib, libs = genie_library()
+    env = _env(lib, libs)
+    status: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d, \
+            tempfile.TemporaryFile("w+") as err:   # a file, not a pipe: Genie may print more than a pipe holds
+        path = Path(d) / "genie_config.json"
+        path.write_text(json.dumps(config))
+        proc = subprocess.Popen([sys.executable, "-c", _DIALOG_CHILD, str(lib), str(path), json.dumps(job)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=d)
+        try:
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    event = json.loads(line)
+                    if "status" in event:
+                        status[event["event"]] = event["status"]
+                    if on_event:
+                        on_event(event)
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0:
+        raise ToolchainError(f"Genie's dialog process died (exit {proc.returncode}): {genie_messages(stderr)}",
+                             "run `modelexport doctor`; report it with the bundle's manifest")
+    return status, stderr
+
+
+def genie_messages(stderr: str) -> str:
+    """Genie's own error lines (its INFO lines, the simulator's banner and affinity warnings dropped)."""
+    keep = [ln.strip() for ln in stderr.splitlines()
+            if ln.strip() and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
+    return " | ".join(keep)[-1500:] or "no message"
