@@ -132,7 +132,7 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
     loaded = model if isinstance(model, LoadedModule) else load_torch(model, example_inputs)
     if isinstance(model, LoadedModule) and example_inputs is not None:
         loaded.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    inputs = input_specs(loaded.module, loaded.example_inputs)
+    inputs = input_specs(loaded.module, loaded.example_inputs, loaded.input_names)
     calib = calibration_set(calibration, loaded, inputs) if prec.quantized else None
     if prec.quantized:
         verify = calib

@@ -192,7 +192,8 @@ def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], na
     import torch
     with torch.no_grad():
         out = module(*[torch.from_numpy(np.ascontiguousarray(sample[n])) for n in names_in])
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    # nested outputs (an LSTM's (y, (h, c)), a HF ModelOutput) in the order the .pte returns them
+    outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     return {n: o.detach().numpy() for n, o in zip(names_out, outs)}
 
 
