@@ -207,16 +207,13 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
     if not graphs:
         raise InputError(f"{path} holds no .pte method to verify", "compile a PyTorch model with --format pte")
     report = VerifyReport(str(graphs[0].bundle.path), [])
-    refs_by_part: dict[str, Any] = {}
     for g in graphs:
         with PteSession(g) as sess:
             names_in = [i["name"] for i in g.inputs]
             samples, kind = verify_samples(g.bundle, g.part, sess, inputs)
             if max_samples:
                 samples = samples[:max_samples]
-            if g.part not in refs_by_part:
-                refs_by_part[g.part] = float_reference(g.bundle, g.part)
-            ref_mod = refs_by_part[g.part]
+            ref_mod = float_reference(g.bundle, g.part)   # per graph: a module with a state starts afresh
             refs = {n: [] for n in g.outputs}
             gots = {n: [] for n in g.outputs}
             for s in samples:
