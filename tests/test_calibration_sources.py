@@ -144,3 +144,18 @@ def test_a_generator_that_raises_is_the_users_error_without_our_frames():
     with pytest.raises(CalibrationError) as e:
         load_calibration(broken(), ONE)
     assert "raised ValueError at item 1: disk gone" in e.value.problem
+
+
+def test_the_seeds_qnncompiler_takes_a_loader_for_an_onnx_model(tmp_path):
+    """QNNCompiler(quantization={"calibration_data": <generator>}): was a TypeError traceback."""
+    from onnx_models import conv_relu
+
+    from modelexport import QNNCompiler
+    model = conv_relu(tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    loader = (rng.standard_normal((1, 3, 16, 16)).astype(np.float32) for _ in range(3))
+    b = QNNCompiler().compile(str(model), quantization={"enabled": True, "calibration_data": loader,
+                                                        "act_bitwidth": 8, "weights_bitwidth": 8},
+                              output=tmp_path / "out")
+    cal = b.manifest.calibration
+    assert next(iter(cal.values()))["kind"] == "iterator" and next(iter(cal.values()))["samples"] == 3
