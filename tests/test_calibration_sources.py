@@ -160,3 +160,11 @@ def test_the_seeds_qnncompiler_takes_a_loader_for_an_onnx_model(tmp_path):
     b = getattr(compiler, "last_bundle", None) or res    # modelexport.qnn's returns the artifact's path
     cal = b.manifest.calibration
     assert next(iter(cal.values()))["kind"] == "iterator" and next(iter(cal.values()))["samples"] == 3
+
+
+def test_nested_names_follow_arguments_positions_and_keys():
+    from modelexport.core.nested import flatten_args, template, unflatten
+    args = (1, (2, 3), {"ids": 4, "mask": [5, 6]})
+    leaves = flatten_args(args, ["x", "hx"])
+    assert [n for n, _ in leaves] == ["x", "hx_0", "hx_1", "input_2_ids", "input_2_mask_0", "input_2_mask_1"]
+    assert unflatten(template(args), [v for _, v in leaves]) == args

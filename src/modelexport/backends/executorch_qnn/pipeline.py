@@ -12,7 +12,7 @@ import numpy as np
 
 from ...core.errors import CalibrationError, InputError, UnsupportedError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
-from ...frontends.torch_module import LoadedModule
+from ...frontends.torch_module import LoadedModule, flatten_loaded
 from ...quant.calibration import CalibrationSet, load_calibration
 from ...quant.precision import Precision, get_precision
 from ...core.targets import SoC, get_target
@@ -155,6 +155,7 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
     loaded = model if isinstance(model, LoadedModule) else load_torch(model, example_inputs)
     if isinstance(model, LoadedModule) and example_inputs is not None:
         loaded.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        loaded = flatten_loaded(loaded)
     inputs = input_specs(loaded.module, loaded.example_inputs, loaded.input_names)
     calib = calibration_set(calibration, loaded, inputs) if prec.quantized else None
     if prec.quantized:
