@@ -72,7 +72,8 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
                 block_size: int | None = None, rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> AuditReport:
     """→ AuditReport (backend "executorch-qnn"). Quantized precisions calibrate on `calibration`
     or, when none is given, on random data: placement does not depend on the values."""
-    from .lower import lower
+    from ...core.errors import ModelExportError
+    from .lower import lower, lowering_error
     from .pipeline import prepare
     from .specs import qnn_ready
     state = qnn_ready()
@@ -82,8 +83,13 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
     t0 = time.perf_counter()
     prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
                    overrides, block_size, rewrites, dynamic_shapes)
-    low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized, delegate=False,
-                log_level="warn", dynamic_shapes=dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
+    try:
+        low = lower(prep.lowerable(), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
+                    delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
+    except ModelExportError:
+        raise
+    except Exception as e:  # ExecuTorch's passes raise plain exceptions: said cleanly, as compile does
+        raise lowering_error(e) from None
     nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions)
     notes = []
     folded = sum(1 for d in low.decisions.values() if d.supported and is_qdq_name(d.target))

@@ -69,7 +69,7 @@ def _name_base(spec: PartSpec, loaded) -> str:
 def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, key: str,
                  report: Callable[[str], None]) -> tuple[Path, dict, bool]:
     """The cache entry holding model.pte and meta.json (placement, timings) for one target."""
-    from .lower import delegation_summary, lower, placement, to_pte
+    from .lower import delegation_summary, lower, lowering_error, placement, to_pte
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
@@ -101,20 +101,6 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
 
     entry, hit = cache.get_or_create(CACHE_NAMESPACE, key, build)
     return entry, Cache.meta(entry), hit
-
-
-def lowering_error(e: Exception) -> ToolchainError:
-    text = " ".join(str(e).split())
-    if "was not decomposed or delegated" in text:
-        import re
-        op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
-        return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
-                              "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
-    from .partition import qnn_reason
-    said = qnn_reason(getattr(e, "native_log", []) or [])
-    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {text[:400]}"
-                          + (f" — QNN said: {said[:400]}" if said else ""),
-                          "run `modelexport audit` on the model for the per-node view; report it if the audit is clean")
 
 
 def _numerics(pte_path: Path, prep, threshold: float) -> dict:

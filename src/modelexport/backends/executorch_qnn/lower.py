@@ -9,8 +9,10 @@ delegate blobs extracted into segments aligned for mmap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ...core.errors import ToolchainError
 from ...core.targets import SoC
 from ...frontends.module_paths import fx_module_path
 from .partition import Decision, capture_native_output, op_name
@@ -100,6 +102,43 @@ def mutated_buffers(ep) -> list[str]:
             if written and getattr(arg, "name", None) in buffers:
                 found.add(buffers[arg.name])
     return sorted(found)
+
+
+def _pass_failure(e: Exception) -> ToolchainError | None:
+    """ExecuTorch's pass manager wraps the real error ("An error occurred when running the 'X' pass
+    after the following passes: [30 names]"): say the pass, the node and the model's line instead."""
+    import re
+    m = re.match(r"An error occurred when running the '(\w+)' pass", str(e))
+    cause = e.__cause__ or e.__context__
+    if not m or cause is None:
+        return None
+    text = str(cause)
+    reason = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(cause).__name__)
+    node = re.search(r"While executing %(\S+)", text)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s+(.+)', text)
+    user = [f for f in frames if "/torch/" not in f[0]]
+    at = f" at {Path(user[-1][0]).name}:{user[-1][1]} (`{user[-1][2].strip()}`)" if user else ""
+    return ToolchainError(f"ExecuTorch's QNN pass {m[1]} failed on {node[1] if node else 'a node'}{at}: {reason}",
+                          "the pass runs before any node is placed, so an audit stops here too: change that op "
+                          "(a weight computed in forward, such as weight_norm, becomes a constant with "
+                          "torch.nn.utils.parametrize.remove_parametrizations), or compile at another --precision")
+
+
+def lowering_error(e: Exception) -> ToolchainError:
+    text = " ".join(str(e).split())
+    if "was not decomposed or delegated" in text:
+        import re
+        op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
+        return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
+                              "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
+    failed_pass = _pass_failure(e)
+    if failed_pass is not None:
+        return failed_pass
+    from .partition import qnn_reason
+    said = qnn_reason(getattr(e, "native_log", []) or [])
+    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {text[:400]}"
+                          + (f" — QNN said: {said[:400]}" if said else ""),
+                          "run `modelexport audit` on the model for the per-node view; report it if the audit is clean")
 
 
 def _has_cpu_ops(edge, method: str) -> bool:
