@@ -98,3 +98,26 @@ def test_calibration_mistakes_on_a_torch_model_are_one_clear_message(tmp_path):
                             calibration=[(torch.randn(5, 3, 10), torch.randn(2, 3, 20))])
     assert "calibration sample 0 holds 2 array(s); the model has 3 input(s)" in e.value.problem
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_failing_qnn_pass_names_the_pass_node_and_line_and_its_fix_works():
+    """A weight computed in forward (weight_norm, as Wav2Vec2's positional conv) fails QNN's
+    LayoutTransform at fp16: audit and compile said a raw Exception / a 400-character pass list."""
+    import torch
+    from torch.nn.utils import parametrize
+    from modelexport.core.errors import ToolchainError
+
+    class WeightNormConv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(8, 8, 5, padding=2, groups=2), dim=2)
+
+        def forward(self, x):
+            return self.conv(x)
+    model, x = WeightNormConv().eval(), torch.randn(1, 8, 16)
+    with pytest.raises(ToolchainError) as e:
+        modelexport.audit(model, (x,), precision="fp16")
+    assert "pass LayoutTransform failed on aten_convolution" in e.value.problem
+    assert "test_et_inputs.py" in e.value.problem and "remove_parametrizations" in e.value.fix
+    parametrize.remove_parametrizations(model.conv, "weight")
+    assert all(n.backend == "HTP" for n in modelexport.audit(model, (x,), precision="fp16").nodes)
