@@ -44,7 +44,7 @@ class ToolchainError(ModelExportError):
     """QAIRT, ONNX Runtime's QNN EP, ExecuTorch or gcc is missing or does not fit."""
 
 
-class CalibrationError(ModelExportError):
+class CalibrationError(InputError):
     """Calibration data is missing or does not match the model's inputs."""
 
 

@@ -7,7 +7,6 @@ path (`blocks.1`), its class, file and line.
 """
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,19 +28,18 @@ class TorchIO:
         return {"name": self.name, "shape": list(self.static_shape), "dtype": self.dtype}
 
 
-def input_specs(module, example_inputs: tuple) -> list[TorchIO]:
+def input_specs(module, example_inputs: tuple, names: list[str] | None = None) -> list[TorchIO]:
+    """One TorchIO per (flat) example input, named by `names` (flattened nested inputs) or forward's parameters."""
     import torch
-    try:
-        params = [p.name for p in inspect.signature(module.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        params = []
+
+    from .torch_nested import forward_params
+    params = names or forward_params(module)
     out = []
     for i, x in enumerate(example_inputs):
-        if not isinstance(x, torch.Tensor):
-            raise InputError(f"example input {i} is a {type(x).__name__}; only tensors are supported as model inputs",
-                             "make non-tensor arguments constants of the module (attributes or defaults)")
         name = params[i] if i < len(params) else f"input_{i}"
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"example input {name} is a {type(x).__name__}; the inputs of a compiled model are tensors",
+                             "make non-tensor arguments constants of the module (attributes or defaults)")
         out.append(TorchIO(name, tuple(int(d) for d in x.shape), str(torch.empty(0, dtype=x.dtype).numpy().dtype)))
     return out
 

@@ -28,6 +28,18 @@ class LoadedModule:
     exported: Any = None               # an ExportedProgram when the source was a .pt2
     description: str = ""
     extra: dict = field(default_factory=dict)
+    input_names: list[str] | None = None   # of the flattened leaves when the inputs were nested
+
+
+def flatten_loaded(loaded: LoadedModule) -> LoadedModule:
+    """Nested example inputs (`(x, (h0, c0))`) → a module taking the named flat leaves."""
+    from .torch_nested import flatten_module_inputs
+    module, flat, names = flatten_module_inputs(loaded.module, loaded.example_inputs)
+    if names is not None:
+        loaded.module, loaded.example_inputs, loaded.input_names = module, flat, names
+        loaded.exported = None          # re-exported from the flat module
+        loaded.extra["flattened_inputs"] = names
+    return loaded
 
 
 def _sha256(path: Path) -> str:
@@ -49,7 +61,7 @@ def from_module(module: Any, example_inputs: Any, source: str = "<nn.Module>") -
             raise InputError(f"no example inputs for {source}",
                              "return (module, example_inputs) from the factory, or give the module an example_inputs() method")
         example_inputs = maker()
-    return LoadedModule(module.eval(), _as_tuple(example_inputs), source, description=type(module).__name__)
+    return flatten_loaded(LoadedModule(module.eval(), _as_tuple(example_inputs), source, description=type(module).__name__))
 
 
 def load_factory(spec: str) -> LoadedModule:
@@ -120,4 +132,5 @@ def load_pt2(path: str | Path) -> LoadedModule:
     if not args:
         raise InputError(f"{p} carries no example inputs", "export with example inputs and save again")
     _refuse_dynamic(ep, p)
-    return LoadedModule(ep.module(), tuple(args), str(p), _sha256(p), exported=ep, description="ExportedProgram")
+    return flatten_loaded(LoadedModule(ep.module(), tuple(args), str(p), _sha256(p), exported=ep,
+                                       description="ExportedProgram"))

@@ -8,7 +8,9 @@ Accepted (`--calibration`):
   separated by spaces, either in input order or as `name:=path`; `#` lines are ignored;
 - one `.npz`: arrays named after the inputs, shaped like the input (one sample) or with one
   more leading axis (several samples);
-- `random`: normal noise of the right shapes; recorded in the manifest as not representative.
+- `random`: normal noise of the right shapes; recorded in the manifest as not representative;
+- in memory (the Python API): arrays, tensors, tuples, dicts, generators, DataLoaders, read by
+  `calibration_sources` (one adapter for ONNX and PyTorch).
 Every array is checked against the model's inputs (names, shapes, dtypes): a mismatch is a
 CalibrationError naming the input.
 """
@@ -22,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..core.errors import CalibrationError
+from .calibration_sources import ACCEPTED, check_finite, kind_of, read_source
 
 RANDOM = "random"
 DEFAULT_RANDOM_SAMPLES = 8
@@ -30,7 +33,7 @@ DEFAULT_RANDOM_SAMPLES = 8
 @dataclass
 class CalibrationSet:
     samples: list[dict[str, np.ndarray]]
-    kind: str                        # npy-folder, input-list, npz, random, arrays
+    kind: str                        # folder, input-list, npz, file, random, or a calibration_sources.SourceKind
     source: str
     representative: bool = True
     notes: list[str] = field(default_factory=list)
@@ -212,18 +215,11 @@ def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RAND
                                "(quick, but the manifest will say the ranges are not representative)")
     if isinstance(spec, str) and spec.strip().lower() == RANDOM:
         return CalibrationSet(random_samples(inputs, num_random), "random", RANDOM, representative=False)
-    if isinstance(spec, dict) or isinstance(spec, list):
-        raw = spec if isinstance(spec, list) else [spec]
-        samples = []
-        for i, s in enumerate(raw):
-            missing = sorted(set(expected) - set(s))
-            if missing:
-                raise CalibrationError(f"calibration sample {i} lacks input(s) {', '.join(missing)}", _names_fix(expected))
-            extra = sorted(set(s) - set(expected))
-            if extra:
-                raise CalibrationError(f"calibration sample {i} has {', '.join(extra)}, not inputs of the model", _names_fix(expected))
-            samples.append({k: _check(k, np.asarray(v), expected, f"sample {i}") for k, v in s.items()})
-        return CalibrationSet(samples, "arrays", f"{len(samples)} in-memory sample(s)")
+    if kind_of(spec) is not None:
+        got = read_source(spec, inputs)
+        return CalibrationSet(got.samples, got.kind.value, got.source, notes=got.notes)
+    if not isinstance(spec, (str, Path)):
+        raise CalibrationError(f"calibration is a {type(spec).__name__}", f"give {ACCEPTED}")
     path = Path(spec)
     if not path.exists():
         raise CalibrationError(f"calibration data {path} does not exist",
@@ -241,4 +237,5 @@ def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RAND
                                "give a folder of .npy/.npz/.raw files, an input list .txt, a .npz, or `random`")
     if not samples:
         raise CalibrationError(f"{path} holds no calibration samples", "add at least one sample (more give better ranges)")
+    check_finite(samples, str(path))
     return CalibrationSet(samples, kind, str(path))

@@ -74,7 +74,8 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
                 block_size: int | None = None, rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> AuditReport:
     """→ AuditReport (backend "executorch-qnn"). Quantized precisions calibrate on `calibration`
     or, when none is given, on random data: placement does not depend on the values."""
-    from .lower import lower
+    from ...core.errors import ModelExportError
+    from .lower import lower, lowering_error
     from .pipeline import prepare
     from .specs import qnn_ready
     state = qnn_ready()
@@ -90,9 +91,11 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
             low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
                         use_fp16=not prep.precision.quantized, delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes,
                         linear_to_conv2d=prep.plan.uses_block)
-        except Exception as e:
-            log += getattr(e, "native_log", []) or []
+        except ModelExportError:
             raise
+        except Exception as e:  # ExecuTorch's passes raise plain exceptions: said cleanly, as compile does
+            log += getattr(e, "native_log", []) or []
+            raise lowering_error(e) from None
         log += low.log
         nodes = nodes_from_decisions(low.edge.exported_program(), low.decisions, prep.precision.quantized)
         refused = None

@@ -69,7 +69,7 @@ def _name_base(spec: PartSpec, loaded) -> str:
 def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, key: str,
                  report: Callable[[str], None]) -> tuple[Path, dict, bool]:
     """The cache entry holding model.pte and meta.json (placement, timings) for one target."""
-    from .lower import delegation_summary, lower, placement, to_pte
+    from .lower import delegation_summary, lower, lowering_error, placement, to_pte
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
             rows = placement(low.edge, low.decisions)
             t2 = time.perf_counter()
             report("writing the .pte (delegate segments aligned for mmap)")
-            et_program = to_pte(low.edge, alignment)
+            et_program = to_pte(low.edge, alignment, low.mutable_buffers)
         except ModelExportError:
             raise
         except Exception as e:
@@ -97,7 +97,7 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         return {"placement": rows, "summary": delegation_summary(rows), "segment_alignment": alignment,
                 "quantize_s": round(t_quant, 3), "lower_s": round(t2 - t1, 3),
                 "to_executorch_s": round(t3 - t2, 3), "numerics_s": round(time.perf_counter() - t3, 3),
-                "numerics": numerics, "quantization": prep.plan.describe()}
+                "numerics": numerics, "quantization": prep.plan.describe(), "mutable_buffers": low.mutable_buffers}
 
     entry, hit = cache.get_or_create(CACHE_NAMESPACE, key, build)
     return entry, Cache.meta(entry), hit
@@ -121,29 +121,15 @@ def check_numerics(built: dict, preps) -> None:
                                   + "; or drop --strict-numerics to keep the bundle and check it yourself")
 
 
-def lowering_error(e: Exception) -> ToolchainError:
-    text = " ".join(str(e).split())
-    if "was not decomposed or delegated" in text:
-        import re
-        op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
-        return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
-                              "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
-    from .partition import qnn_reason
-    said = qnn_reason(getattr(e, "native_log", []) or [])
-    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {clip(text, 1000)}"
-                          + (f" — QNN said: {clip(said, 1000)}" if said else ""),
-                          "run `modelexport audit` on the model with the same --precision: it builds the QNN "
-                          "partitions as compile does and names the op that fails, with its fix")
-
-
 def _numerics(pte_path: Path, prep, threshold: float) -> dict:
     """Compiled (simulator) vs eager float on the first verify samples: manifest.numerics."""
     from .run import PteGraph, PteSession, compare_outputs, eager_outputs
     names_in = [i.name for i in prep.inputs]
     samples = prep.verify_inputs.samples[:NUMERICS_SAMPLES]
-    ref_mod = prep.exported.module()
-    first = eager_outputs(ref_mod, samples[0], names_in, [f"output_{i}" for i in range(64)])
-    names_out = list(first)
+    ref_mod = prep.reference()
+    # named from the signature, not from a first eager call: a module with a mutable buffer
+    # (a state) must see each sample once, as the .pte does
+    names_out = [f"output_{i}" for i in range(len(prep.exported.graph_signature.user_outputs))]
     g = PteGraph("", None, pte_path, prep.precision.name,
                  [{"name": io.name, "shape": list(io.static_shape), "dtype": io.dtype} for io in prep.inputs], names_out)
     refs = {n: [] for n in names_out}
@@ -229,7 +215,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
             fingerprint = graph_fingerprint(prep.exported)
             for soc in socs:
                 key = cache_key("pte", fingerprint, prep.plan.key(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes),
-                                prep.verify_inputs.digest(), [i.to_dict() for i in prep.inputs],
+                                prep.verify_inputs.digest(), [i.to_dict() for i in prep.inputs], prep.mutable_buffers,
                                 prep.calibration.digest() if prep.calibration else None, soc.name, fallback, SEGMENT_ALIGNMENT,
                                 getattr(executorch, "__version__", "?"), torch.__version__, state.qairt_build, state.mode)
 
@@ -295,6 +281,10 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
             m.options["rewrites"][name] = prep.rewrites
             if not prep.precision.quantized:
                 m.options.setdefault("fp16_batch_norms_folded", []).append(name)
+            if prep.mutable_buffers:   # written by the program, outside the QNN delegate (lower.py)
+                m.options.setdefault("mutable_buffers", {})[name] = prep.mutable_buffers
+            if prep.loaded.input_names:
+                m.options.setdefault("flattened_inputs", {})[name] = prep.loaded.input_names
             hits = {}
             for soc in socs:
                 entry, meta, hit = built[(name, soc.name)]

@@ -9,8 +9,10 @@ delegate blobs extracted into segments aligned for mmap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ...core.errors import ToolchainError, clip
 from ...core.targets import SoC
 from ...frontends.module_paths import fx_module_path
 from .partition import Decision, capture_native_output, op_name
@@ -29,6 +31,7 @@ class Lowered:
     edge: Any                               # EdgeProgramManager
     decisions: dict[str, Decision]          # per edge node: the QNN partitioner's answer and reason
     log: list[str] = field(default_factory=list)
+    mutable_buffers: list[str] = field(default_factory=list)   # kept out of the delegate (skip_mutable_buffer)
 
 
 def _silence_python_logs() -> None:
@@ -56,11 +59,18 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     _silence_python_logs()
     specs = compile_specs(soc, use_fp16, log_level)
     backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
-    qnn = explaining_partitioner(specs, delegate=delegate, skip_node_id_set=set(skip_nodes or ()))
     log: list[str] = []
+    mutated: list[str] = []
+    qnn = None
     try:
         with capture_native_output() as log:
             ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=True)
+            # A buffer the forward writes (a KV cache, a running state): delegated, QNN gives it the
+            # same I/O address, which the x86 simulator does not honour (measured: -97 dB, silently).
+            # As ExecuTorch's x86 tests do, the write stays outside the delegate, in the program.
+            mutated = mutated_buffers(ep)
+            qnn = explaining_partitioner(specs, delegate=delegate, skip_node_id_set=set(skip_nodes or ()),
+                                         skip_mutable_buffer=bool(mutated))
             pm = get_qnn_pass_manager_cls(backend_type)()
             aten = pm.transform_for_export_pipeline(ep)
             passes = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=linear_to_conv2d)
@@ -75,7 +85,63 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     except Exception as e:
         e.native_log = log  # type: ignore[attr-defined]
         raise
-    return Lowered(edge, dict(qnn.decisions), log)
+    return Lowered(edge, dict(qnn.decisions), log, mutated)
+
+
+def mutated_buffers(ep) -> list[str]:
+    """Buffers the forward writes. torch.export's IR keeps in-place ops (`copy_` on a buffer) until
+    it is functionalized, so the signature's buffers_to_mutate is not enough: writes are read off
+    the ops' schemas too."""
+    sig = ep.graph_signature
+    buffers = sig.inputs_to_buffers
+    found = set(sig.buffers_to_mutate.values())
+    for node in ep.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for arg_schema, arg in zip(schema.arguments, node.args):
+            written = arg_schema.alias_info is not None and arg_schema.alias_info.is_write
+            if written and getattr(arg, "name", None) in buffers:
+                found.add(buffers[arg.name])
+    return sorted(found)
+
+
+def _pass_failure(e: Exception) -> ToolchainError | None:
+    """ExecuTorch's pass manager wraps the real error ("An error occurred when running the 'X' pass
+    after the following passes: [30 names]"): say the pass, the node and the model's line instead."""
+    import re
+    m = re.match(r"An error occurred when running the '(\w+)' pass", str(e))
+    cause = e.__cause__ or e.__context__
+    if not m or cause is None:
+        return None
+    text = str(cause)
+    reason = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(cause).__name__)
+    node = re.search(r"While executing %(\S+)", text)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s+(.+)', text)
+    user = [f for f in frames if "/torch/" not in f[0]]
+    at = f" at {Path(user[-1][0]).name}:{user[-1][1]} (`{user[-1][2].strip()}`)" if user else ""
+    return ToolchainError(f"ExecuTorch's QNN pass {m[1]} failed on {node[1] if node else 'a node'}{at}: {reason}",
+                          "the pass runs before any node is placed, so an audit stops here too: change that op "
+                          "(a weight computed in forward, such as weight_norm, becomes a constant with "
+                          "torch.nn.utils.parametrize.remove_parametrizations), or compile at another --precision")
+
+
+def lowering_error(e: Exception) -> ToolchainError:
+    text = " ".join(str(e).split())
+    if "was not decomposed or delegated" in text:
+        import re
+        op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
+        return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
+                              "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
+    failed_pass = _pass_failure(e)
+    if failed_pass is not None:
+        return failed_pass
+    from .partition import qnn_reason
+    said = qnn_reason(getattr(e, "native_log", []) or [])
+    return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {clip(text, 1000)}"
+                          + (f" — QNN said: {clip(said, 1000)}" if said else ""),
+                          "run `modelexport audit` on the model with the same --precision: it builds the QNN "
+                          "partitions as compile does and names the op that fails, with its fix")
 
 
 def _has_cpu_ops(edge, method: str) -> bool:
@@ -89,11 +155,18 @@ def _has_cpu_ops(edge, method: str) -> bool:
     return False
 
 
-def to_pte(edge, alignment: int = SEGMENT_ALIGNMENT):
-    """ExecutorchProgramManager with delegate data in segments starting on `alignment` boundaries."""
+def to_pte(edge, alignment: int = SEGMENT_ALIGNMENT, mutable_buffers: list[str] | None = None):
+    """ExecutorchProgramManager with delegate data in segments starting on `alignment` boundaries.
+
+    ExecuTorch serializes only the shape of a mutable buffer unless told to keep its initial
+    value (InitializedMutableBufferPass, matched on placeholder names `b_<path>`): without it a
+    state that does not start at zero starts from whatever the memory held."""
     from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+    passes = [InitializedMutableBufferPass([b.replace(".", "_") for b in mutable_buffers])] if mutable_buffers else []
     with capture_native_output():
-        return edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=alignment))
+        return edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=alignment,
+                                                          passes=passes))
 
 
 def is_qdq(target) -> bool:

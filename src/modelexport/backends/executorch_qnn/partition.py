@@ -154,7 +154,8 @@ def _explaining_support_cls():
     return ExplainingSupport
 
 
-def explaining_partitioner(compiler_specs, delegate: bool = True, skip_node_id_set=None, skip_node_op_set=None):
+def explaining_partitioner(compiler_specs, delegate: bool = True, skip_node_id_set=None, skip_node_op_set=None,
+                           skip_mutable_buffer: bool = False):
     """A QnnPartitioner that records every decision in `.decisions`; `delegate=False` tags nothing."""
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
     from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import \
@@ -196,6 +197,7 @@ def explaining_partitioner(compiler_specs, delegate: bool = True, skip_node_id_s
                                                and self.decisions[node.name].supported and delegate))
             return ops, check
 
-    p = ExplainingQnnPartitioner(compiler_specs, skip_node_id_set=skip_node_id_set, skip_node_op_set=skip_node_op_set)
+    p = ExplainingQnnPartitioner(compiler_specs, skip_node_id_set=skip_node_id_set, skip_node_op_set=skip_node_op_set,
+                                 skip_mutable_buffer=skip_mutable_buffer)
     p.decisions = {}
     return p

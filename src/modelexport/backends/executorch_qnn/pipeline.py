@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from ...core.errors import CalibrationError, InputError
+from ...core.errors import CalibrationError, InputError, UnsupportedError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
-from ...frontends.torch_module import LoadedModule
+from ...frontends.torch_module import LoadedModule, flatten_loaded
 from ...quant.calibration import CalibrationSet, load_calibration
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...core.targets import SoC, get_target
@@ -45,17 +45,40 @@ class Prepared:
             import time
 
             import torch
-            gm = self.exported.module()
+            gm = self.reference()
             if self.precision.quantized:
                 t0 = time.perf_counter()
                 samples = [as_args(s, self.inputs) for s in self.calibration.samples]
                 with torch.no_grad():
                     gm = quantize(gm, self.plan, self.soc, samples)
+                    self._reset_mutable_buffers(gm)
                 self.timings["quantize_s"] = round(time.perf_counter() - t0, 3)
             else:
                 fold_batch_norms(gm)
             self.graph = gm
         return self.graph
+
+    @property
+    def mutable_buffers(self) -> list[str]:
+        """Buffers the forward writes (a state, a KV cache)."""
+        from .lower import mutated_buffers
+        return mutated_buffers(self.exported)
+
+    def reference(self):
+        """The float module to run eagerly. A module with a state gets its own copy: running
+        it advances the state, and the .pte and float.pt2 must both start from the initial one."""
+        import copy
+        return copy.deepcopy(self.exported).module() if self.mutable_buffers else self.exported.module()
+
+    def _reset_mutable_buffers(self, gm) -> None:
+        """Calibration ran the forward and advanced the state: put the initial values back."""
+        initial = self.exported.state_dict
+        for name in self.mutable_buffers:
+            try:
+                gm.get_buffer(name).copy_(initial[name])
+            except (AttributeError, KeyError) as e:
+                raise UnsupportedError(f"the mutable buffer {name!r} could not be reset after calibration ({e})",
+                                       "compile at fp16, or make the state an input and output of forward") from None
 
     def example_inputs(self) -> tuple:
         return tuple(self.loaded.example_inputs)
@@ -134,7 +157,8 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
     loaded = model if isinstance(model, LoadedModule) else load_torch(model, example_inputs)
     if isinstance(model, LoadedModule) and example_inputs is not None:
         loaded.example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    inputs = input_specs(loaded.module, loaded.example_inputs)
+        loaded = flatten_loaded(loaded)
+    inputs = input_specs(loaded.module, loaded.example_inputs, loaded.input_names)
     calib = calibration_set(calibration, loaded, inputs) if prec.quantized else None
     if prec.quantized:
         verify = calib

@@ -174,7 +174,8 @@ def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], na
     import torch
     with torch.no_grad():
         out = module(*[torch.from_numpy(np.ascontiguousarray(sample[n])) for n in names_in])
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    # nested outputs (an LSTM's (y, (h, c)), a HF ModelOutput) in the order the .pte returns them
+    outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     return {n: o.detach().numpy() for n, o in zip(names_out, outs)}
 
 
@@ -188,16 +189,13 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
     if not graphs:
         raise InputError(f"{path} holds no .pte method to verify", "compile a PyTorch model with --format pte")
     report = VerifyReport(str(graphs[0].bundle.path), [])
-    refs_by_part: dict[str, Any] = {}
     for g in graphs:
         with PteSession(g) as sess:
             names_in = [i["name"] for i in g.inputs]
             samples, kind = verify_samples(g.bundle, g.part, sess, inputs)
             if max_samples:
                 samples = samples[:max_samples]
-            if g.part not in refs_by_part:
-                refs_by_part[g.part] = float_reference(g.bundle, g.part)
-            ref_mod = refs_by_part[g.part]
+            ref_mod = float_reference(g.bundle, g.part)   # per graph: a module with a state starts afresh
             refs = {n: [] for n in g.outputs}
             gots = {n: [] for n in g.outputs}
             for s in samples:
