@@ -24,7 +24,7 @@ from ...contract.manifest import (CacheInfo, Delegate, PartEntry, PartFiles, Qai
                                   Timings)
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError, clip
+from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
 from .. import backend
 from ..context_binary import tensor_spec

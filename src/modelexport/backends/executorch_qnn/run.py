@@ -19,7 +19,6 @@ import numpy as np
 from ...core.errors import InputError, ToolchainError, clip
 from ...core.feeds import InputSpec, check_feed
 from ...core.vocab import GraphKind
-from ...core.numerics import compare
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
 from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, check_output, verify_samples
 
