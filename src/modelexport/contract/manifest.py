@@ -249,6 +249,7 @@ class GenieCheck(_Recorded):
     library: str | None = None
     dialog_created: bool | None = None
     dialog_checked_on: str | None = None
+    dialog_note: str | None = None       # why a dialog was not created (a known limit, not a failed build)
 
 
 class LlmSection(_Recorded):

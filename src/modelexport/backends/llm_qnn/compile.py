@@ -322,6 +322,22 @@ def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None
         cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
 
 
+def _genie_dialog(config: dict, n_parts: int) -> dict:
+    """Genie creates a dialog on the host twins; a refusal fails the build. A decoder split into
+    parts is the known exception, recorded and not checked: Genie orders split graphs by their names
+    inside the binaries (`<prefix>_<i>_of_<n>`), and the QNN EP names them `QNNExecutionProvider_
+    <hash>_1_0` itself. Measured on a 2-part tiny Llama: the dialog is refused ("input_ids - Tensor
+    not found") or, in other runs, created and then runs the parts in the wrong order (tokens differ
+    from our loop's, and from run to run)."""
+    from .genie_dialog import check_dialog
+    if n_parts > 1:
+        return {"dialog_created": False,
+                "dialog_note": f"not checked: a decoder split into {n_parts} parts needs its graphs named "
+                               "<prefix>_<i>_of_<n> inside the binaries for Genie to order them, and the QNN EP "
+                               "names them itself (QNNExecutionProvider_<hash>_1_0)"}
+    return check_dialog(config)
+
+
 def _tensor_specs(infos) -> list[TensorSpec]:
     from ..context_binary import tensor_spec
     return [tensor_spec(t) for t in infos]
@@ -332,7 +348,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     from ..context_binary import read_back
     from ...toolchain.genie import validate_genie_config
     from .genie import genie_config
-    from .genie_dialog import check_dialog, host_config
+    from .genie_dialog import host_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)
     n_parts = len(qmeta["parts"])
@@ -453,7 +469,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                      if g.target == soc.name and g.host_twin is not None]
             say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
             genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
-                                         **check_dialog(host_config(cfg, path.parent, twins)))
+                                         **_genie_dialog(host_config(cfg, path.parent, twins), n_parts))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
         shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()

@@ -133,6 +133,10 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
     targets: Sequence[str] = list(bundle.manifest.llm.genie) if bundle.manifest.llm else []
     if not targets:
         raise InputError(f"bundle {path} has no Genie config", "compile the LLM again with this version")
+    if bundle.manifest.llm.n_parts > 1:
+        raise UnsupportedError(f"Genie cannot run {path.name} on this host: its decoder is split into "
+                               f"{bundle.manifest.llm.n_parts} parts, which Genie orders by graph names the QNN EP "
+                               "does not let us set", "use --backend htp-sim (the same binaries, our loop)")
     tok_file = opts.tokenizer or next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
     if tok_file is None:
         raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
