@@ -392,7 +392,8 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
     CPU, 60+ dB for tokens 0-15). An ar32 chunk: every token's new keys on the simulator match."""
     import modelexport
     from modelexport.backends.llm_qnn.session import open_forwards
-    from modelexport.llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
+    from modelexport.llm.static_decoder import (StaticDecoderConfig, make_attention_mask, make_position_ids, new_key,
+                                                past_key, past_value)
     from modelexport.core.numerics import compare
 
     seq = 128
@@ -409,9 +410,9 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
         feed = {"input_ids": np.array([ids], np.int32), "position_ids": make_position_ids(cfg, 0).numpy(),
                 "attention_mask": make_attention_mask(cfg, 0).numpy()}
         for i in range(spec.n_layers):
-            feed[f"past_key_{i}"] = np.zeros((1, spec.n_kv_heads, spec.head_dim, seq - 32), np.float32)
-            feed[f"past_value_{i}"] = np.zeros((1, spec.n_kv_heads, seq - 32, spec.head_dim), np.float32)
-        keys[stage] = graphs[32].parts[0].session.run(["new_key_0"], feed)[0]   # [1, kv heads, head_dim, 32]
+            feed[past_key(i)] = np.zeros((1, spec.n_kv_heads, spec.head_dim, seq - 32), np.float32)
+            feed[past_value(i)] = np.zeros((1, spec.n_kv_heads, seq - 32, spec.head_dim), np.float32)
+        keys[stage] = graphs[32].parts[0].session.run([new_key(0)], feed)[0]   # [1, kv heads, head_dim, 32]
     per_token = [compare(keys["fake-quant"][..., t], keys["htp-sim"][..., t])["sqnr_db"] for t in range(32)]
     assert min(per_token) > 40, [round(x, 1) for x in per_token]
 

@@ -53,7 +53,7 @@ def test_mtcnn_opset12_quantizes_after_the_upgrade(tmp_path):
     assert any(r["name"] == "opset-upgrade" and r["to"] == 13 for r in part.repairs)
     assert not b.manifest.placement[part.name]["SM8650"]["cpu_fallbacks"]
     v = modelexport.verify(b.path).to_dict()
-    assert v["graphs"][0]["inputs"] == "stored arrays"
+    assert v["graphs"][0]["inputs"].startswith("stored") and "random" not in v["graphs"][0]["inputs"]   # the real face
     assert min(o["sqnr_db"] for o in v["graphs"][0]["outputs"]) > 10
 
 
@@ -62,4 +62,4 @@ def test_ppocr_cls_fp16_verifies_on_real_text(tmp_path):
     part = b.manifest.parts[0]
     assert not b.manifest.placement[part.name]["SM8650"]["cpu_fallbacks"]
     v = modelexport.verify(b.path).to_dict()
-    assert v["passed"] and v["graphs"][0]["inputs"] == "stored arrays"
+    assert v["passed"] and v["graphs"][0]["inputs"].startswith("stored") and "random" not in v["graphs"][0]["inputs"]
