@@ -42,6 +42,30 @@ def flatten_loaded(loaded: LoadedModule) -> LoadedModule:
     return loaded
 
 
+def without_parametrizations(loaded: LoadedModule) -> LoadedModule:
+    """Weights computed in forward by a parametrization (`weight_norm`, as Wav2Vec2's positional
+    conv has) break ExecuTorch's QNN passes before any node is placed. They are constants at
+    inference: a copy of the module gets them baked in (`remove_parametrizations(...,
+    leave_parametrized=True)`: the same values), the user's module is left as it is."""
+    import copy
+
+    from torch.nn.utils import parametrize
+    owners = [(name, m) for name, m in loaded.module.named_modules() if parametrize.is_parametrized(m)]
+    if not owners:
+        return loaded
+    module = copy.deepcopy(loaded.module)
+    baked = []
+    for name, _ in owners:
+        m = module.get_submodule(name)
+        for tensor in list(m.parametrizations.keys()):
+            parametrize.remove_parametrizations(m, tensor, leave_parametrized=True)
+            baked.append(f"{name}.{tensor}" if name else tensor)
+    loaded.module = module
+    loaded.exported = None
+    loaded.extra["baked_parametrizations"] = baked
+    return loaded
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -61,7 +85,8 @@ def from_module(module: Any, example_inputs: Any, source: str = "<nn.Module>") -
             raise InputError(f"no example inputs for {source}",
                              "return (module, example_inputs) from the factory, or give the module an example_inputs() method")
         example_inputs = maker()
-    return flatten_loaded(LoadedModule(module.eval(), _as_tuple(example_inputs), source, description=type(module).__name__))
+    loaded = LoadedModule(module.eval(), _as_tuple(example_inputs), source, description=type(module).__name__)
+    return flatten_loaded(without_parametrizations(loaded))
 
 
 def load_factory(spec: str) -> LoadedModule:
