@@ -27,6 +27,9 @@ def test_weight_norm_is_baked_into_a_copy_and_runs_on_the_htp(tmp_path):
     assert b.manifest.placement["summary"]["htp_share"] == 1.0
     assert modelexport.verify(b.path).passed
     assert nn.utils.parametrize.is_parametrized(m.conv)        # the user's module is untouched
+    assert torch.equal(m(x), m(x)) and m.conv.weight.shape == (8, 8, 3)
+    again = modelexport.compile(m, (x,), output=tmp_path / "again", target="SM8650", precision="fp16", use_cache=False)
+    assert again.manifest.placement["summary"]["htp_share"] == 1.0   # and can be compiled again
 
 
 def test_without_the_bake_the_qnn_passes_refuse_it(tmp_path, monkeypatch):

@@ -45,21 +45,27 @@ def flatten_loaded(loaded: LoadedModule) -> LoadedModule:
 def without_parametrizations(loaded: LoadedModule) -> LoadedModule:
     """Weights computed in forward by a parametrization (`weight_norm`, as Wav2Vec2's positional
     conv has) break ExecuTorch's QNN passes before any node is placed. They are constants at
-    inference: a copy of the module gets them baked in (`remove_parametrizations(...,
-    leave_parametrized=True)`: the same values), the user's module is left as it is."""
+    inference: a copy of the module gets their values as plain parameters. Not through
+    `remove_parametrizations`: it deletes the property from the parametrized class, which the copy
+    shares with the user's module (measured: the user's module then had no `weight`)."""
     import copy
 
+    import torch
     from torch.nn.utils import parametrize
-    owners = [(name, m) for name, m in loaded.module.named_modules() if parametrize.is_parametrized(m)]
+    owners = [name for name, m in loaded.module.named_modules() if parametrize.is_parametrized(m)]
     if not owners:
         return loaded
     module = copy.deepcopy(loaded.module)
     baked = []
-    for name, _ in owners:
+    for name in owners:
         m = module.get_submodule(name)
-        for tensor in list(m.parametrizations.keys()):
-            parametrize.remove_parametrizations(m, tensor, leave_parametrized=True)
-            baked.append(f"{name}.{tensor}" if name else tensor)
+        with torch.no_grad():
+            values = {t: getattr(m, t).detach().clone() for t in m.parametrizations.keys()}
+        del m._modules["parametrizations"]
+        m.__class__ = m.__class__.__bases__[0]        # the module's own class again, for this instance only
+        for t, value in values.items():
+            m.register_parameter(t, torch.nn.Parameter(value, requires_grad=False))
+            baked.append(f"{name}.{t}" if name else t)
     loaded.module = module
     loaded.exported = None
     loaded.extra["baked_parametrizations"] = baked

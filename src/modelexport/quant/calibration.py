@@ -199,6 +199,8 @@ def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0) -> li
                 s[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
                 s[name] = rng.integers(0, 2, shape).astype(dtype)
+            elif "mask" in name.lower():   # an integer attention mask: "attend everywhere" (random ints
+                s[name] = np.ones(shape, dtype)   # overflow a transformer's additive mask into NaN)
             else:
                 s[name] = rng.integers(0, 100, shape).astype(dtype)
         out.append(s)

@@ -46,6 +46,12 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                 if "feed" in msg.lower() or "invalid_argument" in msg.lower() or "input" in msg.lower():
                     raise CalibrationError(f"calibration failed: {msg}",
                                            "check the calibration arrays against the model's inputs") from None
+                if "scale issue" in msg:   # quant_utils: a tensor's calibrated range is NaN or infinite
+                    raise CalibrationError("calibration gave a tensor a NaN or infinite range (ONNX Runtime's "
+                                           "quantizer: scale issue): the calibration inputs drive the float model "
+                                           "out of range, e.g. random values where it expects token ids or a 0/1 mask",
+                                           "calibrate on real inputs (--calibration DIR|list.txt|file.npz), or "
+                                           "compile at --precision fp16, which needs no calibration") from None
                 raise InputError(f"the float model fails to run on the CPU during calibration: {msg}",
                                  "the model itself is broken; check it with onnxruntime on the CPU first") from None
     finally:
