@@ -100,12 +100,14 @@ def test_calibration_mistakes_on_a_torch_model_are_one_clear_message(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_failing_qnn_pass_names_the_pass_node_and_line_and_its_fix_works():
+def test_a_failing_qnn_pass_names_the_pass_node_and_line_and_its_fix_works(monkeypatch):
     """A weight computed in forward (weight_norm, as Wav2Vec2's positional conv) fails QNN's
-    LayoutTransform at fp16: audit and compile said a raw Exception / a 400-character pass list."""
+    LayoutTransform at fp16: audit and compile said a raw Exception / a 400-character pass list.
+    The frontend now bakes such weights (test_et_parametrizations.py); with the bake off, the pass
+    failure is named, and the default (the bake, which is the fix) puts every node on the HTP."""
     import torch
-    from torch.nn.utils import parametrize
     from modelexport.core.errors import ToolchainError
+    from modelexport.frontends import torch_module
 
     class WeightNormConv(torch.nn.Module):
         def __init__(self):
@@ -115,9 +117,10 @@ def test_a_failing_qnn_pass_names_the_pass_node_and_line_and_its_fix_works():
         def forward(self, x):
             return self.conv(x)
     model, x = WeightNormConv().eval(), torch.randn(1, 8, 16)
-    with pytest.raises(ToolchainError) as e:
-        modelexport.audit(model, (x,), precision="fp16")
+    with monkeypatch.context() as mp:
+        mp.setattr(torch_module, "without_parametrizations", lambda loaded: loaded)
+        with pytest.raises(ToolchainError) as e:
+            modelexport.audit(model, (x,), precision="fp16")
     assert "pass LayoutTransform failed on aten_convolution" in e.value.problem
     assert "test_et_inputs.py" in e.value.problem and "remove_parametrizations" in e.value.fix
-    parametrize.remove_parametrizations(model.conv, "weight")
     assert all(n.backend == "HTP" for n in modelexport.audit(model, (x,), precision="fp16").nodes)
