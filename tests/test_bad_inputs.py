@@ -686,11 +686,16 @@ def _ctrl_c_compile(world: World, d: Path, args: list[str]) -> None:
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once the compile has
     made its partial bundle: the message, exit 130, no partial and no bundle left."""
     out = d / "out"
-    p = _spawn(["compile", *args, "-o", str(out), "--no-cache"], d)
-    _wait_for(lambda: bool(list(d.glob(".out.partial-*"))), 120)
-    os.killpg(p.pid, signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=120)
-    text = stdout.decode() + stderr.decode()
+    for _attempt in range(3):   # the partial can be renamed into place just as the signal is sent: try again
+        p = _spawn(["compile", *args, "-o", str(out), "--no-cache"], d)
+        _wait_for(lambda: bool(list(d.glob(".out.partial-*"))) or p.poll() is not None, 120)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=120)
+        text = stdout.decode() + stderr.decode()
+        if p.returncode != 0:
+            break
+        shutil.rmtree(out, ignore_errors=True)   # finished before the signal landed
     assert p.returncode == INTERRUPTED, text
     assert "interrupted: nothing was written" in text and "partial" in text, text
     assert "Traceback" not in text, text
