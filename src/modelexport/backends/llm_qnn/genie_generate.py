@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...core.errors import InputError, UnsupportedError
-from ...core.vocab import Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions
 from ...llm.generate import GenerationConfig, GenerationResult, GenerationStats, TokenStream, _config_with
-from ...llm.openers import open_llm_bundle, source_kind
-from ...llm.tokenizers import StreamDecoder, load_tokenizer
+from ...llm.tokenizers import StreamDecoder
 from .genie_dialog import genie_tokens, sampler_block
+from .session import bundle_tokenizer, open_compiled_bundle
 
 
 class GenieGenerator:
@@ -125,11 +124,7 @@ class GenieGenerator:
 
 @LLM_BACKENDS.register("genie")
 def open_genie(path: Path, opts: LoadOptions) -> LLM:
-    kind = source_kind(path)
-    if kind != "bundle":
-        raise InputError(f"--backend genie runs compiled LLM bundles; {path} is a {kind} file",
-                         "compile it first (modelexport compile ... -o BUNDLE), or use --backend cpu")
-    bundle = open_llm_bundle(path)
+    bundle = open_compiled_bundle(path, "genie")
     targets: Sequence[str] = list(bundle.manifest.llm.genie) if bundle.manifest.llm else []
     if not targets:
         raise InputError(f"bundle {path} has no Genie config", "compile the LLM again with this version")
@@ -137,10 +132,7 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
         raise UnsupportedError(f"Genie cannot run {path.name} on this host: its decoder is split into "
                                f"{bundle.manifest.llm.n_parts} parts, which Genie orders by graph names the QNN EP "
                                "does not let us set", "use --backend htp-sim (the same binaries, our loop)")
-    tok_file = opts.tokenizer or next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
-    if tok_file is None:
-        raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
-    tokenizer = load_tokenizer(tok_file)
+    tokenizer = bundle_tokenizer(bundle, path, opts)
     gen = GenieGenerator(bundle, tokenizer, targets[0])
     info = {"source": str(path), "source_kind": "bundle", "model": path.name, "target": targets[0],
             "tokenizer": tokenizer.describe(), "max_seq_len": gen.max_seq_len,

@@ -156,22 +156,30 @@ def open_session(bundle, stage: str = "htp-sim"):
 _HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY,)
 
 
-@LLM_BACKENDS.register("htp-sim")
-def open_htp_sim(path: Path, opts: LoadOptions) -> LLM:
+def open_compiled_bundle(path: Path, backend: str):
+    """The LLM bundle at `path` for a backend that runs compiled bundles (htp-sim, genie)."""
     kind = source_kind(path)
     if kind != "bundle":
-        raise InputError(f"--backend htp-sim runs compiled LLM bundles; {path} is a {kind} file",
+        raise InputError(f"--backend {backend} runs compiled LLM bundles; {path} is a {kind} file",
                          "compile it first (modelexport compile ... -o BUNDLE), or use --backend cpu")
-    bundle = open_llm_bundle(path)
+    return open_llm_bundle(path)
+
+
+def bundle_tokenizer(bundle, path: Path, opts: LoadOptions):
+    """The bundle's tokenizer, or the one the user named instead."""
+    tok_file = opts.tokenizer or next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
+    if tok_file is None:
+        raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
+    return load_tokenizer(tok_file)
+
+
+@LLM_BACKENDS.register("htp-sim")
+def open_htp_sim(path: Path, opts: LoadOptions) -> LLM:
+    bundle = open_compiled_bundle(path, "htp-sim")
     graphs = [g for g in bundle.manifest.graphs if g.kind in _HTP_GRAPH_KINDS or g.htp_arch]
     if not graphs:
         raise InputError(f"bundle {path} has no HTP graphs (nothing compiled for the NPU)",
                          "compile the LLM for a target first, or use --backend cpu")
     session = open_session(bundle)
-    tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
-    if opts.tokenizer is not None:
-        tok_file = opts.tokenizer
-    if tok_file is None:
-        raise InputError(f"bundle {path} carries no tokenizer", "pass --tokenizer")
-    return attach_tokenizer(session, load_tokenizer(tok_file), backend="htp-sim",
+    return attach_tokenizer(session, bundle_tokenizer(bundle, path, opts), backend="htp-sim",
                             info={"source": str(path), "source_kind": "bundle", "model": path.name})
