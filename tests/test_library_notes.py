@@ -22,8 +22,8 @@ def test_dlc_compile_hides_power_config_lines_only(tmp_path, cli):
 
 
 def test_filter_passes_other_native_lines():
-    code = ("import os\nfrom modelexport.toolchain.library_notes import quiet_ep_notes\n"
-            "with quiet_ep_notes():\n"
+    code = ("import os\nfrom modelexport.toolchain.library_notes import quiet_native_notes\n"
+            "with quiet_native_notes():\n"
             "    os.write(2, b'[E:onnxruntime:, qnn_execution_provider.cc:3672 CreateHtpPowerConfigId] "
             f"{POWER}.\\n')\n"
             "    os.write(2, b'[E:onnxruntime:, x.cc:1 Real] a real error\\n')\n"

@@ -153,10 +153,15 @@ def test_cli_generate_streams_and_reports_json(fp32, cli):
     _, pte, _ = fp32
     proc = cli("generate", str(pte), "--prompt", "Hello", "--max-new-tokens", "8", check=True)
     assert "prefill" in proc.stderr and "decode" in proc.stderr
-    proc = cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", check=True)
+    assert "chat template" in proc.stderr
+    proc = cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", "--raw", check=True)
     out = json.loads(proc.stdout)
     assert out["stats"]["generated_tokens"] <= 8 and out["stats"]["prompt_tokens"] == 6
+    assert out["chat_template"] is False
     assert {"time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s"} <= set(out["stats"])
+    # by default a model with a chat template gets the prompt wrapped in it, as llama.cpp and Ollama do
+    templated = json.loads(cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", check=True).stdout)
+    assert templated["chat_template"] is True and templated["stats"]["prompt_tokens"] > 6
 
 
 def test_cli_chat_reads_turns_from_stdin(fp32):
@@ -179,6 +184,7 @@ def test_cli_bad_inputs(fp32, cli, tmp_path):
 
     _, pte, _ = fp32
     assert_clean_error(cli("generate", str(pte), "--prompt", "   "), "empty")
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--raw", "--chat"), "cannot go together")
     assert_clean_error(cli("generate", str(pte)), "prompt")
     assert_clean_error(cli("generate", str(pte), "--prompt", "x" * 200), "context")
     assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--top-p", "0"), "top-p")

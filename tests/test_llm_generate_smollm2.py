@@ -107,6 +107,14 @@ def test_cli_generate_on_the_gguf(cli, smollm2_gguf):
     assert "Paris" in turn["text"]
     assert turn["stats"]["time_to_first_token_s"] > 0 and turn["stats"]["decode_tokens_per_s"] > 0
     assert out["model"]["cache_hit"] is True
+    # a plain --prompt on an instruct model is asked through its chat template (issue 18, item 5)
+    asked = json.loads(cli("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24",
+                           "--json", env=env, check=True).stdout)
+    assert asked["chat_template"] is True and "Paris" in asked["text"]
+    raw = cli("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24", "--raw",
+              env=env, check=True)
+    if not raw.stdout.strip():   # the instruct model ends a raw question at once: the CLI says why
+        assert "drop --raw" in raw.stderr
     proc = cli("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
                "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
     again = cli("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",

@@ -33,6 +33,15 @@ EP_LOG_NOTES = (
          "refuse it and the EP carries on without one: nothing compiled or computed depends on it"),
 )
 
+# Printed on fd 2 by ExecuTorch's CPU thread pool the first time it is sized.
+THREADPOOL_NOTES = (
+    Note(re.compile(r"^\[cpuinfo_utils\.cpp:\d+\] "),
+         "ExecuTorch extension/threadpool/cpuinfo_utils.cpp (get_num_performant_cores)",
+         "to count the big cores it reads ARM-only files (/sys/devices/soc0/image_version, the MIDR register); "
+         "on x86 they do not exist, it says so line by line, and falls back to every core — which is what "
+         "the CPU program should use here"),
+)
+
 # Logged through Python's root logger by ExecuTorch when a QnnQuantizer is built.
 PYTHON_NOTES = (
     Note(re.compile(r"The backend_opinfo module couldn't be imported"),
@@ -54,12 +63,12 @@ def is_note(line: str, notes: tuple[Note, ...] = EP_LOG_NOTES) -> bool:
 
 
 @contextmanager
-def quiet_ep_notes() -> Iterator[None]:
-    """Around a QNN EP session's creation: its harmless log lines (EP_LOG_NOTES) are not shown."""
+def quiet_native_notes(notes: tuple[Note, ...] = EP_LOG_NOTES) -> Iterator[None]:
+    """Around a native call (by default a QNN EP session's creation): its harmless fd-2 lines are not shown."""
     if _shown():
         yield
         return
-    with filtered_stderr(is_note):
+    with filtered_stderr(lambda line: is_note(line, notes)):
         yield
 
 

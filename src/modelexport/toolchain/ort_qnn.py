@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ToolchainError
-from .library_notes import quiet_ep_notes
+from .library_notes import quiet_native_notes
 from .native_io import native_stdout_to_stderr
 from .qnn_log_level import ort_severity
 
@@ -79,7 +79,7 @@ def create_session(model: str | Path | bytes, plan: SessionPlan):
     import onnxruntime as ort
     so = session_options(plan)
     src = model if isinstance(model, bytes) else str(model)
-    with quiet_ep_notes(), native_stdout_to_stderr():
+    with quiet_native_notes(), native_stdout_to_stderr():
         return ort.InferenceSession(src, sess_options=so)
 
 

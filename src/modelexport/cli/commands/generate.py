@@ -15,8 +15,9 @@ from ..app import app, console, emit_json, err_console
 @app.command()
 def generate(
     model: Path = typer.Argument(..., help="A GGUF file, a Hugging Face folder, an ExecuTorch LLM .pte, or an LLM bundle."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="The prompt (plain text; with --chat, the first user message)."),
-    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template; multi-turn: more messages from stdin, one per line ('/reset', '/exit')."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="What you ask. Wrapped in the model's chat template when it has one (as llama.cpp and Ollama do); --raw to complete it as plain text."),
+    raw: bool = typer.Option(False, "--raw", help="Complete the prompt as plain text, without the model's chat template (base models, perplexity-style continuations)."),
+    chat: bool = typer.Option(False, "--chat", help="A conversation: after --prompt, more messages from stdin, one per line ('/reset', '/exit')."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     backend: str = typer.Option("cpu", "--backend", help="cpu (ExecuTorch XNNPACK, the fast default), htp-sim (a compiled bundle on the HTP simulator, our loop) or genie (the bundle run by Genie's own dialog, libGenie.so, on the simulator)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
@@ -46,6 +47,9 @@ def generate(
     from ... import llm
     from ..app import progress
 
+    if raw and chat:
+        raise InputError("--raw and --chat cannot go together (a conversation always uses the chat template)",
+                         "drop --raw for a conversation, or drop --chat for one plain completion")
     if not chat and (prompt is None or not prompt.strip()):
         raise InputError("the prompt is empty" if prompt is not None else "no prompt given",
                          "pass --prompt TEXT, or --chat for a conversation")
@@ -75,9 +79,14 @@ def generate(
                           highlight=False, soft_wrap=True)
 
     if not chat:
-        result = _run_one(model_, prompt, options, chat=False, json_out=json_out, quiet=quiet)
+        templated = prompt_mode(model_, raw)
+        if not json_out and not quiet:
+            err_console.print(f"[dim]{PROMPT_MODE_NOTES[templated]}[/]", highlight=False, soft_wrap=True)
+        result = _run_one(model_, prompt, options, chat=templated, json_out=json_out, quiet=quiet)
+        if not quiet and not json_out:
+            _say_why_empty(result, templated, bool(model_.tokenizer.chat_template))
         if json_out:
-            emit_json({**result.to_dict(), "model": info})
+            emit_json({**result.to_dict(), "chat_template": templated, "model": info})
         return
 
     session = model_.chat(system)
@@ -96,6 +105,31 @@ def generate(
         turns.append({"user": text, **result.to_dict()})
     if json_out:
         emit_json({"turns": turns, "model": info})
+
+
+PROMPT_MODE_NOTES = {
+    True: "prompt wrapped in the model's chat template (--raw for a plain completion)",
+    False: "plain completion, no chat template",
+}
+
+
+def prompt_mode(model_, raw: bool) -> bool:
+    """Whether a single prompt goes through the chat template: yes when the model has one, unless --raw."""
+    return not raw and bool(model_.tokenizer.chat_template)
+
+
+def _say_why_empty(result, templated: bool, has_template: bool) -> None:
+    """An empty answer is the model's own end-of-sequence; say so and what else to try."""
+    if result.text.strip() or result.stats.stop_reason != "eos":
+        return
+    if templated:
+        hint = "try --raw to let it continue the text instead"
+    elif has_template:
+        hint = "this model has a chat template: drop --raw to ask it as a question"
+    else:
+        hint = "give a longer prompt for it to continue, or sample with --temperature 0.7"
+    err_console.print(f"[yellow]the model ended its answer at once[/] (end-of-sequence after "
+                      f"{result.stats.generated_tokens} token(s)): {hint}", highlight=False, soft_wrap=True)
 
 
 def _check_numbers(max_seq_len: int, threads: int | None, quant: str) -> None:

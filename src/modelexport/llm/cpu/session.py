@@ -89,12 +89,15 @@ def calls_native_kernels(pte: Path) -> bool:
 
 
 def set_threads(n: int | None) -> int:
-    """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores)."""
+    """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores).
+    The pool is sized here, the first time, so its x86 chatter is filtered (THREADPOOL_NOTES)."""
     from executorch.extension.pybindings import portable_lib as pl
 
-    if n:
-        pl._unsafe_reset_threadpool(int(n))
-    return int(pl._threadpool_get_thread_count())
+    from ...toolchain.library_notes import THREADPOOL_NOTES, quiet_native_notes
+    with quiet_native_notes(THREADPOOL_NOTES):
+        if n:
+            pl._unsafe_reset_threadpool(int(n))
+        return int(pl._threadpool_get_thread_count())
 
 
 class ExecuTorchSession:
@@ -114,8 +117,7 @@ class ExecuTorchSession:
             self.module = pl._load_for_executorch(str(pte))
         except RuntimeError as e:
             raise InputError(f"{pte} is not a loadable ExecuTorch program ({e})") from None
-        if threads:
-            set_threads(threads)
+        set_threads(threads)
         names = set(self.module.method_names())
         if "forward" not in names or "get_max_seq_len" not in names:
             raise InputError(f"{pte} is not an ExecuTorch LLM program (no forward/get_max_seq_len methods)",
