@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 RESULT = Path(__file__).parent / "results" / "per_layer_llm.json"

@@ -106,6 +106,35 @@ def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
         validate_genie_config(bad)
 
 
+def test_inspect_shows_what_goes_to_the_phone(bundle, cli, tmp_path):
+    """Device files per runtime with bytes/param of those files only; a hand-edited Genie config
+    judged by Genie's own parser (issue 18, item 6 and its bad input)."""
+    info = json.loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)
+    m, d = bundle.manifest, info["deployment"]
+    rows = {r["runtime"]: r for r in d["runtimes"] if r["target"] == "SM8650"}
+    assert set(rows) == {"Genie", "ONNX Runtime (QNN EP)"}
+    shared_bin = next(iter(m.llm.weight_sharing.values())).file
+    genie = rows["Genie"]
+    assert shared_bin in genie["files"] and "genie_config.json" in genie["files"]
+    assert genie["model_bytes"] == bundle.file(shared_bin).stat().st_size
+    assert genie["bytes_per_parameter"] == round(genie["model_bytes"] / m.parameters, 4)
+    assert not any("/host/" in f or f.startswith("qdq/") for r in rows.values() for f in r["files"])
+    assert any("/host/" in f for f in d["host_only_files"])
+    assert "V75" in genie["needs"] and m.qairt_build in genie["needs"]
+    assert d["decode_ceiling_tok_s"]["SM8650"] > 0 and all(p["within_limit"] for p in d["parts"])
+    assert info["genie_config_check"]["genie_config.json"]["accepted"] is True
+    assert "On the phone" in bundle.file("report.html").read_text()
+
+    edited = tmp_path / "edited"
+    shutil.copytree(bundle.path, edited)
+    cfg = json.loads((edited / "genie_config.json").read_text())
+    cfg["dialog"]["context"]["size"] = "sixty-four"
+    (edited / "genie_config.json").write_text(json.dumps(cfg))
+    proc = cli("inspect", str(edited))
+    assert proc.returncode == 4
+    assert "Genie rejects genie_config.json" in proc.stdout and "/context/size" in proc.stdout
+
+
 def test_genie_creates_a_dialog_and_refuses_what_it_cannot_run(bundle):
     """Genie's own GenieDialog_create (libGenie.so, host twins on the simulator) accepted the bundle
     at build time; asked to feed RoPE tables the graphs do not take, the same check refuses it with

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from llm_tiny import EOS, VOCAB, hf_greedy, tiny_llama, tiny_tokenizer
+from llm_tiny import VOCAB, hf_greedy, tiny_llama, tiny_tokenizer
 from modelexport.core.errors import InputError
 from modelexport.llm import Generator, SamplingConfig, StaticGraphSession
 from modelexport.llm.generate import _StopMatcher

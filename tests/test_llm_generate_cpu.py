@@ -140,7 +140,6 @@ def test_8da4w_program_runs_and_mostly_agrees(q4, fp32):
 
 
 def test_fast_lowering_writes_the_same_program(fp32, tmp_path):
-    from modelexport.llm.cpu import fast_lowering as fl
 
     _, _, _ = fp32
     _, a, _ = _export(tmp_path / "fast", "8da4w", fast=True, n_layers=3)

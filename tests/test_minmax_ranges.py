@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llm_tiny import tiny_llama  # noqa: E402

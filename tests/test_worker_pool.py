@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from modelexport.core.errors import InputError, ModelExportError, ToolchainError
+from modelexport.core.errors import InputError, ToolchainError
 from modelexport.toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
 
 

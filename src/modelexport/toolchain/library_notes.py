@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from .native_io import filtered_stderr
+from .native_io import filtered_stderr, native_stdout_to_stderr
 from .qnn_log_level import LEVELS, requested
 
 
@@ -31,6 +31,10 @@ EP_LOG_NOTES = (
          "at session start the EP asks the backend for an HTP power-config id (clock and voltage votes on a phone); "
          "backends without HTP power control — libQnnIr.so, which writes --format dlc, and the x86 HTP simulator — "
          "refuse it and the EP carries on without one: nothing compiled or computed depends on it"),
+    Note(re.compile(r"# LIBNATIVE: No alternate configuration present in libnative_tls\.conf"),
+         "libQnnHtp.so / libHtpPrepare.so (QAIRT), when the library is loaded",
+         "the library looks for an optional thread-local-storage tuning file and, finding none, says it uses "
+         "the default — the only configuration QAIRT documents"),
 )
 
 # Printed on fd 2 by ExecuTorch's CPU thread pool the first time it is sized.
@@ -69,6 +73,14 @@ def quiet_native_notes(notes: tuple[Note, ...] = EP_LOG_NOTES) -> Iterator[None]
         yield
         return
     with filtered_stderr(lambda line: is_note(line, notes)):
+        yield
+
+
+@contextmanager
+def quiet_library_load() -> Iterator[None]:
+    """Around loading a QAIRT library (or a session that loads one): what it prints on fd 1 goes
+    to stderr (`--json` keeps stdout), and its harmless lines (EP_LOG_NOTES) are not shown."""
+    with quiet_native_notes(), native_stdout_to_stderr():
         yield
 
 

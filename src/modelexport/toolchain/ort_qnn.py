@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ToolchainError
-from .library_notes import quiet_native_notes
-from .native_io import native_stdout_to_stderr
+from .library_notes import quiet_library_load
 from .qnn_log_level import ort_severity
 
 EP_NAME = "QNNExecutionProvider"
@@ -32,7 +31,7 @@ def register_qnn_ep() -> str:
     except ImportError:
         raise ToolchainError("onnxruntime-qnn is not installed", "run `make setup`") from None
     try:
-        with native_stdout_to_stderr():
+        with quiet_library_load():
             ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())
     except Exception as e:  # already registered in this process by someone else is fine
         if "already" not in str(e).lower():
@@ -79,7 +78,7 @@ def create_session(model: str | Path | bytes, plan: SessionPlan):
     import onnxruntime as ort
     so = session_options(plan)
     src = model if isinstance(model, bytes) else str(model)
-    with quiet_native_notes(), native_stdout_to_stderr():
+    with quiet_library_load():
         return ort.InferenceSession(src, sess_options=so)
 
 

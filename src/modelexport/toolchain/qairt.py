@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..core.errors import ToolchainError
-from .native_io import native_stdout_to_stderr
+from .library_notes import quiet_library_load
 from .qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES  # noqa: F401  (re-exported)
 
 # Name variants seen in SDKs (the full SDK calls the preparer libQnnHtpPrepare.so).
@@ -118,7 +118,7 @@ def read_backend_versions(htp_lib: Path, extra_lib_dirs: tuple[Path, ...] = ()) 
     """(build id, core API, backend API, backend id) from the library's own providers."""
     preload_runtime_libs(extra_lib_dirs)
     try:
-        with native_stdout_to_stderr():
+        with quiet_library_load():
             lib = ctypes.CDLL(str(htp_lib))
     except OSError as e:
         raise ToolchainError(f"cannot load {htp_lib}: {e}",

@@ -31,12 +31,45 @@ def _render_bundle(info: dict) -> None:
     for f in m.get("files", []):
         table.add_row(f["path"], f.get("role", ""), f"{f['size']:,}", f["sha256"][:16] + "…")
     console.print(table)
+    _render_deployment(info.get("deployment") or {})
+    for file, verdict in (info.get("genie_config_check") or {}).items():
+        if verdict.get("accepted"):
+            console.print(f"[green]Genie accepts[/] {file} (GenieDialogConfig_createFromJson, libGenie.so on this host)")
+        elif verdict.get("accepted") is False:
+            console.print(f"[bold red]{verdict.get('message')}[/]", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"[yellow]Genie not checked[/] {file}: {verdict.get('message')}")
     integ = info["integrity"]
     if integ["ok"]:
         console.print("[green]integrity OK[/]: every file matches its sha256")
     else:
         for p in integ["problems"]:
             console.print(f"[bold red]integrity FAIL[/] {p}")
+
+
+def _render_deployment(d: dict) -> None:
+    """What goes to the phone, per target and runtime (contract/deployment.py)."""
+    if not d.get("runtimes"):
+        return
+    console.print("[bold]on the phone[/]")
+    for r in d["runtimes"]:
+        bpp = f", {r['bytes_per_parameter']} bytes/param" if r.get("bytes_per_parameter") else ""
+        console.print(f"  {r['target']} · [bold]{r['runtime']}[/]: model files {r['model_bytes']:,} B{bpp}"
+                      + (f" (+ {r['extra_bytes']:,} B config/tokenizer)" if r.get("extra_bytes") else ""))
+        console.print(f"      files  {', '.join(r['files'])}", highlight=False, soft_wrap=True)
+        console.print(f"      needs  {r['needs']}", highlight=False, soft_wrap=True)
+    for p in d.get("parts") or []:
+        est = f"{p['estimate_mb']:.1f} MB" if p.get("estimate_mb") is not None else "no estimate"
+        lim = (f" of {p['limit_mb']:g} MB ({'within' if p['within_limit'] else '[red]over[/]'})"
+               if p.get("limit_mb") is not None and p.get("within_limit") is not None else "")
+        layers = f" layers {p['layers'][0]}-{p['layers'][1] - 1}" if p.get("layers") else ""
+        console.print(f"  part {p['graph']}{layers}: memory {est}{lim}")
+    for t, tps in (d.get("decode_ceiling_tok_s") or {}).items():
+        console.print(f"  decode ceiling on {t}: {tps:,.0f} tok/s (DRAM bandwidth / weight bytes per token)")
+    if d.get("placement"):
+        console.print(f"  placement: {d['placement']}")
+    console.print(f"  stays on this host: {len(d.get('host_only_files') or [])} files, {d.get('host_only_bytes', 0):,} B "
+                  "(host twins, QDQ graphs, report)")
 
 
 def _render_gguf(info: dict) -> None:

@@ -12,6 +12,7 @@ from typing import Callable
 
 import jinja2
 
+from ..deployment import deployment
 from ..manifest import Manifest
 from ...core.targets import all_targets
 from ...core.vocab import BundleKind, Role
@@ -136,13 +137,33 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
     return Section("numerics", "Numerics vs the float model", out)
 
 
+def section_deployment(m: Manifest, folder: Path) -> Section | None:
+    d = deployment(m)
+    if not d.runtimes:
+        return None
+    rows = [[r.target, r.runtime, f"{r.model_bytes:,}", r.bytes_per_parameter if r.bytes_per_parameter else "-",
+             f"{r.extra_bytes:,}", ", ".join(r.files), r.needs] for r in d.runtimes]
+    out = _table(["target", "runtime", "model bytes", "bytes/param", "config + tokenizer bytes", "files", "needs on the phone"], rows)
+    if d.parts:
+        out += _table(["graph", "layers", "memory estimate MB", "limit MB", "within"],
+                      [[p.graph, f"{p.layers[0]}-{p.layers[1] - 1}" if p.layers else "-",
+                        "-" if p.estimate_mb is None else f"{p.estimate_mb:.1f}",
+                        "-" if p.limit_mb is None else f"{p.limit_mb:g}", {None: "-", True: "yes", False: "NO"}[p.within]]
+                       for p in d.parts])
+    if d.placement:
+        out += f"<p>Placement: {html.escape(d.placement)}</p>"
+    out += (f"<p class=sub>{len(d.host_only_files)} files ({d.host_only_bytes:,} bytes: host twins, QDQ graphs, this "
+            "report) stay on the build machine; they are left out of the bytes per parameter.</p>")
+    return Section("deployment", "On the phone: files per runtime", out)
+
+
 def section_sizes(m: Manifest, folder: Path) -> Section:
     rows = [[f.path, str(f.role), f"{f.size:,}"] for f in m.files if f.role != Role.REPORT]
     total = sum(f.size for f in m.files if f.role != Role.REPORT)
-    params = m.parameters
-    text = f"<p>Total {total:,} bytes"
-    if params:
-        text += f" for {params:,} parameters: {total / params:.3f} bytes per parameter"
+    text = f"<p>All files: {total:,} bytes"
+    d = deployment(m)
+    if d.host_only_bytes:
+        text += f", of which {d.host_only_bytes:,} stay on the build machine (see “On the phone” for device sizes)"
     text += "</p>"
     return Section("sizes", "Sizes", text + _table(["file", "role", "bytes"], rows))
 
@@ -161,7 +182,7 @@ def section_llm_ceiling(m: Manifest, folder: Path) -> Section | None:
 
 
 SECTIONS: list[Callable[[Manifest, Path], Section | None]] = [
-    section_overview, section_placement, section_audit, section_numerics, section_sizes, section_llm_ceiling,
+    section_overview, section_deployment, section_placement, section_audit, section_numerics, section_sizes, section_llm_ceiling,
 ]
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True)

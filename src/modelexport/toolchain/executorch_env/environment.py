@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...core.errors import ToolchainError
-from ..native_io import native_stdout_to_stderr
+from ..library_notes import quiet_library_load
 from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
 from . import adapter as _adapter
 
@@ -169,7 +169,7 @@ def _claim(htp: Path, what: str) -> None:
             "ensure_executorch_qnn()) before anything else loads QNN (ONNX Runtime's QNN EP, "
             "find_qairt()), or run the ExecuTorch step in its own process")
     try:
-        with native_stdout_to_stderr():   # libQnnHtp.so may print a LIBNATIVE banner on fd 1
+        with quiet_library_load():   # libQnnHtp.so may print a LIBNATIVE banner on fd 1
             _handles.append(ctypes.CDLL(str(htp)))
     except OSError as e:
         raise ToolchainError(f"cannot load {what}: {e}",
@@ -211,7 +211,7 @@ def ensure_executorch_qnn() -> AdapterState:
     Whatever the QAIRT libraries print while they load (libQnnHtp.so's "LIBNATIVE" banner) goes
     to stderr, so a `--json` report stays the only thing on stdout.
     """
-    with native_stdout_to_stderr():
+    with quiet_library_load():
         return _ensure()
 
 
