@@ -7,7 +7,7 @@ Measures (the compile CLI in a fresh process, as a user runs it):
 - perplexity on lee_background.cor: float and fake-quant (first 2048 tokens, 512-token windows),
   compiled on the HTP simulator (a short window), and SQNR of the logits between the stages;
 - decode steps per second on the simulator (ar1 graph) and the greedy answer to
-  "What is the capital of France?" on the simulator.
+  "What is the capital of France?" on the simulator, by our loop and by Genie's own dialog.
 Writes bench/results/llm_export.json (llm_export_<precision>.json for another precision).
 Simulator timings say nothing about a phone.
 """
@@ -96,6 +96,16 @@ def main() -> None:
                                  "wall_s": round(time.perf_counter() - t0, 1)}
     st = res.stats
     out["htp_sim_decode_steps_per_s"] = st.decode_tokens_per_s
+    result.write_text(json.dumps(out, indent=2))
+
+    # the same question through Qualcomm's Genie (libGenie.so's own dialog loop on the simulator)
+    genie = llm_api.load(work / "cold", backend="genie")
+    t0 = time.perf_counter()
+    gres = genie.generate("What is the capital of France?", chat=True, max_new_tokens=int(os.environ.get("BENCH_NEW", 10)),
+                          temperature=0.0)
+    out["genie_generation"] = {"prompt": "What is the capital of France?", "chat": True, "text": gres.text,
+                               "paris": "paris" in gres.text.lower(), "same_tokens_as_htp_sim": gres.token_ids == res.token_ids,
+                               "stats": gres.stats.to_dict(), "wall_s": round(time.perf_counter() - t0, 1)}
     result.write_text(json.dumps(out, indent=2))
     print(json.dumps({k: out[k] for k in ("compile_cold", "compile_cached", "htp_sim_decode_steps_per_s")}, indent=1))
     if "BENCH_WORK" not in os.environ:   # its own temp folder: two bundles and a cache, ~2-3 GB
