@@ -30,7 +30,7 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python scripts/check_layout.py
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests
 
 # The SmolLM2 16a4w and 16a8w compile tests (about 8 minutes each, cold, on 2 quiet cores); not part of `make test`.
 test-heavy: $(STAMP)
