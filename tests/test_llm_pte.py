@@ -14,8 +14,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+from conftest import assert_clean_error
+from llm_tiny import tiny_llama, tiny_tokenizer
 
 SEQ = 64
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
@@ -91,7 +91,11 @@ def test_kv_ranges_tie_observers_in_and_out():
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.core.targets import get_target
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.quant.llm_pt2e import boundary_encodings, llm_quant_plan, tie_kv_ranges
+    from modelexport.quant.llm_pt2e import (
+        boundary_encodings,
+        llm_quant_plan,
+        tie_kv_ranges,
+    )
     from modelexport.quant.pt2e_qnn import quantize
     qnn_ready()
     dec = build_static_decoder(tiny_llama(n_layers=1), StaticDecoderConfig(2, 16))
@@ -162,13 +166,14 @@ def test_pte_weight_shared_binary_read_back(bundle):
 def test_pte_twin_on_the_simulator_matches_float(bundle, work):
     """The twin's logits vs the float decoder within 16a4w_block's mark, at compile (the manifest)
     and here again through the generation loop's session on real text, every method."""
-    from modelexport.backends.llm_pte.session import open_pte_forwards
+    from modelexport.backends.llm_pte.session import load_program
+    from modelexport.llm.pte_session import pte_forwards
     from modelexport.core.numerics import sqnr_db
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.quant.precision import get_precision
     mark = get_precision("16a4w_block").min_sqnr_db
     assert all(v >= mark for v in bundle.manifest.llm.pte["SM8650"].numerics.values())
-    forwards, spec, seq = open_pte_forwards(bundle)
+    forwards, _, seq = pte_forwards(bundle, load_program)
     model = tiny_llama(n_layers=2)
     ids = tiny_tokenizer().encode("Markets rose on Tuesday")[:4]
     for n, fwd in forwards.items():

@@ -107,3 +107,46 @@ def boundary_encodings(converted, names_in: list[str], names_out: list[str]) -> 
         if q:
             out[name] = q
     return out
+
+
+def check_pte_request(precision: str, variants: list[int], max_seq_len: int, socs, n_models: int = 1,
+                      calibration: str | None = None) -> None:
+    """What `--format pte` cannot take, said before any work: the precision, the variants, the SoCs."""
+    from ..core.targets import require_feature
+    if n_models != 1:
+        raise InputError("one LLM per bundle", "compile each model into its own bundle")
+    if calibration == "random":
+        raise InputError("LLMs are calibrated on real text, not random data",
+                         "give a text file with --calibration (default: lee_background.cor)")
+    check_precision(precision)
+    if len(variants) != 2 or 1 not in variants:
+        raise InputError(f"--format pte holds one decode (ar1) and one prefill (arN) method; --variants gave "
+                         f"{', '.join(f'ar{n}' for n in variants)}",
+                         "give --variants ar1,arN (e.g. ar1,ar32), or leave --format out for more variants")
+    if max_seq_len <= max(variants):
+        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
+    p = get_precision(precision)
+    for s in socs:
+        require_feature(s, "weight_sharing", "--format pte (the decode and prefill methods share one copy of the "
+                                             "weights through QNN weight sharing)")
+        if p.feature:
+            require_feature(s, p.feature, f"precision {p.name} ({p.description})")
+
+
+def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[float]], plan: QuantPlan, soc):
+    """{method: static decoder} → ({method: quantized GraphModule}, {method: example inputs},
+    {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder."""
+    import torch
+
+    from .pt2e_qnn import quantize
+    graphs, inputs, encodings = {}, {}, {}
+    for method, dec in decoders.items():
+        names_in, names_out = dec.input_names(), dec.output_names()
+        inputs[method] = dec.example_inputs()
+        ep = torch.export.export(dec, inputs[method], strict=True)
+        calib = [tuple(torch.from_numpy(s[k]) for k in names_in) for s in samples[method]]
+        graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=lambda p, d=dec, i=names_in, o=names_out:
+                                  tie_kv_ranges(p, d.spec.n_layers, kv_ranges, i, o))
+        encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
+                             if k in kv_ranges}
+    return graphs, inputs, encodings

@@ -1,30 +1,22 @@
-"""LLM (GGUF file or HF folder) → one ExecuTorch `.pte` per SoC whose methods are the static
-decoder's decode (`kv_forward`, ar1) and prefill (`prefill_forward`, arN) graphs over one
-weight-shared QNN context binary, plus its unshared host twin and the tokenizer.
-
-    modelexport compile SmolLM2.gguf --format pte --target SM8650 [--precision 16a4w_block|16a8w] \
-        [--variants ar1,ar32] [--max-seq-len 512] [--override 'lm_head=16a4w_block'] -o OUT
-
-Steps: every check first (format, precision, SoC floors, variants, source); load; calibrate on real
-text through the float decoder (`llm_qnn.calibration`, the same samples and tied KV ranges as the
-ONNX path); per method torch.export → QnnQuantizer (`quant.llm_pt2e`: the ONNX path's module
-overrides, KV encodings tied) → one `.pte` with weight sharing and one without (`lower`); both read
-back; the twin run once on the simulator against the float decoder (SQNR of the logits). Not cached.
-"""
+"""`compile LLM --format pte`: one `.pte` per SoC, decode (`kv_forward`, ar1) and prefill (`prefill_forward`,
+arN) methods over one weight-shared QNN context binary, its unshared host twin, the tokenizer. Checks first;
+calibration as the ONNX path's (`llm_qnn.calibration`); quantization `quant.llm_pt2e`. Not cached."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
-from ...contract.manifest import DecoderShape, LlmSection, PteLlmProgram, SourceModel, Timings, WeightSharing
+from ...contract import BundleWriter, open_bundle
+from ...contract.manifest import DecoderShape, LlmSection, SourceModel, Timings
 from ...core.atomic import check_output
-from ...core.errors import InputError, VerificationError
-from ...core.targets import SoC, get_target, require_feature
-from ...core.vocab import BundleKind, Format, GraphKind, Role
-from ...llm.pte_methods import constant_methods, method_name
-from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, boundary_encodings, check_precision, llm_quant_plan, tie_kv_ranges
+from ...core.errors import InputError
+from ...core.targets import SoC, get_target
+from ...core.vocab import BundleKind, Format, Role
+from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
+from ...llm.pte_session import twin_sqnr
+from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, check_pte_request, llm_quant_plan, quantize_methods
 from .. import backend
 from ..spec import LlmCompileOptions, PartSpec
 
@@ -33,37 +25,46 @@ DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
 
 
+# One graph per method (ExecuTorch's Qualcomm LLM flow's names), one compile spec each: with weight
+# sharing QNN builds one context of both graphs over one copy of the weights; the host twin is the same
+# without sharing. Block weights need linear as conv2d (QNN refuses block-quantized FullyConnected).
+def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, weight_sharing: bool,
+                  constants: dict[str, Any], block_wise: bool) -> bytes:
+    from executorch.backends.qualcomm.utils.utils import to_edge_transform_and_lower_to_qnn
+    from executorch.exir import ExecutorchBackendConfig
+
+    from ...toolchain.native_io import capture_native_output
+    from ..executorch_qnn.lower import SEGMENT_ALIGNMENT, lowering_error
+    from ..executorch_qnn.specs import compile_specs
+    specs = compile_specs(soc, use_fp16=False, weight_sharing=weight_sharing)
+    try:
+        with capture_native_output() as log:
+            edge = to_edge_transform_and_lower_to_qnn(graphs, inputs, {m: specs for m in graphs},
+                                                      constant_methods=constants, convert_linear_to_conv2d=block_wise)
+            program = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True,
+                                                                 segment_alignment=SEGMENT_ALIGNMENT))
+    except Exception as e:
+        e.native_log = log  # type: ignore[attr-defined]
+        raise lowering_error(e) from None
+    return program.buffer
+
+
+
+def read_program(data: bytes, methods: list[str]) -> dict:
+    from ...llm.pte_methods import check_program
+    from ..executorch_qnn.inspect import read_pte
+    return check_program(read_pte(data), methods)
+
+
 def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, str, list[int], int, list[SoC]]:
     """Everything a user can get wrong, before any work."""
     from ..llm_qnn.compile import parse_variants
-    if len(parts) != 1:
-        raise InputError("one LLM per bundle", "compile each model into its own bundle")
     spec = parts[0]
     precision = spec.precision or LLM_PTE_PRECISIONS[0]
-    check_precision(precision)
     variants = parse_variants(opts.variants if opts.variants is not None else DEFAULT_VARIANTS)
-    if len(variants) != 2 or 1 not in variants:
-        raise InputError(f"--format pte holds one decode (ar1) and one prefill (arN) method; --variants gave "
-                         f"{', '.join(f'ar{n}' for n in variants)}",
-                         "give --variants ar1,arN (e.g. ar1,ar32), or leave --format out for more variants")
     max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
-    if max_seq_len <= max(variants):
-        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
-    socs: list[SoC] = []
-    for t in opts.targets or ["SM8650"]:
-        s = get_target(t)
-        if s not in socs:
-            socs.append(s)
-    for s in socs:
-        require_feature(s, "weight_sharing", "--format pte (the decode and prefill methods share one copy of the "
-                                             "weights through QNN weight sharing)")
-        from ...quant.precision import get_precision
-        p = get_precision(precision)
-        if p.feature:
-            require_feature(s, p.feature, f"precision {p.name} ({p.description})")
-    if spec.calibration == "random":
-        raise InputError("LLMs are calibrated on real text, not random data",
-                         "give a text file with --calibration (default: lee_background.cor)")
+    socs = list(dict.fromkeys(get_target(t) for t in opts.targets or ["SM8650"]))
+    check_pte_request(precision, variants, max_seq_len, socs, len(parts), spec.calibration)
     return spec, precision, variants, max_seq_len, socs
 
 
@@ -92,16 +93,13 @@ def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileO
 def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[SoC], text, n_samples: int, say) -> dict:
     import tempfile
 
-    import torch
-
     from ...frontends import find_frontend
     from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from ...llm.text import tokenize
     from ...llm.tokenizers import from_transformers
-    from ...quant.pt2e_qnn import quantize
     from ..executorch_qnn.specs import qnn_ready
     from ..llm_qnn.calibration import calibration_samples
-    from .lower import lower_methods, read_program
+    from .session import load_program
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     say("loading the model", 0, 5)
@@ -121,24 +119,15 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     samples = calibration_samples(llm.model, tokenize(tok, text.text, max_seq_len * (n_samples + 2)), variants,
                                   max_seq_len, n_samples, kv_ranges)
     timings["calibration_s"] = round(time.perf_counter() - t0, 2)
-    graphs, inputs, decoders, encodings, quant_info = {}, {}, {}, {}, {}
     t0 = time.perf_counter()
-    for n in variants:
-        method = method_name(n)
-        say(f"quantizing {method} (ar{n}, {plan.precision.name})", 2, 5)
-        dec = build_static_decoder(llm.model, StaticDecoderConfig(n, max_seq_len))
-        names_in, names_out = dec.input_names(), dec.output_names()
-        inputs[method] = dec.example_inputs()
-        ep = torch.export.export(dec, inputs[method], strict=True)
-        calib = [tuple(torch.from_numpy(s[k]) for k in names_in) for s in samples[n]]
-        graphs[method] = quantize(ep.module(), plan, socs[0], calib, before_convert=lambda p: tie_kv_ranges(
-            p, dec.spec.n_layers, kv_ranges, names_in, names_out))
-        encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
-                             if k in kv_ranges}
-        quant_info[method] = plan.describe()
-        decoders[method] = (dec, samples[n][0])
+    say(f"quantizing {len(variants)} methods ({plan.precision.name})", 2, 5)
+    decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, max_seq_len)) for n in variants}
+    graphs, inputs, encodings = quantize_methods(decs, {method_name(n): samples[n] for n in variants}, kv_ranges,
+                                                 plan, socs[0])
+    decoders = {m: (d, samples[d.cfg.n_tokens][0]) for m, d in decs.items()}
+    quant_info = {m: plan.describe() for m in decs}
     timings["quantize_s"] = round(time.perf_counter() - t0, 2)
-    kv = _check_tied(encodings, decoders)
+    kv = check_tied(encodings, next(iter(decoders.values()))[0].spec.n_layers)
     spec = decoders[method_name(1)][0].spec
     consts = constant_methods(spec, max_seq_len, max(variants), tok.bos_id, bool(tok.add_bos), list(tok.eos_ids))
     programs: dict[str, dict] = {}
@@ -152,7 +141,7 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     timings["lower_s"] = round(time.perf_counter() - t0, 2)
     say("running the host twin on the simulator", 4, 5)
     t0 = time.perf_counter()
-    numerics = {soc: _twin_sqnr(p["twin"][0], decoders) for soc, p in programs.items()}
+    numerics = {soc: twin_sqnr(load_program(p["twin"][0]), decoders) for soc, p in programs.items()}
     timings["twin_check_s"] = round(time.perf_counter() - t0, 2)
     n_params = sum(p.numel() for p in llm.model.parameters())
     rope = getattr(llm.config, "rope_parameters", None) or {}
@@ -163,43 +152,6 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
             "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
                                                                            d.output_names()) for m, (d, _) in decoders.items()},
             "timings": timings}
-
-
-def _check_tied(encodings: dict[str, dict[str, list[float]]], decoders) -> dict[str, list[float]]:
-    """One encoding per layer's key cache and per value cache: input = output, in every method."""
-    from ...llm.static_decoder import new_key, new_value, past_key, past_value
-    n_layers = next(iter(decoders.values()))[0].spec.n_layers
-    out: dict[str, list[float]] = {}
-    for i in range(n_layers):
-        for names in ((past_key(i), new_key(i)), (past_value(i), new_value(i))):
-            seen = {tuple(e[n]) for e in encodings.values() for n in names if n in e}
-            if len(seen) != 1:
-                raise VerificationError(f"the KV cache {names[0]} carries {len(seen)} encodings across its input, "
-                                        f"output and methods ({sorted(seen)}), not one",
-                                        "report this: the KV encodings must be tied")
-            out[names[0]] = out[names[1]] = list(seen.pop())
-    return out
-
-
-def _twin_sqnr(data: bytes, decoders) -> dict[str, float]:
-    """SQNR (dB) of each method's logits on the simulator vs the float decoder, on a calibration sample."""
-    import torch
-
-    from ...core.numerics import sqnr_db
-    from .session import load_program
-    program = load_program(data)
-    out = {}
-    for method, (dec, sample) in decoders.items():
-        feed = [torch.from_numpy(sample[k]) for k in dec.input_names()]
-        got = program.load_method(method).execute(feed)
-        with torch.inference_mode():
-            ref = dec(*feed)
-        out[method] = round(float(sqnr_db(ref[0].float().numpy(), got[0].float().numpy())), 2)
-    return out
-
-
-def _tensors(names: list[str], values) -> list[TensorSpec]:
-    return [TensorSpec(name=n, shape=list(v.shape), dtype=str(v.dtype).removeprefix("torch.")) for n, v in zip(names, values)]
 
 
 def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list[int], max_seq_len: int, plan, text,
@@ -225,31 +177,11 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
             w.path(rel, role=Role.PTE).write_bytes(data)
             twin_rel = f"{soc.name}/host/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}_unshared.pte"
             w.path(twin_rel, role=Role.HOST_PTE).write_bytes(twin_data)
-            shared_sizes = sorted({g.get("shared_weights_size") or 0 for g in info["graphs"].values()})
-            once = len(shared_sizes) == 1 and shared_sizes[0] > 0
-            if not once:
-                raise VerificationError(f"the {soc.name} .pte's context binary does not share its weights "
-                                        f"(shared sizes {shared_sizes})", "report this: QNN did not share the weights")
+            weight_sharing[f"{soc.name}/pte"], ptes[soc.name] = pte_records(
+                rel, twin_rel, info, twin_info, len(data), len(twin_data), {method_name(n): n for n in variants},
+                built["consts"], built["kv"], built["numerics"][soc.name])
             m.htp_arch[soc.name] = info["binary"].get("dsp_arch")
-            weight_sharing[f"{soc.name}/pte"] = WeightSharing(
-                file=rel, graphs=sorted(info["graphs"]), shared_weights_bytes=shared_sizes,
-                const_bytes={g: h.get("const_size") for g, h in info["graphs"].items()}, bytes=info["binary_bytes"],
-                unshared_twins_bytes=twin_info["binary_bytes"], saved_bytes=twin_info["binary_bytes"] - info["binary_bytes"],
-                weights_stored_once=once,
-                note="the .pte's embedded context binary read back through libQnnSystem, against the host twin's "
-                     "(one context of the same graphs, compiled without sharing: the x86 simulator cannot load shared ones)")
-            ptes[soc.name] = PteLlmProgram(
-                file=rel, host_twin=twin_rel, methods=info["methods"],
-                decoder_methods={method_name(n): n for n in variants}, metadata=built["consts"], bytes=len(data),
-                host_twin_bytes=len(twin_data), kv_encodings=built["kv"], numerics=built["numerics"][soc.name])
-            for method, (names_in, ex, names_out) in built["io"].items():
-                n = ex[0].shape[1]
-                h = info["graphs"][method]
-                m.graphs.append(GraphSpec(
-                    name=method, file=rel, kind=GraphKind.PTE_METHOD, target=soc.name, htp_arch=m.htp_arch[soc.name],
-                    inputs=_tensors(names_in, ex), outputs=[TensorSpec(name=o, shape=[], dtype="float32") for o in names_out],
-                    part=method, n_tokens=n, part_index=1, n_parts=1, layers=[0, spec.n_layers], qnn_graph_name=method,
-                    shared=True, const_bytes=h.get("const_size"), shared_weights_bytes=h.get("shared_weights_size")))
+            m.graphs += method_graphs(built["io"], info, rel, soc.name, m.htp_arch[soc.name], spec.n_layers)
         device = sum(p.bytes for p in ptes.values()) // len(ptes)
         m.parameters = built["n_params"]
         m.llm = LlmSection(
