@@ -188,7 +188,7 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     kind = kinds.pop()
     if input_values and kind != "onnx":
         raise InputError("--input-value applies to ONNX models", "leave it out for this model")
-    be = backend_for_kind(kind, backend)
+    be = backend_for_kind(kind, backend, options.get("output_format"))
     check_offered(be, kind, options.get("output_format"),
                   [p.precision for p in parts] + _override_precisions(options.get("overrides")))
     for p in parts:

@@ -29,6 +29,7 @@ class Backend:
     options: type[CompileOptions] = CompileOptions   # the keyword options its compile takes
     default_precision: str = "8a8w"
     precisions: tuple[str, ...] = ()   # names in quant.precision's table it compiles; () = all
+    only_by_format: bool = False       # picked only when its format is asked for (not its kind's default)
 
     @property
     def default_format(self) -> str:
@@ -40,9 +41,10 @@ BACKENDS: Registry[Backend] = Registry("backend", plugins="backend")
 
 def backend(name: str, kinds: tuple[str, ...], description: str = "", formats: tuple[str, ...] = (),
             options: type[CompileOptions] = CompileOptions, default_precision: str = "8a8w",
-            precisions: tuple[str, ...] = ()):
+            precisions: tuple[str, ...] = (), only_by_format: bool = False):
     def add(fn: Callable[..., object]):
-        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats, options, default_precision, precisions))
+        BACKENDS.register(name)(Backend(name, kinds, fn, description, formats, options, default_precision, precisions,
+                                        only_by_format))
         return fn
     return add
 
@@ -76,11 +78,16 @@ def check_offered(be: Backend, kind: str, output_format: str | None = None, prec
         offered = be.precisions or tuple(PRECISIONS)
         if p not in offered:
             owners = [k for _, b in BACKENDS for k in b.kinds if p in (b.precisions or tuple(PRECISIONS))]
+            if kind in owners:   # another format of the same kind takes it
+                raise InputError(f"--format {output_format or be.default_format} of {me} models takes precision "
+                                 f"{', '.join(offered)}, not {p}",
+                                 f"use --precision {offered[0]} (its default), or leave --format out for a format that takes {p}")
             raise InputError(f"precision {p} is for {_kinds_label(owners)} models, not {me} ones",
                              f"{me} models take: {', '.join(offered)}")
 
 
-def backend_for_kind(kind: str, name: str | None = None) -> Backend:
+def backend_for_kind(kind: str, name: str | None = None, output_format: str | None = None) -> Backend:
+    """The named backend, else the first for `kind` that writes `output_format`, else the kind's first."""
     if name:
         b = BACKENDS.get(name)
         if kind not in b.kinds:
@@ -88,6 +95,9 @@ def backend_for_kind(kind: str, name: str | None = None) -> Backend:
                              "leave --backend out to pick the right one")
         return b
     for _, b in BACKENDS:
-        if kind in b.kinds:
+        if kind in b.kinds and output_format and output_format in b.formats:
+            return b
+    for _, b in BACKENDS:
+        if kind in b.kinds and not b.only_by_format:
             return b
     raise InputError(f"no backend compiles {kind} models yet", f"backends: {', '.join(BACKENDS.names())}")

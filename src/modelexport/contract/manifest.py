@@ -240,6 +240,20 @@ class WeightSharing(_Recorded):
     note: str | None = None
 
 
+class PteLlmProgram(_Recorded):
+    """LLM `.pte` bundles: one target's program (decode + prefill methods over one weight-shared
+    context binary) and its unshared host twin, both read back with ExecuTorch's own schema."""
+    file: BundlePath
+    host_twin: BundlePath
+    methods: list[str]                   # every method, the constant ones included
+    decoder_methods: dict[str, int]      # method → tokens per call (N of arN)
+    metadata: dict[str, int | bool | list[int]] = Field(default_factory=dict)   # constant method → value
+    bytes: int
+    host_twin_bytes: int
+    kv_encodings: dict[str, list[float]] = Field(default_factory=dict)   # KV I/O → [scale, zero point], every method
+    numerics: dict[str, float] = Field(default_factory=dict)   # method → SQNR dB of the twin's logits vs float
+
+
 class GenieCheck(_Recorded):
     """The Genie config of a target and what libGenie said of it: the config parser (`accepted`)
     and a dialog created on the host twins (`dialog_created`: Genie's model validation passed)."""
@@ -270,6 +284,7 @@ class LlmSection(_Recorded):
     graph_naming: str = GRAPH_NAMING
     weight_sharing: dict[str, WeightSharing] = Field(default_factory=dict)   # "TARGET/part" →
     genie: dict[str, GenieCheck] = Field(default_factory=dict)               # target →
+    pte: dict[str, PteLlmProgram] = Field(default_factory=dict)              # target → (format pte)
     quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
     memory_limit_mb: float | None = None
 

@@ -14,12 +14,12 @@ PLUGINS: dict[str, tuple[str, ...]] = {
     "frontend": ("modelexport.frontends.onnx_model", "modelexport.frontends.torch_frontend",
                  "modelexport.frontends.gguf_file", "modelexport.frontends.hf_folder"),
     "backend": ("modelexport.backends.ort_qnn.compile", "modelexport.backends.executorch_qnn.compile",
-                "modelexport.backends.llm_qnn.compile"),
+                "modelexport.backends.llm_qnn.compile", "modelexport.backends.llm_pte.compile"),
     # asked in this order (a reader registered with first=True goes before the others)
     "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
                   "modelexport.frontends.gguf_inspect", "modelexport.backends.ort_qnn.inspect"),
     "LLM backend": ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session",
-                    "modelexport.backends.llm_qnn.genie_generate"),
+                    "modelexport.backends.llm_qnn.genie_generate", "modelexport.backends.llm_pte.session"),
 }
 
 

@@ -36,6 +36,7 @@ class Role(StrEnum):
     QUANTIZED_MODEL_DATA = "quantized-model-data"  # its external tensor data
     VERIFY_INPUTS = "verify-inputs"                # samples `verify` compares on (.npz)
     PTE = "pte"                                    # an ExecuTorch program
+    HOST_PTE = "host-pte"                          # LLMs: the unshared twin of a .pte (simulator)
     TOKENIZER = "tokenizer"                        # tokenizer.json
     TOKENIZER_CONFIG = "tokenizer-config"          # the tokenizer's other files
     HOST_EPCONTEXT_MODEL = "host-epcontext-model"  # LLMs: the unshared twin's EPContext model (simulator)

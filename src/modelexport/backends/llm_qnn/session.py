@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -143,7 +144,11 @@ def _sim_session(epcontext: Path, target: str):
 
 
 def open_session(bundle, stage: str = "htp-sim"):
-    """A `StaticGraphSession` (generation loop's `DecoderSession`) over the bundle's graphs."""
+    """A `StaticGraphSession` (generation loop's `DecoderSession`) over the bundle's graphs; a format
+    with its own runtime (the `.pte`: backends/llm_pte/session) is opened by its entry in COMPILED_SESSIONS."""
+    own = COMPILED_SESSIONS.get(bundle.manifest.format)
+    if own is not None:
+        return own(bundle, stage)
     from ..ort_qnn.run import check_runtime
     from ...llm.generate import StaticGraphSession
     if stage == "htp-sim":
@@ -153,7 +158,9 @@ def open_session(bundle, stage: str = "htp-sim"):
 
 
 # bundle graph kinds that hold compiled HTP code
-_HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY,)
+_HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY, GraphKind.PTE_METHOD)
+# bundle format → its session opener (bundle, stage), registered by the format's package
+COMPILED_SESSIONS: dict[str, Callable] = {}
 
 
 def open_compiled_bundle(path: Path, backend: str):
@@ -162,7 +169,21 @@ def open_compiled_bundle(path: Path, backend: str):
     if kind != "bundle":
         raise InputError(f"--backend {backend} runs compiled LLM bundles; {path} is a {kind} file",
                          "compile it first (modelexport compile ... -o BUNDLE), or use --backend cpu")
+    _check_tokenizer_present(path)
     return open_llm_bundle(path)
+
+
+def _check_tokenizer_present(path: Path) -> None:
+    """A bundle whose tokenizer was deleted is said to be so, with the fix, before the integrity
+    check (which would call it only a file that does not match the manifest)."""
+    from ...contract.bundle import open_bundle
+    bundle = open_bundle(path, verify=False)
+    gone = [f.path for f in bundle.manifest.files if f.role in (Role.TOKENIZER, Role.TOKENIZER_CONFIG)
+            and not (path / f.path).is_file()]
+    if gone:
+        raise InputError(f"bundle {path} is missing its tokenizer: {', '.join(gone)} deleted",
+                         f"copy the model's tokenizer files back into {path / 'tokenizer'} (tokenizer.json from the "
+                         "model's folder), or compile the bundle again with --force")
 
 
 def bundle_tokenizer(bundle, path: Path, opts: LoadOptions):

@@ -1,0 +1,195 @@
+"""`compile LLM --format pte`: one `.pte` per SoC, decode (`kv_forward`, ar1) and prefill (`prefill_forward`,
+arN) methods over one weight-shared QNN context binary, its unshared host twin, the tokenizer. Checks first;
+calibration as the ONNX path's (`llm_qnn.calibration`); quantization `quant.llm_pt2e`. Not cached."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...contract import BundleWriter, open_bundle
+from ...contract.manifest import DecoderShape, LlmSection, SourceModel, Timings
+from ...core.atomic import check_output
+from ...core.errors import InputError
+from ...core.targets import SoC, get_target
+from ...core.vocab import BundleKind, Format, Role
+from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
+from ...llm.pte_session import twin_sqnr
+from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, check_pte_request, llm_quant_plan, quantize_methods
+from .. import backend
+from ..spec import LlmCompileOptions, PartSpec
+
+DEFAULT_VARIANTS = (1, 32)
+DEFAULT_MAX_SEQ_LEN = 512
+DEFAULT_CALIBRATION_SAMPLES = 8
+
+
+# One graph per method (ExecuTorch's Qualcomm LLM flow's names), one compile spec each: with weight
+# sharing QNN builds one context of both graphs over one copy of the weights; the host twin is the same
+# without sharing. Block weights need linear as conv2d (QNN refuses block-quantized FullyConnected).
+def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, weight_sharing: bool,
+                  constants: dict[str, Any], block_wise: bool) -> bytes:
+    from executorch.backends.qualcomm.utils.utils import to_edge_transform_and_lower_to_qnn
+    from executorch.exir import ExecutorchBackendConfig
+
+    from ...toolchain.native_io import capture_native_output
+    from ..executorch_qnn.lower import SEGMENT_ALIGNMENT, lowering_error
+    from ..executorch_qnn.specs import compile_specs
+    specs = compile_specs(soc, use_fp16=False, weight_sharing=weight_sharing)
+    try:
+        with capture_native_output() as log:
+            edge = to_edge_transform_and_lower_to_qnn(graphs, inputs, {m: specs for m in graphs},
+                                                      constant_methods=constants, convert_linear_to_conv2d=block_wise)
+            program = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True,
+                                                                 segment_alignment=SEGMENT_ALIGNMENT))
+    except Exception as e:
+        e.native_log = log  # type: ignore[attr-defined]
+        raise lowering_error(e) from None
+    return program.buffer
+
+
+
+def read_program(data: bytes, methods: list[str]) -> dict:
+    from ...llm.pte_methods import check_program
+    from ..executorch_qnn.inspect import read_pte
+    return check_program(read_pte(data), methods)
+
+
+def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, str, list[int], int, list[SoC]]:
+    """Everything a user can get wrong, before any work."""
+    from ..llm_qnn.compile import parse_variants
+    spec = parts[0]
+    precision = spec.precision or LLM_PTE_PRECISIONS[0]
+    variants = parse_variants(opts.variants if opts.variants is not None else DEFAULT_VARIANTS)
+    max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
+    socs = list(dict.fromkeys(get_target(t) for t in opts.targets or ["SM8650"]))
+    check_pte_request(precision, variants, max_seq_len, socs, len(parts), spec.calibration)
+    return spec, precision, variants, max_seq_len, socs
+
+
+@backend("llm_pte", kinds=("llm",), formats=("pte",), options=LlmCompileOptions, default_precision="16a4w_block",
+         precisions=LLM_PTE_PRECISIONS, only_by_format=True,
+         description="LLM → one .pte per SoC: decode + prefill methods over one weight-shared QNN binary (ExecuTorch)")
+def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None,
+                    force: bool = False, progress: Callable[[str, float, float], None] | None = None) -> Any:
+    from ...llm.text import read_text
+    from ..llm_qnn.source import check_source
+    opts = options or LlmCompileOptions()
+    say = progress or (lambda msg, done, total: None)
+    t_start = time.perf_counter()
+    out = Path(out)
+    check_output(out, force)
+    spec, precision, variants, max_seq_len, socs = _check(parts, opts)
+    plan = llm_quant_plan(precision, opts.overrides, opts.block_size)
+    facts = check_source(spec.model, max_seq_len)
+    text = read_text(spec.calibration)
+    built = _build(facts.path, plan, variants, max_seq_len, socs, text,
+                   int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say)
+    built["timings"]["total_s"] = round(time.perf_counter() - t_start, 3)
+    return _write_bundle(out, force, facts, socs, variants, max_seq_len, plan, text, built)
+
+
+def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[SoC], text, n_samples: int, say) -> dict:
+    import tempfile
+
+    from ...frontends import find_frontend
+    from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from ...llm.text import tokenize
+    from ...llm.tokenizers import from_transformers
+    from ..executorch_qnn.specs import qnn_ready
+    from ..llm_qnn.calibration import calibration_samples
+    from .session import load_program
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    say("loading the model", 0, 5)
+    llm = find_frontend(str(src)).load(str(src))
+    ctx = getattr(llm.config, "max_position_embeddings", None)
+    if ctx and max_seq_len > ctx:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
+                         f"use --max-seq-len {ctx} or less")
+    tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
+    tok_dir = Path(tempfile.mkdtemp(prefix="llm_pte_tok_"))
+    tok.save(tok_dir)
+    qnn_ready()
+    timings["load_s"] = round(time.perf_counter() - t0, 2)
+    say(f"calibrating on {text.path.name} through the float decoder", 1, 5)
+    t0 = time.perf_counter()
+    kv_ranges: dict[str, list[float]] = {}
+    samples = calibration_samples(llm.model, tokenize(tok, text.text, max_seq_len * (n_samples + 2)), variants,
+                                  max_seq_len, n_samples, kv_ranges)
+    timings["calibration_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    say(f"quantizing {len(variants)} methods ({plan.precision.name})", 2, 5)
+    decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, max_seq_len)) for n in variants}
+    graphs, inputs, encodings = quantize_methods(decs, {method_name(n): samples[n] for n in variants}, kv_ranges,
+                                                 plan, socs[0])
+    decoders = {m: (d, samples[d.cfg.n_tokens][0]) for m, d in decs.items()}
+    quant_info = {m: plan.describe() for m in decs}
+    timings["quantize_s"] = round(time.perf_counter() - t0, 2)
+    kv = check_tied(encodings, next(iter(decoders.values()))[0].spec.n_layers)
+    spec = decoders[method_name(1)][0].spec
+    consts = constant_methods(spec, max_seq_len, max(variants), tok.bos_id, bool(tok.add_bos), list(tok.eos_ids))
+    programs: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    for soc in socs:
+        programs[soc.name] = {}
+        for shared in (True, False):
+            say(f"lowering for {soc.name}{' with weight sharing' if shared else ' (host twin, unshared)'}", 3, 5)
+            data = lower_methods(graphs, inputs, soc, shared, consts, plan.uses_block)
+            programs[soc.name]["shared" if shared else "twin"] = (data, read_program(data, list(graphs)))
+    timings["lower_s"] = round(time.perf_counter() - t0, 2)
+    say("running the host twin on the simulator", 4, 5)
+    t0 = time.perf_counter()
+    numerics = {soc: twin_sqnr(load_program(p["twin"][0]), decoders) for soc, p in programs.items()}
+    timings["twin_check_s"] = round(time.perf_counter() - t0, 2)
+    n_params = sum(p.numel() for p in llm.model.parameters())
+    rope = getattr(llm.config, "rope_parameters", None) or {}
+    return {"programs": programs, "spec": spec, "consts": consts, "kv": kv, "numerics": numerics, "tok_dir": tok_dir,
+            "architecture": llm.architecture, "n_params": int(n_params), "quantization": quant_info,
+            "rope_theta": float((rope.get("rope_theta") if isinstance(rope, dict) else None)
+                                or getattr(llm.config, "rope_theta", 10000.0)),
+            "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
+                                                                           d.output_names()) for m, (d, _) in decoders.items()},
+            "timings": timings}
+
+
+def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list[int], max_seq_len: int, plan, text,
+                  built: dict):
+    spec = built["spec"]
+    with BundleWriter(out, force) as w:
+        m = w.manifest
+        m.kind, m.format = BundleKind.LLM, Format.PTE
+        m.targets = [s.name for s in socs]
+        m.precision = plan.precision.name
+        m.source = SourceModel(path=str(facts.path.resolve()), sha256=facts.sha256,
+                               format="gguf" if facts.format == "gguf" else "hf-folder",
+                               description=f"{built['architecture']}, {built['n_params']:,} parameters")
+        m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
+                     "precision": plan.precision.name, "weight_sharing": True, **plan.key()}
+        m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
+        for f in sorted(Path(built["tok_dir"]).iterdir()):
+            w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
+        weight_sharing, ptes = {}, {}
+        for soc in socs:
+            (data, info), (twin_data, twin_info) = built["programs"][soc.name]["shared"], built["programs"][soc.name]["twin"]
+            rel = f"{soc.name}/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}.pte"
+            w.path(rel, role=Role.PTE).write_bytes(data)
+            twin_rel = f"{soc.name}/host/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}_unshared.pte"
+            w.path(twin_rel, role=Role.HOST_PTE).write_bytes(twin_data)
+            weight_sharing[f"{soc.name}/pte"], ptes[soc.name] = pte_records(
+                rel, twin_rel, info, twin_info, len(data), len(twin_data), {method_name(n): n for n in variants},
+                built["consts"], built["kv"], built["numerics"][soc.name])
+            m.htp_arch[soc.name] = info["binary"].get("dsp_arch")
+            m.graphs += method_graphs(built["io"], info, rel, soc.name, m.htp_arch[soc.name], spec.n_layers)
+        device = sum(p.bytes for p in ptes.values()) // len(ptes)
+        m.parameters = built["n_params"]
+        m.llm = LlmSection(
+            architecture=built["architecture"], spec=DecoderShape(**{k: getattr(spec, k) for k in DecoderShape.model_fields}),
+            variants=variants, max_seq_len=max_seq_len, n_parts=1, parts=[[0, spec.n_layers]],
+            weight_bytes_per_token=max(weight_sharing[f"{socs[0].name}/pte"].shared_weights_bytes),
+            device_bytes=device, bytes_per_parameter=round(device / built["n_params"], 4), bos_id=built["bos_id"],
+            eos_ids=built["eos_ids"], rope_theta=built["rope_theta"], weight_sharing=weight_sharing,
+            quantization=built["quantization"], pte=ptes)
+        m.timings = Timings.model_validate(built["timings"])
+    return open_bundle(out)

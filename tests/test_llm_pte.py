@@ -1,0 +1,200 @@
+"""LLM → ExecuTorch `.pte` (`compile --format pte`) on a tiny random Llama: the program's methods
+read back with ExecuTorch's own loader (decode + prefill calling QnnBackend, the metadata methods),
+the embedded context binary read back through libQnnSystem (both graphs, weights once, smaller
+than the unshared twin), KV encodings tied, the twin run on the simulator vs the float model, and
+the bad inputs said up front. The end-to-end compile is heavy (minutes on a loaded 2-core host);
+the checks of bad input run in the default suite."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import assert_clean_error
+from llm_tiny import tiny_llama, tiny_tokenizer
+
+SEQ = 64
+TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
+        "outlook for interest rates and the health of the economy, while officials said talks would resume. ") * 40
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llm_pte")
+    hf = root / "tiny_hf"
+    tiny_llama(n_layers=2).save_pretrained(hf)
+    tiny_tokenizer().save(hf)
+    (root / "calib.txt").write_text(TEXT)
+    return root
+
+
+def _compile(cli, work, out, *extra):
+    return cli("compile", str(work / "tiny_hf"), "--format", "pte", "--variants", "ar1,ar4", "--max-seq-len", str(SEQ),
+               "-o", str(out), *extra)
+
+
+# ---- bad input, said before any work (default suite) ----------------------------------------
+
+def test_pte_refuses_a_precision_up_front_cli(cli, work, tmp_path):
+    out = tmp_path / "b"
+    proc = _compile(cli, work, out, "--precision", "8a8w")
+    assert_clean_error(proc, "--format pte", "8a8w", "16a4w_block", "leave --format out")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"target": "SM8450"}, ["weight", "SM8450"]),
+    ({"variants": "ar1,ar4,ar16"}, ["decode (ar1)", "prefill", "--variants ar1,arN"]),
+    ({"variants": "ar4,ar16"}, ["decode (ar1)"]),
+])
+def test_pte_refuses_up_front(work, tmp_path, kw, words):
+    """Said before the model is loaded (no --calibration file is even read: it does not exist)."""
+    import modelexport
+    from modelexport.core.errors import ModelExportError
+    args = {"target": "SM8650", "variants": "ar1,ar4", "max_seq_len": SEQ, **kw}
+    with pytest.raises(ModelExportError) as e:
+        modelexport.compile(str(work / "tiny_hf"), output=tmp_path / "b", output_format="pte",
+                            calibration=str(tmp_path / "no_such_text.txt"), **args)
+    text = str(e.value) + " " + str(getattr(e.value, "fix", ""))
+    for w in words:
+        assert w.lower() in text.lower(), text
+    assert not (tmp_path / "b").exists()
+
+
+def test_pte_precisions_and_overrides_refused_in_process():
+    from modelexport.core.errors import InputError
+    from modelexport.quant.llm_pt2e import check_precision, llm_quant_plan
+    with pytest.raises(InputError, match="fp16"):
+        check_precision("fp16")
+    with pytest.raises(InputError, match="activations"):
+        llm_quant_plan("16a4w_block", ["lm_head=8a8w"], None)
+    plan = llm_quant_plan("16a4w_block", ["lm_head=16a4w_block"], None)
+    assert [o.pattern for o in plan.overrides][:1] == ["lm_head"]       # the user's first: the first match wins
+    assert any("embed_tokens" in o.pattern and o.precision.name == "16a8w" for o in plan.overrides)
+
+
+def test_context_binary_default_unchanged():
+    """Without --format an LLM still goes to the context-binary backend; pte picks the .pte one."""
+    from modelexport.backends import backend_for_kind
+    assert backend_for_kind("llm").name == "llm_qnn"
+    assert backend_for_kind("llm", output_format="pte").name == "llm_pte"
+    assert backend_for_kind("torch", output_format="pte").name == "executorch_qnn"
+
+
+def test_kv_ranges_tie_observers_in_and_out():
+    """The KV inputs and outputs of a prepared static decoder take the tied range: after conversion
+    the (de)quantize ops at past_key_i_in and past_key_i_out carry the same scale and zero point."""
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.core.targets import get_target
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.quant.llm_pt2e import (
+        boundary_encodings,
+        llm_quant_plan,
+        tie_kv_ranges,
+    )
+    from modelexport.quant.pt2e_qnn import quantize
+    qnn_ready()
+    dec = build_static_decoder(tiny_llama(n_layers=1), StaticDecoderConfig(2, 16))
+    names_in, names_out = dec.input_names(), dec.output_names()
+    kv = {"past_key_0_in": [-3.0, 3.0], "past_key_0_out": [-3.0, 3.0], "past_value_0_in": [-2.0, 1.0],
+          "past_value_0_out": [-2.0, 1.0]}
+    ex = dec.example_inputs()
+    torch.manual_seed(0)
+    calib = [tuple(torch.randn_like(t) * 0.1 if t.is_floating_point() else t for t in ex)]
+    gm = torch.export.export(dec, ex, strict=True).module()
+    plan = llm_quant_plan("16a8w", None, None)
+    q = quantize(gm, plan, get_target("SM8650"), calib,
+                 before_convert=lambda p: tie_kv_ranges(p, 1, kv, names_in, names_out))
+    enc = boundary_encodings(q, names_in, names_out)
+    assert enc["past_key_0_in"] == enc["past_key_0_out"]
+    assert enc["past_value_0_in"] == enc["past_value_0_out"]
+    assert enc["past_key_0_in"] != enc["past_value_0_in"]
+    assert enc["past_key_0_in"][0] == pytest.approx(6.0 / 65535, rel=1e-3)    # the tied range, 16-bit
+
+
+# ---- end to end (heavy) -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    import modelexport
+    return modelexport.compile(str(work / "tiny_hf"), output=work / "bundle", target="SM8650", output_format="pte",
+                               variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                               calibration_samples=4)
+
+
+@pytest.mark.heavy
+def test_pte_methods_with_qnn_delegates(bundle):
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    m = bundle.manifest
+    assert m.format == "pte" and m.kind == "llm" and m.precision == "16a4w_block"
+    prog = m.llm.pte["SM8650"]
+    program = deserialize_pte_binary(bundle.file(prog.file).read_bytes()).program
+    plans = {p.name: p for p in program.execution_plan}
+    for method in ("kv_forward", "prefill_forward"):
+        assert [d.id for d in plans[method].delegates] == ["QnnBackend"]
+    consts = {name: plans[name].values[0].val for name in ("get_max_seq_len", "get_vocab_size", "get_bos_id")}
+    assert consts["get_max_seq_len"].int_val == SEQ and consts["get_vocab_size"].int_val == 260
+    assert consts["get_bos_id"].int_val == 256
+    assert prog.metadata["get_eos_ids"] == [257] and prog.metadata["get_use_kv_cache"] is True
+    assert prog.decoder_methods == {"kv_forward": 1, "prefill_forward": 4}
+    assert (bundle.path / "tokenizer" / "tokenizer.json").is_file()
+
+
+@pytest.mark.heavy
+def test_pte_weight_shared_binary_read_back(bundle):
+    from modelexport.backends.executorch_qnn.inspect import qnn_binaries
+    from modelexport.toolchain.qnn_context import read_context_binary
+    prog = bundle.manifest.llm.pte["SM8650"]
+    binaries = {bytes(b) for _, b in qnn_binaries(bundle.file(prog.file).read_bytes())}
+    assert len(binaries) == 1                              # one context binary for both methods
+    info = read_context_binary(binaries.pop())
+    assert sorted(g.name for g in info.graphs) == ["kv_forward", "prefill_forward"]
+    assert len({g.htp.shared_weights_size for g in info.graphs}) == 1 and info.graphs[0].htp.shared_weights_size > 0
+    twin = read_context_binary(qnn_binaries(bundle.file(prog.host_twin).read_bytes())[0][1])
+    assert all(g.htp.shared_weights_size == 0 for g in twin.graphs)
+    ws = bundle.manifest.llm.weight_sharing["SM8650/pte"]
+    assert ws.weights_stored_once and ws.bytes < ws.unshared_twins_bytes
+    kv = prog.kv_encodings                                 # tied: one encoding per cache, in and out
+    assert kv["past_key_0_in"] == kv["past_key_0_out"] and kv["past_value_1_in"] == kv["past_value_1_out"]
+
+
+@pytest.mark.heavy
+def test_pte_twin_on_the_simulator_matches_float(bundle, work):
+    """The twin's logits vs the float decoder within 16a4w_block's mark, at compile (the manifest)
+    and here again through the generation loop's session on real text, every method."""
+    from modelexport.backends.llm_pte.session import load_program
+    from modelexport.llm.pte_session import pte_forwards
+    from modelexport.core.numerics import sqnr_db
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.quant.precision import get_precision
+    mark = get_precision("16a4w_block").min_sqnr_db
+    assert all(v >= mark for v in bundle.manifest.llm.pte["SM8650"].numerics.values())
+    forwards, _, seq = pte_forwards(bundle, load_program)
+    model = tiny_llama(n_layers=2)
+    ids = tiny_tokenizer().encode("Markets rose on Tuesday")[:4]
+    for n, fwd in forwards.items():
+        dec = build_static_decoder(model, StaticDecoderConfig(n, seq))
+        ex = list(dec.example_inputs())
+        ex[0] = torch.tensor([ids[:n]], dtype=torch.int32)
+        got = fwd(*ex)
+        with torch.inference_mode():
+            ref = dec(*ex)
+        assert sqnr_db(ref[0].numpy(), got[0].numpy()) >= mark, n
+
+
+@pytest.mark.heavy
+def test_pte_generate_and_inspect_and_missing_tokenizer(bundle, cli, tmp_path):
+    proc = cli("generate", str(bundle.path), "--backend", "htp-sim", "--prompt", "The quick", "--max-new-tokens", "4")
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("inspect", str(bundle.path))
+    assert proc.returncode == 0, proc.stderr
+    assert "kv_forward" in proc.stdout and "prefill_forward" in proc.stdout
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle.path, broken)
+    (broken / "tokenizer" / "tokenizer.json").unlink()
+    proc = cli("generate", str(broken), "--backend", "htp-sim", "--prompt", "hi", "--max-new-tokens", "2")
+    assert_clean_error(proc, "missing its tokenizer", "tokenizer.json", "--force")
