@@ -193,6 +193,12 @@ def test_pte_generate_and_inspect_and_missing_tokenizer(bundle, cli, tmp_path):
     proc = cli("inspect", str(bundle.path))
     assert proc.returncode == 0, proc.stderr
     assert "kv_forward" in proc.stdout and "prefill_forward" in proc.stdout
+    import json
+    d = json.loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)["deployment"]
+    et = [r for r in d["runtimes"] if r["runtime"] == "ExecuTorch (QNN delegate)"]
+    prog = bundle.manifest.llm.pte["SM8650"]
+    assert len(et) == 1 and prog.file in et[0]["files"] and prog.host_twin not in et[0]["files"]
+    assert prog.host_twin in d["host_only_files"]
     broken = tmp_path / "broken"
     shutil.copytree(bundle.path, broken)
     (broken / "tokenizer" / "tokenizer.json").unlink()

@@ -39,7 +39,7 @@ RUNTIMES: tuple[Runtime, ...] = (
 )
 
 # Files that never go to the phone.
-HOST_ONLY = frozenset({Role.HOST_EPCONTEXT_MODEL, Role.HOST_CONTEXT_BINARY, Role.QUANTIZED_MODEL,
+HOST_ONLY = frozenset({Role.HOST_EPCONTEXT_MODEL, Role.HOST_CONTEXT_BINARY, Role.HOST_PTE, Role.QUANTIZED_MODEL,
                        Role.QUANTIZED_MODEL_DATA, Role.FLOAT_MODEL, Role.VERIFY_INPUTS, Role.REPORT})
 
 
