@@ -117,6 +117,10 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="llm_sizes_"))
     work.mkdir(parents=True, exist_ok=True)
+    if a.estimate_only and a.shape in SHAPES:   # from the config alone: no folder of random weights built
+        print(json.dumps(_record(a.shape, {"source": "config only (no weights built)", "shape": SHAPES[a.shape],
+                                           "estimate": config_estimate(a.shape)}, True), indent=2))
+        return
     src = smollm2_gguf() if a.shape == "smollm2" else build_folder(a.shape, work / f"{a.shape}_hf")
     cache = work / f"cache_{a.shape}_{int(time.time())}"           # cold: a fresh cache every run
     env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -143,11 +147,34 @@ def main() -> None:
                                   "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "bundle_disk_bytes": du(out),
                                   "cache_disk_bytes": du(cache)}
         entry["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(_record(a.shape, entry, a.estimate_only), indent=2))
+
+
+def _record(shape: str, entry: dict, estimate_only: bool) -> dict:
+    entry.setdefault("host", {"load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
     results = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    results[a.shape + ("_estimate" if a.estimate_only else "")] = entry
+    results[shape + ("_estimate" if estimate_only else "")] = entry
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(results, indent=2))
-    print(json.dumps(entry, indent=2))
+    return entry
+
+
+def config_estimate(shape: str) -> dict:
+    """What `compile --dry-run` prints, from the config's numbers (vocab 49,152, tied, bf16 weights)."""
+    from types import SimpleNamespace
+
+    from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+    from modelexport.llm.job_estimate import check_machine, estimate_job
+    from modelexport.core.cache import cache_root
+    cfg = SimpleNamespace(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True)
+    parts, _ = plan_parts(cfg, [1, 32], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
+    est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True)
+    try:
+        check_machine(est, cache_root(), DEFAULT_CONTEXT_LIMIT_MB, 2)
+        refusal = None
+    except Exception as e:     # the refusal compile would give, recorded
+        refusal = str(e)
+    return {**est.to_dict(), "fits": refusal is None, "refusal": refusal}
 
 
 if __name__ == "__main__":

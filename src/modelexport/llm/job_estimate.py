@@ -3,13 +3,15 @@ when the machine cannot hold them.
 
 From config.json / GGUF metadata (`source.SourceFacts.shape`) and the plan (`memory.plan_parts`):
 the phases of a compile do not overlap in time, so the peak is the largest of
-- load:     the frontend builds the model: bf16 for a bf16 checkpoint, float32 otherwise (GGUF);
+- load:     the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
+            checkpoint's pages are mapped;
 - quantize: the parent holding the model (2 or 4 bytes a parameter) and exporting one part, beside
             `jobs` workers each quantizing one part (a multiple of the part's float32 weights);
 - compile:  `jobs` QNN EP compiles, each of one part's quantized graph.
-The factors are the measured ratios of each phase's RSS to the bytes it works on (see
-bench/llm_sizes.py), rounded up; they are estimates, printed as such, and the refusal leaves a
-margin for them rather than trusting them to the megabyte.
+Only the load phase is calibrated on a measurement so far (Llama-3.2-1B-shaped, bf16: the parent
+peaked at 5.0 GB through load and calibration); the quantize and compile factors are rounded-up
+guesses from SmolLM2's figures (docs/llm_export.md), to be replaced by bench/llm_sizes.py's. They
+are estimates and printed as such.
 """
 from __future__ import annotations
 
@@ -81,7 +83,8 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     held = n * (2 if bf16_source else 4)
     workers = max(1, jobs)
     phases = {
-        "load": int(PARENT_BASE + held),    # a bf16 checkpoint is loaded as bf16
+        # the model, + the checkpoint's pages mapped while it is read (a bf16 1B peaked at 5.0 GB)
+        "load": int(PARENT_BASE + held + 2 * n),
         "quantize": int(PARENT_BASE + held + EXPORT_FACTOR * part_float
                         + workers * (WORKER_BASE + QUANTIZE_FACTOR * part_float)),
         "compile": int(PARENT_BASE + workers * (WORKER_BASE + COMPILE_FACTOR * part_q)),
