@@ -8,9 +8,10 @@ the phases of a compile do not overlap in time, so the peak is the largest of
 - quantize: the parent holding the model (2 or 4 bytes a parameter) and exporting one part, beside
             `jobs` workers each quantizing one part (a multiple of the part's float32 weights);
 - compile:  `jobs` QNN EP compiles, each of one part's quantized graph.
-Only the load phase is calibrated on a measurement so far (Llama-3.2-1B-shaped, bf16: the parent
-peaked at 5.0 GB through load and calibration); the quantize and compile factors are rounded-up
-guesses from SmolLM2's figures (docs/llm_export.md), to be replaced by bench/llm_sizes.py's. They
+The load and export factors come from one measurement (Llama-3.2-1B-shaped, bf16: the parent peaked
+at 5.0 GB through load and calibration, 8.0 GB exporting its first part of 1.37 GB float32); the
+quantize and compile factors are rounded-up guesses from SmolLM2's figures (docs/llm_export.md), to
+be replaced by bench/llm_sizes.py's. They
 are estimates and printed as such.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ GB = 2**30
 # per process, before any model: Python + torch + transformers (parent), + ONNX Runtime (workers)
 PARENT_BASE = 1.0 * GB
 WORKER_BASE = 0.6 * GB
-EXPORT_FACTOR = 2.0       # the part lifted to float32 + the ONNX model holding its weights
+EXPORT_FACTOR = 3.5       # lifted part + traced constants + the ONNX model (1B, 1.37 GB part: parent 3.2 -> 8.0 GB)
 QUANTIZE_FACTOR = 3.0     # float part + calibration activations + the QDQ graph being written
 COMPILE_FACTOR = 6.0      # the QNN EP's copies of a part's quantized weights while it prepares the graph
 DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
