@@ -139,7 +139,7 @@ def test_part_entry_is_whole_or_absent_and_reused(tmp_path):
                         "samples": part_samples([sample], part, [sample["hidden_states"]]), "source": "test",
                         "block_size": 0, "tied_ranges": {}}}
     (tmp_path / "float" / "broken.onnx").write_bytes(b"not an onnx model")
-    with pytest.raises(Exception):   # how it fails does not matter here: what it leaves behind does
+    with pytest.raises(Exception):   # noqa: B017 (how it fails does not matter here: what it leaves behind does)
         quantize_part(job)
     cache = Cache(tmp_path / "cache")
     assert cache.get(PART_NAMESPACE, job["key"]) is None and not (tmp_path / "float" / "broken.onnx").exists()
