@@ -164,15 +164,16 @@ def config_estimate(shape: str) -> dict:
     from types import SimpleNamespace
 
     from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
-    from modelexport.llm.job_estimate import check_machine, estimate_job
     from modelexport.core.cache import cache_root
+    from modelexport.core.errors import ResourceError
+    from modelexport.llm.job_estimate import check_machine, estimate_job
     cfg = SimpleNamespace(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True)
     parts, _ = plan_parts(cfg, [1, 32], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
     est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True)
     try:
         check_machine(est, cache_root(), DEFAULT_CONTEXT_LIMIT_MB, 2)
         refusal = None
-    except Exception as e:     # the refusal compile would give, recorded
+    except ResourceError as e:     # the refusal compile would give, recorded
         refusal = str(e)
     return {**est.to_dict(), "fits": refusal is None, "refusal": refusal}
 
