@@ -51,6 +51,8 @@ def test_default_parts_split_a_3b_model_and_keep_a_1b_one_in_few():
     assert len(parts3) > 1 and len(parts1) > 1
     assert len(parts1) <= 4 < len(parts3) <= 14
     assert parts3[0].first_layer == 0 and parts3[-1].end_layer == 28
+    smaller, _ = plan_parts(SimpleNamespace(**LLAMA_3B), [1, 32], 512, 4, 16, 1024)   # the refusal's fix
+    assert len(smaller) > len(parts3)
 
 
 def test_export_through_a_file_gives_the_same_graph(tiny_bf16, tmp_path):

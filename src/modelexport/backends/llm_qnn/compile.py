@@ -40,7 +40,7 @@ from ...core.errors import InputError, ModelExportError, ToolchainError, Unsuppo
 from ...quant.precision import check_block_size, get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
-from .memory import DEFAULT_CONTEXT_LIMIT_MB, DEFAULT_HOST_PART_MB, plan_parts
+from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
@@ -92,8 +92,7 @@ def parse_variants(v: Any) -> list[int]:
 
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
                text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0, *,
-               cache: Cache | None = None, stage_key: str = "", weights_dtype: str = "float32",
-               host_part_mb: float = DEFAULT_HOST_PART_MB) -> dict:
+               cache: Cache | None = None, stage_key: str = "", weights_dtype: str = "float32") -> dict:
     """Load, calibrate, then export and quantize graph by graph: each (variant, part) graph is its
     own cache entry (`part_stage`), reused when a killed compile is run again."""
     import torch
@@ -124,7 +123,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     prec = get_precision(precision)
     embed_bits, head_bits = _embed_head_bits(overrides, prec.weight_bits)
     parts, mem = plan_parts(cfg, variants, max_seq_len, prec.weight_bits, prec.activation_bits, limit_mb,
-                            embed_bits, head_bits, host_part_mb)
+                            embed_bits, head_bits)
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     tok.save(tmp / "tokenizer")
     names = {(n, p.index): graph_name(n, max_seq_len, p.index, p.count) for n in variants for p in parts}
@@ -289,7 +288,7 @@ def _estimate(r, cache: Cache, quantized: bool):
     prec = get_precision(r.precision)
     embed_bits, head_bits = _embed_head_bits(r.overrides, prec.weight_bits)
     parts, _ = plan_parts(cfg, r.variants, r.max_seq_len, prec.weight_bits, prec.activation_bits, r.limit_mb,
-                          embed_bits, head_bits, DEFAULT_HOST_PART_MB)
+                          embed_bits, head_bits)
     return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
                         len(r.socs), quantized=quantized)
 
@@ -309,7 +308,7 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
                          "compile it without --dry-run")
     report = {"model": str(model), "architecture": r.facts.architecture, "precision": r.requested,
               "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len, "context_limit_mb": r.limit_mb,
-              "host_part_mb": DEFAULT_HOST_PART_MB, "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
+              "host_part_mb": host_part_mb(r.limit_mb), "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
     try:
         check_machine(est, cache_root(), r.limit_mb, r.jobs)
         report["fits"], report["refusal"] = True, None
@@ -347,7 +346,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                     DEFAULT_HOST_PART_MB, onnxruntime.__version__, version("torch"))
+                     host_part_mb(limit_mb), onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     est = _estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
@@ -479,7 +478,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
         m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
                      "precision": precision, "overrides": [f"{o.pattern}={o.precision.name}" for o in overrides],
                      "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
-                     "context_limit_mb": limit_mb, "n_parts": n_parts, "host_part_mb": DEFAULT_HOST_PART_MB,
+                     "context_limit_mb": limit_mb, "n_parts": n_parts, "host_part_mb": host_part_mb(limit_mb),
                      "host_estimate": host_estimate}
         m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
         tok_dir = qentry / "tokenizer"
