@@ -319,6 +319,7 @@ class CacheInfo(_Recorded):
     quantize_hit: bool | None = None     # LLM bundles
     compile_hits: int | None = None
     compile_jobs: int | None = None
+    resumed_graphs: list[str] | None = None   # LLM bundles: QDQ graphs an interrupted compile had finished
 
 
 class QairtInfo(_Recorded):

@@ -98,3 +98,7 @@ def clip(text: str, limit: int = 800) -> str:
         return head[:end + 1] + " …"
     space = head.rfind(" ")
     return (head[:space] if space > 0 else head) + " …"
+
+
+class ResourceError(ModelExportError):
+    """The machine has too little memory or disk for the job (refused before the work starts)."""

@@ -34,7 +34,8 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from ...llm.static_runner import StaticRunner
-    big, small = max(variants), sorted(v for v in variants if v != max(variants))
+    from ...llm.weight_dtype import float32_per_module
+    big = max(variants)
     dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()
     out: dict[int, list[dict[str, np.ndarray]]] = {n: [] for n in variants}
@@ -50,7 +51,27 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
             _widen(kv_ranges, outputs[1:], dec.spec.n_layers)
         return outputs
 
-    runner = StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len)
+    with float32_per_module(dec):   # a bf16-held model runs one float32 layer at a time
+        _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len), token_ids, variants, max_seq_len,
+              samples_per_variant, out, recording)
+    for n in variants:
+        if not out[n]:
+            raise CalibrationError(f"the calibration text gave no samples for ar{n}",
+                                   f"give a longer text (at least {max_seq_len} tokens)")
+    # the graphs' own inputs: each variant's cache length is max_seq_len - N
+    for n in variants:
+        c = max_seq_len - n
+        for s in out[n]:
+            for k in list(s):
+                if k.startswith("past_key_"):
+                    s[k] = np.ascontiguousarray(s[k][..., :c])
+                elif k.startswith("past_value_"):
+                    s[k] = np.ascontiguousarray(s[k][:, :, :c, :])
+    return out
+
+
+def _walk(runner, token_ids, variants, max_seq_len, samples_per_variant, out, recording) -> None:
+    big, small = max(variants), sorted(v for v in variants if v != max(variants))
     pos = 0
     step = big + len(small)
     while any(len(out[n]) < samples_per_variant for n in variants):
@@ -71,20 +92,6 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
                 runner.run_chunk(window[i:i + n], n)
                 i += n
         pos += max_seq_len
-    for n in variants:
-        if not out[n]:
-            raise CalibrationError(f"the calibration text gave no samples for ar{n}",
-                                   f"give a longer text (at least {max_seq_len} tokens)")
-    # the graphs' own inputs: each variant's cache length is max_seq_len - N
-    for n in variants:
-        c = max_seq_len - n
-        for s in out[n]:
-            for k in list(s):
-                if k.startswith("past_key_"):
-                    s[k] = np.ascontiguousarray(s[k][..., :c])
-                elif k.startswith("past_value_"):
-                    s[k] = np.ascontiguousarray(s[k][:, :, :c, :])
-    return out
 
 
 def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:

@@ -40,11 +40,11 @@ from ...core.errors import InputError, ModelExportError, ToolchainError, Unsuppo
 from ...quant.precision import check_block_size, get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
-from .memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 5   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs
+EXPORT_VERSION = 6   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized parts
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -91,7 +91,10 @@ def parse_variants(v: Any) -> list[int]:
 # stage 1: export + calibrate + quantize (cached)
 
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
-               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0) -> dict:
+               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0, *,
+               cache: Cache | None = None, stage_key: str = "", weights_dtype: str = "float32") -> dict:
+    """Load, calibrate, then export and quantize graph by graph: each (variant, part) graph is its
+    own cache entry (`part_stage`), reused when a killed compile is run again."""
     import torch
 
     from ...frontends import find_frontend
@@ -100,69 +103,98 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     from ...llm.text import tokenize
     from .calibration import calibration_samples, part_samples
     from .onnx_export import DecoderPart, export_part
-    from ...quant.llm_graphs import quantize_job
+    from .part_stage import PART_NAMESPACE, link_into, part_key, quantize_part
+    from ...llm.weight_dtype import in_float32, part_modules, store_bf16
 
+    cache = cache or Cache(enabled=False)
     t0 = time.perf_counter()
     report("loading the model")
-    llm = find_frontend(str(src_path)).load(str(src_path))
+    # a bf16 HF checkpoint is loaded as bf16 (not float32 then halved: that peak was 6.8 GB for 1B)
+    bf16_folder = weights_dtype == "bfloat16" and src_path.is_dir()
+    fe = find_frontend(str(src_path))
+    llm = fe.load(str(src_path), dtype=torch.bfloat16) if bf16_folder else fe.load(str(src_path))
     model, cfg = llm.model, llm.config
+    held_bf16 = store_bf16(model, weights_dtype)   # a weight source between the parts' float32 moments
     load_s = round(time.perf_counter() - t0, 2)
     ctx = getattr(cfg, "max_position_embeddings", None)
     if ctx and max_seq_len > ctx:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
                          f"use --max-seq-len {ctx} or less")
     prec = get_precision(precision)
-    bits = {o.pattern: o.precision.weight_bits for o in overrides}
-    embed_bits = next((b for p, b in bits.items() if "embed" in p), prec.weight_bits)
-    head_bits = next((b for p, b in bits.items() if "lm_head" in p), prec.weight_bits)
+    embed_bits, head_bits = _embed_head_bits(overrides, prec.weight_bits)
     parts, mem = plan_parts(cfg, variants, max_seq_len, prec.weight_bits, prec.activation_bits, limit_mb,
                             embed_bits, head_bits)
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     tok.save(tmp / "tokenizer")
-    report(f"calibrating on {text.path.name} through the float decoder")
-    t1 = time.perf_counter()
+    names = {(n, p.index): graph_name(n, max_seq_len, p.index, p.count) for n in variants for p in parts}
+    keys = {g: part_key(stage_key, g) for g in names.values()}
+    done = {g for g, k in keys.items() if cache.get(PART_NAMESPACE, k)}
+    if done:
+        reused = [p.index for p in parts if all(names[(n, p.index)] in done for n in variants)]
+        report(f"resuming: {_ranges(reused) or 'no whole part'} of {len(parts)} reused "
+               f"({len(done)} of {len(names)} graphs quantized before)")
     ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
     kv_ranges: dict[str, list[float]] = {}   # one encoding per layer's cache, in every graph (Genie)
-    samples = calibration_samples(model, ids, variants, max_seq_len, n_samples, kv_ranges)
+    t1 = time.perf_counter()
+    samples: dict[int, list] = {n: [] for n in variants}
+    if len(done) < len(names):
+        report(f"calibrating on {text.path.name} through the float decoder")
+        samples = calibration_samples(model, ids, variants, max_seq_len, n_samples, kv_ranges)
     calib_s = round(time.perf_counter() - t1, 2)
-    graphs, export_s = [], 0.0
+    graphs = [{"name": names[(n, p.index)], "n_tokens": n, "part": p.index, "n_parts": p.count,
+               "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{names[(n, p.index)]}.onnx",
+               "memory_estimate": mem[n][p.index - 1].to_dict()} for n in variants for p in parts]
+    export_s, results = 0.0, {}
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
-    n_graphs = len(variants) * len(parts)
+    n_graphs = len(names)
     samples_per_variant = {str(n): len(samples[n]) for n in variants}
     # ONNX Runtime's quantizer is single-threaded Python: each graph is quantized in a worker as soon
     # as it is exported, while the next one is exported here
-    with WorkerPool("the quantization of the LLM graphs", min(workers, n_graphs)) as pool:
+    with WorkerPool("the quantization of the LLM graphs", max(1, min(workers, n_graphs - len(done)))) as pool:
         t3 = None
         for n in variants:
             dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
             hidden = None
             for part in parts:
-                name = graph_name(n, max_seq_len, part.index, part.count)
-                report(f"exporting {name}")
-                t2 = time.perf_counter()
-                fpath = export_part(dec, part, float_dir / f"{name}.onnx")
-                export_s += time.perf_counter() - t2
+                name = names[(n, part.index)]
+                later = [names[(n, q.index)] for q in parts if q.index > part.index]
+                if name in done and all(g in done for g in later):
+                    break                  # this variant's remaining graphs are all finished
                 ps = part_samples(samples[n], part, hidden)
-                t3 = t3 or time.perf_counter()
-                pool.submit(quantize_job, {"float_path": str(fpath), "out_path": str(tmp / "qdq" / f"{name}.onnx"),
-                                           "precision": precision, "overrides": overrides, "samples": ps,
-                                           "source": str(text.path), "block_size": block_size,
-                                           "tied_ranges": kv_ranges})
+                if name not in done:
+                    report(f"exporting {name}")
+                    t2 = time.perf_counter()
+                    fpath = export_part(dec, part, float_dir / f"{name}.onnx")
+                    export_s += time.perf_counter() - t2
+                    t3 = t3 or time.perf_counter()
+                    pool.submit(quantize_part, {
+                        "name": name, "key": keys[name], "cache_root": str(cache.root), "cache_enabled": cache.enabled,
+                        "quantize": {"float_path": str(fpath), "precision": precision, "overrides": overrides,
+                                     "samples": ps, "source": str(text.path), "block_size": block_size,
+                                     "tied_ranges": kv_ranges}})
+                    results[name] = None
                 if not part.is_last:   # hidden states entering the next part, from the float part
                     mod = DecoderPart(dec, part).eval()
-                    with torch.inference_mode():
-                        hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].numpy() for s in ps]
-                graphs.append({"name": name, "n_tokens": n, "part": part.index, "n_parts": part.count,
-                               "layers": [part.first_layer, part.end_layer], "qdq": f"qdq/{name}.onnx",
-                               "memory_estimate": mem[n][part.index - 1].to_dict()})
-        del samples, ps   # the workers have what they need
-        report(f"quantizing {n_graphs} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
+                    with torch.inference_mode(), in_float32(part_modules(dec, part)):
+                        hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].float().numpy()
+                                  for s in ps]
+            del dec
+        del samples   # the workers have what they need
+        if results:
+            report(f"quantizing {len(results)} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
         outcomes = pool.outcomes()
-    quant_s = time.perf_counter() - t3   # from the first graph's hand-over: overlaps the later exports
+    quant_s = time.perf_counter() - t3 if t3 else 0.0   # from the first graph's hand-over: overlaps the later exports
     shutil.rmtree(float_dir, ignore_errors=True)
-    results = raise_first_error(outcomes)
-    quant_info = {g["name"]: r for g, r in zip(graphs, results)}
+    for name, r in zip(list(results), raise_first_error(outcomes)):
+        results[name] = r
+    quant_info = {}
+    for g in graphs:
+        entry = Path(results[g["name"]]["entry"]) if results.get(g["name"]) else cache.get(PART_NAMESPACE, keys[g["name"]])
+        link_into(entry, g["name"], tmp / "qdq")
+        quant_info[g["name"]] = Cache.meta(entry)["quantization"]
+        if not cache.enabled:
+            shutil.rmtree(entry, ignore_errors=True)
     sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
     n_params = sum(p.numel() for p in model.parameters())
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -175,29 +207,36 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
+            "resumed_graphs": sorted(done), "weights_held_as": "bfloat16" if held_bf16 else "float32",
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
                         "quantize_s": round(quant_s, 2)}}
 
 
-# Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
-@backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
-         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
-         precisions=LLM_PRECISIONS + ("16a4w_block",))
-def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
-                progress: Callable[[str, float, float], None] | None = None) -> Any:
-    from ...toolchain.qairt import find_qairt
+def _embed_head_bits(overrides, weight_bits: int) -> tuple[int, int]:
+    bits = {o.pattern: o.precision.weight_bits for o in overrides}
+    return (next((b for p, b in bits.items() if "embed" in p), weight_bits),
+            next((b for p, b in bits.items() if "lm_head" in p), weight_bits))
+
+
+def _ranges(indices: list[int]) -> str:
+    """[1, 2, 4] -> 'parts 1–2, 4'."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and spans[-1][1] == i - 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    text = ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
+    return f"part{'s' if len(indices) > 1 else ''} {text}" if indices else ""
+
+
+
+def _resolve(spec: PartSpec, opts: LlmCompileOptions):
+    """Every option checked and given its default, and the source's facts: no weights loaded."""
+    from types import SimpleNamespace
+
     from ...llm.text import read_text
     from .source import check_source
-    import onnxruntime
-
-    opts = options or LlmCompileOptions()
-    say = progress or (lambda msg, done, total: None)
-    t_start = time.perf_counter()
-    out = Path(out)
-    check_output(out, force)
-    if len(parts) != 1:
-        raise InputError("one LLM per bundle", "compile each model into its own bundle")
-    spec = parts[0]
     if opts.output_format != Format.CONTEXT_BINARY:
         raise InputError(f"LLMs compile to context-binary, not {opts.output_format!r}", "leave --format out")
     requested_precision = get_precision(spec.precision or "16a4w_block")
@@ -233,6 +272,72 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
                          "give a text file with --calibration (default: lee_background.cor)")
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
+    jobs = opts.jobs or min(2, os.cpu_count() or 1)
+    return SimpleNamespace(requested=requested, requested_precision=requested_precision, block_size=block_size,
+                           precision=precision, variants=variants, max_seq_len=max_seq_len, socs=socs,
+                           overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb,
+                           jobs=jobs)
+
+
+def _estimate(r, cache: Cache, quantized: bool):
+    """The plan and the host estimate of a resolved job (None when the source's shape is unknown)."""
+    from ...llm.job_estimate import config_from_shape, estimate_job
+    cfg = config_from_shape(r.facts.shape)
+    if cfg is None:
+        return None
+    prec = get_precision(r.precision)
+    embed_bits, head_bits = _embed_head_bits(r.overrides, prec.weight_bits)
+    parts, _ = plan_parts(cfg, r.variants, r.max_seq_len, prec.weight_bits, prec.activation_bits, r.limit_mb,
+                          embed_bits, head_bits)
+    return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
+                        len(r.socs), quantized=quantized)
+
+
+def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict:
+    """`compile --dry-run`: the parts and the host memory and disk estimate, checked against this
+    machine (the refusal `compile` would give is reported, not raised). Nothing is loaded or written."""
+    from dataclasses import fields
+    from ...llm.job_estimate import check_machine
+    from ...core.cache import cache_root
+    known = {f.name for f in fields(LlmCompileOptions)}
+    opts = LlmCompileOptions(**{k: v for k, v in options.items() if k in known and v not in (None, [], ())})
+    r = _resolve(PartSpec(model=str(model), precision=precision or "16a4w_block"), opts)
+    est = _estimate(r, Cache(enabled=False), quantized=False)
+    if est is None:
+        raise InputError(f"{model}: its config names no decoder shape (hidden_size, num_hidden_layers, ...)",
+                         "compile it without --dry-run")
+    report = {"model": str(model), "architecture": r.facts.architecture, "precision": r.requested,
+              "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len, "context_limit_mb": r.limit_mb,
+              "host_part_mb": host_part_mb(r.limit_mb), "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
+    try:
+        check_machine(est, cache_root(), r.limit_mb, r.jobs)
+        report["fits"], report["refusal"] = True, None
+    except ModelExportError as e:
+        report["fits"], report["refusal"] = False, str(e)
+    report["estimate"] = est.to_dict()
+    return report
+
+
+# Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
+@backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
+         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
+         precisions=LLM_PRECISIONS + ("16a4w_block",))
+def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
+                progress: Callable[[str, float, float], None] | None = None) -> Any:
+    from ...toolchain.qairt import find_qairt
+    import onnxruntime
+
+    opts = options or LlmCompileOptions()
+    say = progress or (lambda msg, done, total: None)
+    t_start = time.perf_counter()
+    out = Path(out)
+    check_output(out, force)
+    if len(parts) != 1:
+        raise InputError("one LLM per bundle", "compile each model into its own bundle")
+    spec = parts[0]
+    r = _resolve(spec, opts)
+    requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
+    socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     timings: dict[str, Any] = {}
@@ -241,12 +346,18 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                     onnxruntime.__version__, version("torch"))
+                     host_part_mb(limit_mb), onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
+    est = _estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
+    if est is not None:   # refused here, before any weight is loaded, rather than killed half-way
+        from ...llm.job_estimate import check_machine
+        check_machine(est, cache.root, limit_mb, r.jobs)
+        say(f"plan: {est.n_parts} part{'s' if est.n_parts > 1 else ''}, about {est.peak_bytes / 2**30:.1f} GB of "
+            f"memory at the peak and {est.disk_bytes / 2**30:.1f} GB of disk (estimated)", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
-        lambda m: say(m, 1, 4), opts.jobs or min(2, os.cpu_count() or 1), block_size))
+        lambda m: say(m, 1, 4), r.jobs, block_size, cache=cache, stage_key=qkey, weights_dtype=facts.weights_dtype))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])
@@ -290,7 +401,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
         return _write_bundle(out, force, facts, socs, variants, max_seq_len, requested, overrides, qentry, qmeta, qhit,
-                             jobs, results, qairt, cache, timings, t_start, limit_mb, say)
+                             jobs, results, qairt, cache, timings, t_start, limit_mb, say,
+                             host_estimate=est.to_dict() if est is not None else None)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
@@ -344,7 +456,7 @@ def _tensor_specs(infos) -> list[TensorSpec]:
 
 
 def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, overrides, qentry, qmeta, qhit,
-                  jobs, results, qairt, cache, timings, t_start, limit_mb, say):
+                  jobs, results, qairt, cache, timings, t_start, limit_mb, say, host_estimate=None):
     from ..context_binary import read_back
     from ...toolchain.genie import validate_genie_config
     from .genie import genie_config
@@ -366,7 +478,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
         m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
                      "precision": precision, "overrides": [f"{o.pattern}={o.precision.name}" for o in overrides],
                      "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
-                     "context_limit_mb": limit_mb, "n_parts": n_parts}
+                     "context_limit_mb": limit_mb, "n_parts": n_parts, "host_part_mb": host_part_mb(limit_mb),
+                     "host_estimate": host_estimate}
         m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
         tok_dir = qentry / "tokenizer"
         for f in sorted(tok_dir.iterdir()):
@@ -487,7 +600,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
             memory_limit_mb=limit_mb)
         m.timings = Timings.model_validate({**qmeta["timings"], **timings})
-        m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit,
+        m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit, resumed_graphs=qmeta.get("resumed_graphs") or None,
                             compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
         m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
     return open_bundle(out)

@@ -6,12 +6,26 @@ estimate = weights at their quantized widths (what `const`/shared-weights sizes 
 The QNN HTP backend refuses a graph above the per-context allocation limit ("graph requires
 estimated allocation of 2347229 KB, limit is 2097152 KB" in ExecuTorch's issues): 2 GiB.
 A decoder above it is split by layers into `_i_of_n` parts, the fewest that each fit.
+
+The host bounds the parts too: a part is exported, calibrated, quantized and compiled on its own,
+and what one process holds then grows with the part's float32 weights (`host_part_bytes`), not with
+the model. `host_part_mb` (1280 MB at the default limit, less below it) puts Llama-3.2-1B in 4 parts and -3B in 10, so no float part
+comes near protobuf's 2 GiB and two workers side by side stay a few GB each.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...llm.parts import decoder_shape, host_part_bytes, layer_params, split_layers
+
 DEFAULT_CONTEXT_LIMIT_MB = 2048.0
+DEFAULT_HOST_PART_MB = 1280.0     # float32 weights of one part's layers: what one export / quantization holds
+
+
+def host_part_mb(limit_mb: float) -> float:
+    """The host budget follows `--context-limit-mb` down (1280 MB at the default 2048): a smaller
+    limit is the one knob for smaller parts, on the device and on the host alike."""
+    return min(DEFAULT_HOST_PART_MB, limit_mb * DEFAULT_HOST_PART_MB / DEFAULT_CONTEXT_LIMIT_MB)
 
 
 @dataclass
@@ -31,13 +45,8 @@ class GraphMemory:
 
 def estimate(cfg, part, n_tokens: int, max_seq_len: int, weight_bits: int, act_bits: int,
              embed_bits: int = 8, head_bits: int = 8) -> GraphMemory:
-    h = cfg.hidden_size
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or h // heads
-    inter = cfg.intermediate_size
-    vocab = cfg.vocab_size
-    per_layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * inter
+    h, heads, kv, hd, inter, vocab = decoder_shape(cfg)
+    per_layer = layer_params(cfg)
     n_layers = len(part.layers())
     w = per_layer * n_layers * weight_bits / 8
     a = act_bits / 8
@@ -52,15 +61,17 @@ def estimate(cfg, part, n_tokens: int, max_seq_len: int, weight_bits: int, act_b
 
 
 def plan_parts(cfg, variants: list[int], max_seq_len: int, weight_bits: int, act_bits: int, limit_mb: float,
-               embed_bits: int = 8, head_bits: int = 8):
-    """(parts, {variant: [GraphMemory per part]}): the fewest parts whose every graph fits `limit_mb`."""
-    from .onnx_export import split_layers
+               embed_bits: int = 8, head_bits: int = 8, host_mb: float | None = None):
+    """(parts, {variant: [GraphMemory per part]}): the fewest parts whose every graph fits `limit_mb`
+    on the HTP and whose layers' float32 weights fit `host_part_mb` on the host (a single layer
+    always does: it cannot be split further)."""
     n_layers = cfg.num_hidden_layers
-    limit = limit_mb * 2**20
+    limit, host_limit = limit_mb * 2**20, (host_part_mb(limit_mb) if host_mb is None else host_mb) * 2**20
     for n_parts in range(1, n_layers + 1):
         parts = split_layers(n_layers, n_parts)
         mem = {n: [estimate(cfg, p, n, max_seq_len, weight_bits, act_bits, embed_bits, head_bits) for p in parts]
                for n in variants}
-        if all(m.total <= limit for ms in mem.values() for m in ms):
+        host_ok = all(host_part_bytes(cfg, p, with_ends=False) <= host_limit or len(p.layers()) == 1 for p in parts)
+        if host_ok and all(m.total <= limit for ms in mem.values() for m in ms):
             return parts, mem
     return parts, mem  # one layer per part still above the limit: the compiler will say so

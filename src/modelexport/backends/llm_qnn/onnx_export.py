@@ -15,49 +15,19 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value
+from ...llm.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
 # the opset the QDQ graphs need (int4 and uint16 Q/DQ, block-wise DequantizeLinear). The graph is
 # converted here, without its weights (~0.1 s); ONNX Runtime's quantizer would otherwise convert it
 # with the weights in memory and shape-infer a deep copy (~10 s and ~1 GB more per graph, measured).
 QUANT_OPSET = 21
-
-
-@dataclass(frozen=True)
-class PartRange:
-    index: int          # 1-based
-    count: int
-    first_layer: int
-    end_layer: int      # exclusive
-
-    @property
-    def is_first(self) -> bool:
-        return self.index == 1
-
-    @property
-    def is_last(self) -> bool:
-        return self.index == self.count
-
-    def layers(self) -> range:
-        return range(self.first_layer, self.end_layer)
-
-
-def split_layers(n_layers: int, n_parts: int) -> list[PartRange]:
-    n_parts = max(1, min(n_parts, n_layers))
-    base, extra = divmod(n_layers, n_parts)
-    out, start = [], 0
-    for i in range(n_parts):
-        size = base + (1 if i < extra else 0)
-        out.append(PartRange(i + 1, n_parts, start, start + size))
-        start += size
-    return out
 
 
 class DecoderPart(nn.Module):
@@ -105,21 +75,42 @@ class DecoderPart(nn.Module):
         return (first, full[1], full[2], *[ks[i] for i in L], *[vs[i] for i in L])
 
 
-def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path:
-    """Write one part as ONNX (external data beside it when large); returns the path."""
+# parts whose float32 weights pass this are exported through a file (the exporter writes its own
+# external data there above protobuf's 2 GiB) instead of an in-memory buffer, which also holds the
+# serialized bytes twice more while they are parsed back
+IN_MEMORY_EXPORT_BYTES = 512 * 2**20
+
+
+def part_float_bytes(mod: "DecoderPart") -> int:
+    from ...llm.weight_dtype import part_modules
+    seen = {id(p): p for m in part_modules(mod.decoder, mod.part) for p in m.parameters()}
+    return sum(4 * p.numel() for p in seen.values())
+
+
+def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path,
+                in_memory_bytes: int = IN_MEMORY_EXPORT_BYTES) -> Path:
+    """Write one part as ONNX (its weights as external data beside it); returns the path.
+    `in_memory_bytes`: above it the export goes through a file (a test forces it on a tiny model)."""
+    import tempfile
+
     import onnx
 
+    from ...llm.weight_dtype import in_float32, part_modules
+
     mod = DecoderPart(decoder, part).eval()
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad(), in_float32(part_modules(decoder, part)), \
+            tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as tmp:
         warnings.simplefilter("ignore")
-        torch.onnx.export(mod, mod.example_inputs(), buf, input_names=mod.input_names(),
+        through_file = part_float_bytes(mod) > in_memory_bytes
+        target = str(Path(tmp) / "part.onnx") if through_file else io.BytesIO()
+        torch.onnx.export(mod, mod.example_inputs(), target, input_names=mod.input_names(),
                           output_names=mod.output_names(), opset_version=OPSET, do_constant_folding=True,
                           dynamo=False)
-    model = onnx.load_from_string(buf.getvalue())
+        model = onnx.load(target) if through_file else onnx.load_from_string(target.getvalue())
+        del target
     rename_initializers(model)
     model.graph.name = out_path.stem
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(out_path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=out_path.name + ".data", size_threshold=1024)
     del model

@@ -3,7 +3,7 @@ so a bad input costs nothing and leaves nothing behind."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import InputError
@@ -19,9 +19,24 @@ class SourceFacts:
     architecture: str
     context_length: int | None
     sha256: str
+    shape: dict = field(default_factory=dict)   # config.json / GGUF metadata: what the plan and estimate need
+    weights_dtype: str = "float32"             # how the source stores its weights (bf16 stays bf16 in memory)
 
 
-def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
+# HF config fields the plan reads (memory.py), and their GGUF metadata names (GgufInfo)
+SHAPE_FIELDS = {"hidden_size": "hidden_size", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                "num_key_value_heads": "n_kv_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
+                "vocab_size": "vocab_size"}
+
+
+def _hf_shape(cfg: dict) -> dict:
+    cfg = {**cfg.get("text_config", {}), **cfg} if "text_config" in cfg and "hidden_size" not in cfg else cfg
+    shape = {k: cfg.get(k) for k in SHAPE_FIELDS}
+    shape["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    return {k: v for k, v in shape.items() if v is not None}
+
+
+def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
     """(architecture, context length) of a GGUF that passed the checks, remembered by its sha256:
     parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
     from ...core.cache import Cache
@@ -33,12 +48,14 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None]:
         if info.tokenizer_model is None:
             raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
                              "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
-        return {"architecture": info.architecture, "context_length": info.context_length}
+        shape = {k: getattr(info, g) for k, g in SHAPE_FIELDS.items() if getattr(info, g) is not None}
+        shape["tie_word_embeddings"] = bool(info.tied_embeddings)
+        return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape}
 
-    entry, _ = Cache().get_or_create("gguf-facts", sha, check)
+    entry, _ = Cache().get_or_create("gguf-facts-2", sha, check)   # 2: with the shape
     meta = Cache.meta(entry)
     check_architecture(meta["architecture"], str(p), SUPPORTED_GGUF_ARCHITECTURES)   # the list may have changed since
-    return meta["architecture"], meta["context_length"]
+    return meta["architecture"], meta["context_length"], meta["shape"]
 
 
 def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
@@ -48,8 +65,8 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
     if p.is_file():
         from ...core.file_hash import file_sha256
         sha = file_sha256(p)
-        arch, ctx = _gguf_facts(p, sha)
-        facts = SourceFacts(p, "gguf", arch, ctx, sha)
+        arch, ctx, shape = _gguf_facts(p, sha)
+        facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
         from ...frontends.hf_folder import _has_tokenizer
         cfg_path = p / "config.json"
@@ -65,7 +82,9 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         if not _has_tokenizer(p):
             raise InputError(f"{p} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
                              "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
-        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), source_sha256(p))
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), source_sha256(p),
+                            _hf_shape(cfg), dtype)
     if facts.context_length and max_seq_len > facts.context_length:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
                          f"use --max-seq-len {facts.context_length} or less")

@@ -96,7 +96,7 @@ def _compile(models: list[str], out: Path, targets: list[str], precision: str, c
 def compile_cmd(
     models: List[str] = typer.Argument(..., help="One or more .onnx models (one bundle holds them all), or a pipeline .yaml/.json; "
                                        "or a PyTorch model: model.py:factory (returns (module, example_inputs)) or a .pt2."),
-    output: Path = typer.Option(..., "--output", "-o", help="The bundle folder to write."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The bundle folder to write (required unless --dry-run)."),
     target: Optional[List[str]] = typer.Option(None, "--target", "-t", help="SoC(s) to compile for; repeat for several (compiled concurrently). Default: a pipeline's `targets:`, else SM8650."),
     precision: Optional[str] = typer.Option(None, "--precision", "-p", help=PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w."),
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help=CALIB_HELP + " LLMs: a plain-text file (default: lee_background.cor)."),
@@ -121,6 +121,8 @@ def compile_cmd(
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="LLMs: print the plan (parts) and the estimated peak host memory and disk, "
+                                 "checked against this machine; loads no weights, writes nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -136,6 +138,15 @@ def compile_cmd(
           - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: calib/}
           - {name: embedder, model: emb.onnx, precision: fp16}
     """
+    if dry_run:
+        from .llm_plan import print_llm_plan
+        print_llm_plan(models, json_out, targets=target, precision=precision, calibration=calibration, block_size=block_size,
+                       overrides=override, jobs=jobs, variants=variants, max_seq_len=max_seq_len,
+                       context_limit_mb=context_limit_mb, calibration_samples=calibration_samples)
+        return
+    if output is None:
+        from ...core.errors import InputError
+        raise InputError("compile needs --output / -o: the bundle folder to write", "add -o OUT (or --dry-run to only plan)")
     bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, _vtcm(vtcm_mb, vtcm_size), optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,

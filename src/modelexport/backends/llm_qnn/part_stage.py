@@ -1,0 +1,49 @@
+"""One (variant, part) graph's QDQ stage as its own cache entry, so a killed compile resumes.
+
+The parent exports the float part and hands it to a worker, which quantizes it straight into the
+entry's temporary folder; the cache renames the folder into place only once the graph is whole
+(core/cache.py), so a compile killed at any point (kill -9, Ctrl-C, out of memory) leaves either a
+finished graph or nothing that counts, and the next identical command reuses every finished one.
+The float ONNX is deleted once its graph is quantized: only the quantized parts stay on disk.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ...core.cache import Cache, cache_key
+
+PART_NAMESPACE = "llm-qdq-part"
+
+
+def part_key(stage_key: str, graph: str) -> str:
+    """The entry of one graph of the `llm-qdq` stage keyed `stage_key` (which holds every input)."""
+    return cache_key(PART_NAMESPACE, stage_key, graph)
+
+
+def quantize_part(job: dict) -> dict:
+    """Worker: quantize one float part into its cache entry (or reuse one finished meanwhile)."""
+    from ...quant.llm_graphs import quantize_job
+
+    cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
+    name = job["name"]
+
+    def build(tmp: Path) -> dict:
+        return {"name": name, "quantization": quantize_job({**job["quantize"], "out_path": str(tmp / f"{name}.onnx")})}
+    try:
+        entry, hit = cache.get_or_create(PART_NAMESPACE, job["key"], build)
+    finally:
+        float_path = Path(job["quantize"]["float_path"])
+        for f in float_path.parent.glob(float_path.name + "*"):
+            f.unlink(missing_ok=True)
+    return {"entry": str(entry), "hit": hit}
+
+
+def link_into(entry: Path, name: str, dest: Path) -> None:
+    """The graph's files from its part entry into `dest` (hard links: no second copy on disk)."""
+    for f in entry.glob(name + ".onnx*"):
+        try:
+            os.link(f, dest / f.name)
+        except OSError:
+            shutil.copy2(f, dest / f.name)

@@ -1,0 +1,156 @@
+"""Host memory and disk of an LLM compile, estimated before any weight is loaded, and the refusal
+when the machine cannot hold them.
+
+From config.json / GGUF metadata (`source.SourceFacts.shape`) and the plan (`memory.plan_parts`):
+the phases of a compile do not overlap in time, so the peak is the largest of
+- load:     the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
+            checkpoint's pages are mapped;
+- quantize: the parent holding the model (2 or 4 bytes a parameter) and exporting one part, beside
+            `jobs` workers each quantizing one part (a multiple of the part's float32 weights);
+- compile:  `jobs` QNN EP compiles, each of one part's quantized graph.
+The load and export factors come from one measurement (Llama-3.2-1B-shaped, bf16: the parent peaked
+at 5.0 GB through load and calibration, 8.0 GB exporting its first part of 1.37 GB float32); the
+quantize and compile factors are rounded-up guesses from SmolLM2's figures (docs/llm_export.md), to
+be replaced by bench/llm_sizes.py's. They
+are estimates and printed as such.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..core.errors import ResourceError
+
+GB = 2**30
+# per process, before any model: Python + torch + transformers (parent), + ONNX Runtime (workers)
+PARENT_BASE = 1.0 * GB
+WORKER_BASE = 0.6 * GB
+EXPORT_FACTOR = 3.5       # lifted part + traced constants + the ONNX model (1B, 1.37 GB part: parent 3.2 -> 8.0 GB)
+QUANTIZE_FACTOR = 3.0     # float part + calibration activations + the QDQ graph being written
+COMPILE_FACTOR = 6.0      # the QNN EP's copies of a part's quantized weights while it prepares the graph
+DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
+# what overrides the machine's own figures (tests; a container whose /proc lies)
+MEMORY_ENV = "MODELEXPORT_MEMORY_AVAILABLE_MB"
+DISK_ENV = "MODELEXPORT_DISK_AVAILABLE_MB"
+
+
+@dataclass
+class JobEstimate:
+    n_params: int
+    n_parts: int
+    parts: list[list[int]]
+    largest_part_float_bytes: int
+    phases: dict[str, int] = field(default_factory=dict)    # phase -> peak host bytes
+    peak_bytes: int = 0
+    disk_bytes: int = 0
+    available_bytes: int | None = None
+    disk_available_bytes: int | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(peak_gb=round(self.peak_bytes / GB, 2), disk_gb=round(self.disk_bytes / GB, 2),
+                 available_gb=None if self.available_bytes is None else round(self.available_bytes / GB, 2),
+                 disk_available_gb=None if self.disk_available_bytes is None else round(self.disk_available_bytes / GB, 2))
+        return d
+
+
+def config_from_shape(shape: dict) -> SimpleNamespace:
+    """What memory.py reads of an HF config, from SourceFacts.shape (no transformers, no weights)."""
+    need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in need if not shape.get(k)]
+    if missing:
+        return None
+    return SimpleNamespace(**shape)
+
+
+def n_params_of(cfg) -> int:
+    from .parts import layer_params
+    embed = cfg.vocab_size * cfg.hidden_size
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    return layer_params(cfg) * cfg.num_hidden_layers + embed * (1 if tied else 2) + norms
+
+
+def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
+                 targets: int = 1, quantized: bool = False) -> JobEstimate:
+    """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts."""
+    from .parts import host_part_bytes
+    n = n_params_of(cfg)
+    part_float = max(host_part_bytes(cfg, p) for p in parts)
+    part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales
+    held = n * (2 if bf16_source else 4)
+    workers = max(1, jobs)
+    phases = {
+        # the model, + the checkpoint's pages mapped while it is read (a bf16 1B peaked at 5.0 GB)
+        "load": int(PARENT_BASE + held + 2 * n),
+        "quantize": int(PARENT_BASE + held + EXPORT_FACTOR * part_float
+                        + workers * (WORKER_BASE + QUANTIZE_FACTOR * part_float)),
+        "compile": int(PARENT_BASE + workers * (WORKER_BASE + COMPILE_FACTOR * part_q)),
+    }
+    if quantized:
+        phases = {"compile": phases["compile"]}
+    qdq = len(variants) * (n / 4 * (weight_bits / 8 + 0.05) * 4)   # each variant's QDQ graph holds its weights
+    binaries = targets * DEVICE_BYTES_PER_PARAM * n * (1 + len(variants))   # shared binary + a twin per variant
+    # cache (part entries, QDQ stage, binaries) + the bundle's copies + float parts being quantized
+    disk = int(2 * (qdq + binaries) + (workers + 1) * part_float)
+    return JobEstimate(n_params=n, n_parts=len(parts), parts=[[p.first_layer, p.end_layer] for p in parts],
+                       largest_part_float_bytes=int(part_float), phases=phases, peak_bytes=max(phases.values()),
+                       disk_bytes=disk)
+
+
+def available_memory() -> int | None:
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        return int(float(env) * 2**20)
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def available_disk(where: Path) -> int | None:
+    env = os.environ.get(DISK_ENV)
+    if env:
+        return int(float(env) * 2**20)
+    p = where
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def check_machine(est: JobEstimate, where: Path, limit_mb: float, jobs: int) -> JobEstimate:
+    """Fill in what the machine has; refuse, with the numbers and a fix, when it cannot hold the job."""
+    est.available_bytes = available_memory()
+    est.disk_available_bytes = available_disk(where)
+    g = lambda b: f"{b / GB:.1f} GB"
+    if est.available_bytes is not None and est.peak_bytes > est.available_bytes:
+        worst = max(est.phases, key=est.phases.get)
+        fixes = []
+        if jobs > 1:
+            fixes.append("--jobs 1 (one worker at a time)")
+        fixes.append(f"--context-limit-mb {max(64, int(limit_mb // 2))} (smaller parts; now {est.n_parts} parts, the "
+                     f"largest {g(est.largest_part_float_bytes)} in float32)")
+        raise ResourceError(
+            f"this compile needs about {g(est.peak_bytes)} of memory at its peak ({worst}: "
+            + ", ".join(f"{k} {g(v)}" for k, v in est.phases.items())
+            + f"), and the machine has {g(est.available_bytes)} available",
+            "free memory, or compile with " + " or ".join(fixes) + "; `modelexport compile ... --dry-run` shows the plan")
+    if est.disk_available_bytes is not None and est.disk_bytes > est.disk_available_bytes:
+        raise ResourceError(f"this compile needs about {g(est.disk_bytes)} of disk (cache and bundle), and "
+                            f"{where} has {g(est.disk_available_bytes)} free",
+                            "free disk space, or move the cache (MODELEXPORT_CACHE_DIR) to a larger disk")
+    return est
