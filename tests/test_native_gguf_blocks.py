@@ -51,22 +51,39 @@ def test_reference_computes_the_stored_blocks_exactly(kind):
     assert 0 < rel < 0.02, (kind, rel)          # only the int8 activations differ from float
 
 
+class _Layers(torch.nn.Module):
+    """Several layers in one program (one export for all the shapes a test needs)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(layers)
+
+    def forward(self, x0, x1, x2):
+        return tuple(layer(x) for layer, x in zip(self.layers, (x0, x1, x2)))
+
+
+# (rows, input size, bias): the AVX2 path in groups of 4 rows split over the thread pool; an odd
+# number of blocks (the portable path); 4 + 1 + 1 rows (the AVX2 path's single-row tail)
+SHAPES = ((64, 1024, False), (40, 96, True), (6, 128, False))
+
+
 @pytest.mark.parametrize("kind", LAYOUT_NAMES)
 def test_kernel_matches_reference_on_stored_blocks(tmp_path, kind):
-    """The C++ kernel on GGUF blocks: SmolLM2-like shapes (AVX2 path, thread pool), an odd
-    number of blocks (portable path), fewer rows than a vectorized group."""
-    for n_out, k, bias in ((576, 1536, False), (40, 96, True), (3, 64, False)):
-        _, blocks = _stored(kind, n_out, k, seed=n_out)
-        layer = LAYOUTS[kind].module(blocks, torch.randn(n_out) if bias else None).eval()
-        method = load_portable_program(layer, (torch.randn(1, 2, k),), ({1: torch.export.Dim("n", max=32)},),
-                                       tmp_path / f"{kind}_{n_out}_{k}.pte")
-        for n in (1, 7):
-            x = torch.randn(1, n, k) * 3
-            x[0, 0, :32] = 0.0                       # an all-zero block: scale 0
-            got = method.forward((x,))[0]
+    """The C++ kernel on GGUF blocks against the reference, one token and several."""
+    layers = [LAYOUTS[kind].module(_stored(kind, n_out, k, seed=n_out)[1], torch.randn(n_out) if bias else None)
+              for n_out, k, bias in SHAPES]
+    n = torch.export.Dim("n", max=32)
+    module = _Layers(layers).eval()
+    method = load_portable_program(module, tuple(torch.randn(1, 2, k) for _, k, _ in SHAPES),
+                                   tuple({1: n} for _ in SHAPES), tmp_path / f"{kind}.pte")
+    for tokens in (1, 7):
+        xs = tuple(torch.randn(1, tokens, k) * 3 for _, k, _ in SHAPES)
+        xs[0][0, 0, :32] = 0.0                       # an all-zero block: scale 0
+        got = method.forward(xs)
+        for (n_out, k, _), g, x, layer in zip(SHAPES, got, xs, layers):
             want = layer(x)
-            err = float((got - want).abs().max())
-            assert err <= 2e-5 * float(want.abs().max()) + 1e-5, (kind, n_out, k, n, err)
+            err = float((g - want).abs().max())
+            assert g.shape == want.shape and err <= 2e-5 * float(want.abs().max()) + 1e-5, (kind, n_out, k, tokens, err)
 
 
 def test_gate_up_and_norm_on_q4_1_blocks(tmp_path):
