@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from native_programs import load_portable_program
 
 from modelexport.llm.cpu.gguf_blocks import BLOCK, LAYOUTS, GgufBlocks
-from modelexport.llm.cpu.kernels.linear_q4_op import Q4GateUp, Q4Linear, quantize_activations
-from native_programs import load_portable_program
+from modelexport.llm.cpu.kernels.linear_q4_op import Q4GateUp, quantize_activations
 
 LAYOUT_NAMES = ("Q4_0", "Q4_1", "Q8_0")
 

@@ -25,7 +25,11 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    gate|up with the norm and SwiGLU, one for down with the residual (`fuse_blocks`), so only
    RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
    are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
-   why not torchao's affine ops);
+   why not torchao's affine ops). From a GGUF, with our kernels, every weight the file stores as
+   Q4_0, Q4_1 or Q8_0 keeps its blocks as stored instead (`gguf_blocks.py`; a Q8_0 lm_head runs
+   in `modelexport::linear_q8`, a Q8_0 token embedding becomes an 8-bit lookup), so the program
+   computes what llama.cpp computes from that file; other types (K-quants, F16) are quantized
+   from their dequantized values as from an HF folder. `llm.json`'s `weights` records which;
 4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
    cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
    and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one

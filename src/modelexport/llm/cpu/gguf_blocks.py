@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -128,7 +128,9 @@ class GgufBlocks:
     def embedding(self, embedding):
         """An 8-bit lookup holding a Q8_0 token embedding as stored, or None."""
         import torch
-        from executorch.examples.models.llama.source_transformation.quantize import QuantizedGroupEmbedding
+        from executorch.examples.models.llama.source_transformation.quantize import (
+            QuantizedGroupEmbedding,
+        )
 
         got = self.blocks_of(embedding.weight)
         if got is None or got[0] != "Q8_0":
