@@ -135,8 +135,6 @@ def test_tiny_gguf_program_keeps_its_blocks_and_matches_the_dequantized_model(ti
     """The CPU program of a Q4_1 GGUF (Q8_0 embedding and output) holds the stored blocks
     (llm.json says so) and its logits follow the dequantized float model through prefill and
     decode; re-quantizing the same file instead is further from it."""
-    from llm_tiny import BOS
-
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
     from modelexport.llm.cpu.export import CpuExportOptions, build_cached
     from modelexport.llm.cpu.session import ExecuTorchSession
@@ -150,11 +148,14 @@ def test_tiny_gguf_program_keeps_its_blocks_and_matches_the_dequantized_model(ti
         entry, meta, _ = build_cached(tiny_q4_1_gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep),
                                       cache_dir=tmp_path / "cache")
         if keep:
-            assert meta["weights"]["kept_as_stored"] == {"Q4_1": 12, "Q8_0": 1, "Q8_0 embedding": 1}, meta["weights"]
+            # 2 layers x (q|k|v, o, down, gate|up x 2 stored as two Q4_1 weights interleaved) ... counted per module built
+            # per layer: q|k|v (fused), o, gate, up, down; the output and the embedding are Q8_0
+            assert meta["weights"]["kept_as_stored"] == {"Q4_1": 10, "Q8_0": 1, "Q8_0 embedding": 1}, meta["weights"]
             assert meta["weights"]["layout"] == "GGUF blocks as stored"
         s = ExecuTorchSession(entry / "model.pte")
         got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
         want = (ref[5], ref[6], ref[9])
         sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum())) for g, w in zip(got, want))
-    print("logit SQNR vs the dequantized model (dB):", sqnr, BOS)
-    assert sqnr[True] > 30 and sqnr[True] > sqnr[False] + 6, sqnr
+    print("logit SQNR vs the dequantized model (dB):", sqnr)
+    # measured: 36.4 dB kept (only the int8 activations differ), 12.1 dB re-quantized
+    assert sqnr[True] > 33 and sqnr[True] > sqnr[False] + 15, sqnr
