@@ -1,7 +1,9 @@
 """Decode and prefill speed of SmolLM2-135M on this CPU, side by side in one run:
 
-- modelexport's CPU runtime (ExecuTorch XNNPACK program, 8da4w; our Python loop over the
-  pybindings), and ExecuTorch's C++ `TextLLMRunner` on the same program for reference;
+- modelexport's CPU runtime (ExecuTorch XNNPACK program with our kernels, the default 4-bit
+  build: from this GGUF it keeps the file's Q4_1 and Q8_0 blocks as stored, `build.8da4w.weights`;
+  our Python loop over the pybindings), and ExecuTorch's C++ `TextLLMRunner` on the same program
+  for reference;
 - Hugging Face transformers `generate`, fp32;
 - llama.cpp on the same GGUF (Q4_1) through llama-cpp-python, built from source in its own venv
   under bench/.work/ (never in the project's venv).
@@ -234,7 +236,7 @@ def main() -> None:
         builds[quant] = {"model": model, "entry": entry, "meta": meta}
         result.setdefault("build", {})[quant] = {
             "cold_export_s": meta["export_seconds"], "cold_stage_s": meta["times_s"],
-            "lowering": meta.get("lowering"), "pte_bytes": meta["bytes"],
+            "lowering": meta.get("lowering"), "pte_bytes": meta["bytes"], "weights": meta.get("weights"),
             "this_run": "cache hit" if hit else "built now (cold)",
             "cached_lookup_s": round(cached_s, 2), "cached_load_to_ready_s": round(load_s, 2)}
     model = builds["8da4w"]["model"]

@@ -32,9 +32,13 @@ def _byte_level_alphabet() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True) -> Path:
-    """A 2-layer float32 GGUF written with gguf.GGUFWriter: byte-level BPE tokenizer, chat template."""
+def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, matrix_type: str = "F32",
+                    embedding_type: str = "F32", output_type: str | None = None) -> Path:
+    """A 2-layer GGUF written with gguf.GGUFWriter: byte-level BPE tokenizer, chat template; its
+    layers' matrices, token embedding and output stored as the GGML types named (F32, or a type
+    `gguf.quants.quantize` writes: Q4_0, Q4_1, Q8_0; the output as the matrices by default)."""
     import gguf
+    from gguf.quants import quantize
     L, H, NH, KV, D, F = 2, 64, 4, 2, 16, 128
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
     tokens = specials + _byte_level_alphabet()
@@ -51,7 +55,7 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True) 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(D)
     w.add_vocab_size(V)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrix_type == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrix_type}"])
     if tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
@@ -64,22 +68,27 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True) 
         w.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(0)
 
-    def t(name, *shape):
-        w.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
+    def t(name, *shape, kind="F32"):
+        values = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if kind == "F32":
+            w.add_tensor(name, values)
+        else:
+            qtype = gguf.GGMLQuantizationType[kind]
+            w.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
-    t("token_embd.weight", V, H)
+    t("token_embd.weight", V, H, kind=embedding_type)
     t("output_norm.weight", H)
-    t("output.weight", V, H)
+    t("output.weight", V, H, kind=output_type or matrix_type)
     for i in range(L):
         t(f"blk.{i}.attn_norm.weight", H)
         t(f"blk.{i}.ffn_norm.weight", H)
-        t(f"blk.{i}.attn_q.weight", NH * D, H)
-        t(f"blk.{i}.attn_k.weight", KV * D, H)
-        t(f"blk.{i}.attn_v.weight", KV * D, H)
-        t(f"blk.{i}.attn_output.weight", H, NH * D)
-        t(f"blk.{i}.ffn_gate.weight", F, H)
-        t(f"blk.{i}.ffn_up.weight", F, H)
-        t(f"blk.{i}.ffn_down.weight", H, F)
+        t(f"blk.{i}.attn_q.weight", NH * D, H, kind=matrix_type)
+        t(f"blk.{i}.attn_k.weight", KV * D, H, kind=matrix_type)
+        t(f"blk.{i}.attn_v.weight", KV * D, H, kind=matrix_type)
+        t(f"blk.{i}.attn_output.weight", H, NH * D, kind=matrix_type)
+        t(f"blk.{i}.ffn_gate.weight", F, H, kind=matrix_type)
+        t(f"blk.{i}.ffn_up.weight", F, H, kind=matrix_type)
+        t(f"blk.{i}.ffn_down.weight", H, F, kind=matrix_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -103,6 +103,14 @@ def _open_reader(path: Path):
                          "the file is truncated or corrupt: download or copy it again") from None
 
 
+def read_gguf_matrices(path: str | Path) -> dict[str, tuple[str, Any]]:
+    """Every 2-D tensor's bytes as the file stores them, not dequantized: name → (GGML type
+    name, numpy uint8 [rows, bytes per row] for a quantized type, the values for F32/F16),
+    memory-mapped. `gguf.quants` knows each type's block layout."""
+    reader = _open_reader(Path(path))
+    return {t.name: (t.tensor_type.name, t.data) for t in reader.tensors if len(t.shape) == 2}
+
+
 def read_gguf_info(path: str | Path) -> GgufInfo:
     """Metadata and tensor table of a GGUF file; InputError if the file is damaged."""
     return _read_info(Path(path))[0]

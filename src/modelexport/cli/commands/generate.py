@@ -73,7 +73,8 @@ def generate(
         program = ""
         if built:
             how = "cached" if info.get("cache_hit") else f"built in {built.get('export_seconds', '?')} s"
-            program = f" ({info.get('quant')}, {how})"
+            weights = (built.get("weights") or {}).get("layout")
+            program = f" ({info.get('quant')}{', ' + weights if weights else ''}, {how})"
         err_console.print(f"[dim]{backend}: {info.get('model')}{program}, context {model_.max_seq_len}, "
                           f"tokenizer {info['tokenizer']['kind']} {info['tokenizer']['vocab_size']:,}[/]",
                           highlight=False, soft_wrap=True)

@@ -25,7 +25,11 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    gate|up with the norm and SwiGLU, one for down with the residual (`fuse_blocks`), so only
    RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
    are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
-   why not torchao's affine ops);
+   why not torchao's affine ops). From a GGUF, with our kernels, every weight the file stores as
+   Q4_0, Q4_1 or Q8_0 keeps its blocks as stored instead (`gguf_blocks.py`; a Q8_0 lm_head runs
+   in `modelexport::linear_q8`, a Q8_0 token embedding becomes an 8-bit lookup), so the program
+   computes what llama.cpp computes from that file; other types (K-quants, F16) are quantized
+   from their dequantized values as from an HF folder. `llm.json`'s `weights` records which;
 4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
    cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
    and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
@@ -48,7 +52,7 @@ from typing import Any
 from ...core.errors import InputError, ToolchainError, UnsupportedError
 from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES
 
-EXPORT_FORMAT_VERSION = 8   # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 9   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -70,6 +74,8 @@ class CpuExportOptions:
                                          # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
+    gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
+                                         # blocks as stored (else re-quantize them like float weights)
 
     def __post_init__(self):
         if self.quant not in QUANT_MODES:
@@ -378,11 +384,20 @@ def quantize_weight(w, bits: int, group_size: int):
     return q, (scale if group_size else scale.reshape(n))
 
 
-def quantize_model(model, opts: CpuExportOptions):
+def quantize_model(model, opts: CpuExportOptions, blocks=None):
+    """Quantize `model`'s embedding and linears as `opts` says. With `blocks` (a GGUF's
+    `GgufBlocks`) and the native kernel, each weight held in a GGUF layout our kernels compute
+    (Q4_0, Q4_1, Q8_0) keeps its stored blocks, and so does a Q8_0 token embedding; the others
+    are quantized from their float values as for an HF folder."""
     import torch
 
     with torch.no_grad():
-        if opts.embedding_bits:
+        native_blocks = blocks if opts.linear == "native" else None
+        if opts.embedding_bits and native_blocks is not None:
+            stored = native_blocks.embedding(model.tok_embeddings)
+            if stored is not None:
+                model.tok_embeddings = stored
+        if opts.embedding_bits and isinstance(model.tok_embeddings, torch.nn.Embedding):
             # ExecuTorch's own embedding quantizer: the lookup becomes one
             # quantized_decomposed::embedding_{4bit,byte} kernel instead of dequantizing the table
             from executorch.examples.models.llama.source_transformation.quantize import EmbeddingQuantHandler
@@ -395,22 +410,27 @@ def quantize_model(model, opts: CpuExportOptions):
             if opts.linear == "native":
                 from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_swiglu
 
-                fuse_swiglu(model, lambda w: quantize_weight(w, bits, group))
+                def make(linear):
+                    stored = native_blocks.linear(linear) if native_blocks is not None else None
+                    if stored is not None:
+                        return stored
+                    if native_blocks is not None:
+                        native_blocks.used["requantized"] += 1
+                    q, scale = quantize_weight(linear.weight, bits, group)
+                    return Q4Linear(q, scale, None if linear.bias is None else linear.bias.detach().float())
 
-                def make(q, scale, bias):
-                    return Q4Linear(q, scale, bias)
+                fuse_swiglu(model, make)
             else:
                 cls = _quantized_linear_class()
 
-                def make(q, scale, bias):
-                    return cls(q, scale, bias, bits, group)
+                def make(linear):
+                    q, scale = quantize_weight(linear.weight, bits, group)
+                    return cls(q, scale, None if linear.bias is None else linear.bias.detach().float(), bits, group)
 
             def swap(parent):
                 for name, child in list(parent.named_children()):
                     if isinstance(child, torch.nn.Linear) and (not group or child.in_features % group == 0):
-                        q, scale = quantize_weight(child.weight, bits, group)
-                        bias = None if child.bias is None else child.bias.detach().float()
-                        setattr(parent, name, make(q, scale, bias))
+                        setattr(parent, name, make(child))
                     else:
                         swap(child)
             swap(model)
@@ -421,8 +441,10 @@ def quantize_model(model, opts: CpuExportOptions):
 
 # --------------------------------------------------------------------------------------------
 def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int | None, eos_ids: list[int],
-               progress=None) -> dict[str, Any]:
-    """Build `out_dir/model.pte`; returns metadata with the time of each stage."""
+               progress=None, gguf: Path | None = None) -> dict[str, Any]:
+    """Build `out_dir/model.pte`; returns metadata with the time of each stage. `gguf`: the file
+    `hf_model` was loaded from, whose blocks the program keeps where it can (`opts.gguf_blocks`);
+    the metadata's `weights` says what it holds."""
     import torch
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (registers llama:: ops)
 
@@ -441,7 +463,12 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
         progress("building the graph")
     model, args = build_transformer(hf_model, opts.max_seq_len, opts.attention)
     stage("build", f"quantizing ({opts.quant})")
-    model = quantize_model(model, opts)
+    blocks = None
+    if gguf is not None and opts.gguf_blocks and opts.linear == "native":
+        from .gguf_blocks import GgufBlocks
+        blocks = GgufBlocks(gguf)
+    model = quantize_model(model, opts, blocks)
+    weights = _weights_record(opts, blocks)
     stage("quantize", "torch.export")
     pos = torch.tensor([0], dtype=torch.long)
     if opts.prefill_chunk == 0:
@@ -475,7 +502,20 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
         program.write_to_file(f)
     stage("write")
     return {"pte": PTE_NAME, "bytes": pte.stat().st_size, "times_s": times, "n_layers": int(args.n_layers),
-            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len}
+            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len, "weights": weights}
+
+
+def _weights_record(opts: CpuExportOptions, blocks) -> dict[str, Any]:
+    """How the program holds its weights (llm.json's `weights`, shown by `inspect`)."""
+    if opts.quant == "fp32":
+        return {"layout": "fp32"}
+    own = f"{opts.quant}, groups of {opts.group_size}" if opts.quant == "8da4w" else opts.quant
+    if blocks is None:
+        return {"layout": f"quantized from float ({own})"}
+    kept = blocks.used.copy()
+    requantized = kept.pop("requantized", 0)
+    layout = "GGUF blocks as stored" + (f" ({requantized} re-quantized to {own})" if requantized else "")
+    return {"layout": layout, **blocks.summary()}
 
 
 def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
@@ -557,7 +597,7 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
         tok.save(tmp)
         try:
             meta = export_pte(llm.model, tmp, opts, bos_id=tok.bos_id, eos_ids=sorted(set(tok.eos_ids)),
-                              progress=progress)
+                              progress=progress, gguf=Path(source) if Path(source).is_file() else None)
         except (ToolchainError, InputError, UnsupportedError):
             raise
         meta["times_s"] = {"load": round(t_load, 2), **meta["times_s"]}

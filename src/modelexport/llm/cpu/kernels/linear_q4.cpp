@@ -1,19 +1,26 @@
-// modelexport::linear_q4.out: y = x W^T (+ bias) with W in 4 bits, for the ExecuTorch CPU runtime.
+// modelexport::linear_q4.out / swiglu_q4.out / linear_q8.out: y = x W^T (+ bias) with W stored
+// per block of 32 input channels, for the ExecuTorch CPU runtime.
 //   x float [..., K] (rows contiguous), K a multiple of 32;
-//   weight uint8 [N, K/2]: row o, block b (32 input channels) is 16 bytes; byte j holds
-//     q[32b + j] + 8 in its low nibble and q[32b + 16 + j] + 8 in its high one (q in -8..7);
-//   scales bfloat16 [N, K/32]: W[o, 32b + i] = q * scale[o, b];
+//   4-bit weight uint8 [N, K/2]: row o, block b (32 input channels) is 16 bytes; byte j holds
+//     u[32b + j] in its low nibble and u[32b + 16 + j] in its high one (u in 0..15: the layout of
+//     a GGUF Q4_0/Q4_1 block's qs);
+//   scales d [N, K/32] bfloat16 or float16, and optional mins m [N, K/32] of the same type:
+//     W[o, 32b + i] = d * u + m (GGUF Q4_1), or d * (u - 8) without mins (Q4_0, and our own
+//     symmetric 4-bit from float weights);
+//   8-bit weight int8 [N, K] (linear_q8, GGUF Q8_0): W = d * q, the values of each pair of blocks
+//     stored in the order the activations are (`value_index`);
 //   bias float [N] or none; out float [..., N];
 //   optionally an RMSNorm first (norm_weight float [K], eps: x <- x * rsqrt(mean(x^2) + eps) * g,
 //   as the layer's norm would do before the projection) and a residual added after (float
 //   [..., N]): a Llama block is then norm+qkv, attention, o+residual, norm+gate|up, down+residual.
 // The activations are quantized on the fly to int8 per block of 32 (symmetric, scale max|x|/127,
-// as llama.cpp's Q8_0), so a block's dot product is exact in int32 and then scaled once.
+// as llama.cpp's Q8_0/Q8_1), so a block's dot product is exact in int32 and then scaled once; the
+// min term is m * (the block's quantized sum), as llama.cpp's Q4_1 x Q8_1 dot product does.
 // Why our own: XNNPACK's AVX2 kernel for block-wise 4-bit weights (qd8-f32-qb4w 1x8c8) widens
-// every weight to 16 bits and was ~70% of a SmolLM2 decode step. With one token the work is
-// reading the weights: here two blocks (64 weights) cost one load, two byte-wise multiply-adds
-// (maddubs) and a few more instructions, the next rows are prefetched, and the step is memory-
-// bound (bench/cpu_kernels.py --option linear).
+// every weight to 16 bits and was ~70% of a SmolLM2 decode step, and it has no per-block min nor
+// per-block 8-bit weights. With one token the work is reading the weights: here two blocks (64
+// weights) cost one load, two byte-wise multiply-adds (maddubs) and a few more instructions, the
+// next rows are prefetched, and the step is memory-bound (bench/cpu_kernels.py --option linear).
 #include "kernel_common.h"
 
 namespace modelexport_native {
@@ -27,14 +34,53 @@ static inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+static inline float f16_to_float(uint16_t h) {   // IEEE half, subnormals included
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    bits |= sign;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+  const uint32_t bits = sign | (exp == 31 ? (0xFFu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// How a weight block's values become weights: the scale type, and where the min comes from.
+enum class Layout { kQ4Sym, kQ4Min, kQ8 };     // d*(u-8) | d*u + m | d*q
+
+struct BlockScales {
+  const uint16_t* d;        // [rows, blocks] bfloat16 or float16 bits
+  const uint16_t* m;        // [rows, blocks] mins (kQ4Min) or null
+  bool half;                // float16 (else bfloat16)
+  Layout layout;
+
+  float scale(int64_t i) const { return half ? f16_to_float(d[i]) : bf16_to_float(d[i]); }
+  float min(int64_t i) const {
+    switch (layout) {
+      case Layout::kQ4Min: return half ? f16_to_float(m[i]) : bf16_to_float(m[i]);
+      case Layout::kQ4Sym: return -8.f * scale(i);
+      default: return 0.f;
+    }
+  }
+  BlockScales rows_from(int64_t r, int64_t blocks) const {
+    return {d + r * blocks, m ? m + r * blocks : nullptr, half, layout};
+  }
+};
+
 // One token's activations, quantized per block of 32: int8 values (in the order the AVX2 loop
 // reads them: per pair of blocks, the first 16 values of each, then the last 16 of each), each
-// block's scale, and 8 x the sum of its values as a float (the weights are stored with +8, so
-// that much times the block's scale comes off the row's sum).
+// block's scale, and its quantized sum (scale x the sum of its values: what a block's min
+// multiplies).
 struct QuantRow {
   const int8_t* q;
   const float* scale;
-  const float* offset;
+  const float* sum;
 };
 
 static inline int64_t value_index(int64_t b, int i) {   // where value i of block b is stored
@@ -42,7 +88,7 @@ static inline int64_t value_index(int64_t b, int i) {   // where value i of bloc
   return pair * 64 + (i < 16 ? 0 : 32) + second * 16 + (i % 16);
 }
 
-static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* offset) {
+static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, float* sum_out) {
   const int64_t blocks = k / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
@@ -57,27 +103,33 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
       sum += v;
     }
     scale[b] = d;
-    offset[b] = 8.f * static_cast<float>(sum);
+    sum_out[b] = d * static_cast<float>(sum);
   }
 }
 
-// dot(W row, x) for `rows` consecutive rows; portable version.
-static void rows_generic(const uint8_t* w, const uint16_t* s, int64_t k, const QuantRow& a, int64_t rows,
+// dot(W row, x) for `rows` consecutive rows; portable version (any layout, any number of blocks).
+static void rows_generic(const uint8_t* w, const BlockScales& s, int64_t k, const QuantRow& a, int64_t rows,
                          float* out) {
   const int64_t blocks = k / kBlock;
+  const bool q8 = s.layout == Layout::kQ8;
+  const int64_t pairs_end = blocks / 2 * 2;    // a q8 row's odd last block is stored in order
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* wr = w + r * (k / 2);
-    const uint16_t* sr = s + r * blocks;
     float acc = 0.f;
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = wr + b * 16;
       int32_t dot = 0;
-      for (int j = 0; j < 16; ++j) {
-        const int8_t lo = a.q[value_index(b, j)];
-        const int8_t hi = a.q[value_index(b, 16 + j)];
-        dot += (wb[j] & 15) * lo + (wb[j] >> 4) * hi;
+      if (q8) {
+        const auto* wr = reinterpret_cast<const int8_t*>(w) + r * k;
+        for (int i = 0; i < kBlock; ++i) {
+          const int64_t wi = b < pairs_end ? value_index(b, i) : b * kBlock + i;
+          dot += wr[wi] * a.q[value_index(b, i)];
+        }
+      } else {
+        const uint8_t* wb = w + r * (k / 2) + b * 16;
+        for (int j = 0; j < 16; ++j)
+          dot += (wb[j] & 15) * a.q[value_index(b, j)] + (wb[j] >> 4) * a.q[value_index(b, 16 + j)];
       }
-      acc += (static_cast<float>(dot) - a.offset[b]) * (bf16_to_float(sr[b]) * a.scale[b]);
+      const int64_t i = r * blocks + b;
+      acc += static_cast<float>(dot) * (s.scale(i) * a.scale[b]) + s.min(i) * a.sum[b];
     }
     out[r] = acc;
   }
@@ -87,32 +139,55 @@ static void rows_generic(const uint8_t* w, const uint16_t* s, int64_t k, const Q
 constexpr int64_t kMaxBlocks = 512;   // K up to 16384 on the AVX2 path
 constexpr int64_t kPrefetchRows = 4;
 
-// R rows (1..4) at once, two blocks per step: 32 bytes of nibbles hold the low and the high
-// halves of both blocks, so one AND and one shift unpack 64 weights, two maddubs multiply them
-// with the matching activation bytes, and one madd leaves 4 int32 sums per block; each block's
-// combined scale (weight scale x activation scale) is computed once per row up front.
+static inline __m256 load8_scales(const uint16_t* p, bool half) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+#if defined(__F16C__)
+  if (half) return _mm256_cvtph_ps(raw);
+#else
+  if (half) {
+    alignas(32) float f[8];
+    for (int i = 0; i < 8; ++i) f[i] = f16_to_float(p[i]);
+    return _mm256_load_ps(f);
+  }
+#endif
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// Each row's combined block scales (weight scale x activation scale), computed once per row up
+// front, and the sum of its min terms (m x the block's quantized sum).
 template <int R>
-static void rows_avx2_r(const uint8_t* w, const uint16_t* s, int64_t blocks, const QuantRow& a, float* out) {
-  const int64_t stride = blocks * 16;
-  alignas(32) float cs[R][kMaxBlocks];
-  float corr[R];
+static void row_scales(const BlockScales& s, int64_t blocks, const QuantRow& a, float (*cs)[kMaxBlocks],
+                       float* corr) {
   for (int r = 0; r < R; ++r) {
     __m256 c = _mm256_setzero_ps();
     int64_t b = 0;
+    const int64_t base = r * blocks;
     for (; b + 8 <= blocks; b += 8) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + r * blocks + b));
-      const __m256 sw = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-      const __m256 v = _mm256_mul_ps(sw, _mm256_loadu_ps(a.scale + b));
-      _mm256_store_ps(cs[r] + b, v);
-      c = _mm256_fmadd_ps(v, _mm256_loadu_ps(a.offset + b), c);
+      const __m256 d = load8_scales(s.d + base + b, s.half);
+      _mm256_store_ps(cs[r] + b, _mm256_mul_ps(d, _mm256_loadu_ps(a.scale + b)));
+      if (s.layout == Layout::kQ8) continue;
+      const __m256 m = s.layout == Layout::kQ4Min ? load8_scales(s.m + base + b, s.half)
+                                                  : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+      c = _mm256_fmadd_ps(m, _mm256_loadu_ps(a.sum + b), c);
     }
     float cc = hsum(c);
     for (; b < blocks; ++b) {
-      cs[r][b] = bf16_to_float(s[r * blocks + b]) * a.scale[b];
-      cc += cs[r][b] * a.offset[b];
+      cs[r][b] = s.scale(base + b) * a.scale[b];
+      cc += s.min(base + b) * a.sum[b];
     }
     corr[r] = cc;
   }
+}
+
+// 4-bit: R rows (1..4) at once, two blocks per step: 32 bytes of nibbles hold the low and the
+// high halves of both blocks, so one AND and one shift unpack 64 weights, two maddubs multiply
+// them with the matching activation bytes, and one madd leaves 4 int32 sums per block.
+template <int R>
+static void rows_avx2_q4(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, float* out) {
+  const int64_t stride = blocks * 16;
+  alignas(32) float cs[R][kMaxBlocks];
+  float corr[R];
+  row_scales<R>(s, blocks, a, cs, corr);
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   __m256 acc[R];
@@ -130,20 +205,59 @@ static void rows_avx2_r(const uint8_t* w, const uint16_t* s, int64_t blocks, con
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), scale, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - corr[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
 }
 
-static void rows_avx2(const uint8_t* w, const uint16_t* s, int64_t k, const QuantRow& a, int64_t rows,
+// 8-bit: the same walk over pairs of blocks, 64 weight bytes per pair; int8 x int8 through
+// maddubs(|w|, sign(x, w)) (each int16 sum <= 2 x 128 x 127, no overflow), widened per half.
+template <int R>
+static void rows_avx2_q8(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, float* out) {
+  const int64_t stride = blocks * kBlock;
+  alignas(32) float cs[R][kMaxBlocks];
+  float corr[R];
+  row_scales<R>(s, blocks, a, cs, corr);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < blocks / 2; ++p) {
+    const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p));
+    const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p + 32));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* wp = w + r * stride + 64 * p;
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchRows * stride), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchRows * stride + 63), _MM_HINT_T0);
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(alo, w0)), ones);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(ahi, w1)), ones);
+      const __m256 scale = _mm256_permutevar8x32_ps(
+          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(cs[r] + 2 * p))), pick);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
+}
+
+static void rows_avx2(const uint8_t* w, const BlockScales& s, int64_t k, const QuantRow& a, int64_t rows,
                       float* out) {
-  const int64_t blocks = k / kBlock, stride = k / 2;
+  const int64_t blocks = k / kBlock;
   if (blocks % 2 || blocks > kMaxBlocks) return rows_generic(w, s, k, a, rows, out);
+  const bool q8 = s.layout == Layout::kQ8;
+  const int64_t stride = q8 ? k : k / 2;
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) rows_avx2_r<4>(w + r * stride, s + r * blocks, blocks, a, out + r);
-  for (; r < rows; ++r) rows_avx2_r<1>(w + r * stride, s + r * blocks, blocks, a, out + r);
+  for (; r + 4 <= rows; r += 4) {
+    const BlockScales sr = s.rows_from(r, blocks);
+    q8 ? rows_avx2_q8<4>(w + r * stride, sr, blocks, a, out + r) : rows_avx2_q4<4>(w + r * stride, sr, blocks, a, out + r);
+  }
+  for (; r < rows; ++r) {
+    const BlockScales sr = s.rows_from(r, blocks);
+    q8 ? rows_avx2_q8<1>(w + r * stride, sr, blocks, a, out + r) : rows_avx2_q4<1>(w + r * stride, sr, blocks, a, out + r);
+  }
 }
 #endif
 
-using RowsFn = void (*)(const uint8_t*, const uint16_t*, int64_t, const QuantRow&, int64_t, float*);
+using RowsFn = void (*)(const uint8_t*, const BlockScales&, int64_t, const QuantRow&, int64_t, float*);
 
 static RowsFn pick_rows() {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -169,16 +283,23 @@ struct Extras {                 // the optional parts of a call (null: not there
 };
 
 static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x, const Tensor& weight,
-                      const Tensor& scales, const Extras& extras, Epilogue epilogue, Tensor& out) {
+                      const Tensor& scales, const executorch::aten::optional<Tensor>& mins, bool q8,
+                      const Extras& extras, Epilogue epilogue, Tensor& out) {
   ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
                       InvalidArgument, out, "%s: float32 input and output only", op);
-  ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == ScalarType::Byte && scales.scalar_type() == ScalarType::BFloat16 &&
-                               weight.dim() == 2 && scales.dim() == 2,
-                      InvalidArgument, out, "%s: weight uint8 [N, K/2], scales bfloat16 [N, K/32]", op);
+  const ScalarType st = scales.scalar_type();
+  const bool half = st == ScalarType::Half;
+  ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == (q8 ? ScalarType::Char : ScalarType::Byte) &&
+                               (half || st == ScalarType::BFloat16) && weight.dim() == 2 && scales.dim() == 2,
+                      InvalidArgument, out, "%s: weight %s, scales bfloat16 or float16 [N, K/32]", op,
+                      q8 ? "int8 [N, K]" : "uint8 [N, K/2]");
   const int64_t k = x.size(x.dim() - 1), w_rows = weight.size(0);
-  ET_KERNEL_CHECK_MSG(ctx, k % kBlock == 0 && weight.size(1) * 2 == k && scales.size(0) == w_rows &&
+  ET_KERNEL_CHECK_MSG(ctx, k % kBlock == 0 && weight.size(1) * (q8 ? 1 : 2) == k && scales.size(0) == w_rows &&
                                scales.size(1) * kBlock == k,
                       InvalidArgument, out, "%s: weight shape does not fit the input", op);
+  ET_KERNEL_CHECK_MSG(ctx, !mins.has_value() || (mins->scalar_type() == st && mins->numel() == scales.numel() &&
+                                                 executorch::runtime::tensor_is_contiguous(*mins)),
+                      InvalidArgument, out, "%s: mins must be contiguous, of the scales' type and shape", op);
   ET_KERNEL_CHECK_MSG(ctx, epilogue != Epilogue::kSwiGLU || w_rows % (2 * kRowsPerTask) == 0, InvalidArgument, out,
                       "%s: the weight must hold gate and up rows in groups of %d", op, static_cast<int>(kRowsPerTask));
   ET_KERNEL_CHECK_MSG(ctx, executorch::runtime::tensor_is_contiguous(x) && executorch::runtime::tensor_is_contiguous(weight) &&
@@ -195,12 +316,12 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   // quantize every token once, up front (kept between calls: no allocation per step)
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> qs;
-  thread_local std::vector<float> qo;
+  thread_local std::vector<float> qsum;
   // a token's values take whole pairs of blocks (an odd last block leaves its partner unused)
   const int64_t q_stride = (blocks + 1) / 2 * 2 * kBlock;
   q.resize(static_cast<size_t>(tokens * q_stride));
   qs.resize(static_cast<size_t>(tokens * blocks));
-  qo.resize(static_cast<size_t>(tokens * blocks));
+  qsum.resize(static_cast<size_t>(tokens * blocks));
   const float* xd = x.const_data_ptr<float>();
   thread_local std::vector<float> normed;
   if (extras.norm_weight) normed.resize(static_cast<size_t>(k));
@@ -213,16 +334,19 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
       for (int64_t i = 0; i < k; ++i) normed[i] = row[i] * r * extras.norm_weight[i];
       row = normed.data();
     }
-    quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * blocks, qo.data() + t * blocks);
+    quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * blocks, qsum.data() + t * blocks);
   }
 
   const auto* w = static_cast<const uint8_t*>(weight.const_data_ptr());
-  const auto* s = static_cast<const uint16_t*>(scales.const_data_ptr());
+  const Layout layout = q8 ? Layout::kQ8 : (mins.has_value() ? Layout::kQ4Min : Layout::kQ4Sym);
+  const BlockScales all{static_cast<const uint16_t*>(scales.const_data_ptr()),
+                        mins.has_value() ? static_cast<const uint16_t*>(mins->const_data_ptr()) : nullptr, half, layout};
+  const int64_t w_stride = q8 ? k : k / 2;
   float* od = out.mutable_data_ptr<float>();
   const RowsFn rows_fn = pick_rows();
   const int8_t* qd = q.data();
   const float* qsd = qs.data();
-  const float* qod = qo.data();
+  const float* qsumd = qsum.data();
   // a task is a group of weight rows run for every token, so its weights are read from memory
   // once and reused from cache for the other tokens
   const int64_t task_rows = epilogue == Epilogue::kSwiGLU ? 2 * kRowsPerTask : kRowsPerTask;
@@ -231,9 +355,10 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
     float tmp[2 * kRowsPerTask];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t o = task * task_rows, rows = std::min(task_rows, w_rows - o);
+      const BlockScales so = all.rows_from(o, blocks);
       for (int64_t t = 0; t < tokens; ++t) {
-        const QuantRow a{qd + t * q_stride, qsd + t * blocks, qod + t * blocks};
-        rows_fn(w + o * (k / 2), s + o * blocks, k, a, rows, tmp);
+        const QuantRow a{qd + t * q_stride, qsd + t * blocks, qsumd + t * blocks};
+        rows_fn(w + o * w_stride, so, k, a, rows, tmp);
         if (epilogue == Epilogue::kSwiGLU) {     // tmp: kRowsPerTask gate rows, then their up rows
           float* orow = od + t * n_out + task * kRowsPerTask;
           for (int64_t r = 0; r < kRowsPerTask; ++r) {
@@ -267,29 +392,46 @@ static const float* optional_floats(const executorch::aten::optional<Tensor>& t,
   return t->const_data_ptr<float>();
 }
 
-Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                      const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
-                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
+static Tensor& linear_any(KernelRuntimeContext& ctx, const char* op, bool q8, const Tensor& x, const Tensor& weight,
+                          const Tensor& scales, const executorch::aten::optional<Tensor>& mins,
+                          const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
+                          const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
   bool ok = true;
   const int64_t k = x.size(x.dim() - 1), n_out = weight.size(0);
   Extras extras{optional_floats(bias, n_out, ok), optional_floats(residual, x.numel() / k * n_out, ok),
                 optional_floats(norm_weight, k, ok), static_cast<float>(eps)};
-  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out,
-                      "modelexport::linear_q4: bias [N], residual [..., N] and norm_weight [K] must be float32");
-  return run_q4(ctx, "modelexport::linear_q4", x, weight, scales, extras, Epilogue::kBias, out);
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "%s: bias [N], residual [..., N] and norm_weight [K] must be float32",
+                      op);
+  return run_q4(ctx, op, x, weight, scales, mins, q8, extras, Epilogue::kBias, out);
+}
+
+Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                      const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                      const executorch::aten::optional<Tensor>& mins, Tensor& out) {
+  return linear_any(ctx, "modelexport::linear_q4", false, x, weight, scales, mins, bias, residual, norm_weight, eps, out);
+}
+
+Tensor& linear_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                      const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
+  const executorch::aten::optional<Tensor> none;
+  return linear_any(ctx, "modelexport::linear_q8", true, x, weight, scales, none, bias, residual, norm_weight, eps, out);
 }
 
 // silu(x G^T) * (x U^T) with G and U interleaved in groups of kRowsPerTask rows: one weight
 // read and one pass over the thread pool for a SwiGLU MLP's gate and up projections.
 Tensor& swiglu_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
-                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                      const executorch::aten::optional<Tensor>& mins, Tensor& out) {
   bool ok = true;
   Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
   ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q4: norm_weight must be float32 [K]");
-  return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, extras, Epilogue::kSwiGLU, out);
+  return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, mins, false, extras, Epilogue::kSwiGLU, out);
 }
 
 }  // namespace modelexport_native
 
 EXECUTORCH_LIBRARY(modelexport, "linear_q4.out", modelexport_native::linear_q4_out);
+EXECUTORCH_LIBRARY(modelexport, "linear_q8.out", modelexport_native::linear_q8_out);
 EXECUTORCH_LIBRARY(modelexport, "swiglu_q4.out", modelexport_native::swiglu_q4_out);

@@ -1,11 +1,15 @@
-"""`modelexport::linear_q4` and `modelexport::swiglu_q4`: the export-time side of `linear_q4.cpp`
-(schemas, references, shape functions), the weight packing, and the modules that put them in
-place of a quantized Linear and of a SwiGLU MLP's gate and up projections.
+"""`modelexport::linear_q4`, `modelexport::swiglu_q4` and `modelexport::linear_q8`: the export-time
+side of `linear_q4.cpp` (schemas, references, shape functions), the weight packing, and the
+modules that put them in place of a quantized Linear and of a SwiGLU MLP's gate and up projections.
 
-y = x W^T (+ bias) with W stored as 4-bit values q in -8..7 and one bfloat16 scale per block of
-32 input channels; the activations are quantized to int8 per block of 32 on the fly (symmetric,
-scale max|x|/127). The reference below is what eager runs and what the tests compare the C++
-kernel with.
+y = x W^T (+ bias) with W stored per block of 32 input channels, as a GGUF file stores it:
+- 4-bit values u in 0..15 and a scale d per block (bfloat16 for our own quantization of float
+  weights, float16 for a GGUF's), W = d * (u - 8) (Q4_0, and ours), or with a min m per block
+  (float16) W = d * u + m (Q4_1);
+- 8-bit values q and a float16 scale d per block, W = d * q (Q8_0).
+The activations are quantized to int8 per block of 32 on the fly (symmetric, scale max|x|/127, as
+llama.cpp quantizes them to Q8_0/Q8_1 for its dot products). The reference below is what eager
+runs and what the tests compare the C++ kernel with.
 """
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ SWIGLU_GROUP = 16      # swiglu_q4's weight: gate and up rows alternate in group
 _LIB = torch.library.Library("modelexport", "FRAGMENT")
 _LINEAR_ARGS = ("Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, Tensor? residual=None, "
                 "Tensor? norm_weight=None, float eps=0.0")
-_SWIGLU_ARGS = "Tensor x, Tensor weight, Tensor scales, Tensor? norm_weight=None, float eps=0.0"
-_LIB.define(f"linear_q4({_LINEAR_ARGS}) -> Tensor")
-_LIB.define(f"linear_q4.out({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
+_MINS = ", Tensor? mins=None"           # a 4-bit weight's per-block mins (GGUF Q4_1)
+_SWIGLU_ARGS = "Tensor x, Tensor weight, Tensor scales, Tensor? norm_weight=None, float eps=0.0" + _MINS
+_LIB.define(f"linear_q4({_LINEAR_ARGS}{_MINS}) -> Tensor")
+_LIB.define(f"linear_q4.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.define(f"linear_q8({_LINEAR_ARGS}) -> Tensor")
+_LIB.define(f"linear_q8.out({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
 _LIB.define(f"swiglu_q4({_SWIGLU_ARGS}) -> Tensor")
 _LIB.define(f"swiglu_q4.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
 
@@ -41,6 +48,34 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return (u.to(torch.int16) - 8).to(torch.int8).reshape(n, half * 2)
 
 
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] → the stored 4-bit values u in 0..15, int16 [N, K] (GGUF's qs layout)."""
+    return unpack_int4(packed).to(torch.int16) + 8
+
+
+def _q8_order(k: int) -> torch.Tensor:
+    """For each stored position of an 8-bit row, the input channel it holds: per pair of blocks
+    the first 16 values of each, then the last 16 of each (the activations' order in the
+    kernel); an odd last block in order."""
+    idx = torch.arange(k)
+    pairs = k // (2 * BLOCK) * 2 * BLOCK
+    head = idx[:pairs].reshape(-1, 2, 2, BLOCK // 2).transpose(1, 2).reshape(-1)   # [pair, half, block, 16]
+    return torch.cat([head, idx[pairs:]])
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] (GGUF Q8_0's values, blocks of 32 in order) → the kernel's order."""
+    if q.shape[1] % BLOCK:
+        raise ValueError(f"input size {q.shape[1]} is not a multiple of {BLOCK}")
+    return q[:, _q8_order(q.shape[1])].contiguous()
+
+
+def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(packed)
+    out[:, _q8_order(packed.shape[1])] = packed
+    return out
+
+
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 [..., K] → (int8 values as float [..., K/32, 32], scales [..., K/32, 1]), as the kernel does."""
     xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
@@ -56,18 +91,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * weight
 
 
-def linear_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
-                        bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    q, d = quantize_activations(rms_norm(x.float(), norm_weight, eps))                                        # [..., B, 32], [..., B, 1]
-    w = unpack_int4(weight).float().reshape(weight.shape[0], -1, BLOCK)    # [N, B, 32]
-    dots = torch.einsum("...bi,nbi->...nb", q.double(), w.double())        # exact integers
-    y = (dots * (scales.float().double() * d.squeeze(-1).double().unsqueeze(-2))).sum(-1)
+def _block_linear_reference(x, values, scales, mins, bias, residual, norm_weight, eps):
+    """values: the stored block values as integers [N, K] (u or q); W = scales * values + mins per block."""
+    q, d = quantize_activations(rms_norm(x.float(), norm_weight, eps))        # [..., B, 32], [..., B, 1]
+    v = values.double().reshape(values.shape[0], -1, BLOCK)                    # [N, B, 32]
+    dots = torch.einsum("...bi,nbi->...nb", q.double(), v)                     # exact integers
+    dx = d.squeeze(-1).double().unsqueeze(-2)                                   # [..., 1, B]
+    y = (dots * scales.double() * dx).sum(-1)
+    if mins is not None:                                                        # m x the block's quantized sum
+        y = y + (mins.double() * dx * q.double().sum(-1).unsqueeze(-2)).sum(-1)
     if bias is not None:
         y = y + bias.double()
     if residual is not None:
         y = y + residual.double()
     return y.to(x.dtype)
+
+
+def linear_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    d = scales.float()
+    m = -8.0 * d if mins is None else mins.float()       # without mins: W = d * (u - 8)
+    return _block_linear_reference(x, unpack_nibbles(weight), d, m, bias, residual, norm_weight, eps)
+
+
+def linear_q8_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    return _block_linear_reference(x, unpack_int8(weight), scales.float(), None, bias, residual, norm_weight, eps)
 
 
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -81,55 +133,38 @@ def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    both = linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps)   # [..., 2H] interleaved
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    both = linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins)   # [..., 2H] interleaved
     pairs = both.reshape(*both.shape[:-1], -1, 2, SWIGLU_GROUP)
     out = torch.nn.functional.silu(pairs[..., 0, :]) * pairs[..., 1, :]
     return out.reshape(*both.shape[:-1], -1)
 
 
-@torch.library.impl(_LIB, "linear_q4", "CompositeExplicitAutograd")
-def _linear_q4(x, weight, scales, bias=None, residual=None, norm_weight=None, eps=0.0):
-    return linear_q4_reference(x, weight, scales, bias, residual, norm_weight, eps)
+def _register(name: str, reference, out_width) -> None:
+    """The eager (reference) and fake kernels of `name` and `name.out`."""
+    @torch.library.impl(_LIB, name, "CompositeExplicitAutograd")
+    def _op(*args, **kwargs):
+        return reference(*args, **kwargs)
+
+    @torch.library.impl(_LIB, f"{name}.out", "CompositeExplicitAutograd")
+    def _op_out(*args, out, **kwargs):
+        ref = reference(*args, **kwargs)
+        out.resize_(ref.shape).copy_(ref)
+        return out
+
+    @torch.library.register_fake(f"modelexport::{name}")
+    def _fake(x, weight, *args, **kwargs):
+        return x.new_empty((*x.shape[:-1], out_width(weight)))
+
+    @torch.library.register_fake(f"modelexport::{name}.out")
+    def _fake_out(*args, out, **kwargs):
+        return out
 
 
-@torch.library.impl(_LIB, "linear_q4.out", "CompositeExplicitAutograd")
-def _linear_q4_out(x, weight, scales, bias=None, residual=None, norm_weight=None, eps=0.0, *, out):
-    ref = linear_q4_reference(x, weight, scales, bias, residual, norm_weight, eps)
-    out.resize_(ref.shape).copy_(ref)
-    return out
-
-
-@torch.library.register_fake("modelexport::linear_q4")
-def _linear_q4_fake(x, weight, scales, bias=None, residual=None, norm_weight=None, eps=0.0):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-@torch.library.register_fake("modelexport::linear_q4.out")
-def _linear_q4_out_fake(x, weight, scales, bias=None, residual=None, norm_weight=None, eps=0.0, *, out):
-    return out
-
-
-@torch.library.impl(_LIB, "swiglu_q4", "CompositeExplicitAutograd")
-def _swiglu_q4(x, weight, scales, norm_weight=None, eps=0.0):
-    return swiglu_q4_reference(x, weight, scales, norm_weight, eps)
-
-
-@torch.library.impl(_LIB, "swiglu_q4.out", "CompositeExplicitAutograd")
-def _swiglu_q4_out(x, weight, scales, norm_weight=None, eps=0.0, *, out):
-    ref = swiglu_q4_reference(x, weight, scales, norm_weight, eps)
-    out.resize_(ref.shape).copy_(ref)
-    return out
-
-
-@torch.library.register_fake("modelexport::swiglu_q4")
-def _swiglu_q4_fake(x, weight, scales, norm_weight=None, eps=0.0):
-    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
-
-
-@torch.library.register_fake("modelexport::swiglu_q4.out")
-def _swiglu_q4_out_fake(x, weight, scales, norm_weight=None, eps=0.0, *, out):
-    return out
+_register("linear_q4", linear_q4_reference, lambda w: w.shape[0])
+_register("linear_q8", linear_q8_reference, lambda w: w.shape[0])
+_register("swiglu_q4", swiglu_q4_reference, lambda w: w.shape[0] // 2)
 
 
 class _NormFirst(torch.nn.Module):
@@ -145,20 +180,58 @@ class _NormFirst(torch.nn.Module):
         self.eps = float(eps)
 
 
+def _set_mins(module: torch.nn.Module, mins: torch.Tensor | None) -> None:
+    if mins is None:
+        module.mins = None
+    else:
+        module.register_buffer("mins", mins.to(torch.float16).contiguous())
+
+
 class Q4Linear(_NormFirst):
-    """A Linear whose weight is 4-bit per block of 32 (from `quantize_weight(w, 4, 32)`), run by
-    our kernel; `set_norm` gives it the RMSNorm that precedes it, `forward(x, residual)` adds
-    the residual stream to its output."""
+    """A Linear whose weight is 4-bit per block of 32, run by our kernel: from our own
+    symmetric quantization (`quantize_weight(w, 4, 32)`: values in -8..7, bfloat16 scales) or
+    from a GGUF's blocks as stored (`from_blocks`). `set_norm` gives it the RMSNorm that precedes
+    it, `forward(x, residual)` adds the residual stream to its output."""
 
     def __init__(self, weight_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.register_buffer("weight", pack_int4(weight_q))                       # uint8 [N, K/2]
         self.register_buffer("scales", scales.to(torch.bfloat16).contiguous())    # [N, K/32]
+        self.mins = None   # a plain attribute, not a None buffer (torch.export miscounts those on its root)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
 
+    @classmethod
+    def from_blocks(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, bias: torch.Tensor | None):
+        """GGUF Q4_0 (m None: W = d (u - 8)) or Q4_1 (W = d u + m) blocks: qs uint8 [N, K/2] as
+        stored, d and m float16 [N, K/32]."""
+        self = cls.__new__(cls)
+        _NormFirst.__init__(self)
+        self.register_buffer("weight", qs.contiguous())
+        self.register_buffer("scales", d.to(torch.float16).contiguous())
+        _set_mins(self, m)
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+        self.in_features, self.out_features = qs.shape[1] * 2, qs.shape[0]
+        return self
+
     def forward(self, x, residual=None):
         return torch.ops.modelexport.linear_q4(x.contiguous(), self.weight, self.scales, self.bias,
+                                               None if residual is None else residual.contiguous(),
+                                               self.norm_weight, self.eps, self.mins)
+
+
+class Q8Linear(_NormFirst):
+    """A Linear whose weight is GGUF Q8_0 blocks as stored (int8 values, a float16 scale per 32)."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("weight", pack_int8(q))                               # int8 [N, K]
+        self.register_buffer("scales", d.to(torch.float16).contiguous())           # [N, K/32]
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+
+    def forward(self, x, residual=None):
+        return torch.ops.modelexport.linear_q8(x.contiguous(), self.weight, self.scales, self.bias,
                                                None if residual is None else residual.contiguous(),
                                                self.norm_weight, self.eps)
 
@@ -170,9 +243,23 @@ class Q4GateUp(_NormFirst):
         super().__init__()
         self.register_buffer("weight", pack_int4(interleave_gate_up(gate_q, up_q)))
         self.register_buffer("scales", interleave_gate_up(gate_scales, up_scales).to(torch.bfloat16).contiguous())
+        self.mins = None
+
+    @classmethod
+    def from_linears(cls, gate: Q4Linear, up: Q4Linear):
+        """Two `Q4Linear`s of the same layout (no bias) → one: their stored blocks interleaved."""
+        if (gate.mins is None) != (up.mins is None) or gate.scales.dtype != up.scales.dtype:
+            raise ValueError("gate and up are not stored alike")
+        self = cls.__new__(cls)
+        _NormFirst.__init__(self)
+        self.register_buffer("weight", interleave_gate_up(gate.weight, up.weight))
+        self.register_buffer("scales", interleave_gate_up(gate.scales, up.scales))
+        _set_mins(self, None if gate.mins is None else interleave_gate_up(gate.mins, up.mins))
+        return self
 
     def forward(self, x):
-        return torch.ops.modelexport.swiglu_q4(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps)
+        return torch.ops.modelexport.swiglu_q4(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps,
+                                               self.mins)
 
 
 def _swiglu_forward(self, x):
@@ -181,7 +268,8 @@ def _swiglu_forward(self, x):
 
 def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     """Give every ExecuTorch `FeedForward` (w2(silu(w1 x) * w3 x)) one `Q4GateUp` for w1 and w3;
-    `quantize(weight)` → (int4 values, scales). Returns how many MLPs were fused."""
+    `quantize(linear)` → a `Q4Linear` (or None: that MLP stays as it is). Returns how many MLPs
+    were fused."""
     import types
 
     from executorch.examples.models.llama.feed_forward import FeedForward
@@ -189,7 +277,11 @@ def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     done = 0
     for m in model.modules():
         if type(m) is FeedForward and m.w1.out_features % SWIGLU_GROUP == 0 and m.w1.in_features % BLOCK == 0:
-            m.gate_up = Q4GateUp(*quantize(m.w1.weight), *quantize(m.w3.weight))
+            gate, up = quantize(m.w1), quantize(m.w3)
+            if not (isinstance(gate, Q4Linear) and isinstance(up, Q4Linear)) or (gate.mins is None) != (up.mins is None) \
+                    or gate.scales.dtype != up.scales.dtype:
+                continue
+            m.gate_up = Q4GateUp.from_linears(gate, up)
             m.w1 = m.w3 = None
             m.forward = types.MethodType(_swiglu_forward, m)
             done += 1
@@ -231,7 +323,7 @@ def fuse_blocks(model: torch.nn.Module) -> int:
         b.attention_norm = b.ffn_norm = torch.nn.Identity()
         b.forward = types.MethodType(_fused_block_forward, b)
         done += 1
-    if done and isinstance(getattr(model, "output", None), Q4Linear) and plain_norm(getattr(model, "norm", None)):
+    if done and isinstance(getattr(model, "output", None), (Q4Linear, Q8Linear)) and plain_norm(getattr(model, "norm", None)):
         model.output.set_norm(model.norm.weight, model.norm.eps)    # the final norm, into the lm_head
         model.norm = torch.nn.Identity()
     return done
