@@ -189,8 +189,39 @@ def check_config(family: LLMFamily, cfg, where: str) -> None:
                          "frontends/llm_families.py (see docs/llm_export.md, 'Families')")
 
 
+def family_of_gguf(architecture: str | None, rope_scaling_type: str | None, where: str) -> LLMFamily:
+    """The row a GGUF's `general.architecture` is filed under, after checking its RoPE scaling
+    type (`<arch>.rope.scaling.type`: none, linear, yarn, longrope) against the row: both read
+    from the header, before any weight."""
+    family = next((f for f in FAMILIES if architecture in f.gguf_architectures and (f.npu or f.cpu)), None)
+    if family is None:
+        raise InputError(f"{where}: architecture {architecture!r} is not supported (no row in the family table)",
+                         f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)} "
+                         "(see docs/llm_export.md, 'Families')")
+    rtype = {None: "default", "none": "default"}.get(rope_scaling_type, rope_scaling_type)
+    if rtype not in family.rope_types:
+        raise InputError(f"{where}: this {family.label} GGUF uses what the family table does not cover: "
+                         f"rope.scaling.type={rope_scaling_type!r} (the {family.label} row has "
+                         f"{', '.join(family.rope_types)})",
+                         "use a model without this RoPE scaling, or add it to the family's row in "
+                         "frontends/llm_families.py (see docs/llm_export.md, 'Families')")
+    return family
+
+
 def check_model_config(cfg, where: str) -> LLMFamily:
     """`family_of` + `check_config` for a config object or config.json's dict."""
     family = family_of(_get(cfg, "model_type"), where)
     check_config(family, cfg, where)
     return family
+
+
+def check_static_context(family: LLMFamily, cfg, max_seq_len: int) -> None:
+    """What a static graph of `max_seq_len` positions cannot follow. longrope switches to its long
+    factor for calls longer than the original context (at run time, in HF); a static RoPE table
+    holds one of the two: the short one, right up to the original context."""
+    for rp in rope_parameters(family, cfg).values():
+        original = rp.get("original_max_position_embeddings")
+        if rp.get("rope_type") == "longrope" and original and max_seq_len > original:
+            raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's original context ({original}): "
+                             "longrope's long factor would apply there, which a static RoPE table does not follow",
+                             f"use --max-seq-len {original} or less")

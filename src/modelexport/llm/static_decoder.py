@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
-from ..frontends.llm_families import (FAMILIES, NORM_WEIGHT_OFFSET, LLMFamily, check_config, family_of,
-                                      rope_parameters, rope_slots, sliding_layers)
+from ..frontends.llm_families import (FAMILIES, NORM_WEIGHT_OFFSET, LLMFamily, check_config, check_static_context,
+                                      family_of, rope_slots, sliding_layers)
 
 DEFAULT_MASK_VALUE = -255.0
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
@@ -301,11 +301,13 @@ class StaticAttention(nn.Module):
     def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: "DecoderSpec", plan: LayerPlan,
                  norm: functools.partial, scaling: float, softcap: float | None):
         super().__init__()
-        # HF's own projection modules, under HF's names (the state dict keys stay HF's)
-        names = ("qkv_proj", "o_proj") if family.fused_qkv else ("q_proj", "k_proj", "v_proj", "o_proj")
-        for name in names:
-            setattr(self, name, getattr(hf_attn, name))
-        self.fused_qkv = family.fused_qkv
+        # HF's own projection modules, under HF's names; a fused one (Phi-3's qkv_proj) is split into
+        # q/k/v views of its rows (see `split_rows`)
+        n_q, n_kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        q_k_v = (split_rows(hf_attn.qkv_proj, [n_q, n_kv, n_kv]) if family.fused_qkv
+                 else (hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj))
+        self.q_proj, self.k_proj, self.v_proj = q_k_v
+        self.o_proj = hf_attn.o_proj
         if family.qk_norm:
             self.q_norm, self.k_norm = norm(hf_attn.q_norm.weight), norm(hf_attn.k_norm.weight)
         self.qk_norm = family.qk_norm
@@ -315,15 +317,9 @@ class StaticAttention(nn.Module):
         self.softcap = softcap
         self.plan = plan
 
-    def _qkv(self, x):
-        if not self.fused_qkv:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        return torch.split(self.qkv_proj(x), [q_size, kv_size, kv_size], dim=-1)
-
     def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
         b, n, _ = x.shape
-        q, k, v = self._qkv(x)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(b, n, self.n_heads, self.head_dim)
         k = k.view(b, n, self.n_kv_heads, self.head_dim)
         if self.qk_norm:   # over each head, before RoPE (Qwen3, Gemma 3)
@@ -345,22 +341,39 @@ class StaticAttention(nn.Module):
 
 
 class StaticMLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)), gate and up separate or fused (Phi-3's gate_up_proj)."""
+    """Gated MLP: down(act(gate(x)) * up(x)); a fused gate_up_proj (Phi-3) is split into two views."""
 
     def __init__(self, hf_mlp: nn.Module, family: LLMFamily, activation: str):
         super().__init__()
-        names = ("gate_up_proj", "down_proj") if family.fused_gate_up else ("gate_proj", "up_proj", "down_proj")
-        for name in names:
-            setattr(self, name, getattr(hf_mlp, name))
-        self.fused_gate_up = family.fused_gate_up
+        if family.fused_gate_up:
+            half = hf_mlp.gate_up_proj.out_features // 2
+            self.gate_proj, self.up_proj = split_rows(hf_mlp.gate_up_proj, [half, half])
+        else:
+            self.gate_proj, self.up_proj = hf_mlp.gate_proj, hf_mlp.up_proj
+        self.down_proj = hf_mlp.down_proj
         self.act = ACTIVATION_FNS[activation]
 
     def forward(self, x):
-        if self.fused_gate_up:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def split_rows(fused: nn.Linear, sizes: list[int]) -> list[nn.Linear]:
+    """A fused projection as one Linear per block of rows, each weight a view of the fused one (no copy).
+
+    Why not one matmul and a Split: ONNX Runtime's quantizer gives a Split's outputs its input's
+    scale, so v would leave the graph with the q|k|v range, one per graph, while Genie needs each
+    cache tensor quantized alike in every graph ("Non-identical quantization parameters"). Separate
+    matmuls also give q, k, v (gate, up) their own ranges."""
+    weights = fused.weight.detach().split(sizes)
+    biases = fused.bias.detach().split(sizes) if fused.bias is not None else [None] * len(sizes)
+    out = []
+    for w, b in zip(weights, biases):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+        lin.weight = nn.Parameter(w, requires_grad=False)
+        if b is not None:
+            lin.bias = nn.Parameter(b, requires_grad=False)
+        out.append(lin)
+    return out
 
 
 class StaticDecoderLayer(nn.Module):
@@ -535,12 +548,5 @@ def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> LLMFamily:
         raise UnsupportedError(f"the {family.label} family is not built for the NPU yet",
                                f"supported on the NPU: {', '.join(SUPPORTED_MODEL_TYPES)}")
     check_config(family, hf_cfg, "the static decoder")
-    for slot, rp in rope_parameters(family, hf_cfg).items():
-        original = rp.get("original_max_position_embeddings")
-        # longrope switches to its long factor for calls longer than the original context (at run
-        # time, in HF); a static table holds one of the two: the short one, valid up to there
-        if rp.get("rope_type") == "longrope" and original and cfg.max_seq_len > original:
-            raise InputError(f"max_seq_len {cfg.max_seq_len} is beyond the model's original context ({original}): "
-                             "longrope's long factor would apply, which a static RoPE table does not follow",
-                             f"use --max-seq-len {original} or less")
+    check_static_context(family, hf_cfg, cfg.max_seq_len)
     return family
