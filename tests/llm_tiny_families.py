@@ -5,13 +5,12 @@ global layer; Phi-3: fused projections, partial rotary, longrope; SmolLM3: a NoP
 from __future__ import annotations
 
 import torch
-
 from llm_tiny import BOS, EOS, VOCAB
 
 WINDOW = 8   # sliding window of the tiny Gemma models: shorter than every test context
-_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=BOS,
-             eos_token_id=EOS, pad_token_id=EOS)
+_BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "bos_token_id": BOS,
+             "eos_token_id": EOS, "pad_token_id": EOS}
 _ROPE = {"rope_theta": 10000.0, "rope_type": "default"}
 
 

@@ -16,8 +16,8 @@ def _is_gguf(p: Path) -> bool:
 
 @inspector("gguf", _is_gguf)
 def inspect_gguf(p: Path) -> dict:
-    from .gguf_file import read_gguf_info
     from ..core.errors import InputError
+    from .gguf_file import read_gguf_info
     from .llm_families import SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
     info = read_gguf_info(p)
     d = info.to_dict()

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import InputError, OutputExistsError
+from . import frontend
 from .llm_families import check_config, family_of
 from .loaded_llm import LoadedLLM
-from . import frontend
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 _BPE_PAIR = ("vocab.json", "merges.txt")
@@ -58,7 +58,7 @@ def load_hf_folder(path: str | Path) -> LoadedLLM:
     import time
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
     folder = Path(path)

@@ -1,10 +1,11 @@
-"""A fixed-shape Llama-family decoder for the Hexagon NPU (HTP).
+"""A fixed-shape decoder for the Hexagon NPU (HTP), for every family of `frontends/llm_families.py`.
 
-Built from a Hugging Face `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM`
-(RMSNorm, grouped-query attention with optional q/k/v bias, SwiGLU MLP, tied or untied
-lm_head). It takes the HF modules themselves (the weights are shared, not copied), so the
-module names read as in HF: `model.layers.3.mlp.down_proj`, `lm_head`, and the state dict
-keys are HF's.
+Built from a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3); the
+family's row picks each block's variant (norm, q/k norms, sandwich norms, activation, fused
+projections, RoPE tables per layer type, NoPE layers, windows, soft-caps, embedding scale), never
+the model type itself. It takes the HF modules themselves (the weights are shared, not copied),
+so the module names read as in HF: `model.layers.3.mlp.down_proj`, `lm_head`, and the state dict
+keys are HF's (a fused projection is split into views of its rows: `split_rows`).
 
 One graph processes N tokens ("AR-N") against a KV cache of fixed length. The layout is the one
 ExecuTorch's Qualcomm llama example (`examples/qualcomm/oss_scripts/llama/model/static_llama.py`,
@@ -30,11 +31,15 @@ writes the new entries into slots `past_len .. past_len+n-1` (see `static_runner
 those columns in the next mask (`make_attention_mask`).
 
 Choices made for HTP (documented here because they are deliberate):
-- RoPE: cos/sin tables [C, head_dim/2] are registered buffers, gathered with
+- RoPE: cos/sin tables [C, rotary_dim/2] (one per RoPE kind the layers use) are registered buffers, gathered with
   `F.embedding(position_ids, table)` (aten.embedding -> QNN Gather), then applied in HF's
   "rotate half" form on the two contiguous halves (a stride-2 slice of the interleaved form is
   bad for HTP). The tables are computed from the HF model's own `inv_freq` and
-  `attention_scaling`, so scaled RoPE variants (llama3, linear, yarn) come out as HF's.
+  `attention_scaling`, so scaled RoPE variants (llama3, linear, yarn, longrope's short factor)
+  come out as HF's. `model.rotary_emb(position_ids)` returns the tables by kind and the
+  sliding-window biases (`PositionInputs`); every layer takes both.
+- Sliding windows: a local layer adds a bias computed from the positions to the one mask (see
+  `WindowBias`; Genie feeds a single attention_mask).
 - RMSNorm: `rms_norm="aten"` (default) uses `torch.nn.functional.rms_norm`, which lowers to
   QNN's native RmsNorm op (ExecuTorch's QNN llama uses `torch.nn.RMSNorm` too);
   `rms_norm="decomposed"` writes `x * rsqrt(mean(x*x) + eps) * w` from elementwise ops, for a
@@ -65,8 +70,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
-from ..frontends.llm_families import (FAMILIES, NORM_WEIGHT_OFFSET, LLMFamily, check_config, check_static_context,
-                                      family_of, rope_slots, sliding_layers)
+from ..frontends.llm_families import (
+    FAMILIES,
+    NORM_WEIGHT_OFFSET,
+    LLMFamily,
+    check_config,
+    check_static_context,
+    family_of,
+    rope_slots,
+    sliding_layers,
+)
 
 DEFAULT_MASK_VALUE = -255.0
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
@@ -298,7 +311,7 @@ class LayerPlan:
 
 
 class StaticAttention(nn.Module):
-    def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: "DecoderSpec", plan: LayerPlan,
+    def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
                  norm: functools.partial, scaling: float, softcap: float | None):
         super().__init__()
         # HF's own projection modules, under HF's names; a fused one (Phi-3's qkv_proj) is split into
@@ -380,7 +393,7 @@ class StaticDecoderLayer(nn.Module):
     """Pre-norm residual block; with `sandwich_norms` (Gemma) the attention and MLP outputs are
     normed too before they join the residual, and the MLP's input norm is `pre_feedforward_layernorm`."""
 
-    def __init__(self, hf_layer: nn.Module, family: LLMFamily, spec: "DecoderSpec", plan: LayerPlan,
+    def __init__(self, hf_layer: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
                  norm: functools.partial, activation: str, scaling: float, softcap: float | None):
         super().__init__()
         self.input_layernorm = norm(hf_layer.input_layernorm.weight)
