@@ -5,6 +5,7 @@ HTP, and the bad inputs the table refuses before any weight is loaded."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -181,8 +182,10 @@ def test_inspect_hf_folder_shows_the_family_row(folders, tmp_path):
 # Gemma 3 has the most features (sandwich and q/k norms, GeGLU, per-type RoPE, a window shorter
 # than the context): one graph of it stays in the default suite. Each family with two graphs (ar1 +
 # ar4: Genie then checks that every cache tensor is quantized alike in both) takes ~1.5 min: heavy.
+HEAVY = [pytest.mark.heavy, pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
+                                                reason="minutes-long: make test-heavy")]
 COMPILED = [pytest.param("gemma3_text", "ar1", id="gemma3_text-ar1")] + [
-    pytest.param(f, "ar1,ar4", id=f"{f}-ar1,ar4", marks=pytest.mark.heavy) for f in NEW_FAMILIES]
+    pytest.param(f, "ar1,ar4", id=f"{f}-ar1,ar4", marks=HEAVY) for f in NEW_FAMILIES]
 
 
 @pytest.mark.parametrize("model_type,variants", COMPILED)
@@ -202,5 +205,6 @@ def test_compiles_with_every_node_on_the_htp(cli, tmp_path, model_type, variants
         # only the graph's boundary (de)quantization stays outside (float in, float out); ONNX
         # Runtime may rename one it rewrote (SmolLM3's NoPE key output: plain "DequantizeLinear")
         n_layers = manifest["llm"]["spec"]["n_layers"]
-        assert all(n.endswith("QuantizeLinear") for n in placed["cpu_nodes"]), placed["cpu_nodes"]
+        outside = [n for n in placed["cpu_nodes"] if not n.endswith(("QuantizeLinear", "DequantizeLinear"))]
+        assert outside == [], placed["cpu_nodes"]
         assert len(placed["cpu_nodes"]) <= 2 + 4 * n_layers
