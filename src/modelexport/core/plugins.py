@@ -17,8 +17,8 @@ PLUGINS: dict[str, tuple[str, ...]] = {
                 "modelexport.backends.llm_qnn.compile", "modelexport.backends.llm_pte.compile"),
     # asked in this order (a reader registered with first=True goes before the others)
     "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
-                  "modelexport.frontends.gguf_inspect", "modelexport.backends.ort_qnn.inspect",
-                  "modelexport.llm.cpu.inspect"),
+                  "modelexport.frontends.gguf_inspect", "modelexport.frontends.hf_inspect",
+                  "modelexport.backends.ort_qnn.inspect", "modelexport.llm.cpu.inspect"),
     "LLM backend": ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session",
                     "modelexport.backends.llm_qnn.genie_generate", "modelexport.backends.llm_pte.session"),
 }

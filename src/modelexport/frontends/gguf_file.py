@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
-from .llm_families import BY_MODEL_TYPE, SUPPORTED_GGUF_ARCHITECTURES
-from .loaded_llm import LoadedLLM, check_architecture
+from .llm_families import BY_MODEL_TYPE, SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
+from .loaded_llm import LoadedLLM
 from . import frontend
 
 
@@ -49,6 +49,7 @@ class GgufInfo:
     n_kv_heads: int | None
     head_dim: int | None
     rope_theta: float | None
+    rope_scaling_type: str | None    # <arch>.rope.scaling.type: none, linear, yarn, longrope
     rms_norm_eps: float | None
     vocab_size: int | None
     tokenizer_model: str | None      # "gpt2" (byte-level BPE), "llama" (SentencePiece), ...
@@ -155,7 +156,7 @@ def _read_info(path: Path):
         context_length=a("context_length"), n_layers=a("block_count"), hidden_size=hidden,
         intermediate_size=a("feed_forward_length"), n_heads=n_heads,
         n_kv_heads=a("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rope_theta=a("rope.freq_base"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+        rope_theta=a("rope.freq_base"), rope_scaling_type=a("rope.scaling.type"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
         vocab_size=vocab, tokenizer_model=_field(reader, "tokenizer.ggml.model"),
         tokenizer_pre=_field(reader, "tokenizer.ggml.pre"),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
@@ -209,7 +210,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 
     path = Path(path)
     info, reader = _read_info(path)
-    check_architecture(info.architecture, str(path), SUPPORTED_GGUF_ARCHITECTURES)
+    family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
                          "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")

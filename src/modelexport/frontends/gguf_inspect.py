@@ -16,11 +16,17 @@ def _is_gguf(p: Path) -> bool:
 
 @inspector("gguf", _is_gguf)
 def inspect_gguf(p: Path) -> dict:
+    from ..core.errors import InputError
     from .gguf_file import read_gguf_info
-    from .llm_families import SUPPORTED_GGUF_ARCHITECTURES
+    from .llm_families import SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
     info = read_gguf_info(p)
     d = info.to_dict()
     d["supported_architectures"] = list(SUPPORTED_GGUF_ARCHITECTURES)
+    try:   # the family row the builders will use (from the header: no weights are read)
+        d["family"] = family_of_gguf(info.architecture, info.rope_scaling_type, str(p)).facts()
+        problem = None
+    except InputError as e:
+        d["family"], d["supported"], problem = None, False, e.problem
     d["note"] = ("compile it: modelexport compile MODEL.gguf --target SM8650 --variants ar1,ar32 --max-seq-len 512 -o OUT"
-                 if info.supported else f"architecture {info.architecture!r} is not supported by the static decoder")
+                 if problem is None else problem)
     return d

@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from ..core.errors import InputError, OutputExistsError
-from .loaded_llm import LoadedLLM, check_architecture
 from . import frontend
+from .llm_families import check_config, family_of
+from .loaded_llm import LoadedLLM
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 _BPE_PAIR = ("vocab.json", "merges.txt")
@@ -29,6 +30,28 @@ def _is_hf_folder(obj) -> bool:
     return isinstance(obj, (str, Path)) and Path(obj).is_dir() and (Path(obj) / "config.json").is_file()
 
 
+def read_hf_config(folder: Path):
+    """The transformers config of an HF folder, checked against the family table (its row exists,
+    its feature values are in the row) before any weight is read."""
+    import json
+
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{folder}/config.json is not valid JSON: {e}") from None
+    family = family_of(raw.get("model_type") if isinstance(raw, dict) else None, str(folder))
+    check_config(family, raw, str(folder))    # the fields as written, named as written
+    try:   # transformers fills what config.json leaves out (layer_types, rope_parameters) as the model will
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - its validators raise ValueError, TypeError, huggingface_hub's errors ...
+        raise InputError(f"{folder}/config.json is not a valid {family.label} config: {type(e).__name__}: {e}",
+                         "compare it with the model's original config.json") from None
+    check_config(family, config, str(folder))  # and as transformers completes them
+    return config
+
+
 @frontend("hf_folder", kind="llm", accepts=_is_hf_folder)
 def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
     """A float32 causal LM and its tokenizer from a local HF folder; never touches the network.
@@ -37,7 +60,7 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
     import time
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
     folder = Path(path)
@@ -51,11 +74,8 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
     if not _has_tokenizer(folder):
         raise InputError(f"{folder} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
                          "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
-    try:
-        config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (ValueError, OSError, KeyError) as e:
-        raise InputError(f"{folder}/config.json is not a valid config: {e}") from None
-    arch = check_architecture(getattr(config, "model_type", None), str(folder))
+    config = read_hf_config(folder)
+    arch = config.model_type
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

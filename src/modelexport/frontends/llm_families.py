@@ -1,13 +1,31 @@
 """The LLM families modelexport builds, as one table of data (as gguf-py keeps its architectures).
 
-The frontends accept what a row names, the NPU static decoder (`llm/static_decoder.py`) and the
-CPU export (`llm/cpu/export.py`) look up the facts they branch on: a new family starts as a row
-here. It lives in `frontends/` because that is the lowest part that needs it; `llm/` and
-`backends/` import it from here.
+Every consumer looks a family's facts up here instead of branching on `model_type`: the frontends
+accept what a row names (`check_config` refuses the rest before any weight is read), the NPU
+static decoder (`llm/static_decoder.py`) picks its norm, activation, projections, RoPE and mask
+from the row, the CPU export (`llm/cpu/export.py`) builds the rows marked `cpu`, and `inspect`
+shows the row. A new family starts as a row here. It lives in `frontends/` because that is the
+lowest part that needs it; `llm/` and `backends/` import it from here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..core.errors import InputError
+
+# RMSNorm variants: the constant added to the learned weight (Gemma stores w and multiplies by 1 + w).
+NORM_WEIGHT_OFFSET = {"rms": 0.0, "rms_one_plus": 1.0}
+# MLP activations the builders implement (their functions are in llm/static_decoder.py's table).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# How a token embedding is scaled before the first layer.
+EMBEDDING_SCALES = ("none", "sqrt_hidden")
+# RoPE types whose tables a static graph can hold: each is a fixed function of the position.
+# ("dynamic" NTK changes its frequencies with the length of the current call: no fixed table.)
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# Which layers attend through a sliding window (see `sliding_layers`).
+SLIDING_RULES = ("none", "all", "layer_types", "layer_types_if_enabled")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(frozen=True)
@@ -17,17 +35,61 @@ class LLMFamily:
     gguf_architectures: tuple[str, ...]  # GGUF general.architecture values transformers loads as this family
     npu: bool                            # the static decoder rebuilds it for the HTP
     cpu: bool                            # the CPU export builds it for XNNPACK
+    cpu_missing: str = ""                # what the CPU export lacks for it, when cpu is False
+    # norms
+    norm: str = "rms"                    # NORM_WEIGHT_OFFSET key
+    sandwich_norms: bool = False         # attention output normed, plus pre/post feed-forward norms (Gemma 2/3)
+    qk_norm: bool = False                # q_norm / k_norm over each head before RoPE (Qwen3, Gemma 3)
+    # projections
+    fused_qkv: bool = False              # one self_attn.qkv_proj (q | k | v rows) instead of three (Phi-3)
+    fused_gate_up: bool = False          # one mlp.gate_up_proj (gate | up rows) instead of two (Phi-3)
     qkv_bias: bool = False               # q/k/v always carry a bias, whatever config.attention_bias says
     attention_bias_on_o_proj: bool = False  # config.attention_bias biases o_proj too (the CPU export cannot)
-    sliding_window_always: bool = False  # config.sliding_window applies whenever set (no per-layer switch)
+    activation_field: str = "hidden_act"  # the config field naming the MLP's gate activation (ACTIVATIONS)
+    # embeddings, scores, logits
+    embedding_scale: str = "none"        # EMBEDDING_SCALES: Gemma multiplies embeddings by sqrt(hidden_size)
+    query_scale_field: str | None = None  # scores scaled by this field ** -0.5 (Gemma's query_pre_attn_scalar), else head_dim
+    attn_softcap_field: str | None = None   # scores -> cap * tanh(scores / cap) when the field is set (Gemma 2)
+    final_softcap_field: str | None = None  # the same on the logits
+    # positions and masks
+    rope_types: tuple[str, ...] = ("default", "linear", "llama3", "yarn")  # the config's rope_type values accepted
+    rope_per_layer_type: bool = False    # rope_parameters keyed by layer type, one table each (Gemma 3)
+    nope_layers_field: str | None = None  # per-layer 1 = RoPE, 0 = no position encoding (SmolLM3's no_rope_layers)
+    sliding: str = "none"                # SLIDING_RULES key
+
+    def facts(self) -> dict[str, Any]:
+        """The row as plain data (for `inspect` and messages)."""
+        return asdict(self)
 
 
 FAMILIES: tuple[LLMFamily, ...] = (
-    # SmolLM/SmolLM2 are llama.
+    # SmolLM/SmolLM2 and Llama 3.x are llama (llama3 RoPE scaling).
     LLMFamily("llama", "Llama", ("llama",), npu=True, cpu=True, attention_bias_on_o_proj=True),
     # llama.cpp files Mistral under "llama"; transformers then builds MistralForCausalLM (same shape).
-    LLMFamily("mistral", "Mistral", ("mistral", "llama"), npu=True, cpu=True, sliding_window_always=True),
-    LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True),
+    LLMFamily("mistral", "Mistral", ("mistral", "llama"), npu=True, cpu=True, sliding="all"),
+    LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True, sliding="layer_types"),
+    LLMFamily("qwen3", "Qwen3", ("qwen3",), npu=True, cpu=False, cpu_missing="q/k norms",
+              qk_norm=True, sliding="layer_types"),
+    LLMFamily("gemma2", "Gemma 2", ("gemma2",), npu=True, cpu=False,
+              cpu_missing="(1+w) norms, sandwich norms, GeGLU, soft-capping, local/global layers",
+              norm="rms_one_plus", sandwich_norms=True, activation_field="hidden_activation",
+              embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
+              attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
+              sliding="layer_types"),
+    # Gemma 3's text model (270M, 1B); the 4B+ checkpoints are "gemma3" (text + vision) and not read.
+    # llama.cpp files it as "gemma3"; transformers builds Gemma3ForCausalLM ("gemma3_text") from it.
+    LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=False,
+              cpu_missing="(1+w) norms, sandwich norms, q/k norms, GeGLU, local/global layers",
+              norm="rms_one_plus", sandwich_norms=True, qk_norm=True, activation_field="hidden_activation",
+              embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
+              attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
+              rope_per_layer_type=True, sliding="layer_types"),
+    # Phi-3 / 3.5-mini and Phi-4-mini (partial rotary factor 0.75) are all "phi3".
+    LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=False, cpu_missing="fused qkv / gate_up projections",
+              fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all"),
+    # SmolLM3: Llama with no RoPE in every 4th layer.
+    LLMFamily("smollm3", "SmolLM3", (), npu=True, cpu=False, cpu_missing="NoPE layers",
+              nope_layers_field="no_rope_layers", sliding="layer_types_if_enabled"),
 )
 
 BY_MODEL_TYPE: dict[str, LLMFamily] = {f.model_type: f for f in FAMILIES}
@@ -36,3 +98,130 @@ BY_MODEL_TYPE: dict[str, LLMFamily] = {f.model_type: f for f in FAMILIES}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.model_type for f in FAMILIES if f.npu or f.cpu)
 SUPPORTED_GGUF_ARCHITECTURES: tuple[str, ...] = tuple(dict.fromkeys(
     a for f in FAMILIES if f.npu or f.cpu for a in f.gguf_architectures))
+
+
+def family_of(model_type: str | None, where: str) -> LLMFamily:
+    """The row of `model_type`; InputError naming the table's rows when there is none."""
+    family = BY_MODEL_TYPE.get(model_type)  # type: ignore[arg-type]
+    if family is None:
+        raise InputError(f"{where}: architecture {model_type!r} is not supported (no row in the family table)",
+                         f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)} "
+                         "(see docs/llm_export.md, 'Families'; SmolLM/SmolLM2 are llama)")
+    return family
+
+
+# ------------------------------------------------------------------------------------------------
+# per-model facts read from a config (a transformers config object or config.json's dict): the
+# same answers for the check before loading and for the builders after
+
+
+def _get(cfg, name: str, default=None):
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def n_layers(cfg) -> int:
+    return int(_get(cfg, "num_hidden_layers"))
+
+
+def layer_types(cfg) -> list[str]:
+    return list(_get(cfg, "layer_types", None) or ["full_attention"] * n_layers(cfg))
+
+
+def rope_slots(family: LLMFamily, cfg) -> list[str | None]:
+    """The RoPE table each layer reads: its layer type for per-type tables (Gemma 3), "" for the one
+    table, None for a layer without position encoding (NoPE)."""
+    types = layer_types(cfg)
+    nope = _get(cfg, family.nope_layers_field) if family.nope_layers_field else None
+    out: list[str | None] = []
+    for i in range(n_layers(cfg)):
+        if nope is not None and not nope[i]:
+            out.append(None)
+        else:
+            out.append(types[i] if family.rope_per_layer_type else "")
+    return out
+
+
+def rope_parameters(family: LLMFamily, cfg) -> dict[str, dict]:
+    """Rope parameters by slot name ("" = the model's one table)."""
+    rp = _get(cfg, "rope_parameters", None) or _get(cfg, "rope_scaling", None) or {}
+    if family.rope_per_layer_type:
+        return {t: dict(rp.get(t) or {}) for t in sorted(set(layer_types(cfg)))}
+    return {"": dict(rp)}
+
+
+def sliding_layers(family: LLMFamily, cfg) -> list[int | None]:
+    """Each layer's attention window in tokens (None = attends to every earlier position)."""
+    window = _get(cfg, "sliding_window", None)
+    types = layer_types(cfg)
+    rule = {
+        "none": lambda i: False,
+        "all": lambda i: True,                                     # Mistral, Phi-3: every layer when set
+        "layer_types": lambda i: types[i] == "sliding_attention",   # Gemma 2/3, Qwen2/3
+        "layer_types_if_enabled": lambda i: bool(_get(cfg, "use_sliding_window", False))
+        and types[i] == "sliding_attention",                        # SmolLM3
+    }[family.sliding]
+    return [int(window) if window and rule(i) else None for i in range(n_layers(cfg))]
+
+
+def check_config(family: LLMFamily, cfg, where: str) -> None:
+    """Refuse a config whose feature values the family's row does not cover, naming the field and
+    the table entry that is missing. Needs no weights: run it on config.json before loading."""
+    problems = []
+    act = _get(cfg, family.activation_field, None) or "silu"
+    if act not in ACTIVATIONS:
+        problems.append(f"activation {family.activation_field}={act!r} (the table has {', '.join(ACTIVATIONS)})")
+    unknown_types = sorted(set(layer_types(cfg)) - set(LAYER_TYPES))
+    if unknown_types:
+        problems.append(f"layer_types {unknown_types} (the table has {', '.join(LAYER_TYPES)})")
+    for slot, rp in rope_parameters(family, cfg).items():
+        rtype = rp.get("rope_type") or rp.get("type") or "default"
+        if rtype not in family.rope_types or rtype not in STATIC_ROPE_TYPES:
+            what = f"rope_parameters{f'[{slot!r}]' if slot else ''}.rope_type={rtype!r}"
+            problems.append(f"{what} (the {family.label} row has {', '.join(family.rope_types)})")
+    if _get(cfg, "use_bidirectional_attention", False):
+        problems.append("use_bidirectional_attention=True (the static decoder is causal)")
+    if problems:
+        raise InputError(f"{where}: this {family.label} model uses what the family table does not cover: "
+                         + "; ".join(problems),
+                         "use a model without these features, or add them to the family's row in "
+                         "frontends/llm_families.py (see docs/llm_export.md, 'Families')")
+
+
+def family_of_gguf(architecture: str | None, rope_scaling_type: str | None, where: str) -> LLMFamily:
+    """The row a GGUF's `general.architecture` is filed under, after checking its RoPE scaling
+    type (`<arch>.rope.scaling.type`: none, linear, yarn, longrope) against the row: both read
+    from the header, before any weight."""
+    family = next((f for f in FAMILIES if architecture in f.gguf_architectures and (f.npu or f.cpu)), None)
+    if family is None:
+        raise InputError(f"{where}: architecture {architecture!r} is not supported (no row in the family table)",
+                         f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)} "
+                         "(see docs/llm_export.md, 'Families')")
+    rtype = {None: "default", "none": "default"}.get(rope_scaling_type, rope_scaling_type)
+    if rtype not in family.rope_types:
+        raise InputError(f"{where}: this {family.label} GGUF uses what the family table does not cover: "
+                         f"rope.scaling.type={rope_scaling_type!r} (the {family.label} row has "
+                         f"{', '.join(family.rope_types)})",
+                         "use a model without this RoPE scaling, or add it to the family's row in "
+                         "frontends/llm_families.py (see docs/llm_export.md, 'Families')")
+    return family
+
+
+def check_model_config(cfg, where: str) -> LLMFamily:
+    """`family_of` + `check_config` for a config object or config.json's dict."""
+    family = family_of(_get(cfg, "model_type"), where)
+    check_config(family, cfg, where)
+    return family
+
+
+def check_static_context(family: LLMFamily, cfg, max_seq_len: int) -> None:
+    """What a static graph of `max_seq_len` positions cannot follow. longrope switches to its long
+    factor for calls longer than the original context (at run time, in HF); a static RoPE table
+    holds one of the two: the short one, right up to the original context."""
+    for rp in rope_parameters(family, cfg).values():
+        original = rp.get("original_max_position_embeddings")
+        if rp.get("rope_type") == "longrope" and original and max_seq_len > original:
+            raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's original context ({original}): "
+                             "longrope's long factor would apply there, which a static RoPE table does not follow",
+                             f"use --max-seq-len {original} or less")

@@ -55,5 +55,5 @@ def check_architecture(arch: str | None, where: str,
     if arch not in supported:
         raise InputError(f"{where}: architecture {arch!r} is not supported",
                          f"supported architectures: {', '.join(supported)} "
-                         "(Llama-family decoders; SmolLM/SmolLM2 are llama)")
+                         "(the rows of frontends/llm_families.py; SmolLM/SmolLM2 are llama)")
     return arch

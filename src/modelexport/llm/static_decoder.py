@@ -1,10 +1,11 @@
-"""A fixed-shape Llama-family decoder for the Hexagon NPU (HTP).
+"""A fixed-shape decoder for the Hexagon NPU (HTP), for every family of `frontends/llm_families.py`.
 
-Built from a Hugging Face `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM`
-(RMSNorm, grouped-query attention with optional q/k/v bias, SwiGLU MLP, tied or untied
-lm_head). It takes the HF modules themselves (the weights are shared, not copied), so the
-module names read as in HF: `model.layers.3.mlp.down_proj`, `lm_head`, and the state dict
-keys are HF's.
+Built from a Hugging Face causal LM (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3); the
+family's row picks each block's variant (norm, q/k norms, sandwich norms, activation, fused
+projections, RoPE tables per layer type, NoPE layers, windows, soft-caps, embedding scale), never
+the model type itself. It takes the HF modules themselves (the weights are shared, not copied),
+so the module names read as in HF: `model.layers.3.mlp.down_proj`, `lm_head`, and the state dict
+keys are HF's (a fused projection is split into views of its rows: `split_rows`).
 
 One graph processes N tokens ("AR-N") against a KV cache of fixed length. The layout is the one
 ExecuTorch's Qualcomm llama example (`examples/qualcomm/oss_scripts/llama/model/static_llama.py`,
@@ -30,11 +31,15 @@ writes the new entries into slots `past_len .. past_len+n-1` (see `static_runner
 those columns in the next mask (`make_attention_mask`).
 
 Choices made for HTP (documented here because they are deliberate):
-- RoPE: cos/sin tables [C, head_dim/2] are registered buffers, gathered with
+- RoPE: cos/sin tables [C, rotary_dim/2] (one per RoPE kind the layers use) are registered buffers, gathered with
   `F.embedding(position_ids, table)` (aten.embedding -> QNN Gather), then applied in HF's
   "rotate half" form on the two contiguous halves (a stride-2 slice of the interleaved form is
   bad for HTP). The tables are computed from the HF model's own `inv_freq` and
-  `attention_scaling`, so scaled RoPE variants (llama3, linear, yarn) come out as HF's.
+  `attention_scaling`, so scaled RoPE variants (llama3, linear, yarn, longrope's short factor)
+  come out as HF's. `model.rotary_emb(position_ids)` returns the tables by kind and the
+  sliding-window biases (`PositionInputs`); every layer takes both.
+- Sliding windows: a local layer adds a bias computed from the positions to the one mask (see
+  `WindowBias`; Genie feeds a single attention_mask).
 - RMSNorm: `rms_norm="aten"` (default) uses `torch.nn.functional.rms_norm`, which lowers to
   QNN's native RmsNorm op (ExecuTorch's QNN llama uses `torch.nn.RMSNorm` too);
   `rms_norm="decomposed"` writes `x * rsqrt(mean(x*x) + eps) * w` from elementwise ops, for a
@@ -57,6 +62,7 @@ AR-4, C=32): every op is delegated in one subgraph (fp16, 8a8w, 16a8w; only the 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +70,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
-from ..frontends.llm_families import BY_MODEL_TYPE, FAMILIES
+from ..frontends.llm_families import (
+    FAMILIES,
+    NORM_WEIGHT_OFFSET,
+    LLMFamily,
+    check_config,
+    check_static_context,
+    family_of,
+    rope_slots,
+    sliding_layers,
+)
 
 DEFAULT_MASK_VALUE = -255.0
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
@@ -175,25 +190,33 @@ def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int
 
 
 # ---------------------------------------------------------------------------------------------
-# building blocks
+# building blocks: each picks its variant from the family's row (frontends/llm_families.py)
+
+# The MLP gate activations of llm_families.ACTIVATIONS (HF's gelu_pytorch_tanh is torch's tanh GELU).
+ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
+
 
 class RMSNorm(nn.Module):
-    """RMSNorm sharing HF's weight; `form` picks the op sequence (see the module docstring)."""
+    """RMSNorm sharing HF's weight; `form` picks the op sequence (see the module docstring).
 
-    def __init__(self, weight: nn.Parameter, eps: float, form: str):
+    `offset` is added to the weight (1 for Gemma's x̂·(1+w); the sum is a constant once exported)."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, form: str, offset: float = 0.0):
         super().__init__()
         self.weight = weight
         self.eps = float(eps)
         self.form = form
+        self.offset = float(offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight + self.offset if self.offset else self.weight
         if self.form == "aten":
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
         if self.form == "scaled":   # |x / m| <= 8: squares stay far below fp16's maximum
             m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 8
             xs = x / m
-            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + self.eps / (m * m)) * self.weight
-        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
+            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + self.eps / (m * m)) * w
+        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * w
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -205,14 +228,22 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotate-half RoPE on [B, H, N, D] with half tables cos/sin [B, 1, N, D/2]."""
-    half = x.shape[-1] // 2
+    """HF's rotate-half RoPE on [B, H, N, D] with half tables cos/sin [B, 1, N, R/2]: the first R
+    dims rotate, the rest pass through (partial rotary, Phi-4-mini: R = 0.75 D)."""
+    rot = 2 * cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
+    half = rot // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return x if cap is None else torch.tanh(x / cap) * cap
+
+
 class RotaryTables(nn.Module):
-    """cos/sin [max_seq_len, head_dim/2] (attention scaling folded in), gathered by position."""
+    """cos/sin [max_seq_len, rotary_dim/2] (attention scaling folded in), gathered by position."""
 
     def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, max_seq_len: int):
         super().__init__()
@@ -222,70 +253,242 @@ class RotaryTables(nn.Module):
         self.register_buffer("sin", freqs.sin() * attention_scaling, persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = F.embedding(position_ids, self.cos).unsqueeze(1)  # [B, 1, N, D/2]
+        cos = F.embedding(position_ids, self.cos).unsqueeze(1)  # [B, 1, N, R/2]
         sin = F.embedding(position_ids, self.sin).unsqueeze(1)
         return cos, sin
 
 
-class StaticAttention(nn.Module):
-    def __init__(self, hf_attn: nn.Module, n_heads: int, n_kv_heads: int, head_dim: int):
-        super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj, hf_attn.o_proj
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.n_rep = n_heads // n_kv_heads
-        self.scaling = float(getattr(hf_attn, "scaling", head_dim ** -0.5))
+class WindowBias(nn.Module):
+    """The extra additive mask [1, 1, N, C] of a sliding-window layer: closes every column whose
+    position is `window` or more behind the row's.
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
+    Genie feeds one attention_mask, so a local layer's mask is derived in the graph from the
+    positions instead of being a second input: cache column j holds position j (see the module
+    docstring), the last N columns the chunk's own positions. Only ops the HTP runs in float:
+    a Gather of the positions as floats, Sub, Clip, Mul. Positions are exact in fp32 and up to
+    2048 in fp16; beyond that an fp16 graph may move the window's edge by one position.
+    """
+
+    def __init__(self, window: int, cfg: StaticDecoderConfig):
+        super().__init__()
+        self.window = int(window)
+        self.mask_value = cfg.mask_value
+        self.register_buffer("positions", torch.arange(cfg.max_seq_len, dtype=torch.float32)[:, None],
+                             persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        q = F.embedding(position_ids, self.positions)                       # [1, N, 1]
+        cache_len = self.positions.shape[0] - position_ids.shape[-1]       # static once exported; any N eagerly
+        k = torch.cat([self.positions[:cache_len, 0][None], q[:, :, 0]], dim=-1)  # [1, C]
+        too_old = torch.clamp(q - k[:, None, :] - (self.window - 1), 0.0, 1.0)  # 1 where q - k >= window
+        return (too_old * self.mask_value).unsqueeze(1)                     # [1, 1, N, C]
+
+
+class PositionInputs(nn.Module):
+    """What every layer takes besides its hidden states and caches, computed once from position_ids:
+    the RoPE tables by slot (a tuple of (cos, sin), `rope_slot` indexes it) and the sliding-window
+    biases by window (a dict). Kept at HF's name `model.rotary_emb`, so the export's callers
+    (`cos, sin = model.rotary_emb(position_ids)`, then `layer(x, cos, sin, mask, k, v)`) carry the
+    two through unchanged."""
+
+    def __init__(self, tables: list[RotaryTables], windows: list[int], cfg: StaticDecoderConfig):
+        super().__init__()
+        self.tables = nn.ModuleList(tables)
+        self.windows = nn.ModuleDict({str(w): WindowBias(w, cfg) for w in windows})
+
+    def forward(self, position_ids: torch.Tensor):
+        rope = tuple(t(position_ids) for t in self.tables)
+        bias = {int(w): m(position_ids) for w, m in self.windows.items()}
+        return rope, bias
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one layer does, resolved from the family's row and the model's config."""
+
+    rope_slot: int | None      # index into PositionInputs' tables; None = no position encoding (NoPE)
+    window_bias: int | None    # the window whose bias this layer adds to the mask; None = the global mask
+
+
+class StaticAttention(nn.Module):
+    def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
+                 norm: functools.partial, scaling: float, softcap: float | None):
+        super().__init__()
+        # HF's own projection modules, under HF's names; a fused one (Phi-3's qkv_proj) is split into
+        # q/k/v views of its rows (see `split_rows`)
+        n_q, n_kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+        q_k_v = (split_rows(hf_attn.qkv_proj, [n_q, n_kv, n_kv]) if family.fused_qkv
+                 else (hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj))
+        self.q_proj, self.k_proj, self.v_proj = q_k_v
+        self.o_proj = hf_attn.o_proj
+        if family.qk_norm:
+            self.q_norm, self.k_norm = norm(hf_attn.q_norm.weight), norm(hf_attn.k_norm.weight)
+        self.qk_norm = family.qk_norm
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.n_rep = spec.n_heads // spec.n_kv_heads
+        self.scaling = float(scaling)
+        self.softcap = softcap
+        self.plan = plan
+
+    def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)       # [B, H, N, D]
-        k = self.k_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)    # [B, KV, N, D]
-        v = self.v_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)    # [B, KV, N, D]
-        q = apply_rope(q, cos, sin)
-        k_new = apply_rope(k, cos, sin).transpose(2, 3)                                  # [B, KV, D, N]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, n, self.n_heads, self.head_dim)
+        k = k.view(b, n, self.n_kv_heads, self.head_dim)
+        if self.qk_norm:   # over each head, before RoPE (Qwen3, Gemma 3)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)                                       # [B, H|KV, N, D]
+        v = v.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)                 # [B, KV, N, D]
+        if self.plan.rope_slot is not None:
+            cos, sin = rope[self.plan.rope_slot]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_new = k.transpose(2, 3)                                                         # [B, KV, D, N]
         keys = repeat_kv(torch.cat([k_cache, k_new], dim=-1), self.n_rep)                # [B, H, D, C]
         values = repeat_kv(torch.cat([v_cache, v], dim=2), self.n_rep)                   # [B, H, C, D]
-        scores = torch.matmul(q, keys) * self.scaling + mask                              # [B, H, N, C]
+        if self.plan.window_bias is not None:
+            mask = mask + window_bias[self.plan.window_bias]
+        scores = soft_cap(torch.matmul(q, keys) * self.scaling, self.softcap) + mask      # [B, H, N, C]
         probs = torch.softmax(scores, dim=-1)
         y = torch.matmul(probs, values).transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
         return self.o_proj(y), k_new, v
 
 
 class StaticMLP(nn.Module):
-    def __init__(self, hf_mlp: nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)); a fused gate_up_proj (Phi-3) is split into two views."""
+
+    def __init__(self, hf_mlp: nn.Module, family: LLMFamily, activation: str):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = hf_mlp.gate_proj, hf_mlp.up_proj, hf_mlp.down_proj
+        if family.fused_gate_up:
+            half = hf_mlp.gate_up_proj.out_features // 2
+            self.gate_proj, self.up_proj = split_rows(hf_mlp.gate_up_proj, [half, half])
+        else:
+            self.gate_proj, self.up_proj = hf_mlp.gate_proj, hf_mlp.up_proj
+        self.down_proj = hf_mlp.down_proj
+        self.act = ACTIVATION_FNS[activation]
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def split_rows(fused: nn.Linear, sizes: list[int]) -> list[nn.Linear]:
+    """A fused projection as one Linear per block of rows, each weight a view of the fused one (no copy).
+
+    Why not one matmul and a Split: ONNX Runtime's quantizer gives a Split's outputs its input's
+    scale, so v would leave the graph with the q|k|v range, one per graph, while Genie needs each
+    cache tensor quantized alike in every graph ("Non-identical quantization parameters"). Separate
+    matmuls also give q, k, v (gate, up) their own ranges."""
+    weights = fused.weight.detach().split(sizes)
+    biases = fused.bias.detach().split(sizes) if fused.bias is not None else [None] * len(sizes)
+    out = []
+    for w, b in zip(weights, biases):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+        lin.weight = nn.Parameter(w, requires_grad=False)
+        if b is not None:
+            lin.bias = nn.Parameter(b, requires_grad=False)
+        out.append(lin)
+    return out
 
 
 class StaticDecoderLayer(nn.Module):
-    def __init__(self, hf_layer: nn.Module, eps: float, rms_norm: str, n_heads: int, n_kv_heads: int, head_dim: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(hf_layer.input_layernorm.weight, eps, rms_norm)
-        self.self_attn = StaticAttention(hf_layer.self_attn, n_heads, n_kv_heads, head_dim)
-        self.post_attention_layernorm = RMSNorm(hf_layer.post_attention_layernorm.weight, eps, rms_norm)
-        self.mlp = StaticMLP(hf_layer.mlp)
+    """Pre-norm residual block; with `sandwich_norms` (Gemma) the attention and MLP outputs are
+    normed too before they join the residual, and the MLP's input norm is `pre_feedforward_layernorm`."""
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
-        h, k_new, v_new = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache)
-        x = x + h
-        x = x + self.mlp(self.post_attention_layernorm(x))
+    def __init__(self, hf_layer: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
+                 norm: functools.partial, activation: str, scaling: float, softcap: float | None):
+        super().__init__()
+        self.input_layernorm = norm(hf_layer.input_layernorm.weight)
+        self.self_attn = StaticAttention(hf_layer.self_attn, family, spec, plan, norm, scaling, softcap)
+        self.post_attention_layernorm = norm(hf_layer.post_attention_layernorm.weight)
+        self.sandwich = family.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm(hf_layer.pre_feedforward_layernorm.weight)
+            self.post_feedforward_layernorm = norm(hf_layer.post_feedforward_layernorm.weight)
+        self.mlp = StaticMLP(hf_layer.mlp, family, activation)
+
+    def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
+        h, k_new, v_new = self.self_attn(self.input_layernorm(x), rope, window_bias, mask, k_cache, v_cache)
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(h)
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        else:
+            x = x + h
+            x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k_new, v_new
+
+
+class TokenEmbedding(nn.Module):
+    """The embedding lookup on HF's weight, times the family's scale (Gemma: sqrt(hidden_size),
+    rounded to the weight's dtype as HF does)."""
+
+    def __init__(self, weight: nn.Parameter, scale: float):
+        super().__init__()
+        self.weight = weight
+        self.scale = float(torch.tensor(scale, dtype=weight.dtype)) if scale != 1.0 else 1.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.weight)
+        return x * self.scale if self.scale != 1.0 else x
+
+
+class SoftCappedHead(nn.Module):
+    """lm_head with the logits soft-capped (Gemma 2); holds HF's weight under `lm_head.weight`."""
+
+    def __init__(self, hf_head: nn.Linear, cap: float):
+        super().__init__()
+        self.weight = hf_head.weight
+        self.bias = hf_head.bias
+        self.cap = float(cap)
+
+    def forward(self, x):
+        return soft_cap(F.linear(x, self.weight, self.bias), self.cap)
 
 
 class StaticBackbone(nn.Module):
     """Holds what HF's `model.model` holds, under the same names."""
 
-    def __init__(self, hf_inner: nn.Module, spec: DecoderSpec, eps: float, rms_norm: str,
-                 inv_freq: torch.Tensor, attention_scaling: float):
+    def __init__(self, hf_inner: nn.Module, family: LLMFamily, hf_cfg, spec: DecoderSpec,
+                 cfg: StaticDecoderConfig, rms_norm: str):
         super().__init__()
-        self.embed_tokens = hf_inner.embed_tokens
+        norm = functools.partial(_norm, eps=hf_cfg.rms_norm_eps, form=rms_norm,
+                                 offset=NORM_WEIGHT_OFFSET[family.norm])
+        scale = hf_cfg.hidden_size ** 0.5 if family.embedding_scale == "sqrt_hidden" else 1.0
+        self.embed_tokens = TokenEmbedding(hf_inner.embed_tokens.weight, scale)
+        slots = rope_slots(family, hf_cfg)
+        slot_names = sorted({s for s in slots if s is not None})
+        windows = [w if w is not None and w < cfg.max_seq_len else None for w in sliding_layers(family, hf_cfg)]
+        plans = [LayerPlan(None if s is None else slot_names.index(s), w) for s, w in zip(slots, windows)]
+        query_scalar = getattr(hf_cfg, family.query_scale_field) if family.query_scale_field else spec.head_dim
+        softcap = getattr(hf_cfg, family.attn_softcap_field, None) if family.attn_softcap_field else None
+        activation = getattr(hf_cfg, family.activation_field, None) or "silu"
         self.layers = nn.ModuleList(
-            StaticDecoderLayer(layer, eps, rms_norm, spec.n_heads, spec.n_kv_heads, spec.head_dim)
-            for layer in hf_inner.layers)
-        self.norm = RMSNorm(hf_inner.norm.weight, eps, rms_norm)
-        self.rotary_emb = RotaryTables(inv_freq, attention_scaling, spec.max_seq_len)
+            StaticDecoderLayer(layer, family, spec, plan, norm, activation, query_scalar ** -0.5, softcap)
+            for layer, plan in zip(hf_inner.layers, plans))
+        self.norm = norm(hf_inner.norm.weight)
+        tables = [RotaryTables(*_rope_frequencies(hf_inner.rotary_emb, name, spec.head_dim), spec.max_seq_len)
+                  for name in slot_names]
+        self.rotary_emb = PositionInputs(tables, sorted({w for w in windows if w is not None}), cfg)
+
+
+def _norm(weight, *, eps, form, offset) -> RMSNorm:
+    return RMSNorm(weight, eps, form, offset)
+
+
+def _rope_frequencies(hf_rotary: nn.Module, slot: str, head_dim: int) -> tuple[torch.Tensor, float]:
+    """inv_freq and attention_scaling of one table, as HF's rotary module computed them at init
+    through transformers' ROPE_INIT_FUNCTIONS (per layer type: `<type>_inv_freq`). The
+    `original_` copy is taken when there is one: the frequencies for contexts up to the original
+    length (longrope's short factor), before any runtime update."""
+    prefix = f"{slot}_" if slot else ""
+    inv_freq = getattr(hf_rotary, f"{prefix}original_inv_freq", None)
+    if inv_freq is None:
+        inv_freq = getattr(hf_rotary, f"{prefix}inv_freq")
+    scaling = getattr(hf_rotary, f"{prefix}attention_scaling", 1.0)
+    if isinstance(scaling, dict):
+        scaling = scaling[slot]
+    inv_freq = inv_freq.detach()
+    if inv_freq.numel() * 2 > head_dim:
+        raise UnsupportedError(f"the RoPE table has {inv_freq.numel() * 2} dims, more than the head's {head_dim}")
+    return inv_freq, float(scaling)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,23 +502,21 @@ class StaticDecoder(nn.Module):
         if rms_norm not in RMS_NORM_FORMS:
             raise InputError(f"unknown rms_norm form {rms_norm!r}", f"use one of {', '.join(RMS_NORM_FORMS)}")
         hf_cfg = hf_model.config
-        _check_supported(hf_cfg, cfg)
+        family = _check_supported(hf_cfg, cfg)
         n_heads = hf_cfg.num_attention_heads
         n_kv = getattr(hf_cfg, "num_key_value_heads", None) or n_heads
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // n_heads
-        rotary = hf_model.model.rotary_emb
-        inv_freq = rotary.inv_freq.detach()
-        if inv_freq.numel() * 2 != head_dim:
-            raise UnsupportedError(f"partial rotary embedding ({inv_freq.numel() * 2} of {head_dim} dims) is not supported")
         self.spec = DecoderSpec(n_layers=hf_cfg.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_kv,
                                 head_dim=head_dim, hidden_size=hf_cfg.hidden_size,
                                 vocab_size=hf_model.lm_head.weight.shape[0], max_seq_len=cfg.max_seq_len)
         self.cfg = cfg
         self.rms_norm_form = rms_norm
         self.model_type = hf_cfg.model_type
-        self.model = StaticBackbone(hf_model.model, self.spec, hf_cfg.rms_norm_eps, rms_norm,
-                                    inv_freq, float(getattr(rotary, "attention_scaling", 1.0)))
-        self.lm_head = hf_model.lm_head  # tied lm_heads stay tied: this is HF's own module
+        self.family = family
+        self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm)
+        cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
+        # tied lm_heads stay tied: HF's own module, or its weight under the same name
+        self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 *caches: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -323,11 +524,11 @@ class StaticDecoder(nn.Module):
         if len(caches) != 2 * n_layers:
             raise ValueError(f"expected {2 * n_layers} cache tensors (all keys, then all values), got {len(caches)}")
         k_caches, v_caches = caches[:n_layers], caches[n_layers:]
-        cos, sin = self.model.rotary_emb(position_ids)
+        rope, window_bias = self.model.rotary_emb(position_ids)
         x = self.model.embed_tokens(input_ids)
         new_k, new_v = [], []
         for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
-            x, k, v = layer(x, cos, sin, attention_mask, k_cache, v_cache)
+            x, k, v = layer(x, rope, window_bias, attention_mask, k_cache, v_cache)
             new_k.append(k)
             new_v.append(v)
         logits = self.lm_head(self.model.norm(x))
@@ -352,20 +553,13 @@ def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_n
     return StaticDecoder(hf_model, cfg, rms_norm=rms_norm).eval()
 
 
-def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> None:
+def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> LLMFamily:
+    """The family's row, after refusing what the table (or a static graph) cannot hold."""
     model_type = getattr(hf_cfg, "model_type", None)
-    family = BY_MODEL_TYPE.get(model_type)
-    if family is None or not family.npu:
-        raise InputError(f"model type {model_type!r} is not supported by the static decoder",
-                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family; SmolLM is llama)")
-    act = getattr(hf_cfg, "hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedError(f"MLP activation {act!r} is not supported (only SwiGLU with silu)")
-    window = getattr(hf_cfg, "sliding_window", None)
-    layer_types = getattr(hf_cfg, "layer_types", None) or []
-    uses_window = window is not None and (family.sliding_window_always or "sliding_attention" in layer_types
-                                          or getattr(hf_cfg, "use_sliding_window", False))
-    if uses_window and window < cfg.max_seq_len:
-        raise UnsupportedError(f"the model uses sliding-window attention ({window} tokens), "
-                               f"shorter than max_seq_len {cfg.max_seq_len}",
-                               f"choose max_seq_len <= {window}")
+    family = family_of(model_type, "the static decoder")
+    if not family.npu:
+        raise UnsupportedError(f"the {family.label} family is not built for the NPU yet",
+                               f"supported on the NPU: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    check_config(family, hf_cfg, "the static decoder")
+    check_static_context(family, hf_cfg, cfg.max_seq_len)
+    return family

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import InputError
-from ...frontends.llm_families import SUPPORTED_GGUF_ARCHITECTURES
-from ...frontends.loaded_llm import check_architecture
+from ...frontends.llm_families import check_static_context, family_of, family_of_gguf
 from ...frontends.source_hash import source_sha256
 
 
@@ -44,17 +43,18 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
     def check(tmp: Path) -> dict:
         from ...frontends.gguf_file import read_gguf_info
         info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
-        check_architecture(info.architecture, str(p), SUPPORTED_GGUF_ARCHITECTURES)
+        family_of_gguf(info.architecture, info.rope_scaling_type, str(p))
         if info.tokenizer_model is None:
             raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
                              "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
         shape = {k: getattr(info, g) for k, g in SHAPE_FIELDS.items() if getattr(info, g) is not None}
         shape["tie_word_embeddings"] = bool(info.tied_embeddings)
-        return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape}
+        return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape,
+                "rope_scaling_type": info.rope_scaling_type}
 
-    entry, _ = Cache().get_or_create("gguf-facts-2", sha, check)   # 2: with the shape
+    entry, _ = Cache().get_or_create("gguf-facts-3", sha, check)   # 3: with the shape and RoPE scaling type
     meta = Cache.meta(entry)
-    check_architecture(meta["architecture"], str(p), SUPPORTED_GGUF_ARCHITECTURES)   # the list may have changed since
+    family_of_gguf(meta["architecture"], meta.get("rope_scaling_type"), str(p))   # the table may have changed since
     return meta["architecture"], meta["context_length"], meta["shape"]
 
 
@@ -68,7 +68,7 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         arch, ctx, shape = _gguf_facts(p, sha)
         facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
-        from ...frontends.hf_folder import _has_tokenizer
+        from ...frontends.hf_folder import _has_tokenizer, read_hf_config
         cfg_path = p / "config.json"
         if not cfg_path.is_file():
             raise InputError(f"{p} has no config.json: not a Hugging Face model folder")
@@ -76,17 +76,19 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
             cfg = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as e:
             raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
-        check_architecture(cfg.get("model_type"), str(p))
+        hf_cfg = read_hf_config(p)       # the family table's checks, before any weight is read
         if not any(p.glob("*.safetensors")):
             raise InputError(f"{p} has no *.safetensors weights", "save the model with save_pretrained(...)")
         if not _has_tokenizer(p):
             raise InputError(f"{p} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
                              "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-        facts = SourceFacts(p, "hf", cfg["model_type"], cfg.get("max_position_embeddings"), source_sha256(p),
+        facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
                             _hf_shape(cfg), dtype)
+        check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)
     if facts.context_length and max_seq_len > facts.context_length:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
                          f"use --max-seq-len {facts.context_length} or less")
     return facts
+
 

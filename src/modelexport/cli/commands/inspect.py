@@ -84,6 +84,9 @@ def _render_gguf(info: dict) -> None:
                   f"   tied embeddings {info['tied_embeddings']}")
     console.print(f"  tokenizer    {info['tokenizer_model']} (pre {info['tokenizer_pre']}), bos {info['bos_token_id']},"
                   f" eos {info['eos_token_id']}")
+    fam = info.get("family")
+    if fam:
+        console.print(f"  family       {_family_line(fam)}")
     tpl = info.get("chat_template") or ""
     console.print(f"  chat template {len(tpl)} chars" + (f": {tpl[:120]!r}…" if tpl else " (none)"))
     console.print("  quant types  " + ", ".join(f"{k} ×{v}" for k, v in info["quant_types"].items()))
@@ -93,12 +96,34 @@ def _render_gguf(info: dict) -> None:
     console.print(table)
 
 
+def _family_line(fam: dict) -> str:
+    """The family row's facts that are set (the builders' choices), one line."""
+    skip = {"model_type", "label", "gguf_architectures", "layers", "rope_parameters"}
+    shown = [f"{k}={v}" for k, v in fam.items() if k not in skip and v not in (False, None, "", (), [], "none")]
+    return f"[bold]{fam['label']}[/] ({fam['model_type']}): " + ", ".join(shown)
+
+
+def _render_hf_folder(info: dict) -> None:
+    console.print(f"[bold]HF folder[/] {info['path']}  model type [bold]{info['model_type']}[/]"
+                  f"  ({'supported' if info['supported'] else '[red]not supported[/]'})")
+    if not info["supported"]:
+        console.print(f"  {info['problem']}\n  fix: {info['fix']}")
+        return
+    console.print(f"  layers {info['n_layers']}   hidden {info['hidden_size']}   intermediate {info['intermediate_size']}"
+                  f"   heads {info['n_heads']} / {info['n_kv_heads']} KV, head dim {info['head_dim']}"
+                  f"   vocab {info['vocab_size']:,}   context {info['context_length']}")
+    fam = info["family"]
+    console.print(f"  family       {_family_line(fam)}")
+    for i, layer in enumerate(fam["layers"]):
+        console.print(f"  layer {i:<3}    rope {layer['rope']}, window {layer['window'] or 'none'}")
+
+
 def _render_plain(info: dict) -> None:
     from rich.pretty import Pretty
     console.print(Pretty(info))
 
 
-RENDERERS = {"bundle": _render_bundle, "gguf": _render_gguf}
+RENDERERS = {"bundle": _render_bundle, "gguf": _render_gguf, "hf-folder": _render_hf_folder}
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in QNN_RENDERERS.items()})
 RENDERERS.update({k: (lambda f: lambda info: f(info, console))(f) for k, f in PTE_RENDERERS.items()})
 
@@ -126,7 +151,7 @@ def _qnn_schema(path: Path, info: dict) -> dict:
 
 @app.command()
 def inspect(
-    path: Path = typer.Argument(..., help="A bundle folder, context binary (.bin), EPContext .onnx, .pte or .gguf."),
+    path: Path = typer.Argument(..., help="A bundle folder, context binary (.bin), EPContext .onnx, .pte, .gguf or HF model folder."),
     json_out: bool = typer.Option(False, "--json", help="Print everything as JSON."),
     schema: str = typer.Option("modelexport", "--schema", help="JSON layout: modelexport (ours), or qnn: a context "
                                "binary as QAIRT's `qnn-context-binary-utility --json_file` writes it "

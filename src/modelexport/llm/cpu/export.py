@@ -114,16 +114,38 @@ _LAYER_NAMES = {
 }
 
 
+def require_cpu_family(family, name):
+    """The family's row if the CPU export builds it; else UnsupportedError with what it lacks."""
+    if family is not None and family.cpu:
+        return family
+    *rest, last = (f.model_type for f in FAMILIES if f.cpu)
+    lacks = f": it lacks {family.cpu_missing}" if family is not None and family.cpu_missing else ""
+    raise UnsupportedError(f"the CPU runtime builds {', '.join(rest)} and {last} models, not {name!r}{lacks}",
+                           "run it on the NPU instead: modelexport compile MODEL -o OUT, then "
+                           "modelexport generate OUT --backend htp-sim")
+
+
+def _check_source_family(source: Path) -> None:
+    """Refuse a family the CPU export cannot build from the config / GGUF header, before loading weights."""
+    if source.is_file():
+        from ...frontends.gguf_file import read_gguf_info
+        from ...frontends.llm_families import family_of_gguf
+        info = read_gguf_info(source)
+        family = family_of_gguf(info.architecture, info.rope_scaling_type, str(source))
+        require_cpu_family(family, info.architecture)
+    else:
+        from ...frontends.hf_folder import read_hf_config
+        cfg = read_hf_config(source)
+        require_cpu_family(BY_MODEL_TYPE.get(cfg.model_type), cfg.model_type)
+
+
 def model_args_from_hf(config, max_seq_len: int):
     """ExecuTorch `ModelArgs` for a HF config of a CPU family (`frontends/llm_families.py`);
     UnsupportedError for what it lacks."""
     from executorch.examples.models.llama.model_args import ModelArgs
 
     mt = getattr(config, "model_type", None)
-    family = BY_MODEL_TYPE.get(mt)
-    if family is None or not family.cpu:
-        *rest, last = (f.model_type for f in FAMILIES if f.cpu)
-        raise UnsupportedError(f"the CPU runtime builds {', '.join(rest)} and {last} models, not {mt!r}")
+    family = require_cpu_family(BY_MODEL_TYPE.get(mt), mt)
     if getattr(config, "mlp_bias", False):
         raise UnsupportedError("MLP biases are not supported by the CPU export")
     attention_bias = bool(getattr(config, "attention_bias", False))
@@ -587,6 +609,8 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
+        if not load_llm:
+            _check_source_family(source)
         if progress:
             progress("loading the weights")
         llm = load_llm() if load_llm else _load_source(source)
