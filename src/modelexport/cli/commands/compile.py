@@ -121,6 +121,11 @@ def compile_cmd(
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
+    rounding: Optional[str] = typer.Option(None, "--rounding", help="LLMs, 4-bit weights: nearest, seqmse, gptq or seqmse-gptq "
+                                           "(default gptq: rounding that compensates each weight's error on the calibration activations)."),
+    max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="LLMs, 4-bit weights: raise the fewest modules to 8-bit "
+                                                  "weights until perplexity on held-out text is within this x float (e.g. 1.05); "
+                                                  "the overrides chosen are recorded and printed."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -140,6 +145,7 @@ def compile_cmd(
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples, input_values=input_value,
+                      rounding=rounding, max_ppl_ratio=max_ppl_ratio,
                       strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary

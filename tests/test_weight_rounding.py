@@ -1,0 +1,129 @@
+"""Data-aware 4-bit rounding (quant/seqmse.py, quant/gptq.py) and the --max-ppl-ratio recipe
+(quant/precision_recipe.py via llm/weight_quality.py), on a tiny real Llama fed real text."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+
+TEXT = ("Markets rose on Tuesday as investors weighed the outlook for interest rates and the health of the "
+        "economy, while officials said talks would resume next week. The quick brown fox jumps over the lazy dog. "
+        "Rain is expected in the north, with sunny spells further south and light winds. ") * 20
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from modelexport.llm.weight_quality import windows
+    from modelexport.quant.input_moments import record_input_moments
+    model = tiny_llama(n_layers=2, seed=3)
+    ids = tiny_tokenizer().encode(TEXT)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else list(ids)
+    _learn(model, ids[:1024])
+    inputs: dict[str, list] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: inputs.setdefault(n, []).append(a[0].reshape(-1, a[0].shape[-1])))
+             for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    mom = record_input_moments(model, windows(ids[:1024], 128), lambda m, x: m(input_ids=x), lambda n: n != "lm_head")
+    for h in hooks:
+        h.remove()
+    return model, ids, mom, {n: torch.cat(v).double() for n, v in inputs.items()}
+
+
+def _learn(model, ids):
+    """A few steps of training on the text, so the weights carry something quantization can lose
+    (a random model's perplexity is near the vocabulary's whatever the rounding)."""
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.tensor([ids[i:i + 128] for i in range(0, 1024, 128)])
+    model.train()
+    for _ in range(40):
+        loss = torch.nn.functional.cross_entropy(model(input_ids=x).logits[:, :-1].reshape(-1, 260), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+
+def _true_output_error(model, name, x, bw, block):
+    """||X W - X Q(W)||^2 / ||X W||^2 on the layer's real inputs (not through the recorded moment)."""
+    from modelexport.llm.weight_quality import onnx_weight
+    w = torch.from_numpy(onnx_weight(model, name)).double()
+    q = torch.from_numpy(bw.dequantized(block)).double()
+    return float(((x @ (w - q)) ** 2).sum() / ((x @ w) ** 2).sum())
+
+
+@pytest.mark.parametrize("block", [32, 0])   # LPBQ blocks of 32 (16a4w_block), per channel (16a4w)
+@pytest.mark.parametrize("name", ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj"])
+def test_data_aware_rounding_lowers_the_layer_output_error(tiny, name, block):
+    from modelexport.llm.weight_quality import onnx_weight
+    from modelexport.quant.weight_rounding import ROUNDINGS
+    model, _, mom, inputs = tiny
+    w = onnx_weight(model, name)
+    blk = block or w.shape[0]
+    err = {}
+    for method, r in ROUNDINGS.items():
+        bw = r.fn(w, mom.get(name), blk)
+        assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.q.shape == w.shape
+        if blk < w.shape[0]:
+            assert 1 <= bw.block_scales.min() and bw.block_scales.max() <= 15
+        err[method] = _true_output_error(model, name, inputs[name], bw, blk)
+    assert err["gptq"] < 0.9 * err["nearest"], err
+    assert err["seqmse"] < err["nearest"], err
+    assert err["seqmse-gptq"] < err["nearest"], err
+
+
+def test_moments_shared_by_linears_reading_one_tensor(tiny):
+    _, _, mom, inputs = tiny
+    q, k = mom.get("model.layers.0.self_attn.q_proj"), mom.get("model.layers.0.self_attn.k_proj")
+    assert q is k                              # q/k/v read the same normed hidden state
+    assert mom.get("model.layers.1.self_attn.q_proj") is not q
+    x = inputs["model.layers.0.self_attn.q_proj"]
+    assert torch.allclose(q.double(), x.T @ x, rtol=1e-4, atol=1e-3)
+    assert mom.tokens == 1024
+
+
+def _plan(tiny, tmp_path, ratio, rounding="gptq"):
+    from modelexport.llm.weight_quality import plan_weights
+    model, ids, _, _ = tiny
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    return plan_weights(model, ids[:2048 + 1024], 128, names, rounding, 32, tmp_path, ratio, lambda m: None)
+
+
+def test_recipe_meets_the_budget_with_the_fewest_modules(tiny, tmp_path):
+    from modelexport.llm.weight_quality import HELD_OUT_TOKENS
+    before = _plan(tiny, tmp_path / "a", 100.0).recipe
+    assert before["raised"] == [] and before["ratio_before"] > 1.0
+    budget = 1.0 + (before["ratio_before"] - 1.0) / 3       # needs some modules raised
+    plan = _plan(tiny, tmp_path / "b", budget)
+    rec = plan.recipe
+    assert rec["raised"] and rec["ratio"] <= budget
+    assert rec["held_out"]["tokens"] == HELD_OUT_TOKENS and rec["held_out"]["from_token"] >= 1024
+    k = len(rec["raised"])
+    assert all(e["ratio"] > budget for e in rec["evaluations"] if e["raised"] < k)   # fewer did not meet it
+    assert plan.extra_overrides == rec["overrides"] and rec["added_bytes_per_param"] > 0
+    assert all(o.startswith("^model\\.layers\\.") and o.endswith("$=16a8w") for o in rec["overrides"])
+
+
+def test_recipe_that_cannot_be_met_says_the_best_reached(tiny, tmp_path):
+    from modelexport.core.errors import InputError
+    with pytest.raises(InputError) as e:
+        _plan(tiny, tmp_path, 1.0000001)
+    assert "best reached" in str(e.value) and "bytes/param" in str(e.value)
+
+
+def test_text_too_short_for_the_rounding_says_how_much(tiny, tmp_path):
+    from modelexport.core.errors import CalibrationError
+    from modelexport.llm.weight_quality import plan_weights
+    model, ids, _, _ = tiny
+    with pytest.raises(CalibrationError) as e:
+        plan_weights(model, ids[:300], 128, ["model.layers.0.mlp.down_proj"], "gptq", 32, tmp_path, None, lambda m: None)
+    assert "300 tokens" in str(e.value) and "at least 512" in str(e.value)
+    plan = plan_weights(model, ids[:300], 128, ["model.layers.0.mlp.down_proj"], "nearest", 32, tmp_path, None, lambda m: None)
+    assert plan.rounding["method"] == "nearest" and plan.rounding["tokens"] == 0
