@@ -87,29 +87,34 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
     and with `max_ppl_ratio` choose the modules raised to `override_precision`. `ids`: the
     calibration text's tokens."""
     from ..quant.input_moments import record_input_moments
-    from ..quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, get_rounding
+    from ..quant.weight_rounding import (
+        MIN_ROUNDING_TOKENS,
+        ROUNDING_TOKENS,
+        get_rounding,
+    )
 
     r = get_rounding(rounding)
     plan = WeightPlan()
-    need = (ROUNDING_TOKENS if r.needs_activations else 0) + (HELD_OUT_TOKENS if max_ppl_ratio else 0)
-    need_min = (MIN_ROUNDING_TOKENS if r.needs_activations else 0) + (HELD_OUT_TOKENS // 2 if max_ppl_ratio else 0)
+    n_held = HELD_OUT_TOKENS if max_ppl_ratio else 0
+    data_aware = r.needs_activations or bool(max_ppl_ratio)      # the recipe ranks modules by output error
+    need_min = (MIN_ROUNDING_TOKENS if data_aware else 0) + n_held // 2
     if len(ids) < need_min:
+        need = (ROUNDING_TOKENS if data_aware else 0) + n_held
         what = " and ".join(x for x, on in ((f"--rounding {r.name}", r.needs_activations),
-                                            (f"--max-ppl-ratio (held-out text)", bool(max_ppl_ratio))) if on)
+                                            ("--max-ppl-ratio (held-out text)", bool(max_ppl_ratio))) if on)
         raise CalibrationError(f"the calibration text is {len(ids)} tokens: {what} need at least {need_min} "
                                f"({need} recommended, about {int(need * 0.75)} words)",
-                               f"give a longer text with --calibration, or use --rounding nearest"
-                               f"{'' if not max_ppl_ratio else ' without --max-ppl-ratio'}")
-    span = min(ROUNDING_TOKENS, len(ids) - (HELD_OUT_TOKENS if max_ppl_ratio else 0)) if r.needs_activations else 0
-    if max_ppl_ratio and len(ids) - span < HELD_OUT_TOKENS // 2:
-        span = len(ids) - HELD_OUT_TOKENS // 2
+                               "give a longer text with --calibration, or use --rounding nearest"
+                               + (" without --max-ppl-ratio" if max_ppl_ratio else ""))
+    # the moments' span first, the held-out span after it: never the same tokens
+    span = max(min(ROUNDING_TOKENS, len(ids) - n_held), MIN_ROUNDING_TOKENS) if data_aware else 0
     t0 = time.perf_counter()
     moments = None
-    if r.needs_activations or max_ppl_ratio:
-        report(f"recording the inputs of {len(names)} linears on {max(span, 1) if span else min(len(ids), ROUNDING_TOKENS)} tokens")
+    if data_aware:
+        report(f"recording the inputs of {len(names)} linears on {span} tokens")
         wanted = set(names)
-        moments = record_input_moments(model, windows(ids[:span or ROUNDING_TOKENS], window),
-                                       lambda m, x: m(input_ids=x), lambda n: n in wanted)
+        moments = record_input_moments(model, windows(ids[:span], window), lambda m, x: m(input_ids=x),
+                                       lambda n: n in wanted)
     moments_s = time.perf_counter() - t0
     report(f"rounding {len(names)} 4-bit weights ({r.name})")
     t1 = time.perf_counter()
@@ -131,7 +136,7 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
     for name, (bw, blk) in rounded.items():
         arrays[f"{name}|q"], arrays[f"{name}|block_scales"], arrays[f"{name}|channel_scale"] = bw.q, bw.block_scales, bw.channel_scale
     np.savez(plan.rounded_path, **arrays)
-    plan.rounding = {"method": r.name, "what": r.what, "modules": len(names), "tokens": (span or 0) if r.needs_activations else 0,
+    plan.rounding = {"method": r.name, "what": r.what, "modules": len(names), "tokens": span if r.needs_activations else 0,
                      "moments_s": round(moments_s, 2), "rounding_s": round(round_s, 2),
                      "mean_output_error_db": (round(float(10 * np.log10(np.mean(list(errors.values())))), 2)
                                               if errors else None)}
