@@ -196,10 +196,14 @@ def _plan_weights(model, tok, text, max_seq_len: int, precision: str, overrides,
     if not quality:
         return _Weights(overrides)
     from ...llm.text import tokenize
-    from ...llm.weight_quality import HELD_OUT_TOKENS, four_bit_linears, plan_weights
-    from ...quant.weight_rounding import ROUNDING_TOKENS
+    from ...llm.weight_quality import HELD_OUT_TOKENS, WeightPlan, four_bit_linears, plan_weights
+    from ...quant.weight_rounding import ROUNDING_TOKENS, ROUNDINGS, get_rounding
     t0 = time.perf_counter()
     names = four_bit_linears(model, get_precision(precision).weight_bits, overrides)
+    if get_rounding(quality["rounding"]).fn is ROUNDINGS["nearest"].fn and not quality.get("max_ppl_ratio"):
+        # the workers round to nearest themselves, as before: nothing to compute here
+        return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what,
+                                                        "modules": len(names)}))
     ids = tokenize(tok, text.text, ROUNDING_TOKENS + HELD_OUT_TOKENS)
     plan = plan_weights(model, ids, min(max_seq_len, 1024), names, quality["rounding"], block_size, tmp / "rounding",
                         quality.get("max_ppl_ratio"), report)
