@@ -122,7 +122,7 @@ def compile_cmd(
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
     rounding: Optional[str] = typer.Option(None, "--rounding", help="LLMs, 4-bit weights: nearest, seqmse, gptq or seqmse-gptq "
-                                           "(default gptq: rounding that compensates each weight's error on the calibration activations)."),
+                                           "(default nearest; gptq compensates each weight's rounding error on the calibration activations)."),
     max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="LLMs, 4-bit weights: raise the fewest modules to 8-bit "
                                                   "weights until perplexity on held-out text is within this x float (e.g. 1.05); "
                                                   "the overrides chosen are recorded and printed."),
