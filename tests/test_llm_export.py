@@ -39,7 +39,7 @@ def bundle(work):
     import modelexport
     return modelexport.compile(str(work / "tiny_hf"), output=work / "bundle", target="SM8650", precision="16a4w",
                                variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
-                               calibration_samples=4)
+                               calibration_samples=4, rounding="gptq")
 
 
 def test_bundle_has_both_graphs_named_and_shared(bundle):
@@ -62,6 +62,9 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
     q = m.llm.quantization["token_ar1_cl64_1_of_1"]
     assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
     assert m.calibration["llm"]["representative"] and m.parameters > 0
+    # the data-aware rounding: recorded, and its integers written into every 4-bit MatMul
+    assert m.llm.weight_rounding.method == "gptq" and m.llm.weight_rounding.tokens >= 512
+    assert q["rounded_weights"]["matmuls"] == 7 * 2 and m.llm.quality_recipe is None
 
 
 def test_twin_on_simulator_matches_fake_quant_cpu(bundle):

@@ -56,6 +56,8 @@ class LlmCompileOptions(CompileOptions):
     max_seq_len: int | None = None                       # context of the static decoders
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
     calibration_samples: int | None = None               # samples per variant from the calibration text
+    rounding: str | None = None                          # 4-bit weight rounding (quant/weight_rounding.ROUNDINGS)
+    max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text
 
 
 # Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.

@@ -266,6 +266,34 @@ class GenieCheck(_Recorded):
     dialog_note: str | None = None       # why a dialog was not created (a known limit, not a failed build)
 
 
+class WeightRounding(_Recorded):
+    """The 4-bit weights' rounding (quant/weight_rounding.py)."""
+    method: str                          # nearest | seqmse | gptq | seqmse-gptq
+    what: str = ""
+    modules: int = 0                     # 4-bit linears rounded
+    tokens: int = 0                      # calibration tokens their input moments came from (0: not data-aware)
+    moments_s: float = 0.0
+    rounding_s: float = 0.0
+    mean_output_error_db: float | None = None   # mean relative output error of the roundings, on those tokens
+
+
+class QualityRecipe(_Recorded):
+    """What `--max-ppl-ratio` chose: the modules raised, the perplexities, and the flags to reuse it."""
+    max_ppl_ratio: float
+    float_ppl: float
+    quantized_ppl: float                 # with the recipe, weights as in the graphs, on held-out text
+    ratio: float
+    ratio_before: float                  # with no module raised
+    raised: list[str] = Field(default_factory=list)
+    precision: str
+    overrides: list[str] = Field(default_factory=list)     # --override flags reproducing the recipe
+    added_bytes_per_param: float
+    evaluations: list[dict[str, Any]] = Field(default_factory=list)
+    ranking: str = ""
+    held_out: dict[str, Any] = Field(default_factory=dict)
+    seconds: float = 0.0
+
+
 class LlmSection(_Recorded):
     """What an LLM bundle's readers (session, per-layer, eval, summary, report) need."""
     architecture: str
@@ -287,6 +315,8 @@ class LlmSection(_Recorded):
     pte: dict[str, PteLlmProgram] = Field(default_factory=dict)              # target → (format pte)
     quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
     memory_limit_mb: float | None = None
+    weight_rounding: WeightRounding | None = None     # how the 4-bit weights were rounded (--rounding)
+    quality_recipe: QualityRecipe | None = None       # the modules --max-ppl-ratio raised, and why
 
 
 # ---------------------------------------------------------------------------------------------

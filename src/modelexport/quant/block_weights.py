@@ -60,9 +60,11 @@ def quantize_blocks(w: np.ndarray, block: int) -> BlockWeight:
     return BlockWeight(best_q.reshape(k, n).astype(np.int8), best_s.astype(np.uint8), channel)
 
 
-def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block: int) -> int:
+def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block: int,
+                          rounded: dict[str, BlockWeight] | None = None) -> int:
     """Turn every MatMul weight named in `float_weights` ({MatMul node name: float [K, N]}) from
-    its per-channel DequantizeLinear into the LPBQ pair, in place; returns how many."""
+    its per-channel DequantizeLinear into the LPBQ pair, in place; returns how many. `rounded`
+    ({node name: BlockWeight}) gives a node's blocks as already chosen (a data-aware rounding)."""
     from onnx import TensorProto, helper, numpy_helper
 
     g = qdq_model.graph
@@ -81,7 +83,10 @@ def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block
         dq = producers.get(node.input[1])
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or w.shape[0] % block:
             continue
-        bw = quantize_blocks(w, block)
+        bw = (rounded or {}).get(node.name) or quantize_blocks(w, block)
+        if bw.q.shape != w.shape or bw.block_scales.shape != (w.shape[0] // block, w.shape[1]):
+            raise ValueError(f"the rounded weight of {node.name} is {bw.q.shape} in blocks {bw.block_scales.shape}, "
+                             f"the graph's is {w.shape} in blocks of {block}")
         k, n = w.shape
         base = dq.input[0]
         dead.update(x for x in dq.input if x in inits)
@@ -109,9 +114,44 @@ def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block
     return done
 
 
-def to_block_weights(qdq_path, float_path, node_names: set[str], block: int) -> int:
+def rewrite_channel_weights(qdq_model, rounded: dict[str, BlockWeight]) -> int:
+    """Replace the integers and scales of the per-channel int4 DequantizeLinear feeding each MatMul
+    named in `rounded` ({node name: BlockWeight with one block}) in place; returns how many."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = qdq_model.graph
+    producers = {o: node for node in g.node for o in node.output}
+    inits = {i.name: i for i in g.initializer}
+    done = 0
+    for node in g.node:
+        bw = rounded.get(node.name) if node.op_type == "MatMul" else None
+        dq = producers.get(node.input[1]) if bw is not None else None
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits or dq.input[1] not in inits:
+            continue
+        q_init, s_init = inits[dq.input[0]], inits[dq.input[1]]
+        if list(q_init.dims) != list(bw.q.shape) or q_init.data_type != TensorProto.INT4:
+            raise ValueError(f"{node.name}: the graph's weight is {list(q_init.dims)} (type {q_init.data_type}), "
+                             f"the rounded one int4 {list(bw.q.shape)}")
+        q_init.CopyFrom(helper.make_tensor(q_init.name, TensorProto.INT4, list(bw.q.shape), bw.q.ravel()))
+        s_init.CopyFrom(numpy_helper.from_array((bw.channel_scale * bw.block_scales[0]).astype(np.float32), s_init.name))
+        done += 1
+    return done
+
+
+def load_rounded(path, node_modules: dict[str, str]) -> dict[str, BlockWeight]:
+    """{node name: BlockWeight} from the rounded-weights file (keyed by module name) for the
+    MatMul nodes `node_modules` ({node name: module name}) it holds."""
+    with np.load(path) as f:
+        have = {k.rpartition("|")[0] for k in f.files}
+        return {node: BlockWeight(f[f"{mod}|q"], f[f"{mod}|block_scales"], f[f"{mod}|channel_scale"])
+                for node, mod in node_modules.items() if mod in have}
+
+
+def to_block_weights(qdq_path, float_path, node_names: set[str], block: int,
+                     rounded: dict[str, BlockWeight] | None = None) -> int:
     """Rewrite the quantized model file `qdq_path` (external data beside it) in place: the weights
-    of the MatMul nodes `node_names`, taken in float from `float_path`, become LPBQ blocks."""
+    of the MatMul nodes `node_names`, taken in float from `float_path`, become LPBQ blocks (as
+    given in `rounded` for the nodes it names)."""
     from pathlib import Path
 
     import onnx
@@ -128,9 +168,26 @@ def to_block_weights(qdq_path, float_path, node_names: set[str], block: int) -> 
         weights[node_name] = numpy_helper.to_array(init)
     del fm, inits
     model = onnx.load(str(qdq_path))   # with its external data, all in memory
-    n = rewrite_block_weights(model, weights, block)
+    n = rewrite_block_weights(model, weights, block, rounded)
+    _save(model, qdq_path)
+    return n
+
+
+def to_channel_weights(qdq_path, rounded: dict[str, BlockWeight]) -> int:
+    """Rewrite the per-channel int4 weights of the nodes in `rounded` in the model file `qdq_path`."""
+    from pathlib import Path
+
+    import onnx
+    qdq_path = Path(qdq_path)
+    model = onnx.load(str(qdq_path))
+    n = rewrite_channel_weights(model, rounded)
+    _save(model, qdq_path)
+    return n
+
+
+def _save(model, qdq_path) -> None:
+    import onnx
     data = qdq_path.with_name(qdq_path.name + ".data")
     data.unlink(missing_ok=True)       # onnx appends to an existing data file
     onnx.save_model(model, str(qdq_path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
-    return n

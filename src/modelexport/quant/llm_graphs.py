@@ -115,11 +115,12 @@ def _tied_tensors(model, tied_ranges: dict[str, list[float]]) -> dict[str, list[
 
 def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides: list[Override],
                      calibration: CalibrationSet, block_size: int = 0,
-                     tied_ranges: dict[str, list[float]] | None = None) -> dict:
+                     tied_ranges: dict[str, list[float]] | None = None, rounded_path: str | None = None) -> dict:
     """ONNX Runtime's QDQ quantization of one decoder graph; with `block_size`, its 4-bit MatMul
     weights are then re-quantized in blocks of that many input channels (LPBQ, 16a4w_block).
     `tied_ranges` ({tensor: [min, max]}) fixes the ranges of those graph inputs and outputs (the KV
-    caches), so every graph that names them gets the same encoding."""
+    caches), so every graph that names them gets the same encoding. `rounded_path` (the file of
+    `llm/weight_quality.py`) gives the 4-bit weights as a data-aware rounding chose them."""
     import onnx
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -133,8 +134,9 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     for name, (lo, hi) in tied.items():   # the quantizer wants numpy scalars here
         tq[name] = [{"rmin": np.float32(lo), "rmax": np.float32(hi)}]
     float_nodes = [n.name for n in model.graph.node if FLOAT_NODES.search(n.name)]
-    block_nodes = {n.name for n in model.graph.node if block_size and n.op_type == "MatMul"
-                   and n.input[1] in tq and chosen.get(llm_module_path(n.name)) == 4}
+    four_bit = {n.name: llm_module_path(n.name) for n in model.graph.node if n.op_type == "MatMul"
+                and n.input[1] in tq and chosen.get(llm_module_path(n.name)) == 4}
+    block_nodes = set(four_bit) if block_size else set()
     del model
     t0 = time.perf_counter()
     root = logging.getLogger()
@@ -156,11 +158,18 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
                                        "check the calibration text; report the model if it persists") from None
     finally:
         root.setLevel(level)
-    blocks = {}
+    blocks, rounded, rewritten = {}, None, {}
+    if rounded_path:
+        from .block_weights import load_rounded, to_channel_weights
+        rounded = load_rounded(rounded_path, four_bit)
+        if not block_size:
+            t2 = time.perf_counter()
+            rewritten = {"matmuls": to_channel_weights(out_path, rounded), "seconds": round(time.perf_counter() - t2, 2)}
     if block_nodes:
         from .block_weights import to_block_weights
         t2 = time.perf_counter()
-        blocks = {"block_size": block_size, "matmuls": to_block_weights(out_path, float_path, block_nodes, block_size),
+        blocks = {"block_size": block_size, "matmuls": to_block_weights(out_path, float_path, block_nodes, block_size, rounded),
+                  "rounded_given": len(rounded or {}),
                   "seconds": round(time.perf_counter() - t2, 2),
                   "what": "4-bit MatMul weights in blocks of input channels, block scales as uint4 x a float per "
                           "output channel (LPBQ)"}
@@ -169,6 +178,7 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
             "modules": chosen, "per_channel": "MatMul weights per output channel (axis 1), symmetric; embedding per tensor",
             "float_nodes": {"count": len(float_nodes), "what": "residual adds, RMSNorms and RoPE table lookups (fp16 on the HTP)"},
             "calibration_method": "MinMax", "tied_io_ranges": len(tied), "ranges_seconds": round(ranges_s, 2), **({"blocks": blocks} if blocks else {}),
+            **({"rounded_weights": rewritten} if rewritten else {}),
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -176,4 +186,4 @@ def quantize_job(job: dict) -> dict:
     """`quantize_decoder` in a worker process (toolchain/worker_pool.py)."""
     cal = CalibrationSet(job["samples"], "text", job["source"])
     return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
-                            job.get("block_size", 0), job.get("tied_ranges"))
+                            job.get("block_size", 0), job.get("tied_ranges"), job.get("rounded_path"))

@@ -44,8 +44,9 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized parts;
-#                      7: the static decoder built from the family table (bump on any change to the decoder)
+EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+#                      parts, weight rounding; 7: the static decoder built from the family table (bump on
+#                      any change to the decoder)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -92,8 +93,9 @@ def parse_variants(v: Any) -> list[int]:
 # stage 1: export + calibrate + quantize (cached)
 
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
-               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0, *,
-               cache: Cache | None = None, stage_key: str = "", weights_dtype: str = "float32") -> dict:
+               text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0,
+               quality: dict | None = None, *, cache: Cache | None = None, stage_key: str = "",
+               weights_dtype: str = "float32") -> dict:
     """Load, calibrate, then export and quantize graph by graph: each (variant, part) graph is its
     own cache entry (`part_stage`), reused when a killed compile is run again."""
     import torch
@@ -146,6 +148,10 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{names[(n, p.index)]}.onnx",
                "memory_estimate": mem[n][p.index - 1].to_dict()} for n in variants for p in parts]
     export_s, results = 0.0, {}
+    # the 4-bit weights' plan (rounding, recipe) is computed again on a resume: the graphs still
+    # to quantize need it, and the manifest records it
+    weights = _plan_weights(model, tok, text, max_seq_len, precision, overrides, block_size, tmp, quality, report)
+    overrides = weights.overrides
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
     n_graphs = len(names)
@@ -173,7 +179,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                         "name": name, "key": keys[name], "cache_root": str(cache.root), "cache_enabled": cache.enabled,
                         "quantize": {"float_path": str(fpath), "precision": precision, "overrides": overrides,
                                      "samples": ps, "source": str(text.path), "block_size": block_size,
-                                     "tied_ranges": kv_ranges}})
+                                     "tied_ranges": kv_ranges,
+                                     "rounded_path": weights.graph_file}})
                     results[name] = None
                 if not part.is_last:   # hidden states entering the next part, from the float part
                     mod = DecoderPart(dec, part).eval()
@@ -209,8 +216,38 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
             "resumed_graphs": sorted(done), "weights_held_as": "bfloat16" if held_bf16 else "float32",
+            "weight_rounding": weights.plan.rounding if weights.plan else None,
+            "quality_recipe": weights.plan.recipe if weights.plan else None,
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
-                        "quantize_s": round(quant_s, 2)}}
+                        "quantize_s": round(quant_s, 2), **weights.timings}}
+
+
+class _Weights:
+    """The 4-bit weights' plan for _build_qdq: overrides to use, the rounded weights file, the record."""
+    def __init__(self, overrides, plan=None, graph_file=None, timings=None):
+        self.overrides, self.plan, self.graph_file, self.timings = overrides, plan, graph_file, timings or {}
+
+
+def _plan_weights(model, tok, text, max_seq_len: int, precision: str, overrides, block_size: int, tmp: Path,
+                  quality: dict | None, report) -> _Weights:
+    """Data-aware rounding and the quality recipe (llm/weight_quality.py), for 4-bit precisions."""
+    if not quality:
+        return _Weights(overrides)
+    from ...llm.text import tokenize
+    from ...llm.weight_quality import HELD_OUT_TOKENS, WeightPlan, four_bit_linears, plan_weights
+    from ...quant.weight_rounding import ROUNDING_TOKENS, ROUNDINGS, get_rounding
+    t0 = time.perf_counter()
+    names = four_bit_linears(model, get_precision(precision).weight_bits, overrides)
+    if get_rounding(quality["rounding"]).fn is ROUNDINGS["nearest"].fn and not quality.get("max_ppl_ratio"):
+        # the workers round to nearest themselves, as before: nothing to compute here
+        return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what,
+                                                        "modules": len(names)}))
+    ids = tokenize(tok, text.text, ROUNDING_TOKENS + HELD_OUT_TOKENS)
+    plan = plan_weights(model, ids, min(max_seq_len, 1024), names, quality["rounding"], block_size, tmp / "rounding",
+                        quality.get("max_ppl_ratio"), report)
+    extra = parse_overrides(plan.extra_overrides, precision)
+    rounded = str(plan.rounded_path) if quality["rounding"] != "nearest" else None
+    return _Weights(extra + list(overrides), plan, rounded, {"weight_plan_s": round(time.perf_counter() - t0, 2)})
 
 
 def _embed_head_bits(overrides, weight_bits: int) -> tuple[int, int]:
@@ -272,12 +309,13 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
         raise InputError("LLMs are calibrated on real text, not random data",
                          "give a text file with --calibration (default: lee_background.cor)")
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
+    quality = _quality_options(opts, precision)
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     jobs = opts.jobs or min(2, os.cpu_count() or 1)
     return SimpleNamespace(requested=requested, requested_precision=requested_precision, block_size=block_size,
                            precision=precision, variants=variants, max_seq_len=max_seq_len, socs=socs,
                            overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb,
-                           jobs=jobs)
+                           jobs=jobs, quality=quality)
 
 
 def _estimate(r, cache: Cache, quantized: bool):
@@ -339,6 +377,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     r = _resolve(spec, opts)
     requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
     socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb
+    quality = r.quality
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     timings: dict[str, Any] = {}
@@ -347,7 +386,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                     host_part_mb(limit_mb), onnxruntime.__version__, version("torch"))
+                     host_part_mb(limit_mb), quality, onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     est = _estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
@@ -358,7 +397,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             f"memory at the peak and {est.disk_bytes / 2**30:.1f} GB of disk (estimated)", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
-        lambda m: say(m, 1, 4), r.jobs, block_size, cache=cache, stage_key=qkey, weights_dtype=facts.weights_dtype))
+        lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=qkey,
+        weights_dtype=facts.weights_dtype))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])
@@ -409,6 +449,29 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(t, ignore_errors=True)
         if not cache.enabled:
             shutil.rmtree(qentry, ignore_errors=True)
+
+
+def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
+    """--rounding and --max-ppl-ratio, checked: they concern 4-bit weights only."""
+    from ...core.arguments import finite
+    from ...quant.weight_rounding import DEFAULT_ROUNDING, get_rounding
+    four_bit = get_precision(precision).weight_bits == 4
+    if opts.max_ppl_ratio is not None:
+        finite("--max-ppl-ratio", opts.max_ppl_ratio, "1.05")
+        if not opts.max_ppl_ratio > 1.0:
+            raise InputError(f"--max-ppl-ratio is the allowed perplexity over float's, above 1; got {opts.max_ppl_ratio}",
+                             "e.g. --max-ppl-ratio 1.05 (within 5% of float)")
+        if not four_bit:
+            raise InputError(f"--max-ppl-ratio raises 4-bit modules to 8-bit; --precision {precision} has no 4-bit weights",
+                             "use it with --precision 16a4w_block (the default) or 16a4w")
+    if opts.rounding is not None:
+        get_rounding(opts.rounding)
+        if not four_bit and opts.rounding != "nearest":
+            raise InputError(f"--rounding {opts.rounding} chooses 4-bit weights; --precision {precision} has none",
+                             "leave --rounding out, or use --precision 16a4w_block")
+    if not four_bit:
+        return None
+    return {"rounding": get_rounding(opts.rounding or DEFAULT_ROUNDING).name, "max_ppl_ratio": opts.max_ppl_ratio}
 
 
 def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
@@ -599,7 +662,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             device_bytes=device_bytes, bytes_per_parameter=round(device_bytes / n_params, 4),
             bos_id=qmeta["bos_id"], eos_ids=qmeta["eos_ids"], rope_theta=qmeta["rope_theta"],
             graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
-            memory_limit_mb=limit_mb)
+            memory_limit_mb=limit_mb, weight_rounding=qmeta.get("weight_rounding"), quality_recipe=qmeta.get("quality_recipe"))
         m.timings = Timings.model_validate({**qmeta["timings"], **timings})
         m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit, resumed_graphs=qmeta.get("resumed_graphs") or None,
                             compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))

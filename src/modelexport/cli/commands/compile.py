@@ -123,6 +123,11 @@ def compile_cmd(
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                                  "checked against this machine; loads no weights, writes nothing."),
+    rounding: Optional[str] = typer.Option(None, "--rounding", help="LLMs, 4-bit weights: nearest, seqmse, gptq or seqmse-gptq "
+                                           "(default nearest; gptq compensates each weight's rounding error on the calibration activations)."),
+    max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="LLMs, 4-bit weights: raise the fewest modules to 8-bit "
+                                                  "weights until perplexity on held-out text is within this x float (e.g. 1.05); "
+                                                  "the overrides chosen are recorded and printed."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -151,6 +156,7 @@ def compile_cmd(
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples, input_values=input_value,
+                      rounding=rounding, max_ppl_ratio=max_ppl_ratio,
                       strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary

@@ -35,6 +35,17 @@ def llm_summary(bundle, json_out: bool) -> None:
             console.print(f"[yellow]note[/]: {llm.split_note}")
         for t, g in llm.genie.items():
             console.print(f"  Genie accepts {g.file} ({t})")
+    if llm is not None and llm.weight_rounding is not None:
+        r = llm.weight_rounding
+        console.print(f"  4-bit weights: --rounding {r.method} ({r.modules} linears"
+                      f"{f', inputs from {r.tokens} calibration tokens' if r.tokens else ''})")
+    if llm is not None and llm.quality_recipe is not None:
+        q = llm.quality_recipe
+        console.print(f"  --max-ppl-ratio {q.max_ppl_ratio:g}: perplexity {q.quantized_ppl:.2f} = {q.ratio:.3f}x float "
+                      f"({q.float_ppl:.2f}) on {q.held_out.get('tokens')} held-out tokens (weights as compiled, activations "
+                      f"float; {q.ratio_before:.3f}x before), {len(q.raised)} modules raised to {q.precision} "
+                      f"(+{q.added_bytes_per_param:.3f} bytes/param). To reuse the recipe:")
+        console.print("    " + (" ".join(f"--override '{o}'" for o in q.overrides) or "(no override needed)"), soft_wrap=True)
     console.print(f"  {llm.bytes_per_parameter if llm else None} bytes per parameter on the device "
                   f"({(llm.device_bytes if llm else 0):,} B for {m.parameters or 0:,} parameters)")
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.timings.total_s} s"

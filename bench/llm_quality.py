@@ -1,0 +1,151 @@
+"""4-bit weight quality on the real SmolLM2-135M-Instruct (Q4_1 GGUF; the only LLM with real
+weights offline here, so no second family is measured): each rounding technique and the
+--max-ppl-ratio recipe, SM8650, ar1 + ar32, max-seq-len 512.
+
+Two kinds of rows, each named for what it measures:
+- `weights_only`: the float model with its 4-bit linears replaced by the rounded weights (exactly
+  the integers and scales the graphs get; activations float), for every technique and precision:
+  perplexity on the first 1024 tokens of lee_background.cor (the project's reference span; the
+  calibration text's own start) and on gensim's lee.cor (held out: text the calibration never saw),
+  the rounding's seconds and its mean relative output error on the calibration activations;
+- `compiled`: the compile CLI in a fresh process (`--rounding R`, or `--max-ppl-ratio`), cold
+  cache: wall time, bytes/param of the device binary, then `evaluate` of the bundle: float and
+  fake-quant (the QDQ graph on ONNX Runtime's CPU EP) on the reference span, fake-quant on lee.cor,
+  and the HTP simulator on a short window unless BENCH_SIM_TOKENS=0.
+
+    python bench/llm_quality.py [--weights-only] [--compile gptq,nearest] [--recipe 1.05]
+Writes bench/results/llm_quality.json (merged into what is there).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULT = ROOT / "results" / "llm_quality.json"
+PRECISIONS = {"16a4w_block": 32, "16a4w": 0}
+
+
+def _held_out_text() -> Path:
+    import gensim
+    return Path(gensim.__file__).parent / "test" / "test_data" / "lee.cor"
+
+
+def _save(out: dict) -> None:
+    RESULT.parent.mkdir(exist_ok=True)
+    RESULT.write_text(json.dumps(out, indent=2))
+
+
+def weights_only(out: dict, roundings: list[str]) -> None:
+    import numpy as np
+    import torch
+
+    from modelexport.frontends import find_frontend
+    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.weight_quality import onnx_weight, perplexity, windows
+    from modelexport.quant.input_moments import record_input_moments
+    from modelexport.quant.weight_rounding import (
+        ROUNDING_TOKENS,
+        ROUNDINGS,
+        output_error,
+    )
+    from modelexport.zoo.assets import asset_path
+
+    gguf = asset_path("smollm2_gguf")
+    llm = find_frontend(str(gguf)).load(str(gguf))
+    model = llm.model
+    ids = tokenize(llm.tokenizer, read_text(None).text, ROUNDING_TOKENS)
+    held = tokenize(llm.tokenizer, read_text(_held_out_text()).text, 1024)
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]  # lm_head: 8-bit
+    t0 = time.perf_counter()
+    mom = record_input_moments(model, windows(ids, 512), lambda m, x: m(input_ids=x), lambda n: n in set(names))
+    rows = out.setdefault("weights_only", {})
+    out["weights_only_setup"] = {"moments_tokens": mom.tokens, "moments_s": round(time.perf_counter() - t0, 1),
+                                 "linears": len(names), "reference": "lee_background.cor first 1024 tokens",
+                                 "held_out": f"lee.cor first {len(held)} tokens"}
+    rows["float"] = {"ppl_reference": round(perplexity(model, ids[:1024], 512), 3),
+                     "ppl_held_out": round(perplexity(model, held, 512), 3)}
+    _save(out)
+    for prec, block in PRECISIONS.items():
+        for r in roundings:
+            t = time.perf_counter()
+            deq, errs = {}, []
+            for n in names:
+                w = onnx_weight(model, n)
+                blk = block or w.shape[0]
+                bw = ROUNDINGS[r].fn(w, mom.get(n), blk)
+                deq[n] = bw.dequantized(blk)
+                errs.append(output_error(w, bw, mom.get(n), blk))
+            secs = time.perf_counter() - t
+            row = {"rounding_s": round(secs, 1), "mean_output_error_db": round(float(10 * np.log10(np.mean(errs))), 2),
+                   "ppl_reference": round(perplexity(model, ids[:1024], 512, deq), 3),
+                   "ppl_held_out": round(perplexity(model, held, 512, deq), 3)}
+            row["ratio_reference"] = round(row["ppl_reference"] / rows["float"]["ppl_reference"], 4)
+            row["ratio_held_out"] = round(row["ppl_held_out"] / rows["float"]["ppl_held_out"], 4)
+            rows[f"{prec}/{r}"] = row
+            print(prec, r, row, flush=True)
+            _save(out)
+
+
+def compiled(out: dict, label: str, extra: list[str], precision: str) -> None:
+    from cli_measure import measured_cli
+
+    from modelexport.runtime.evaluate import evaluate
+    from modelexport.zoo.assets import asset_path
+
+    gguf = asset_path("smollm2_gguf")
+    work = Path(tempfile.mkdtemp(prefix="llm_quality_"))
+    env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(work / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    bundle = work / "bundle"
+    s = measured_cli(["compile", str(gguf), "--target", "SM8650", "--precision", precision, "--variants", "ar1,ar32",
+                      "--max-seq-len", "512", "-o", str(bundle), "--json", *extra], env)
+    m = json.loads((bundle / "manifest.json").read_text())
+    row = {"flags": ["--precision", precision, *extra], "compile_wall_s": round(s["wall_s"], 1),
+           "peak_rss_mb": round(s["peak_rss_mb"], 1), "stage_timings_s": m["timings"],
+           "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "weight_rounding": m["llm"].get("weight_rounding"),
+           "quality_recipe": m["llm"].get("quality_recipe"), "load_avg_after": os.getloadavg()}
+    os.environ["MODELEXPORT_CACHE_DIR"] = str(work / "cache")
+    sim = int(os.environ.get("BENCH_SIM_TOKENS", "64"))
+    ev = evaluate(bundle, None, stages=["float", "fake-quant"] + (["htp-sim"] if sim else []), window=512,
+                  max_tokens=1024, sim_window=sim or 64, sim_tokens=sim or 64)
+    row["reference"] = {k: v.get("perplexity") for k, v in ev["stages"].items()}
+    row["reference"]["short"] = ev.get("short")
+    row["reference"]["sqnr"] = ev.get("sqnr")
+    hv = evaluate(bundle, _held_out_text(), stages=["float", "fake-quant"], window=512, max_tokens=1024)
+    row["held_out"] = {k: v.get("perplexity") for k, v in hv["stages"].items()}
+    for span in ("reference", "held_out"):
+        row[span]["fake_quant_ratio"] = round(row[span]["fake-quant"] / row[span]["float"], 4)
+    out.setdefault("compiled", {})[label] = row
+    print(label, json.dumps({k: row[k] for k in ("compile_wall_s", "bytes_per_parameter", "reference", "held_out")}), flush=True)
+    _save(out)
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights-only", default="", help="roundings to measure weights-only, e.g. nearest,seqmse,gptq,seqmse-gptq")
+    ap.add_argument("--compile", default="", help="roundings to compile at --precision, e.g. gptq,nearest")
+    ap.add_argument("--precision", default="16a4w_block")
+    ap.add_argument("--recipe", type=float, default=None, help="also compile with --max-ppl-ratio R")
+    a = ap.parse_args()
+    out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    out.update({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "target": "SM8650", "variants": ["ar1", "ar32"], "max_seq_len": 512,
+                "second_family": "none measured: SmolLM2 is the only LLM with real weights offline here",
+                "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
+                         "note": "shared with up to 5 other jobs: seconds are inflated and noisy"}})
+    if a.weights_only:
+        weights_only(out, a.weights_only.split(","))
+    for r in filter(None, a.compile.split(",")):
+        compiled(out, f"{a.precision}/{r}", ["--rounding", r], a.precision)
+    if a.recipe:
+        compiled(out, f"{a.precision}/recipe-{a.recipe:g}", ["--max-ppl-ratio", str(a.recipe)], a.precision)
+
+
+if __name__ == "__main__":
+    main()

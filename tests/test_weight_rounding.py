@@ -1,0 +1,156 @@
+"""Data-aware 4-bit rounding (quant/seqmse.py, quant/gptq.py) and the --max-ppl-ratio recipe
+(quant/precision_recipe.py via llm/weight_quality.py), on a tiny real Llama fed real text."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_tiny import tiny_llama, tiny_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TEXT = ("Markets rose on Tuesday as investors weighed the outlook for interest rates and the health of the "
+        "economy, while officials said talks would resume next week. The quick brown fox jumps over the lazy dog. "
+        "Rain is expected in the north, with sunny spells further south and light winds. ") * 20
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from modelexport.llm.weight_quality import windows
+    from modelexport.quant.input_moments import record_input_moments
+    model = tiny_llama(n_layers=2, seed=3)
+    ids = tiny_tokenizer().encode(TEXT)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else list(ids)
+    inputs: dict[str, list] = {}
+    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: inputs.setdefault(n, []).append(a[0].reshape(-1, a[0].shape[-1])))
+             for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    mom = record_input_moments(model, windows(ids[:1024], 128), lambda m, x: m(input_ids=x), lambda n: n != "lm_head")
+    for h in hooks:
+        h.remove()
+    return model, ids, mom, {n: torch.cat(v).double() for n, v in inputs.items()}
+
+
+def _true_output_error(model, name, x, bw, block):
+    """||X W - X Q(W)||^2 / ||X W||^2 on the layer's real inputs (not through the recorded moment)."""
+    from modelexport.llm.weight_quality import onnx_weight
+    w = torch.from_numpy(onnx_weight(model, name)).double()
+    q = torch.from_numpy(bw.dequantized(block)).double()
+    return float(((x @ (w - q)) ** 2).sum() / ((x @ w) ** 2).sum())
+
+
+@pytest.mark.parametrize("block", [32, 0])   # LPBQ blocks of 32 (16a4w_block), per channel (16a4w)
+@pytest.mark.parametrize("name", ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.q_proj"])
+def test_data_aware_rounding_lowers_the_layer_output_error(tiny, name, block):
+    from modelexport.llm.weight_quality import onnx_weight
+    from modelexport.quant.weight_rounding import ROUNDINGS
+    model, _, mom, inputs = tiny
+    w = onnx_weight(model, name)
+    blk = block or w.shape[0]
+    err = {}
+    for method, r in ROUNDINGS.items():
+        bw = r.fn(w, mom.get(name), blk)
+        assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.q.shape == w.shape
+        if blk < w.shape[0]:
+            assert 1 <= bw.block_scales.min() and bw.block_scales.max() <= 15
+        err[method] = _true_output_error(model, name, inputs[name], bw, blk)
+    assert err["gptq"] < 0.9 * err["nearest"], err
+    assert err["seqmse"] < err["nearest"], err
+    assert err["seqmse-gptq"] < err["nearest"], err
+
+
+def test_moments_shared_by_linears_reading_one_tensor(tiny):
+    _, _, mom, inputs = tiny
+    q, k = mom.get("model.layers.0.self_attn.q_proj"), mom.get("model.layers.0.self_attn.k_proj")
+    assert q is k                              # q/k/v read the same normed hidden state
+    assert mom.get("model.layers.1.self_attn.q_proj") is not q
+    x = inputs["model.layers.0.self_attn.q_proj"]
+    assert torch.allclose(q.double(), x.T @ x, rtol=1e-4, atol=1e-3)
+    assert mom.tokens == 1024
+
+
+def _plan(model, ids, tmp_path, ratio, window=128):
+    from modelexport.llm.weight_quality import plan_weights
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    return plan_weights(model, ids, window, names, "nearest", 32, tmp_path, ratio, lambda m: None)
+
+
+def test_recipe_stops_within_budget_or_reports_the_best_reached(tiny, tmp_path):
+    from modelexport.core.errors import InputError
+    model, ids, _, _ = tiny
+    loose = _plan(model, ids[:512 + 1024], tmp_path / "a", 100.0).recipe
+    assert loose["raised"] == [] and loose["overrides"] == [] and [e["raised"] for e in loose["evaluations"]] == [0]
+    assert loose["held_out"] == {"tokens": 1024, "from_token": 512, "text": loose["held_out"]["text"]}
+    budget = 1.0 + 1e-9
+    try:
+        rec = _plan(model, ids[:512 + 1024], tmp_path / "b", budget).recipe
+    except InputError as e:          # even every module at 8-bit misses it: the best reached, and its cost
+        assert "best reached" in str(e) and "bytes/param" in str(e) and "--max-ppl-ratio" in str(e)
+    else:
+        assert rec["ratio"] <= budget
+
+
+@pytest.mark.heavy
+@pytest.mark.smollm2
+def test_recipe_on_smollm2_raises_the_fewest_modules(smollm2_gguf, tmp_path):
+    """The whole real SmolLM2 (a model cut to a few layers is so far from a language model that
+    4-bit noise can lower its perplexity)."""
+    from modelexport.core.errors import InputError
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    from modelexport.llm.text import read_text, tokenize
+    llm = load_gguf_causal_lm(smollm2_gguf)
+    model, ids = llm.model, tokenize(llm.tokenizer, read_text(None).text, 512 + 1024)
+    with pytest.raises(InputError) as e:
+        _plan(model, ids, tmp_path / "a", 1.0000001, 512)
+    assert "best reached" in str(e.value) and "bytes/param" in str(e.value)
+    best = float(str(e.value).split("best reached is ")[1].split("x")[0])
+    before = _plan(model, ids, tmp_path / "b", 100.0, 512).recipe
+    assert before["ratio_before"] > best
+    budget = best + (before["ratio_before"] - best) / 3     # needs some modules raised, not all
+    plan = _plan(model, ids, tmp_path / "c", budget, 512)
+    rec = plan.recipe
+    assert rec["raised"] and rec["ratio"] <= budget
+    k = len(rec["raised"])
+    assert all(e["ratio"] > budget for e in rec["evaluations"] if e["raised"] < k)   # fewer did not meet it
+    assert plan.extra_overrides == rec["overrides"] and rec["added_bytes_per_param"] > 0
+    assert all(o.startswith("^model\\.layers\\.") and o.endswith("$=16a8w") for o in rec["overrides"])
+
+
+def test_text_too_short_for_the_rounding_says_how_much(tiny, tmp_path):
+    from modelexport.core.errors import CalibrationError
+    from modelexport.llm.weight_quality import plan_weights
+    model, ids, _, _ = tiny
+    with pytest.raises(CalibrationError) as e:
+        plan_weights(model, ids[:300], 128, ["model.layers.0.mlp.down_proj"], "gptq", 32, tmp_path, None, lambda m: None)
+    assert "300 tokens" in str(e.value) and "at least 512" in str(e.value)
+    plan = plan_weights(model, ids[:300], 128, ["model.layers.0.mlp.down_proj"], "nearest", 32, tmp_path, None, lambda m: None)
+    assert plan.rounding["method"] == "nearest" and plan.rounding["tokens"] == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rounding_cli")
+    tiny_llama(n_layers=1).save_pretrained(root / "hf")
+    tiny_tokenizer().save(root / "hf")
+    (root / "short.txt").write_text("The quick brown fox jumps over the lazy dog near the river bank today. " * 4)
+    return root
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--max-ppl-ratio", "0.9"), ("--max-ppl-ratio", "above 1")),
+    (("--max-ppl-ratio", "nan"), ("--max-ppl-ratio", "finite")),
+    (("--rounding", "stochastic"), ("--rounding 'stochastic'", "gptq")),
+    (("--precision", "16a8w", "--max-ppl-ratio", "1.05"), ("16a8w has no 4-bit weights", "16a4w_block")),
+    (("--calibration", "{short}"), ("tokens", "at least 512", "--rounding nearest")),
+])
+def test_bad_quality_options(cli, tiny_hf, tmp_path, extra, words):
+    from conftest import assert_clean_error
+    out = tmp_path / "out"
+    extra = [x.format(short=tiny_hf / "short.txt") for x in extra]
+    proc = cli("compile", str(tiny_hf / "hf"), "--target", "SM8650", "--variants", "ar1,ar4", "--max-seq-len", "32",
+               "-o", str(out), *extra)
+    assert_clean_error(proc, *words)
+    assert not out.exists()
