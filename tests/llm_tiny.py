@@ -21,6 +21,22 @@ TINY_CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_
                    rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
 
 
+# Calibration text for tiny LLM compiles (short, real words, repeated to give every variant samples).
+CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed "
+                    "the outlook for interest rates and the health of the economy, while officials said talks would "
+                    "resume. ") * 40
+
+
+def write_tiny_llm_folder(root, n_layers: int = 2):
+    """`root/tiny_hf` (a tiny Llama with its tokenizer) and `root/calib.txt`, what LLM compile tests start from."""
+    from pathlib import Path
+    root = Path(root)
+    tiny_llama(n_layers=n_layers).save_pretrained(root / "tiny_hf")
+    tiny_tokenizer().save(root / "tiny_hf")
+    (root / "calib.txt").write_text(CALIBRATION_TEXT)
+    return root
+
+
 def tiny_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode

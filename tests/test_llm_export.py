@@ -14,11 +14,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import smollm2_shaped_llama, tiny_llama, tiny_tokenizer  # noqa: E402
+from llm_tiny import CALIBRATION_TEXT, smollm2_shaped_llama, tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
 
 SEQ = 64
-TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
-        "outlook for interest rates and the health of the economy, while officials said talks would resume. ") * 40
+TEXT = CALIBRATION_TEXT
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +26,7 @@ def work(tmp_path_factory):
     # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
-        hf = root / "tiny_hf"
-        tiny_llama(n_layers=2).save_pretrained(hf)
-        tiny_tokenizer().save(hf)
-        (root / "calib.txt").write_text(TEXT)
-        yield root
+        yield write_tiny_llm_folder(root)
 
 
 @pytest.fixture(scope="module")

@@ -15,21 +15,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error
-from llm_tiny import tiny_llama, tiny_tokenizer
+from llm_tiny import CALIBRATION_TEXT, tiny_llama, tiny_tokenizer, write_tiny_llm_folder
 
 SEQ = 64
-TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed the "
-        "outlook for interest rates and the health of the economy, while officials said talks would resume. ") * 40
+TEXT = CALIBRATION_TEXT
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm_pte")
-    hf = root / "tiny_hf"
-    tiny_llama(n_layers=2).save_pretrained(hf)
-    tiny_tokenizer().save(hf)
-    (root / "calib.txt").write_text(TEXT)
-    return root
+    return write_tiny_llm_folder(tmp_path_factory.mktemp("llm_pte"))
 
 
 def _compile(cli, work, out, *extra):
