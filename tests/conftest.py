@@ -66,5 +66,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_collection_modifyitems(items):
     """The SmolLM2 tests first (stable sort): under `--dist loadfile` their file is then the first
-    one a worker takes, so its cold build (minutes) overlaps the rest instead of trailing it."""
+    one a worker takes, so its cold build (minutes) overlaps the rest instead of trailing it.
+    Tests marked heavy run only under `make test-heavy` (MODELEXPORT_HEAVY_TESTS=1): one rule here."""
+    import os
+    if not os.environ.get("MODELEXPORT_HEAVY_TESTS"):
+        skip = pytest.mark.skip(reason="minutes-long: make test-heavy")
+        for item in items:
+            if item.get_closest_marker("heavy"):
+                item.add_marker(skip)
     items.sort(key=lambda item: 0 if item.get_closest_marker("smollm2") else 1)

@@ -167,7 +167,7 @@ def test_second_compile_is_cached(bundle, work):
     import modelexport
     b2 = modelexport.compile(str(work / "tiny_hf"), output=work / "bundle2", target="SM8650", precision="16a4w",
                              variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
-                             calibration_samples=4)
+                             calibration_samples=4, rounding="gptq")   # the same inputs as `bundle`
     c = b2.manifest.cache
     assert c.quantize_hit and c.compile_hits == c.compile_jobs
     assert b2.manifest.graphs[0].qnn_graph_name == bundle.manifest.graphs[0].qnn_graph_name

@@ -144,7 +144,7 @@ def tiny_hf(tmp_path_factory):
     (("--max-ppl-ratio", "nan"), ("--max-ppl-ratio", "finite")),
     (("--rounding", "stochastic"), ("--rounding 'stochastic'", "gptq")),
     (("--precision", "16a8w", "--max-ppl-ratio", "1.05"), ("16a8w has no 4-bit weights", "16a4w_block")),
-    (("--calibration", "{short}"), ("tokens", "at least 512", "--rounding nearest")),
+    (("--calibration", "{short}", "--rounding", "gptq"), ("tokens", "at least 512", "--rounding nearest")),
 ])
 def test_bad_quality_options(cli, tiny_hf, tmp_path, extra, words):
     from conftest import assert_clean_error

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, UnsupportedError
-from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES
+from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES, sliding_layers
 
 EXPORT_FORMAT_VERSION = 9   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
@@ -154,10 +154,11 @@ def model_args_from_hf(config, max_seq_len: int):
         raise UnsupportedError(f"attention biases on a {mt} model (o_proj bias) are not supported by the CPU export")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedError(f"activation {config.hidden_act!r} is not supported (SwiGLU/silu only)")
-    if family.sliding_window_always and getattr(config, "sliding_window", None) and config.sliding_window < max_seq_len:
-        raise UnsupportedError(f"this {family.label} model uses a {config.sliding_window}-token sliding window; "
+    windows = [w for w in sliding_layers(family, config) if w]   # the family table's rule
+    if windows and min(windows) < max_seq_len:
+        raise UnsupportedError(f"this {family.label} model uses a {min(windows)}-token sliding window; "
                                f"the CPU export supports full attention only",
-                               f"use --max-seq-len {config.sliding_window} or less")
+                               f"use --max-seq-len {min(windows)} or less")
     n_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
     ctx = getattr(config, "max_position_embeddings", None)
