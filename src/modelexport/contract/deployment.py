@@ -19,6 +19,8 @@ class Runtime:
     model_roles: frozenset[Role]     # files of one target that hold the model
     extra_roles: frozenset[Role]     # files it also reads (configs, tokenizer), counted apart
     needs: str                       # filled from the bundle: {qairt}, {arch}, and tool versions
+    needs_genie_config: bool = False # listed only for targets with a Genie config
+    only_alone: bool = False         # listed only when no other runtime loads these files (no LLM, no EPContext)
 
 
 # The HTP libraries a context binary needs on the phone (QAIRT's lib/aarch64-android + lib/hexagon-v<arch>).
@@ -26,14 +28,15 @@ _HTP_LIBS = "libQnnHtp.so, libQnnHtpV{arch}Stub.so, libQnnHtpV{arch}Skel.so, lib
 
 RUNTIMES: tuple[Runtime, ...] = (
     Runtime("Genie", frozenset({Role.CONTEXT_BINARY}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER}),
-            "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS),
+            "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS, needs_genie_config=True),
     Runtime("ONNX Runtime (QNN EP)", frozenset({Role.EPCONTEXT_MODEL, Role.CONTEXT_BINARY}),
             frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG}),
             "onnxruntime {onnxruntime} or newer with the QNN EP (onnxruntime-qnn {onnxruntime-qnn}), and " + _HTP_LIBS),
     Runtime("ExecuTorch (QNN delegate)", frozenset({Role.PTE}), frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG}),
             "an ExecuTorch {executorch} runtime built with the QNN backend, and " + _HTP_LIBS),
     Runtime("QNN (context binary)", frozenset({Role.CONTEXT_BINARY}), frozenset(),
-            "the QNN API (QnnContext_createFromBinary, qnn-net-run --retrieve_context) and " + _HTP_LIBS),
+            "the QNN API (QnnContext_createFromBinary, qnn-net-run --retrieve_context) and " + _HTP_LIBS,
+            only_alone=True),
     Runtime("QNN IR (.dlc)", frozenset({Role.DLC}), frozenset(),
             "QAIRT {qairt} or newer: qnn-context-binary-generator or qnn-net-run --dlc_path, on the phone or at build time"),
 )
@@ -115,18 +118,18 @@ def deployment(m: Manifest) -> Deployment:
     owner = _target_of_files(m)
     out = Deployment()
     genie_configs = {t: str(g.file) for t, g in (m.llm.genie.items() if m.llm else [])}
+    loaded_elsewhere = m.llm is not None or any(f.role == Role.EPCONTEXT_MODEL for f in m.files)
     for target in m.targets:
         for rt in RUNTIMES:
-            if rt.name == "Genie" and target not in genie_configs:
+            if rt.needs_genie_config and target not in genie_configs:
                 continue
-            if rt.name == "QNN (context binary)" and (m.llm is not None or any(
-                    f.role == Role.EPCONTEXT_MODEL for f in m.files)):
+            if rt.only_alone and loaded_elsewhere:
                 continue   # the binaries are already listed under the runtimes that load them
             model = [f for f in m.files if f.role in rt.model_roles and owner.get(str(f.path)) == target]
             if not model:
                 continue
             extra = [f for f in m.files if f.role in rt.extra_roles and owner.get(str(f.path), target) == target]
-            if rt.name == "Genie":
+            if rt.needs_genie_config:   # this target's config, not another target's
                 extra = [f for f in extra if f.role != Role.GENIE_CONFIG or str(f.path) == genie_configs[target]]
             model_bytes = sum(f.size for f in model)
             out.runtimes.append(RuntimeFiles(
