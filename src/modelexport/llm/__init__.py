@@ -24,9 +24,9 @@ from ..core.registry import Registry
 
 # The generation loop imports torch (seconds). `modelexport.frontends.loaded_llm` is read by the GGUF and
 # HF frontends on every compile, which must not pay that: these names load on first use.
-_LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationConfig", "GenerationResult",
+_LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationResult",
                                     "GenerationStats", "Generator", "StaticGraphSession", "TokenStream")},
-         "Sampler": "sampling", "SamplingConfig": "sampling",
+         "GenerationConfig": "generation_config", "SamplingConfig": "generation_config", "Sampler": "sampling",
          "Tokenizer": "tokenizers", "check_vocab": "tokenizers", "load_tokenizer": "tokenizers"}
 
 

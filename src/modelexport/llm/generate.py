@@ -18,13 +18,14 @@ and llama.cpp-style stats (time to first token, prefill and decode tokens per se
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from ..core.errors import InputError
-from .sampling import Sampler, SamplingConfig
+from .generation_config import GenerationConfig, SamplingConfig
+from .sampling import Sampler
 from .tokenizers import Message, Tokenizer
 
 STOP_REASONS = ("eos", "stop_string", "max_new_tokens", "context_full")
@@ -100,20 +101,6 @@ class StaticGraphSession:
 
 
 # --------------------------------------------------------------------------------------------
-@dataclass
-class GenerationConfig:
-    max_new_tokens: int = 256
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    stop_strings: tuple[str, ...] = ()
-    stop_on_eos: bool = True
-    sliding_window: bool = False       # when the context is full: keep the newest half and go on
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise InputError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}", "e.g. --max-new-tokens 64")
-        self.stop_strings = tuple(s for s in self.stop_strings if s)
-
-
 @dataclass
 class GenerationStats:
     """What llama.cpp prints after a run, in seconds and tokens per second.

@@ -14,38 +14,11 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
 
-from ..core.errors import InputError
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0           # 0: greedy
-    top_k: int = 0                     # 0: off
-    top_p: float = 1.0                 # 1: off
-    repetition_penalty: float = 1.0    # 1: off; > 1 discourages tokens already in the context
-    seed: int | None = None            # None: a fresh random seed (reported in the stats)
-
-    def __post_init__(self):
-        if not (0.0 <= self.temperature < float("inf")):
-            raise InputError(f"--temperature must be a finite number >= 0, got {self.temperature}", "0 means greedy decoding")
-        if self.top_k < 0:
-            raise InputError(f"--top-k must be >= 0, got {self.top_k}", "0 turns top-k off")
-        if not (0.0 < self.top_p <= 1.0):
-            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}", "1 turns top-p off")
-        if not (0.0 < self.repetition_penalty < float("inf")):
-            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}", "1 turns it off")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .generation_config import SamplingConfig  # noqa: F401  (its home before; imported from here)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""What a generation asks for (length, sampling, stops): plain data, checked when built.
+
+Kept apart from the loop and the sampler, which import torch (seconds), so a command can refuse
+a bad flag before it loads anything."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..core.errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0           # 0: greedy
+    top_k: int = 0                     # 0: off
+    top_p: float = 1.0                 # 1: off
+    repetition_penalty: float = 1.0    # 1: off; > 1 discourages tokens already in the context
+    seed: int | None = None            # None: a fresh random seed (reported in the stats)
+
+    def __post_init__(self):
+        if not (0.0 <= self.temperature < float("inf")):
+            raise InputError(f"--temperature must be a finite number >= 0, got {self.temperature}", "0 means greedy decoding")
+        if self.top_k < 0:
+            raise InputError(f"--top-k must be >= 0, got {self.top_k}", "0 turns top-k off")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InputError(f"--top-p must be in (0, 1], got {self.top_p}", "1 turns top-p off")
+        if not (0.0 < self.repetition_penalty < float("inf")):
+            raise InputError(f"--repetition-penalty must be > 0, got {self.repetition_penalty}", "1 turns it off")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop_strings: tuple[str, ...] = ()
+    stop_on_eos: bool = True
+    sliding_window: bool = False       # when the context is full: keep the newest half and go on
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}", "e.g. --max-new-tokens 64")
+        self.stop_strings = tuple(s for s in self.stop_strings if s)
