@@ -124,14 +124,18 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
     return rep
 
 
-def _lower_fails(prep, skip: set[str] | None = None) -> tuple[str | None, list[str]]:
-    """(QNN's words when building the QNN partitions fails, else None; the native log)."""
-    from .lower import lower
+def _lower_fails(prep, audited=None, skip: set[str] | None = None) -> tuple[str | None, list[str]]:
+    """(QNN's words when building the QNN partitions fails, else None; the native log). With the
+    `audited` (undelegated) lowering, its graph is delegated again instead of lowering from scratch."""
+    from .lower import delegate_again, lower
     from .partition import qnn_reason
     try:   # a copy: a lowering's passes change the graph it is given, and the audit lowers it again
-        low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc, use_fp16=not prep.precision.quantized,
-                    fallback=None, delegate=True, log_level="warn", dynamic_shapes=prep.dynamic_shapes,
-                    linear_to_conv2d=prep.plan.uses_block, skip_nodes=skip)
+        if audited is not None:
+            low = delegate_again(audited, prep.soc, use_fp16=not prep.precision.quantized, skip_nodes=skip)
+        else:
+            low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
+                        use_fp16=not prep.precision.quantized, fallback=None, delegate=True, log_level="warn",
+                        dynamic_shapes=prep.dynamic_shapes, linear_to_conv2d=prep.plan.uses_block, skip_nodes=skip)
         return None, low.log
     except Exception as e:   # any failure of the real lowering is the answer sought here
         log = getattr(e, "native_log", []) or []
@@ -146,7 +150,7 @@ def check_partitions(prep, low, log: list[str]) -> tuple[str | None, NodeAudit |
     log += more
     if error is None:
         return None, None
-    found = locate(low.edge.exported_program(), low.decisions, lambda skip: _lower_fails(prep, skip)[0], error)
+    found = locate(low.edge.exported_program(), low.decisions, lambda skip: _lower_fails(prep, low, skip)[0], error)
     if found is None:
         return error, None
     where = (f"QNN partition {found.partition + 1} of {found.partitions}" if found.partition is not None

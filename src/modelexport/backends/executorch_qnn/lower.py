@@ -88,6 +88,29 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     return Lowered(edge, dict(qnn.decisions), log, mutated)
 
 
+def delegate_again(low: Lowered, soc: SoC, use_fp16: bool, skip_nodes: set[str] | None = None,
+                   log_level: str = "warn", method: str = "forward") -> Lowered:
+    """Delegate an audited lowering's graph (`lower(..., delegate=False)`) to QNN, keeping the nodes in
+    `skip_nodes` off it. The graph is already exported, decomposed and through QNN's passes, so only
+    partitioning and QNN's graph build run: the locator's trial lowerings cost a fraction of a lowering."""
+    import copy
+
+    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
+
+    from .partition import explaining_partitioner
+    specs = compile_specs(soc, use_fp16, log_level)
+    log: list[str] = []
+    qnn = explaining_partitioner(specs, delegate=True, skip_node_id_set=set(skip_nodes or ()),
+                                 skip_mutable_buffer=bool(low.mutable_buffers))
+    try:
+        with capture_native_output() as log, QnnManagerContext({method: specs}):
+            edge = copy.deepcopy(low.edge).to_backend({method: qnn})
+    except Exception as e:
+        e.native_log = log  # type: ignore[attr-defined]
+        raise
+    return Lowered(edge, dict(qnn.decisions), log, low.mutable_buffers)
+
+
 def mutated_buffers(ep) -> list[str]:
     """Buffers the forward writes. torch.export's IR keeps in-place ops (`copy_` on a buffer) until
     it is functionalized, so the signature's buffers_to_mutate is not enough: writes are read off
