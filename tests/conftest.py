@@ -64,14 +64,22 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The files that take longest, longest first (measured with `--durations`): under `--dist loadfile`
+# a worker takes whole files in collection order, so starting with these packs the two workers
+# evenly instead of leaving one to finish a long file alone at the end.
+SLOW_FILES = ("test_llm_generate_smollm2.py", "test_llm_generate_cpu.py", "test_llm_export_smollm2_layers.py",
+              "test_llm_export.py", "test_et_mobilenet.py", "test_real_torch.py", "test_et_audit.py",
+              "test_et_inputs.py", "test_llm_families.py", "test_verify_per_layer.py", "test_et_locate.py")
+
+
 def pytest_collection_modifyitems(items):
-    """The SmolLM2 tests first (stable sort): under `--dist loadfile` their file is then the first
-    one a worker takes, so its cold build (minutes) overlaps the rest instead of trailing it.
-    Tests marked heavy run only under `make test-heavy` (MODELEXPORT_HEAVY_TESTS=1): one rule here."""
+    """Slow files first (stable sort, see SLOW_FILES). Tests marked heavy run only under
+    `make test-heavy` (MODELEXPORT_HEAVY_TESTS=1): one rule here."""
     import os
     if not os.environ.get("MODELEXPORT_HEAVY_TESTS"):
         skip = pytest.mark.skip(reason="minutes-long: make test-heavy")
         for item in items:
             if item.get_closest_marker("heavy"):
                 item.add_marker(skip)
-    items.sort(key=lambda item: 0 if item.get_closest_marker("smollm2") else 1)
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
