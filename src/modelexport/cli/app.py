@@ -45,13 +45,35 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+class _Null:
+    def update(self, *a, **k): pass
+    def advance(self, *a, **k): pass
+
+
+class _StageLines(_Null):
+    """Progress for a log: a line when the stage changes (never one per step)."""
+
+    def __init__(self, description: str):
+        import time
+        self.t0, self.last = time.perf_counter(), None
+        self.update(description)
+
+    def update(self, description: str | None = None, **k):
+        import time
+        if description and description != self.last:
+            self.last = description
+            print(f"[{time.perf_counter() - self.t0:7.1f} s] {description}", file=sys.stderr, flush=True)
+
+
 @contextmanager
 def progress(description: str, enabled: bool = True, total: float | None = None) -> Iterator[Any]:
-    """A progress bar (or spinner when total is unknown) on stderr; silent under --json."""
-    if not enabled or not err_console.is_terminal:   # a log or pipe gets no bar (nor the blank line it leaves)
-        class _Null:
-            def update(self, *a, **k): pass
-            def advance(self, *a, **k): pass
+    """A progress bar (or spinner when total is unknown) on stderr, not under --json (`enabled`).
+    A log or pipe gets no bar (nor the blank line it leaves) but one plain line per stage, with
+    the seconds since the start, --json or not: stdout stays the result alone."""
+    if not err_console.is_terminal:
+        yield _StageLines(description)
+        return
+    if not enabled:
         yield _Null()
         return
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.errors import InputError
 from .llm_families import BY_MODEL_TYPE, SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
-from .loaded_llm import LoadedLLM
+from .loaded_llm import LoadedLLM, without_hf_progress_bars
 from . import frontend
 
 
@@ -217,7 +217,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     folder, name = str(path.parent), path.name
     t0 = time.perf_counter()
     try:
-        with _reuse_parsed_gguf(path, reader):
+        with _reuse_parsed_gguf(path, reader), without_hf_progress_bars():
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                          local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..core.errors import InputError, OutputExistsError
 from . import frontend
 from .llm_families import check_config, family_of
-from .loaded_llm import LoadedLLM
+from .loaded_llm import LoadedLLM, without_hf_progress_bars
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 _BPE_PAIR = ("vocab.json", "merges.txt")
@@ -77,8 +77,9 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
     config = read_hf_config(folder)
     arch = config.model_type
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        with without_hf_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (ValueError, OSError, KeyError) as e:
         raise InputError(f"transformers could not load {folder}: {type(e).__name__}: {e}") from None
     model.eval()

@@ -1,12 +1,27 @@
 """What an LLM frontend hands on: a float32 HF causal LM, its tokenizer and where it came from."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..core.errors import InputError
 from .llm_families import SUPPORTED_ARCHITECTURES
+
+
+@contextmanager
+def without_hf_progress_bars() -> Iterator[None]:
+    """transformers' own tqdm bars (one per GGUF tensor, per weight file) are off while a frontend
+    loads: the command reports the stage itself, and a piped log would get a line per update."""
+    from transformers.utils import logging as hf_logging
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 @dataclass
