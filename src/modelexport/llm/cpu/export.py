@@ -74,10 +74,9 @@ class CpuExportOptions:
                                          # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
-    gguf_blocks: bool = False            # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
-                                         # blocks as stored (else re-quantize them like float weights).
-                                         # Off by default: merged, SmolLM2's chat answer broke (the
-                                         # greedy text goes wrong though perplexity matched llama.cpp's)
+    gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
+                                         # blocks as stored; False re-quantizes them like float weights
+                                         # (SmolLM2 Q4_1: perplexity 43 instead of llama.cpp's 31)
 
     def __post_init__(self):
         if self.quant not in QUANT_MODES:
