@@ -199,3 +199,19 @@ def test_kernel_on_smollm2_shapes_prefill_and_decode(tmp_path):
         for name, g, w in zip(("qkv", "gate_up", "down", "head"), got, module(x, mlp_in)):
             err = float((g - w).abs().max())
             assert g.shape == w.shape and err <= 2e-5 * float(w.abs().max()) + 1e-5, (name, tokens, err)
+
+
+def test_requantized_weights_are_counted_with_their_loss(tiny_q4_1_gguf):
+    """A weight not stored in a kept layout is re-quantized; the record says how many and what
+    they lost against the file's values (weight SQNR), which a re-quantized Q4_1 weight shows."""
+    from modelexport.llm.cpu.export import _dequantized, quantize_weight
+
+    blocks = GgufBlocks(tiny_q4_1_gguf)
+    assert "requantized_weight_sqnr_db" not in blocks.summary()
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    q, scale = quantize_weight(w, 4, 32)
+    blocks.requantized(w, _dequantized(q, scale, 32))
+    blocks.requantized(w, w + 0.3 * w)                       # 10.46 dB by construction: the worst
+    loss = blocks.summary()["requantized_weight_sqnr_db"]
+    assert blocks.used["requantized"] == 2
+    assert 10.46 < loss["all"] < 20 and abs(loss["worst"] - 10.46) < 0.01, loss
