@@ -83,7 +83,8 @@ def test_fp32_greedy_equals_transformers(fp32, hf):
 
 
 def test_8da4w_greedy_agreement_length(q4, hf):
-    """4-bit weights drift from the float model after a while: record how long they agree."""
+    """The GGUF's own 4-bit blocks follow the float model (the same file dequantized) for most of
+    32 greedy tokens; only the int8 activations differ from it."""
     record = {}
     for prompt in ("The history of Paris began long ago, when", "def fibonacci(n):"):
         ids = q4.tokenizer.encode(prompt)
@@ -91,7 +92,9 @@ def test_8da4w_greedy_agreement_length(q4, hf):
         got = q4.generate(ids, max_new_tokens=32, stop_on_eos=False).token_ids
         record[prompt] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 32)
     print("8da4w greedy agreement with transformers (tokens of 32):", json.dumps(record))
-    assert max(record.values()) >= 2
+    # measured (issue 20): 31 and 25 with the GGUF's blocks kept (the default); 1 and 5 when the
+    # program re-quantized them (gguf_blocks=False)
+    assert min(record.values()) >= 16, record
 
 
 def test_chat_is_multi_turn_and_reuses_the_cache(q4):
