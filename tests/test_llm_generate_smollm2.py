@@ -21,7 +21,13 @@ HEAVY = pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
                            reason="heavy: run with `make test-heavy` (SmolLM2 fp32 XNNPACK export, ~9 min)")
 
 CACHE = Path(os.environ.get("MODELEXPORT_LLM_TEST_CACHE") or REPO / "bench" / ".work" / "cache")
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# A question whose answer the float model (the GGUF dequantized) does not leave to chance: the first
+# token of "The capital city of France is Paris." leads by 0.73 logits there. To "What is the capital
+# of France?" it leads by 0.08, within the noise of any 8-bit-activation engine: from this very file
+# llama.cpp answers "L'Étoile, la Marseillaise, ..." and so does the program that keeps the file's
+# blocks, token for token (issue 20); a test on it measured luck, not the program.
+ASK = "Name the capital city of France."
+QUESTION = [{"role": "user", "content": ASK}]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,8 @@ def test_fp32_greedy_equals_transformers(fp32, hf):
 
 
 def test_8da4w_greedy_agreement_length(q4, hf):
-    """4-bit weights drift from the float model after a while: record how long they agree."""
+    """The GGUF's own 4-bit blocks follow the float model (the same file dequantized) for most of
+    32 greedy tokens; only the int8 activations differ from it."""
     record = {}
     for prompt in ("The history of Paris began long ago, when", "def fibonacci(n):"):
         ids = q4.tokenizer.encode(prompt)
@@ -85,12 +92,14 @@ def test_8da4w_greedy_agreement_length(q4, hf):
         got = q4.generate(ids, max_new_tokens=32, stop_on_eos=False).token_ids
         record[prompt] = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 32)
     print("8da4w greedy agreement with transformers (tokens of 32):", json.dumps(record))
-    assert max(record.values()) >= 2
+    # measured (issue 20): 31 and 25 with the GGUF's blocks kept (the default); 1 and 5 when the
+    # program re-quantized them (gguf_blocks=False)
+    assert min(record.values()) >= 16, record
 
 
 def test_chat_is_multi_turn_and_reuses_the_cache(q4):
     chat = q4.chat()
-    r1 = chat.send("What is the capital of France?", max_new_tokens=24)
+    r1 = chat.send(ASK, max_new_tokens=24)
     assert "Paris" in r1.text
     r2 = chat.send("And of Italy?", max_new_tokens=24)
     assert r2.stats.prefill_tokens < r2.stats.prompt_tokens       # turn one stayed in the cache
@@ -100,7 +109,7 @@ def test_chat_is_multi_turn_and_reuses_the_cache(q4):
 
 def test_cli_generate_on_the_gguf(cli, smollm2_gguf):
     env = {"MODELEXPORT_CACHE_DIR": str(CACHE)}
-    proc = cli("generate", str(smollm2_gguf), "--chat", "--prompt", "What is the capital of France?", "-n", "24", "--json",
+    proc = cli("generate", str(smollm2_gguf), "--chat", "--prompt", ASK, "-n", "24", "--json",
                env=env, check=True)
     out = json.loads(proc.stdout)
     turn = out["turns"][0]
@@ -108,7 +117,7 @@ def test_cli_generate_on_the_gguf(cli, smollm2_gguf):
     assert turn["stats"]["time_to_first_token_s"] > 0 and turn["stats"]["decode_tokens_per_s"] > 0
     assert out["model"]["cache_hit"] is True
     # a plain --prompt on an instruct model is asked through its chat template (issue 18, item 5)
-    asked = json.loads(cli("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24",
+    asked = json.loads(cli("generate", str(smollm2_gguf), "--prompt", ASK, "-n", "24",
                            "--json", env=env, check=True).stdout)
     assert asked["chat_template"] is True and "Paris" in asked["text"]
     raw = cli("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24", "--raw",

@@ -159,3 +159,59 @@ def test_tiny_gguf_program_keeps_its_blocks_and_matches_the_dequantized_model(ti
     print("logit SQNR vs the dequantized model (dB):", sqnr)
     # measured: 36.4 dB kept (only the int8 activations differ), 12.1 dB re-quantized
     assert sqnr[True] > 33 and sqnr[True] > sqnr[False] + 15, sqnr
+
+
+class _SmolLM2Block(torch.nn.Module):
+    """A Llama block's projections at SmolLM2-135M's sizes as the program calls them on a Q4_1
+    GGUF: RMSNorm + q|k|v, gate|up with its norm, down + residual; and a Q8_0 head with the
+    final norm (4096 of its 49152 rows)."""
+
+    def __init__(self):
+        super().__init__()
+        dim, hidden, qkv = 576, 1536, 960
+        self.qkv = LAYOUTS["Q4_1"].module(_stored("Q4_1", qkv, dim, seed=11)[1], None)
+        self.qkv.set_norm(torch.rand(dim) + 0.5, 1e-5)
+        gate, up = (LAYOUTS["Q4_1"].module(_stored("Q4_1", hidden, dim, seed=s)[1], None) for s in (12, 13))
+        self.gate_up = Q4GateUp.from_linears(gate, up)
+        self.gate_up.set_norm(torch.rand(dim) + 0.5, 1e-5)
+        self.down = LAYOUTS["Q4_1"].module(_stored("Q4_1", dim, hidden, seed=14)[1], None)
+        self.head = LAYOUTS["Q8_0"].module(_stored("Q8_0", 4096, dim, seed=15)[1], None)
+        self.head.set_norm(torch.rand(dim) + 0.5, 1e-5)
+
+    def forward(self, x, mlp_in):
+        return self.qkv(x), self.gate_up(x), self.down(mlp_in, x), self.head(x)
+
+
+def test_kernel_on_smollm2_shapes_prefill_and_decode(tmp_path):
+    """The C++ kernels against the reference at the real model's sizes, for a 37-token prompt (a
+    chat question's prefill: several tokens per weight task, split over the thread pool) and then
+    one token (decode), with activations whose first token carries an outlier as SmolLM2's do.
+    (Measured on the real model, issue 20: this program's greedy tokens equal llama.cpp's on the
+    same file, and the reference with unrounded activations equals the dequantized model to 68 dB.)"""
+    module = _SmolLM2Block().eval()
+    n = torch.export.Dim("n", max=64)
+    method = load_portable_program(module, (torch.randn(1, 2, 576), torch.randn(1, 2, 1536)),
+                                   ({1: n}, {1: n}), tmp_path / "smollm2_block.pte")
+    for tokens in (37, 1):
+        x, mlp_in = torch.randn(1, tokens, 576), torch.randn(1, tokens, 1536) * 0.3
+        x[0, 0, 7] = 400.0                           # a massive activation in one channel
+        got = method.forward((x, mlp_in))
+        for name, g, w in zip(("qkv", "gate_up", "down", "head"), got, module(x, mlp_in)):
+            err = float((g - w).abs().max())
+            assert g.shape == w.shape and err <= 2e-5 * float(w.abs().max()) + 1e-5, (name, tokens, err)
+
+
+def test_requantized_weights_are_counted_with_their_loss(tiny_q4_1_gguf):
+    """A weight not stored in a kept layout is re-quantized; the record says how many and what
+    they lost against the file's values (weight SQNR), which a re-quantized Q4_1 weight shows."""
+    from modelexport.llm.cpu.export import _dequantized, quantize_weight
+
+    blocks = GgufBlocks(tiny_q4_1_gguf)
+    assert "requantized_weight_sqnr_db" not in blocks.summary()
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    q, scale = quantize_weight(w, 4, 32)
+    blocks.requantized(w, _dequantized(q, scale, 32))
+    blocks.requantized(w, w + 0.3 * w)                       # 10.46 dB by construction: the worst
+    loss = blocks.summary()["requantized_weight_sqnr_db"]
+    assert blocks.used["requantized"] == 2
+    assert 10.46 < loss["all"] < 20 and abs(loss["worst"] - 10.46) < 0.01, loss

@@ -70,7 +70,7 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
         info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)
     if kind in ("gguf", "hf"):
         t0 = time.perf_counter()
-        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len)
+        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len, gguf_blocks=opts.gguf_blocks)
         entry, meta, hit = build_cached(path, eopts, progress=opts.progress, use_cache=opts.use_cache,
                                         cache_dir=opts.cache_dir)
         info.update(pte=str(entry / meta["pte"]), cache_hit=hit, build_s=round(time.perf_counter() - t0, 2),

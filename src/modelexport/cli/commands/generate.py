@@ -30,6 +30,7 @@ def generate(
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
     max_seq_len: int = typer.Option(2048, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model."),
+    requantize_gguf: bool = typer.Option(False, "--requantize-gguf", help="Re-quantize a GGUF's Q4_0/Q4_1/Q8_0 weights to our own 4-bit instead of keeping its blocks as stored (the default, which computes what llama.cpp computes from the file)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Use this tokenizer (tokenizer.json, SentencePiece .model or .gguf) instead of the model's."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all cores)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild the CPU program instead of reusing the cached one."),
@@ -65,7 +66,8 @@ def generate(
     with progress("loading the model", enabled=not json_out and sys.stderr.isatty()) as bar:
         def stage(name: str) -> None:
             bar.update(description=f"building the CPU program (once per model): {name}")
-        model_ = llm.load(model, backend=backend, quant=quant, max_seq_len=max_seq_len, tokenizer=tokenizer,
+        model_ = llm.load(model, backend=backend, quant=quant, max_seq_len=max_seq_len, gguf_blocks=not requantize_gguf,
+                          tokenizer=tokenizer,
                           threads=threads, use_cache=not no_cache, progress=stage)
     info = model_.info
     if not json_out and not quiet:

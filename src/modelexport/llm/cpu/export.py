@@ -74,10 +74,9 @@ class CpuExportOptions:
                                          # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
-    gguf_blocks: bool = False            # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
-                                         # blocks as stored (else re-quantize them like float weights).
-                                         # Off by default: merged, SmolLM2's chat answer broke (the
-                                         # greedy text goes wrong though perplexity matched llama.cpp's)
+    gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
+                                         # blocks as stored; False re-quantizes them like float weights
+                                         # (SmolLM2 Q4_1: perplexity 43 instead of llama.cpp's 31)
 
     def __post_init__(self):
         if self.quant not in QUANT_MODES:
@@ -409,6 +408,14 @@ def quantize_weight(w, bits: int, group_size: int):
     return q, (scale if group_size else scale.reshape(n))
 
 
+def _dequantized(q, scale, group: int):
+    """The weight `quantize_weight` stands for: values times their group's scale, as stored (bf16)."""
+    import torch
+    n, k = q.shape
+    s = scale.to(torch.bfloat16).float()
+    return (q.float().reshape(n, k // group, group) * s.reshape(n, k // group, 1)).reshape(n, k)
+
+
 def quantize_model(model, opts: CpuExportOptions, blocks=None):
     """Quantize `model`'s embedding and linears as `opts` says. With `blocks` (a GGUF's
     `GgufBlocks`) and the native kernel, each weight held in a GGUF layout our kernels compute
@@ -439,9 +446,9 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
                     stored = native_blocks.linear(linear) if native_blocks is not None else None
                     if stored is not None:
                         return stored
-                    if native_blocks is not None:
-                        native_blocks.used["requantized"] += 1
                     q, scale = quantize_weight(linear.weight, bits, group)
+                    if native_blocks is not None:
+                        native_blocks.requantized(linear.weight, _dequantized(q, scale, group))
                     return Q4Linear(q, scale, None if linear.bias is None else linear.bias.detach().float())
 
                 fuse_swiglu(model, make)
@@ -539,7 +546,9 @@ def _weights_record(opts: CpuExportOptions, blocks) -> dict[str, Any]:
         return {"layout": f"quantized from float ({own})"}
     kept = blocks.used.copy()
     requantized = kept.pop("requantized", 0)
-    layout = "GGUF blocks as stored" + (f" ({requantized} re-quantized to {own})" if requantized else "")
+    loss = blocks.summary().get("requantized_weight_sqnr_db") or {}
+    layout = "GGUF blocks as stored" + (f" ({requantized} re-quantized to {own}, weight SQNR {loss.get('all')} dB)"
+                                        if requantized else "")
     return {"layout": layout, **blocks.summary()}
 
 

@@ -7,7 +7,8 @@ are found again by content: each row of every GGUF matrix of a layout below is d
 with `gguf.quants.dequantize` and indexed by a hash of its float32 bytes. A Linear whose rows are
 all found in one layout gets those rows' stored blocks (the row order of the HF weight, whatever
 permutation or stacking made it), and our kernels compute them exactly; anything else (a K-quant,
-F16, rows of different layouts) is left to the caller's re-quantization, and counted.
+F16, rows of different layouts) is left to the caller's re-quantization, counted, and its loss
+measured against the file's values (`requantized`, shown by `inspect`).
 
 Layouts kept as stored (llama.cpp's ggml-common.h; 32 weights per block):
 - Q4_0: d (float16), 16 bytes of nibbles u: W = d * (u - 8)
@@ -99,6 +100,8 @@ class GgufBlocks:
             for i, row in enumerate(values):
                 self._rows.setdefault(_row_key(row), (name, i))
         self.used: Counter = Counter()           # what the program got: layout name or "requantized"
+        self._loss = [0.0, 0.0]                   # re-quantized weights: sum of w^2, sum of (w' - w)^2
+        self._worst_db: float | None = None
 
     def blocks_of(self, weight) -> tuple[str, np.ndarray] | None:
         """(layout name, uint8 [N, K/32, block bytes]) holding `weight` [N, K] exactly, or None."""
@@ -144,6 +147,26 @@ class GgufBlocks:
         self.used["Q8_0 embedding"] += 1
         return emb
 
+    def requantized(self, weight, approx) -> None:
+        """Count a weight the program re-quantizes (`approx`: the values it computes instead), and
+        its loss: the file's values against ours, as a signal-to-noise ratio."""
+        import math
+        w, e = weight.detach().double(), approx.detach().double() - weight.detach().double()
+        signal, noise = float((w * w).sum()), float((e * e).sum())
+        self.used["requantized"] += 1
+        self._loss[0] += signal
+        self._loss[1] += noise
+        db = 10 * math.log10(signal / noise) if noise > 0 else math.inf
+        self._worst_db = db if self._worst_db is None else min(self._worst_db, db)
+
     def summary(self) -> dict:
-        """What the program holds, for its metadata: per layout, how many weights kept as stored."""
-        return {"file_types": dict(self.types), "kept_as_stored": dict(self.used)}
+        """What the program holds, for its metadata: per layout, how many weights kept as stored,
+        and what re-quantizing the others lost (weight SQNR in dB: all of them, and the worst)."""
+        import math
+        out = {"file_types": dict(self.types), "kept_as_stored": dict(self.used)}
+        if self._worst_db is not None:
+            signal, noise = self._loss
+            out["requantized_weight_sqnr_db"] = {
+                "all": round(10 * math.log10(signal / noise), 2) if noise > 0 else None,
+                "worst": round(self._worst_db, 2) if math.isfinite(self._worst_db) else None}
+        return out
