@@ -82,26 +82,44 @@ def tree_rss(pid: int) -> tuple[int, int]:
 
 
 def run_measured(args: list[str], env: dict) -> dict:
+    """Run one compile; the tree's peak RSS overall and while each progress line was the latest
+    (`stages`: what each phase of the compile held, to set the up-front estimate's factors)."""
     proc = subprocess.Popen([sys.executable, "-m", "modelexport", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     peak = {"parent": 0, "tree": 0}
     loads = []
+    stages: list[dict] = [{"line": "(start)", "t_s": 0.0, "peak_tree_gb": 0.0, "peak_parent_gb": 0.0}]
+    err_lines: list[str] = []
+    t0 = time.perf_counter()
 
     def sample():
         while proc.poll() is None:
             own, total = tree_rss(proc.pid)
             peak["parent"], peak["tree"] = max(peak["parent"], own), max(peak["tree"], total)
+            st = stages[-1]
+            st["peak_tree_gb"] = max(st["peak_tree_gb"], round(total / 2**30, 2))
+            st["peak_parent_gb"] = max(st["peak_parent_gb"], round(own / 2**30, 2))
             if not loads or time.time() - loads[-1][0] > 30:
                 loads.append((time.time(), os.getloadavg()[0]))
             time.sleep(0.25)
-    t0 = time.perf_counter()
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    out, err = proc.communicate()
+
+    def read_err():
+        for line in proc.stderr:
+            err_lines.append(line)
+            if line.strip():
+                stages.append({"line": line.strip()[:160], "t_s": round(time.perf_counter() - t0, 1),
+                               "peak_tree_gb": 0.0, "peak_parent_gb": 0.0})
+    threads = [threading.Thread(target=f, daemon=True) for f in (sample, read_err)]
+    for th in threads:
+        th.start()
+    out = proc.stdout.read()
+    proc.wait()
     wall = time.perf_counter() - t0
-    th.join()
+    for th in threads:
+        th.join()
+    err = "".join(err_lines)
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "peak_parent_rss_gb": round(peak["parent"] / 2**30, 2),
-            "peak_tree_rss_gb": round(peak["tree"] / 2**30, 2),
+            "peak_tree_rss_gb": round(peak["tree"] / 2**30, 2), "stages": stages,
             "load_avg_1min_samples": [round(x, 2) for _, x in loads], "stdout": out[-4000:], "stderr": err[-4000:]}
 
 
