@@ -110,6 +110,64 @@ def test_kv_ranges_tie_observers_in_and_out():
     assert enc["past_key_0_in"][0] == pytest.approx(6.0 / 65535, rel=1e-3)    # the tied range, 16-bit
 
 
+def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
+    """The fake-quant stage of a .pte bundle is QnnQuantizer's converted graph saved as a .pt2: read
+    back in this process it gives the converted graph's logits exactly, and the stage comparison
+    names the pairs, judges the twin's and lands in manifest.numerics's rows."""
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.core.targets import get_target
+    from modelexport.llm.pte_numerics import JUDGED, compare_stages, manifest_numerics
+    from modelexport.llm.pte_session import GraphForward, load_fake_quant
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.quant.llm_pt2e import llm_quant_plan, save_converted
+    from modelexport.quant.pt2e_qnn import quantize
+    qnn_ready()
+    dec = build_static_decoder(tiny_llama(n_layers=1), StaticDecoderConfig(4, 16))
+    ex = dec.example_inputs()
+    ids = torch.tensor([tiny_tokenizer().encode("Markets rose")[:4]], dtype=torch.int32)
+    sample = {n: t.numpy() for n, t in zip(dec.input_names(), (ids, *ex[1:]))}
+    gm = torch.export.export(dec, ex, strict=True).module()
+    q = quantize(gm, llm_quant_plan("16a8w", None, None), get_target("SM8650"),
+                 [tuple(torch.from_numpy(sample[n]) for n in dec.input_names())])
+    save_converted(q, ex, tmp_path / "prefill_forward.pt2")
+    loaded = GraphForward(load_fake_quant(tmp_path / "prefill_forward.pt2"), "prefill_forward")
+    feed = [torch.from_numpy(sample[n]) for n in dec.input_names()]
+    assert torch.equal(loaded(*feed)[0], q(*feed)[0])
+    # the converted graph stands in for the twin here: the pairs and the judged row are what is checked
+    num = compare_stages({"prefill_forward": {"float": dec, "fake-quant": q, "htp-sim": loaded}},
+                         {"prefill_forward": [sample]}, {"prefill_forward": dec.input_names()})["prefill_forward"]
+    assert set(num) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    assert num["fake-quant vs htp-sim"].sqnr_db == 200.0            # identical logits (capped)
+    assert 10 < num["float vs fake-quant"].sqnr_db < 200 and num[JUDGED].samples == 1
+    rows = manifest_numerics({"prefill_forward": num}, 18.0, "SM8650", "a sample")
+    assert rows["outputs"][0]["name"] == "prefill_forward logits" and rows["threshold_db"] == 18.0
+    assert rows["outputs"][0]["sqnr_db"] == num[JUDGED].sqnr_db
+
+
+def test_older_pte_numerics_still_read():
+    """Bundles written before the stage pairs kept {method: SQNR dB} of the twin vs float."""
+    from modelexport.contract.manifest import PteLlmProgram
+    p = PteLlmProgram(file="a.pte", host_twin="host/a.pte", methods=[], decoder_methods={"kv_forward": 1},
+                      bytes=1, host_twin_bytes=1, numerics={"kv_forward": 33.5})
+    assert p.numerics["kv_forward"]["float vs htp-sim"].sqnr_db == 33.5 and p.fake_quant == {}
+
+
+def test_llm_pte_bundles_get_their_own_runner(tmp_path):
+    """verify of an LLM .pte bundle is the LLM one (per method, on text), not the model .pte's; run and
+    profile (one graph's feed) say what to use instead."""
+    import json
+
+    from modelexport.runtime.runners import runner_for
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "llm"}))
+    r = runner_for(tmp_path)
+    assert r.verify.__name__ == "_llm_pte_verify"
+    from modelexport.core.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="generate BUNDLE --backend htp-sim"):
+        r.run(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "model"}))
+    assert runner_for(tmp_path).verify.__name__ == "_pte_verify"
+
+
 # ---- end to end (heavy) -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

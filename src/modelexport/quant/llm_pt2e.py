@@ -150,3 +150,11 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
         encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
                              if k in kv_ranges}
     return graphs, inputs, encodings
+
+
+def save_converted(converted, example_inputs: tuple, path) -> None:
+    """A method's converted (fake-quant) graph as a `.pt2` (`torch.export`), the `.pte` bundle's
+    fake-quant stage: what quantization alone does, run on the CPU by `eval` and `verify`
+    (`llm.pte_session.load_fake_quant` reads it back)."""
+    import torch
+    torch.export.save(torch.export.export(converted, example_inputs, strict=False), str(path))
