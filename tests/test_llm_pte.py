@@ -256,3 +256,92 @@ def test_pte_generate_and_inspect_and_missing_tokenizer(bundle, cli, tmp_path):
     (broken / "tokenizer" / "tokenizer.json").unlink()
     proc = cli("generate", str(broken), "--backend", "htp-sim", "--prompt", "hi", "--max-new-tokens", "2")
     assert_clean_error(proc, "missing its tokenizer", "tokenizer.json", "--force")
+
+
+@pytest.mark.heavy
+def test_pte_numerics_recorded_for_inspect_and_report(bundle, cli):
+    """Compile's measure per method and stage pair, typed, and the twin-vs-float rows in manifest.numerics
+    that inspect prints and report.html plots (as for context-binary bundles)."""
+    prog = bundle.manifest.llm.pte["SM8650"]
+    assert set(prog.numerics) == {"kv_forward", "prefill_forward"}
+    for pairs in prog.numerics.values():
+        assert set(pairs) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    assert sorted(prog.fake_quant.values()) == ["qdq/kv_forward.pt2", "qdq/prefill_forward.pt2"]
+    rows = bundle.manifest.numerics["outputs"]
+    assert sorted(r["name"] for r in rows) == ["kv_forward logits", "prefill_forward logits"]
+    out = cli("inspect", str(bundle.path), check=True).stdout
+    assert "numerics   kv_forward logits: SQNR" in out
+    html = (bundle.path / "report.html").read_text()
+    assert "Numerics vs the float model" in html and "prefill_forward logits" in html
+    d = __import__("json").loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)["deployment"]
+    assert "qdq/kv_forward.pt2" in d["host_only_files"]
+
+
+@pytest.mark.heavy
+def test_pte_eval_every_stage_and_verify_per_method(bundle, work, cli):
+    """eval of a .pte bundle at float, fake-quant (QnnQuantizer's graphs on the CPU) and htp-sim (the twin):
+    the quantized stages near float and the twin near its fake-quant graph; verify compares each method's
+    logits on the simulator with float on held-out text and records them."""
+    import json
+    from modelexport.runtime.evaluate import evaluate
+    res = evaluate(bundle.path, work / "calib.txt", stages=["float", "fake-quant", "htp-sim"], window=32,
+                   max_tokens=128, sim_window=16, sim_tokens=32)
+    ppl = {k: v["perplexity"] for k, v in res["stages"].items()}
+    assert set(ppl) == {"float", "fake-quant", "htp-sim"}
+    assert abs(ppl["fake-quant"] / ppl["float"] - 1) < 0.1, ppl
+    short = res["short"]["perplexity"]
+    assert abs(short["htp-sim"] / short["fake-quant"] - 1) < 0.1, short
+    assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > res["sqnr"]["float vs htp-sim"]["sqnr_db"] - 3
+    proc = cli("verify", str(bundle.path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert sorted(g["part"] for g in rep["graphs"]) == ["kv_forward", "prefill_forward"]
+    assert all(g["passed"] and g["outputs"][0]["name"] == "logits" for g in rep["graphs"])
+    assert set(rep["stages"]["kv_forward"]) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    from modelexport.contract import open_bundle
+    num = open_bundle(bundle.path).manifest.numerics
+    assert num["inputs"].startswith("calibration text") and num["samples"] == 2
+    proc = cli("verify", str(bundle.path), "--part", "ar9")
+    assert_clean_error(proc, "no decoder method 'ar9'", "kv_forward (ar1)", "prefill_forward (ar4)")
+    assert_clean_error(cli("verify", str(bundle.path), "--per-layer"), "--per-layer", "without --per-layer")
+
+
+@pytest.mark.heavy
+def test_pte_bundle_without_fake_quant_graphs_names_its_stages(bundle, cli, tmp_path):
+    """A .pte bundle that keeps no fake-quant graphs (compiled before they were kept): eval says which
+    stages it runs, before any work; run (one graph's feed) points to generate / eval / verify."""
+    import json
+    old = tmp_path / "old"
+    shutil.copytree(bundle.path, old)
+    m = json.loads((old / "manifest.json").read_text())
+    for prog in m["llm"]["pte"].values():
+        prog.pop("fake_quant")
+    m["files"] = [f for f in m["files"] if not f["path"].startswith("qdq/")]
+    shutil.rmtree(old / "qdq")
+    (old / "manifest.json").write_text(json.dumps(m))
+    proc = cli("eval", str(old), "--stages", "fake-quant,htp-sim")
+    assert_clean_error(proc, "cannot run stage(s) fake-quant", "keeps no fake-quant graphs", "float, htp-sim, cpu",
+                       "--stages htp-sim", "--format pte --force")
+    proc = cli("run", str(bundle.path), "--random")
+    assert_clean_error(proc, "LLM .pte bundle", "generate BUNDLE --backend htp-sim")
+
+
+@pytest.mark.heavy
+def test_pte_and_onnx_paths_score_alike(bundle, work):
+    """The same tiny model compiled both ways (16a4w_block, ar1+ar4, C=64, same text): the .pte's
+    QnnQuantizer graph and the ONNX path's QDQ graph stay as near float as each other, and so do
+    their twins on the simulator."""
+    import modelexport
+    from modelexport.runtime.evaluate import evaluate
+    ctx = modelexport.compile(str(work / "tiny_hf"), output=work / "ctx_bundle", target="SM8650", variants="ar1,ar4",
+                              max_seq_len=SEQ, calibration=str(work / "calib.txt"), calibration_samples=4)
+    kw = dict(stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=128, sim_window=16, sim_tokens=32)
+    res = {name: evaluate(b.path, work / "calib.txt", **kw) for name, b in (("pte", bundle), ("onnx", ctx))}
+    print({name: (r["stages"], r["sqnr"]) for name, r in res.items()})
+    assert res["pte"]["stages"]["float"]["perplexity"] == pytest.approx(res["onnx"]["stages"]["float"]["perplexity"])
+    flt = res["pte"]["stages"]["float"]["perplexity"]
+    for stage in ("fake-quant",):
+        gap = {name: abs(r["stages"][stage]["perplexity"] / flt - 1) for name, r in res.items()}
+        assert gap["pte"] < max(2 * gap["onnx"], 0.02), gap
+    sq = {name: r["sqnr"]["float vs htp-sim"]["sqnr_db"] for name, r in res.items()}
+    assert sq["pte"] > sq["onnx"] - 6, sq

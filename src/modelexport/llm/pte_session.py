@@ -80,7 +80,7 @@ class PteStage:
 PTE_STAGES: dict[str, PteStage] = {
     "htp-sim": PteStage(_twin, lambda prog: True, ""),
     "fake-quant": PteStage(_fake_quant, lambda prog: bool(prog.fake_quant),
-                           "it keeps no fake-quant graphs (compiled before they were kept)"),
+                           "the bundle keeps no fake-quant graphs: it was compiled before they were kept"),
 }
 
 
@@ -109,7 +109,8 @@ def stage_forwards(bundle, load_program, stage: str, target: str | None = None) 
         raise InputError(f"the .pte LLM bundle {bundle.path} cannot run stage {stage!r}{why}; it runs "
                          f"{', '.join(['float', *can])}",
                          f"use --stages {','.join(['float', *can])}" + (
-                             "" if row is None else ", or compile it again with --force to keep them"))
+                             "" if row is None else ", or compile the model again with "
+                             "`modelexport compile MODEL --format pte --force`"))
     return row.open(bundle, prog, load_program)
 
 

@@ -48,6 +48,12 @@ def _pte_stages(bundle) -> tuple[str, ...]:
     return compiled_stages(bundle)
 
 
+def _pte_why_not(stage: str) -> str:
+    from ..llm.pte_session import PTE_STAGES
+    row = PTE_STAGES.get(stage)
+    return row.why_not if row else ""
+
+
 def _pte_forwards(bundle, stage: str):
     from ..backends.llm_pte.session import load_program
     from ..llm.pte_session import pte_forwards
@@ -59,12 +65,13 @@ class CompiledStages:
     """How one bundle format runs its compiled stages (COMPILED) for eval."""
     stages: Callable[[Any], tuple[str, ...]]     # bundle → the compiled stages it can run
     forwards: Callable[[Any, str], tuple]        # (bundle, stage) → ({N: Forward}, spec, max_seq_len)
+    why_not: Callable[[str], str] = lambda stage: ""   # why a compiled stage is missing, and its fix
 
 
 # manifest.format → its compiled stages (a bundle without a format is a context-binary one)
 BUNDLE_FORMATS: dict[str, CompiledStages] = {
     Format.CONTEXT_BINARY: CompiledStages(_ctx_stages, _ctx_forwards),
-    Format.PTE: CompiledStages(_pte_stages, _pte_forwards),
+    Format.PTE: CompiledStages(_pte_stages, _pte_forwards, _pte_why_not),
 }
 
 
@@ -75,8 +82,11 @@ def _compiled_stages_of(bundle, stages: list[str]) -> CompiledStages:
     can = ("float", *(row.stages(bundle) if row else ()), "cpu")
     cannot = [s for s in stages if s in STAGES and s not in can]
     if cannot:
-        raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}; it runs "
-                         f"{', '.join(can)}", f"use --stages {','.join(s for s in stages if s in can) or 'float'}")
+        why = "; ".join(w for w in (row.why_not(s) if row else "" for s in cannot) if w)
+        raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}"
+                         f"{f' ({why})' if why else ''}; it runs {', '.join(can)}",
+                         f"use --stages {','.join(s for s in stages if s in can) or 'float'}"
+                         + (", or compile the model again with `modelexport compile MODEL --format pte --force`" if why else ""))
     return row
 
 
