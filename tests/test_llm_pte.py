@@ -152,6 +152,20 @@ def test_older_pte_numerics_still_read():
     assert p.numerics["kv_forward"]["float vs htp-sim"].sqnr_db == 33.5 and p.fake_quant == {}
 
 
+def test_report_shows_every_stage_pair_of_a_pte_bundle(tmp_path):
+    """report.html's numerics of a .pte bundle: the twin-vs-float row per method and every stage pair,
+    not a per-layer hint (--per-layer does not run on .pte bundles)."""
+    from modelexport.contract.manifest import LogitsAgreement, Manifest
+    from modelexport.contract.report.html_report import section_numerics
+    from modelexport.llm.pte_numerics import manifest_numerics
+    a = LogitsAgreement(sqnr_db=21.3, cosine=0.9963, max_abs_error=0.58, top1_agreement=1.0, samples=2)
+    num = manifest_numerics({"kv_forward": {"float vs fake-quant": a, "float vs htp-sim": a, "fake-quant vs htp-sim": a}},
+                            5.0, "SM8650", "held-out text")
+    html = section_numerics(Manifest(numerics=num), tmp_path).html
+    assert "kv_forward logits" in html and "fake-quant vs htp-sim" in html and "held-out text" in html
+    assert "--per-layer" not in html
+
+
 def test_llm_pte_bundles_get_their_own_runner(tmp_path):
     """verify of an LLM .pte bundle is the LLM one (per method, on text), not the model .pte's; run and
     profile (one graph's feed) say what to use instead."""
@@ -273,6 +287,7 @@ def test_pte_numerics_recorded_for_inspect_and_report(bundle, cli):
     assert "numerics   kv_forward logits: SQNR" in out
     html = (bundle.path / "report.html").read_text()
     assert "Numerics vs the float model" in html and "prefill_forward logits" in html
+    assert "fake-quant vs htp-sim" in html
     d = __import__("json").loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)["deployment"]
     assert "qdq/kv_forward.pt2" in d["host_only_files"]
 
