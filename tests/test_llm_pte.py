@@ -110,6 +110,78 @@ def test_kv_ranges_tie_observers_in_and_out():
     assert enc["past_key_0_in"][0] == pytest.approx(6.0 / 65535, rel=1e-3)    # the tied range, 16-bit
 
 
+def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
+    """The fake-quant stage of a .pte bundle is QnnQuantizer's converted graph saved as a .pt2: read
+    back in this process it gives the converted graph's logits exactly, and the stage comparison
+    names the pairs, judges the twin's and lands in manifest.numerics's rows."""
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.core.targets import get_target
+    from modelexport.llm.pte_numerics import JUDGED, compare_stages, manifest_numerics
+    from modelexport.llm.pte_session import GraphForward, load_fake_quant
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.quant.llm_pt2e import llm_quant_plan, save_converted
+    from modelexport.quant.pt2e_qnn import quantize
+    qnn_ready()
+    dec = build_static_decoder(tiny_llama(n_layers=1), StaticDecoderConfig(4, 16))
+    ex = dec.example_inputs()
+    ids = torch.tensor([tiny_tokenizer().encode("Markets rose")[:4]], dtype=torch.int32)
+    sample = {n: t.numpy() for n, t in zip(dec.input_names(), (ids, *ex[1:]))}
+    gm = torch.export.export(dec, ex, strict=True).module()
+    q = quantize(gm, llm_quant_plan("16a8w", None, None), get_target("SM8650"),
+                 [tuple(torch.from_numpy(sample[n]) for n in dec.input_names())])
+    save_converted(q, ex, tmp_path / "prefill_forward.pt2")
+    loaded = GraphForward(load_fake_quant(tmp_path / "prefill_forward.pt2"), "prefill_forward")
+    feed = [torch.from_numpy(sample[n]) for n in dec.input_names()]
+    assert torch.equal(loaded(*feed)[0], q(*feed)[0])
+    # the converted graph stands in for the twin here: the pairs and the judged row are what is checked
+    num = compare_stages({"prefill_forward": {"float": dec, "fake-quant": q, "htp-sim": loaded}},
+                         {"prefill_forward": [sample]}, {"prefill_forward": dec.input_names()})["prefill_forward"]
+    assert set(num) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    assert num["fake-quant vs htp-sim"].sqnr_db == 200.0            # identical logits (capped)
+    assert 10 < num["float vs fake-quant"].sqnr_db < 200 and num[JUDGED].samples == 1
+    rows = manifest_numerics({"prefill_forward": num}, 18.0, "SM8650", "a sample")
+    assert rows["outputs"][0]["name"] == "prefill_forward logits" and rows["threshold_db"] == 18.0
+    assert rows["outputs"][0]["sqnr_db"] == num[JUDGED].sqnr_db
+
+
+def test_older_pte_numerics_still_read():
+    """Bundles written before the stage pairs kept {method: SQNR dB} of the twin vs float."""
+    from modelexport.contract.manifest import PteLlmProgram
+    p = PteLlmProgram(file="a.pte", host_twin="host/a.pte", methods=[], decoder_methods={"kv_forward": 1},
+                      bytes=1, host_twin_bytes=1, numerics={"kv_forward": 33.5})
+    assert p.numerics["kv_forward"]["float vs htp-sim"].sqnr_db == 33.5 and p.fake_quant == {}
+
+
+def test_report_shows_every_stage_pair_of_a_pte_bundle(tmp_path):
+    """report.html's numerics of a .pte bundle: the twin-vs-float row per method and every stage pair,
+    not a per-layer hint (--per-layer does not run on .pte bundles)."""
+    from modelexport.contract.manifest import LogitsAgreement, Manifest
+    from modelexport.contract.report.html_report import section_numerics
+    from modelexport.llm.pte_numerics import manifest_numerics
+    a = LogitsAgreement(sqnr_db=21.3, cosine=0.9963, max_abs_error=0.58, top1_agreement=1.0, samples=2)
+    num = manifest_numerics({"kv_forward": {"float vs fake-quant": a, "float vs htp-sim": a, "fake-quant vs htp-sim": a}},
+                            5.0, "SM8650", "held-out text")
+    html = section_numerics(Manifest(numerics=num), tmp_path).html
+    assert "kv_forward logits" in html and "fake-quant vs htp-sim" in html and "held-out text" in html
+    assert "--per-layer" not in html
+
+
+def test_llm_pte_bundles_get_their_own_runner(tmp_path):
+    """verify of an LLM .pte bundle is the LLM one (per method, on text), not the model .pte's; run and
+    profile (one graph's feed) say what to use instead."""
+    import json
+
+    from modelexport.runtime.runners import runner_for
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "llm"}))
+    r = runner_for(tmp_path)
+    assert r.verify.__name__ == "_llm_pte_verify"
+    from modelexport.core.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="generate BUNDLE --backend htp-sim"):
+        r.run(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "model"}))
+    assert runner_for(tmp_path).verify.__name__ == "_pte_verify"
+
+
 # ---- end to end (heavy) -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -166,7 +238,7 @@ def test_pte_twin_on_the_simulator_matches_float(bundle, work):
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.quant.precision import get_precision
     mark = get_precision("16a4w_block").min_sqnr_db
-    assert all(v >= mark for v in bundle.manifest.llm.pte["SM8650"].numerics.values())
+    assert all(p["float vs htp-sim"].sqnr_db >= mark for p in bundle.manifest.llm.pte["SM8650"].numerics.values())
     forwards, _, seq = pte_forwards(bundle, load_program)
     model = tiny_llama(n_layers=2)
     ids = tiny_tokenizer().encode("Markets rose on Tuesday")[:4]
@@ -198,3 +270,93 @@ def test_pte_generate_and_inspect_and_missing_tokenizer(bundle, cli, tmp_path):
     (broken / "tokenizer" / "tokenizer.json").unlink()
     proc = cli("generate", str(broken), "--backend", "htp-sim", "--prompt", "hi", "--max-new-tokens", "2")
     assert_clean_error(proc, "missing its tokenizer", "tokenizer.json", "--force")
+
+
+@pytest.mark.heavy
+def test_pte_numerics_recorded_for_inspect_and_report(bundle, cli):
+    """Compile's measure per method and stage pair, typed, and the twin-vs-float rows in manifest.numerics
+    that inspect prints and report.html plots (as for context-binary bundles)."""
+    prog = bundle.manifest.llm.pte["SM8650"]
+    assert set(prog.numerics) == {"kv_forward", "prefill_forward"}
+    for pairs in prog.numerics.values():
+        assert set(pairs) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    assert sorted(prog.fake_quant.values()) == ["qdq/kv_forward.pt2", "qdq/prefill_forward.pt2"]
+    rows = bundle.manifest.numerics["outputs"]
+    assert sorted(r["name"] for r in rows) == ["kv_forward logits", "prefill_forward logits"]
+    out = cli("inspect", str(bundle.path), check=True).stdout
+    assert "numerics   kv_forward logits: SQNR" in out
+    html = (bundle.path / "report.html").read_text()
+    assert "Numerics vs the float model" in html and "prefill_forward logits" in html
+    assert "fake-quant vs htp-sim" in html
+    d = __import__("json").loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)["deployment"]
+    assert "qdq/kv_forward.pt2" in d["host_only_files"]
+
+
+@pytest.mark.heavy
+def test_pte_eval_every_stage_and_verify_per_method(bundle, work, cli):
+    """eval of a .pte bundle at float, fake-quant (QnnQuantizer's graphs on the CPU) and htp-sim (the twin):
+    the quantized stages near float and the twin near its fake-quant graph; verify compares each method's
+    logits on the simulator with float on held-out text and records them."""
+    import json
+    from modelexport.runtime.evaluate import evaluate
+    res = evaluate(bundle.path, work / "calib.txt", stages=["float", "fake-quant", "htp-sim"], window=32,
+                   max_tokens=128, sim_window=16, sim_tokens=32)
+    ppl = {k: v["perplexity"] for k, v in res["stages"].items()}
+    assert set(ppl) == {"float", "fake-quant", "htp-sim"}
+    assert abs(ppl["fake-quant"] / ppl["float"] - 1) < 0.1, ppl
+    short = res["short"]["perplexity"]
+    assert abs(short["htp-sim"] / short["fake-quant"] - 1) < 0.1, short
+    assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > res["sqnr"]["float vs htp-sim"]["sqnr_db"] - 3
+    proc = cli("verify", str(bundle.path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert sorted(g["part"] for g in rep["graphs"]) == ["kv_forward", "prefill_forward"]
+    assert all(g["passed"] and g["outputs"][0]["name"] == "logits" for g in rep["graphs"])
+    assert set(rep["stages"]["kv_forward"]) == {"float vs fake-quant", "float vs htp-sim", "fake-quant vs htp-sim"}
+    from modelexport.contract import open_bundle
+    num = open_bundle(bundle.path).manifest.numerics
+    assert num["inputs"].startswith("calibration text") and num["samples"] == 2
+    proc = cli("verify", str(bundle.path), "--part", "ar9")
+    assert_clean_error(proc, "no decoder method 'ar9'", "kv_forward (ar1)", "prefill_forward (ar4)")
+    assert_clean_error(cli("verify", str(bundle.path), "--per-layer"), "--per-layer", "without --per-layer")
+
+
+@pytest.mark.heavy
+def test_pte_bundle_without_fake_quant_graphs_names_its_stages(bundle, cli, tmp_path):
+    """A .pte bundle that keeps no fake-quant graphs (compiled before they were kept): eval says which
+    stages it runs, before any work; run (one graph's feed) points to generate / eval / verify."""
+    import json
+    old = tmp_path / "old"
+    shutil.copytree(bundle.path, old)
+    m = json.loads((old / "manifest.json").read_text())
+    for prog in m["llm"]["pte"].values():
+        prog.pop("fake_quant")
+    m["files"] = [f for f in m["files"] if not f["path"].startswith("qdq/")]
+    shutil.rmtree(old / "qdq")
+    (old / "manifest.json").write_text(json.dumps(m))
+    proc = cli("eval", str(old), "--stages", "fake-quant,htp-sim")
+    assert_clean_error(proc, "cannot run stage(s) fake-quant", "keeps no fake-quant graphs", "float, htp-sim, cpu",
+                       "--stages htp-sim", "--format pte --force")
+    proc = cli("run", str(bundle.path), "--random")
+    assert_clean_error(proc, "LLM .pte bundle", "generate BUNDLE --backend htp-sim")
+
+
+@pytest.mark.heavy
+def test_pte_and_onnx_paths_score_alike(bundle, work):
+    """The same tiny model compiled both ways (16a4w_block, ar1+ar4, C=64, same text): the .pte's
+    QnnQuantizer graph and the ONNX path's QDQ graph stay as near float as each other, and so do
+    their twins on the simulator."""
+    import modelexport
+    from modelexport.runtime.evaluate import evaluate
+    ctx = modelexport.compile(str(work / "tiny_hf"), output=work / "ctx_bundle", target="SM8650", variants="ar1,ar4",
+                              max_seq_len=SEQ, calibration=str(work / "calib.txt"), calibration_samples=4)
+    kw = dict(stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=128, sim_window=16, sim_tokens=32)
+    res = {name: evaluate(b.path, work / "calib.txt", **kw) for name, b in (("pte", bundle), ("onnx", ctx))}
+    print({name: (r["stages"], r["sqnr"]) for name, r in res.items()})
+    assert res["pte"]["stages"]["float"]["perplexity"] == pytest.approx(res["onnx"]["stages"]["float"]["perplexity"])
+    flt = res["pte"]["stages"]["float"]["perplexity"]
+    for stage in ("fake-quant",):
+        gap = {name: abs(r["stages"][stage]["perplexity"] / flt - 1) for name, r in res.items()}
+        assert gap["pte"] < max(2 * gap["onnx"], 0.02), gap
+    sq = {name: r["sqnr"]["float vs htp-sim"]["sqnr_db"] for name, r in res.items()}
+    assert sq["pte"] > sq["onnx"] - 6, sq

@@ -28,8 +28,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, ClassVar
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler,
-                      model_serializer, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SerializationInfo,
+                      SerializerFunctionWrapHandler, model_serializer, model_validator)
 
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
 from ..core.vocab import BundleKind, Format, GraphKind, Role
@@ -240,6 +240,23 @@ class WeightSharing(_Recorded):
     note: str | None = None
 
 
+class LogitsAgreement(_Recorded):
+    """How close one stage's logits are to another's on the same real-text samples (`float vs
+    htp-sim`: the host twin on the simulator against the float decoder)."""
+    sqnr_db: float
+    cosine: float | None = None
+    max_abs_error: float | None = None
+    top1_agreement: float | None = None
+    samples: int | None = None
+
+
+def _numerics_by_pair(value: Any) -> Any:
+    """Bundles written before the pairs were recorded kept {method: SQNR dB} of the twin vs float."""
+    if isinstance(value, dict):
+        return {k: ({"float vs htp-sim": {"sqnr_db": v}} if isinstance(v, (int, float)) else v) for k, v in value.items()}
+    return value
+
+
 class PteLlmProgram(_Recorded):
     """LLM `.pte` bundles: one target's program (decode + prefill methods over one weight-shared
     context binary) and its unshared host twin, both read back with ExecuTorch's own schema."""
@@ -251,7 +268,10 @@ class PteLlmProgram(_Recorded):
     bytes: int
     host_twin_bytes: int
     kv_encodings: dict[str, list[float]] = Field(default_factory=dict)   # KV I/O → [scale, zero point], every method
-    numerics: dict[str, float] = Field(default_factory=dict)   # method → SQNR dB of the twin's logits vs float
+    # method → "A vs B" (stages: float, fake-quant, htp-sim) → agreement of the logits, measured at compile
+    numerics: Annotated[dict[str, dict[str, LogitsAgreement]], BeforeValidator(_numerics_by_pair)] = \
+        Field(default_factory=dict)
+    fake_quant: dict[str, BundlePath] = Field(default_factory=dict)   # method → QnnQuantizer's converted graph (.pt2)
 
 
 class GenieCheck(_Recorded):

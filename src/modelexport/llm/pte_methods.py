@@ -73,7 +73,7 @@ def check_tied(encodings: dict[str, dict[str, list[float]]], n_layers: int) -> d
 
 
 def pte_records(rel: str, twin_rel: str, info: dict, twin_info: dict, size: int, twin_size: int,
-                decoder_methods: dict[str, int], consts: dict, kv: dict, numerics: dict):
+                decoder_methods: dict[str, int], consts: dict, kv: dict, numerics: dict, fake_quant: dict[str, str]):
     """(WeightSharing, PteLlmProgram) of one target's program and twin, both read back (check_program)."""
     from ..contract.manifest import PteLlmProgram, WeightSharing
     from ..core.errors import VerificationError
@@ -90,7 +90,8 @@ def pte_records(rel: str, twin_rel: str, info: dict, twin_info: dict, size: int,
         note="the .pte's embedded context binary read back through libQnnSystem, against the host twin's (the same "
              "graphs compiled without sharing: the x86 simulator cannot load shared ones)")
     prog = PteLlmProgram(file=rel, host_twin=twin_rel, methods=info["methods"], decoder_methods=decoder_methods,
-                         metadata=consts, bytes=size, host_twin_bytes=twin_size, kv_encodings=kv, numerics=numerics)
+                         metadata=consts, bytes=size, host_twin_bytes=twin_size, kv_encodings=kv, numerics=numerics,
+                         fake_quant=fake_quant)
     return ws, prog
 
 

@@ -150,3 +150,22 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
         encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
                              if k in kv_ranges}
     return graphs, inputs, encodings
+
+
+def save_converted(converted, example_inputs: tuple, path) -> None:
+    """A method's converted (fake-quant) graph as a `.pt2` (`torch.export`), the `.pte` bundle's
+    fake-quant stage: what quantization alone does, run on the CPU by `eval` and `verify`
+    (`llm.pte_session.load_fake_quant` reads it back)."""
+    import torch
+    _drop_unused_tensors(converted)
+    torch.export.save(torch.export.export(converted, example_inputs, strict=False), str(path))
+
+
+def _drop_unused_tensors(gm) -> None:
+    """Conversion folds each weight into a quantized constant and leaves the float parameter in the
+    module, read by no node; exported as is, every method's `.pt2` would carry the float weights too."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in [*gm.named_parameters(), *gm.named_buffers()]:
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(gm.get_submodule(owner) if owner else gm, attr)

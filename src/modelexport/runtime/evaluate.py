@@ -1,8 +1,10 @@
 """Perplexity of an LLM at three stages, and how far the quantized logits are from float.
 
     float       the Hugging Face model (from the GGUF / HF folder) as the static decoder, eager, CPU
-    fake-quant  the bundle's QDQ ONNX graphs on ONNX Runtime's CPU EP
+    fake-quant  the bundle's quantized graphs on the CPU: the QDQ ONNX graphs on ONNX Runtime's CPU EP
+                (context-binary bundles), QnnQuantizer's converted graphs (`.pte` bundles)
     htp-sim     the bundle's compiled graphs (unshared twins) on the x86 HTP simulator
+                (EPContext models in ONNX Runtime, or the `.pte` twin in ExecuTorch's runtime)
     cpu         the CPU runtime's ExecuTorch XNNPACK program (8da4w unless told), the one
                 `generate` runs; it returns the last position's logits only, so it is scored
                 one decode step per token (the same KV-cache path generation takes)
@@ -24,11 +26,68 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
-from ..core.vocab import BundleKind, Role
+from ..core.vocab import BundleKind, Format, Role
 from ..llm.static_runner import StaticRunner
 
 STAGES = ("float", "fake-quant", "htp-sim", "cpu")
 BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
+COMPILED = ("fake-quant", "htp-sim")                 # the stages that run what a bundle holds
+
+
+def _ctx_stages(bundle) -> tuple[str, ...]:
+    return COMPILED
+
+
+def _ctx_forwards(bundle, stage: str):
+    from ..backends.llm_qnn.session import open_forwards
+    return open_forwards(bundle, stage)
+
+
+def _pte_stages(bundle) -> tuple[str, ...]:
+    from ..llm.pte_session import compiled_stages
+    return compiled_stages(bundle)
+
+
+def _pte_why_not(stage: str) -> str:
+    from ..llm.pte_session import PTE_STAGES
+    row = PTE_STAGES.get(stage)
+    return row.why_not if row else ""
+
+
+def _pte_forwards(bundle, stage: str):
+    from ..backends.llm_pte.session import load_program
+    from ..llm.pte_session import pte_forwards
+    return pte_forwards(bundle, load_program, stage=stage)
+
+
+@dataclass(frozen=True)
+class CompiledStages:
+    """How one bundle format runs its compiled stages (COMPILED) for eval."""
+    stages: Callable[[Any], tuple[str, ...]]     # bundle → the compiled stages it can run
+    forwards: Callable[[Any, str], tuple]        # (bundle, stage) → ({N: Forward}, spec, max_seq_len)
+    why_not: Callable[[str], str] = lambda stage: ""   # why a compiled stage is missing, and its fix
+
+
+# manifest.format → its compiled stages (a bundle without a format is a context-binary one)
+BUNDLE_FORMATS: dict[str, CompiledStages] = {
+    Format.CONTEXT_BINARY: CompiledStages(_ctx_stages, _ctx_forwards),
+    Format.PTE: CompiledStages(_pte_stages, _pte_forwards, _pte_why_not),
+}
+
+
+def _compiled_stages_of(bundle, stages: list[str]) -> CompiledStages:
+    """The format's row; a stage the bundle cannot run is refused up front, naming those it can."""
+    fmt = bundle.manifest.format or Format.CONTEXT_BINARY
+    row = BUNDLE_FORMATS.get(fmt)
+    can = ("float", *(row.stages(bundle) if row else ()), "cpu")
+    cannot = [s for s in stages if s in STAGES and s not in can]
+    if cannot:
+        why = "; ".join(w for w in (row.why_not(s) if row else "" for s in cannot) if w)
+        raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}"
+                         f"{f' ({why})' if why else ''}; it runs {', '.join(can)}",
+                         f"use --stages {','.join(s for s in stages if s in can) or 'float'}"
+                         + (", or compile the model again with `modelexport compile MODEL --format pte --force`" if why else ""))
+    return row
 
 
 @dataclass
@@ -148,6 +207,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise InputError(f"unknown stage(s) {', '.join(sorted(unknown))}", f"choose from {', '.join(STAGES)}")
+    compiled = _compiled_stages_of(bundle, stages) if bundle is not None else None
     window = min(window, seq)
     sim_window = min(sim_window, seq)
     tok = None
@@ -189,13 +249,12 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         say("float on the CPU")
         results["float"] = perplexity(flt, ids, window, "float", progress=say)
         short_logits["float"] = perplexity(flt, short, sim_window, "float", keep_logits=n_short).logits
-    if bundle is not None:
-        from ..backends.llm_qnn.session import open_forwards
-        for stage in ("fake-quant", "htp-sim"):
+    if compiled is not None:
+        for stage in COMPILED:
             if stage not in stages:
                 continue
             say(f"opening the {stage} graphs")
-            graphs, spec, _ = open_forwards(bundle, stage)
+            graphs, spec, _ = compiled.forwards(bundle, stage)
             runner = StaticRunner(graphs, spec, seq)
             if stage == "fake-quant":
                 results[stage] = perplexity(runner, ids, window, stage, progress=say)

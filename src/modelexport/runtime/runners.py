@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.registry import Registry
-from ..core.vocab import Format
+from ..core.vocab import BundleKind, Format
 
 
 @dataclass(frozen=True)
@@ -64,23 +64,51 @@ def _pte_profile(bundle, runs, level, part, target, inputs, trace, keep_dir=None
     return profile_pte(bundle, runs, level, part, target, inputs, trace)
 
 
+def _llm_pte_verify(*a, **k):
+    from .llm_pte_verify import verify_llm_pte
+    return verify_llm_pte(*a, **k)
+
+
+def _llm_pte_refuse(verb: str):
+    def refuse(*a, **k):
+        from .llm_pte_verify import not_for_llm_pte
+        return not_for_llm_pte(verb)(*a, **k)
+    return refuse
+
+
+def kind_key(fmt: str, kind: str) -> str:
+    """The key of a runner for one kind of bundle of a format (an LLM's .pte is not a model's)."""
+    return f"{fmt}/{kind}"
+
+
 runner(Format.CONTEXT_BINARY)(Runner(Format.CONTEXT_BINARY, _ctx_run, _ctx_verify, _ctx_profile))
 runner(Format.PTE)(Runner(Format.PTE, _pte_run, _pte_verify, _pte_profile))
+runner(kind_key(Format.PTE, BundleKind.LLM))(Runner(Format.PTE, _llm_pte_refuse("run"), _llm_pte_verify,
+                                                    _llm_pte_refuse("profile")))
+
+
+def _manifest_fields(path: str | Path) -> dict:
+    try:
+        data = json.loads((Path(path) / "manifest.json").read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}                  # the default runner reports what is wrong with the path
 
 
 def format_of(path: str | Path) -> str:
     p = Path(path)
     if p.is_file() and p.suffix.lower() == ".pte":
         return Format.PTE
-    try:
-        return json.loads((p / "manifest.json").read_text()).get("format") or DEFAULT_FORMAT
-    except (OSError, ValueError):
-        return DEFAULT_FORMAT      # the default runner reports what is wrong with the path
+    return _manifest_fields(p).get("format") or DEFAULT_FORMAT
 
 
 def runner_for(path: str | Path) -> Runner:
+    """The runner of the bundle's format and kind, else of its format, else the default."""
     fmt = format_of(path)
-    return RUNNERS.get(fmt) if fmt in RUNNERS else RUNNERS.get(DEFAULT_FORMAT)
+    for key in (kind_key(fmt, _manifest_fields(path).get("kind") or BundleKind.MODEL), fmt, DEFAULT_FORMAT):
+        if key in RUNNERS:
+            return RUNNERS.get(key)
+    return RUNNERS.get(DEFAULT_FORMAT)
 
 
 def profile_bundle(bundle: str | Path, runs: int = 5, level: str = "basic", part: str | None = None,

@@ -3,6 +3,7 @@ arN) methods over one weight-shared QNN context binary, its unshared host twin, 
 calibration as the ONNX path's (`llm_qnn.calibration`); quantization `quant.llm_pt2e`. Not cached."""
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,8 @@ from ...core.errors import InputError
 from ...core.targets import SoC, get_target
 from ...core.vocab import BundleKind, Format, Role
 from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
-from ...llm.pte_session import twin_sqnr
-from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, check_pte_request, llm_quant_plan, quantize_methods
+from ...llm.pte_numerics import manifest_numerics
+from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, check_pte_request, llm_quant_plan, quantize_methods, save_converted
 from .. import backend
 from ..spec import LlmCompileOptions, PartSpec
 
@@ -87,7 +88,11 @@ def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileO
     built = _build(facts.path, plan, variants, max_seq_len, socs, text,
                    int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say)
     built["timings"]["total_s"] = round(time.perf_counter() - t_start, 3)
-    return _write_bundle(out, force, facts, socs, variants, max_seq_len, plan, text, built)
+    try:
+        return _write_bundle(out, force, facts, socs, variants, max_seq_len, plan, text, built)
+    finally:    # the tokenizer and fake-quant graphs were staged outside the bundle
+        for d in (built["tok_dir"], built["fake_quant_dir"]):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[SoC], text, n_samples: int, say) -> dict:
@@ -139,19 +144,33 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
             data = lower_methods(graphs, inputs, soc, shared, consts, plan.uses_block)
             programs[soc.name]["shared" if shared else "twin"] = (data, read_program(data, list(graphs)))
     timings["lower_s"] = round(time.perf_counter() - t0, 2)
-    say("running the host twin on the simulator", 4, 5)
+    say("the host twin on the simulator and the fake-quant graphs vs float", 4, 5)
     t0 = time.perf_counter()
-    numerics = {soc: twin_sqnr(load_program(p["twin"][0]), decoders) for soc, p in programs.items()}
+    numerics = {soc: _numerics(load_program(p["twin"][0]), graphs, decoders) for soc, p in programs.items()}
     timings["twin_check_s"] = round(time.perf_counter() - t0, 2)
+    fq_dir = Path(tempfile.mkdtemp(prefix="llm_pte_fq_"))
+    for method, gm in graphs.items():
+        save_converted(gm, inputs[method], fq_dir / f"{method}.pt2")
     n_params = sum(p.numel() for p in llm.model.parameters())
     rope = getattr(llm.config, "rope_parameters", None) or {}
     return {"programs": programs, "spec": spec, "consts": consts, "kv": kv, "numerics": numerics, "tok_dir": tok_dir,
+            "fake_quant_dir": fq_dir, "threshold_db": plan.precision.min_sqnr_db,
             "architecture": llm.architecture, "n_params": int(n_params), "quantization": quant_info,
             "rope_theta": float((rope.get("rope_theta") if isinstance(rope, dict) else None)
                                 or getattr(llm.config, "rope_theta", 10000.0)),
             "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
                                                                            d.output_names()) for m, (d, _) in decoders.items()},
             "timings": timings}
+
+
+def _numerics(twin_program, graphs: dict, decoders: dict) -> dict:
+    """{method: {"A vs B": agreement}} of float, fake-quant and the twin on each method's first calibration sample."""
+    from ...llm.pte_numerics import compare_stages
+    from ...llm.pte_session import PteForward
+    forwards = {m: {"float": dec, "fake-quant": graphs[m], "htp-sim": PteForward(twin_program, m)}
+                for m, (dec, _) in decoders.items()}
+    return compare_stages(forwards, {m: [s] for m, (_, s) in decoders.items()},
+                          {m: dec.input_names() for m, (dec, _) in decoders.items()})
 
 
 def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list[int], max_seq_len: int, plan, text,
@@ -170,6 +189,10 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
         m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
         for f in sorted(Path(built["tok_dir"]).iterdir()):
             w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
+        fake_quant = {}
+        for method in built["io"]:
+            fake_quant[method] = f"qdq/{method}.pt2"
+            w.add_file(Path(built["fake_quant_dir"]) / f"{method}.pt2", fake_quant[method], role=Role.QUANTIZED_MODEL)
         weight_sharing, ptes = {}, {}
         for soc in socs:
             (data, info), (twin_data, twin_info) = built["programs"][soc.name]["shared"], built["programs"][soc.name]["twin"]
@@ -179,7 +202,7 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
             w.path(twin_rel, role=Role.HOST_PTE).write_bytes(twin_data)
             weight_sharing[f"{soc.name}/pte"], ptes[soc.name] = pte_records(
                 rel, twin_rel, info, twin_info, len(data), len(twin_data), {method_name(n): n for n in variants},
-                built["consts"], built["kv"], built["numerics"][soc.name])
+                built["consts"], built["kv"], built["numerics"][soc.name], fake_quant)
             m.htp_arch[soc.name] = info["binary"].get("dsp_arch")
             m.graphs += method_graphs(built["io"], info, rel, soc.name, m.htp_arch[soc.name], spec.n_layers)
         device = sum(p.bytes for p in ptes.values()) // len(ptes)
@@ -191,5 +214,7 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
             device_bytes=device, bytes_per_parameter=round(device / built["n_params"], 4), bos_id=built["bos_id"],
             eos_ids=built["eos_ids"], rope_theta=built["rope_theta"], weight_sharing=weight_sharing,
             quantization=built["quantization"], pte=ptes)
+        m.numerics = manifest_numerics(built["numerics"][socs[0].name], built["threshold_db"], socs[0].name,
+                                       "first calibration sample per method")
         m.timings = Timings.model_validate(built["timings"])
     return open_bundle(out)

@@ -46,6 +46,13 @@ def llm_summary(bundle, json_out: bool) -> None:
                       f"float; {q.ratio_before:.3f}x before), {len(q.raised)} modules raised to {q.precision} "
                       f"(+{q.added_bytes_per_param:.3f} bytes/param). To reuse the recipe:")
         console.print("    " + (" ".join(f"--override '{o}'" for o in q.overrides) or "(no override needed)"), soft_wrap=True)
+    num = m.numerics or {}
+    for o in num.get("outputs", []):    # what compile measured (a .pte bundle: its twin vs float per method)
+        mark = num.get("threshold_db")
+        ok = mark is None or o["sqnr_db"] >= mark
+        pair = f", {num['compared']}" if num.get("compared") else ""
+        console.print(f"  {o['name']}{pair}: SQNR {o['sqnr_db']:.2f} dB (on {num.get('inputs')}; pass mark {mark} dB"
+                      f"{'' if ok else ', [red]below[/]'})")
     console.print(f"  {llm.bytes_per_parameter if llm else None} bytes per parameter on the device "
                   f"({(llm.device_bytes if llm else 0):,} B for {m.parameters or 0:,} parameters)")
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.timings.total_s} s"

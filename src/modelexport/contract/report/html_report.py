@@ -127,7 +127,14 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
     out = _table(["output", "SQNR (dB)", "cosine", "max abs error"], rows)
     out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in outs], [o["sqnr_db"] for o in outs], "SQNR per output", "dB", thr)}">'
     layers = num.get("per_layer") or []
-    if layers:
+    stages = num.get("stages") or {}      # LLM .pte bundles: every stage pair per method, instead of layers
+    if stages:
+        out += _table(["method", "stages", "SQNR (dB)", "cosine", "top-1 agreement", "samples"],
+                      [[meth, pair, f"{a['sqnr_db']:.2f}", _cos(a.get("cosine")),
+                        "-" if a.get("top1_agreement") is None else f"{100 * a['top1_agreement']:.0f}%", a.get("samples", "-")]
+                       for meth, pairs in stages.items() for pair, a in pairs.items()])
+        out += f"<p class=sub>On {html.escape(str(num.get('inputs', '')))}.</p>"
+    elif layers:
         lthr = num.get("per_layer_threshold_db")
         out += f'<img alt="SQNR per layer" src="{plots.line([layer["name"] for layer in layers], [layer["sqnr_db"] for layer in layers], "SQNR per layer", "dB", lthr)}">'
         if num.get("first_bad_layer"):
