@@ -209,6 +209,14 @@ def test_eval_three_stages(bundle, cli, work):
     assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > 25
 
 
+def test_plain_verify_of_an_llm_bundle_points_to_per_layer_and_eval(bundle):
+    import modelexport
+    from modelexport.core.errors import UnsupportedError
+    with pytest.raises(UnsupportedError) as e:
+        modelexport.verify(bundle.path)
+    assert "--per-layer" in e.value.fix and "eval BUNDLE" in e.value.fix
+
+
 def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_path):
     import re
     import shutil

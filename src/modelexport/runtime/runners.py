@@ -76,6 +76,16 @@ def _llm_pte_refuse(verb: str):
     return refuse
 
 
+def _llm_ctx_verify(path, *a, **k):
+    """An LLM context-binary bundle has no one float graph to set beside its compiled ones."""
+    from ..core.errors import UnsupportedError
+    raise UnsupportedError(f"{path} is an LLM bundle: its graphs run in a generation loop over a KV cache, so plain "
+                           "`verify` (one graph against its float model) does not apply",
+                           "compare it with float with `modelexport verify BUNDLE --per-layer` (every decoder module "
+                           "and the logits on the calibration text) or `modelexport eval BUNDLE --stages "
+                           "float,fake-quant,htp-sim` (perplexity per stage)")
+
+
 def kind_key(fmt: str, kind: str) -> str:
     """The key of a runner for one kind of bundle of a format (an LLM's .pte is not a model's)."""
     return f"{fmt}/{kind}"
@@ -83,6 +93,8 @@ def kind_key(fmt: str, kind: str) -> str:
 
 runner(Format.CONTEXT_BINARY)(Runner(Format.CONTEXT_BINARY, _ctx_run, _ctx_verify, _ctx_profile))
 runner(Format.PTE)(Runner(Format.PTE, _pte_run, _pte_verify, _pte_profile))
+runner(kind_key(Format.CONTEXT_BINARY, BundleKind.LLM))(Runner(Format.CONTEXT_BINARY, _ctx_run, _llm_ctx_verify,
+                                                               _ctx_profile))
 runner(kind_key(Format.PTE, BundleKind.LLM))(Runner(Format.PTE, _llm_pte_refuse("run"), _llm_pte_verify,
                                                     _llm_pte_refuse("profile")))
 
