@@ -211,7 +211,7 @@ def test_dry_run_plan_fits_a_roomy_machine(tiny_bf16, monkeypatch):
     assert report["fits"] is True and report["refusal"] is None and report["weights_held_as"] == "bfloat16"
     est = report["estimate"]
     assert est["n_params"] == sum(p.numel() for p in tiny_llama(n_layers=2).parameters())
-    assert set(est["phases"]) == {"load", "quantize", "compile"} and est["disk_bytes"] > 0
+    assert set(est["phases"]) == {"load", "calibrate", "quantize", "compile"} and est["disk_bytes"] > 0
 
 
 @pytest.mark.heavy

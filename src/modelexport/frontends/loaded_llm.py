@@ -14,12 +14,17 @@ from .llm_families import SUPPORTED_ARCHITECTURES
 def without_hf_progress_bars() -> Iterator[None]:
     """transformers' own tqdm bars (one per GGUF tensor, per weight file) are off while a frontend
     loads: the command reports the stage itself, and a piped log would get a line per update."""
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils   # its tqdm ignores the switch below
     from transformers.utils import logging as hf_logging
-    was = hf_logging.is_progress_bar_enabled()
+    was, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
     hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
+        gguf_utils.tqdm = bar
         if was:
             hf_logging.enable_progress_bar()
 

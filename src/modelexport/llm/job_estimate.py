@@ -2,17 +2,18 @@
 when the machine cannot hold them.
 
 From config.json / GGUF metadata (`source.SourceFacts.shape`) and the plan (`memory.plan_parts`):
-the phases of a compile do not overlap in time, so the peak is the largest of
-- load:     the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
-            checkpoint's pages are mapped;
-- quantize: the parent holding the model (2 or 4 bytes a parameter) and exporting one part, beside
-            `jobs` workers each quantizing one part (a multiple of the part's float32 weights);
-- compile:  `jobs` QNN EP compiles, each of one part's quantized graph.
-The load and export factors come from one measurement (Llama-3.2-1B-shaped, bf16: the parent peaked
-at 5.0 GB through load and calibration, 8.0 GB exporting its first part of 1.37 GB float32); the
-quantize and compile factors are rounded-up guesses from SmolLM2's figures (docs/llm_export.md), to
-be replaced by bench/llm_sizes.py's. They
-are estimates and printed as such.
+the phases of a compile follow one another, so the peak is the largest of
+- load:      the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
+             checkpoint's pages are mapped;
+- calibrate: the model plus what calibration records through the float decoder;
+- quantize:  the parent holding the model and exporting one (variant, part) graph while workers
+             quantize the graphs exported before it, or the parent idle while `jobs` workers quantize;
+- compile:   `jobs` QNN EP compiles, each of one part's quantized graph.
+The factors are measured (bench/llm_sizes.py, the tree's RSS per progress stage): SmolLM2-135M
+from its GGUF (1 part, ar32 + ar1, 2 jobs: load 1.3, calibrate 3.2, export 3.2 in the parent,
+quantize 1.6 per worker, compile 1.25 per worker; peak 4.8 GB), and the parent of a
+Llama-3.2-1B-shaped bf16 compile (8.0 GB exporting its first 1.37 GB float32 part). One or two
+models each: they are estimates and printed as such.
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ GB = 2**30
 PARENT_BASE = 1.0 * GB
 WORKER_BASE = 0.6 * GB
 EXPORT_FACTOR = 3.5       # lifted part + traced constants + the ONNX model (1B, 1.37 GB part: parent 3.2 -> 8.0 GB)
-QUANTIZE_FACTOR = 3.0     # float part + calibration activations + the QDQ graph being written
-COMPILE_FACTOR = 6.0      # the QNN EP's copies of a part's quantized weights while it prepares the graph
+CALIBRATION_BYTES = 2.0 * GB   # recorded through the float decoder (SmolLM2 +1.9 GB, 1B-shaped +2.0 GB over the load)
+QUANTIZE_FACTOR = 2.2     # float part + the QDQ graph being written (SmolLM2: 1.6 GB per worker, 0.54 GB part)
+COMPILE_FACTOR = 9.0      # the QNN EP preparing one part's quantized graph (SmolLM2: 1.25 GB per worker)
 DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
 # what overrides the machine's own figures (tests; a container whose /proc lies)
 MEMORY_ENV = "MODELEXPORT_MEMORY_AVAILABLE_MB"
@@ -82,20 +84,23 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     part_float = max(host_part_bytes(cfg, p) for p in parts)
     part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales
     held = n * (2 if bf16_source else 4)
-    workers = max(1, jobs)
+    tasks = len(parts) * max(1, len(variants))          # one (variant, part) graph each
+    quantizing = lambda k: min(max(1, jobs), k) * (WORKER_BASE + QUANTIZE_FACTOR * part_float)
     phases = {
-        # the model, + the checkpoint's pages mapped while it is read (a bf16 1B peaked at 5.0 GB)
+        # the model, + the checkpoint's pages mapped while it is read
         "load": int(PARENT_BASE + held + 2 * n),
-        "quantize": int(PARENT_BASE + held + EXPORT_FACTOR * part_float
-                        + workers * (WORKER_BASE + QUANTIZE_FACTOR * part_float)),
-        "compile": int(PARENT_BASE + workers * (WORKER_BASE + COMPILE_FACTOR * part_q)),
+        "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
+        # the last graph's export overlaps the quantization of those exported before it
+        "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * part_float + quantizing(tasks - 1),
+                            PARENT_BASE + held + quantizing(tasks))),
+        "compile": int(PARENT_BASE + max(1, jobs) * (WORKER_BASE + COMPILE_FACTOR * part_q)),
     }
     if quantized:
         phases = {"compile": phases["compile"]}
     qdq = len(variants) * (n / 4 * (weight_bits / 8 + 0.05) * 4)   # each variant's QDQ graph holds its weights
     binaries = targets * DEVICE_BYTES_PER_PARAM * n * (1 + len(variants))   # shared binary + a twin per variant
     # cache (part entries, QDQ stage, binaries) + the bundle's copies + float parts being quantized
-    disk = int(2 * (qdq + binaries) + (workers + 1) * part_float)
+    disk = int(2 * (qdq + binaries) + (max(1, jobs) + 1) * part_float)
     return JobEstimate(n_params=n, n_parts=len(parts), parts=[[p.first_layer, p.end_layer] for p in parts],
                        largest_part_float_bytes=int(part_float), phases=phases, peak_bytes=max(phases.values()),
                        disk_bytes=disk)
