@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -54,12 +55,10 @@ class _StageLines(_Null):
     """Progress for a log: a line when the stage changes (never one per step)."""
 
     def __init__(self, description: str):
-        import time
         self.t0, self.last = time.perf_counter(), None
         self.update(description)
 
     def update(self, description: str | None = None, **k):
-        import time
         if description and description != self.last:
             self.last = description
             print(f"[{time.perf_counter() - self.t0:7.1f} s] {description}", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .generation_config import SamplingConfig  # noqa: F401  (its home before; imported from here)
+from .generation_config import SamplingConfig
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: Sequence[int], penalty: float) -> torch.Tensor:
