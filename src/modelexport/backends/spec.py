@@ -55,6 +55,7 @@ class LlmCompileOptions(CompileOptions):
     variants: Any = None                                 # arN graphs, e.g. "ar1,ar32" or [32, 1]
     max_seq_len: int | None = None                       # context of the static decoders
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
+    host_chunk_mb: float | None = None                   # float32 weights exported / quantized at a time on the host
     calibration_samples: int | None = None               # samples per variant from the calibration text
     rounding: str | None = None                          # 4-bit weight rounding (quant/weight_rounding.ROUNDINGS)
     max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text

@@ -77,21 +77,24 @@ def n_params_of(cfg) -> int:
 
 
 def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
-                 targets: int = 1, quantized: bool = False) -> JobEstimate:
-    """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts."""
-    from .parts import host_part_bytes
+                 targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None) -> JobEstimate:
+    """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts.
+    `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None."""
+    from .parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
     part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales
+    chunks = [c for p in parts for c in (host_chunks(cfg, p, chunk_bytes) if chunk_bytes else [p])]
+    chunk_float = max(host_part_bytes(cfg, c) for c in chunks)
     held = n * (2 if bf16_source else 4)
-    tasks = len(parts) * max(1, len(variants))          # one (variant, part) graph each
-    quantizing = lambda k: min(max(1, jobs), k) * (WORKER_BASE + QUANTIZE_FACTOR * part_float)
+    tasks = len(chunks) * max(1, len(variants))         # one (variant, chunk) graph each
+    quantizing = lambda k: min(max(1, jobs), k) * (WORKER_BASE + QUANTIZE_FACTOR * chunk_float)
     phases = {
         # the model, + the checkpoint's pages mapped while it is read
         "load": int(PARENT_BASE + held + 2 * n),
         "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
         # the last graph's export overlaps the quantization of those exported before it
-        "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * part_float + quantizing(tasks - 1),
+        "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * chunk_float + quantizing(tasks - 1),
                             PARENT_BASE + held + quantizing(tasks))),
         "compile": int(PARENT_BASE + max(1, jobs) * (WORKER_BASE + COMPILE_FACTOR * part_q)),
     }
@@ -100,7 +103,7 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     qdq = len(variants) * (n / 4 * (weight_bits / 8 + 0.05) * 4)   # each variant's QDQ graph holds its weights
     binaries = targets * DEVICE_BYTES_PER_PARAM * n * (1 + len(variants))   # shared binary + a twin per variant
     # cache (part entries, QDQ stage, binaries) + the bundle's copies + float parts being quantized
-    disk = int(2 * (qdq + binaries) + (max(1, jobs) + 1) * part_float)
+    disk = int(2 * (qdq + binaries) + (max(1, jobs) + 1) * chunk_float)
     return JobEstimate(n_params=n, n_parts=len(parts), parts=[[p.first_layer, p.end_layer] for p in parts],
                        largest_part_float_bytes=int(part_float), phases=phases, peak_bytes=max(phases.values()),
                        disk_bytes=disk)

@@ -54,3 +54,40 @@ def host_part_bytes(cfg, part, with_ends: bool = True) -> int:
     h, *_, vocab = decoder_shape(cfg)
     ends = (int(part.is_first) + int(part.is_last)) if with_ends else 0
     return 4 * (layer_params(cfg) * len(part.layers()) + vocab * h * ends)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive layers of one part, exported and quantized on their own (the host's unit of
+    work); the part's graph joins its chunks (quant/chunk_join.py). Reads like a PartRange to the
+    exporter and the calibration: is_first / is_last say whether it holds the embedding / lm_head."""
+    part: PartRange
+    index: int          # 1-based, within the part
+    count: int
+    first_layer: int
+    end_layer: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.part.is_first and self.index == 1
+
+    @property
+    def is_last(self) -> bool:
+        return self.part.is_last and self.index == self.count
+
+    def layers(self) -> range:
+        return range(self.first_layer, self.end_layer)
+
+    def name(self, graph: str) -> str:
+        """The chunk's graph name: the part's own when the part is one chunk."""
+        return graph if self.count == 1 else f"{graph}_chunk{self.index}of{self.count}"
+
+
+def host_chunks(cfg, part: PartRange, chunk_bytes: float) -> list[Chunk]:
+    """The fewest equal runs of the part's layers whose float32 weights each fit `chunk_bytes`
+    (a single layer always does: it cannot be cut)."""
+    n = len(part.layers())
+    per_layer = 4 * layer_params(cfg)
+    count = min(n, max(1, -(-int(per_layer * n) // max(1, int(chunk_bytes)))))
+    return [Chunk(part, r.index, r.count, part.first_layer + r.first_layer, part.first_layer + r.end_layer)
+            for r in split_layers(n, count)]

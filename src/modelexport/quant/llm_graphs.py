@@ -187,3 +187,26 @@ def quantize_job(job: dict) -> dict:
     cal = CalibrationSet(job["samples"], "text", job["source"])
     return quantize_decoder(Path(job["float_path"]), Path(job["out_path"]), job["precision"], job["overrides"], cal,
                             job.get("block_size", 0), job.get("tied_ranges"), job.get("rounded_path"))
+
+
+# what adds up when the quantization records of a part's chunks become the part's (counts, seconds)
+_SUMMED = {"seconds", "ranges_seconds", "count", "tied_io_ranges", "matmuls", "rounded_given"}
+
+
+def merge_quantization(records: list[dict]) -> dict:
+    """One part's quantization record from its chunks' (quant/chunk_join.py), in chunk order."""
+    def merge(a, b, key=""):
+        if isinstance(a, dict) and isinstance(b, dict):
+            out = dict(a)
+            for k, v in b.items():
+                out[k] = merge(a[k], v, k) if k in a else v
+            return out
+        if key in _SUMMED and isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return round(a + b, 2) if isinstance(a + b, float) else a + b
+        return a
+    out = records[0]
+    for r in records[1:]:
+        bits = {k: out["weight_bits"].get(k, 0) + r["weight_bits"].get(k, 0)
+                for k in {*out["weight_bits"], *r["weight_bits"]}}
+        out = {**merge(out, r), "weight_bits": dict(sorted(bits.items(), key=lambda kv: int(kv[0])))}
+    return {**out, "chunks": len(records)} if len(records) > 1 else out

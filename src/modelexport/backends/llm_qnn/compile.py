@@ -40,7 +40,7 @@ from ...core.errors import InputError, ModelExportError, ToolchainError, Unsuppo
 from ...quant.precision import check_block_size, get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
-from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_part_mb, plan_parts
+from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
@@ -95,9 +95,10 @@ def parse_variants(v: Any) -> list[int]:
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
                text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0,
                quality: dict | None = None, *, cache: Cache | None = None, stage_key: str = "",
-               weights_dtype: str = "float32") -> dict:
-    """Load, calibrate, then export and quantize graph by graph: each (variant, part) graph is its
-    own cache entry (`part_stage`), reused when a killed compile is run again."""
+               weights_dtype: str = "float32", chunk_mb: float = 256.0) -> dict:
+    """Load, calibrate, then export and quantize chunk by chunk: each (variant, part, chunk) graph is
+    its own cache entry (`part_stage`), reused when a killed compile is run again; a part's chunks
+    are then joined into the part's graph (quant/chunk_join.py)."""
     import torch
 
     from ...frontends import find_frontend
@@ -105,8 +106,9 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     from ...llm.tokenizers import from_transformers
     from ...llm.text import tokenize
     from .calibration import calibration_samples, part_samples
+    from ...llm.parts import host_chunks
     from .onnx_export import DecoderPart, export_part
-    from .part_stage import PART_NAMESPACE, link_into, part_key, quantize_part
+    from .part_stage import PART_NAMESPACE, join_into, part_key, quantize_part
     from ...llm.weight_dtype import in_float32, part_modules, store_bf16
 
     cache = cache or Cache(enabled=False)
@@ -130,17 +132,19 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     tok.save(tmp / "tokenizer")
     names = {(n, p.index): graph_name(n, max_seq_len, p.index, p.count) for n in variants for p in parts}
-    keys = {g: part_key(stage_key, g) for g in names.values()}
-    done = {g for g, k in keys.items() if cache.get(PART_NAMESPACE, k)}
+    chunks = {p.index: host_chunks(cfg, p, chunk_mb * 2**20) for p in parts}
+    chunk_names = {(n, p.index): [c.name(names[(n, p.index)]) for c in chunks[p.index]] for n in variants for p in parts}
+    keys = {c: part_key(stage_key, c) for cs in chunk_names.values() for c in cs}
+    done = {c for c, k in keys.items() if cache.get(PART_NAMESPACE, k)}
     if done:
-        reused = [p.index for p in parts if all(names[(n, p.index)] in done for n in variants)]
+        reused = [p.index for p in parts if all(c in done for n in variants for c in chunk_names[(n, p.index)])]
         report(f"resuming: {_ranges(reused) or 'no whole part'} of {len(parts)} reused "
-               f"({len(done)} of {len(names)} graphs quantized before)")
+               f"({len(done)} of {len(keys)} graphs quantized before)")
     ids = tokenize(tok, text.text, max_seq_len * (n_samples + 2))
     kv_ranges: dict[str, list[float]] = {}   # one encoding per layer's cache, in every graph (Genie)
     t1 = time.perf_counter()
     samples: dict[int, list] = {n: [] for n in variants}
-    if len(done) < len(names):
+    if len(done) < len(keys):
         report(f"calibrating on {text.path.name} through the float decoder")
         samples = calibration_samples(model, ids, variants, max_seq_len, n_samples, kv_ranges)
     calib_s = round(time.perf_counter() - t1, 2)
@@ -154,7 +158,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     overrides = weights.overrides
     (tmp / "qdq").mkdir()
     float_dir = tmp / "float"
-    n_graphs = len(names)
+    n_graphs = len(keys)
     samples_per_variant = {str(n): len(samples[n]) for n in variants}
     # ONNX Runtime's quantizer is single-threaded Python: each graph is quantized in a worker as soon
     # as it is exported, while the next one is exported here
@@ -163,16 +167,15 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         for n in variants:
             dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
             hidden = None
-            for part in parts:
-                name = names[(n, part.index)]
-                later = [names[(n, q.index)] for q in parts if q.index > part.index]
-                if name in done and all(g in done for g in later):
+            order = [(c, name) for p in parts for c, name in zip(chunks[p.index], chunk_names[(n, p.index)])]
+            for i, (chunk, name) in enumerate(order):
+                if all(later in done for _, later in order[i:]):
                     break                  # this variant's remaining graphs are all finished
-                ps = part_samples(samples[n], part, hidden)
+                ps = part_samples(samples[n], chunk, hidden)
                 if name not in done:
                     report(f"exporting {name}")
                     t2 = time.perf_counter()
-                    fpath = export_part(dec, part, float_dir / f"{name}.onnx")
+                    fpath = export_part(dec, chunk, float_dir / f"{name}.onnx")
                     export_s += time.perf_counter() - t2
                     t3 = t3 or time.perf_counter()
                     pool.submit(quantize_part, {
@@ -182,9 +185,9 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                                      "tied_ranges": kv_ranges,
                                      "rounded_path": weights.graph_file}})
                     results[name] = None
-                if not part.is_last:   # hidden states entering the next part, from the float part
-                    mod = DecoderPart(dec, part).eval()
-                    with torch.inference_mode(), in_float32(part_modules(dec, part)):
+                if not chunk.is_last:   # hidden states entering the next chunk, from the float layers
+                    mod = DecoderPart(dec, chunk).eval()
+                    with torch.inference_mode(), in_float32(part_modules(dec, chunk)):
                         hidden = [mod(*[torch.from_numpy(s[k]) for k in mod.input_names()])[0].float().numpy()
                                   for s in ps]
             del dec
@@ -198,17 +201,19 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         results[name] = r
     quant_info = {}
     for g in graphs:
-        entry = Path(results[g["name"]]["entry"]) if results.get(g["name"]) else cache.get(PART_NAMESPACE, keys[g["name"]])
-        link_into(entry, g["name"], tmp / "qdq")
-        quant_info[g["name"]] = Cache.meta(entry)["quantization"]
+        members = chunk_names[(g["n_tokens"], g["part"])]
+        entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, keys[c]) for c in members]
+        quant_info[g["name"]] = join_into(entries, members, chunks[g["part"]], g["name"], tmp / "qdq")
         if not cache.enabled:
-            shutil.rmtree(entry, ignore_errors=True)
+            for entry in entries:
+                shutil.rmtree(entry, ignore_errors=True)
     sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
     n_params = sum(p.numel() for p in model.parameters())
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     theta = theta or getattr(cfg, "rope_theta", 10000.0)
     return {"graphs": graphs, "parts": [[p.first_layer, p.end_layer] for p in parts],
+            "host_chunks": {"mb": chunk_mb, "layers": [[c.first_layer, c.end_layer] for p in parts for c in chunks[p.index]]},
             "spec": {"n_layers": sd.n_layers, "n_heads": sd.n_heads, "n_kv_heads": sd.n_kv_heads, "head_dim": sd.head_dim,
                      "hidden_size": sd.hidden_size, "vocab_size": sd.vocab_size, "max_seq_len": max_seq_len},
             "architecture": llm.architecture, "n_params": int(n_params), "rope_theta": float(theta),
@@ -311,10 +316,13 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
     quality = _quality_options(opts, precision)
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
+    from ...core.arguments import at_least
+    at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
+    chunk_mb = float(opts.host_chunk_mb or host_chunk_mb(limit_mb))
     jobs = opts.jobs or min(2, os.cpu_count() or 1)
     return SimpleNamespace(requested=requested, requested_precision=requested_precision, block_size=block_size,
                            precision=precision, variants=variants, max_seq_len=max_seq_len, socs=socs,
-                           overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb,
+                           overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb, chunk_mb=chunk_mb,
                            jobs=jobs, quality=quality)
 
 
@@ -329,7 +337,7 @@ def _estimate(r, cache: Cache, quantized: bool):
     parts, _ = plan_parts(cfg, r.variants, r.max_seq_len, prec.weight_bits, prec.activation_bits, r.limit_mb,
                           embed_bits, head_bits)
     return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
-                        len(r.socs), quantized=quantized)
+                        len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20)
 
 
 def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict:
@@ -347,7 +355,7 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
                          "compile it without --dry-run")
     report = {"model": str(model), "architecture": r.facts.architecture, "precision": r.requested,
               "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len, "context_limit_mb": r.limit_mb,
-              "host_part_mb": host_part_mb(r.limit_mb), "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
+              "host_part_mb": host_part_mb(r.limit_mb), "host_chunk_mb": r.chunk_mb, "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
     try:
         check_machine(est, cache_root(), r.limit_mb, r.jobs)
         report["fits"], report["refusal"] = True, None
@@ -386,7 +394,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
     qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                      [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                     host_part_mb(limit_mb), quality, onnxruntime.__version__, version("torch"))
+                     host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     est = _estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
@@ -398,7 +406,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
         lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=qkey,
-        weights_dtype=facts.weights_dtype))
+        weights_dtype=facts.weights_dtype, chunk_mb=r.chunk_mb))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])
@@ -543,6 +551,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                      "precision": precision, "overrides": [f"{o.pattern}={o.precision.name}" for o in overrides],
                      "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
                      "context_limit_mb": limit_mb, "n_parts": n_parts, "host_part_mb": host_part_mb(limit_mb),
+                     "host_chunks": qmeta.get("host_chunks"),
                      "host_estimate": host_estimate}
         m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
         tok_dir = qentry / "tokenizer"

@@ -7,9 +7,9 @@ The QNN HTP backend refuses a graph above the per-context allocation limit ("gra
 estimated allocation of 2347229 KB, limit is 2097152 KB" in ExecuTorch's issues): 2 GiB.
 A decoder above it is split by layers into `_i_of_n` parts, the fewest that each fit.
 
-The host bounds the parts too: a part is exported, calibrated, quantized and compiled on its own,
-and what one process holds then grows with the part's float32 weights (`host_part_bytes`), not with
-the model. `host_part_mb` (1280 MB at the default limit, less below it) puts Llama-3.2-1B in 4 parts and -3B in 10, so no float part
+The host bounds the parts too: a part is compiled on its own, and what the compiling process holds
+grows with the part's weights (`host_part_bytes`), not with the model; a part is exported and
+quantized in chunks of a few layers (`host_chunk_mb`), so those steps hold less still. `host_part_mb` (1280 MB at the default limit, less below it) puts Llama-3.2-1B in 4 parts and -3B in 10, so no float part
 comes near protobuf's 2 GiB and two workers side by side stay a few GB each.
 """
 from __future__ import annotations
@@ -19,13 +19,21 @@ from dataclasses import dataclass
 from ...llm.parts import decoder_shape, host_part_bytes, layer_params, split_layers
 
 DEFAULT_CONTEXT_LIMIT_MB = 2048.0
-DEFAULT_HOST_PART_MB = 1280.0     # float32 weights of one part's layers: what one export / quantization holds
+DEFAULT_HOST_PART_MB = 1280.0     # float32 weights of one part's layers: what one QNN compile holds
+# float32 weights of the layers exported and quantized at a time: a part goes through the host in
+# chunks of this size (one layer of a 1B model is 226 MB), joined into one graph afterwards
+DEFAULT_HOST_CHUNK_MB = 256.0
 
 
 def host_part_mb(limit_mb: float) -> float:
     """The host budget follows `--context-limit-mb` down (1280 MB at the default 2048): a smaller
     limit is the one knob for smaller parts, on the device and on the host alike."""
     return min(DEFAULT_HOST_PART_MB, limit_mb * DEFAULT_HOST_PART_MB / DEFAULT_CONTEXT_LIMIT_MB)
+
+
+def host_chunk_mb(limit_mb: float) -> float:
+    """Chunks never exceed the part budget (a smaller `--context-limit-mb` lowers both)."""
+    return min(DEFAULT_HOST_CHUNK_MB, host_part_mb(limit_mb))
 
 
 @dataclass

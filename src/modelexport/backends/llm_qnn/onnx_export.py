@@ -30,6 +30,18 @@ OPSET = 17            # what the TorchScript exporter is asked for (it goes up t
 QUANT_OPSET = 21
 
 
+def part_input_names(part) -> list[str]:
+    first = "input_ids" if part.is_first else "hidden_states"
+    L = part.layers()
+    return [first, "position_ids", "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
+
+
+def part_output_names(part) -> list[str]:
+    last = "logits" if part.is_last else "hidden_states_out"
+    L = part.layers()
+    return [last] + [new_key(i) for i in L] + [new_value(i) for i in L]
+
+
 class DecoderPart(nn.Module):
     """Layers [a, b) of a StaticDecoder (+ embedding if first, + norm/lm_head if last)."""
 
@@ -55,14 +67,10 @@ class DecoderPart(nn.Module):
         return (x, *new_k, *new_v)
 
     def input_names(self) -> list[str]:
-        first = "input_ids" if self.part.is_first else "hidden_states"
-        L = self.part.layers()
-        return [first, "position_ids", "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
+        return part_input_names(self.part)
 
     def output_names(self) -> list[str]:
-        last = "logits" if self.part.is_last else "hidden_states_out"
-        L = self.part.layers()
-        return [last] + [new_key(i) for i in L] + [new_value(i) for i in L]
+        return part_output_names(self.part)
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         full = self.decoder.example_inputs()

@@ -5,6 +5,8 @@ entry's temporary folder; the cache renames the folder into place only once the 
 (core/cache.py), so a compile killed at any point (kill -9, Ctrl-C, out of memory) leaves either a
 finished graph or nothing that counts, and the next identical command reuses every finished one.
 The float ONNX is deleted once its graph is quantized: only the quantized parts stay on disk.
+A part exported in several chunks (the host's unit of work) has one entry per chunk; the part's
+graph is joined from them when every chunk is done.
 """
 from __future__ import annotations
 
@@ -38,6 +40,22 @@ def quantize_part(job: dict) -> dict:
         for f in float_path.parent.glob(float_path.name + "*"):
             f.unlink(missing_ok=True)
     return {"entry": str(entry), "hit": hit}
+
+
+def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: Path) -> dict:
+    """The part's graph in `dest` from its chunks' entries (hard links when it is one chunk); returns
+    its quantization record."""
+    from ...quant.chunk_join import join_chunks
+    from ...quant.llm_graphs import merge_quantization
+    from .onnx_export import part_input_names, part_output_names
+
+    if len(entries) == 1:
+        link_into(entries[0], graph, dest)
+    else:
+        part = chunks[0].part
+        join_chunks([(e / f"{n}.onnx", c.end_layer) for e, n, c in zip(entries, names, chunks)], dest / f"{graph}.onnx",
+                    part_input_names(part), part_output_names(part))
+    return merge_quantization([Cache.meta(e)["quantization"] for e in entries])
 
 
 def link_into(entry: Path, name: str, dest: Path) -> None:

@@ -120,6 +120,9 @@ def compile_cmd(
     variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32). A full-context `bert` graph (no KV cache) is not built: use a large arN."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
+    host_chunk_mb: Optional[float] = typer.Option(None, "--host-chunk-mb", help="LLMs: float32 weights exported and quantized at a time "
+                                                  "on this machine (default 256; one layer is the least); lower it when memory is short. "
+                                                  "The HTP still gets one graph per part."),
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                                  "checked against this machine; loads no weights, writes nothing."),
@@ -147,7 +150,7 @@ def compile_cmd(
         from .llm_plan import print_llm_plan
         print_llm_plan(models, json_out, targets=target, precision=precision, calibration=calibration, block_size=block_size,
                        overrides=override, jobs=jobs, variants=variants, max_seq_len=max_seq_len,
-                       context_limit_mb=context_limit_mb, calibration_samples=calibration_samples)
+                       context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, host_chunk_mb=host_chunk_mb)
         return
     if output is None:
         from ...core.errors import InputError
@@ -155,7 +158,7 @@ def compile_cmd(
     bundle = _compile(models, output, target, precision, calibration, input_shape, fmt, _vtcm(vtcm_mb, vtcm_size), optimization_level,
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
-                      calibration_samples=calibration_samples, input_values=input_value,
+                      calibration_samples=calibration_samples, input_values=input_value, host_chunk_mb=host_chunk_mb,
                       rounding=rounding, max_ppl_ratio=max_ppl_ratio,
                       strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:

@@ -22,7 +22,8 @@ def print_llm_plan(models: list[str], json_out: bool, precision: str | None = No
     console.print(f"[bold]{report['architecture']}[/], {est['n_params']:,} parameters ({report['weights_held_as']} weights), "
                   f"{report['precision']}, {', '.join(report['variants'])}, cl {report['max_seq_len']}")
     console.print(f"parts: {est['n_parts']} (layers {', '.join(f'{a}-{b - 1}' for a, b in est['parts'])}); "
-                  f"limits: {report['context_limit_mb']:g} MB per HTP context, {report['host_part_mb']:g} MB float32 per part on the host")
+                  f"limits: {report['context_limit_mb']:g} MB per HTP context, {report['host_part_mb']:g} MB float32 per part "
+                  f"and {report['host_chunk_mb']:g} MB per exported chunk on the host")
     console.print("estimated peak host memory: " + ", ".join(f"{k} {v / 2**30:.1f} GB" for k, v in est["phases"].items())
                   + f" -> {est['peak_gb']} GB (available: {est['available_gb']} GB), {report['jobs']} worker(s)")
     console.print(f"estimated disk: {est['disk_gb']} GB (free: {est['disk_available_gb']} GB)")
