@@ -184,6 +184,8 @@ def test_cli_bad_inputs(fp32, cli, tmp_path):
     _, pte, _ = fp32
     assert_clean_error(cli("generate", str(pte), "--prompt", "   "), "empty")
     assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--raw", "--chat"), "cannot go together")
+    # a .pte is built already: the flag would be ignored, so it is refused
+    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--requantize-gguf"), "applies to a GGUF file")
     assert_clean_error(cli("generate", str(pte)), "prompt")
     assert_clean_error(cli("generate", str(pte), "--prompt", "x" * 200), "context")
     assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--top-p", "0"), "top-p")

@@ -109,6 +109,9 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     path = Path(source)
     if not path.exists():
         raise InputError(f"{path} does not exist", "give a .gguf file, a Hugging Face folder, a .pte or a bundle folder")
+    if not opts.gguf_blocks and backend != "cpu":
+        raise InputError(f"--requantize-gguf applies to the CPU program built from a GGUF, not to --backend {backend}",
+                         "leave --requantize-gguf out, or use --backend cpu")
     return LLM_BACKENDS.get(backend)(path, opts)
 
 

@@ -38,6 +38,10 @@ def source_kind(path: Path) -> str:
                      "give a .gguf file, a Hugging Face model folder, a .pte or a modelexport bundle")
 
 
+_KIND_NAMES = {"hf": "a Hugging Face folder (float weights)", "pte": "an ExecuTorch program, already built",
+               "bundle": "an LLM bundle"}
+
+
 def open_llm_bundle(path: Path):
     from ..contract.bundle import open_bundle
 
@@ -68,6 +72,9 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
         path = recorded_source(bundle.manifest, "building its CPU program")
         kind = source_kind(path)
         info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)
+    if not opts.gguf_blocks and kind != "gguf":   # nothing to re-quantize: say so rather than ignore it
+        raise InputError(f"--requantize-gguf applies to a GGUF file; {path.name} is {_KIND_NAMES[kind]}",
+                         "leave --requantize-gguf out")
     if kind in ("gguf", "hf"):
         t0 = time.perf_counter()
         eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len, gguf_blocks=opts.gguf_blocks)
