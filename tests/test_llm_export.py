@@ -199,6 +199,38 @@ def test_split_into_parts_on_a_low_limit(work, bundle):
     assert genie.dialog_created is False and "_of_" in genie.dialog_note
 
 
+def test_a_part_in_chunks_is_the_part_exported_whole(work, bundle):
+    """A part exported and quantized in chunks of layers on the host (what keeps a 1B-4B compile's
+    memory at the chunk's size), joined into the part's one graph: numerically the QDQ graph of the
+    part exported whole; compiled and placed on the HTP like it."""
+    import modelexport
+    from modelexport.backends.llm_qnn.session import open_forwards
+    from modelexport.core.numerics import compare
+    from modelexport.llm.static_runner import StaticRunner
+    chunked = modelexport.compile(str(work / "tiny_hf"), output=work / "chunked", target="SM8650", precision="16a4w",
+                                  variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                                  calibration_samples=4, rounding="gptq", host_chunk_mb=0.001)   # one layer each
+    assert chunked.manifest.options["host_chunks"]["layers"] == [[0, 1], [1, 2]]
+    assert bundle.manifest.options["host_chunks"]["layers"] == [[0, 2]]
+    assert chunked.manifest.llm.n_parts == 1 and len(chunked.manifest.graphs) == 2
+    name = "prompt_ar4_cl64_1_of_1"
+    q, q_whole = chunked.manifest.llm.quantization[name], bundle.manifest.llm.quantization[name]
+    assert q["chunks"] == 2 and q["modules"] == q_whole["modules"] and q["weight_bits"] == q_whole["weight_bits"]
+    ids = tiny_tokenizer().encode("The quick brown fox jumps")[:8]
+    logits = {}
+    for stage in ("fake-quant", "htp-sim"):
+        for key, b in (("whole", bundle), ("chunked", chunked)):
+            graphs, spec, seq = open_forwards(b, stage)
+            logits[(stage, key)] = StaticRunner(graphs, spec, seq).feed(ids).numpy()
+    np.testing.assert_allclose(logits[("fake-quant", "chunked")], logits[("fake-quant", "whole")], atol=1e-4)
+    assert compare(logits[("htp-sim", "whole")], logits[("htp-sim", "chunked")])["sqnr_db"] > 40
+    # the joined graphs on the HTP as the QNN EP reported it: only IO Q/DQ on the CPU, as whole
+    for graph, per_target in chunked.manifest.placement.items():
+        cpu = per_target["SM8650"]["cpu_nodes"]
+        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
+        assert len(cpu) == len(bundle.manifest.placement[graph]["SM8650"]["cpu_nodes"])
+
+
 def test_eval_three_stages(bundle, cli, work):
     proc = cli("eval", str(bundle.path), "--perplexity", str(work / "calib.txt"), "--window", "32", "--tokens", "64",
                "--sim-window", "8", "--sim-tokens", "16", "--json")
