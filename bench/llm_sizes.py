@@ -198,13 +198,14 @@ def config_estimate(shape: str) -> dict:
     """What `compile --dry-run` prints, from the config's numbers (vocab 49,152, tied, bf16 weights)."""
     from types import SimpleNamespace
 
-    from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, plan_parts
+    from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, plan_parts
     from modelexport.core.cache import cache_root
     from modelexport.core.errors import ResourceError
     from modelexport.llm.job_estimate import check_machine, estimate_job
     cfg = SimpleNamespace(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True)
     parts, _ = plan_parts(cfg, [1, 32], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
-    est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True)
+    est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True,
+                       chunk_bytes=host_chunk_mb(DEFAULT_CONTEXT_LIMIT_MB) * 2**20)
     try:
         check_machine(est, cache_root(), DEFAULT_CONTEXT_LIMIT_MB, 2)
         refusal = None

@@ -439,8 +439,11 @@ class SoftCappedHead(nn.Module):
         self.bias = hf_head.bias
         self.cap = float(cap)
 
+    def linear(self, x):      # the projection alone (the ONNX export swaps it: onnx_export.linears_as_matmul)
+        return F.linear(x, self.weight, self.bias)
+
     def forward(self, x):
-        return soft_cap(F.linear(x, self.weight, self.bias), self.cap)
+        return soft_cap(self.linear(x), self.cap)
 
 
 class StaticBackbone(nn.Module):

@@ -54,9 +54,10 @@ def _lower(params: list[nn.Parameter]) -> None:
 
 
 @contextmanager
-def in_float32(modules: Iterable[nn.Module]) -> Iterator[None]:
-    """These modules' bf16 parameters in float32 for the block (export, a forward of one part)."""
-    lifted = _lift(_params(modules))
+def in_float32(modules: Iterable[nn.Module], skip: frozenset[int] = frozenset()) -> Iterator[None]:
+    """These modules' bf16 parameters in float32 for the block (export, a forward of one part);
+    `skip`: ids of parameters left as they are (the export gives Linear weights their own copy)."""
+    lifted = _lift([p for p in _params(modules) if id(p) not in skip])
     try:
         yield
     finally:
