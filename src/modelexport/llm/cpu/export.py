@@ -1,4 +1,5 @@
-"""A Hugging Face Llama-family model → an ExecuTorch XNNPACK `.pte` for the CPU runtime.
+"""A Hugging Face model of a CPU family (the rows marked `cpu` in `frontends/llm_families.py`) →
+an ExecuTorch XNNPACK `.pte` for the CPU runtime.
 
 The program is ExecuTorch's own LLM layout (what `export_llm` builds and its C++ runner
 reads): `forward(tokens int64 [1, n], input_pos int64 [1]) -> logits [1, vocab]` of the last
@@ -8,10 +9,12 @@ metadata methods (`get_max_seq_len`, `get_vocab_size`, `get_bos_id`, `get_eos_id
 
 It is built here from Python instead of through `export_llm`, which wants a Meta-format
 checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
-1. the HF weights are renamed to Meta's names and loaded into ExecuTorch's `Transformer`
+1. the HF weights are renamed to Meta's names (`hf_layout.py`, per family row: q/k norms,
+   fused rows split) and loaded into ExecuTorch's `Transformer`
    (`use_hf_rope=True`, so q/k stay in HF's rotate-half layout and need no un-permuting; the
    RoPE tables are taken from the HF model's own `inv_freq`/`attention_scaling`, so every
-   RoPE variant transformers knows comes out as HF computes it);
+   RoPE variant transformers knows comes out as HF computes it; a partial rotary table is padded
+   to the head, NoPE layers get an identity RoPE);
 2. the SDPA and KV cache modules are swapped for the custom-op versions (as `export_llm`
    does with `use_sdpa_with_kv_cache`); by default (`attention="native"`) each layer then gets
    one fused q|k|v projection and attends with our kernel `modelexport::sdpa`
@@ -50,7 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, UnsupportedError
-from .hf_layout import check_cpu_config, meta_state_dict, model_args_from_hf, nope_layers, require_cpu_family
+from .hf_layout import (
+    check_cpu_config,
+    meta_state_dict,
+    model_args_from_hf,
+    nope_layers,
+    require_cpu_family,
+)
 
 EXPORT_FORMAT_VERSION = 9   # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
