@@ -26,12 +26,18 @@ HEAVY = pytest.mark.heavy
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # 8da4w (int8 dynamic activations per block of 32, int4 weights per group of 32, 4-bit embeddings)
-# of these tiny random models, logits vs transformers' fp32 over 24 teacher-forced positions.
-# Measured (2026-11-27): Qwen3 ~17 dB, SmolLM3 ~18 dB, Phi-3 ~19 dB. A 4-bit weight with the best of
-# the clipped scales has a weight SQNR of ~19-20 dB for Gaussian weights, and the 8-bit activations
-# add little; the errors of the layers add up, not multiply, over 2-4 layers: a program 6 dB below
-# that (SQNR 12 dB, error amplitude twice the measured) would be a wrong program, not rounding.
-MIN_8DA4W_SQNR_DB = 12.0
+# of these tiny random models (weights drawn with std 0.2, so that every feature moves the logits:
+# each layer amplifies what the one before got wrong), logits vs transformers' fp32 over 24
+# positions. Measured (2026-11-27): the program 13.2 / 11.6 / 12.6 dB (Qwen3 / SmolLM3 / Phi-3), and
+# the same quantized weights run in PyTorch (our kernels' references) the same to 0.1 dB: the loss is
+# the quantization of these weights, not the program. So the program is held to two bounds: >= 10 dB
+# from transformers (1.6 dB under the lowest measured; a broken projection layout falls far below,
+# e.g. gate/up swapped moves the logits by ~0.6), and >= 30 dB from its own PyTorch model, which
+# checks the kernels and fusions themselves: measured 130 / 52 / 131 dB (SmolLM3's 4 layers: now and
+# then an int8 activation rounded the other way, amplified like the rest).
+MIN_8DA4W_SQNR_DB = 10.0
+MIN_PROGRAM_VS_EAGER_SQNR_DB = 30.0
+PREFILL = (7, 5)
 
 
 def _export(model_type: str, folder: Path, quant: str, attention: str = "native"):
@@ -47,17 +53,35 @@ def _export(model_type: str, folder: Path, quant: str, attention: str = "native"
     return model, folder / "model.pte", meta
 
 
-def _teacher_forced(pte: Path, ids: list[int], prefill=(7, 5)) -> tuple[torch.Tensor, list[int]]:
+def _chunks(n: int, prefill=PREFILL) -> list[int]:
+    return [*prefill, *[1] * (n - sum(prefill))]
+
+
+def _teacher_forced(pte: Path, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
     """The program's logits along `ids`: the last token's of each prefill chunk, then one token a call."""
     from modelexport.llm.cpu.session import ExecuTorchSession
 
     s = ExecuTorchSession(pte)
     out, positions, i = [], [], 0
-    for n in [*prefill, *[1] * (len(ids) - sum(prefill))]:
+    for n in _chunks(len(ids)):
         out.append(s.feed(ids[i:i + n]))
         i += n
         positions.append(i - 1)
     return torch.stack(out), positions
+
+
+def _eager_quantized(hf_model, ids: list[int]) -> torch.Tensor:
+    """The same 8da4w model in PyTorch (our kernels' references), fed as `_teacher_forced` feeds it."""
+    from modelexport.llm.cpu.export import CpuExportOptions, build_transformer, quantize_model
+
+    model, _ = build_transformer(hf_model, MAX_SEQ, "native")
+    model = quantize_model(model, CpuExportOptions(quant="8da4w", max_seq_len=MAX_SEQ, embedding_bits=4))
+    out, i = [], 0
+    with torch.no_grad():
+        for n in _chunks(len(ids)):
+            out.append(model(torch.tensor([ids[i:i + n]]), {"input_pos": torch.tensor([i])})[0])
+            i += n
+    return torch.stack(out)
 
 
 def _check_fp32(model_type: str, tmp_path: Path, attention: str = "native"):
@@ -106,9 +130,12 @@ def test_8da4w_program_stays_close(tmp_path, model_type):
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0]
     got, positions = _teacher_forced(pte, ids)
+    eager = _eager_quantized(model, ids)
     sqnr = sqnr_db(ref[positions].numpy(), got.numpy())
-    print(f"{model_type} 8da4w logit SQNR vs transformers fp32: {sqnr:.1f} dB")
-    assert sqnr >= MIN_8DA4W_SQNR_DB
+    own = sqnr_db(eager.numpy(), got.numpy())
+    print(f"{model_type} 8da4w logit SQNR: {sqnr:.1f} dB vs transformers fp32 "
+          f"({sqnr_db(ref[positions].numpy(), eager.numpy()):.1f} dB in PyTorch), {own:.1f} dB vs its PyTorch model")
+    assert sqnr >= MIN_8DA4W_SQNR_DB and own >= MIN_PROGRAM_VS_EAGER_SQNR_DB
 
 
 def test_every_cpu_row_is_expressed_and_every_refused_row_says_why():
