@@ -72,7 +72,11 @@ def _teacher_forced(pte: Path, ids: list[int]) -> tuple[torch.Tensor, list[int]]
 
 def _eager_quantized(hf_model, ids: list[int]) -> torch.Tensor:
     """The same 8da4w model in PyTorch (our kernels' references), fed as `_teacher_forced` feeds it."""
-    from modelexport.llm.cpu.export import CpuExportOptions, build_transformer, quantize_model
+    from modelexport.llm.cpu.export import (
+        CpuExportOptions,
+        build_transformer,
+        quantize_model,
+    )
 
     model, _ = build_transformer(hf_model, MAX_SEQ, "native")
     model = quantize_model(model, CpuExportOptions(quant="8da4w", max_seq_len=MAX_SEQ, embedding_bits=4))
@@ -178,3 +182,22 @@ def test_longrope_beyond_the_original_context_is_refused_before_weights(tmp_path
     with pytest.raises(InputError, match=r"original context \(128\)") as e:
         build_cached(folder, CpuExportOptions(max_seq_len=256), cache_dir=tmp_path / "cache")
     assert "--max-seq-len 128" in e.value.fix
+
+
+@HEAVY
+def test_cli_generate_builds_the_program_from_an_hf_folder(cli, tmp_path):
+    """`modelexport generate FOLDER` as a user runs it on a SmolLM3 folder (NoPE layer): the program
+    is built and cached, its greedy tokens are transformers', llm.json says what the kernels took."""
+    from modelexport import llm
+
+    folder = tmp_path / "smollm3"
+    model = save_tiny_family_folder("smollm3", folder)
+    env = {"MODELEXPORT_CACHE_DIR": str(tmp_path / "cache")}
+    proc = cli("generate", str(folder), "--quant", "fp32", "--max-seq-len", "64", "--raw", "-p", "The quick brown",
+               "-n", "12", "--json", check=True, env=env)
+    out = json.loads(proc.stdout)
+    (meta_path,) = (tmp_path / "cache").rglob("llm.json")
+    meta = json.loads(meta_path.read_text())
+    assert meta["architecture"] == "smollm3" and meta["kernels"]["nope_layers"] == [3]
+    prompt = llm.load(meta_path.parent / "model.pte").tokenizer.encode("The quick brown")   # what --raw feeds
+    assert out["token_ids"] == hf_greedy(model, prompt, 12)[:len(out["token_ids"])] and out["token_ids"]
