@@ -68,10 +68,11 @@ FAMILIES: tuple[LLMFamily, ...] = (
     # llama.cpp files Mistral under "llama"; transformers then builds MistralForCausalLM (same shape).
     LLMFamily("mistral", "Mistral", ("mistral", "llama"), npu=True, cpu=True, sliding="all"),
     LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True, sliding="layer_types"),
-    LLMFamily("qwen3", "Qwen3", ("qwen3",), npu=True, cpu=False, cpu_missing="q/k norms",
-              qk_norm=True, sliding="layer_types"),
+    LLMFamily("qwen3", "Qwen3", ("qwen3",), npu=True, cpu=True, qk_norm=True, attention_bias_on_o_proj=True,
+              sliding="layer_types"),
     LLMFamily("gemma2", "Gemma 2", ("gemma2",), npu=True, cpu=False,
-              cpu_missing="(1+w) norms, sandwich norms, GeGLU, soft-capping, local/global layers",
+              cpu_missing="sandwich norms, GeGLU, embedding scaling, query_pre_attn_scalar without q/k norms, "
+                          "soft-capping of scores and logits (ExecuTorch's Transformer computes none of them)",
               norm="rms_one_plus", sandwich_norms=True, activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
@@ -79,16 +80,17 @@ FAMILIES: tuple[LLMFamily, ...] = (
     # Gemma 3's text model (270M, 1B); the 4B+ checkpoints are "gemma3" (text + vision) and not read.
     # llama.cpp files it as "gemma3"; transformers builds Gemma3ForCausalLM ("gemma3_text") from it.
     LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=False,
-              cpu_missing="(1+w) norms, sandwich norms, q/k norms, GeGLU, local/global layers",
+              cpu_missing="sandwich norms, GeGLU, embedding scaling, per-layer-type RoPE tables "
+                          "(ExecuTorch's Transformer computes none of them)",
               norm="rms_one_plus", sandwich_norms=True, qk_norm=True, activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
               rope_per_layer_type=True, sliding="layer_types"),
     # Phi-3 / 3.5-mini and Phi-4-mini (partial rotary factor 0.75) are all "phi3".
-    LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=False, cpu_missing="fused qkv / gate_up projections",
+    LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=True,
               fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all"),
     # SmolLM3: Llama with no RoPE in every 4th layer.
-    LLMFamily("smollm3", "SmolLM3", (), npu=True, cpu=False, cpu_missing="NoPE layers",
+    LLMFamily("smollm3", "SmolLM3", (), npu=True, cpu=True, attention_bias_on_o_proj=True,
               nope_layers_field="no_rope_layers", sliding="layer_types_if_enabled"),
 )
 

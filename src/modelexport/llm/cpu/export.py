@@ -1,4 +1,5 @@
-"""A Hugging Face Llama-family model → an ExecuTorch XNNPACK `.pte` for the CPU runtime.
+"""A Hugging Face model of a CPU family (the rows marked `cpu` in `frontends/llm_families.py`) →
+an ExecuTorch XNNPACK `.pte` for the CPU runtime.
 
 The program is ExecuTorch's own LLM layout (what `export_llm` builds and its C++ runner
 reads): `forward(tokens int64 [1, n], input_pos int64 [1]) -> logits [1, vocab]` of the last
@@ -8,10 +9,12 @@ metadata methods (`get_max_seq_len`, `get_vocab_size`, `get_bos_id`, `get_eos_id
 
 It is built here from Python instead of through `export_llm`, which wants a Meta-format
 checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
-1. the HF weights are renamed to Meta's names and loaded into ExecuTorch's `Transformer`
+1. the HF weights are renamed to Meta's names (`hf_layout.py`, per family row: q/k norms,
+   fused rows split) and loaded into ExecuTorch's `Transformer`
    (`use_hf_rope=True`, so q/k stay in HF's rotate-half layout and need no un-permuting; the
    RoPE tables are taken from the HF model's own `inv_freq`/`attention_scaling`, so every
-   RoPE variant transformers knows comes out as HF computes it);
+   RoPE variant transformers knows comes out as HF computes it; a partial rotary table is padded
+   to the head, NoPE layers get an identity RoPE);
 2. the SDPA and KV cache modules are swapped for the custom-op versions (as `export_llm`
    does with `use_sdpa_with_kv_cache`); by default (`attention="native"`) each layer then gets
    one fused q|k|v projection and attends with our kernel `modelexport::sdpa`
@@ -50,9 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, UnsupportedError
-from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES, sliding_layers
+from .hf_layout import (
+    check_cpu_config,
+    meta_state_dict,
+    model_args_from_hf,
+    nope_layers,
+    require_cpu_family,
+)
 
-EXPORT_FORMAT_VERSION = 9   # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 10  # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -107,27 +116,11 @@ class CpuExportOptions:
 
 
 # --------------------------------------------------------------------------------------------
-# HF model → ExecuTorch Transformer
-_LAYER_NAMES = {
-    "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
-    "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
-    "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
-}
+# HF model → ExecuTorch Transformer (names and arguments per family row: hf_layout.py)
 
 
-def require_cpu_family(family, name):
-    """The family's row if the CPU export builds it; else UnsupportedError with what it lacks."""
-    if family is not None and family.cpu:
-        return family
-    *rest, last = (f.model_type for f in FAMILIES if f.cpu)
-    lacks = f": it lacks {family.cpu_missing}" if family is not None and family.cpu_missing else ""
-    raise UnsupportedError(f"the CPU runtime builds {', '.join(rest)} and {last} models, not {name!r}{lacks}",
-                           "run it on the NPU instead: modelexport compile MODEL -o OUT, then "
-                           "modelexport generate OUT --backend htp-sim")
-
-
-def _check_source_family(source: Path) -> None:
-    """Refuse a family the CPU export cannot build from the config / GGUF header, before loading weights."""
+def _check_source_family(source: Path, max_seq_len: int) -> None:
+    """Refuse what the CPU export cannot build from the config / GGUF header, before loading weights."""
     if source.is_file():
         from ...frontends.gguf_file import read_gguf_info
         from ...frontends.llm_families import family_of_gguf
@@ -136,61 +129,13 @@ def _check_source_family(source: Path) -> None:
         require_cpu_family(family, info.architecture)
     else:
         from ...frontends.hf_folder import read_hf_config
-        cfg = read_hf_config(source)
-        require_cpu_family(BY_MODEL_TYPE.get(cfg.model_type), cfg.model_type)
+        check_cpu_config(read_hf_config(source), max_seq_len)
 
 
-def model_args_from_hf(config, max_seq_len: int):
-    """ExecuTorch `ModelArgs` for a HF config of a CPU family (`frontends/llm_families.py`);
-    UnsupportedError for what it lacks."""
-    from executorch.examples.models.llama.model_args import ModelArgs
-
-    mt = getattr(config, "model_type", None)
-    family = require_cpu_family(BY_MODEL_TYPE.get(mt), mt)
-    if getattr(config, "mlp_bias", False):
-        raise UnsupportedError("MLP biases are not supported by the CPU export")
-    attention_bias = bool(getattr(config, "attention_bias", False))
-    qkv_bias = family.qkv_bias or attention_bias
-    if attention_bias and family.attention_bias_on_o_proj:
-        raise UnsupportedError(f"attention biases on a {mt} model (o_proj bias) are not supported by the CPU export")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise UnsupportedError(f"activation {config.hidden_act!r} is not supported (SwiGLU/silu only)")
-    windows = [w for w in sliding_layers(family, config) if w]   # the family table's rule
-    if windows and min(windows) < max_seq_len:
-        raise UnsupportedError(f"this {family.label} model uses a {min(windows)}-token sliding window; "
-                               f"the CPU export supports full attention only",
-                               f"use --max-seq-len {min(windows)} or less")
-    n_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    ctx = getattr(config, "max_position_embeddings", None)
-    if ctx and max_seq_len > ctx:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx})",
-                         f"use --max-seq-len {ctx} or less")
-    return ModelArgs(
-        dim=config.hidden_size, n_layers=config.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, vocab_size=config.vocab_size,
-        hidden_dim=config.intermediate_size, head_dim=head_dim, norm_eps=float(config.rms_norm_eps),
-        attention_qkv_bias=qkv_bias, use_hf_rope=True, max_seq_len=max_seq_len, max_context_len=max_seq_len,
-        use_kv_cache=True, use_sdpa_with_kv_cache_op=True, enable_dynamic_shape=True, generate_full_logits=False,
-        max_batch_size=1)
-
-
-def _meta_state_dict(hf_model, n_layers: int, qkv_bias: bool) -> dict:
-    sd = hf_model.state_dict()
-    emb = sd["model.embed_tokens.weight"]
-    out = {"tok_embeddings.weight": emb, "norm.weight": sd["model.norm.weight"],
-           "output.weight": sd.get("lm_head.weight", emb)}
-    for i in range(n_layers):
-        for hf, meta in _LAYER_NAMES.items():
-            out[f"layers.{i}.{meta}.weight"] = sd[f"model.layers.{i}.{hf}.weight"]
-        if qkv_bias:
-            for p, m in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
-                out[f"layers.{i}.attention.{m}.bias"] = sd[f"model.layers.{i}.self_attn.{p}.bias"]
-    return {k: v.detach().float().contiguous() for k, v in out.items()}
-
-
-def _hf_rope_tables(hf_model, max_seq_len: int):
-    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1."""
+def _hf_rope_tables(hf_model, max_seq_len: int, head_dim: int):
+    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1.
+    A partial rotary table (Phi-4-mini: 3/4 of the head) is padded with cos 1, sin 0: the dims
+    past it then pass through RoPE unchanged, as HF passes them around it."""
     import torch
 
     rot = hf_model.model.rotary_emb
@@ -198,11 +143,33 @@ def _hf_rope_tables(hf_model, max_seq_len: int):
     dummy = torch.zeros(1, 1, dtype=torch.float32)
     with torch.no_grad():
         cos, sin = rot(dummy, pos)
-    return cos[0].float().contiguous(), sin[0].float().contiguous()
+    cos, sin = cos[0].float(), sin[0].float()
+    rotary = cos.shape[-1]
+    if rotary > head_dim or rotary % 2:
+        raise UnsupportedError(f"a RoPE table of {rotary} dims does not fit a head of {head_dim}")
+    pad = head_dim - rotary
+    cos = torch.cat([cos, torch.ones(max_seq_len, pad)], dim=-1)
+    sin = torch.cat([sin, torch.zeros(max_seq_len, pad)], dim=-1)
+    return cos.contiguous(), sin.contiguous(), rotary
+
+
+def _no_rope():
+    """RoPE of a layer without position encoding (SmolLM3's NoPE layers): q and k as they are.
+    (ExecuTorch's `no_rope_layer_interval` is a ModelArgs field its attention does not read.)"""
+    import torch
+
+    class NoRope(torch.nn.Module):
+        is_identity = True    # what kernels/sdpa_op.fuse_qkv_attention looks for
+
+        def forward(self, q, k, freqs_cos, freqs_sin):
+            return q, k
+
+    return NoRope()
 
 
 def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
-    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops."""
+    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops.
+    `model.kernel_plan` says which of our fusions each layer got (llm.json's `kernels`)."""
     import torch
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.source_transformation.custom_kv_cache import \
@@ -212,7 +179,7 @@ def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
     args = model_args_from_hf(hf_model.config, max_seq_len)
     with torch.device("meta"):
         model = construct_transformer(args)
-    sd = _meta_state_dict(hf_model, args.n_layers, args.attention_qkv_bias)
+    sd = meta_state_dict(hf_model, args)
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
     if still_meta or unexpected:
@@ -221,23 +188,30 @@ def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
     meta_bufs = [n for n, b in model.named_buffers() if b.is_meta]
     if meta_bufs:  # ExecuTorch makes its buffers (caches, masks, RoPE) on the CPU explicitly
         raise UnsupportedError(f"ExecuTorch's Transformer left buffers uninitialized: {meta_bufs[:4]}")
-    cos, sin = _hf_rope_tables(hf_model, max_seq_len)
+    cos, sin, rotary = _hf_rope_tables(hf_model, max_seq_len, args.head_dim)
     if tuple(model.rope.freqs_cos.shape) != tuple(cos.shape):
         raise UnsupportedError(f"RoPE table shape {tuple(cos.shape)} does not fit {tuple(model.rope.freqs_cos.shape)}")
     model.rope.freqs_cos = cos
     model.rope.freqs_sin = sin
-    _xnnpack_friendly_norms_and_rope(model, args)
+    nope = nope_layers(hf_model.config)
+    for i in nope:
+        model.layers[i].attention.rope = _no_rope()
+    _xnnpack_friendly_norms_and_rope(model, args, rotary)
     model = replace_sdpa_with_custom_op(model)
     model = replace_kv_cache_with_custom_kv_cache(model)
+    plan = {"rotary_dims": rotary, "head_dim": args.head_dim, "nope_layers": nope,
+            "qk_norm": bool(args.use_qk_norm), "attention": "executorch"}
     if attention == "native":
         from .kernels.sdpa_op import fuse_qkv_attention
         if fuse_qkv_attention(model) != args.n_layers:
             raise UnsupportedError("this model's attention does not fit the native kernel",
                                    "build with attention='executorch' (CpuExportOptions)")
+        plan["attention"] = "native: fused q|k|v" + (", q/k norms inside" if args.use_qk_norm else "")
+    model.kernel_plan = plan
     return model.eval(), args
 
 
-def _xnnpack_friendly_norms_and_rope(model, args) -> None:
+def _xnnpack_friendly_norms_and_rope(model, args, rotary: int) -> None:
     """Write RMSNorm and RoPE with ops XNNPACK takes with a dynamic sequence length.
 
     As ExecuTorch's Transformer writes them, XNNPACK rejects RMSNorm's `mean` (it averages only
@@ -245,10 +219,11 @@ def _xnnpack_friendly_norms_and_rope(model, args) -> None:
     on ExecuTorch's portable kernels and cut every layer into ~7 XNNPACK partitions, each lowered
     separately (export time) and entered separately at run time (decode time). Here the mean is
     taken over a [1, n, d, 1] view (inner dims, keepdim) and rotate-half is a product with its
-    constant signed-permutation matrix; together with `views_with_one_inferred_dim` a layer's
-    ops between the KV-cache update and SDPA custom ops become one partition. Same arithmetic.
-    (The mean as a product with a [1, d] row of 1/d has fewer XNNPACK ops but measured ~3%
-    slower per decode step on SmolLM2.)
+    constant signed-permutation matrix (over the first `rotary` dims; the rest are zero and their
+    table entries cos 1, sin 0, so partial rotary needs no slice); together with
+    `views_with_one_inferred_dim` a layer's ops between the KV-cache update and SDPA custom ops
+    become one partition. Same arithmetic. (The mean as a product with a [1, d] row of 1/d has
+    fewer XNNPACK ops but measured ~3% slower per decode step on SmolLM2.)
     """
     import types
 
@@ -256,23 +231,21 @@ def _xnnpack_friendly_norms_and_rope(model, args) -> None:
     import torch.nn.functional as F
     from executorch.examples.models.llama.norm import RMSNorm
 
-    def norm(self, x):                    # x: [1, n, d] (layers) or [1, d] (final norm)
+    def norm(self, x):   # x: [1, d] (final norm), [1, n, d] (layers) or [1, n, heads, d] (q/k norms)
         d = x.shape[-1]
         x4 = x.reshape(1, -1, d, 1)
         y = x4 * torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.eps)
-        return y.reshape(1, -1, d) if x.dim() == 3 else y.reshape(1, d)
+        return y.reshape({2: (1, d), 3: (1, -1, d), 4: (1, -1, x.shape[-2], d)}[x.dim()])
 
     for m in model.modules():
         if type(m) is RMSNorm:
             m._norm = types.MethodType(norm, m)
 
     d = args.head_dim
-    if model.rope.freqs_cos.shape[-1] != d or d % 2:
-        return  # partial rotary: keep ExecuTorch's own function
-    half = d // 2
+    half = rotary // 2
     rot = torch.zeros(d, d)
-    rot[torch.arange(half), torch.arange(half) + half] = -1.0    # out[j] = -x[j + d/2]  (j <  d/2)
-    rot[torch.arange(half) + half, torch.arange(half)] = 1.0     # out[j] =  x[j - d/2]  (j >= d/2)
+    rot[torch.arange(half), torch.arange(half) + half] = -1.0    # out[j] = -x[j + r/2]  (j <  r/2)
+    rot[torch.arange(half) + half, torch.arange(half)] = 1.0     # out[j] =  x[j - r/2]  (r/2 <= j < r)
     model.rope.register_buffer("rotate_half_matrix", rot, persistent=False)
     rope = model.rope
 
@@ -423,6 +396,8 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
     are quantized from their float values as for an HF folder."""
     import torch
 
+    plan = getattr(model, "kernel_plan", {})    # which fusions took (llm.json's `kernels`)
+    plan.update(linear=opts.linear if opts.quant != "fp32" else "xnnpack (fp32)", fused_mlps=0, fused_blocks=0)
     with torch.no_grad():
         native_blocks = blocks if opts.linear == "native" else None
         if opts.embedding_bits and native_blocks is not None:
@@ -451,7 +426,7 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
                         native_blocks.requantized(linear.weight, _dequantized(q, scale, group))
                     return Q4Linear(q, scale, None if linear.bias is None else linear.bias.detach().float())
 
-                fuse_swiglu(model, make)
+                plan["fused_mlps"] = fuse_swiglu(model, make)
             else:
                 cls = _quantized_linear_class()
 
@@ -467,7 +442,7 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
                         swap(child)
             swap(model)
             if opts.linear == "native":
-                fuse_blocks(model)
+                plan["fused_blocks"] = fuse_blocks(model)
     return model
 
 
@@ -495,6 +470,7 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
         progress("building the graph")
     model, args = build_transformer(hf_model, opts.max_seq_len, opts.attention)
     stage("build", f"quantizing ({opts.quant})")
+    kernels = model.kernel_plan     # filled in by quantize_model too
     blocks = None
     if gguf is not None and opts.gguf_blocks and opts.linear == "native":
         from .gguf_blocks import GgufBlocks
@@ -534,7 +510,7 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
         program.write_to_file(f)
     stage("write")
     return {"pte": PTE_NAME, "bytes": pte.stat().st_size, "times_s": times, "n_layers": int(args.n_layers),
-            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len, "weights": weights}
+            "vocab_size": int(args.vocab_size), "max_seq_len": opts.max_seq_len, "weights": weights, "kernels": kernels}
 
 
 def _weights_record(opts: CpuExportOptions, blocks) -> dict[str, Any]:
@@ -622,7 +598,7 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
         if not load_llm:
-            _check_source_family(source)
+            _check_source_family(source, opts.max_seq_len)
         if progress:
             progress("loading the weights")
         llm = load_llm() if load_llm else _load_source(source)

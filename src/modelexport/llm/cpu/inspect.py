@@ -1,6 +1,7 @@
 """`modelexport inspect` of a CPU program: its cache folder (`model.pte` + `llm.json`), or the
 `model.pte` in it. Shows what `llm.json` records: how the weights are held (a GGUF's blocks as
-stored, or quantized from float), the options, the source and its sha256, sizes and build times."""
+stored, or quantized from float), which of our kernel fusions it got, the options, the source
+and its sha256, sizes and build times."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,6 @@ def _program_folder(p: Path) -> Path | None:
 def inspect_cpu_program(p: Path) -> dict:
     folder = _program_folder(p)
     meta = json.loads((folder / META_NAME).read_text())
-    keys = ("weights", "architecture", "source", "source_sha256", "options", "n_layers", "vocab_size", "max_seq_len",
-            "bytes", "export_seconds", "format_version")
+    keys = ("weights", "kernels", "architecture", "source", "source_sha256", "options", "n_layers", "vocab_size",
+            "max_seq_len", "bytes", "export_seconds", "format_version")
     return {"program": str(folder / PTE_NAME), **{k: meta[k] for k in keys if k in meta}}

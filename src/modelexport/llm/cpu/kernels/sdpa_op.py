@@ -58,16 +58,22 @@ def _sdpa_out_fake(query, key_cache, value_cache, start_pos, q_heads, *, out):
 
 def _fused_attention_forward(self, x, freqs_cos, freqs_sin, **kwargs):
     """ExecuTorch's `AttentionMHA.forward` (KV cache, dynamic shape, no mask) with one q|k|v
-    projection: RoPE runs once over all heads (the value heads get cos 1, sin 0), the cache is
-    updated with the k and v heads, and `modelexport::sdpa` reads the q heads in place."""
+    projection: the q/k norms (if any) run once over all heads (the value heads get factor 1),
+    then RoPE once over all heads (the value heads get cos 1, sin 0; a NoPE layer skips it), the
+    cache is updated with the k and v heads, and `modelexport::sdpa` reads the q heads in place."""
     input_pos = kwargs["input_pos"]
     bsz, seqlen, _ = x.shape
     h, hkv, d = self.n_local_heads, self.n_local_kv_heads, self.head_dim
     rope = self.rope
     qkv = self.wqkv(x).view(bsz, seqlen, h + 2 * hkv, d)
-    cos = freqs_cos.unsqueeze(1) * rope.rotary_heads + rope.plain_heads     # [n, heads, d]
-    sin = freqs_sin.unsqueeze(1) * rope.rotary_heads
-    qkv = qkv * cos + torch.nn.functional.linear(qkv, rope.rotate_half_matrix) * sin
+    if self.qk_norm_weight is not None:   # RMSNorm of each q and k head, as ExecuTorch's q_norm_fn/k_norm_fn
+        x4 = qkv.reshape(1, -1, d, 1)     # the mean over the inner dims of a 4-D view: what XNNPACK takes
+        r = torch.rsqrt((x4 * x4).mean((2, 3), keepdim=True) + self.qk_norm_eps).reshape(bsz, -1, h + 2 * hkv, 1)
+        qkv = qkv * (r * self.qk_norm_heads + self.qk_plain_heads) * self.qk_norm_weight
+    if self.use_rope:
+        cos = freqs_cos.unsqueeze(1) * rope.rotary_heads + rope.plain_heads     # [n, heads, d]
+        sin = freqs_sin.unsqueeze(1) * rope.rotary_heads
+        qkv = qkv * cos + torch.nn.functional.linear(qkv, rope.rotate_half_matrix) * sin
     start_pos = input_pos[-1].item()
     torch._check(start_pos >= 0)
     torch._check(start_pos < self.max_context_len)
@@ -79,12 +85,46 @@ def _fused_attention_forward(self, x, freqs_cos, freqs_sin, **kwargs):
     return (self.wo(out) if residual is None else self.wo(out, residual)), None
 
 
+def _norm_weight(norm) -> torch.Tensor:
+    """The factor ExecuTorch's RMSNorm multiplies by: w, or 1 + w (Gemma's offset)."""
+    w = norm.weight.detach().float()
+    return 1.0 + w if norm.add_unit_offset else w
+
+
+def _qk_norms_fit(a) -> bool:
+    """No q/k norms, or affine RMSNorms before RoPE with one eps and no extra query scale."""
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    return not a.use_qk_norm or (type(a.q_norm_fn) is RMSNorm and type(a.k_norm_fn) is RMSNorm
+                                 and a.qk_norm_before_rope and a.q_norm_fn.eps == a.k_norm_fn.eps
+                                 and a.scale_query_by == 1.0)
+
+
+def _qk_norm_buffers(a, h: int, hkv: int) -> None:
+    """Per-head factors of the fused q|k|v rows: the q norm's weight on the q heads, the k norm's
+    on the k heads, 1 on the v heads (which are not normalized: `qk_plain_heads` keeps them)."""
+    a.register_buffer("qk_norm_weight", None)
+    if not a.use_qk_norm:
+        return
+    d = a.head_dim
+    weight = torch.cat([_norm_weight(a.q_norm_fn).expand(h, d), _norm_weight(a.k_norm_fn).expand(hkv, d),
+                        torch.ones(hkv, d)])
+    normed = torch.zeros(h + 2 * hkv, 1)
+    normed[:h + hkv] = 1.0
+    a.register_buffer("qk_norm_weight", weight.contiguous(), persistent=False)
+    a.register_buffer("qk_norm_heads", normed, persistent=False)
+    a.register_buffer("qk_plain_heads", 1.0 - normed, persistent=False)
+    a.qk_norm_eps = float(a.q_norm_fn.eps)
+    a.q_norm_fn = a.k_norm_fn = None
+
+
 def fuse_qkv_attention(model: torch.nn.Module) -> int:
-    """Give every plain attention layer of ExecuTorch's `Transformer` (custom KV cache, HF
-    rotate-half RoPE written as `rotate_half_matrix`) one fused q|k|v linear and the forward
-    above. The fused weight is the three stacked, so per-row quantization is unchanged; XNNPACK
-    runs one wider GEMM instead of three (the k and v ones are narrow and slow) and RoPE once.
-    Returns how many layers were fused (0: the model has something this does not cover)."""
+    """Give every attention layer of ExecuTorch's `Transformer` (custom KV cache, HF rotate-half
+    RoPE written as `rotate_half_matrix`, or none in a NoPE layer; q/k RMSNorms before RoPE
+    allowed) one fused q|k|v linear and the forward above. The fused weight is the three stacked,
+    so per-row quantization is unchanged; XNNPACK runs one wider GEMM instead of three (the k and
+    v ones are narrow and slow), the q/k norms and RoPE once. Returns how many layers were fused
+    (0: the model has something this does not cover)."""
     import types
 
     from executorch.examples.models.llama.attention import AttentionMHA
@@ -92,9 +132,9 @@ def fuse_qkv_attention(model: torch.nn.Module) -> int:
 
     rope = getattr(model, "rope", None)
     layers = [m for m in model.modules() if isinstance(m, AttentionMHA)]
-    plain = all(type(a.kv_cache) is CustomKVCache and a.rope is rope and a.enable_dynamic_shape
-                and not (a.use_q_gate or a.use_qk_norm or a.use_attn_o_gate or a.use_attn_o_norm)
-                and a.num_kv_shared_layers == 0 for a in layers)
+    plain = all(type(a.kv_cache) is CustomKVCache and (a.rope is rope or getattr(a.rope, "is_identity", False))
+                and a.enable_dynamic_shape and not (a.use_q_gate or a.use_attn_o_gate or a.use_attn_o_norm)
+                and a.num_kv_shared_layers == 0 and _qk_norms_fit(a) for a in layers)
     if not layers or not plain or rope is None or not hasattr(rope, "rotate_half_matrix"):
         return 0
     h, hkv = layers[0].n_local_heads, layers[0].n_local_kv_heads
@@ -103,6 +143,9 @@ def fuse_qkv_attention(model: torch.nn.Module) -> int:
     rope.register_buffer("rotary_heads", rotary, persistent=False)
     rope.register_buffer("plain_heads", 1.0 - rotary, persistent=False)
     for a in layers:
+        _qk_norm_buffers(a, h, hkv)
+        a.use_rope = a.rope is rope
+        a.rope = rope
         w = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight])
         biases = [lin.bias for lin in (a.wq, a.wk, a.wv)]
         fused = torch.nn.Linear(w.shape[1], w.shape[0], bias=biases[0] is not None)
