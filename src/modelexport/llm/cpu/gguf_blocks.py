@@ -5,16 +5,28 @@ float32, q/k rows permuted for HF's RoPE layout, q|k|v and gate|up later stacked
 Every row of such a weight is one row of a GGUF tensor, dequantized exactly, so a weight's rows
 are found again by content: each row of every GGUF matrix of a layout below is dequantized once
 with `gguf.quants.dequantize` and indexed by a hash of its float32 bytes. A Linear whose rows are
-all found in one layout gets those rows' stored blocks (the row order of the HF weight, whatever
-permutation or stacking made it), and our kernels compute them exactly; anything else (a K-quant,
-F16, rows of different layouts) is left to the caller's re-quantization, counted, and its loss
-measured against the file's values (`requantized`, shown by `inspect`).
+all found in layouts of one of our kernels gets those rows' stored values, scales and mins (in
+the row order of the HF weight, whatever permutation or stacking made it; rows of two layouts
+of one kernel, e.g. a Q4_K_M file's Q5_0 q/k beside its Q8_0 v, are joined exactly by widening
+float16 scales to float32 and giving a min of 0 or -8d where a layout has none), and our kernels
+compute them exactly; anything else (Q6_K, F16, rows of both kernels) is left to the caller's
+re-quantization, counted, and its loss measured against the file's values (`requantized`, shown
+by `inspect`).
 
-Layouts kept as stored (llama.cpp's ggml-common.h; 32 weights per block):
-- Q4_0: d (float16), 16 bytes of nibbles u: W = d * (u - 8)
-- Q4_1: d, m (float16), 16 bytes of nibbles u: W = d * u + m
-- Q8_0: d (float16), 32 int8 values q: W = d * q (also the token embedding, as an 8-bit lookup)
-The nibble order (byte j: value j low, value 16 + j high) is the one our 4-bit kernel reads.
+Layouts kept as stored (llama.cpp's ggml-common.h), each as one of our two kernels holds it per
+block of 32 weights (values, scale d, min m: W = d * value + m):
+- Q4_0: d (float16), nibbles u: W = d * (u - 8)                                   → 4-bit
+- Q4_1: d, m (float16), nibbles u: W = d * u + m                                  → 4-bit
+- Q4_K: super-blocks of 256: d, dmin (float16), 6-bit sc, mn per 32, nibbles u:
+        W = (d * sc) * u - dmin * mn: a Q4_1 block whose scale and min are float32 (the product
+        of a float16 and a 6-bit integer is exact in float32, not in float16)       → 4-bit
+- Q8_0: d (float16), int8 q: W = d * q (also the token embedding, as an 8-bit lookup) → 8-bit
+- Q5_0: d (float16), 5-bit x: W = d * (x - 16): an int8 value                     → 8-bit
+- Q5_1: d, m (float16), 5-bit x: W = d * x + m                                    → 8-bit + mins
+- Q5_K: as Q4_K with 5-bit values                                                  → 8-bit + mins
+Not kept: Q6_K (a scale per 16 weights: no block of 32 holds it with one scale), Q2_K, Q3_K, IQ*.
+The 4-bit kernel reads a block's nibbles as Q4_0 stores them (byte j: value j low, value 16 + j
+high); Q4_K's (32 bytes: one sub-block low, the next high) are repacked.
 """
 from __future__ import annotations
 
@@ -27,52 +39,143 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 32
+SUPER = 256                      # a K-quant super-block
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """Rows of GGUF matrices as one of our kernels holds them, per block of 32 weights: W = scale *
+    value + min. q4: values u uint8 0..15; q8: int8. scales [N, K/32] float16 or float32; mins
+    of the same type, or None (q4: W = d (u - 8); q8: W = d q)."""
+    kernel: str
+    values: np.ndarray
+    scales: np.ndarray
+    mins: np.ndarray | None
 
 
 @dataclass(frozen=True)
 class BlockLayout:
     name: str
     block_bytes: int
-    module: Callable     # (blocks uint8 [N, K/32, block_bytes], bias) → the Linear's module
+    block_weights: int
+    kernel: str          # "q4" (modelexport::linear_q4) | "q8" (modelexport::linear_q8)
+    decode: Callable     # uint8 [N, blocks, block_bytes] → StoredRows
 
 
-def _f16(blocks: np.ndarray, at: int):
-    import torch
-    return torch.from_numpy(np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].copy())
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0]
 
 
-def _nibbles(blocks: np.ndarray, at: int):
-    import torch
-    n = blocks.shape[0]
-    return torch.from_numpy(np.ascontiguousarray(blocks[..., at:at + 16]).reshape(n, -1).copy())
+def _low_high(qs: np.ndarray) -> np.ndarray:
+    """16 bytes per block → the block's 32 nibbles: the low ones, then the high ones."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
 
-def _q4_0(blocks, bias):
-    from .kernels.linear_q4_op import Q4Linear
-    return Q4Linear.from_blocks(_nibbles(blocks, 2), _f16(blocks, 0), None, bias)
+def _flat(v: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(v.reshape(v.shape[0], -1))
 
 
-def _q4_1(blocks, bias):
-    from .kernels.linear_q4_op import Q4Linear
-    return Q4Linear.from_blocks(_nibbles(blocks, 4), _f16(blocks, 0), _f16(blocks, 2), bias)
+def _q4_0(b):
+    return StoredRows("q4", _flat(_low_high(b[..., 2:18])), _f16(b, 0), None)
 
 
-def _q8_values(blocks):
-    import torch
-    n = blocks.shape[0]
-    return torch.from_numpy(np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).reshape(n, -1).copy())
+def _q4_1(b):
+    return StoredRows("q4", _flat(_low_high(b[..., 4:20])), _f16(b, 0), _f16(b, 2))
 
 
-def _q8_0(blocks, bias):
-    from .kernels.linear_q4_op import Q8Linear
-    return Q8Linear(_q8_values(blocks), _f16(blocks, 0), bias)
+def _q8_0(b):
+    return StoredRows("q8", _flat(np.ascontiguousarray(b[..., 2:34]).view(np.int8)), _f16(b, 0), None)
+
+
+def _five_bits(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: 4 bytes of high bits (bit i: value i) and 16 of nibbles → values 0..31."""
+    high = (np.ascontiguousarray(qh).view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+    return _low_high(qs) | (high.astype(np.uint8) << 4)
+
+
+def _q5_0(b):
+    x = _five_bits(b[..., 2:6], b[..., 6:22])
+    return StoredRows("q8", _flat(x.astype(np.int8) - np.int8(16)), _f16(b, 0), None)
+
+
+def _q5_1(b):
+    return StoredRows("q8", _flat(_five_bits(b[..., 4:8], b[..., 8:24]).astype(np.int8)), _f16(b, 0), _f16(b, 2))
+
+
+def _k_scales(b):
+    """A K-quant super-block's 8 (scale, min) pairs as float32 products: d*sc, -(dmin*mn)."""
+    from gguf.quants import Q4_K
+    n, nb = b.shape[:2]
+    sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(n * nb, 12))
+    d, dmin = _f16(b, 0).astype(np.float32)[..., None], _f16(b, 2).astype(np.float32)[..., None]
+    return (d * sc.reshape(n, nb, 8).astype(np.float32)).reshape(n, -1), \
+        -(dmin * mn.reshape(n, nb, 8).astype(np.float32)).reshape(n, -1)
+
+
+def _k_nibbles(qs: np.ndarray) -> np.ndarray:
+    """128 bytes → 256 values 0..15: per 32 bytes, one sub-block's in the low nibbles, the next's high."""
+    chunks = qs.reshape(*qs.shape[:-1], 4, 1, 32)
+    return np.concatenate([chunks & 15, chunks >> 4], axis=-2)       # [..., 4, 2, 32]
+
+
+def _q4_k(b):
+    scales, mins = _k_scales(b)
+    return StoredRows("q4", _flat(_k_nibbles(b[..., 16:144])), scales, mins)
+
+
+def _q5_k(b):
+    high = (b[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1      # [..., 8, 32]
+    x = _k_nibbles(b[..., 48:176]).reshape(*b.shape[:-1], 8, 32) | (high << 4)
+    scales, mins = _k_scales(b)
+    return StoredRows("q8", _flat(x.astype(np.int8)), scales, mins)
 
 
 LAYOUTS = {layout.name: layout for layout in (
-    BlockLayout("Q4_0", 18, _q4_0),
-    BlockLayout("Q4_1", 20, _q4_1),
-    BlockLayout("Q8_0", 34, _q8_0),
+    BlockLayout("Q4_0", 18, BLOCK, "q4", _q4_0),
+    BlockLayout("Q4_1", 20, BLOCK, "q4", _q4_1),
+    BlockLayout("Q4_K", 144, SUPER, "q4", _q4_k),
+    BlockLayout("Q8_0", 34, BLOCK, "q8", _q8_0),
+    BlockLayout("Q5_0", 22, BLOCK, "q8", _q5_0),
+    BlockLayout("Q5_1", 24, BLOCK, "q8", _q5_1),
+    BlockLayout("Q5_K", 176, SUPER, "q8", _q5_k),
 )}
+
+
+def _no_min(kernel: str, scales: np.ndarray) -> np.ndarray:
+    """The min a layout without one stands for: -8d (4-bit, values stored +8), 0 (8-bit)."""
+    return -8 * scales if kernel == "q4" else np.zeros_like(scales)
+
+
+def join_rows(parts: list[StoredRows]) -> StoredRows:
+    """Rows of several layouts of one kernel as one weight, exactly: float16 widened to float32
+    where the parts differ, a min made explicit where one part has mins."""
+    kernel = parts[0].kernel
+    if len(parts) == 1:
+        return parts[0]
+    wide = np.float32 if any(p.scales.dtype == np.float32 for p in parts) else np.float16
+    any_mins = any(p.mins is not None for p in parts)
+    scales = np.concatenate([p.scales.astype(wide) for p in parts])
+    mins = None if not any_mins else np.concatenate([
+        (p.mins if p.mins is not None else _no_min(kernel, p.scales.astype(np.float32))).astype(wide) for p in parts])
+    return StoredRows(kernel, np.concatenate([p.values for p in parts]), scales, mins)
+
+
+def kernel_module(rows: StoredRows, bias):
+    """Our kernel's module computing `rows` as stored."""
+    import torch
+
+    from .kernels.linear_q4_op import Q4Linear, Q8Linear, pack_int4
+    t = torch.from_numpy
+    mins = None if rows.mins is None else t(rows.mins.copy())
+    if rows.kernel == "q4":
+        packed = pack_int4(t(rows.values.astype(np.int8) - np.int8(8)))
+        return Q4Linear.from_blocks(packed, t(rows.scales.copy()), mins, bias)
+    return Q8Linear(t(rows.values.copy()), t(rows.scales.copy()), bias, mins)
+
+
+def module_of(name: str, blocks: np.ndarray, bias):
+    """The module of one layout's blocks (uint8 [N, blocks, block bytes])."""
+    return kernel_module(LAYOUTS[name].decode(blocks), bias)
 
 
 def _row_key(row: np.ndarray) -> bytes:
@@ -103,48 +206,63 @@ class GgufBlocks:
         self._loss = [0.0, 0.0]                   # re-quantized weights: sum of w^2, sum of (w' - w)^2
         self._worst_db: float | None = None
 
-    def blocks_of(self, weight) -> tuple[str, np.ndarray] | None:
-        """(layout name, uint8 [N, K/32, block bytes]) holding `weight` [N, K] exactly, or None."""
+    def blocks_of(self, weight) -> tuple[str, StoredRows] | None:
+        """(the layouts' names, joined by +; the stored rows of `weight` [N, K] in its row order),
+        or None when a row is not in the file or its rows need both kernels."""
         w = weight.detach().float().contiguous().numpy()
         if w.ndim != 2 or w.shape[1] % BLOCK:
             return None
         found = [self._rows.get(_row_key(row)) for row in w]
         if not found or any(f is None for f in found):
             return None
-        layouts = {self._tensors[name][0] for name, _ in found}
-        if len(layouts) != 1:
+        by_tensor: dict[str, list[int]] = {}
+        for position, (name, _) in enumerate(found):
+            by_tensor.setdefault(name, []).append(position)
+        kinds = {self._tensors[name][0] for name in by_tensor}
+        if len({LAYOUTS[k].kernel for k in kinds}) != 1:
             return None
-        layout = LAYOUTS[layouts.pop()]
-        rows = np.stack([self._tensors[name][1][i] for name, i in found])
-        return layout.name, rows.reshape(w.shape[0], w.shape[1] // BLOCK, layout.block_bytes)
+        parts, positions = [], []
+        for name, where in by_tensor.items():
+            kind, data = self._tensors[name]
+            layout = LAYOUTS[kind]
+            raw = np.asarray(data)[[found[p][1] for p in where]]
+            parts.append(layout.decode(raw.reshape(len(where), -1, layout.block_bytes)))
+            positions.extend(where)
+        joined = join_rows(parts)
+        order = np.argsort(np.asarray(positions))             # back to the weight's row order
+        if not np.array_equal(order, np.arange(len(order))):
+            joined = StoredRows(joined.kernel, joined.values[order], joined.scales[order],
+                                None if joined.mins is None else joined.mins[order])
+        return "+".join(sorted(kinds)), joined
 
     def linear(self, linear):
         """Our kernel's module for `linear` from its stored blocks, or None (the caller re-quantizes)."""
         got = self.blocks_of(linear.weight)
         if got is None:
             return None
-        name, blocks = got
+        name, rows = got
         bias = None if linear.bias is None else linear.bias.detach().float()
         self.used[name] += 1
-        return LAYOUTS[name].module(blocks, bias)
+        return kernel_module(rows, bias)
 
     def embedding(self, embedding):
-        """An 8-bit lookup holding a Q8_0 token embedding as stored, or None."""
+        """An 8-bit lookup holding a token embedding stored as 8-bit values with a float16 scale
+        per 32 and no min (Q8_0, Q5_0), or None."""
         import torch
         from executorch.examples.models.llama.source_transformation.quantize import (
             QuantizedGroupEmbedding,
         )
 
         got = self.blocks_of(embedding.weight)
-        if got is None or got[0] != "Q8_0":
+        if got is None or got[1].kernel != "q8" or got[1].mins is not None or got[1].scales.dtype != np.float16:
             return None
-        blocks = got[1]
+        name, rows = got
         vocab, dim = embedding.weight.shape
         emb = QuantizedGroupEmbedding(device="cpu", vocab_size=vocab, embedding_dim=dim, group_size=BLOCK,
                                       dtype=torch.float32, packed=False, bitwidth=8)
-        emb.weight = _q8_values(blocks)
-        emb.scales = _f16(blocks, 0)
-        self.used["Q8_0 embedding"] += 1
+        emb.weight = torch.from_numpy(rows.values.copy())
+        emb.scales = torch.from_numpy(rows.scales.copy())
+        self.used[f"{name} embedding"] += 1
         return emb
 
     def requantized(self, weight, approx) -> None:

@@ -4,9 +4,11 @@ modules that put them in place of a quantized Linear and of a SwiGLU MLP's gate 
 
 y = x W^T (+ bias) with W stored per block of 32 input channels, as a GGUF file stores it:
 - 4-bit values u in 0..15 and a scale d per block (bfloat16 for our own quantization of float
-  weights, float16 for a GGUF's), W = d * (u - 8) (Q4_0, and ours), or with a min m per block
-  (float16) W = d * u + m (Q4_1);
-- 8-bit values q and a float16 scale d per block, W = d * q (Q8_0).
+  weights, float16 for a GGUF's, float32 where a GGUF's is a product of two: Q4_K's super-block
+  scale times its 6-bit sub-block scale), W = d * (u - 8) (Q4_0, and ours), or with a min m per
+  block (of the scales' type) W = d * u + m (Q4_1, Q4_K);
+- 8-bit values q and a scale d per block, W = d * q (Q8_0; Q5_0's 5-bit values minus 16), or
+  with a min m per block W = d * q + m (Q5_1, Q5_K).
 The activations are quantized to int8 per block of 32 on the fly (symmetric, scale max|x|/127, as
 llama.cpp quantizes them to Q8_0/Q8_1 for its dot products). The reference below is what eager
 runs and what the tests compare the C++ kernel with.
@@ -21,12 +23,12 @@ SWIGLU_GROUP = 16      # swiglu_q4's weight: gate and up rows alternate in group
 _LIB = torch.library.Library("modelexport", "FRAGMENT")
 _LINEAR_ARGS = ("Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, Tensor? residual=None, "
                 "Tensor? norm_weight=None, float eps=0.0")
-_MINS = ", Tensor? mins=None"           # a 4-bit weight's per-block mins (GGUF Q4_1)
+_MINS = ", Tensor? mins=None"           # a weight's per-block mins (GGUF Q4_1, Q4_K, Q5_1, Q5_K)
 _SWIGLU_ARGS = "Tensor x, Tensor weight, Tensor scales, Tensor? norm_weight=None, float eps=0.0" + _MINS
 _LIB.define(f"linear_q4({_LINEAR_ARGS}{_MINS}) -> Tensor")
 _LIB.define(f"linear_q4.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
-_LIB.define(f"linear_q8({_LINEAR_ARGS}) -> Tensor")
-_LIB.define(f"linear_q8.out({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.define(f"linear_q8({_LINEAR_ARGS}{_MINS}) -> Tensor")
+_LIB.define(f"linear_q8.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
 _LIB.define(f"swiglu_q4({_SWIGLU_ARGS}) -> Tensor")
 _LIB.define(f"swiglu_q4.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
 
@@ -118,8 +120,10 @@ def linear_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
 
 def linear_q8_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                         bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    return _block_linear_reference(x, unpack_int8(weight), scales.float(), None, bias, residual, norm_weight, eps)
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _block_linear_reference(x, unpack_int8(weight), scales.float(), None if mins is None else mins.float(),
+                                   bias, residual, norm_weight, eps)
 
 
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -180,11 +184,21 @@ class _NormFirst(torch.nn.Module):
         self.eps = float(eps)
 
 
+GGUF_SCALE_TYPES = (torch.float16, torch.float32)   # a GGUF's scales: as stored, or products of two
+
+
+def _gguf_scales(d: torch.Tensor) -> torch.Tensor:
+    if d.dtype not in GGUF_SCALE_TYPES:
+        raise ValueError(f"GGUF block scales are float16 or float32, not {d.dtype}")
+    return d.contiguous()
+
+
 def _set_mins(module: torch.nn.Module, mins: torch.Tensor | None) -> None:
+    """Mins of the scales' type (the kernel reads both alike)."""
     if mins is None:
         module.mins = None
     else:
-        module.register_buffer("mins", mins.to(torch.float16).contiguous())
+        module.register_buffer("mins", mins.to(module.scales.dtype).contiguous())
 
 
 class Q4Linear(_NormFirst):
@@ -203,12 +217,13 @@ class Q4Linear(_NormFirst):
 
     @classmethod
     def from_blocks(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, bias: torch.Tensor | None):
-        """GGUF Q4_0 (m None: W = d (u - 8)) or Q4_1 (W = d u + m) blocks: qs uint8 [N, K/2] as
-        stored, d and m float16 [N, K/32]."""
+        """GGUF Q4_0 (m None: W = d (u - 8)) or Q4_1 / Q4_K (W = d u + m) blocks: qs uint8 [N, K/2]
+        in Q4_0's nibble order, d and m [N, K/32] float16 (as a Q4_0/Q4_1 file stores them) or
+        float32 (Q4_K's products of two scales, exact in float32)."""
         self = cls.__new__(cls)
         _NormFirst.__init__(self)
         self.register_buffer("weight", qs.contiguous())
-        self.register_buffer("scales", d.to(torch.float16).contiguous())
+        self.register_buffer("scales", _gguf_scales(d))
         _set_mins(self, m)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.in_features, self.out_features = qs.shape[1] * 2, qs.shape[0]
@@ -221,19 +236,21 @@ class Q4Linear(_NormFirst):
 
 
 class Q8Linear(_NormFirst):
-    """A Linear whose weight is GGUF Q8_0 blocks as stored (int8 values, a float16 scale per 32)."""
+    """A Linear whose weight is 8-bit values per block of 32 with a scale each (float16 or
+    float32), and optionally a min each: a GGUF's Q8_0, Q5_0, Q5_1 or Q5_K blocks as stored."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None, mins: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("weight", pack_int8(q))                               # int8 [N, K]
-        self.register_buffer("scales", d.to(torch.float16).contiguous())           # [N, K/32]
+        self.register_buffer("scales", _gguf_scales(d))                            # [N, K/32]
+        _set_mins(self, mins)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.in_features, self.out_features = q.shape[1], q.shape[0]
 
     def forward(self, x, residual=None):
         return torch.ops.modelexport.linear_q8(x.contiguous(), self.weight, self.scales, self.bias,
                                                None if residual is None else residual.contiguous(),
-                                               self.norm_weight, self.eps)
+                                               self.norm_weight, self.eps, self.mins)
 
 
 class Q4GateUp(_NormFirst):
