@@ -10,8 +10,20 @@ import pytest
 import torch
 from native_programs import load_portable_program
 
-from modelexport.llm.cpu.gguf_blocks import BLOCK, LAYOUTS, GgufBlocks, kernel_module, module_of
-from modelexport.llm.cpu.kernels.linear_q4_op import Q4GateUp, Q4Linear, quantize_activations, unpack_int8, unpack_nibbles
+from modelexport.llm.cpu.gguf_blocks import (
+    BLOCK,
+    LAYOUTS,
+    GgufBlocks,
+    kernel_module,
+    module_of,
+)
+from modelexport.llm.cpu.kernels.linear_q4_op import (
+    Q4GateUp,
+    Q4Linear,
+    quantize_activations,
+    unpack_int8,
+    unpack_nibbles,
+)
 
 LAYOUT_NAMES = tuple(LAYOUTS)
 K_QUANTS = ("Q4_K", "Q5_K")

@@ -1,0 +1,154 @@
+"""GGUF K-quants as users have them (llama.cpp's Q4_K_M / Q5_K_M: K-quant matrices with Q6_K for
+some of them): tiny files written by the test (`gguf_kquants`, checked by `gguf.quants.dequantize`)
+loaded by the GGUF frontend, listed by `inspect` without reading the weights, and built into the
+CPU program, which keeps Q4_K / Q5_K as stored and says what it re-quantized and what that lost."""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+# which GGUF tensor a transformers Linear comes from (q/k rows are permuted on load: compared as sets)
+HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+# llama.cpp's K_M mixes: the layers' matrices in the K-quant, v and down (some layers) and the output in Q6_K
+MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
+Q6K_PARTS = {"attn_v": "Q6_K", "ffn_down": "Q6_K"}
+
+
+@pytest.fixture(scope="module", params=sorted(MIXES))
+def k_gguf(request, tmp_path_factory):
+    from test_llm_frontends import write_tiny_gguf
+    path = tmp_path_factory.mktemp("kquant") / f"tiny-{request.param}.gguf"
+    return write_tiny_gguf(path, matrix_type=MIXES[request.param], embedding_type="Q8_0", output_type="Q6_K",
+                           layer_types=Q6K_PARTS)
+
+
+@pytest.fixture(scope="module")
+def k_model(k_gguf):
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    return load_gguf_causal_lm(k_gguf).model
+
+
+def _rows(t) -> Counter:
+    return Counter(bytes(np.ascontiguousarray(r, np.float32).tobytes()) for r in np.asarray(t, np.float32))
+
+
+def test_the_loaded_model_holds_the_files_dequantized_values(k_gguf, k_model):
+    """Every Linear of the model the GGUF frontend loads is, row for row, `gguf.quants.dequantize`
+    of the file's tensor (as a set of rows: q/k are permuted for HF's RoPE)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from modelexport.frontends.gguf_file import read_gguf_matrices
+    mats = read_gguf_matrices(k_gguf)
+
+    def file_values(name):
+        kind, data = mats[name]
+        return dequantize(np.asarray(data), GGMLQuantizationType[kind])
+
+    assert {kind for kind, _ in mats.values()} == {MIXES[k_gguf.stem.split("-")[1]], "Q6_K", "Q8_0"}
+    checked = 0
+    for i, layer in enumerate(k_model.model.layers):
+        for hf, short in HF_TO_GGUF.items():
+            weight = layer.get_submodule(hf).weight.detach()
+            assert _rows(weight) == _rows(file_values(f"blk.{i}.{short}.weight")), (i, hf)
+            checked += 1
+    assert _rows(k_model.lm_head.weight.detach()) == _rows(file_values("output.weight"))
+    assert torch.equal(k_model.model.embed_tokens.weight.detach(), torch.from_numpy(file_values("token_embd.weight")))
+    assert checked == 14
+
+
+def test_inspect_lists_the_k_quants_without_dequantizing(k_gguf):
+    """`inspect FILE.gguf` names every type with its count and reads only the header: no
+    dequantizing function of gguf.quants runs (traced, not patched; the reader's shape arithmetic
+    from that module may)."""
+    from modelexport.inspection import inspect_path
+
+    called = []
+
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__") == "gguf.quants":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(trace)
+    try:
+        d = inspect_path(k_gguf)
+    finally:
+        sys.setprofile(None)
+    assert not [name for name in called if "dequantize" in name or name.endswith("_blocks")], called
+    kind = MIXES[k_gguf.stem.split("-")[1]]
+    # per layer: q, k, o, gate, up in the K-quant; v, down in Q6_K; + the Q6_K output, the Q8_0 embedding
+    assert d["quant_types"] == {kind: 10, "Q6_K": 5, "Q8_0": 1, "F32": 5}, d["quant_types"]
+
+
+def _quantized_like_the_program(gguf, model):
+    """The CPU program's model before torch.export: ExecuTorch's Transformer with the GGUF's blocks
+    kept where our kernels compute them, the rest re-quantized; and the record llm.json gets."""
+    from modelexport.llm.cpu.export import (
+        CpuExportOptions,
+        _weights_record,
+        build_transformer,
+        quantize_model,
+    )
+    from modelexport.llm.cpu.gguf_blocks import GgufBlocks
+
+    opts = CpuExportOptions(max_seq_len=32)
+    transformer, _ = build_transformer(model, opts.max_seq_len, opts.attention)
+    blocks = GgufBlocks(gguf)
+    return quantize_model(transformer, opts, blocks), _weights_record(opts, blocks)
+
+
+def test_the_cpu_program_keeps_the_k_quants_and_states_the_loss_of_the_rest(k_gguf, k_model):
+    """Q4_K (4-bit kernel, float32 scales) and Q5_K (8-bit kernel with mins) kept as stored; the
+    fused q|k|v (its v in Q6_K), the Q6_K down and output re-quantized, counted, with their weight
+    SQNR against the file's values; the kept modules compute exactly the file's values."""
+    from modelexport.llm.cpu.kernels.linear_q4_op import Q4GateUp, Q4Linear, Q8Linear
+
+    kind = MIXES[k_gguf.stem.split("-")[1]]
+    model, record = _quantized_like_the_program(k_gguf, k_model)
+    # per layer: o, gate, up kept (2 layers); q|k|v and down re-quantized, and the output
+    assert record["kept_as_stored"] == {kind: 6, "requantized": 5, "Q8_0 embedding": 1}, record
+    assert record["file_types"] == {kind: 10, "Q6_K": 5, "Q8_0": 1}
+    loss = record["requantized_weight_sqnr_db"]
+    assert 10 < loss["worst"] <= loss["all"] < 40, loss
+    assert "5 re-quantized to 8da4w" in record["layout"] and f"{loss['all']} dB" in record["layout"]
+    o = model.layers[0].attention.wo
+    if kind == "Q4_K":
+        assert isinstance(o, Q4Linear) and o.scales.dtype == torch.float32 and o.mins is not None
+        assert isinstance(model.layers[0].feed_forward.gate_up, Q4GateUp)
+    else:
+        assert isinstance(o, Q8Linear) and o.scales.dtype == torch.float32 and o.mins is not None
+    eye = torch.eye(o.in_features)                      # the module's weight, read back
+    want = k_model.model.layers[0].self_attn.o_proj.weight.detach()
+    assert torch.allclose(o(eye).T, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.heavy
+def test_k_quant_program_follows_the_dequantized_model(k_gguf, k_model, tmp_path):
+    """The real CPU program of a Q4_K_M / Q5_K_M-like file: llm.json says what it kept and what the
+    rest lost; its logits follow the dequantized float model through prefill and decode, closer
+    than the program that re-quantizes everything."""
+    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
+    from modelexport.llm.cpu.session import ExecuTorchSession
+
+    ids = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114]
+    with torch.no_grad():
+        ref = k_model(torch.tensor([ids])).logits[0]
+    sqnr = {}
+    for keep in (True, False):
+        entry, meta, _ = build_cached(k_gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep),
+                                      cache_dir=tmp_path / "cache")
+        if keep:
+            assert meta["weights"]["kept_as_stored"]["requantized"] == 5, meta["weights"]
+            assert "requantized_weight_sqnr_db" in meta["weights"]
+        s = ExecuTorchSession(entry / "model.pte")
+        got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
+        sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum()))
+                         for g, w in zip(got, (ref[5], ref[6], ref[9])))
+    print("logit SQNR vs the dequantized model (dB):", sqnr)
+    assert sqnr[True] > sqnr[False] + 3, sqnr
