@@ -1,7 +1,8 @@
 """GGUF K-quants as users have them (llama.cpp's Q4_K_M / Q5_K_M: K-quant matrices with Q6_K for
 some of them): tiny files written by the test (`gguf_kquants`, checked by `gguf.quants.dequantize`)
 loaded by the GGUF frontend, listed by `inspect` without reading the weights, and built into the
-CPU program, which keeps Q4_K / Q5_K as stored and says what it re-quantized and what that lost."""
+CPU program, which keeps Q4_K / Q5_K as stored, holds Q6_K rows as 8-bit, and says what it
+re-quantized and what that lost."""
 from __future__ import annotations
 
 import sys
@@ -15,9 +16,20 @@ import torch
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down"}
-# llama.cpp's K_M mixes: the layers' matrices in the K-quant, v and down (some layers) and the output in Q6_K
+# llama.cpp's K_M mixes: the layers' matrices in the K-quant, v and down (some layers) and the
+# output in Q6_K; the Q5_K_M one also keeps its gate in F16 (a type no kernel of ours holds)
 MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
-Q6K_PARTS = {"attn_v": "Q6_K", "ffn_down": "Q6_K"}
+LAYER_TYPES = {"Q4_K_M": {"attn_v": "Q6_K", "ffn_down": "Q6_K"},
+               "Q5_K_M": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_gate": "F16"}}
+# what the CPU program's modules hold, per mix (2 layers): q|k|v fused (K-quant q, k beside Q6_K v:
+# all as 8-bit), o, gate, up, down; the Q6_K output; the Q8_0 embedding
+PROGRAM = {"Q4_K_M": {"Q4_K+Q6_K as 8-bit": 2, "Q4_K": 6, "Q6_K as 8-bit": 3, "Q8_0 embedding": 1},
+           "Q5_K_M": {"Q5_K+Q6_K as 8-bit": 2, "Q5_K": 4, "requantized": 2, "Q6_K as 8-bit": 3,
+                      "Q8_0 embedding": 1}}
+
+
+def _mix(path) -> str:
+    return path.stem.split("-")[1]
 
 
 @pytest.fixture(scope="module", params=sorted(MIXES))
@@ -25,7 +37,7 @@ def k_gguf(request, tmp_path_factory):
     from test_llm_frontends import write_tiny_gguf
     path = tmp_path_factory.mktemp("kquant") / f"tiny-{request.param}.gguf"
     return write_tiny_gguf(path, matrix_type=MIXES[request.param], embedding_type="Q8_0", output_type="Q6_K",
-                           layer_types=Q6K_PARTS)
+                           layer_types=LAYER_TYPES[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +63,7 @@ def test_the_loaded_model_holds_the_files_dequantized_values(k_gguf, k_model):
         kind, data = mats[name]
         return dequantize(np.asarray(data), GGMLQuantizationType[kind])
 
-    assert {kind for kind, _ in mats.values()} == {MIXES[k_gguf.stem.split("-")[1]], "Q6_K", "Q8_0"}
+    assert {kind for kind, _ in mats.values()} == {MIXES[_mix(k_gguf)], *LAYER_TYPES[_mix(k_gguf)].values(), "Q8_0"}
     checked = 0
     for i, layer in enumerate(k_model.model.layers):
         for hf, short in HF_TO_GGUF.items():
@@ -81,9 +93,10 @@ def test_inspect_lists_the_k_quants_without_dequantizing(k_gguf):
     finally:
         sys.setprofile(None)
     assert not [name for name in called if "dequantize" in name or name.endswith("_blocks")], called
-    kind = MIXES[k_gguf.stem.split("-")[1]]
-    # per layer: q, k, o, gate, up in the K-quant; v, down in Q6_K; + the Q6_K output, the Q8_0 embedding
-    assert d["quant_types"] == {kind: 10, "Q6_K": 5, "Q8_0": 1, "F32": 5}, d["quant_types"]
+    want = Counter({"F32": 5, "Q8_0": 1, "Q6_K": 1})      # norms, embedding, output
+    for short in HF_TO_GGUF.values():
+        want[LAYER_TYPES[_mix(k_gguf)].get(short, MIXES[_mix(k_gguf)])] += 2
+    assert d["quant_types"] == dict(want), d["quant_types"]
 
 
 def _quantized_like_the_program(gguf, model):
@@ -105,27 +118,35 @@ def _quantized_like_the_program(gguf, model):
 
 def test_the_cpu_program_keeps_the_k_quants_and_states_the_loss_of_the_rest(k_gguf, k_model):
     """Q4_K (4-bit kernel, float32 scales) and Q5_K (8-bit kernel with mins) kept as stored; the
-    fused q|k|v (its v in Q6_K), the Q6_K down and output re-quantized, counted, with their weight
-    SQNR against the file's values; the kept modules compute exactly the file's values."""
+    fused q|k|v (its v in Q6_K) held by the 8-bit kernel, its K-quant rows exact and its Q6_K rows
+    re-quantized to 8 bits, as the Q6_K down and output are; an F16 gate re-quantized to 4 bits.
+    llm.json's record counts each and states what the re-quantized ones lost (weight SQNR against
+    the file's values); the kept modules compute exactly the file's values."""
     from modelexport.llm.cpu.kernels.linear_q4_op import Q4GateUp, Q4Linear, Q8Linear
 
-    kind = MIXES[k_gguf.stem.split("-")[1]]
+    mix = _mix(k_gguf)
     model, record = _quantized_like_the_program(k_gguf, k_model)
-    # per layer: o, gate, up kept (2 layers); q|k|v and down re-quantized, and the output
-    assert record["kept_as_stored"] == {kind: 6, "requantized": 5, "Q8_0 embedding": 1}, record
-    assert record["file_types"] == {kind: 10, "Q6_K": 5, "Q8_0": 1}
-    loss = record["requantized_weight_sqnr_db"]
-    assert 10 < loss["worst"] <= loss["all"] < 40, loss
-    assert "5 re-quantized to 8da4w" in record["layout"] and f"{loss['all']} dB" in record["layout"]
+    assert record["kept_as_stored"] == PROGRAM[mix], record
+    nearest = record["nearest_8bit_weight_sqnr_db"]
+    assert 35 < nearest["worst"] <= nearest["all"] < 60, nearest          # Q6_K → 8 bits: a small loss
+    assert f"5 holding Q6_K rows as 8-bit, weight SQNR {nearest['all']} dB" in record["layout"], record["layout"]
+    if "requantized" in PROGRAM[mix]:
+        loss = record["requantized_weight_sqnr_db"]
+        assert 10 < loss["worst"] <= loss["all"] < 30, loss
+        assert f"2 re-quantized to 8da4w, groups of 32, weight SQNR {loss['all']} dB" in record["layout"]
+    else:
+        assert "requantized_weight_sqnr_db" not in record
     o = model.layers[0].attention.wo
-    if kind == "Q4_K":
+    assert isinstance(model.layers[0].attention.wqkv, Q8Linear)
+    if mix == "Q4_K_M":
         assert isinstance(o, Q4Linear) and o.scales.dtype == torch.float32 and o.mins is not None
         assert isinstance(model.layers[0].feed_forward.gate_up, Q4GateUp)
     else:
         assert isinstance(o, Q8Linear) and o.scales.dtype == torch.float32 and o.mins is not None
-    eye = torch.eye(o.in_features)                      # the module's weight, read back
-    want = k_model.model.layers[0].self_attn.o_proj.weight.detach()
-    assert torch.allclose(o(eye).T, want, atol=1e-6, rtol=0)
+    eye = torch.eye(o.in_features)                      # the modules' weights, read back
+    assert torch.allclose(o(eye).T, k_model.model.layers[0].self_attn.o_proj.weight.detach(), atol=1e-6, rtol=0)
+    wq = k_model.model.layers[0].self_attn.q_proj.weight.detach()     # q rows of the fused weight: exact
+    assert torch.allclose(model.layers[0].attention.wqkv(eye).T[:wq.shape[0]], wq, atol=1e-6, rtol=0)
 
 
 @pytest.mark.heavy
@@ -144,8 +165,8 @@ def test_k_quant_program_follows_the_dequantized_model(k_gguf, k_model, tmp_path
         entry, meta, _ = build_cached(k_gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep),
                                       cache_dir=tmp_path / "cache")
         if keep:
-            assert meta["weights"]["kept_as_stored"]["requantized"] == 5, meta["weights"]
-            assert "requantized_weight_sqnr_db" in meta["weights"]
+            assert meta["weights"]["kept_as_stored"] == PROGRAM[_mix(k_gguf)], meta["weights"]
+            assert "nearest_8bit_weight_sqnr_db" in meta["weights"]
         s = ExecuTorchSession(entry / "model.pte")
         got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
         sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum()))

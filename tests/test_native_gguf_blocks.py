@@ -26,6 +26,7 @@ from modelexport.llm.cpu.kernels.linear_q4_op import (
 )
 
 LAYOUT_NAMES = tuple(LAYOUTS)
+EXACT = tuple(name for name, layout in LAYOUTS.items() if layout.exact)
 K_QUANTS = ("Q4_K", "Q5_K")
 
 
@@ -56,7 +57,7 @@ def _weight_of(module) -> torch.Tensor:
     return (module.scales.float().unsqueeze(-1) * blocks + mins.unsqueeze(-1)).reshape(n, -1)
 
 
-@pytest.mark.parametrize("kind", LAYOUT_NAMES)
+@pytest.mark.parametrize("kind", EXACT)
 def test_module_holds_the_files_values_exactly(kind):
     """Every layout kept as stored: the weight our kernel's module computes with is, bit for bit,
     the one `gguf.quants.dequantize` reads from the blocks (Q4_K's float32 scale and min products
@@ -67,10 +68,24 @@ def test_module_holds_the_files_values_exactly(kind):
     assert torch.equal(_weight_of(module), w), kind
 
 
-@pytest.mark.parametrize("kinds", [("Q5_0", "Q8_0"), ("Q4_0", "Q4_K"), ("Q4_1", "Q4_0"), ("Q5_K", "Q8_0")])
-def test_rows_of_two_layouts_of_one_kernel_join_exactly(kinds):
+def test_q6_k_rows_become_8_bit_blocks_within_half_a_step():
+    """Q6_K (a scale per 16 weights) has no exact layout in our kernels: its rows become 8-bit
+    blocks of 32, each value within half a step of the file's, ~45 dB from them."""
+    w, blocks = _stored("Q6_K", 24, 512, seed=3)
+    module = module_of("Q6_K", blocks, None)
+    got = _weight_of(module)
+    step = module.scales.float().repeat_interleave(BLOCK, dim=1)
+    assert bool(((got - w).abs() <= step * 0.5001).all())
+    sqnr = float(10 * torch.log10(w.pow(2).sum() / (got - w).pow(2).sum()))
+    assert 40 < sqnr < 60, sqnr
+
+
+@pytest.mark.parametrize("kinds", [("Q5_0", "Q8_0"), ("Q4_0", "Q4_K"), ("Q4_1", "Q4_0"), ("Q5_K", "Q8_0"),
+                                   ("Q4_K", "Q8_0"), ("Q4_0", "Q5_1")])
+def test_rows_of_two_layouts_join_exactly(kinds):
     """A fused weight whose rows come from two layouts (a Q4_K_M file's Q5_0 q/k beside a Q8_0 v):
-    one module, scales widened and mins made explicit, still equal to the file's values."""
+    one module, scales widened, mins made explicit, 4-bit rows held by the 8-bit kernel beside
+    8-bit ones, still equal to the file's values."""
     from modelexport.llm.cpu.gguf_blocks import join_rows
     (wa, ba), (wb, bb) = _stored(kinds[0], 16, 256, seed=7), _stored(kinds[1], 8, 256, seed=8)
     rows = join_rows([LAYOUTS[kinds[0]].decode(ba), LAYOUTS[kinds[1]].decode(bb)])
@@ -79,7 +94,8 @@ def test_rows_of_two_layouts_of_one_kernel_join_exactly(kinds):
 
 def test_a_fused_weight_of_mixed_layouts_is_found_in_order(tmp_path):
     """Rows found in two tensors of different layouts, interleaved, come back in the weight's own
-    row order; rows needing both kernels (Q4_K beside Q5_0) are not kept."""
+    row order; Q4_K rows beside Q5_0 ones go to the 8-bit kernel, exactly; a row not in the file
+    leaves the weight to re-quantization."""
     from test_llm_frontends import write_tiny_gguf
     path = write_tiny_gguf(tmp_path / "mixed.gguf", matrix_type="Q5_0", embedding_type="Q8_0", output_type="Q8_0",
                            layer_types={"attn_v": "Q8_0", "ffn_up": "Q4_K"})
@@ -98,7 +114,11 @@ def test_a_fused_weight_of_mixed_layouts_is_found_in_order(tmp_path):
     fused = torch.cat([v[:3], q[5:9], v[3:]])
     name, rows = blocks.blocks_of(fused)
     assert name == "Q5_0+Q8_0" and torch.equal(_weight_of(kernel_module(rows, None)), fused)
-    assert blocks.blocks_of(torch.cat([q, values("blk.0.ffn_up.weight")])) is None
+    up = values("blk.0.ffn_up.weight")
+    name, rows = blocks.blocks_of(torch.cat([q, up]))
+    assert name == "Q4_K+Q5_0" and rows.kernel == "q8"
+    assert torch.equal(_weight_of(kernel_module(rows, None)), torch.cat([q, up]))
+    assert blocks.blocks_of(torch.cat([q, torch.randn(1, q.shape[1])])) is None
 
 
 def _float_activation_linear(x, w, bias):
@@ -108,7 +128,7 @@ def _float_activation_linear(x, w, bias):
     return torch.nn.functional.linear(xq.double(), w.double(), None if bias is None else bias.double())
 
 
-@pytest.mark.parametrize("kind", LAYOUT_NAMES)
+@pytest.mark.parametrize("kind", EXACT)
 def test_reference_computes_the_stored_blocks_exactly(kind):
     """The op's reference = the dequantized weight times the same int8 activations, to float
     rounding; and to the activations' rounding from the float product."""

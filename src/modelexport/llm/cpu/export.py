@@ -53,7 +53,7 @@ from typing import Any
 from ...core.errors import InputError, ToolchainError, UnsupportedError
 from ...frontends.llm_families import BY_MODEL_TYPE, FAMILIES, sliding_layers
 
-EXPORT_FORMAT_VERSION = 10  # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 11  # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -553,12 +553,16 @@ def _weights_record(opts: CpuExportOptions, blocks) -> dict[str, Any]:
     own = f"{opts.quant}, groups of {opts.group_size}" if opts.quant == "8da4w" else opts.quant
     if blocks is None:
         return {"layout": f"quantized from float ({own})"}
-    kept = blocks.used.copy()
-    requantized = kept.pop("requantized", 0)
-    loss = blocks.summary().get("requantized_weight_sqnr_db") or {}
-    layout = "GGUF blocks as stored" + (f" ({requantized} re-quantized to {own}, weight SQNR {loss.get('all')} dB)"
-                                        if requantized else "")
-    return {"layout": layout, **blocks.summary()}
+    summary = blocks.summary()
+    requantized = summary["kept_as_stored"].get("requantized", 0)
+    nearest = sum(n for label, n in summary["kept_as_stored"].items() if "as 8-bit" in label)
+    notes = []
+    if requantized:
+        notes.append(f"{requantized} re-quantized to {own}, weight SQNR "
+                     f"{summary['requantized_weight_sqnr_db']['all']} dB")
+    if nearest:
+        notes.append(f"{nearest} holding Q6_K rows as 8-bit, weight SQNR {summary['nearest_8bit_weight_sqnr_db']['all']} dB")
+    return {"layout": "GGUF blocks as stored" + (f" ({'; '.join(notes)})" if notes else ""), **summary}
 
 
 def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):

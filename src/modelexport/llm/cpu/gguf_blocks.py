@@ -5,13 +5,15 @@ float32, q/k rows permuted for HF's RoPE layout, q|k|v and gate|up later stacked
 Every row of such a weight is one row of a GGUF tensor, dequantized exactly, so a weight's rows
 are found again by content: each row of every GGUF matrix of a layout below is dequantized once
 with `gguf.quants.dequantize` and indexed by a hash of its float32 bytes. A Linear whose rows are
-all found in layouts of one of our kernels gets those rows' stored values, scales and mins (in
-the row order of the HF weight, whatever permutation or stacking made it; rows of two layouts
-of one kernel, e.g. a Q4_K_M file's Q5_0 q/k beside its Q8_0 v, are joined exactly by widening
-float16 scales to float32 and giving a min of 0 or -8d where a layout has none), and our kernels
-compute them exactly; anything else (Q6_K, F16, rows of both kernels) is left to the caller's
-re-quantization, counted, and its loss measured against the file's values (`requantized`, shown
-by `inspect`).
+all found in the layouts below gets those rows' stored values, scales and mins (in the row
+order of the HF weight, whatever permutation or stacking made it; rows of several layouts, e.g.
+a Q4_K_M file's Q5_0 q/k beside its Q8_0 v, are joined exactly: float16 scales widened to
+float32, a min of 0 or -8d made explicit, 4-bit rows held by the 8-bit kernel when 8-bit rows
+are beside them), and our kernels compute them exactly. A Q6_K row (a scale per 16 weights: no
+block of 32 holds it with one scale) is the one layout re-quantized on the way, to the nearest
+our kernels hold, 8 bits per 32 (its loss measured and stated, ~20 dB below Q6_K's own
+rounding); anything else (F16, Q2_K, Q3_K, IQ*) is left to the caller's 4-bit re-quantization,
+counted, and its loss measured against the file's values (`requantized`, shown by `inspect`).
 
 Layouts kept as stored (llama.cpp's ggml-common.h), each as one of our two kernels holds it per
 block of 32 weights (values, scale d, min m: W = d * value + m):
@@ -24,13 +26,15 @@ block of 32 weights (values, scale d, min m: W = d * value + m):
 - Q5_0: d (float16), 5-bit x: W = d * (x - 16): an int8 value                     → 8-bit
 - Q5_1: d, m (float16), 5-bit x: W = d * x + m                                    → 8-bit + mins
 - Q5_K: as Q4_K with 5-bit values                                                  → 8-bit + mins
-Not kept: Q6_K (a scale per 16 weights: no block of 32 holds it with one scale), Q2_K, Q3_K, IQ*.
+- Q6_K: 16 scales per 256, 6-bit values: re-quantized per row to 8-bit blocks of 32   → 8-bit
+Not kept: F16, Q2_K, Q3_K, IQ* (re-quantized by the caller, to 4 bits).
 The 4-bit kernel reads a block's nibbles as Q4_0 stores them (byte j: value j low, value 16 + j
 high); Q4_K's (32 bytes: one sub-block low, the next high) are repacked.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +64,7 @@ class BlockLayout:
     block_weights: int
     kernel: str          # "q4" (modelexport::linear_q4) | "q8" (modelexport::linear_q8)
     decode: Callable     # uint8 [N, blocks, block_bytes] → StoredRows
+    exact: bool = True   # False: the decode re-quantizes (its loss is measured)
 
 
 def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -130,6 +135,22 @@ def _q5_k(b):
     return StoredRows("q8", _flat(x.astype(np.int8)), scales, mins)
 
 
+def to_8bit(w: np.ndarray) -> StoredRows:
+    """float32 [N, K] → 8-bit blocks of 32 (a float16 scale max|w|/127 each): the nearest layout
+    our kernels hold to one they cannot hold as stored."""
+    blocks = w.reshape(w.shape[0], -1, BLOCK)
+    scales = (np.abs(blocks).max(-1) / 127).astype(np.float16)
+    s = scales.astype(np.float32)[..., None]
+    q = np.clip(np.round(np.divide(blocks, s, out=np.zeros_like(blocks), where=s > 0)), -127, 127)
+    return StoredRows("q8", _flat(q.astype(np.int8)), scales, None)
+
+
+def _q6_k_as_8bit(b):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    return to_8bit(dequantize(np.ascontiguousarray(b).reshape(b.shape[0], -1), GGMLQuantizationType.Q6_K))
+
+
 LAYOUTS = {layout.name: layout for layout in (
     BlockLayout("Q4_0", 18, BLOCK, "q4", _q4_0),
     BlockLayout("Q4_1", 20, BLOCK, "q4", _q4_1),
@@ -138,7 +159,17 @@ LAYOUTS = {layout.name: layout for layout in (
     BlockLayout("Q5_0", 22, BLOCK, "q8", _q5_0),
     BlockLayout("Q5_1", 24, BLOCK, "q8", _q5_1),
     BlockLayout("Q5_K", 176, SUPER, "q8", _q5_k),
+    BlockLayout("Q6_K", 210, SUPER, "q8", _q6_k_as_8bit, exact=False),
 )}
+
+
+def rows_weight(rows: StoredRows) -> np.ndarray:
+    """The float32 weight [N, K] `rows` stand for: scale * value + min per block of 32."""
+    n = rows.values.shape[0]
+    v = rows.values.astype(np.float32).reshape(n, -1, BLOCK)
+    s = rows.scales.astype(np.float32)
+    m = _no_min(rows.kernel, s) if rows.mins is None else rows.mins.astype(np.float32)
+    return (s[..., None] * v + m[..., None]).reshape(n, -1)
 
 
 def _no_min(kernel: str, scales: np.ndarray) -> np.ndarray:
@@ -146,12 +177,22 @@ def _no_min(kernel: str, scales: np.ndarray) -> np.ndarray:
     return -8 * scales if kernel == "q4" else np.zeros_like(scales)
 
 
+def _as_8bit(rows: StoredRows) -> StoredRows:
+    """4-bit rows held by the 8-bit kernel, exactly (u in 0..15 is an int8; no min: u - 8)."""
+    if rows.kernel == "q8":
+        return rows
+    values = rows.values.astype(np.int8) - np.int8(0 if rows.mins is not None else 8)
+    return StoredRows("q8", values, rows.scales, rows.mins)
+
+
 def join_rows(parts: list[StoredRows]) -> StoredRows:
-    """Rows of several layouts of one kernel as one weight, exactly: float16 widened to float32
-    where the parts differ, a min made explicit where one part has mins."""
-    kernel = parts[0].kernel
+    """Rows of several layouts as one weight, exactly: 4-bit rows as 8-bit beside 8-bit ones,
+    float16 widened to float32 where the parts differ, a min made explicit where one part has mins."""
     if len(parts) == 1:
         return parts[0]
+    if len({p.kernel for p in parts}) > 1:
+        parts = [_as_8bit(p) for p in parts]
+    kernel = parts[0].kernel
     wide = np.float32 if any(p.scales.dtype == np.float32 for p in parts) else np.float16
     any_mins = any(p.mins is not None for p in parts)
     scales = np.concatenate([p.scales.astype(wide) for p in parts])
@@ -203,12 +244,12 @@ class GgufBlocks:
             for i, row in enumerate(values):
                 self._rows.setdefault(_row_key(row), (name, i))
         self.used: Counter = Counter()           # what the program got: layout name or "requantized"
-        self._loss = [0.0, 0.0]                   # re-quantized weights: sum of w^2, sum of (w' - w)^2
-        self._worst_db: float | None = None
+        self._requantized = WeightLoss()          # weights the caller re-quantized (4-bit)
+        self._nearest = WeightLoss()              # weights holding rows re-quantized to 8-bit here
 
     def blocks_of(self, weight) -> tuple[str, StoredRows] | None:
-        """(the layouts' names, joined by +; the stored rows of `weight` [N, K] in its row order),
-        or None when a row is not in the file or its rows need both kernels."""
+        """(the layouts' names, joined by +, a re-quantized one marked "as 8-bit"; the stored rows
+        of `weight` [N, K] in its row order), or None when a row is not in a layout of `LAYOUTS`."""
         w = weight.detach().float().contiguous().numpy()
         if w.ndim != 2 or w.shape[1] % BLOCK:
             return None
@@ -219,8 +260,6 @@ class GgufBlocks:
         for position, (name, _) in enumerate(found):
             by_tensor.setdefault(name, []).append(position)
         kinds = {self._tensors[name][0] for name in by_tensor}
-        if len({LAYOUTS[k].kernel for k in kinds}) != 1:
-            return None
         parts, positions = [], []
         for name, where in by_tensor.items():
             kind, data = self._tensors[name]
@@ -233,7 +272,13 @@ class GgufBlocks:
         if not np.array_equal(order, np.arange(len(order))):
             joined = StoredRows(joined.kernel, joined.values[order], joined.scales[order],
                                 None if joined.mins is None else joined.mins[order])
-        return "+".join(sorted(kinds)), joined
+        return "+".join(sorted(k if LAYOUTS[k].exact else f"{k} as 8-bit" for k in kinds)), joined
+
+    def _record(self, label: str, weight, rows: StoredRows) -> None:
+        """Count what a module got; where rows were re-quantized on the way, their loss."""
+        self.used[label] += 1
+        if "as 8-bit" in label:
+            self._nearest.add(weight.detach().double(), torch_of(rows_weight(rows)))
 
     def linear(self, linear):
         """Our kernel's module for `linear` from its stored blocks, or None (the caller re-quantizes)."""
@@ -242,7 +287,7 @@ class GgufBlocks:
             return None
         name, rows = got
         bias = None if linear.bias is None else linear.bias.detach().float()
-        self.used[name] += 1
+        self._record(name, linear.weight, rows)
         return kernel_module(rows, bias)
 
     def embedding(self, embedding):
@@ -262,29 +307,47 @@ class GgufBlocks:
                                       dtype=torch.float32, packed=False, bitwidth=8)
         emb.weight = torch.from_numpy(rows.values.copy())
         emb.scales = torch.from_numpy(rows.scales.copy())
-        self.used[f"{name} embedding"] += 1
+        self._record(f"{name} embedding", embedding.weight, rows)
         return emb
 
     def requantized(self, weight, approx) -> None:
         """Count a weight the program re-quantizes (`approx`: the values it computes instead), and
         its loss: the file's values against ours, as a signal-to-noise ratio."""
-        import math
-        w, e = weight.detach().double(), approx.detach().double() - weight.detach().double()
-        signal, noise = float((w * w).sum()), float((e * e).sum())
         self.used["requantized"] += 1
-        self._loss[0] += signal
-        self._loss[1] += noise
-        db = 10 * math.log10(signal / noise) if noise > 0 else math.inf
-        self._worst_db = db if self._worst_db is None else min(self._worst_db, db)
+        self._requantized.add(weight.detach().double(), approx.detach().double())
 
     def summary(self) -> dict:
         """What the program holds, for its metadata: per layout, how many weights kept as stored,
-        and what re-quantizing the others lost (weight SQNR in dB: all of them, and the worst)."""
-        import math
+        and what re-quantizing the others lost (weight SQNR in dB: all of them, and the worst):
+        to 4 bits by the caller, to 8 bits here (Q6_K rows)."""
         out = {"file_types": dict(self.types), "kept_as_stored": dict(self.used)}
-        if self._worst_db is not None:
-            signal, noise = self._loss
-            out["requantized_weight_sqnr_db"] = {
-                "all": round(10 * math.log10(signal / noise), 2) if noise > 0 else None,
-                "worst": round(self._worst_db, 2) if math.isfinite(self._worst_db) else None}
+        for key, loss in (("requantized_weight_sqnr_db", self._requantized),
+                          ("nearest_8bit_weight_sqnr_db", self._nearest)):
+            if loss.count:
+                out[key] = loss.summary()
         return out
+
+
+def torch_of(a: np.ndarray):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(a)).double()
+
+
+class WeightLoss:
+    """What replacing weights by other values lost, over all of them and at the worst: SQNR in dB."""
+
+    def __init__(self):
+        self.count, self.signal, self.noise = 0, 0.0, 0.0
+        self.worst_db = math.inf
+
+    def add(self, weight, approx) -> None:
+        e = approx - weight
+        signal, noise = float((weight * weight).sum()), float((e * e).sum())
+        self.count += 1
+        self.signal += signal
+        self.noise += noise
+        self.worst_db = min(self.worst_db, 10 * math.log10(signal / noise) if noise > 0 else math.inf)
+
+    def summary(self) -> dict:
+        return {"all": round(10 * math.log10(self.signal / self.noise), 2) if self.noise > 0 else None,
+                "worst": round(self.worst_db, 2) if math.isfinite(self.worst_db) else None}
