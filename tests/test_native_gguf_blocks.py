@@ -183,18 +183,22 @@ def test_kernel_matches_reference_on_stored_blocks(tmp_path, kind):
             assert g.shape == want.shape and err <= 2e-5 * float(want.abs().max()) + 1e-5, (kind, n_out, k, tokens, err)
 
 
-def test_gate_up_and_norm_on_q4_1_blocks(tmp_path):
-    """Q4_1 gate and up interleaved into one swiglu call with the RMSNorm inside, in a program."""
-    (gw, gb), (uw, ub) = _stored("Q4_1", 64, 96, seed=5), _stored("Q4_1", 64, 96, seed=6)
-    gate, up = module_of("Q4_1", gb, None), module_of("Q4_1", ub, None)
+@pytest.mark.parametrize("kind", ("Q4_1", "Q4_K", "Q5_0", "Q5_K"))
+def test_gate_up_and_norm_on_stored_blocks(tmp_path, kind):
+    """Gate and up of one layout interleaved into one swiglu call (swiglu_q4 for 4-bit blocks,
+    swiglu_q8 for 5-bit ones in the 8-bit kernel) with the RMSNorm inside, in a program."""
+    k = 256 if LAYOUTS[kind].block_weights > BLOCK else 96
+    (gw, gb), (uw, ub) = _stored(kind, 64, k, seed=5), _stored(kind, 64, k, seed=6)
+    gate, up = module_of(kind, gb, None), module_of(kind, ub, None)
     fused = Q4GateUp.from_linears(gate, up).eval()
-    g = torch.rand(96) + 0.5
+    assert fused.eight_bit == (LAYOUTS[kind].kernel == "q8")
+    g = torch.rand(k) + 0.5
     fused.set_norm(g, 1e-5)
-    x = torch.randn(1, 5, 96)
+    x = torch.randn(1, 5, k)
     xn = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * g
     want = torch.nn.functional.silu(_float_activation_linear(xn, gw, None)) * _float_activation_linear(xn, uw, None)
     assert float((fused(x).double() - want).abs().max()) <= 1e-4 * float(want.abs().max())
-    method = load_portable_program(fused, (x,), ({1: torch.export.Dim("n", max=16)},), tmp_path / "gate_up.pte")
+    method = load_portable_program(fused, (x,), ({1: torch.export.Dim("n", max=16)},), tmp_path / f"gate_up_{kind}.pte")
     got = method.forward((x,))[0]
     assert float((got - fused(x)).abs().max()) <= 2e-5 * float(want.abs().max()) + 1e-5
 

@@ -1,4 +1,4 @@
-// modelexport::linear_q4.out / swiglu_q4.out / linear_q8.out: y = x W^T (+ bias) with W stored
+// modelexport::linear_q4.out / swiglu_q4.out / linear_q8.out / swiglu_q8.out: y = x W^T (+ bias) with W stored
 // per block of 32 input channels, for the ExecuTorch CPU runtime.
 //   x float [..., K] (rows contiguous), K a multiple of 32;
 //   4-bit weight uint8 [N, K/2]: row o, block b (32 input channels) is 16 bytes; byte j holds
@@ -450,8 +450,19 @@ Tensor& swiglu_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& 
   return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, mins, false, extras, Epilogue::kSwiGLU, out);
 }
 
+// The same with 8-bit gate and up weights (a GGUF's Q5_0 / Q5_K / Q8_0 MLP).
+Tensor& swiglu_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                      const executorch::aten::optional<Tensor>& mins, Tensor& out) {
+  bool ok = true;
+  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q8: norm_weight must be float32 [K]");
+  return run_q4(ctx, "modelexport::swiglu_q8", x, weight, scales, mins, true, extras, Epilogue::kSwiGLU, out);
+}
+
 }  // namespace modelexport_native
 
 EXECUTORCH_LIBRARY(modelexport, "linear_q4.out", modelexport_native::linear_q4_out);
 EXECUTORCH_LIBRARY(modelexport, "linear_q8.out", modelexport_native::linear_q8_out);
 EXECUTORCH_LIBRARY(modelexport, "swiglu_q4.out", modelexport_native::swiglu_q4_out);
+EXECUTORCH_LIBRARY(modelexport, "swiglu_q8.out", modelexport_native::swiglu_q8_out);

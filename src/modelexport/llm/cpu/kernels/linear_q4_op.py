@@ -1,4 +1,5 @@
-"""`modelexport::linear_q4`, `modelexport::swiglu_q4` and `modelexport::linear_q8`: the export-time
+"""`modelexport::linear_q4`, `modelexport::swiglu_q4`, `modelexport::linear_q8` and
+`modelexport::swiglu_q8`: the export-time
 side of `linear_q4.cpp` (schemas, references, shape functions), the weight packing, and the
 modules that put them in place of a quantized Linear and of a SwiGLU MLP's gate and up projections.
 
@@ -31,6 +32,8 @@ _LIB.define(f"linear_q8({_LINEAR_ARGS}{_MINS}) -> Tensor")
 _LIB.define(f"linear_q8.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
 _LIB.define(f"swiglu_q4({_SWIGLU_ARGS}) -> Tensor")
 _LIB.define(f"swiglu_q4.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.define(f"swiglu_q8({_SWIGLU_ARGS}) -> Tensor")
+_LIB.define(f"swiglu_q8.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -136,13 +139,23 @@ def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.cat([g, u], dim=1).reshape(2 * h, *gate.shape[1:]).contiguous()
 
 
-def swiglu_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                        mins: torch.Tensor | None = None) -> torch.Tensor:
-    both = linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins)   # [..., 2H] interleaved
+def _swiglu(both: torch.Tensor) -> torch.Tensor:
+    """[..., 2H] gate and up interleaved in groups → silu(gate) * up [..., H]."""
     pairs = both.reshape(*both.shape[:-1], -1, 2, SWIGLU_GROUP)
     out = torch.nn.functional.silu(pairs[..., 0, :]) * pairs[..., 1, :]
     return out.reshape(*both.shape[:-1], -1)
+
+
+def swiglu_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _swiglu(linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins))
+
+
+def swiglu_q8_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _swiglu(linear_q8_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins))
 
 
 def _register(name: str, reference, out_width) -> None:
@@ -169,6 +182,7 @@ def _register(name: str, reference, out_width) -> None:
 _register("linear_q4", linear_q4_reference, lambda w: w.shape[0])
 _register("linear_q8", linear_q8_reference, lambda w: w.shape[0])
 _register("swiglu_q4", swiglu_q4_reference, lambda w: w.shape[0] // 2)
+_register("swiglu_q8", swiglu_q8_reference, lambda w: w.shape[0] // 2)
 
 
 class _NormFirst(torch.nn.Module):
@@ -254,29 +268,39 @@ class Q8Linear(_NormFirst):
 
 
 class Q4GateUp(_NormFirst):
-    """silu(gate(x)) * up(x) of a SwiGLU MLP in one call: both 4-bit weights interleaved."""
+    """silu(gate(x)) * up(x) of a SwiGLU MLP in one call: both weights interleaved, 4-bit (ours,
+    or a GGUF's 4-bit blocks) or 8-bit (`from_linears` of two `Q8Linear`s: swiglu_q8)."""
 
     def __init__(self, gate_q: torch.Tensor, gate_scales: torch.Tensor, up_q: torch.Tensor, up_scales: torch.Tensor):
         super().__init__()
         self.register_buffer("weight", pack_int4(interleave_gate_up(gate_q, up_q)))
         self.register_buffer("scales", interleave_gate_up(gate_scales, up_scales).to(torch.bfloat16).contiguous())
         self.mins = None
+        self.eight_bit = False
+
+    @staticmethod
+    def fits(gate, up) -> bool:
+        """Whether `from_linears` takes these two: both of one kernel's module, stored alike, no bias."""
+        return (type(gate) is type(up) and isinstance(gate, (Q4Linear, Q8Linear)) and gate.bias is None
+                and up.bias is None and (gate.mins is None) == (up.mins is None) and gate.scales.dtype == up.scales.dtype)
 
     @classmethod
-    def from_linears(cls, gate: Q4Linear, up: Q4Linear):
-        """Two `Q4Linear`s of the same layout (no bias) → one: their stored blocks interleaved."""
-        if (gate.mins is None) != (up.mins is None) or gate.scales.dtype != up.scales.dtype:
+    def from_linears(cls, gate, up):
+        """Two `Q4Linear`s or two `Q8Linear`s of the same layout (no bias) → one: their stored
+        blocks interleaved."""
+        if not cls.fits(gate, up):
             raise ValueError("gate and up are not stored alike")
         self = cls.__new__(cls)
         _NormFirst.__init__(self)
+        self.eight_bit = isinstance(gate, Q8Linear)
         self.register_buffer("weight", interleave_gate_up(gate.weight, up.weight))
         self.register_buffer("scales", interleave_gate_up(gate.scales, up.scales))
         _set_mins(self, None if gate.mins is None else interleave_gate_up(gate.mins, up.mins))
         return self
 
     def forward(self, x):
-        return torch.ops.modelexport.swiglu_q4(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps,
-                                               self.mins)
+        op = torch.ops.modelexport.swiglu_q8 if self.eight_bit else torch.ops.modelexport.swiglu_q4
+        return op(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps, self.mins)
 
 
 def _swiglu_forward(self, x):
@@ -285,8 +309,8 @@ def _swiglu_forward(self, x):
 
 def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     """Give every ExecuTorch `FeedForward` (w2(silu(w1 x) * w3 x)) one `Q4GateUp` for w1 and w3;
-    `quantize(linear)` → a `Q4Linear` (or None: that MLP stays as it is). Returns how many MLPs
-    were fused."""
+    `quantize(linear)` → a `Q4Linear` or `Q8Linear` (gate and up not alike: that MLP stays as it
+    is). Returns how many MLPs were fused."""
     import types
 
     from executorch.examples.models.llama.feed_forward import FeedForward
@@ -295,8 +319,7 @@ def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     for m in model.modules():
         if type(m) is FeedForward and m.w1.out_features % SWIGLU_GROUP == 0 and m.w1.in_features % BLOCK == 0:
             gate, up = quantize(m.w1), quantize(m.w3)
-            if not (isinstance(gate, Q4Linear) and isinstance(up, Q4Linear)) or (gate.mins is None) != (up.mins is None) \
-                    or gate.scales.dtype != up.scales.dtype:
+            if not Q4GateUp.fits(gate, up):
                 continue
             m.gate_up = Q4GateUp.from_linears(gate, up)
             m.w1 = m.w3 = None
@@ -327,13 +350,15 @@ def fuse_blocks(model: torch.nn.Module) -> int:
     def plain_norm(m) -> bool:
         return type(m) is RMSNorm and not m.add_unit_offset
 
+    ours = (Q4Linear, Q8Linear)     # both take the norm before them and the residual after
+
     done = 0
     for b in model.modules():
         a, ff = getattr(b, "attention", None), getattr(b, "feed_forward", None)
         if not (type(b) is TransformerBlock and b.mlp_type == "default" and not b.use_residual_gate
                 and not hasattr(b, "post_ffn_norm") and plain_norm(b.attention_norm) and plain_norm(b.ffn_norm)
-                and isinstance(getattr(a, "wqkv", None), Q4Linear) and isinstance(a.wo, Q4Linear)
-                and isinstance(getattr(ff, "gate_up", None), Q4GateUp) and isinstance(ff.w2, Q4Linear)):
+                and isinstance(getattr(a, "wqkv", None), ours) and isinstance(a.wo, ours)
+                and isinstance(getattr(ff, "gate_up", None), Q4GateUp) and isinstance(ff.w2, ours)):
             continue
         a.wqkv.set_norm(b.attention_norm.weight, b.attention_norm.eps)
         ff.gate_up.set_norm(b.ffn_norm.weight, b.ffn_norm.eps)
