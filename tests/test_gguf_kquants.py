@@ -143,7 +143,9 @@ def test_the_cpu_program_keeps_the_k_quants_and_states_the_loss_of_the_rest(k_gg
         assert isinstance(model.layers[0].feed_forward.gate_up, Q4GateUp)
     else:
         assert isinstance(o, Q8Linear) and o.scales.dtype == torch.float32 and o.mins is not None
-    from test_native_gguf_blocks import _weight_of       # the modules' weights, read back from their buffers
+    from test_native_gguf_blocks import (
+        _weight_of,  # the modules' weights, read back from their buffers
+    )
 
     hf = k_model.model.layers[0].self_attn
     assert torch.equal(_weight_of(o), hf.o_proj.weight.detach())
