@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from test_native_gguf_blocks import _weight_of
 
 # which GGUF tensor a transformers Linear comes from (q/k rows are permuted on load: compared as sets)
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -143,12 +144,8 @@ def test_the_cpu_program_keeps_the_k_quants_and_states_the_loss_of_the_rest(k_gg
         assert isinstance(model.layers[0].feed_forward.gate_up, Q4GateUp)
     else:
         assert isinstance(o, Q8Linear) and o.scales.dtype == torch.float32 and o.mins is not None
-    from test_native_gguf_blocks import (
-        _weight_of,  # the modules' weights, read back from their buffers
-    )
-
     hf = k_model.model.layers[0].self_attn
-    assert torch.equal(_weight_of(o), hf.o_proj.weight.detach())
+    assert torch.equal(_weight_of(o), hf.o_proj.weight.detach())     # read back from the module's buffers
     wq = hf.q_proj.weight.detach()                      # the fused weight's q rows: exact
     assert torch.equal(_weight_of(model.layers[0].attention.wqkv)[:wq.shape[0]], wq)
     # a block whose projections are all ours takes its norms and residual adds into them (one
