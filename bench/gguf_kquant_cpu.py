@@ -61,6 +61,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--llamacpp-python", type=Path, default=HERE / ".work" / "llamacpp-venv" / "bin" / "python")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--skip-requantized", action="store_true",
+                    help="skip the program that re-quantizes every weight (its build is the slow part)")
+    ap.add_argument("--only-kept", action="store_true",
+                    help="only the default program's perplexity (e.g. with an older checkout on PYTHONPATH)")
     a = ap.parse_args()
 
     from modelexport.frontends.gguf_file import read_gguf_info
@@ -72,17 +76,19 @@ def main() -> None:
     cache = HERE / ".work" / "cache"
     result = {"gguf": a.gguf.name, "bytes": a.gguf.stat().st_size, "file_types": dict(info.quant_types),
               "text": "lee_background.cor", "tokens": a.tokens, "window": a.window}
-    float_stage = evaluate(a.gguf, None, stages=["float"], window=a.window, max_tokens=a.tokens)["stages"]["float"]
-    result["float"] = round(float_stage["perplexity"], 4)
+    if not a.only_kept:
+        float_stage = evaluate(a.gguf, None, stages=["float"], window=a.window, max_tokens=a.tokens)["stages"]["float"]
+        result["float"] = round(float_stage["perplexity"], 4)
     from modelexport.llm.cpu.export import CpuExportOptions, build_cached
     t = time.perf_counter()
     entry, _, hit = build_cached(a.gguf, CpuExportOptions(max_seq_len=max(a.window, 64)), cache_dir=cache)
     result["kept_as_stored_build_s"] = None if hit else round(time.perf_counter() - t, 1)
     from modelexport.llm.tokenizers import load_tokenizer_json
     ids = tokenize(load_tokenizer_json(entry / "tokenizer.json"), read_text(None).text, a.tokens)
-    result["requantized_all"] = program_perplexity(a.gguf, False, ids, a.window, cache)
+    if not (a.skip_requantized or a.only_kept):
+        result["requantized_all"] = program_perplexity(a.gguf, False, ids, a.window, cache)
     result["kept_as_stored"] = program_perplexity(a.gguf, True, ids, a.window, cache)
-    if a.llamacpp_python.is_file():
+    if a.llamacpp_python.is_file() and not a.only_kept:
         result["llamacpp"] = llamacpp_perplexity(a.llamacpp_python, a.gguf, ids, a.window)
     result["host"] = {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
                       "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -10,13 +10,8 @@ import pytest
 import torch
 from native_programs import load_portable_program
 
-from modelexport.llm.cpu.gguf_blocks import (
-    BLOCK,
-    LAYOUTS,
-    GgufBlocks,
-    kernel_module,
-    module_of,
-)
+from modelexport.llm.cpu.gguf_blocks import GgufBlocks
+from modelexport.llm.cpu.gguf_layouts import BLOCK, LAYOUTS, kernel_module, module_of
 from modelexport.llm.cpu.kernels.linear_q4_op import (
     Q4GateUp,
     Q4Linear,
@@ -86,7 +81,7 @@ def test_rows_of_two_layouts_join_exactly(kinds):
     """A fused weight whose rows come from two layouts (a Q4_K_M file's Q5_0 q/k beside a Q8_0 v):
     one module, scales widened, mins made explicit, 4-bit rows held by the 8-bit kernel beside
     8-bit ones, still equal to the file's values."""
-    from modelexport.llm.cpu.gguf_blocks import join_rows
+    from modelexport.llm.cpu.gguf_layouts import join_rows
     (wa, ba), (wb, bb) = _stored(kinds[0], 16, 256, seed=7), _stored(kinds[1], 8, 256, seed=8)
     rows = join_rows([LAYOUTS[kinds[0]].decode(ba), LAYOUTS[kinds[1]].decode(bb)])
     assert torch.equal(_weight_of(kernel_module(rows, None)), torch.cat([wa, wb])), kinds

@@ -76,7 +76,7 @@ class CpuExportOptions:
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
     gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its blocks as stored
-                                         # where our kernels compute them (gguf_blocks.LAYOUTS); False
+                                         # where our kernels compute them (gguf_layouts.LAYOUTS); False
                                          # re-quantizes them like float weights
                                          # (SmolLM2 Q4_1: perplexity 43 instead of llama.cpp's 31)
 
@@ -421,7 +421,7 @@ def _dequantized(q, scale, group: int):
 def quantize_model(model, opts: CpuExportOptions, blocks=None):
     """Quantize `model`'s embedding and linears as `opts` says. With `blocks` (a GGUF's
     `GgufBlocks`) and the native kernel, each weight held in GGUF layouts our kernels compute
-    (`gguf_blocks.LAYOUTS`) keeps its stored blocks, and so does an 8-bit token embedding; the others
+    (`gguf_layouts.LAYOUTS`) keeps its stored blocks, and so does an 8-bit token embedding; the others
     are quantized from their float values as for an HF folder."""
     import torch
 
