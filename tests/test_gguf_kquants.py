@@ -18,15 +18,17 @@ HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down"}
 # llama.cpp's K_M mixes: the layers' matrices in the K-quant, v and down (some layers) and the
-# output in Q6_K; the Q5_K_M one also keeps its gate in F16 (a type no kernel of ours holds)
+# output in Q6_K; the Q5_K_M one also keeps its gate in F16 (a type no kernel of ours holds) and
+# its token embedding in Q6_K (as llama.cpp does for tied embeddings of 256-wide models)
 MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
+EMBEDDING = {"Q4_K_M": "Q8_0", "Q5_K_M": "Q6_K"}
 LAYER_TYPES = {"Q4_K_M": {"attn_v": "Q6_K", "ffn_down": "Q6_K"},
                "Q5_K_M": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_gate": "F16"}}
 # what the CPU program's modules hold, per mix (2 layers): q|k|v fused (K-quant q, k beside Q6_K v:
-# all as 8-bit), o, gate, up, down; the Q6_K output; the Q8_0 embedding
+# all as 8-bit), o, gate, up, down; the Q6_K output; the embedding
 PROGRAM = {"Q4_K_M": {"Q4_K+Q6_K as 8-bit": 2, "Q4_K": 6, "Q6_K as 8-bit": 3, "Q8_0 embedding": 1},
            "Q5_K_M": {"Q5_K+Q6_K as 8-bit": 2, "Q5_K": 4, "requantized": 2, "Q6_K as 8-bit": 3,
-                      "Q8_0 embedding": 1}}
+                      "Q6_K as 8-bit embedding": 1}}
 
 
 def _mix(path) -> str:
@@ -37,7 +39,8 @@ def _mix(path) -> str:
 def k_gguf(request, tmp_path_factory):
     from test_llm_frontends import write_tiny_gguf
     path = tmp_path_factory.mktemp("kquant") / f"tiny-{request.param}.gguf"
-    return write_tiny_gguf(path, matrix_type=MIXES[request.param], embedding_type="Q8_0", output_type="Q6_K",
+    return write_tiny_gguf(path, matrix_type=MIXES[request.param], embedding_type=EMBEDDING[request.param],
+                           output_type="Q6_K",
                            layer_types=LAYER_TYPES[request.param])
 
 
@@ -64,7 +67,8 @@ def test_the_loaded_model_holds_the_files_dequantized_values(k_gguf, k_model):
         kind, data = mats[name]
         return dequantize(np.asarray(data), GGMLQuantizationType[kind])
 
-    assert {kind for kind, _ in mats.values()} == {MIXES[_mix(k_gguf)], *LAYER_TYPES[_mix(k_gguf)].values(), "Q8_0"}
+    mix = _mix(k_gguf)
+    assert {kind for kind, _ in mats.values()} == {MIXES[mix], *LAYER_TYPES[mix].values(), EMBEDDING[mix]}
     checked = 0
     for i, layer in enumerate(k_model.model.layers):
         for hf, short in HF_TO_GGUF.items():
@@ -94,7 +98,7 @@ def test_inspect_lists_the_k_quants_without_dequantizing(k_gguf):
     finally:
         sys.setprofile(None)
     assert not [name for name in called if "dequantize" in name or name.endswith("_blocks")], called
-    want = Counter({"F32": 5, "Q8_0": 1, "Q6_K": 1})      # norms, embedding, output
+    want = Counter({"F32": 5, EMBEDDING[_mix(k_gguf)]: 1}) + Counter({"Q6_K": 1})   # norms, embedding, output
     for short in HF_TO_GGUF.values():
         want[LAYER_TYPES[_mix(k_gguf)].get(short, MIXES[_mix(k_gguf)])] += 2
     assert d["quant_types"] == dict(want), d["quant_types"]
@@ -130,13 +134,15 @@ def test_the_cpu_program_keeps_the_k_quants_and_states_the_loss_of_the_rest(k_gg
     assert record["kept_as_stored"] == PROGRAM[mix], record
     nearest = record["nearest_8bit_weight_sqnr_db"]
     assert 35 < nearest["worst"] <= nearest["all"] < 60, nearest          # Q6_K → 8 bits: a small loss
-    assert f"5 holding Q6_K rows as 8-bit, weight SQNR {nearest['all']} dB" in record["layout"], record["layout"]
+    held = sum(n for label, n in PROGRAM[mix].items() if "as 8-bit" in label)
+    assert f"{held} holding Q6_K rows as 8-bit, weight SQNR {nearest['all']} dB" in record["layout"], record["layout"]
     if "requantized" in PROGRAM[mix]:
         loss = record["requantized_weight_sqnr_db"]
         assert 10 < loss["worst"] <= loss["all"] < 30, loss
         assert f"2 re-quantized to 8da4w, groups of 32, weight SQNR {loss['all']} dB" in record["layout"]
     else:
         assert "requantized_weight_sqnr_db" not in record
+    assert model.tok_embeddings.weight.dtype == torch.int8         # an 8-bit lookup: Q8_0, or Q6_K as 8-bit
     o = model.layers[0].attention.wo
     assert isinstance(model.layers[0].attention.wqkv, Q8Linear)
     if mix == "Q4_K_M":
