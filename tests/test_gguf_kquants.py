@@ -182,4 +182,5 @@ def test_k_quant_program_follows_the_dequantized_model(k_gguf, k_model, tmp_path
         sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum()))
                          for g, w in zip(got, (ref[5], ref[6], ref[9])))
     print("logit SQNR vs the dequantized model (dB):", sqnr)
-    assert sqnr[True] > sqnr[False] + 3, sqnr
+    # measured: Q4_K_M 31.7 dB kept vs 9.7 re-quantized; Q5_K_M 20.0 (its F16 gate re-quantized) vs 9.4
+    assert sqnr[True] > sqnr[False] + 8, sqnr
