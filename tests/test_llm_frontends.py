@@ -33,13 +33,21 @@ def _byte_level_alphabet() -> list[str]:
 
 
 def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, matrix_type: str = "F32",
-                    embedding_type: str = "F32", output_type: str | None = None) -> Path:
+                    embedding_type: str = "F32", output_type: str | None = None,
+                    layer_types: dict[str, str] | None = None) -> Path:
     """A 2-layer GGUF written with gguf.GGUFWriter: byte-level BPE tokenizer, chat template; its
-    layers' matrices, token embedding and output stored as the GGML types named (F32, or a type
-    `gguf.quants.quantize` writes: Q4_0, Q4_1, Q8_0; the output as the matrices by default)."""
+    layers' matrices, token embedding and output stored as the GGML types named (F32, a type
+    `gguf.quants.quantize` writes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, or a K-quant written by
+    `gguf_kquants`: Q4_K, Q5_K, Q6_K; the output as the matrices by default). `layer_types`: a
+    layer matrix's own type by its short name (`{"attn_v": "Q6_K", "ffn_down": "Q6_K"}`, as
+    llama.cpp's Q4_K_M mixes them). With a K-quant anywhere the model is 256 wide (hidden 256,
+    ffn 512, head dim 64), since a K-quant row holds super-blocks of 256 weights."""
     import gguf
     from gguf.quants import quantize
-    L, H, NH, KV, D, F = 2, 64, 4, 2, 16, 128
+    from gguf_kquants import ENCODERS, FILE_TYPES, quantize_k
+    layer_types = layer_types or {}
+    k_quant = bool({matrix_type, embedding_type, output_type, *layer_types.values()} & set(ENCODERS))
+    L, H, NH, KV, D, F = (2, 256, 4, 2, 64, 512) if k_quant else (2, 64, 4, 2, 16, 128)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
     tokens = specials + _byte_level_alphabet()
     V = len(tokens)
@@ -55,7 +63,8 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(D)
     w.add_vocab_size(V)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrix_type == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrix_type}"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrix_type == "F32"
+                    else gguf.LlamaFileType[FILE_TYPES.get(matrix_type, f"MOSTLY_{matrix_type}")])
     if tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
@@ -74,7 +83,11 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, 
             w.add_tensor(name, values)
         else:
             qtype = gguf.GGMLQuantizationType[kind]
-            w.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+            raw = quantize_k(values, kind) if kind in ENCODERS else quantize(values, qtype)
+            w.add_tensor(name, raw, raw_dtype=qtype)
+
+    def m(short):
+        return layer_types.get(short, matrix_type)
 
     t("token_embd.weight", V, H, kind=embedding_type)
     t("output_norm.weight", H)
@@ -82,13 +95,10 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, 
     for i in range(L):
         t(f"blk.{i}.attn_norm.weight", H)
         t(f"blk.{i}.ffn_norm.weight", H)
-        t(f"blk.{i}.attn_q.weight", NH * D, H, kind=matrix_type)
-        t(f"blk.{i}.attn_k.weight", KV * D, H, kind=matrix_type)
-        t(f"blk.{i}.attn_v.weight", KV * D, H, kind=matrix_type)
-        t(f"blk.{i}.attn_output.weight", H, NH * D, kind=matrix_type)
-        t(f"blk.{i}.ffn_gate.weight", F, H, kind=matrix_type)
-        t(f"blk.{i}.ffn_up.weight", F, H, kind=matrix_type)
-        t(f"blk.{i}.ffn_down.weight", H, F, kind=matrix_type)
+        for short, shape in (("attn_q", (NH * D, H)), ("attn_k", (KV * D, H)), ("attn_v", (KV * D, H)),
+                             ("attn_output", (H, NH * D)), ("ffn_gate", (F, H)), ("ffn_up", (F, H)),
+                             ("ffn_down", (H, F))):
+            t(f"blk.{i}.{short}.weight", *shape, kind=m(short))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

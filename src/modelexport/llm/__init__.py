@@ -41,7 +41,7 @@ __all__ = ["load", "LLM", "LoadOptions", "LLM_BACKENDS", "Generator", "Generatio
 class LoadOptions:
     quant: str = "8da4w"            # CPU program weights: 8da4w | 8da8w | fp32
     max_seq_len: int = 2048         # context of a CPU program built here
-    gguf_blocks: bool = True        # from a GGUF: keep its Q4_0/Q4_1/Q8_0 blocks as stored (False: re-quantize)
+    gguf_blocks: bool = True        # from a GGUF: keep its blocks as stored where our kernels can (False: re-quantize)
     tokenizer: str | Path | None = None   # override the model's own tokenizer
     threads: int | None = None      # CPU threads (default: all cores)
     use_cache: bool = True

@@ -29,10 +29,11 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
    are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
    why not torchao's affine ops). From a GGUF, with our kernels, every weight the file stores as
-   Q4_0, Q4_1 or Q8_0 keeps its blocks as stored instead (`gguf_blocks.py`; a Q8_0 lm_head runs
-   in `modelexport::linear_q8`, a Q8_0 token embedding becomes an 8-bit lookup), so the program
-   computes what llama.cpp computes from that file; other types (K-quants, F16) are quantized
-   from their dequantized values as from an HF folder. `llm.json`'s `weights` records which;
+   Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K or Q8_0 keeps its blocks as stored instead (`gguf_blocks.py`;
+   the 5- and 8-bit ones run in `modelexport::linear_q8`, an 8-bit token embedding becomes an
+   8-bit lookup), so the program computes what llama.cpp computes from that file; other types
+   (Q6_K, F16) are quantized from their dequantized values as from an HF folder. `llm.json`'s
+   `weights` records which;
 4. RMSNorm and RoPE are written with ops XNNPACK takes at a dynamic sequence length, the KV
    cache's transpose/untranspose pair is removed (ExecuTorch's `RemoveRedundantTransposes`)
    and views with one symbolic dim get an inferred (-1) dim instead: a layer then lowers to one
@@ -61,7 +62,7 @@ from .hf_layout import (
     require_cpu_family,
 )
 
-EXPORT_FORMAT_VERSION = 10  # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 12  # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -83,8 +84,9 @@ class CpuExportOptions:
                                          # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
-    gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its Q4_0/Q4_1/Q8_0
-                                         # blocks as stored; False re-quantizes them like float weights
+    gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its blocks as stored
+                                         # where our kernels compute them (gguf_layouts.LAYOUTS); False
+                                         # re-quantizes them like float weights
                                          # (SmolLM2 Q4_1: perplexity 43 instead of llama.cpp's 31)
 
     def __post_init__(self):
@@ -391,8 +393,8 @@ def _dequantized(q, scale, group: int):
 
 def quantize_model(model, opts: CpuExportOptions, blocks=None):
     """Quantize `model`'s embedding and linears as `opts` says. With `blocks` (a GGUF's
-    `GgufBlocks`) and the native kernel, each weight held in a GGUF layout our kernels compute
-    (Q4_0, Q4_1, Q8_0) keeps its stored blocks, and so does a Q8_0 token embedding; the others
+    `GgufBlocks`) and the native kernel, each weight held in GGUF layouts our kernels compute
+    (`gguf_layouts.LAYOUTS`) keeps its stored blocks, and so does an 8-bit token embedding; the others
     are quantized from their float values as for an HF folder."""
     import torch
 
@@ -417,7 +419,14 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
             if opts.linear == "native":
                 from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_swiglu
 
+                made: dict[int, Any] = {}     # fuse_swiglu asks for gate and up, then swap may ask again
+
                 def make(linear):
+                    if id(linear) not in made:
+                        made[id(linear)] = make_once(linear)
+                    return made[id(linear)]
+
+                def make_once(linear):
                     stored = native_blocks.linear(linear) if native_blocks is not None else None
                     if stored is not None:
                         return stored
@@ -520,12 +529,16 @@ def _weights_record(opts: CpuExportOptions, blocks) -> dict[str, Any]:
     own = f"{opts.quant}, groups of {opts.group_size}" if opts.quant == "8da4w" else opts.quant
     if blocks is None:
         return {"layout": f"quantized from float ({own})"}
-    kept = blocks.used.copy()
-    requantized = kept.pop("requantized", 0)
-    loss = blocks.summary().get("requantized_weight_sqnr_db") or {}
-    layout = "GGUF blocks as stored" + (f" ({requantized} re-quantized to {own}, weight SQNR {loss.get('all')} dB)"
-                                        if requantized else "")
-    return {"layout": layout, **blocks.summary()}
+    summary = blocks.summary()
+    requantized = summary["kept_as_stored"].get("requantized", 0)
+    nearest = sum(n for label, n in summary["kept_as_stored"].items() if "as 8-bit" in label)
+    notes = []
+    if requantized:
+        notes.append(f"{requantized} re-quantized to {own}, weight SQNR "
+                     f"{summary['requantized_weight_sqnr_db']['all']} dB")
+    if nearest:
+        notes.append(f"{nearest} holding Q6_K rows as 8-bit, weight SQNR {summary['nearest_8bit_weight_sqnr_db']['all']} dB")
+    return {"layout": "GGUF blocks as stored" + (f" ({'; '.join(notes)})" if notes else ""), **summary}
 
 
 def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):

@@ -1,14 +1,16 @@
-// modelexport::linear_q4.out / swiglu_q4.out / linear_q8.out: y = x W^T (+ bias) with W stored
+// modelexport::linear_q4.out / swiglu_q4.out / linear_q8.out / swiglu_q8.out: y = x W^T (+ bias) with W stored
 // per block of 32 input channels, for the ExecuTorch CPU runtime.
 //   x float [..., K] (rows contiguous), K a multiple of 32;
 //   4-bit weight uint8 [N, K/2]: row o, block b (32 input channels) is 16 bytes; byte j holds
 //     u[32b + j] in its low nibble and u[32b + 16 + j] in its high one (u in 0..15: the layout of
 //     a GGUF Q4_0/Q4_1 block's qs);
-//   scales d [N, K/32] bfloat16 or float16, and optional mins m [N, K/32] of the same type:
-//     W[o, 32b + i] = d * u + m (GGUF Q4_1), or d * (u - 8) without mins (Q4_0, and our own
+//   scales d [N, K/32] bfloat16, float16 or float32, and optional mins m [N, K/32] of the same
+//     type: W[o, 32b + i] = d * u + m (GGUF Q4_1; Q4_K with float32 d = super-scale x sub-scale,
+//     which float16 cannot hold exactly), or d * (u - 8) without mins (Q4_0, and our own
 //     symmetric 4-bit from float weights);
-//   8-bit weight int8 [N, K] (linear_q8, GGUF Q8_0): W = d * q, the values of each pair of blocks
-//     stored in the order the activations are (`value_index`);
+//   8-bit weight int8 [N, K] (linear_q8): W = d * q (GGUF Q8_0, Q5_0 as q - 16), or d * q + m
+//     with mins (Q5_1, Q5_K), the values of each pair of blocks stored in the order the
+//     activations are (`value_index`);
 //   bias float [N] or none; out float [..., N];
 //   optionally an RMSNorm first (norm_weight float [K], eps: x <- x * rsqrt(mean(x^2) + eps) * g,
 //   as the layer's norm would do before the projection) and a residual added after (float
@@ -51,25 +53,39 @@ static inline float f16_to_float(uint16_t h) {   // IEEE half, subnormals includ
   return f;
 }
 
-// How a weight block's values become weights: the scale type, and where the min comes from.
-enum class Layout { kQ4Sym, kQ4Min, kQ8 };     // d*(u-8) | d*u + m | d*q
+// How a weight block's values become weights: where the min comes from.
+enum class Layout { kQ4Sym, kQ4Min, kQ8, kQ8Min };     // d*(u-8) | d*u + m | d*q | d*q + m
+enum class ScaleType { kBF16, kF16, kF32 };
+
+static inline bool is_q8(Layout l) { return l == Layout::kQ8 || l == Layout::kQ8Min; }
+static inline bool has_mins(Layout l) { return l == Layout::kQ4Min || l == Layout::kQ8Min; }
+
+static inline float scale_at(const void* p, int64_t i, ScaleType t) {
+  switch (t) {
+    case ScaleType::kF32: return static_cast<const float*>(p)[i];
+    case ScaleType::kF16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+}
 
 struct BlockScales {
-  const uint16_t* d;        // [rows, blocks] bfloat16 or float16 bits
-  const uint16_t* m;        // [rows, blocks] mins (kQ4Min) or null
-  bool half;                // float16 (else bfloat16)
+  const void* d;            // [rows, blocks] of `type`
+  const void* m;            // [rows, blocks] mins (kQ4Min, kQ8Min) or null
+  ScaleType type;
   Layout layout;
 
-  float scale(int64_t i) const { return half ? f16_to_float(d[i]) : bf16_to_float(d[i]); }
+  float scale(int64_t i) const { return scale_at(d, i, type); }
   float min(int64_t i) const {
     switch (layout) {
-      case Layout::kQ4Min: return half ? f16_to_float(m[i]) : bf16_to_float(m[i]);
+      case Layout::kQ4Min:
+      case Layout::kQ8Min: return scale_at(m, i, type);
       case Layout::kQ4Sym: return -8.f * scale(i);
       default: return 0.f;
     }
   }
   BlockScales rows_from(int64_t r, int64_t blocks) const {
-    return {d + r * blocks, m ? m + r * blocks : nullptr, half, layout};
+    const int64_t at = r * blocks * (type == ScaleType::kF32 ? 4 : 2);
+    return {static_cast<const char*>(d) + at, m ? static_cast<const char*>(m) + at : nullptr, type, layout};
   }
 };
 
@@ -111,7 +127,7 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
 static void rows_generic(const uint8_t* w, const BlockScales& s, int64_t k, const QuantRow& a, int64_t rows,
                          float* out) {
   const int64_t blocks = k / kBlock;
-  const bool q8 = s.layout == Layout::kQ8;
+  const bool q8 = is_q8(s.layout);
   const int64_t pairs_end = blocks / 2 * 2;    // a q8 row's odd last block is stored in order
   for (int64_t r = 0; r < rows; ++r) {
     float acc = 0.f;
@@ -139,12 +155,14 @@ static void rows_generic(const uint8_t* w, const BlockScales& s, int64_t k, cons
 constexpr int64_t kMaxBlocks = 512;   // K up to 16384 on the AVX2 path
 constexpr int64_t kPrefetchRows = 4;
 
-static inline __m256 load8_scales(const uint16_t* p, bool half) {
+static inline __m256 load8_scales(const void* base, int64_t i, ScaleType t) {
+  if (t == ScaleType::kF32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  const uint16_t* p = static_cast<const uint16_t*>(base) + i;
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 #if defined(__F16C__)
-  if (half) return _mm256_cvtph_ps(raw);
+  if (t == ScaleType::kF16) return _mm256_cvtph_ps(raw);
 #else
-  if (half) {
+  if (t == ScaleType::kF16) {
     alignas(32) float f[8];
     for (int i = 0; i < 8; ++i) f[i] = f16_to_float(p[i]);
     return _mm256_load_ps(f);
@@ -163,11 +181,11 @@ static void row_scales(const BlockScales& s, int64_t blocks, const QuantRow& a, 
     int64_t b = 0;
     const int64_t base = r * blocks;
     for (; b + 8 <= blocks; b += 8) {
-      const __m256 d = load8_scales(s.d + base + b, s.half);
+      const __m256 d = load8_scales(s.d, base + b, s.type);
       _mm256_store_ps(cs[r] + b, _mm256_mul_ps(d, _mm256_loadu_ps(a.scale + b)));
       if (s.layout == Layout::kQ8) continue;
-      const __m256 m = s.layout == Layout::kQ4Min ? load8_scales(s.m + base + b, s.half)
-                                                  : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+      const __m256 m = has_mins(s.layout) ? load8_scales(s.m, base + b, s.type)
+                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
       c = _mm256_fmadd_ps(m, _mm256_loadu_ps(a.sum + b), c);
     }
     float cc = hsum(c);
@@ -243,7 +261,7 @@ static void rows_avx2(const uint8_t* w, const BlockScales& s, int64_t k, const Q
                       float* out) {
   const int64_t blocks = k / kBlock;
   if (blocks % 2 || blocks > kMaxBlocks) return rows_generic(w, s, k, a, rows, out);
-  const bool q8 = s.layout == Layout::kQ8;
+  const bool q8 = is_q8(s.layout);
   const int64_t stride = q8 ? k : k / 2;
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
@@ -288,10 +306,12 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && out.scalar_type() == ScalarType::Float,
                       InvalidArgument, out, "%s: float32 input and output only", op);
   const ScalarType st = scales.scalar_type();
-  const bool half = st == ScalarType::Half;
+  const ScaleType type = st == ScalarType::Float ? ScaleType::kF32
+                         : st == ScalarType::Half ? ScaleType::kF16 : ScaleType::kBF16;
   ET_KERNEL_CHECK_MSG(ctx, weight.scalar_type() == (q8 ? ScalarType::Char : ScalarType::Byte) &&
-                               (half || st == ScalarType::BFloat16) && weight.dim() == 2 && scales.dim() == 2,
-                      InvalidArgument, out, "%s: weight %s, scales bfloat16 or float16 [N, K/32]", op,
+                               (type != ScaleType::kBF16 || st == ScalarType::BFloat16) && weight.dim() == 2 &&
+                               scales.dim() == 2,
+                      InvalidArgument, out, "%s: weight %s, scales bfloat16, float16 or float32 [N, K/32]", op,
                       q8 ? "int8 [N, K]" : "uint8 [N, K/2]");
   const int64_t k = x.size(x.dim() - 1), w_rows = weight.size(0);
   ET_KERNEL_CHECK_MSG(ctx, k % kBlock == 0 && weight.size(1) * (q8 ? 1 : 2) == k && scales.size(0) == w_rows &&
@@ -338,9 +358,9 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   }
 
   const auto* w = static_cast<const uint8_t*>(weight.const_data_ptr());
-  const Layout layout = q8 ? Layout::kQ8 : (mins.has_value() ? Layout::kQ4Min : Layout::kQ4Sym);
-  const BlockScales all{static_cast<const uint16_t*>(scales.const_data_ptr()),
-                        mins.has_value() ? static_cast<const uint16_t*>(mins->const_data_ptr()) : nullptr, half, layout};
+  const Layout layout = q8 ? (mins.has_value() ? Layout::kQ8Min : Layout::kQ8)
+                           : (mins.has_value() ? Layout::kQ4Min : Layout::kQ4Sym);
+  const BlockScales all{scales.const_data_ptr(), mins.has_value() ? mins->const_data_ptr() : nullptr, type, layout};
   const int64_t w_stride = q8 ? k : k / 2;
   float* od = out.mutable_data_ptr<float>();
   const RowsFn rows_fn = pick_rows();
@@ -414,9 +434,9 @@ Tensor& linear_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& 
 
 Tensor& linear_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
                       const executorch::aten::optional<Tensor>& bias, const executorch::aten::optional<Tensor>& residual,
-                      const executorch::aten::optional<Tensor>& norm_weight, double eps, Tensor& out) {
-  const executorch::aten::optional<Tensor> none;
-  return linear_any(ctx, "modelexport::linear_q8", true, x, weight, scales, none, bias, residual, norm_weight, eps, out);
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                      const executorch::aten::optional<Tensor>& mins, Tensor& out) {
+  return linear_any(ctx, "modelexport::linear_q8", true, x, weight, scales, mins, bias, residual, norm_weight, eps, out);
 }
 
 // silu(x G^T) * (x U^T) with G and U interleaved in groups of kRowsPerTask rows: one weight
@@ -430,8 +450,19 @@ Tensor& swiglu_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& 
   return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, mins, false, extras, Epilogue::kSwiGLU, out);
 }
 
+// The same with 8-bit gate and up weights (a GGUF's Q5_0 / Q5_K / Q8_0 MLP).
+Tensor& swiglu_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
+                      const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                      const executorch::aten::optional<Tensor>& mins, Tensor& out) {
+  bool ok = true;
+  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q8: norm_weight must be float32 [K]");
+  return run_q4(ctx, "modelexport::swiglu_q8", x, weight, scales, mins, true, extras, Epilogue::kSwiGLU, out);
+}
+
 }  // namespace modelexport_native
 
 EXECUTORCH_LIBRARY(modelexport, "linear_q4.out", modelexport_native::linear_q4_out);
 EXECUTORCH_LIBRARY(modelexport, "linear_q8.out", modelexport_native::linear_q8_out);
 EXECUTORCH_LIBRARY(modelexport, "swiglu_q4.out", modelexport_native::swiglu_q4_out);
+EXECUTORCH_LIBRARY(modelexport, "swiglu_q8.out", modelexport_native::swiglu_q8_out);

@@ -1,12 +1,15 @@
-"""`modelexport::linear_q4`, `modelexport::swiglu_q4` and `modelexport::linear_q8`: the export-time
+"""`modelexport::linear_q4`, `modelexport::swiglu_q4`, `modelexport::linear_q8` and
+`modelexport::swiglu_q8`: the export-time
 side of `linear_q4.cpp` (schemas, references, shape functions), the weight packing, and the
 modules that put them in place of a quantized Linear and of a SwiGLU MLP's gate and up projections.
 
 y = x W^T (+ bias) with W stored per block of 32 input channels, as a GGUF file stores it:
 - 4-bit values u in 0..15 and a scale d per block (bfloat16 for our own quantization of float
-  weights, float16 for a GGUF's), W = d * (u - 8) (Q4_0, and ours), or with a min m per block
-  (float16) W = d * u + m (Q4_1);
-- 8-bit values q and a float16 scale d per block, W = d * q (Q8_0).
+  weights, float16 for a GGUF's, float32 where a GGUF's is a product of two: Q4_K's super-block
+  scale times its 6-bit sub-block scale), W = d * (u - 8) (Q4_0, and ours), or with a min m per
+  block (of the scales' type) W = d * u + m (Q4_1, Q4_K);
+- 8-bit values q and a scale d per block, W = d * q (Q8_0; Q5_0's 5-bit values minus 16), or
+  with a min m per block W = d * q + m (Q5_1, Q5_K).
 The activations are quantized to int8 per block of 32 on the fly (symmetric, scale max|x|/127, as
 llama.cpp quantizes them to Q8_0/Q8_1 for its dot products). The reference below is what eager
 runs and what the tests compare the C++ kernel with.
@@ -21,14 +24,16 @@ SWIGLU_GROUP = 16      # swiglu_q4's weight: gate and up rows alternate in group
 _LIB = torch.library.Library("modelexport", "FRAGMENT")
 _LINEAR_ARGS = ("Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, Tensor? residual=None, "
                 "Tensor? norm_weight=None, float eps=0.0")
-_MINS = ", Tensor? mins=None"           # a 4-bit weight's per-block mins (GGUF Q4_1)
+_MINS = ", Tensor? mins=None"           # a weight's per-block mins (GGUF Q4_1, Q4_K, Q5_1, Q5_K)
 _SWIGLU_ARGS = "Tensor x, Tensor weight, Tensor scales, Tensor? norm_weight=None, float eps=0.0" + _MINS
 _LIB.define(f"linear_q4({_LINEAR_ARGS}{_MINS}) -> Tensor")
 _LIB.define(f"linear_q4.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
-_LIB.define(f"linear_q8({_LINEAR_ARGS}) -> Tensor")
-_LIB.define(f"linear_q8.out({_LINEAR_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.define(f"linear_q8({_LINEAR_ARGS}{_MINS}) -> Tensor")
+_LIB.define(f"linear_q8.out({_LINEAR_ARGS}{_MINS}, *, Tensor(a!) out) -> Tensor(a!)")
 _LIB.define(f"swiglu_q4({_SWIGLU_ARGS}) -> Tensor")
 _LIB.define(f"swiglu_q4.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.define(f"swiglu_q8({_SWIGLU_ARGS}) -> Tensor")
+_LIB.define(f"swiglu_q8.out({_SWIGLU_ARGS}, *, Tensor(a!) out) -> Tensor(a!)")
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -118,8 +123,10 @@ def linear_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
 
 def linear_q8_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                         bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    return _block_linear_reference(x, unpack_int8(weight), scales.float(), None, bias, residual, norm_weight, eps)
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _block_linear_reference(x, unpack_int8(weight), scales.float(), None if mins is None else mins.float(),
+                                   bias, residual, norm_weight, eps)
 
 
 def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -132,13 +139,23 @@ def interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.cat([g, u], dim=1).reshape(2 * h, *gate.shape[1:]).contiguous()
 
 
-def swiglu_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
-                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                        mins: torch.Tensor | None = None) -> torch.Tensor:
-    both = linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins)   # [..., 2H] interleaved
+def _swiglu(both: torch.Tensor) -> torch.Tensor:
+    """[..., 2H] gate and up interleaved in groups → silu(gate) * up [..., H]."""
     pairs = both.reshape(*both.shape[:-1], -1, 2, SWIGLU_GROUP)
     out = torch.nn.functional.silu(pairs[..., 0, :]) * pairs[..., 1, :]
     return out.reshape(*both.shape[:-1], -1)
+
+
+def swiglu_q4_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _swiglu(linear_q4_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins))
+
+
+def swiglu_q8_reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                        mins: torch.Tensor | None = None) -> torch.Tensor:
+    return _swiglu(linear_q8_reference(x, weight, scales, norm_weight=norm_weight, eps=eps, mins=mins))
 
 
 def _register(name: str, reference, out_width) -> None:
@@ -165,6 +182,7 @@ def _register(name: str, reference, out_width) -> None:
 _register("linear_q4", linear_q4_reference, lambda w: w.shape[0])
 _register("linear_q8", linear_q8_reference, lambda w: w.shape[0])
 _register("swiglu_q4", swiglu_q4_reference, lambda w: w.shape[0] // 2)
+_register("swiglu_q8", swiglu_q8_reference, lambda w: w.shape[0] // 2)
 
 
 class _NormFirst(torch.nn.Module):
@@ -180,11 +198,21 @@ class _NormFirst(torch.nn.Module):
         self.eps = float(eps)
 
 
+GGUF_SCALE_TYPES = (torch.float16, torch.float32)   # a GGUF's scales: as stored, or products of two
+
+
+def _gguf_scales(d: torch.Tensor) -> torch.Tensor:
+    if d.dtype not in GGUF_SCALE_TYPES:
+        raise ValueError(f"GGUF block scales are float16 or float32, not {d.dtype}")
+    return d.contiguous()
+
+
 def _set_mins(module: torch.nn.Module, mins: torch.Tensor | None) -> None:
+    """Mins of the scales' type (the kernel reads both alike)."""
     if mins is None:
         module.mins = None
     else:
-        module.register_buffer("mins", mins.to(torch.float16).contiguous())
+        module.register_buffer("mins", mins.to(module.scales.dtype).contiguous())
 
 
 class Q4Linear(_NormFirst):
@@ -203,12 +231,13 @@ class Q4Linear(_NormFirst):
 
     @classmethod
     def from_blocks(cls, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, bias: torch.Tensor | None):
-        """GGUF Q4_0 (m None: W = d (u - 8)) or Q4_1 (W = d u + m) blocks: qs uint8 [N, K/2] as
-        stored, d and m float16 [N, K/32]."""
+        """GGUF Q4_0 (m None: W = d (u - 8)) or Q4_1 / Q4_K (W = d u + m) blocks: qs uint8 [N, K/2]
+        in Q4_0's nibble order, d and m [N, K/32] float16 (as a Q4_0/Q4_1 file stores them) or
+        float32 (Q4_K's products of two scales, exact in float32)."""
         self = cls.__new__(cls)
         _NormFirst.__init__(self)
         self.register_buffer("weight", qs.contiguous())
-        self.register_buffer("scales", d.to(torch.float16).contiguous())
+        self.register_buffer("scales", _gguf_scales(d))
         _set_mins(self, m)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.in_features, self.out_features = qs.shape[1] * 2, qs.shape[0]
@@ -221,45 +250,57 @@ class Q4Linear(_NormFirst):
 
 
 class Q8Linear(_NormFirst):
-    """A Linear whose weight is GGUF Q8_0 blocks as stored (int8 values, a float16 scale per 32)."""
+    """A Linear whose weight is 8-bit values per block of 32 with a scale each (float16 or
+    float32), and optionally a min each: a GGUF's Q8_0, Q5_0, Q5_1 or Q5_K blocks as stored."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None, mins: torch.Tensor | None = None):
         super().__init__()
         self.register_buffer("weight", pack_int8(q))                               # int8 [N, K]
-        self.register_buffer("scales", d.to(torch.float16).contiguous())           # [N, K/32]
+        self.register_buffer("scales", _gguf_scales(d))                            # [N, K/32]
+        _set_mins(self, mins)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous())
         self.in_features, self.out_features = q.shape[1], q.shape[0]
 
     def forward(self, x, residual=None):
         return torch.ops.modelexport.linear_q8(x.contiguous(), self.weight, self.scales, self.bias,
                                                None if residual is None else residual.contiguous(),
-                                               self.norm_weight, self.eps)
+                                               self.norm_weight, self.eps, self.mins)
 
 
 class Q4GateUp(_NormFirst):
-    """silu(gate(x)) * up(x) of a SwiGLU MLP in one call: both 4-bit weights interleaved."""
+    """silu(gate(x)) * up(x) of a SwiGLU MLP in one call: both weights interleaved, 4-bit (ours,
+    or a GGUF's 4-bit blocks) or 8-bit (`from_linears` of two `Q8Linear`s: swiglu_q8)."""
 
     def __init__(self, gate_q: torch.Tensor, gate_scales: torch.Tensor, up_q: torch.Tensor, up_scales: torch.Tensor):
         super().__init__()
         self.register_buffer("weight", pack_int4(interleave_gate_up(gate_q, up_q)))
         self.register_buffer("scales", interleave_gate_up(gate_scales, up_scales).to(torch.bfloat16).contiguous())
         self.mins = None
+        self.eight_bit = False
+
+    @staticmethod
+    def fits(gate, up) -> bool:
+        """Whether `from_linears` takes these two: both of one kernel's module, stored alike, no bias."""
+        return (type(gate) is type(up) and isinstance(gate, (Q4Linear, Q8Linear)) and gate.bias is None
+                and up.bias is None and (gate.mins is None) == (up.mins is None) and gate.scales.dtype == up.scales.dtype)
 
     @classmethod
-    def from_linears(cls, gate: Q4Linear, up: Q4Linear):
-        """Two `Q4Linear`s of the same layout (no bias) → one: their stored blocks interleaved."""
-        if (gate.mins is None) != (up.mins is None) or gate.scales.dtype != up.scales.dtype:
+    def from_linears(cls, gate, up):
+        """Two `Q4Linear`s or two `Q8Linear`s of the same layout (no bias) → one: their stored
+        blocks interleaved."""
+        if not cls.fits(gate, up):
             raise ValueError("gate and up are not stored alike")
         self = cls.__new__(cls)
         _NormFirst.__init__(self)
+        self.eight_bit = isinstance(gate, Q8Linear)
         self.register_buffer("weight", interleave_gate_up(gate.weight, up.weight))
         self.register_buffer("scales", interleave_gate_up(gate.scales, up.scales))
         _set_mins(self, None if gate.mins is None else interleave_gate_up(gate.mins, up.mins))
         return self
 
     def forward(self, x):
-        return torch.ops.modelexport.swiglu_q4(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps,
-                                               self.mins)
+        op = torch.ops.modelexport.swiglu_q8 if self.eight_bit else torch.ops.modelexport.swiglu_q4
+        return op(x.contiguous(), self.weight, self.scales, self.norm_weight, self.eps, self.mins)
 
 
 def _swiglu_forward(self, x):
@@ -268,8 +309,8 @@ def _swiglu_forward(self, x):
 
 def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     """Give every ExecuTorch `FeedForward` (w2(silu(w1 x) * w3 x)) one `Q4GateUp` for w1 and w3;
-    `quantize(linear)` → a `Q4Linear` (or None: that MLP stays as it is). Returns how many MLPs
-    were fused."""
+    `quantize(linear)` → a `Q4Linear` or `Q8Linear` (gate and up not alike: that MLP stays as it
+    is). Returns how many MLPs were fused."""
     import types
 
     from executorch.examples.models.llama.feed_forward import FeedForward
@@ -278,8 +319,7 @@ def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     for m in model.modules():
         if type(m) is FeedForward and m.w1.out_features % SWIGLU_GROUP == 0 and m.w1.in_features % BLOCK == 0:
             gate, up = quantize(m.w1), quantize(m.w3)
-            if not (isinstance(gate, Q4Linear) and isinstance(up, Q4Linear)) or (gate.mins is None) != (up.mins is None) \
-                    or gate.scales.dtype != up.scales.dtype:
+            if not Q4GateUp.fits(gate, up):
                 continue
             m.gate_up = Q4GateUp.from_linears(gate, up)
             m.w1 = m.w3 = None
@@ -310,13 +350,15 @@ def fuse_blocks(model: torch.nn.Module) -> int:
     def plain_norm(m) -> bool:
         return type(m) is RMSNorm and not m.add_unit_offset
 
+    ours = (Q4Linear, Q8Linear)     # both take the norm before them and the residual after
+
     done = 0
     for b in model.modules():
         a, ff = getattr(b, "attention", None), getattr(b, "feed_forward", None)
         if not (type(b) is TransformerBlock and b.mlp_type == "default" and not b.use_residual_gate
                 and not hasattr(b, "post_ffn_norm") and plain_norm(b.attention_norm) and plain_norm(b.ffn_norm)
-                and isinstance(getattr(a, "wqkv", None), Q4Linear) and isinstance(a.wo, Q4Linear)
-                and isinstance(getattr(ff, "gate_up", None), Q4GateUp) and isinstance(ff.w2, Q4Linear)):
+                and isinstance(getattr(a, "wqkv", None), ours) and isinstance(a.wo, ours)
+                and isinstance(getattr(ff, "gate_up", None), Q4GateUp) and isinstance(ff.w2, ours)):
             continue
         a.wqkv.set_norm(b.attention_norm.weight, b.attention_norm.eps)
         ff.gate_up.set_norm(b.ffn_norm.weight, b.ffn_norm.eps)
