@@ -52,14 +52,50 @@ def test_data_aware_rounding_lowers_the_layer_output_error(tiny, name, block):
     blk = block or w.shape[0]
     err = {}
     for method, r in ROUNDINGS.items():
-        bw = r.fn(w, mom.get(name), blk)
+        bw = r.round_one(w, mom.get(name), blk)
         assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.q.shape == w.shape
         if blk < w.shape[0]:
             assert 1 <= bw.block_scales.min() and bw.block_scales.max() <= 15
         err[method] = _true_output_error(model, name, inputs[name], bw, blk)
     assert err["gptq"] < 0.9 * err["nearest"], err
+    assert err["gptq"] < err["imatrix"] <= err["nearest"] * 1.01, err
     assert err["seqmse"] < err["nearest"], err
     assert err["seqmse-gptq"] < err["nearest"], err
+
+
+def test_batched_gptq_equals_one_at_a_time(tiny):
+    """Matrices of one shape go through the GPTQ loop together: the same integers as alone."""
+    from modelexport.llm.weight_quality import onnx_weight
+    from modelexport.quant.block_weights import quantize_blocks
+    from modelexport.quant.gptq import gptq_round, gptq_round_many
+    model, _, mom, _ = tiny
+    names = ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj", "model.layers.0.self_attn.q_proj"]
+    ws = [onnx_weight(model, n) for n in names]
+    starts = [quantize_blocks(w, 32) for w in ws]
+    together = gptq_round_many(ws, [mom.get(n) for n in names], starts, [32] * 3)
+    for w, n, st, bw in zip(ws, names, starts, together):
+        alone = gptq_round(w, mom.get(n), st, 32)
+        assert (bw.q == alone.q).mean() > 0.999 and (bw.block_scales == st.block_scales).all()
+        assert not (bw.q == st.q).all()          # GPTQ moved some integers off nearest
+
+
+def test_block_scale_search_never_worse_than_the_fitting_scale():
+    """quantize_blocks tries block scales below the one that fits (clipping): its weight error is at
+    most the fitting scale's, and the importance-weighted error at most the unweighted choice's."""
+    import numpy as np
+
+    from modelexport.quant.block_weights import _QMAX, _QMIN, quantize_blocks
+    rng = np.random.default_rng(0)
+    w = (rng.standard_t(3, (256, 64)) * 0.02).astype(np.float32)      # heavy tails: clipping pays
+    imp = rng.gamma(0.5, 1.0, 256).astype(np.float32)
+    plain, weighted = quantize_blocks(w, 32), quantize_blocks(w, 32, imp)
+    wb = w.reshape(8, 32, 64)
+    ch = plain.channel_scale
+    s = np.clip(np.ceil(np.maximum(wb.max(1) / _QMAX, wb.min(1) / _QMIN) / ch - 1e-4), 1, 15)
+    fit = (np.clip(np.round(wb / (s * ch)[:, None]), _QMIN, _QMAX) * (s * ch)[:, None]).reshape(256, 64)
+    err = {k: ((bw.dequantized(32) - w) ** 2) for k, bw in (("plain", plain), ("weighted", weighted))}
+    assert err["plain"].sum() < ((fit - w) ** 2).sum()
+    assert (err["weighted"] * imp[:, None]).sum() < (err["plain"] * imp[:, None]).sum()
 
 
 def test_moments_shared_by_linears_reading_one_tensor(tiny):

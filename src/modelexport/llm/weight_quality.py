@@ -119,16 +119,12 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
     report(f"rounding {len(names)} 4-bit weights ({r.name})")
     t1 = time.perf_counter()
     from ..quant.weight_rounding import output_error
-    rounded, errors, floats = {}, {}, {}
-    for name in names:
-        w = onnx_weight(model, name)
-        blk = block if block and w.shape[0] % block == 0 else w.shape[0]
-        h = moments.get(name) if moments is not None else None
-        bw = r.fn(w, h, blk)
-        rounded[name] = (bw, blk)
-        floats[name] = w
-        if h is not None:
-            errors[name] = output_error(w, bw, h, blk)
+    floats = {name: onnx_weight(model, name) for name in names}
+    blocks = [block if block and w.shape[0] % block == 0 else w.shape[0] for w in floats.values()]
+    hs = [moments.get(name) if moments is not None else None for name in names]
+    rounded = dict(zip(names, zip(r.round_all(list(floats.values()), hs, blocks), blocks)))
+    errors = {name: output_error(floats[name], bw, h, blk)
+              for (name, (bw, blk)), h in zip(rounded.items(), hs) if h is not None}
     round_s = time.perf_counter() - t1
     out_dir.mkdir(parents=True, exist_ok=True)
     plan.rounded_path = out_dir / "rounded_weights.npz"
