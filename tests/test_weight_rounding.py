@@ -108,6 +108,19 @@ def test_moments_shared_by_linears_reading_one_tensor(tiny):
     assert mom.tokens == 1024
 
 
+def test_moments_from_the_decoder_body_equal_the_whole_models(tiny):
+    """The moments' pass skips the vocabulary projection when no rounded linear is in it."""
+    from modelexport.llm.weight_quality import _forward_reaching, windows
+    from modelexport.quant.input_moments import record_input_moments
+    model, ids, mom, _ = tiny
+    wanted = {"model.layers.1.mlp.down_proj", "model.layers.0.self_attn.q_proj"}
+    run = _forward_reaching(model, wanted)
+    assert run is not None and _forward_reaching(model, wanted | {"lm_head"})(model, torch.tensor([ids[:4]])).logits is not None
+    body = record_input_moments(model, windows(ids[:1024], 128), run, lambda n: n in wanted)
+    for n in wanted:
+        assert torch.allclose(body.get(n), mom.get(n), rtol=1e-5, atol=1e-4)
+
+
 def _plan(model, ids, tmp_path, ratio, window=128):
     from modelexport.llm.weight_quality import plan_weights
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
