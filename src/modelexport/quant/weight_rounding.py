@@ -47,9 +47,16 @@ def _nearest(w, h, block):
     return quantize_blocks(w, block) if block < w.shape[0] else nearest_channel(w)
 
 
+# the column's scale of scales shrunk to clip its largest block, when that lowers the weighted error
+# (SmolLM2, then GPTQ: 1.05x float's held-out perplexity with these, 1.08x with 1.0 alone; without GPTQ
+# they do worse, 1.15x against 1.12x, but the GPTQ start is what they are for)
+IMATRIX_CHANNEL_FACTORS = (1.0, 0.95, 0.9, 0.85, 0.8)
+
+
 def _imatrix(w, h, block):
     imp = input_importance(h)
-    return quantize_blocks(w, block, imp) if block < w.shape[0] else nearest_channel(w, imp)
+    return (quantize_blocks(w, block, imp, IMATRIX_CHANNEL_FACTORS) if block < w.shape[0]
+            else nearest_channel(w, imp))
 
 
 def _seqmse(w, h, block):
