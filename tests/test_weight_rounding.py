@@ -168,6 +168,29 @@ def test_recipe_on_smollm2_raises_the_fewest_modules(smollm2_gguf, tmp_path):
     assert all(o.startswith("^model\\.layers\\.") and o.endswith("$=16a8w") for o in rec["overrides"])
 
 
+def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(tiny, tmp_path):
+    """The default needs the calibration text's activations; a text too short for them is no error
+    (nearest, said in the record), unlike a data-aware rounding asked for by name."""
+    from modelexport.backends.llm_qnn.compile import _plan_weights, _quality_options
+    from modelexport.backends.spec import LlmCompileOptions
+    from modelexport.llm.text import TextSource
+    from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides
+    from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
+    model = tiny[0]
+    overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
+    quality = _quality_options(LlmCompileOptions(), "16a4w_block")
+    assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
+    said = []
+    short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
+                          "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)
+    assert short.plan.rounding["method"] == "nearest" and short.graph_file is None
+    assert "needs 512+ calibration tokens" in short.plan.rounding["what"] and any("nearest" in m for m in said)
+    full = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), 128,
+                         "16a4w_block", overrides, 32, tmp_path / "t", quality, said.append)
+    assert full.plan.rounding["method"] == DEFAULT_ROUNDING and full.plan.rounding["tokens"] >= 512
+    assert full.graph_file and Path(full.graph_file).is_file()
+
+
 def test_text_too_short_for_the_rounding_says_how_much(tiny, tmp_path):
     from modelexport.core.errors import CalibrationError
     from modelexport.llm.weight_quality import plan_weights

@@ -97,9 +97,10 @@ ROUNDINGS = {r.name: r for r in (
              _gptq_from(_imatrix)),
     Rounding("seqmse-gptq", True, None, "scales by the output-error search, then integers by GPTQ", _gptq_from(_seqmse)),
 )}
-# SmolLM2-135M 16a4w_block, held-out perplexity / float (docs/llm_export.md): nearest 1.23x, gptq 1.05x
-# at +~20% compile time
-DEFAULT_ROUNDING = "nearest"
+# SmolLM2-135M 16a4w_block, weights only, held-out perplexity / float (docs/llm_export.md): nearest
+# 1.24x, gptq (from imatrix scales) about 1.05-1.08x; a default that a short text cannot feed falls
+# back to nearest (backends/llm_qnn/compile.py)
+DEFAULT_ROUNDING = "gptq"
 # tokens of calibration text the data-aware roundings need for X^T X: fewer leaves H rank-deficient
 # for the widest inputs (SmolLM2's down_proj reads 1536 channels)
 MIN_ROUNDING_TOKENS = 512
