@@ -44,9 +44,9 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 8   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
 #                      parts, weight rounding; 7: the static decoder built from the family table (bump on
-#                      any change to the decoder); 8: LPBQ block scales searched over all 15 levels
+#                      any change to the decoder)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
