@@ -64,10 +64,21 @@ def _seqmse(w, h, block):
     return search_block_scales(w, h, block) if block < w.shape[0] else search_channel_scales(w, h)
 
 
+def _in_threads(fn: Callable) -> Callable:
+    """fn over many weights on every core: numpy's array loops release the GIL, and the imatrix
+    search (15 levels x 5 scale factors per block) is ~45 CPU-seconds for SmolLM2."""
+    def many(ws, hs, blocks):
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return list(pool.map(fn, ws, hs, blocks))
+    return many
+
+
 def _gptq_from(scales: Callable) -> Callable:
     def many(ws, hs, blocks):
         from .gptq import gptq_round_many
-        return gptq_round_many(ws, hs, [scales(w, h, b) for w, h, b in zip(ws, hs, blocks)], blocks)
+        return gptq_round_many(ws, hs, _in_threads(scales)(ws, hs, blocks), blocks)
     return many
 
 
@@ -91,14 +102,14 @@ class Rounding:
 ROUNDINGS = {r.name: r for r in (
     Rounding("nearest", False, _nearest, "round to nearest; per block the integer scale with the smallest weight error"),
     Rounding("imatrix", True, _imatrix, "per block the integer scale with the smallest error weighted by each "
-             "input's mean square on the calibration text (llama.cpp's imatrix)"),
+             "input's mean square on the calibration text (llama.cpp's imatrix)", _in_threads(_imatrix)),
     Rounding("seqmse", True, _seqmse, "scales searched for the smallest layer output error on the calibration activations"),
     Rounding("gptq", True, None, "imatrix scales; integers by GPTQ error compensation with the inputs' X^T X",
              _gptq_from(_imatrix)),
     Rounding("seqmse-gptq", True, None, "scales by the output-error search, then integers by GPTQ", _gptq_from(_seqmse)),
 )}
 # SmolLM2-135M 16a4w_block, weights only, held-out perplexity / float (docs/llm_export.md): nearest
-# 1.24x, gptq (from imatrix scales) about 1.05-1.08x; a default that a short text cannot feed falls
+# 1.26x, gptq (from imatrix scales) 1.05x; a default that a short text cannot feed falls
 # back to nearest (backends/llm_qnn/compile.py)
 DEFAULT_ROUNDING = "gptq"
 # tokens of calibration text the data-aware roundings need for X^T X: fewer leaves H rank-deficient
