@@ -34,7 +34,7 @@ HELD_OUT_SPAN = (4096, 5120)    # lee_background.cor tokens after every span the
 
 
 def _held_out_text() -> Path:
-    import importlib.util      # not `import gensim`: its package import needs smart_open, absent here
+    import importlib.util  # not `import gensim`: its package import needs smart_open, absent here
     return Path(importlib.util.find_spec("gensim").origin).parent / "test" / "test_data" / "lee.cor"
 
 
