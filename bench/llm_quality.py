@@ -6,7 +6,8 @@ Two kinds of rows, each named for what it measures:
 - `weights_only`: the float model with its 4-bit linears replaced by the rounded weights (exactly
   the integers and scales the graphs get; activations float), for every technique and precision:
   perplexity on the first 1024 tokens of lee_background.cor (the project's reference span; the
-  calibration text's own start) and on gensim's lee.cor (held out: text the calibration never saw),
+  calibration text's own start, which the moments saw), on its tokens 4096-5119 (held out, same
+  text) and on gensim's lee.cor (held out: other text),
   the rounding's seconds and its mean relative output error on the calibration activations;
 - `compiled`: the compile CLI in a fresh process (`--rounding R`, or `--max-ppl-ratio`), cold
   cache: wall time, bytes/param of the device binary, then `evaluate` of the bundle: float and
@@ -29,11 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_quality.json"
 PRECISIONS = {"16a4w_block": 32, "16a4w": 0}
+HELD_OUT_SPAN = (4096, 5120)    # lee_background.cor tokens after every span the moments may use
 
 
 def _held_out_text() -> Path:
-    import gensim
-    return Path(gensim.__file__).parent / "test" / "test_data" / "lee.cor"
+    import importlib.util  # not `import gensim`: its package import needs smart_open, absent here
+    return Path(importlib.util.find_spec("gensim").origin).parent / "test" / "test_data" / "lee.cor"
 
 
 def _save(out: dict) -> None:
@@ -41,7 +43,7 @@ def _save(out: dict) -> None:
     RESULT.write_text(json.dumps(out, indent=2))
 
 
-def weights_only(out: dict, roundings: list[str]) -> None:
+def weights_only(out: dict, roundings: list[str], precisions: dict[str, int]) -> None:
     import numpy as np
     import torch
 
@@ -59,34 +61,39 @@ def weights_only(out: dict, roundings: list[str]) -> None:
     gguf = asset_path("smollm2_gguf")
     llm = find_frontend(str(gguf)).load(str(gguf))
     model = llm.model
-    ids = tokenize(llm.tokenizer, read_text(None).text, ROUNDING_TOKENS)
+    text = tokenize(llm.tokenizer, read_text(None).text, HELD_OUT_SPAN[1])
+    ids, held_same = text[:ROUNDING_TOKENS], text[HELD_OUT_SPAN[0]:HELD_OUT_SPAN[1]]
     held = tokenize(llm.tokenizer, read_text(_held_out_text()).text, 1024)
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]  # lm_head: 8-bit
     t0 = time.perf_counter()
-    mom = record_input_moments(model, windows(ids, 512), lambda m, x: m(input_ids=x), lambda n: n in set(names))
+    mom = record_input_moments(model, windows(ids, 512), lambda m, x: m.model(input_ids=x), lambda n: n in set(names))
     rows = out.setdefault("weights_only", {})
     out["weights_only_setup"] = {"moments_tokens": mom.tokens, "moments_s": round(time.perf_counter() - t0, 1),
                                  "linears": len(names), "reference": "lee_background.cor first 1024 tokens",
-                                 "held_out": f"lee.cor first {len(held)} tokens"}
+                                 "held_out": f"lee.cor first {len(held)} tokens",
+                                 "held_out_same_text": f"lee_background.cor tokens {HELD_OUT_SPAN[0]}-{HELD_OUT_SPAN[1] - 1}",
+                                 "load_avg_after_moments": os.getloadavg()}
     rows["float"] = {"ppl_reference": round(perplexity(model, ids[:1024], 512), 3),
-                     "ppl_held_out": round(perplexity(model, held, 512), 3)}
+                     "ppl_held_out": round(perplexity(model, held, 512), 3),
+                     "ppl_held_out_same_text": round(perplexity(model, held_same, 512), 3)}
     _save(out)
-    for prec, block in PRECISIONS.items():
+    for prec, block in precisions.items():
         for r in roundings:
-            t = time.perf_counter()
-            deq, errs = {}, []
-            for n in names:
-                w = onnx_weight(model, n)
-                blk = block or w.shape[0]
-                bw = ROUNDINGS[r].fn(w, mom.get(n), blk)
-                deq[n] = bw.dequantized(blk)
-                errs.append(output_error(w, bw, mom.get(n), blk))
-            secs = time.perf_counter() - t
-            row = {"rounding_s": round(secs, 1), "mean_output_error_db": round(float(10 * np.log10(np.mean(errs))), 2),
+            ws = [onnx_weight(model, n) for n in names]
+            blocks = [block or w.shape[0] for w in ws]
+            hs = [mom.get(n) for n in names]
+            t, cpu = time.perf_counter(), time.process_time()
+            bws = ROUNDINGS[r].round_all(ws, hs, blocks)
+            secs, cpu = time.perf_counter() - t, time.process_time() - cpu
+            deq = {n: bw.dequantized(blk) for n, bw, blk in zip(names, bws, blocks)}
+            errs = [output_error(w, bw, h, blk) for w, bw, h, blk in zip(ws, bws, hs, blocks)]
+            row = {"rounding_s": round(secs, 1), "rounding_cpu_s": round(cpu, 1), "load_avg": os.getloadavg(),
+                   "mean_output_error_db": round(float(10 * np.log10(np.mean(errs))), 2),
                    "ppl_reference": round(perplexity(model, ids[:1024], 512, deq), 3),
-                   "ppl_held_out": round(perplexity(model, held, 512, deq), 3)}
-            row["ratio_reference"] = round(row["ppl_reference"] / rows["float"]["ppl_reference"], 4)
-            row["ratio_held_out"] = round(row["ppl_held_out"] / rows["float"]["ppl_held_out"], 4)
+                   "ppl_held_out": round(perplexity(model, held, 512, deq), 3),
+                   "ppl_held_out_same_text": round(perplexity(model, held_same, 512, deq), 3)}
+            for k in ("reference", "held_out", "held_out_same_text"):
+                row[f"ratio_{k}"] = round(row[f"ppl_{k}"] / rows["float"][f"ppl_{k}"], 4)
             rows[f"{prec}/{r}"] = row
             print(prec, r, row, flush=True)
             _save(out)
@@ -132,6 +139,7 @@ def main() -> None:
     ap.add_argument("--weights-only", default="", help="roundings to measure weights-only, e.g. nearest,seqmse,gptq,seqmse-gptq")
     ap.add_argument("--compile", default="", help="roundings to compile at --precision, e.g. gptq,nearest")
     ap.add_argument("--precision", default="16a4w_block")
+    ap.add_argument("--only-precision", action="store_true", help="weights-only rows for --precision alone (default: both)")
     ap.add_argument("--recipe", type=float, default=None, help="also compile with --max-ppl-ratio R")
     a = ap.parse_args()
     out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
@@ -140,7 +148,7 @@ def main() -> None:
                 "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
                          "note": "shared with up to 5 other jobs: seconds are inflated and noisy"}})
     if a.weights_only:
-        weights_only(out, a.weights_only.split(","))
+        weights_only(out, a.weights_only.split(","), {a.precision: PRECISIONS[a.precision]} if a.only_precision else PRECISIONS)
     for r in filter(None, a.compile.split(",")):
         compiled(out, f"{a.precision}/{r}", ["--rounding", r], a.precision)
     if a.recipe:

@@ -52,14 +52,47 @@ def test_data_aware_rounding_lowers_the_layer_output_error(tiny, name, block):
     blk = block or w.shape[0]
     err = {}
     for method, r in ROUNDINGS.items():
-        bw = r.fn(w, mom.get(name), blk)
+        bw = r.round_one(w, mom.get(name), blk)
         assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.q.shape == w.shape
         if blk < w.shape[0]:
             assert 1 <= bw.block_scales.min() and bw.block_scales.max() <= 15
         err[method] = _true_output_error(model, name, inputs[name], bw, blk)
     assert err["gptq"] < 0.9 * err["nearest"], err
+    assert err["gptq"] < err["imatrix"] <= err["nearest"] * 1.01, err
     assert err["seqmse"] < err["nearest"], err
     assert err["seqmse-gptq"] < err["nearest"], err
+
+
+def test_batched_gptq_equals_one_at_a_time(tiny):
+    """Matrices of one shape go through the GPTQ loop together: the same integers as alone."""
+    from modelexport.llm.weight_quality import onnx_weight
+    from modelexport.quant.block_weights import quantize_blocks
+    from modelexport.quant.gptq import gptq_round, gptq_round_many
+    model, _, mom, _ = tiny
+    names = ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj", "model.layers.0.self_attn.q_proj"]
+    ws = [onnx_weight(model, n) for n in names]
+    starts = [quantize_blocks(w, 32) for w in ws]
+    together = gptq_round_many(ws, [mom.get(n) for n in names], starts, [32] * 3)
+    for w, n, st, bw in zip(ws, names, starts, together):
+        alone = gptq_round(w, mom.get(n), st, 32)
+        assert (bw.q == alone.q).mean() > 0.999 and (bw.block_scales == st.block_scales).all()
+        assert not (bw.q == st.q).all()          # GPTQ moved some integers off nearest
+
+
+def test_imatrix_block_scales_beat_nearest_on_the_weighted_error():
+    """With input importances, quantize_blocks searches all 15 block scales (clipping where the
+    inputs are rarely large): its importance-weighted error is below nearest's two candidates'."""
+    import numpy as np
+
+    from modelexport.quant.block_weights import quantize_blocks
+    rng = np.random.default_rng(0)
+    w = (rng.standard_t(3, (256, 64)) * 0.02).astype(np.float32)      # heavy tails: clipping pays
+    imp = rng.gamma(0.5, 1.0, 256).astype(np.float32)
+    plain, weighted = quantize_blocks(w, 32), quantize_blocks(w, 32, imp, (1.0, 0.9, 0.8))
+    err = {k: ((bw.dequantized(32) - w) ** 2 * imp[:, None]).sum() for k, bw in (("plain", plain), ("weighted", weighted))}
+    assert err["weighted"] < 0.9 * err["plain"], err
+    assert weighted.block_scales.min() >= 1 and weighted.block_scales.max() <= 15
+    assert (weighted.channel_scale <= plain.channel_scale * (1 + 1e-6)).all()
 
 
 def test_moments_shared_by_linears_reading_one_tensor(tiny):
@@ -70,6 +103,19 @@ def test_moments_shared_by_linears_reading_one_tensor(tiny):
     x = inputs["model.layers.0.self_attn.q_proj"]
     assert torch.allclose(q.double(), x.T @ x, rtol=1e-4, atol=1e-3)
     assert mom.tokens == 1024
+
+
+def test_moments_from_the_decoder_body_equal_the_whole_models(tiny):
+    """The moments' pass skips the vocabulary projection when no rounded linear is in it."""
+    from modelexport.llm.weight_quality import _forward_reaching, windows
+    from modelexport.quant.input_moments import record_input_moments
+    model, ids, mom, _ = tiny
+    wanted = {"model.layers.1.mlp.down_proj", "model.layers.0.self_attn.q_proj"}
+    run = _forward_reaching(model, wanted)
+    assert run is not None and _forward_reaching(model, wanted | {"lm_head"})(model, torch.tensor([ids[:4]])).logits is not None
+    body = record_input_moments(model, windows(ids[:1024], 128), run, lambda n: n in wanted)
+    for n in wanted:
+        assert torch.allclose(body.get(n), mom.get(n), rtol=1e-5, atol=1e-4)
 
 
 def _plan(model, ids, tmp_path, ratio, window=128):
@@ -117,6 +163,29 @@ def test_recipe_on_smollm2_raises_the_fewest_modules(smollm2_gguf, tmp_path):
     assert all(e["ratio"] > budget for e in rec["evaluations"] if e["raised"] < k)   # fewer did not meet it
     assert plan.extra_overrides == rec["overrides"] and rec["added_bytes_per_param"] > 0
     assert all(o.startswith("^model\\.layers\\.") and o.endswith("$=16a8w") for o in rec["overrides"])
+
+
+def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(tiny, tmp_path):
+    """The default needs the calibration text's activations; a text too short for them is no error
+    (nearest, said in the record), unlike a data-aware rounding asked for by name."""
+    from modelexport.backends.llm_qnn.compile import _plan_weights, _quality_options
+    from modelexport.backends.spec import LlmCompileOptions
+    from modelexport.llm.text import TextSource
+    from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides
+    from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
+    model = tiny[0]
+    overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
+    quality = _quality_options(LlmCompileOptions(), "16a4w_block")
+    assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
+    said = []
+    short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
+                          "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)
+    assert short.plan.rounding["method"] == "nearest" and short.graph_file is None
+    assert "needs 512+ calibration tokens" in short.plan.rounding["what"] and any("nearest" in m for m in said)
+    full = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), 128,
+                         "16a4w_block", overrides, 32, tmp_path / "t", quality, said.append)
+    assert full.plan.rounding["method"] == DEFAULT_ROUNDING and full.plan.rounding["tokens"] >= 512
+    assert full.graph_file and Path(full.graph_file).is_file()
 
 
 def test_text_too_short_for_the_rounding_says_how_much(tiny, tmp_path):

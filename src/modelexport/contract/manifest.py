@@ -288,7 +288,7 @@ class GenieCheck(_Recorded):
 
 class WeightRounding(_Recorded):
     """The 4-bit weights' rounding (quant/weight_rounding.py)."""
-    method: str                          # nearest | seqmse | gptq | seqmse-gptq
+    method: str                          # nearest | imatrix | seqmse | gptq | seqmse-gptq (ROUNDINGS)
     what: str = ""
     modules: int = 0                     # 4-bit linears rounded
     tokens: int = 0                      # calibration tokens their input moments came from (0: not data-aware)

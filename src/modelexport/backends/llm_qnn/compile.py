@@ -240,14 +240,23 @@ def _plan_weights(model, tok, text, max_seq_len: int, precision: str, overrides,
         return _Weights(overrides)
     from ...llm.text import tokenize
     from ...llm.weight_quality import HELD_OUT_TOKENS, WeightPlan, four_bit_linears, plan_weights
-    from ...quant.weight_rounding import ROUNDING_TOKENS, ROUNDINGS, get_rounding
+    from ...quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, ROUNDINGS, get_rounding
     t0 = time.perf_counter()
     names = four_bit_linears(model, get_precision(precision).weight_bits, overrides)
-    if get_rounding(quality["rounding"]).fn is ROUNDINGS["nearest"].fn and not quality.get("max_ppl_ratio"):
-        # the workers round to nearest themselves, as before: nothing to compute here
-        return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what,
-                                                        "modules": len(names)}))
     ids = tokenize(tok, text.text, ROUNDING_TOKENS + HELD_OUT_TOKENS)
+    note = ""
+    if get_rounding(quality["rounding"]).needs_activations and not quality.get("rounding_given") \
+            and len(ids) < MIN_ROUNDING_TOKENS:
+        # the default is the best rounding the text allows: a short text is no error unless a
+        # data-aware rounding was asked for by name
+        note = (f" (the default --rounding {quality['rounding']} needs {MIN_ROUNDING_TOKENS}+ calibration tokens, "
+                f"the text has {len(ids)})")
+        report(f"4-bit weights rounded to nearest{note}")
+        quality = {**quality, "rounding": "nearest"}
+    if quality["rounding"] == "nearest" and not quality.get("max_ppl_ratio"):
+        # the workers round to nearest themselves, as before: nothing to compute here
+        return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what + note,
+                                                        "modules": len(names)}))
     plan = plan_weights(model, ids, min(max_seq_len, 1024), names, quality["rounding"], block_size, tmp / "rounding",
                         quality.get("max_ppl_ratio"), report)
     extra = parse_overrides(plan.extra_overrides, precision)
@@ -479,7 +488,8 @@ def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
                              "leave --rounding out, or use --precision 16a4w_block")
     if not four_bit:
         return None
-    return {"rounding": get_rounding(opts.rounding or DEFAULT_ROUNDING).name, "max_ppl_ratio": opts.max_ppl_ratio}
+    return {"rounding": get_rounding(opts.rounding or DEFAULT_ROUNDING).name, "max_ppl_ratio": opts.max_ppl_ratio,
+            "rounding_given": opts.rounding is not None}
 
 
 def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:

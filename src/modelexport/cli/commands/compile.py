@@ -126,8 +126,9 @@ def compile_cmd(
     calibration_samples: Optional[int] = typer.Option(None, "--calibration-samples", help="LLMs: calibration samples per variant, cut from the calibration text (default 8)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                                  "checked against this machine; loads no weights, writes nothing."),
-    rounding: Optional[str] = typer.Option(None, "--rounding", help="LLMs, 4-bit weights: nearest, seqmse, gptq or seqmse-gptq "
-                                           "(default nearest; gptq compensates each weight's rounding error on the calibration activations)."),
+    rounding: Optional[str] = typer.Option(None, "--rounding", help="LLMs, 4-bit weights: nearest, imatrix, seqmse, gptq or "
+                                           "seqmse-gptq (default gptq: scales weighted by the calibration activations, each weight's "
+                                           "rounding error compensated on them; nearest needs no calibration text)."),
     max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="LLMs, 4-bit weights: raise the fewest modules to 8-bit "
                                                   "weights until perplexity on held-out text is within this x float (e.g. 1.05); "
                                                   "the overrides chosen are recorded and printed."),
