@@ -175,8 +175,14 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
     model = tiny[0]
     overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
-    quality = _quality_options(LlmCompileOptions(), "16a4w_block")
+    quality = _quality_options(LlmCompileOptions(), "16a4w_block", {})
     assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
+    # a model whose input moments pass the budget (Llama-3.2-1B's shape: 4.8 GB) defaults to nearest, saying why
+    big = _quality_options(LlmCompileOptions(), "16a4w_block", {
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "intermediate_size": 8192})
+    assert big["rounding"] == "nearest" and "4.8 GB of input moments" in big["rounding_why"]
+    assert _quality_options(LlmCompileOptions(rounding="gptq"), "16a4w_block", {
+        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "intermediate_size": 8192})["rounding"] == "gptq"
     said = []
     short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
                           "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)
@@ -185,6 +191,7 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     full = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), 128,
                          "16a4w_block", overrides, 32, tmp_path / "t", quality, said.append)
     assert full.plan.rounding["method"] == DEFAULT_ROUNDING and full.plan.rounding["tokens"] >= 512
+    assert full.plan.rounding["why"] == "the default"
     assert full.graph_file and Path(full.graph_file).is_file()
 
 

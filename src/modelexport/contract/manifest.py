@@ -290,6 +290,7 @@ class WeightRounding(_Recorded):
     """The 4-bit weights' rounding (quant/weight_rounding.py)."""
     method: str                          # nearest | imatrix | seqmse | gptq | seqmse-gptq (ROUNDINGS)
     what: str = ""
+    why: str | None = None               # asked for, the default, or why the default fell back
     modules: int = 0                     # 4-bit linears rounded
     tokens: int = 0                      # calibration tokens their input moments came from (0: not data-aware)
     moments_s: float = 0.0

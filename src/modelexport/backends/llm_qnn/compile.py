@@ -256,9 +256,10 @@ def _plan_weights(model, tok, text, max_seq_len: int, precision: str, overrides,
     if quality["rounding"] == "nearest" and not quality.get("max_ppl_ratio"):
         # the workers round to nearest themselves, as before: nothing to compute here
         return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what + note,
-                                                        "modules": len(names)}))
+                                                        "why": quality.get("rounding_why"), "modules": len(names)}))
     plan = plan_weights(model, ids, min(max_seq_len, 1024), names, quality["rounding"], block_size, tmp / "rounding",
                         quality.get("max_ppl_ratio"), report)
+    plan.rounding["why"] = quality.get("rounding_why")
     extra = parse_overrides(plan.extra_overrides, precision)
     rounded = str(plan.rounded_path) if quality["rounding"] != "nearest" else None
     return _Weights(extra + list(overrides), plan, rounded, {"weight_plan_s": round(time.perf_counter() - t0, 2)})
@@ -323,7 +324,7 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
         raise InputError("LLMs are calibrated on real text, not random data",
                          "give a text file with --calibration (default: lee_background.cor)")
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
-    quality = _quality_options(opts, precision)
+    quality = _quality_options(opts, precision, facts.shape or {})
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     from ...core.arguments import at_least
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
@@ -468,10 +469,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(qentry, ignore_errors=True)
 
 
-def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
+def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> dict | None:
     """--rounding and --max-ppl-ratio, checked: they concern 4-bit weights only."""
     from ...core.arguments import finite
-    from ...quant.weight_rounding import DEFAULT_ROUNDING, get_rounding
+    from ...quant.weight_rounding import default_rounding, get_rounding
     four_bit = get_precision(precision).weight_bits == 4
     if opts.max_ppl_ratio is not None:
         finite("--max-ppl-ratio", opts.max_ppl_ratio, "1.05")
@@ -488,8 +489,9 @@ def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
                              "leave --rounding out, or use --precision 16a4w_block")
     if not four_bit:
         return None
-    return {"rounding": get_rounding(opts.rounding or DEFAULT_ROUNDING).name, "max_ppl_ratio": opts.max_ppl_ratio,
-            "rounding_given": opts.rounding is not None}
+    chosen, why = (opts.rounding, "asked for") if opts.rounding is not None else default_rounding(shape)
+    return {"rounding": get_rounding(chosen).name, "max_ppl_ratio": opts.max_ppl_ratio,
+            "rounding_given": opts.rounding is not None, "rounding_why": why}
 
 
 def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
