@@ -440,24 +440,28 @@ Tensor& linear_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& 
 }
 
 // silu(x G^T) * (x U^T) with G and U interleaved in groups of kRowsPerTask rows: one weight
-// read and one pass over the thread pool for a SwiGLU MLP's gate and up projections.
+// read and one pass over the thread pool for a SwiGLU MLP's gate and up projections; 4-bit or
+// 8-bit weights (a GGUF's Q5_0 / Q5_K / Q8_0 MLP).
+static Tensor& swiglu_out(KernelRuntimeContext& ctx, const char* name, bool eight_bit, const Tensor& x,
+                          const Tensor& weight, const Tensor& scales,
+                          const executorch::aten::optional<Tensor>& norm_weight, double eps,
+                          const executorch::aten::optional<Tensor>& mins, Tensor& out) {
+  bool ok = true;
+  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
+  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "%s: norm_weight must be float32 [K]", name);
+  return run_q4(ctx, name, x, weight, scales, mins, eight_bit, extras, Epilogue::kSwiGLU, out);
+}
+
 Tensor& swiglu_q4_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
                       const executorch::aten::optional<Tensor>& norm_weight, double eps,
                       const executorch::aten::optional<Tensor>& mins, Tensor& out) {
-  bool ok = true;
-  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
-  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q4: norm_weight must be float32 [K]");
-  return run_q4(ctx, "modelexport::swiglu_q4", x, weight, scales, mins, false, extras, Epilogue::kSwiGLU, out);
+  return swiglu_out(ctx, "modelexport::swiglu_q4", false, x, weight, scales, norm_weight, eps, mins, out);
 }
 
-// The same with 8-bit gate and up weights (a GGUF's Q5_0 / Q5_K / Q8_0 MLP).
 Tensor& swiglu_q8_out(KernelRuntimeContext& ctx, const Tensor& x, const Tensor& weight, const Tensor& scales,
                       const executorch::aten::optional<Tensor>& norm_weight, double eps,
                       const executorch::aten::optional<Tensor>& mins, Tensor& out) {
-  bool ok = true;
-  Extras extras{nullptr, nullptr, optional_floats(norm_weight, x.size(x.dim() - 1), ok), static_cast<float>(eps)};
-  ET_KERNEL_CHECK_MSG(ctx, ok, InvalidArgument, out, "modelexport::swiglu_q8: norm_weight must be float32 [K]");
-  return run_q4(ctx, "modelexport::swiglu_q8", x, weight, scales, mins, true, extras, Epilogue::kSwiGLU, out);
+  return swiglu_out(ctx, "modelexport::swiglu_q8", true, x, weight, scales, norm_weight, eps, mins, out);
 }
 
 }  // namespace modelexport_native
