@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_native_gguf_blocks import _weight_of
+from test_native_gguf_blocks import _weight_of, kept_and_requantized_programs
 
 # which GGUF tensor a transformers Linear comes from (q/k rows are permuted on load: compared as sets)
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -164,23 +164,9 @@ def test_k_quant_program_follows_the_dequantized_model(k_gguf, k_model, tmp_path
     """The real CPU program of a Q4_K_M / Q5_K_M-like file: llm.json says what it kept and what the
     rest lost; its logits follow the dequantized float model through prefill and decode, closer
     than the program that re-quantizes everything."""
-    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
-    from modelexport.llm.cpu.session import ExecuTorchSession
-
-    ids = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114]
-    with torch.no_grad():
-        ref = k_model(torch.tensor([ids])).logits[0]
-    sqnr = {}
-    for keep in (True, False):
-        entry, meta, _ = build_cached(k_gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep),
-                                      cache_dir=tmp_path / "cache")
-        if keep:
-            assert meta["weights"]["kept_as_stored"] == PROGRAM[_mix(k_gguf)], meta["weights"]
-            assert "nearest_8bit_weight_sqnr_db" in meta["weights"]
-        s = ExecuTorchSession(entry / "model.pte")
-        got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
-        sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum()))
-                         for g, w in zip(got, (ref[5], ref[6], ref[9])))
+    weights, sqnr = kept_and_requantized_programs(k_gguf, k_model, tmp_path)
+    assert weights["kept_as_stored"] == PROGRAM[_mix(k_gguf)], weights
+    assert "nearest_8bit_weight_sqnr_db" in weights
     print("logit SQNR vs the dequantized model (dB):", sqnr)
     # measured: Q4_K_M 31.7 dB kept vs 9.7 re-quantized; Q5_K_M 20.0 (its F16 gate re-quantized) vs 9.4
     assert sqnr[True] > sqnr[False] + 8, sqnr

@@ -226,32 +226,40 @@ def test_every_linear_of_the_loaded_model_is_found_in_the_file(tiny_q4_1_gguf):
     assert blocks.embedding(model.model.embed_tokens).weight.dtype == torch.int8
 
 
+def kept_and_requantized_programs(gguf, ref_model, tmp_path) -> tuple[dict, dict[bool, float]]:
+    """The CPU programs of `gguf` keeping its blocks (True) and re-quantizing them (False): the kept
+    one's llm.json `weights` record, and each one's worst logit SQNR against `ref_model` (the
+    dequantized float model) over a prefill of 6 tokens, one decode step and 3 more tokens."""
+    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
+    from modelexport.llm.cpu.session import ExecuTorchSession
+
+    ids = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114]
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+    weights, sqnr = {}, {}
+    for keep in (True, False):
+        entry, meta, _ = build_cached(gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep), cache_dir=tmp_path / "cache")
+        if keep:
+            weights = meta["weights"]
+        s = ExecuTorchSession(entry / "model.pte")
+        got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
+        sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum()))
+                         for g, w in zip(got, (ref[5], ref[6], ref[9])))
+    return weights, sqnr
+
+
 @pytest.mark.heavy
 def test_tiny_gguf_program_keeps_its_blocks_and_matches_the_dequantized_model(tiny_q4_1_gguf, tmp_path):
     """The CPU program of a Q4_1 GGUF (Q8_0 embedding and output) holds the stored blocks
     (llm.json says so) and its logits follow the dequantized float model through prefill and
     decode; re-quantizing the same file instead is further from it."""
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    from modelexport.llm.cpu.export import CpuExportOptions, build_cached
-    from modelexport.llm.cpu.session import ExecuTorchSession
 
-    model = load_gguf_causal_lm(tiny_q4_1_gguf).model
-    ids = [1, 72, 101, 108, 108, 111, 32, 119, 111, 114]
-    with torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0]
-    sqnr = {}
-    for keep in (True, False):
-        entry, meta, _ = build_cached(tiny_q4_1_gguf, CpuExportOptions(max_seq_len=32, gguf_blocks=keep),
-                                      cache_dir=tmp_path / "cache")
-        if keep:
-            # 2 layers x (q|k|v, o, down, gate|up x 2 stored as two Q4_1 weights interleaved) ... counted per module built
-            # per layer: q|k|v (fused), o, gate, up, down; the output and the embedding are Q8_0
-            assert meta["weights"]["kept_as_stored"] == {"Q4_1": 10, "Q8_0": 1, "Q8_0 embedding": 1}, meta["weights"]
-            assert meta["weights"]["layout"] == "GGUF blocks as stored"
-        s = ExecuTorchSession(entry / "model.pte")
-        got = [s.feed(ids[:6]), s.feed([ids[6]]), s.feed(ids[7:])]
-        want = (ref[5], ref[6], ref[9])
-        sqnr[keep] = min(float(10 * torch.log10(w.pow(2).sum() / (g - w).pow(2).sum())) for g, w in zip(got, want))
+    weights, sqnr = kept_and_requantized_programs(tiny_q4_1_gguf, load_gguf_causal_lm(tiny_q4_1_gguf).model, tmp_path)
+    # 2 layers x (q|k|v, o, down, gate|up x 2 stored as two Q4_1 weights interleaved) ... counted per module built
+    # per layer: q|k|v (fused), o, gate, up, down; the output and the embedding are Q8_0
+    assert weights["kept_as_stored"] == {"Q4_1": 10, "Q8_0": 1, "Q8_0 embedding": 1}, weights
+    assert weights["layout"] == "GGUF blocks as stored"
     print("logit SQNR vs the dequantized model (dB):", sqnr)
     # measured: 36.4 dB kept (only the int8 activations differ), 12.1 dB re-quantized
     assert sqnr[True] > 33 and sqnr[True] > sqnr[False] + 15, sqnr

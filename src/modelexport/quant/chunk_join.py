@@ -30,7 +30,10 @@ def _external(init) -> dict[str, str] | None:
     return {e.key: e.value for e in init.external_data}
 
 
-def _set_external(init, location: str, offset: int, length: int) -> None:
+def set_external(init, location: str, offset: int, length: int) -> None:
+    """Point a TensorProto at `length` bytes at `offset` of the file `location` (beside the model)."""
+    from onnx import TensorProto
+    init.data_location = TensorProto.EXTERNAL
     del init.external_data[:]
     for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
         e = init.external_data.add()
@@ -91,7 +94,7 @@ def join_chunks(chunks: list[tuple[Path, int]], out_path: Path, input_order: lis
                 new.CopyFrom(init)
                 new.name = renames.get(name, name)
                 if (e := _external(init)):
-                    _set_external(new, data_name, base + int(e.get("offset", 0)), int(e["length"]))
+                    set_external(new, data_name, base + int(e.get("offset", 0)), int(e["length"]))
                 inits[new.name] = new
             produced = [o for n in src.node for o in n.output]
             for name in produced:

@@ -125,6 +125,7 @@ def _weights_as_initializers(model, tensors: dict[str, torch.Tensor], data_path:
     to `data_path` (external data, one tensor in memory at a time)."""
     from onnx import TensorProto
 
+    from ...quant.chunk_join import set_external
     dtypes = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
     g = model.graph
     weights = [(i, vi.name) for i, vi in enumerate(g.input) if vi.name in tensors]
@@ -135,12 +136,8 @@ def _weights_as_initializers(model, tensors: dict[str, torch.Tensor], data_path:
                 raise ValueError(f"{name}: {t.dtype} cannot be exported (lift it to float32 first)")
             raw = t.contiguous().numpy().tobytes()
             init = TensorProto(name=name, data_type=dtypes[t.dtype], dims=list(t.shape))
-            offset = data.tell()
+            set_external(init, data_path.name, data.tell(), len(raw))
             data.write(raw)
-            init.data_location = TensorProto.EXTERNAL
-            for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(len(raw)))):
-                e = init.external_data.add()
-                e.key, e.value = k, v
             g.initializer.append(init)
             del raw
     for i, _ in reversed(weights):
