@@ -40,7 +40,7 @@ from ...core.errors import InputError, ModelExportError, ToolchainError, Unsuppo
 from ...quant.precision import check_block_size, get_precision
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
-from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, host_part_mb, plan_parts
+from .memory import DEFAULT_CONTEXT_LIMIT_MB, DEFAULT_HOST_CHUNK_MB, host_chunk_mb, host_part_mb, plan_parts
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
@@ -95,7 +95,7 @@ def parse_variants(v: Any) -> list[int]:
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
                text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0,
                quality: dict | None = None, *, cache: Cache | None = None, stage_key: str = "",
-               weights_dtype: str = "float32", chunk_mb: float = 256.0) -> dict:
+               weights_dtype: str = "float32", chunk_mb: float = DEFAULT_HOST_CHUNK_MB) -> dict:
     """Load, calibrate, then export and quantize chunk by chunk: each (variant, part, chunk) graph is
     its own cache entry (`part_stage`), reused when a killed compile is run again; a part's chunks
     are then joined into the part's graph (quant/chunk_join.py)."""
@@ -252,7 +252,7 @@ def _plan_weights(model, tok, text, max_seq_len: int, precision: str, overrides,
         note = (f" (the default --rounding {quality['rounding']} needs {MIN_ROUNDING_TOKENS}+ calibration tokens, "
                 f"the text has {len(ids)})")
         report(f"4-bit weights rounded to nearest{note}")
-        quality = {**quality, "rounding": "nearest"}
+        quality = {**quality, "rounding": "nearest", "rounding_why": "the default" + note}
     if quality["rounding"] == "nearest" and not quality.get("max_ppl_ratio"):
         # the workers round to nearest themselves, as before: nothing to compute here
         return _Weights(overrides, WeightPlan(rounding={"method": "nearest", "what": ROUNDINGS["nearest"].what + note,
