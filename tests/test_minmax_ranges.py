@@ -182,3 +182,61 @@ def test_4bit_packing_equals_onnxruntime(n):
 
     src = np.random.default_rng(n).integers(-8, 8, n).astype(np.int8).tobytes()
     assert ours(src) == theirs(src)
+
+
+def _all_tensors(model) -> dict:
+    from modelexport.quant.chunk_join import node_tensors
+    out = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        for j, t in enumerate(node_tensors([node])):
+            out[f"{node.name}#{j}"] = onnx.numpy_helper.to_array(t)
+    return out
+
+
+def test_lpbq_rewrite_on_file_equals_the_rewrite_in_memory(decoder_graph, monkeypatch):
+    """`to_block_weights` reads one float weight at a time and copies the graph's other tensors file
+    to file (tensors in node attributes too, which the quantizer stores outside the graph): the
+    result is the in-memory rewrite of the fully loaded graph, tensor for tensor."""
+    from modelexport.quant.block_weights import rewrite_block_weights, to_block_weights
+    from modelexport.quant.chunk_join import external_entry, node_tensors
+
+    path, samples, root = decoder_graph
+    q = root / "lpbq" / "q.onnx"
+    _quantize_llm_style(path, samples, q, True, monkeypatch)
+    bare = onnx.load(str(q), load_external_data=False)
+    assert any(external_entry(t) for t in node_tensors(bare.graph.node))   # the case the copy must handle
+    inits = {i.name: i for i in bare.graph.initializer}
+    producers = {o: n for n in bare.graph.node for o in n.output}
+    four_bit = {n.name for n in bare.graph.node if n.op_type == "MatMul" and n.input[1] in producers
+                and inits.get(producers[n.input[1]].input[0]) is not None
+                and inits[producers[n.input[1]].input[0]].data_type == onnx.TensorProto.INT4}
+    assert len(four_bit) >= 10
+    float_model = onnx.load(str(path))
+    fi = {i.name: onnx.numpy_helper.to_array(i) for i in float_model.graph.initializer}
+    weights = {n.name: fi[n.input[1]] for n in float_model.graph.node if n.name in four_bit}
+    reference = onnx.load(str(q))
+    assert rewrite_block_weights(reference, weights, 16) == len(four_bit)
+    assert to_block_weights(q, path, four_bit, 16) == len(four_bit)
+    rewritten = onnx.load(str(q))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in rewritten.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in reference.graph.node]
+    a, b = _all_tensors(reference), _all_tensors(rewritten)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert sorted(p.name for p in q.parent.iterdir()) == ["q.onnx", "q.onnx.data"]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_quantizing_a_weight_by_rows_equals_quantizing_it_at_once(axis):
+    from modelexport.quant.ort_fast_paths import _quantize_rows
+    rng = np.random.default_rng(axis)
+    w = rng.standard_normal((37, 11)).astype(np.float32)
+    shape = [1, 1]
+    shape[axis] = w.shape[axis]
+    scale = (rng.random(w.shape[axis]) * 0.02 + 0.001).astype(np.float32).reshape(shape)
+    zero = rng.integers(0, 255, w.shape[axis]).astype(np.uint8).reshape(shape)
+    once = np.clip((w / scale).round() + zero, 0, 255).astype(np.uint8)
+    for step in (1, 5, 37):
+        np.testing.assert_array_equal(_quantize_rows(w, scale, zero, 0, 255, np.uint8, step), once)

@@ -95,6 +95,22 @@ def test_imatrix_block_scales_beat_nearest_on_the_weighted_error():
     assert (weighted.channel_scale <= plain.channel_scale * (1 + 1e-6)).all()
 
 
+@pytest.mark.parametrize("importance", [False, True])
+def test_block_search_in_slices_of_columns_equals_the_whole_weight(monkeypatch, importance):
+    """A wide weight is searched in slices of columns (bounded temporaries); columns are independent."""
+    import numpy as np
+
+    from modelexport.quant import block_weights
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 40)).astype(np.float32)
+    imp = rng.random(64).astype(np.float32) if importance else None
+    whole = block_weights.quantize_blocks(w, 16, imp, (1.0, 0.9))
+    monkeypatch.setattr(block_weights, "_SLICE_ELEMENTS", 64 * 7)      # slices of 7 columns
+    sliced = block_weights.quantize_blocks(w, 16, imp, (1.0, 0.9))
+    for field in ("q", "block_scales", "channel_scale"):
+        np.testing.assert_array_equal(getattr(sliced, field), getattr(whole, field), err_msg=field)
+
+
 def test_moments_shared_by_linears_reading_one_tensor(tiny):
     _, _, mom, inputs = tiny
     q, k = mom.get("model.layers.0.self_attn.q_proj"), mom.get("model.layers.0.self_attn.k_proj")

@@ -21,6 +21,7 @@ import numpy as np
 DEFAULT_BLOCK = 32          # the GGUF Q4_1 block; 64 crashed the x86 simulator loading the binary (see docs)
 _QMIN, _QMAX = -8, 7            # int4, the whole grid
 _SCALE_LEVELS = 15              # uint4 block scales 1..15
+_SLICE_ELEMENTS = 2**22         # weights searched per slice of columns (16 MB of float32)
 
 
 @dataclass
@@ -41,8 +42,15 @@ def quantize_blocks(w: np.ndarray, block: int, importance: np.ndarray | None = N
     block's fitting scale / 15 (times the one of `channel_factors` with the smallest error: below 1
     clips that block). Each block takes the integer scale below or above its fitting one with the
     smaller squared error; with `importance` [K] (each input's mean square on real text, llama.cpp's
-    "imatrix"), any of 1..15 with the smallest error weighted by it."""
+    "imatrix"), any of 1..15 with the smallest error weighted by it. Columns are independent, so a
+    wide weight is done in slices of columns: the search's temporaries stay a few times a slice."""
     k, n = w.shape
+    step = max(1, _SLICE_ELEMENTS // k)
+    if n > step:
+        parts = [quantize_blocks(w[:, i:i + step], block, importance, channel_factors) for i in range(0, n, step)]
+        return BlockWeight(np.concatenate([p.q for p in parts], axis=1),
+                           np.concatenate([p.block_scales for p in parts], axis=1),
+                           np.concatenate([p.channel_scale for p in parts]))
     wb = w.astype(np.float32).reshape(k // block, block, n)
     ideal = np.maximum(wb.max(axis=1) / _QMAX, wb.min(axis=1) / _QMIN)          # [K/block, N]
     ideal = np.maximum(ideal, np.finfo(np.float32).tiny)
@@ -95,7 +103,7 @@ def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block
     """Turn every MatMul weight named in `float_weights` ({MatMul node name: float [K, N]}) from
     its per-channel DequantizeLinear into the LPBQ pair, in place; returns how many. `rounded`
     ({node name: BlockWeight}) gives a node's blocks as already chosen (a data-aware rounding)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     g = qdq_model.graph
     opset = next((o.version for o in qdq_model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -122,11 +130,11 @@ def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block
         dead.update(x for x in dq.input if x in inits)
         names = {s: f"{base}_lpbq_{s}" for s in ("q", "scales", "channel", "channel_zero", "zero", "block_scale")}
         new_inits += [
-            helper.make_tensor(names["q"], TensorProto.INT4, [k, n], bw.q.ravel()),
+            int4_tensor(names["q"], bw.q),
             numpy_helper.from_array(bw.block_scales, names["scales"]),
             numpy_helper.from_array(bw.channel_scale, names["channel"]),
             numpy_helper.from_array(np.zeros(n, np.uint8), names["channel_zero"]),
-            helper.make_tensor(names["zero"], TensorProto.INT4, [k // block, n], np.zeros(k // block * n, np.int8)),
+            int4_tensor(names["zero"], np.zeros((k // block, n), np.int8)),
         ]
         scale_dq = helper.make_node("DequantizeLinear", [names["scales"], names["channel"], names["channel_zero"]],
                                     [names["block_scale"]], name=f"{dq.name}_block_scale", axis=1)
@@ -147,7 +155,7 @@ def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block
 def rewrite_channel_weights(qdq_model, rounded: dict[str, BlockWeight]) -> int:
     """Replace the integers and scales of the per-channel int4 DequantizeLinear feeding each MatMul
     named in `rounded` ({node name: BlockWeight with one block}) in place; returns how many."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     g = qdq_model.graph
     producers = {o: node for node in g.node for o in node.output}
@@ -162,7 +170,7 @@ def rewrite_channel_weights(qdq_model, rounded: dict[str, BlockWeight]) -> int:
         if list(q_init.dims) != list(bw.q.shape) or q_init.data_type != TensorProto.INT4:
             raise ValueError(f"{node.name}: the graph's weight is {list(q_init.dims)} (type {q_init.data_type}), "
                              f"the rounded one int4 {list(bw.q.shape)}")
-        q_init.CopyFrom(helper.make_tensor(q_init.name, TensorProto.INT4, list(bw.q.shape), bw.q.ravel()))
+        q_init.CopyFrom(int4_tensor(q_init.name, bw.q))
         s_init.CopyFrom(numpy_helper.from_array((bw.channel_scale * bw.block_scales[0]).astype(np.float32), s_init.name))
         done += 1
     return done
@@ -181,24 +189,18 @@ def to_block_weights(qdq_path, float_path, node_names: set[str], block: int,
                      rounded: dict[str, BlockWeight] | None = None) -> int:
     """Rewrite the quantized model file `qdq_path` (external data beside it) in place: the weights
     of the MatMul nodes `node_names`, taken in float from `float_path`, become LPBQ blocks (as
-    given in `rounded` for the nodes it names)."""
+    given in `rounded` for the nodes it names). One float weight is read at a time and the graph's
+    other tensors are copied file to file, so the process holds about one weight, not the graph."""
     from pathlib import Path
 
     import onnx
-    from onnx import numpy_helper
 
     qdq_path, float_path = Path(qdq_path), Path(float_path)
     fm = onnx.load(str(float_path), load_external_data=False)
     inits = {i.name: i for i in fm.graph.initializer}
-    wanted = {n.name: n.input[1] for n in fm.graph.node if n.op_type == "MatMul" and n.name in node_names}
-    weights = {}
-    for node_name, w in wanted.items():
-        init = inits[w]
-        onnx.external_data_helper.load_external_data_for_tensor(init, str(float_path.parent))
-        weights[node_name] = numpy_helper.to_array(init)
-    del fm, inits
-    model = onnx.load(str(qdq_path))   # with its external data, all in memory
-    n = rewrite_block_weights(model, weights, block, rounded)
+    wanted = {n.name: inits[n.input[1]] for n in fm.graph.node if n.op_type == "MatMul" and n.name in node_names}
+    model = onnx.load(str(qdq_path), load_external_data=False)
+    n = rewrite_block_weights(model, _FloatWeights(wanted, float_path.parent), block, rounded)
     _save(model, qdq_path)
     return n
 
@@ -209,15 +211,73 @@ def to_channel_weights(qdq_path, rounded: dict[str, BlockWeight]) -> int:
 
     import onnx
     qdq_path = Path(qdq_path)
-    model = onnx.load(str(qdq_path))
+    model = onnx.load(str(qdq_path), load_external_data=False)
     n = rewrite_channel_weights(model, rounded)
     _save(model, qdq_path)
     return n
 
 
+def int4_tensor(name: str, q: np.ndarray):
+    """An INT4 TensorProto of the int8 values `q` in [-8, 7], packed two per byte as raw data (the
+    repeated-int32 form takes 4 bytes a value and seconds of Python per weight)."""
+    from onnx import TensorProto, helper
+
+    from .ort_fast_paths import pack_bytes_to_4bit
+    return helper.make_tensor(name, TensorProto.INT4, list(q.shape),
+                              bytes(pack_bytes_to_4bit(np.ascontiguousarray(q, np.int8).tobytes())), raw=True)
+
+
+class _FloatWeights:
+    """{MatMul node name: its float weight}, each read from the external data when asked for."""
+    def __init__(self, tensors: dict, folder):
+        self.tensors, self.folder = tensors, str(folder)
+
+    def __contains__(self, node_name) -> bool:
+        return node_name in self.tensors
+
+    def __getitem__(self, node_name) -> np.ndarray:
+        import onnx
+        from onnx import numpy_helper
+        t = onnx.TensorProto()
+        t.CopyFrom(self.tensors[node_name])
+        onnx.external_data_helper.load_external_data_for_tensor(t, self.folder)
+        return numpy_helper.to_array(t)
+
+
 def _save(model, qdq_path) -> None:
+    """Save `model` (read without its external data, some initializers replaced) over `qdq_path`:
+    the tensors still external are copied from their data files, tensors held in memory above
+    1 KB are written out, each once, into one new data file that then replaces the old ones."""
+    import os
+
     import onnx
+
+    from .chunk_join import external_entry, node_tensors, set_external
+
     data = qdq_path.with_name(qdq_path.name + ".data")
-    data.unlink(missing_ok=True)       # onnx appends to an existing data file
-    onnx.save_model(model, str(qdq_path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    tmp = data.with_name(data.name + ".tmp")
+    sources: dict[str, object] = {}
+    try:
+        with open(tmp, "wb") as out:
+            for init in [*model.graph.initializer, *node_tensors(model.graph.node)]:
+                e = external_entry(init)
+                if e is not None:
+                    src = sources.get(e["location"]) or sources.setdefault(e["location"],
+                                                                           open(qdq_path.parent / e["location"], "rb"))
+                    src.seek(int(e.get("offset", 0)))
+                    blob = src.read(int(e["length"]))
+                elif init.HasField("raw_data") and len(init.raw_data) > 1024:
+                    blob = init.raw_data
+                    init.ClearField("raw_data")
+                else:
+                    continue
+                offset = out.tell()
+                out.write(blob)
+                set_external(init, data.name, offset, len(blob))
+    finally:
+        for f in sources.values():
+            f.close()
+    for location in sources:
+        (qdq_path.parent / location).unlink(missing_ok=True)
+    os.replace(tmp, data)
+    onnx.save_model(model, str(qdq_path))

@@ -23,11 +23,25 @@ def _boundary(end_layer: int) -> str:
     return f"hidden_states_after_layer_{end_layer}"
 
 
-def _external(init) -> dict[str, str] | None:
+def external_entry(init) -> dict[str, str] | None:
+    """A TensorProto's external-data entry ({location, offset, length}), or None when it is inline."""
     from onnx import TensorProto
     if init.data_location != TensorProto.EXTERNAL:
         return None
     return {e.key: e.value for e in init.external_data}
+
+
+def node_tensors(nodes):
+    """The tensors held in the nodes' attributes (Constant values; subgraphs' too): exporters and
+    ONNX Runtime's quantizer put large ones in the external data as well."""
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from sub.initializer
+                yield from node_tensors(sub.node)
 
 
 def set_external(init, location: str, offset: int, length: int) -> None:
@@ -41,7 +55,7 @@ def set_external(init, location: str, offset: int, length: int) -> None:
 
 
 def _same_inline(a, b) -> bool:
-    return (_external(a) is None and _external(b) is None and a.data_type == b.data_type
+    return (external_entry(a) is None and external_entry(b) is None and a.data_type == b.data_type
             and list(a.dims) == list(b.dims) and a.SerializeToString() == b.SerializeToString())
 
 
@@ -77,7 +91,7 @@ def join_chunks(chunks: list[tuple[Path, int]], out_path: Path, input_order: lis
             if base % _ALIGN:
                 data.write(b"\0" * (_ALIGN - base % _ALIGN))
                 base = data.tell()
-            files = {e["location"] for i in src.initializer if (e := _external(i))}
+            files = {e["location"] for i in src.initializer if (e := external_entry(i))}
             if len(files) > 1:
                 raise ValueError(f"{path.name}: its weights are in {len(files)} files, one is expected")
             if files:
@@ -87,13 +101,13 @@ def join_chunks(chunks: list[tuple[Path, int]], out_path: Path, input_order: lis
             for init in src.initializer:
                 name = init.name
                 if name in inits:
-                    if _same_inline(inits[name], init) or (_external(init) and not name.endswith(("_scale", "_zero_point"))):
+                    if _same_inline(inits[name], init) or (external_entry(init) and not name.endswith(("_scale", "_zero_point"))):
                         continue         # the same constant (names of weights are their content or module)
                     renames[name] = f"{name}__chunk{k}"
                 new = joined.graph.initializer.add()
                 new.CopyFrom(init)
                 new.name = renames.get(name, name)
-                if (e := _external(init)):
+                if (e := external_entry(init)):
                     set_external(new, data_name, base + int(e.get("offset", 0)), int(e["length"]))
                 inits[new.name] = new
             produced = [o for n in src.node for o in n.output]
@@ -111,6 +125,9 @@ def join_chunks(chunks: list[tuple[Path, int]], out_path: Path, input_order: lis
                 for i, name in enumerate(new.output):
                     new.output[i] = renames.get(name, name)
                 values.update(new.output)
+                for t in node_tensors([new]):
+                    if (e := external_entry(t)):
+                        set_external(t, data_name, base + int(e.get("offset", 0)), int(e["length"]))
             for vi in src.input:
                 if vi.name in shared:
                     inputs.setdefault(vi.name, vi)

@@ -120,6 +120,23 @@ def _make_calc_initializer_quant_params(original: Callable) -> Callable:
     return calc
 
 
+def _quantize_rows(data, scale, zero_point, qmin, qmax, dtype, rows_per_step: int = 0):
+    """clip(round(data / scale) + zero_point) in `dtype`, a few rows at a time: an LLM head of
+    400 MB in float32 would otherwise take three more float copies of itself at once."""
+    rows_per_step = rows_per_step or max(1, 2**22 // max(1, data[0].size))
+    q = np.empty(data.shape, dtype)
+    for i in range(0, data.shape[0], rows_per_step):
+        rows = slice(i, i + rows_per_step)
+        s = scale[rows] if scale.ndim and scale.shape[0] > 1 else scale
+        z = zero_point[rows] if zero_point.ndim and zero_point.shape[0] > 1 else zero_point
+        block = data[rows].astype(np.float32) / s
+        np.round(block, out=block)
+        block += z
+        np.clip(block, qmin, qmax, out=block)
+        q[rows] = block
+    return q
+
+
 def _make_quantize_onnx_initializer(original: Callable) -> Callable:
     def quantize_onnx_initializer(weight, quant_type, zero_point, scale, axis=None, quant_weight_name=None, block_size=0):
         import onnx
@@ -133,9 +150,8 @@ def _make_quantize_onnx_initializer(original: Callable) -> Callable:
         shape = [1] * data.ndim
         shape[axis] = data.shape[axis]
         qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
-        q = (data.astype(np.float32) / np.asarray(scale).reshape(shape)).round() + np.asarray(zero_point).reshape(shape)
-        np.clip(q, qmin, qmax, out=q)
-        q = q.astype(ONNX_TYPE_TO_NP_TYPE[quant_type])
+        q = _quantize_rows(data, np.asarray(scale).reshape(shape), np.asarray(zero_point).reshape(shape), qmin, qmax,
+                           ONNX_TYPE_TO_NP_TYPE[quant_type])
         name = quant_weight_name or f"{weight.name}{TENSOR_NAME_QUANT_SUFFIX}"
         if quant_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
             return onnx.helper.make_tensor(name, quant_type, weight.dims, bytes(pack_bytes_to_4bit(q.tobytes())), raw=True)
