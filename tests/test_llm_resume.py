@@ -217,6 +217,31 @@ def test_dry_run_plan_fits_a_roomy_machine(tiny_bf16, monkeypatch):
     assert set(est["phases"]) == {"load", "calibrate", "quantize", "compile"} and est["disk_bytes"] > 0
 
 
+def test_one_worker_when_two_do_not_fit_but_one_does(tiny_bf16, monkeypatch):
+    """The default worker count drops to one (and says so) where two would not fit; a --jobs the user
+    gave is kept and refused. The tiny model's folder planned with Llama-3.2-1B's shape (its config
+    is all the plan reads), where the workers weigh in the estimate."""
+    import dataclasses
+
+    from modelexport.backends.llm_qnn import source
+    from modelexport.backends.llm_qnn.compile import plan_llm
+    real = source.check_source
+    shape_1b = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                    intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)
+    monkeypatch.setattr(source, "check_source", lambda *a, **k: dataclasses.replace(real(*a, **k), shape=shape_1b))
+    args = dict(variants="ar1,ar32", max_seq_len=128)
+    monkeypatch.setenv("MODELEXPORT_MEMORY_AVAILABLE_MB", "64000")
+    two, one = plan_llm(tiny_bf16 / "tiny_bf16", **args), plan_llm(tiny_bf16 / "tiny_bf16", jobs=1, **args)
+    assert two["jobs"] == 2 and two["jobs_note"] is None and one["estimate"]["n_parts"] == 4
+    assert one["estimate"]["peak_bytes"] < two["estimate"]["peak_bytes"]
+    between = (one["estimate"]["peak_bytes"] + two["estimate"]["peak_bytes"]) / 2 / 2**20
+    monkeypatch.setenv("MODELEXPORT_MEMORY_AVAILABLE_MB", str(between))
+    fitted = plan_llm(tiny_bf16 / "tiny_bf16", **args)
+    assert fitted["fits"] is True and fitted["jobs"] == 1 and "one worker instead of 2" in fitted["jobs_note"]
+    given = plan_llm(tiny_bf16 / "tiny_bf16", jobs=2, **args)
+    assert given["fits"] is False and given["jobs"] == 2 and "--jobs 1" in given["refusal"]
+
+
 @pytest.mark.heavy
 @pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
                     reason="heavy: run with `make test-heavy` (three tiny LLM compiles, one killed)")

@@ -330,7 +330,7 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
     chunk_mb = float(opts.host_chunk_mb or host_chunk_mb(limit_mb))
     jobs = opts.jobs or min(2, os.cpu_count() or 1)
-    return SimpleNamespace(requested=requested, requested_precision=requested_precision, block_size=block_size,
+    return SimpleNamespace(jobs_given=bool(opts.jobs), requested=requested, requested_precision=requested_precision, block_size=block_size,
                            precision=precision, variants=variants, max_seq_len=max_seq_len, socs=socs,
                            overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb, chunk_mb=chunk_mb,
                            jobs=jobs, quality=quality)
@@ -350,6 +350,26 @@ def _estimate(r, cache: Cache, quantized: bool):
                         len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20)
 
 
+def _fitted_estimate(r, cache: Cache, quantized: bool):
+    """The estimate, and a note when it took fewer workers: if the default worker count does not fit
+    the memory the machine has but one worker does, the job runs with one (slower, not refused);
+    `r.jobs` is set to what runs. A --jobs the user gave is kept (and refused if it does not fit)."""
+    from ...llm.job_estimate import GB, available_memory
+    est = _estimate(r, cache, quantized)
+    if est is None or r.jobs_given or r.jobs == 1:
+        return est, None
+    have = available_memory()
+    if have is None or est.peak_bytes <= have:
+        return est, None
+    default, r.jobs = r.jobs, 1
+    one = _estimate(r, cache, quantized)
+    if one.peak_bytes > have:
+        r.jobs = default           # one worker does not fit either: check_machine refuses with the fixes
+        return est, None
+    return one, (f"one worker instead of {default}: the machine has {have / GB:.1f} GB available, "
+                 f"{default} workers would need about {est.peak_bytes / GB:.1f} GB")
+
+
 def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict:
     """`compile --dry-run`: the parts and the host memory and disk estimate, checked against this
     machine (the refusal `compile` would give is reported, not raised). Nothing is loaded or written."""
@@ -359,13 +379,13 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
     known = {f.name for f in fields(LlmCompileOptions)}
     opts = LlmCompileOptions(**{k: v for k, v in options.items() if k in known and v not in (None, [], ())})
     r = _resolve(PartSpec(model=str(model), precision=precision or "16a4w_block"), opts)
-    est = _estimate(r, Cache(enabled=False), quantized=False)
+    est, jobs_note = _fitted_estimate(r, Cache(enabled=False), quantized=False)
     if est is None:
         raise InputError(f"{model}: its config names no decoder shape (hidden_size, num_hidden_layers, ...)",
                          "compile it without --dry-run")
     report = {"model": str(model), "architecture": r.facts.architecture, "precision": r.requested,
               "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len, "context_limit_mb": r.limit_mb,
-              "host_part_mb": host_part_mb(r.limit_mb), "host_chunk_mb": r.chunk_mb, "jobs": r.jobs, "weights_held_as": r.facts.weights_dtype}
+              "host_part_mb": host_part_mb(r.limit_mb), "host_chunk_mb": r.chunk_mb, "jobs": r.jobs, "jobs_note": jobs_note, "weights_held_as": r.facts.weights_dtype}
     try:
         check_machine(est, cache_root(), r.limit_mb, r.jobs)
         report["fits"], report["refusal"] = True, None
@@ -407,7 +427,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
                      host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
-    est = _estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
+    est, jobs_note = _fitted_estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
+    if jobs_note:
+        say(jobs_note, 0, 4)
     if est is not None:   # refused here, before any weight is loaded, rather than killed half-way
         from ...llm.job_estimate import check_machine
         check_machine(est, cache.root, limit_mb, r.jobs)
@@ -443,7 +465,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
     namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
     pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
-    workers = min(len(pending), opts.jobs or min(2, os.cpu_count() or 1))
+    workers = min(len(pending), r.jobs)
     done = [0]
 
     def on_done(r):

@@ -27,6 +27,8 @@ def print_llm_plan(models: list[str], json_out: bool, precision: str | None = No
     console.print("estimated peak host memory: " + ", ".join(f"{k} {v / 2**30:.1f} GB" for k, v in est["phases"].items())
                   + f" -> {est['peak_gb']} GB (available: {est['available_gb']} GB), {report['jobs']} worker(s)")
     console.print(f"estimated disk: {est['disk_gb']} GB (free: {est['disk_available_gb']} GB)")
+    if report.get("jobs_note"):
+        console.print(report["jobs_note"])
     if report["fits"]:
         console.print("[green]fits this machine[/]")
     else:
