@@ -89,3 +89,20 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
                              pad_token_id=EOS, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     return out[0, len(ids):].tolist()
+
+
+def random_graph_feed(model, rng) -> dict:
+    """Random inputs for every input of the ONNX graph `model` (read without its data): normal floats,
+    small integer ids and positions, an attention mask of 0 / -1e4."""
+    import numpy as np
+    import onnx
+    feed = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            feed[i.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            feed[i.name] = rng.integers(0, 8, size=shape).astype(np.int64 if i.type.tensor_type.elem_type == 7 else np.int32)
+    if "attention_mask" in feed:
+        feed["attention_mask"] = np.where(rng.random(feed["attention_mask"].shape) < 0.5, 0.0, -1e4).astype(np.float32)
+    return feed

@@ -11,21 +11,11 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_tiny import tiny_llama  # noqa: E402
+from llm_tiny import random_graph_feed, tiny_llama  # noqa: E402
 
 
 def _feeds(path, rng):
-    model = onnx.load(str(path), load_external_data=False)
-    feed = {}
-    for i in model.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
-            feed[i.name] = rng.standard_normal(shape).astype(np.float32)
-        else:
-            feed[i.name] = rng.integers(0, 8, size=shape).astype(np.int64 if i.type.tensor_type.elem_type == 7 else np.int32)
-    if "attention_mask" in feed:
-        feed["attention_mask"] = np.zeros_like(feed["attention_mask"])
-    return feed
+    return random_graph_feed(onnx.load(str(path), load_external_data=False), rng)
 
 
 def test_joined_chunks_compute_the_chunks_one_after_the_other(tmp_path):

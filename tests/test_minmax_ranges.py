@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llm_tiny import tiny_llama  # noqa: E402
+from llm_tiny import random_graph_feed, tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +24,7 @@ def decoder_graph(tmp_path_factory):
     path = export_part(dec, split_layers(2, 1)[0], root / "float" / "dec.onnx")
     model = onnx.load(str(path), load_external_data=False)
     rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(3):
-        feed = {}
-        for i in model.graph.input:
-            shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-            if i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
-                feed[i.name] = rng.standard_normal(shape).astype(np.float32)
-            else:
-                feed[i.name] = rng.integers(0, 8, size=shape).astype(np.int64 if i.type.tensor_type.elem_type == 7 else np.int32)
-        if "attention_mask" in feed:
-            feed["attention_mask"] = np.where(rng.random(feed["attention_mask"].shape) < 0.5, 0.0, -1e4).astype(np.float32)
-        samples.append(feed)
+    samples = [random_graph_feed(model, rng) for _ in range(3)]
     return path, samples, root
 
 
