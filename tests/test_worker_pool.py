@@ -65,3 +65,21 @@ def test_results_raise_the_first_error_in_submission_order_once_all_ended():
 def test_a_bug_in_a_job_keeps_its_traceback():
     with pytest.raises(KeyError):
         run_jobs("a test stage", [(buggy, 0)], 1)
+
+
+def sleep_then_double(x: int) -> int:
+    import time
+    time.sleep(x)
+    return 2 * x
+
+
+def test_wait_returns_once_that_job_ended_and_its_outcome_is_kept():
+    with WorkerPool("a test stage", 2) as pool:
+        slow = pool.submit(sleep_then_double, 1)
+        pool.submit(double, 5)
+        pool.wait(slow)
+        assert pool._submitted[slow].done()
+        assert pool.results() == [2, 10]
+    with WorkerPool("a test stage", 1, in_process=True) as pool:
+        pool.wait(pool.submit(double, 3))         # nothing runs before outcomes() in process
+        assert pool.results() == [6]

@@ -12,7 +12,7 @@ inherits a half-initialised QNN or ONNX Runtime. How a job ends, as its caller s
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Callable, Iterable
@@ -73,16 +73,25 @@ class WorkerPool:
             return
         self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
-    def submit(self, fn: Callable[[Any], Any], job: Any) -> None:
+    def submit(self, fn: Callable[[Any], Any], job: Any) -> int:
+        """Queue the job; returns its handle for `wait`."""
         if self._pool is None:
             self._submitted.append((fn, job))
-            return
+            return len(self._submitted) - 1
         try:
             self._submitted.append(self._pool.submit(_run_job, fn, job))
         except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
             failed: Future = Future()
             failed.set_exception(e)
             self._submitted.append(failed)
+        return len(self._submitted) - 1
+
+    def wait(self, handle: int) -> None:
+        """Until the job `handle` has ended (its outcome still comes from `outcomes`); in-process jobs
+        run only there, so nothing to wait for."""
+        job = self._submitted[handle]
+        if isinstance(job, Future):
+            wait([job])
 
     def outcomes(self, on_done: Callable[[Any], None] | None = None) -> list[Any]:
         """Per job, in submission order: its result or the `ModelExportError` it ended with.

@@ -164,6 +164,12 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     # as it is exported, while the next one is exported here
     with WorkerPool("the quantization of the LLM graphs", max(1, min(workers, n_graphs - len(done)))) as pool:
         t3 = None
+        # a chunk with the embedding or the head is the largest to export and to quantize (1B: 646 MB in
+        # float32, 1.4 GB in a worker): where other chunks are smaller, one such in the process tree at a
+        # time (two quantizing together made the 1B-shaped compile's peak, 6.05 GB); the parent waits
+        # while the workers go on with the others
+        ends_job = None
+        one_ends_chunk = any(not (c.is_first or c.is_last) for cs in chunks.values() for c in cs)
         for n in variants:
             dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
             hidden = None
@@ -173,17 +179,21 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                     break                  # this variant's remaining graphs are all finished
                 ps = part_samples(samples[n], chunk, hidden)
                 if name not in done:
+                    carries_ends = one_ends_chunk and (chunk.is_first or chunk.is_last)
+                    if carries_ends and ends_job is not None:
+                        pool.wait(ends_job)
                     report(f"exporting {name}")
                     t2 = time.perf_counter()
                     fpath = export_part(dec, chunk, float_dir / f"{name}.onnx")
                     export_s += time.perf_counter() - t2
                     t3 = t3 or time.perf_counter()
-                    pool.submit(quantize_part, {
+                    job = pool.submit(quantize_part, {
                         "name": name, "key": keys[name], "cache_root": str(cache.root), "cache_enabled": cache.enabled,
                         "quantize": {"float_path": str(fpath), "precision": precision, "overrides": overrides,
                                      "samples": ps, "source": str(text.path), "block_size": block_size,
                                      "tied_ranges": kv_ranges,
                                      "rounded_path": weights.graph_file}})
+                    ends_job = job if carries_ends else ends_job
                     results[name] = None
                 if not chunk.is_last:   # hidden states entering the next chunk, from the float layers
                     mod = DecoderPart(dec, chunk).eval()
