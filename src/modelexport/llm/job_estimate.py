@@ -40,6 +40,8 @@ CALIBRATION_BYTES = 2.0 * GB   # recorded through the float decoder (SmolLM2 +1.
 QUANTIZE_FACTOR = 1.4
 COMPILE_FACTOR = 9.0      # the QNN EP preparing one part's quantized graph (SmolLM2: 1.25 GB per worker)
 DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
+# phases that hold the whole model, whatever the parts and workers
+WHOLE_MODEL_PHASES = ("load", "calibrate")
 # what overrides the machine's own figures (tests; a container whose /proc lies)
 MEMORY_ENV = "MODELEXPORT_MEMORY_AVAILABLE_MB"
 DISK_ENV = "MODELEXPORT_DISK_AVAILABLE_MB"
@@ -153,16 +155,19 @@ def check_machine(est: JobEstimate, where: Path, limit_mb: float, jobs: int) -> 
     g = lambda b: f"{b / GB:.1f} GB"
     if est.available_bytes is not None and est.peak_bytes > est.available_bytes:
         worst = max(est.phases, key=est.phases.get)
-        fixes = []
-        if jobs > 1:
-            fixes.append("--jobs 1 (one worker at a time)")
-        fixes.append(f"--context-limit-mb {max(64, int(limit_mb // 2))} (smaller parts; now {est.n_parts} parts, the "
-                     f"largest {g(est.largest_part_float_bytes)} in float32)")
+        if worst in WHOLE_MODEL_PHASES:     # the model itself: no part size or worker count lowers these
+            fix = (f"free memory, or use a machine with more: loading and calibrating this model needs about "
+                   f"{g(est.phases[worst])} whatever the parts and workers")
+        else:
+            fixes = ["--jobs 1 (one worker at a time)"] if jobs > 1 else []
+            fixes.append(f"--context-limit-mb {max(64, int(limit_mb // 2))} (smaller parts; now {est.n_parts} "
+                         f"part{'s' if est.n_parts > 1 else ''}, the largest {g(est.largest_part_float_bytes)} in float32)")
+            fix = "free memory, or compile with " + " or ".join(fixes)
         raise ResourceError(
             f"this compile needs about {g(est.peak_bytes)} of memory at its peak ({worst}: "
             + ", ".join(f"{k} {g(v)}" for k, v in est.phases.items())
             + f"), and the machine has {g(est.available_bytes)} available",
-            "free memory, or compile with " + " or ".join(fixes) + "; `modelexport compile ... --dry-run` shows the plan")
+            fix + "; `modelexport compile ... --dry-run` shows the plan")
     if est.disk_available_bytes is not None and est.disk_bytes > est.disk_available_bytes:
         raise ResourceError(f"this compile needs about {g(est.disk_bytes)} of disk (cache and bundle), and "
                             f"{where} has {g(est.disk_available_bytes)} free",

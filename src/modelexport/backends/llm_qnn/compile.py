@@ -373,9 +373,8 @@ def _fitted_estimate(r, cache: Cache, quantized: bool):
         return est, None
     default, r.jobs = r.jobs, 1
     one = _estimate(r, cache, quantized)
-    if one.peak_bytes > have:
-        r.jobs = default           # one worker does not fit either: check_machine refuses with the fixes
-        return est, None
+    if one.peak_bytes > have:      # one worker does not fit either: check_machine refuses with what would help
+        return one, None
     return one, (f"one worker instead of {default}: the machine has {have / GB:.1f} GB available, "
                  f"{default} workers would need about {est.peak_bytes / GB:.1f} GB")
 
