@@ -134,9 +134,9 @@ def _weights_as_initializers(model, tensors: dict[str, torch.Tensor], data_path:
             t = tensors[name].detach()
             if t.dtype not in dtypes:
                 raise ValueError(f"{name}: {t.dtype} cannot be exported (lift it to float32 first)")
-            raw = t.contiguous().numpy().tobytes()
+            raw = memoryview(t.contiguous().numpy()).cast("B")   # the tensor's own bytes, not a copy
             init = TensorProto(name=name, data_type=dtypes[t.dtype], dims=list(t.shape))
-            set_external(init, data_path.name, data.tell(), len(raw))
+            set_external(init, data_path.name, data.tell(), raw.nbytes)
             data.write(raw)
             g.initializer.append(init)
             del raw
