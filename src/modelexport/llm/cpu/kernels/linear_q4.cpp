@@ -108,6 +108,32 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
   const int64_t blocks = k / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
+#if defined(__AVX2__) && defined(__FMA__)
+    // the same arithmetic on 8 lanes (cvtps rounds to nearest even, as nearbyint does), the
+    // block's two halves stored where value_index puts them
+    __m256 v[4];
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(xb + 8 * i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.f;
+    const __m256 inv = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+    const __m256i q16a = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xD8);   // values 0..15
+    const __m256i q16b = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xD8);   // 16..31
+    const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16a, q16b), 0xD8);       // 0..31 in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + value_index(b, 0)), _mm256_castsi256_si128(q8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + value_index(b, 16)), _mm256_extracti128_si256(q8, 1));
+    scale[b] = d;
+    sum_out[b] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+#else
     float amax = 0.f;
     for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.f;
@@ -120,7 +146,30 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
     }
     scale[b] = d;
     sum_out[b] = d * static_cast<float>(sum);
+#endif
   }
+}
+
+// x * rsqrt(mean(x^2) + eps) * g over one row (the RMSNorm a projection took in)
+static void rms_norm_row(const float* x, int64_t k, const float* g, float eps, float* out) {
+  int64_t i = 0;
+  float ss = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  ss = hsum(acc);
+#endif
+  for (; i < k; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + eps);
+  i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= k; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(r)), _mm256_loadu_ps(g + i)));
+#endif
+  for (; i < k; ++i) out[i] = x[i] * r * g[i];
 }
 
 // dot(W row, x) for `rows` consecutive rows; portable version (any layout, any number of blocks).
@@ -361,10 +410,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   for (int64_t t = 0; t < tokens; ++t) {
     const float* row = xd + t * k;
     if (extras.norm_weight) {
-      float ss = 0.f;
-      for (int64_t i = 0; i < k; ++i) ss += row[i] * row[i];
-      const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + extras.eps);
-      for (int64_t i = 0; i < k; ++i) normed[i] = row[i] * r * extras.norm_weight[i];
+      rms_norm_row(row, k, extras.norm_weight, extras.eps, normed.data());
       row = normed.data();
     }
     quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * s_stride, qsum.data() + t * s_stride);
