@@ -457,7 +457,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   if (w_rows * k * tokens < (1 << 16)) {
     run(0, tasks);
   } else {
-    executorch::extension::parallel_for(0, tasks, 1, run);
+    parallel_chunks(tasks, run);
   }
   return out;
 }
