@@ -8,6 +8,7 @@
 #include <executorch/runtime/kernel/thread_parallel_interface.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,5 +33,22 @@ static inline float hsum(__m256 x) {
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 #endif
+
+// fn(begin, end) over 0..tasks on every thread of ExecuTorch's pool, each thread claiming the
+// next few tasks as it gets free. ExecuTorch's parallel_for cuts the range into one fixed part
+// per thread, so a step waits for its slowest thread (a worker woken late, a core shared with
+// another process); claimed chunks let the others take over its share.
+template <class Fn>
+static void parallel_chunks(int64_t tasks, const Fn& fn) {
+  const int64_t threads = std::max<int64_t>(1, executorch::extension::get_thread_count());
+  if (threads == 1 || tasks < 2) return fn(0, tasks);
+  const int64_t chunk = std::max<int64_t>(1, tasks / (threads * 8));
+  std::atomic<int64_t> next{0};
+  executorch::extension::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(chunk, std::memory_order_relaxed); b < tasks;
+         b = next.fetch_add(chunk, std::memory_order_relaxed))
+      fn(b, std::min(tasks, b + chunk));
+  });
+}
 
 }  // namespace modelexport_native

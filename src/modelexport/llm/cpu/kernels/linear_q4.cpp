@@ -108,6 +108,32 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
   const int64_t blocks = k / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const float* xb = x + b * kBlock;
+#if defined(__AVX2__) && defined(__FMA__)
+    // the same arithmetic on 8 lanes (cvtps rounds to nearest even, as nearbyint does), the
+    // block's two halves stored where value_index puts them
+    __m256 v[4];
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(xb + 8 * i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.f;
+    const __m256 inv = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
+    const __m256i q16a = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xD8);   // values 0..15
+    const __m256i q16b = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xD8);   // 16..31
+    const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16a, q16b), 0xD8);       // 0..31 in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + value_index(b, 0)), _mm256_castsi256_si128(q8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + value_index(b, 16)), _mm256_extracti128_si256(q8, 1));
+    scale[b] = d;
+    sum_out[b] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+#else
     float amax = 0.f;
     for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.f;
@@ -120,7 +146,30 @@ static void quantize_row(const float* x, int64_t k, int8_t* q, float* scale, flo
     }
     scale[b] = d;
     sum_out[b] = d * static_cast<float>(sum);
+#endif
   }
+}
+
+// x * rsqrt(mean(x^2) + eps) * g over one row (the RMSNorm a projection took in)
+static void rms_norm_row(const float* x, int64_t k, const float* g, float eps, float* out) {
+  int64_t i = 0;
+  float ss = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= k; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  ss = hsum(acc);
+#endif
+  for (; i < k; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + eps);
+  i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= k; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(r)), _mm256_loadu_ps(g + i)));
+#endif
+  for (; i < k; ++i) out[i] = x[i] * r * g[i];
 }
 
 // dot(W row, x) for `rows` consecutive rows; portable version (any layout, any number of blocks).
@@ -152,8 +201,9 @@ static void rows_generic(const uint8_t* w, const BlockScales& s, int64_t k, cons
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kMaxBlocks = 512;   // K up to 16384 on the AVX2 path
 constexpr int64_t kPrefetchRows = 4;
+
+static inline int scale_bytes(ScaleType t) { return t == ScaleType::kF32 ? 4 : 2; }
 
 static inline __m256 load8_scales(const void* base, int64_t i, ScaleType t) {
   if (t == ScaleType::kF32) return _mm256_loadu_ps(static_cast<const float*>(base) + i);
@@ -171,106 +221,116 @@ static inline __m256 load8_scales(const void* base, int64_t i, ScaleType t) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
-// Each row's combined block scales (weight scale x activation scale), computed once per row up
-// front, and the sum of its min terms (m x the block's quantized sum).
-template <int R>
-static void row_scales(const BlockScales& s, int64_t blocks, const QuantRow& a, float (*cs)[kMaxBlocks],
-                       float* corr) {
+// n (even, <= 8) scales of one row from i on, the other lanes 0: a row's last blocks are read
+// with a masked load (a full one could run past the tensor; masked-out lanes never fault).
+static inline __m256 load_scales(const void* base, int64_t i, ScaleType t, int64_t n) {
+  if (n == 8) return load8_scales(base, i, t);
+  alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  if (t == ScaleType::kF32)
+    return _mm256_maskload_ps(static_cast<const float*>(base) + i, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - n)));
+  // 16-bit scales: n / 2 32-bit words
+  const __m128i raw = _mm_maskload_epi32(reinterpret_cast<const int*>(static_cast<const uint16_t*>(base) + i),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMask + 8 - n / 2)));
+  alignas(16) uint16_t tmp[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), raw);
+  return load8_scales(tmp, 0, t);
+}
+
+// One pair of blocks of one weight row times the activations: 8 int32 lanes, the first 4 summing
+// block 2p and the last 4 block 2p+1.
+struct PairQ4 {          // 32 bytes of nibbles: the low and high halves of both blocks
+  static constexpr int64_t kBytes = 32;
+  static inline __m256i dot(const uint8_t* wp, __m256i alo, __m256i ahi) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+    const __m256i lo = _mm256_and_si256(x, mask), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+    // u <= 15, |a| <= 127: each int16 below is at most 4 x 15 x 127 (no overflow)
+    const __m256i d16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
+    return _mm256_madd_epi16(d16, _mm256_set1_epi16(1));
+  }
+};
+
+struct PairQ8 {          // 64 bytes: int8 x int8 through maddubs(|w|, sign(a, w)) (<= 2 x 128 x 127)
+  static constexpr int64_t kBytes = 64;
+  static inline __m256i dot(const uint8_t* wp, __m256i alo, __m256i ahi) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
+    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(alo, w0)), ones);
+    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(ahi, w1)), ones);
+    return _mm256_add_epi32(p0, p1);
+  }
+};
+
+// R rows (1..4) at once, 8 blocks at a time: the 8 weight scales of each row times the 8
+// activation scales stay in a register (each pair of blocks takes its two by one permute), and
+// the min terms (m x the block's quantized sum) go into the same accumulator 8 blocks at a time.
+// The scales are read beside the weights, not in a pass before them, so their cache misses
+// overlap the weights' (a separate pass over them was a third of a decode step), and the next
+// rows' scales are prefetched with their weights.
+template <class Pair, int R, Layout L>
+static void rows_avx2_t(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, float* out) {
+  const int64_t stride = blocks / 2 * Pair::kBytes;
+  const int sb = scale_bytes(s.type);
   for (int r = 0; r < R; ++r) {
-    __m256 c = _mm256_setzero_ps();
-    int64_t b = 0;
-    const int64_t base = r * blocks;
-    for (; b + 8 <= blocks; b += 8) {
-      const __m256 d = load8_scales(s.d, base + b, s.type);
-      _mm256_store_ps(cs[r] + b, _mm256_mul_ps(d, _mm256_loadu_ps(a.scale + b)));
-      if (s.layout == Layout::kQ8) continue;
-      const __m256 m = has_mins(s.layout) ? load8_scales(s.m, base + b, s.type)
-                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-      c = _mm256_fmadd_ps(m, _mm256_loadu_ps(a.sum + b), c);
+    const int64_t at = (kPrefetchRows + r) * blocks * sb;
+    _mm_prefetch(static_cast<const char*>(s.d) + at, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(s.d) + at + blocks * sb - 1, _MM_HINT_T0);
+    if (s.m) {
+      _mm_prefetch(static_cast<const char*>(s.m) + at, _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(s.m) + at + blocks * sb - 1, _MM_HINT_T0);
     }
-    float cc = hsum(c);
-    for (; b < blocks; ++b) {
-      cs[r][b] = s.scale(base + b) * a.scale[b];
-      cc += s.min(base + b) * a.sum[b];
-    }
-    corr[r] = cc;
   }
-}
-
-// 4-bit: R rows (1..4) at once, two blocks per step: 32 bytes of nibbles hold the low and the
-// high halves of both blocks, so one AND and one shift unpack 64 weights, two maddubs multiply
-// them with the matching activation bytes, and one madd leaves 4 int32 sums per block.
-template <int R>
-static void rows_avx2_q4(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, float* out) {
-  const int64_t stride = blocks * 16;
-  alignas(32) float cs[R][kMaxBlocks];
-  float corr[R];
-  row_scales<R>(s, blocks, a, cs, corr);
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  constexpr bool mins = L == Layout::kQ4Min || L == Layout::kQ8Min, sym = L == Layout::kQ4Sym;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p));
-    const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p + 32));
+  for (int64_t b0 = 0; b0 < blocks; b0 += 8) {
+    const int64_t n = std::min<int64_t>(8, blocks - b0);
+    const __m256 as = _mm256_loadu_ps(a.scale + b0);      // padded with zeros to 8 blocks
+    const __m256 asum = _mm256_loadu_ps(a.sum + b0);
+    __m256 cs[R];
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + kPrefetchRows) * stride + 32 * p), _MM_HINT_T0);
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * stride + 32 * p));
-      const __m256i lo = _mm256_and_si256(x, mask), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-      const __m256i d16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_maddubs_epi16(hi, ahi));
-      const __m256 scale = _mm256_permutevar8x32_ps(
-          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(cs[r] + 2 * p))), pick);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d16, ones)), scale, acc[r]);
+      const __m256 d = load_scales(s.d, r * blocks + b0, s.type, n);
+      cs[r] = _mm256_mul_ps(d, as);
+      if constexpr (mins) acc[r] = _mm256_fmadd_ps(load_scales(s.m, r * blocks + b0, s.type, n), asum, acc[r]);
+      if constexpr (sym) acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(-8.f)), asum, acc[r]);
+    }
+    for (int64_t q = 0; q < n / 2; ++q) {
+      const int64_t p = b0 / 2 + q;
+      const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p));
+      const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p + 32));
+      const __m256i idx = _mm256_add_epi32(pick, _mm256_set1_epi32(static_cast<int>(2 * q)));
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* wp = w + r * stride + Pair::kBytes * p;
+        for (int64_t c = 0; c < Pair::kBytes; c += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchRows * stride + c), _MM_HINT_T0);
+        const __m256i dot = Pair::dot(wp, alo, ahi);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(cs[r], idx), acc[r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-// 8-bit: the same walk over pairs of blocks, 64 weight bytes per pair; int8 x int8 through
-// maddubs(|w|, sign(x, w)) (each int16 sum <= 2 x 128 x 127, no overflow), widened per half.
-template <int R>
-static void rows_avx2_q8(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, float* out) {
-  const int64_t stride = blocks * kBlock;
-  alignas(32) float cs[R][kMaxBlocks];
-  float corr[R];
-  row_scales<R>(s, blocks, a, cs, corr);
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < blocks / 2; ++p) {
-    const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p));
-    const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 64 * p + 32));
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* wp = w + r * stride + 64 * p;
-      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchRows * stride), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchRows * stride + 63), _MM_HINT_T0);
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w0), _mm256_sign_epi8(alo, w0)), ones);
-      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w1), _mm256_sign_epi8(ahi, w1)), ones);
-      const __m256 scale = _mm256_permutevar8x32_ps(
-          _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(cs[r] + 2 * p))), pick);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), scale, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + corr[r];
+template <class Pair, Layout L>
+static void rows_avx2_layout(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, int64_t rows,
+                             float* out) {
+  const int64_t stride = blocks / 2 * Pair::kBytes;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) rows_avx2_t<Pair, 4, L>(w + r * stride, s.rows_from(r, blocks), blocks, a, out + r);
+  for (; r < rows; ++r) rows_avx2_t<Pair, 1, L>(w + r * stride, s.rows_from(r, blocks), blocks, a, out + r);
 }
 
 static void rows_avx2(const uint8_t* w, const BlockScales& s, int64_t k, const QuantRow& a, int64_t rows,
                       float* out) {
   const int64_t blocks = k / kBlock;
-  if (blocks % 2 || blocks > kMaxBlocks) return rows_generic(w, s, k, a, rows, out);
-  const bool q8 = is_q8(s.layout);
-  const int64_t stride = q8 ? k : k / 2;
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const BlockScales sr = s.rows_from(r, blocks);
-    q8 ? rows_avx2_q8<4>(w + r * stride, sr, blocks, a, out + r) : rows_avx2_q4<4>(w + r * stride, sr, blocks, a, out + r);
-  }
-  for (; r < rows; ++r) {
-    const BlockScales sr = s.rows_from(r, blocks);
-    q8 ? rows_avx2_q8<1>(w + r * stride, sr, blocks, a, out + r) : rows_avx2_q4<1>(w + r * stride, sr, blocks, a, out + r);
+  if (blocks % 2) return rows_generic(w, s, k, a, rows, out);
+  switch (s.layout) {     // the layout a template parameter: no branch on it in the inner loop
+    case Layout::kQ4Sym: return rows_avx2_layout<PairQ4, Layout::kQ4Sym>(w, s, blocks, a, rows, out);
+    case Layout::kQ4Min: return rows_avx2_layout<PairQ4, Layout::kQ4Min>(w, s, blocks, a, rows, out);
+    case Layout::kQ8: return rows_avx2_layout<PairQ8, Layout::kQ8>(w, s, blocks, a, rows, out);
+    case Layout::kQ8Min: return rows_avx2_layout<PairQ8, Layout::kQ8Min>(w, s, blocks, a, rows, out);
   }
 }
 #endif
@@ -339,22 +399,21 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   thread_local std::vector<float> qsum;
   // a token's values take whole pairs of blocks (an odd last block leaves its partner unused)
   const int64_t q_stride = (blocks + 1) / 2 * 2 * kBlock;
+  // scales and sums padded with zeros to whole groups of 8 blocks (the AVX2 loop reads 8 at a time)
+  const int64_t s_stride = (blocks + 7) / 8 * 8;
   q.resize(static_cast<size_t>(tokens * q_stride));
-  qs.resize(static_cast<size_t>(tokens * blocks));
-  qsum.resize(static_cast<size_t>(tokens * blocks));
+  qs.assign(static_cast<size_t>(tokens * s_stride), 0.f);
+  qsum.assign(static_cast<size_t>(tokens * s_stride), 0.f);
   const float* xd = x.const_data_ptr<float>();
   thread_local std::vector<float> normed;
   if (extras.norm_weight) normed.resize(static_cast<size_t>(k));
   for (int64_t t = 0; t < tokens; ++t) {
     const float* row = xd + t * k;
     if (extras.norm_weight) {
-      float ss = 0.f;
-      for (int64_t i = 0; i < k; ++i) ss += row[i] * row[i];
-      const float r = 1.f / std::sqrt(ss / static_cast<float>(k) + extras.eps);
-      for (int64_t i = 0; i < k; ++i) normed[i] = row[i] * r * extras.norm_weight[i];
+      rms_norm_row(row, k, extras.norm_weight, extras.eps, normed.data());
       row = normed.data();
     }
-    quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * blocks, qsum.data() + t * blocks);
+    quantize_row(row, k, q.data() + t * q_stride, qs.data() + t * s_stride, qsum.data() + t * s_stride);
   }
 
   const auto* w = static_cast<const uint8_t*>(weight.const_data_ptr());
@@ -377,7 +436,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
       const int64_t o = task * task_rows, rows = std::min(task_rows, w_rows - o);
       const BlockScales so = all.rows_from(o, blocks);
       for (int64_t t = 0; t < tokens; ++t) {
-        const QuantRow a{qd + t * q_stride, qsd + t * blocks, qsumd + t * blocks};
+        const QuantRow a{qd + t * q_stride, qsd + t * s_stride, qsumd + t * s_stride};
         rows_fn(w + o * w_stride, so, k, a, rows, tmp);
         if (epilogue == Epilogue::kSwiGLU) {     // tmp: kRowsPerTask gate rows, then their up rows
           float* orow = od + t * n_out + task * kRowsPerTask;
@@ -398,7 +457,7 @@ static Tensor& run_q4(KernelRuntimeContext& ctx, const char* op, const Tensor& x
   if (w_rows * k * tokens < (1 << 16)) {
     run(0, tasks);
   } else {
-    executorch::extension::parallel_for(0, tasks, 1, run);
+    parallel_chunks(tasks, run);
   }
   return out;
 }
