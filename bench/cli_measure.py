@@ -17,14 +17,16 @@ t = time.perf_counter(); rc = main(sys.argv[2:]); dt = time.perf_counter() - t
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the bench's own size
 ru_self = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "peak_rss_mb": ru_self / 1024,
+# CPU seconds of the process and its children: less sensitive than wall time to a host shared with others
+cpu = sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+open(sys.argv[1], "w").write(json.dumps({"rc": rc, "in_process_s": dt, "cpu_s": cpu, "peak_rss_mb": ru_self / 1024,
                                          "peak_child_rss_mb": ru_kids / 1024}))
 sys.exit(rc)
 """
 
 
 def measured_cli(args: list[str], env: dict | None = None) -> dict:
-    """{rc, in_process_s, peak_rss_mb, peak_child_rss_mb, wall_s, stdout}; exits with the command's
+    """{rc, in_process_s, cpu_s, peak_rss_mb, peak_child_rss_mb, wall_s, stdout}; exits with the command's
     output if it fails."""
     with tempfile.TemporaryDirectory(prefix="mx-bench-cli-") as tmp:
         stats = Path(tmp) / "stats.json"

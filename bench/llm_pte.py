@@ -64,7 +64,9 @@ def main() -> None:
     bundle = work / "bundle"
     s = measured_cli(["compile", str(gguf), "--format", "pte", "--target", "SM8650", "--variants", "ar1,ar32",
                       "--max-seq-len", "512", "-o", str(bundle), "--force"], env)
+    out["host"]["load_avg_after_compile"] = os.getloadavg()
     out["compile_cold"] = {"wall_s": round(s["wall_s"], 1), "in_process_s": round(s["in_process_s"], 1),
+                           "cpu_s": round(s["cpu_s"], 1),
                            "peak_rss_mb": round(s["peak_rss_mb"], 1), "peak_child_rss_mb": round(s["peak_child_rss_mb"], 1),
                            "largest_process_rss_mb": round(max(s["peak_rss_mb"], s["peak_child_rss_mb"]), 1)}
     m = json.loads((bundle / "manifest.json").read_text())

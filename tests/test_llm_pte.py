@@ -360,3 +360,48 @@ def test_pte_and_onnx_paths_score_alike(bundle, work):
         assert gap["pte"] < max(2 * gap["onnx"], 0.02), gap
     sq = {name: r["sqnr"]["float vs htp-sim"]["sqnr_db"] for name, r in res.items()}
     assert sq["pte"] > sq["onnx"] - 6, sq
+
+
+# ---- one to_edge, two lowerings (a toy two-method model: ~25 s of CPU, so heavy) ---------------
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.heavy
+def test_one_edge_program_gives_the_shared_program_and_its_twin():
+    """`lower_methods` runs export + to_edge once and partitions + compiles it per QNN spec: the shared
+    program holds both methods over one binary with the weights once, the twin the same methods
+    unshared, and the twin on the simulator computes what the quantized graph computes."""
+    import numpy as np
+
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.backends.llm_pte.compile import lower_methods, read_program
+    from modelexport.backends.llm_pte.session import load_program
+    from modelexport.core.numerics import sqnr_db
+    from modelexport.core.targets import get_target
+    from modelexport.llm.pte_methods import pte_records
+    from modelexport.quant.pt2e_qnn import QuantPlan, quantize
+    from modelexport.quant.precision import get_precision
+    qnn_ready()
+    soc, model = get_target("SM8650"), _Mlp().eval()
+    inputs = {"kv_forward": (torch.randn(1, 1, 64),), "prefill_forward": (torch.randn(1, 4, 64),)}
+    graphs = {m: quantize(torch.export.export(model, x, strict=True).module(), QuantPlan(get_precision("16a8w")), soc,
+                          [x, tuple(t * 0.5 for t in x)]) for m, x in inputs.items()}
+    steps: dict = {}
+    programs = lower_methods(graphs, inputs, soc, {"get_max_seq_len": 8}, False, steps)
+    assert set(programs) == {"shared", "twin"} and {"to_edge_s", "lower_shared_s", "lower_twin_s"} <= set(steps)
+    info = {k: read_program(v, list(graphs)) for k, v in programs.items()}    # both methods on QnnBackend
+    ws, _ = pte_records("p.pte", "t.pte", info["shared"], info["twin"], 0, 0, {}, {}, {}, {}, {})
+    assert ws.weights_stored_once and ws.bytes < ws.unshared_twins_bytes
+    assert all(not g.get("shared_weights_size") for g in info["twin"]["graphs"].values())
+    twin = load_program(programs["twin"])
+    for method, x in inputs.items():
+        got = twin.load_method(method).execute(list(x))[0]
+        assert sqnr_db(graphs[method](*x).detach().numpy(), np.asarray(got)) > 30, method

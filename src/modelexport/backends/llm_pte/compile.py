@@ -26,29 +26,84 @@ DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
 
 
-# One graph per method (ExecuTorch's Qualcomm LLM flow's names), one compile spec each: with weight
-# sharing QNN builds one context of both graphs over one copy of the weights; the host twin is the same
-# without sharing. Block weights need linear as conv2d (QNN refuses block-quantized FullyConnected).
-def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, weight_sharing: bool,
-                  constants: dict[str, Any], block_wise: bool) -> bytes:
-    from executorch.backends.qualcomm.utils.utils import to_edge_transform_and_lower_to_qnn
+# One graph per method (ExecuTorch's Qualcomm LLM flow's names). The weight-shared program and its host
+# twin differ only in the QNN compile spec (weight sharing on or off): the export, QNN passes, to_edge and
+# its transform passes (three quarters of a lowering's time, measured on SmolLM2 cut to 2-4 layers) are
+# spec-free, so they run once and only partitioning + QnnBackend preprocess run per spec. Block weights
+# need linear as conv2d (QNN refuses block-quantized FullyConnected).
+LOWERINGS = {"shared": True, "twin": False}     # {program: QNN weight sharing}
+
+
+def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, constants: dict[str, Any],
+                  block_wise: bool, timings: dict[str, float] | None = None) -> dict[str, bytes]:
+    """{"shared": the weight-shared program, "twin": the unshared host twin}, `.pte` bytes each."""
+    import copy
+
+    from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
+    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
     from executorch.exir import ExecutorchBackendConfig
 
     from ...toolchain.native_io import capture_native_output
     from ..executorch_qnn.lower import SEGMENT_ALIGNMENT, lowering_error
     from ..executorch_qnn.specs import compile_specs
-    specs = compile_specs(soc, use_fp16=False, weight_sharing=weight_sharing)
+    clock = timings if timings is not None else {}
+    out: dict[str, bytes] = {}
     try:
         with capture_native_output() as log:
-            edge = to_edge_transform_and_lower_to_qnn(graphs, inputs, {m: specs for m in graphs},
-                                                      constant_methods=constants, convert_linear_to_conv2d=block_wise)
-            program = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True,
-                                                                 segment_alignment=SEGMENT_ALIGNMENT))
+            t0 = time.perf_counter()
+            edge = edge_program(graphs, inputs, compile_specs(soc, use_fp16=False), constants, block_wise)
+            clock["to_edge_s"] = round(time.perf_counter() - t0, 2)
+            for i, (name, shared) in enumerate(LOWERINGS.items()):
+                t0 = time.perf_counter()
+                specs = compile_specs(soc, use_fp16=False, weight_sharing=shared)
+                # to_backend may take constants out of the programs it lowers: the last lowering gets the original
+                source = edge if i == len(LOWERINGS) - 1 else copy.deepcopy(edge)
+                with QnnManagerContext({m: specs for m in graphs}):
+                    lowered = source.to_backend({m: QnnPartitioner(specs) for m in graphs})
+                program = lowered.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True,
+                                                                        segment_alignment=SEGMENT_ALIGNMENT))
+                out[name] = program.buffer
+                clock[f"lower_{name}_s"] = round(time.perf_counter() - t0, 2)
     except Exception as e:
         e.native_log = log  # type: ignore[attr-defined]
         raise lowering_error(e) from None
-    return program.buffer
+    return out
 
+
+def edge_program(graphs: dict[str, Any], inputs: dict[str, tuple], specs: list, constants: dict[str, Any],
+                 block_wise: bool):
+    """ExecuTorch's `to_edge_transform_and_lower_to_qnn` up to (not including) partitioning: each method
+    exported, QNN's export passes, to_edge keeping the ops QNN wants whole, QNN's to-edge passes."""
+    import torch
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
+    from executorch.backends.qualcomm.serialization.qc_schema_serialize import flatbuffer_to_option
+    from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
+    from executorch.backends.qualcomm.utils.utils import qnn_edge_config
+    # private in 1.5.1: the first half of to_edge_transform_and_lower (requirements pin executorch)
+    from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
+    backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
+    aten, passes = {}, {}
+    for method, gm in graphs.items():
+        _drop_provenance(gm)
+        ep = torch.export.export(gm, inputs[method], strict=True)
+        pm = get_qnn_pass_manager_cls(backend_type)()
+        aten[method] = pm.transform_for_export_pipeline(ep)
+        passes[method] = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=block_wise)
+    with QnnManagerContext({m: specs for m in graphs}):
+        edge = _gen_edge_manager_for_partitioners({m: [QnnPartitioner(specs)] for m in graphs}, aten,
+                                                  qnn_edge_config(), constants)
+        edge = edge.transform(passes)
+    for method in edge.methods:
+        lift_constant_tensor_pass(edge.exported_program(method))
+    return edge
+
+
+def _drop_provenance(gm) -> None:
+    """Each FX pass deep-copies every node's `from_node` provenance chain, which grows by one link per
+    pass (quantization's passes included): on SmolLM2 a fifth of the lowering went to those copies."""
+    for node in gm.graph.nodes:
+        node.meta.pop("from_node", None)
 
 
 def read_program(data: bytes, methods: list[str]) -> dict:
@@ -138,11 +193,11 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     programs: dict[str, dict] = {}
     t0 = time.perf_counter()
     for soc in socs:
-        programs[soc.name] = {}
-        for shared in (True, False):
-            say(f"lowering for {soc.name}{' with weight sharing' if shared else ' (host twin, unshared)'}", 3, 5)
-            data = lower_methods(graphs, inputs, soc, shared, consts, plan.uses_block)
-            programs[soc.name]["shared" if shared else "twin"] = (data, read_program(data, list(graphs)))
+        say(f"lowering for {soc.name} (weight-shared program and unshared host twin)", 3, 5)
+        steps: dict[str, float] = {}
+        built = lower_methods(graphs, inputs, soc, consts, plan.uses_block, steps)
+        timings.update({f"{soc.name}.{k}": v for k, v in steps.items()})
+        programs[soc.name] = {name: (data, read_program(data, list(graphs))) for name, data in built.items()}
     timings["lower_s"] = round(time.perf_counter() - t0, 2)
     say("the host twin on the simulator and the fake-quant graphs vs float", 4, 5)
     t0 = time.perf_counter()
