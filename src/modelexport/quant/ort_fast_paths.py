@@ -142,15 +142,20 @@ def _make_quantize_onnx_initializer(original: Callable) -> Callable:
         import onnx
         from onnxruntime.quantization.quant_utils import (ONNX_TYPE_TO_NP_TYPE, TENSOR_NAME_QUANT_SUFFIX,
                                                           get_qmin_qmax_for_qType, tensor_proto_to_array)
-        if axis is None or block_size > 0 or quant_type not in _INT_TYPES:
+        if block_size > 0 or quant_type not in _INT_TYPES:
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         data = tensor_proto_to_array(weight)
-        if np.size(scale) != data.shape[axis] or np.size(zero_point) != data.shape[axis]:
+        per_tensor = axis is None      # an embedding table: its 8-bit scale is one for the whole table
+        channels = 1 if per_tensor else data.shape[axis]
+        if np.size(scale) != channels or np.size(zero_point) != channels or data.ndim == 0:
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
         shape = [1] * data.ndim
-        shape[axis] = data.shape[axis]
+        if not per_tensor:
+            shape[axis] = data.shape[axis]
         qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
-        q = _quantize_rows(data, np.asarray(scale).reshape(shape), np.asarray(zero_point).reshape(shape), qmin, qmax,
+        scale, zero_point = np.asarray(scale), np.asarray(zero_point)
+        q = _quantize_rows(data, scale if per_tensor else scale.reshape(shape),
+                           zero_point if per_tensor else zero_point.reshape(shape), qmin, qmax,
                            ONNX_TYPE_TO_NP_TYPE[quant_type])
         name = quant_weight_name or f"{weight.name}{TENSOR_NAME_QUANT_SUFFIX}"
         if quant_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
