@@ -26,7 +26,7 @@ QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w",
                "16a4w_block": "use_16a4w_block"}
 DEFAULT_BLOCK_SIZE = 64
 # What the quantizer does beyond the plan (part of the compile cache key: change it when this file's recipe changes).
-RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
+RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/int-ops-float/v4"
 
 
 def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
