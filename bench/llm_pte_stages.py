@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_pte_stages.json"
 PROFILE: dict = {}     # {"stage": substring of the stage names to cProfile}
+SPLIT_ROPE = {"on": True}   # --rope-one-gather: the RoPE lookup as one gather (before the split)
 
 
 def _rss_mb() -> float:
@@ -65,7 +66,7 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
     from modelexport.backends.llm_qnn.calibration import calibration_samples
     from modelexport.core.targets import get_target
     from modelexport.llm.pte_methods import constant_methods, method_name
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from modelexport.llm.text import read_text, tokenize
     from modelexport.llm.tokenizers import from_transformers
     from modelexport.quant import llm_pt2e
@@ -83,6 +84,9 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
         samples = calibration_samples(llm.model, tokenize(tok, text.text, seq * (n_samples + 2)), variants, seq,
                                       n_samples, kv)
     decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, seq)) for n in variants}
+    if SPLIT_ROPE["on"]:
+        for d in decs.values():
+            split_rope_lookups(d, llm_pt2e.MAX_ROPE_GATHER)
     # quantize_methods, stage by stage
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -181,8 +185,10 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="cProfile the stages whose name contains this")
     ap.add_argument("--mode", default="after", choices=("before", "after", "after-keep-provenance"))
     ap.add_argument("--tag", default="")
+    ap.add_argument("--rope-one-gather", action="store_true", help="one RoPE-table gather per method (before the split)")
     a = ap.parse_args()
     PROFILE["stage"] = a.profile
+    SPLIT_ROPE["on"] = not a.rope_one_gather
     for n in a.layers:
         r = run(n, a.samples, [1, a.prefill], a.seq, a.profile, a.mode)
         r["host"] = {"cpus": os.cpu_count(), "shared": "2 cores shared with another helper and the coordinator"}

@@ -110,6 +110,37 @@ def test_kv_ranges_tie_observers_in_and_out():
     assert enc["past_key_0_in"][0] == pytest.approx(6.0 / 65535, rel=1e-3)    # the tied range, 16-bit
 
 
+def test_rope_lookups_split_in_gathers_of_16():
+    """The .pte path cuts a method's RoPE-table lookup into gathers of at most 16 positions (the
+    HTP's quantized Gather gives wrong rows past the 16th index): the float decoder's logits do not
+    change, and the quantized graph holds one lookup per chunk, each a quantized table, with the
+    integer split of position_ids left unquantized."""
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.core.targets import get_target
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER, llm_quant_plan
+    from modelexport.quant.pt2e_qnn import quantize
+    qnn_ready()
+    dec = build_static_decoder(tiny_llama(n_layers=1), StaticDecoderConfig(20, 32))
+    ex = dec.example_inputs()
+    with torch.no_grad():
+        whole = dec(*ex)[0]
+        assert split_rope_lookups(dec, MAX_ROPE_GATHER) == 1
+        assert torch.equal(dec(*ex)[0], whole)
+    q = quantize(torch.export.export(dec, ex, strict=True).module(), llm_quant_plan("16a8w", None, None),
+                 get_target("SM8650"), [ex])
+    emb = [n for n in q.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.embedding.default]
+    rope = [n for n in emb if n.args[1].name != "input_ids"]
+    assert sorted(n.args[1].meta["val"].shape[-1] for n in rope) == [4, 4, 16, 16]     # cos, sin: 16 + 4
+    assert all("dequantize" in str(n.args[0].target) for n in rope)                   # quantized tables
+    for n in rope:       # each chunk of indices comes from position_ids through integer ops only
+        idx = n.args[1]
+        while idx.op == "call_function":
+            assert "quantize" not in str(idx.target)
+            idx = idx.args[0]
+        assert idx.name == "position_ids"
+
+
 def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
     """The fake-quant stage of a .pte bundle is QnnQuantizer's converted graph saved as a .pt2: read
     back in this process it gives the converted graph's logits exactly, and the stage comparison

@@ -24,6 +24,12 @@ from .pt2e_qnn import QuantPlan, parse_overrides
 # and the logits need them; 4-bit weights only in blocks: per-channel 4-bit loses the answer).
 LLM_PTE_PRECISIONS = ("16a4w_block", "16a8w")
 DEFAULT_BLOCK_SIZE = 32     # the ONNX path's LPBQ block (block_weights.DEFAULT_BLOCK)
+# The most positions one RoPE-table lookup takes in a `.pte` method: QnnQuantizer quantizes the
+# lookup (uint16 table, Gather), and the HTP simulator's quantized Gather gives wrong rows past the
+# 16th index (SmolLM2 cut to 2 layers, ar32: twin vs its fake-quant graph 26.5 dB, 39.7 dB with the
+# lookup split in gathers of 16; the same fault the ONNX path avoids by a float Gather, which the
+# QNN partitioner of ExecuTorch refuses in a quantized graph: the HTP validates no fp32/fp16 Gather).
+MAX_ROPE_GATHER = 16
 # (de)quantize ops the converted graph carries at its boundary
 _QUANTIZE_OPS = ("quantize_per_tensor", "dequantize_per_tensor")
 

@@ -26,7 +26,7 @@ QUANT_DTYPE = {"8a8w": "use_8a8w", "16a8w": "use_16a8w", "16a16w": "use_16a16w",
                "16a4w_block": "use_16a4w_block"}
 DEFAULT_BLOCK_SIZE = 64
 # What the quantizer does beyond the plan (part of the compile cache key: change it when this file's recipe changes).
-RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/v3"
+RECIPE = "qnn-quantizer/per-channel-conv-linear/minmax-observer/block-linear-as-conv2d/fp16-fold-bn/int-ops-float/v4"
 
 
 def parse_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
@@ -119,6 +119,14 @@ def _check_blocks(blocks: dict, channels: list[int], block_size: int) -> None:
                          "choose a --block-size that divides them (a multiple of 16, e.g. 32), or use --precision 16a4w")
 
 
+def _integer_out(node) -> bool:
+    import torch
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (tuple, list)) else [vals]
+    ts = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(ts) and all(not v.dtype.is_floating_point for v in ts)
+
+
 def build_quantizer(plan: QuantPlan, soc: SoC):
     """A QnnQuantizer with the plan's default and overrides. The per-node parts (block sizes, which
     nodes each override matched) are worked out at annotation time, on the graph the quantizer's
@@ -147,6 +155,8 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
             _check_blocks(blocks, channels, plan.block_size)
             self.set_block_size_map(blocks)
             plan.block_quantized_nodes = len(blocks)
+            # integer index arithmetic (a split of position ids) is never quantized
+            self.add_discard_nodes([n.name for n in model.graph.nodes if n.op == "call_function" and _integer_out(n)])
             return super().annotate(model)
 
     with quiet_python_notes():      # the wheel has no QNN SDK op-info table: toolchain.library_notes

@@ -17,7 +17,8 @@ from ...core.targets import SoC, get_target
 from ...core.vocab import BundleKind, Format, Role
 from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
 from ...llm.pte_numerics import manifest_numerics
-from ...quant.llm_pt2e import LLM_PTE_PRECISIONS, check_pte_request, llm_quant_plan, quantize_methods, save_converted
+from ...quant.llm_pt2e import (LLM_PTE_PRECISIONS, MAX_ROPE_GATHER, check_pte_request, llm_quant_plan, quantize_methods,
+                               save_converted)
 from .. import backend
 from ..spec import LlmCompileOptions, PartSpec
 
@@ -154,7 +155,7 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     import tempfile
 
     from ...frontends import find_frontend
-    from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from ...llm.text import tokenize
     from ...llm.tokenizers import from_transformers
     from ..executorch_qnn.specs import qnn_ready
@@ -182,6 +183,8 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     t0 = time.perf_counter()
     say(f"quantizing {len(variants)} methods ({plan.precision.name})", 2, 5)
     decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, max_seq_len)) for n in variants}
+    for d in decs.values():
+        split_rope_lookups(d, MAX_ROPE_GATHER)
     graphs, inputs, encodings = quantize_methods(decs, {method_name(n): samples[n] for n in variants}, kv_ranges,
                                                  plan, socs[0])
     decoders = {m: (d, samples[d.cfg.n_tokens][0]) for m, d in decs.items()}
@@ -240,7 +243,8 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
                                format="gguf" if facts.format == "gguf" else "hf-folder",
                                description=f"{built['architecture']}, {built['n_params']:,} parameters")
         m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
-                     "precision": plan.precision.name, "weight_sharing": True, **plan.key()}
+                     "precision": plan.precision.name, "weight_sharing": True, **plan.key(),
+                     "rope_gather": MAX_ROPE_GATHER}
         m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
         for f in sorted(Path(built["tok_dir"]).iterdir()):
             w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
