@@ -149,13 +149,11 @@ def _make_quantize_onnx_initializer(original: Callable) -> Callable:
         channels = 1 if per_tensor else data.shape[axis]
         if np.size(scale) != channels or np.size(zero_point) != channels or data.ndim == 0:
             return original(weight, quant_type, zero_point, scale, axis, quant_weight_name, block_size)
-        shape = [1] * data.ndim
+        shape = [1] * data.ndim          # per tensor: broadcast as is
         if not per_tensor:
             shape[axis] = data.shape[axis]
         qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range=False, symmetric=False)
-        scale, zero_point = np.asarray(scale), np.asarray(zero_point)
-        q = _quantize_rows(data, scale if per_tensor else scale.reshape(shape),
-                           zero_point if per_tensor else zero_point.reshape(shape), qmin, qmax,
+        q = _quantize_rows(data, np.asarray(scale).reshape(shape), np.asarray(zero_point).reshape(shape), qmin, qmax,
                            ONNX_TYPE_TO_NP_TYPE[quant_type])
         name = quant_weight_name or f"{weight.name}{TENSOR_NAME_QUANT_SUFFIX}"
         if quant_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
