@@ -473,6 +473,22 @@ PROFILE = [
     C("profile-pte-runs-0", ("profile", "{ptebundle}", "--runs", "0"), INPUT, "--runs"),
 ]
 
+def _hf_shards(how: str):
+    """{hf}: a tiny Llama HF folder saved in 4 shards, one of them deleted or truncated (a download cut short)."""
+    def prepare(w, d):
+        from llm_tiny import tiny_llama, tiny_tokenizer
+        hf = d / "hf"
+        tiny_llama().save_pretrained(hf, max_shard_size="100KB")
+        tiny_tokenizer().save(hf)
+        shard = sorted(hf.glob("model-*.safetensors"))[2]
+        if how == "delete":
+            shard.unlink()
+        else:
+            shard.write_bytes(shard.read_bytes()[:-64])
+        return {"hf": str(hf)}
+    return prepare
+
+
 _G = ("generate", "{garbage.gguf}", "-p", "hi")
 GENERATE = [
     C("generate-missing", ("generate", "{d}/none.gguf", "-p", "hi"), INPUT, "does not exist"),
@@ -501,6 +517,14 @@ GENERATE = [
     C("generate-backend", _G + ("--backend", "gpu"), INPUT, "gpu"),
     C("generate-quant", _G + ("--quant", "2bit"), INPUT, "2bit"),
     C("generate-tokenizer-missing", _G + ("--tokenizer", "{d}/tok.json"), INPUT),
+    C("generate-hf-shard-missing", ("generate", "{hf}", "-p", "hi", "--max-seq-len", "64"), INPUT,
+      "lacks 1 of the 4 weight shards", prepare=_hf_shards("delete")),
+    C("generate-hf-shard-truncated", ("generate", "{hf}", "-p", "hi", "--max-seq-len", "64"), INPUT,
+      "truncated", prepare=_hf_shards("truncate")),
+    C("compile-llm-hf-shard-missing", ("compile", "{hf}", "--max-seq-len", "64", "-o", "{out}"), INPUT,
+      "lacks 1 of the 4 weight shards", prepare=_hf_shards("delete")),
+    C("compile-llm-hf-shard-truncated", ("compile", "{hf}", "--max-seq-len", "64", "-o", "{out}"), INPUT,
+      "truncated", prepare=_hf_shards("truncate")),
 ]
 
 EVAL = [
@@ -513,6 +537,8 @@ EVAL = [
     C("eval-tokens-0", "eval {garbage.gguf} --tokens 0", INPUT, "--tokens"),
     C("eval-text-missing", "eval {garbage.gguf} --perplexity {d}/none.txt", INPUT),
     C("eval-quant", "eval {garbage.gguf} --stages cpu --quant 3bit", INPUT),
+    C("eval-hf-shard-missing", ("eval", "{hf}", "--max-seq-len", "64"), INPUT,
+      "lacks 1 of the 4 weight shards", prepare=_hf_shards("delete")),
 ]
 
 REPORT = [

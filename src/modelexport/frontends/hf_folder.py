@@ -30,6 +30,64 @@ def _is_hf_folder(obj) -> bool:
     return isinstance(obj, (str, Path)) and Path(obj).is_dir() and (Path(obj) / "config.json").is_file()
 
 
+def _safetensors_shortfall(f: Path) -> int:
+    """How many bytes `f` lacks against its own header (the header's largest data offset): a download
+    cut short. 0 when whole; -1 when the header itself is unreadable."""
+    import json
+    import struct
+    try:
+        with f.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return -1
+            (n,) = struct.unpack("<Q", head)
+            header = json.loads(fh.read(n)) if n < (100 << 20) else None
+    except (OSError, ValueError):
+        return -1
+    if not isinstance(header, dict):
+        return -1
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+               and "data_offsets" in v), default=0)
+    return max(0, 8 + n + end - f.stat().st_size)
+
+
+def check_hf_files(folder: Path) -> None:
+    """The files an HF folder needs, checked before any weight is read (and before hashing gigabytes):
+    config.json, every weight shard its index lists, each shard as long as its own header says,
+    a tokenizer."""
+    import json
+    if not folder.is_dir():
+        raise InputError(f"HF model folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise InputError(f"{folder} has no config.json: not a Hugging Face model folder")
+    shards = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            listed = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise InputError(f"{index} is not a valid weight index ({type(e).__name__}: {e})",
+                             "copy the model's original model.safetensors.index.json into the folder") from None
+        missing = [s for s in listed if not (folder / s).is_file()]
+        if missing:
+            raise InputError(f"{folder} lacks {len(missing)} of the {len(listed)} weight shards its index lists: "
+                             f"{', '.join(missing)}",
+                             "copy the missing shard files into the folder (every file model.safetensors.index.json "
+                             "names), or download the model again")
+    if not shards:
+        raise InputError(f"{folder} has no *.safetensors weights",
+                         "save the model with save_pretrained(..., safe_serialization=True)")
+    for f in shards:
+        short = _safetensors_shortfall(f)
+        if short:
+            what = "has no readable safetensors header" if short < 0 else f"is {short:,} bytes shorter than its header says"
+            raise InputError(f"weight shard {f} {what}: the file is truncated or corrupt",
+                             "copy that file again from the model's original files, or download the model again")
+    if not _has_tokenizer(folder):
+        raise InputError(f"{folder} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
+                         "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
+
+
 def read_hf_config(folder: Path):
     """The transformers config of an HF folder, checked against the family table (its row exists,
     its feature values are in the row) before any weight is read."""
@@ -64,16 +122,7 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
 
     t0 = time.perf_counter()
     folder = Path(path)
-    if not folder.is_dir():
-        raise InputError(f"HF model folder not found: {folder}")
-    if not (folder / "config.json").is_file():
-        raise InputError(f"{folder} has no config.json: not a Hugging Face model folder")
-    if not any(folder.glob("*.safetensors")):
-        raise InputError(f"{folder} has no *.safetensors weights",
-                         "save the model with save_pretrained(..., safe_serialization=True)")
-    if not _has_tokenizer(folder):
-        raise InputError(f"{folder} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
-                         "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
+    check_hf_files(folder)
     config = read_hf_config(folder)
     arch = config.model_type
     try:

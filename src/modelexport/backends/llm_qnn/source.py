@@ -68,7 +68,7 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         arch, ctx, shape = _gguf_facts(p, sha)
         facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
-        from ...frontends.hf_folder import _has_tokenizer, read_hf_config
+        from ...frontends.hf_folder import check_hf_files, read_hf_config
         cfg_path = p / "config.json"
         if not cfg_path.is_file():
             raise InputError(f"{p} has no config.json: not a Hugging Face model folder")
@@ -77,11 +77,7 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         except json.JSONDecodeError as e:
             raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
         hf_cfg = read_hf_config(p)       # the family table's checks, before any weight is read
-        if not any(p.glob("*.safetensors")):
-            raise InputError(f"{p} has no *.safetensors weights", "save the model with save_pretrained(...)")
-        if not _has_tokenizer(p):
-            raise InputError(f"{p} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json+merges.txt)",
-                             "save the tokenizer into the folder too: tokenizer.save_pretrained(folder)")
+        check_hf_files(p)                # every shard there and whole, a tokenizer: before hashing the weights
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
                             _hf_shape(cfg), dtype)

@@ -130,8 +130,9 @@ def _check_source_family(source: Path, max_seq_len: int) -> None:
         family = family_of_gguf(info.architecture, info.rope_scaling_type, str(source))
         require_cpu_family(family, info.architecture)
     else:
-        from ...frontends.hf_folder import read_hf_config
+        from ...frontends.hf_folder import check_hf_files, read_hf_config
         check_cpu_config(read_hf_config(source), max_seq_len)
+        check_hf_files(source)
 
 
 def _hf_rope_tables(hf_model, max_seq_len: int, head_dim: int):
