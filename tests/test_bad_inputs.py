@@ -489,6 +489,19 @@ def _hf_shards(how: str):
     return prepare
 
 
+def _gguf_unlike_header(**broken):
+    """{gg}: a tiny Llama GGUF whose tensors do not match its header (write_tiny_gguf's drop / stated)."""
+    def prepare(w, d):
+        from test_llm_frontends import write_tiny_gguf
+        return {"gg": str(write_tiny_gguf(d / "broken.gguf", **broken))}
+    return prepare
+
+
+_GG_BROKEN = {"layer-missing": ({"stated": {"block_count": 3}}, "states 3 layers"),
+              "tensor-missing": ({"drop": "blk.1.ffn_down.weight"}, "lacks blk.1.ffn_down.weight"),
+              "width-wrong": ({"stated": {"embedding_length": 96}}, "embedding_length 96")}
+
+
 _G = ("generate", "{garbage.gguf}", "-p", "hi")
 GENERATE = [
     C("generate-missing", ("generate", "{d}/none.gguf", "-p", "hi"), INPUT, "does not exist"),
@@ -517,6 +530,10 @@ GENERATE = [
     C("generate-backend", _G + ("--backend", "gpu"), INPUT, "gpu"),
     C("generate-quant", _G + ("--quant", "2bit"), INPUT, "2bit"),
     C("generate-tokenizer-missing", _G + ("--tokenizer", "{d}/tok.json"), INPUT),
+    *[C(f"generate-gguf-{k}", ("generate", "{gg}", "-p", "hi", "--max-seq-len", "64"), INPUT, needle,
+        prepare=_gguf_unlike_header(**broken)) for k, (broken, needle) in _GG_BROKEN.items()],
+    *[C(f"compile-llm-gguf-{k}", ("compile", "{gg}", "--max-seq-len", "64", "-o", "{out}"), INPUT, needle,
+        prepare=_gguf_unlike_header(**broken)) for k, (broken, needle) in _GG_BROKEN.items()],
     C("generate-hf-shard-missing", ("generate", "{hf}", "-p", "hi", "--max-seq-len", "64"), INPUT,
       "lacks 1 of the 4 weight shards", prepare=_hf_shards("delete")),
     C("generate-hf-shard-truncated", ("generate", "{hf}", "-p", "hi", "--max-seq-len", "64"), INPUT,

@@ -34,14 +34,17 @@ def _byte_level_alphabet() -> list[str]:
 
 def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, matrix_type: str = "F32",
                     embedding_type: str = "F32", output_type: str | None = None,
-                    layer_types: dict[str, str] | None = None) -> Path:
+                    layer_types: dict[str, str] | None = None, drop: str | None = None,
+                    stated: dict[str, int] | None = None) -> Path:
     """A 2-layer GGUF written with gguf.GGUFWriter: byte-level BPE tokenizer, chat template; its
     layers' matrices, token embedding and output stored as the GGML types named (F32, a type
     `gguf.quants.quantize` writes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, or a K-quant written by
     `gguf_kquants`: Q4_K, Q5_K, Q6_K; the output as the matrices by default). `layer_types`: a
     layer matrix's own type by its short name (`{"attn_v": "Q6_K", "ffn_down": "Q6_K"}`, as
     llama.cpp's Q4_K_M mixes them). With a K-quant anywhere the model is 256 wide (hidden 256,
-    ffn 512, head dim 64), since a K-quant row holds super-blocks of 256 weights."""
+    ffn 512, head dim 64), since a K-quant row holds super-blocks of 256 weights. A broken file for
+    the bad-input tests: `drop` leaves that tensor out, `stated` writes other header values
+    (`{"block_count": 3}`, `{"embedding_length": 96}`) than the tensors have."""
     import gguf
     from gguf.quants import quantize
     from gguf_kquants import ENCODERS, FILE_TYPES, quantize_k
@@ -54,8 +57,9 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
     w.add_context_length(128)
-    w.add_block_count(L)
-    w.add_embedding_length(H)
+    stated = {"block_count": L, "embedding_length": H, **(stated or {})}
+    w.add_block_count(stated["block_count"])
+    w.add_embedding_length(stated["embedding_length"])
     w.add_feed_forward_length(F)
     w.add_head_count(NH)
     w.add_head_count_kv(KV)
@@ -78,6 +82,8 @@ def write_tiny_gguf(path: Path, arch: str = "llama", *, tokenizer: bool = True, 
     rng = np.random.default_rng(0)
 
     def t(name, *shape, kind="F32"):
+        if name == drop:
+            return
         values = (rng.standard_normal(shape) * 0.2).astype(np.float32)
         if kind == "F32":
             w.add_tensor(name, values)

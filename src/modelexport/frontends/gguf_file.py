@@ -166,6 +166,43 @@ def _read_info(path: Path):
         quant_types=dict(sorted(counts.items())), tensors=tensors), reader
 
 
+def check_gguf_tensors(info: GgufInfo) -> None:
+    """The tensor table against what the header states, before any weight is read: transformers
+    would fill a layer or a tensor the file lacks with random values and carry on (a model that
+    answers nonsense), or stop with a traceback on a width it did not expect. Checked from the
+    header alone: every layer 0..block_count-1 is there with the same tensors and shapes as the
+    others, and the token embedding is [vocab, embedding_length]."""
+    import re
+    fix = "use the complete file as converted (llama.cpp's convert_hf_to_gguf.py), or download it again"
+    layers: dict[int, dict[str, tuple[int, ...]]] = {}
+    for t in info.tensors:
+        m = re.match(r"blk\.(\d+)\.(.+)$", t.name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = t.shape
+    where = f"{info.path} ({info.architecture})"
+    if info.n_layers is not None and sorted(layers) != list(range(info.n_layers)):
+        have = f"layers {min(layers)}..{max(layers)} ({len(layers)})" if layers else "no layer tensors"
+        raise InputError(f"{where} states {info.n_layers} layers but holds {have}", fix)
+    kinds = set().union(*layers.values()) if layers else set()
+    for i, tensors in sorted(layers.items()):
+        lacking = sorted(kinds - set(tensors))
+        if lacking:
+            raise InputError(f"{where}: layer {i} lacks {', '.join(f'blk.{i}.{k}' for k in lacking)}, "
+                             "which the other layers have", fix)
+        odd = [k for k in sorted(tensors) if tensors[k] != layers[min(layers)][k]]
+        if odd:
+            k = odd[0]
+            raise InputError(f"{where}: blk.{i}.{k} is {list(tensors[k])}, blk.{min(layers)}.{k} is "
+                             f"{list(layers[min(layers)][k])}: the layers do not agree", fix)
+    emb = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
+    if emb is None:
+        raise InputError(f"{where} has no token_embd.weight (the token embedding)", fix)
+    want = (info.vocab_size, info.hidden_size)
+    if any(w is not None and w != d for w, d in zip(want, emb.shape)):
+        raise InputError(f"{where}: token_embd.weight is {list(emb.shape)}, the header states vocabulary "
+                         f"{info.vocab_size} x embedding_length {info.hidden_size}", fix)
+
+
 _PATCH_LOCK = threading.Lock()
 
 
@@ -211,6 +248,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     path = Path(path)
     info, reader = _read_info(path)
     family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
+    check_gguf_tensors(info)
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
                          "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")

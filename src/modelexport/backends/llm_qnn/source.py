@@ -41,9 +41,10 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
     from ...core.cache import Cache
 
     def check(tmp: Path) -> dict:
-        from ...frontends.gguf_file import read_gguf_info
+        from ...frontends.gguf_file import check_gguf_tensors, read_gguf_info
         info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
         family_of_gguf(info.architecture, info.rope_scaling_type, str(p))
+        check_gguf_tensors(info)
         if info.tokenizer_model is None:
             raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
                              "use a GGUF converted with its tokenizer, or an HF folder with tokenizer files")
@@ -52,7 +53,7 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
         return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape,
                 "rope_scaling_type": info.rope_scaling_type}
 
-    entry, _ = Cache().get_or_create("gguf-facts-3", sha, check)   # 3: with the shape and RoPE scaling type
+    entry, _ = Cache().get_or_create("gguf-facts-4", sha, check)   # 4: the tensor table checked too
     meta = Cache.meta(entry)
     family_of_gguf(meta["architecture"], meta.get("rope_scaling_type"), str(p))   # the table may have changed since
     return meta["architecture"], meta["context_length"], meta["shape"]
