@@ -15,7 +15,9 @@ Stages, each cached by content (source sha256 + options + ONNX Runtime / QAIRT b
 
 Graph names (AI Hub's scheme): `{type}_ar{N}_cl{C}_{i}_of_{n}` with type `prompt` for N > 1 and
 `token` for N = 1, C = max_seq_len, part i of n. The QNN EP names the graphs inside the binary
-itself (`QNNExecutionProvider_..._<hash>_1_0`); the manifest maps each documented name to it.
+itself (`QNNExecutionProvider_QNNExecutionProvider_<hash>_1_0`); the manifest maps each documented
+name to it. Parts of a split decoder are compiled from paths that make those names sort in part
+order, which is how Genie orders them (toolchain/qnn_graph_order.py).
 """
 from __future__ import annotations
 
