@@ -194,9 +194,22 @@ def test_split_into_parts_on_a_low_limit(work, bundle):
         graphs, spec, seq = open_forwards(bb, "htp-sim" if name == "split" else "fake-quant")
         out[name] = StaticRunner(graphs, spec, seq).feed(ids).numpy()
     assert compare(out["whole"], out["split"])["sqnr_db"] > 20
-    # Genie cannot order the parts (the QNN EP names the graphs): recorded, with Genie's reason
-    genie = b.manifest.llm.genie["SM8650"]
-    assert genie.dialog_created is False and "_of_" in genie.dialog_note
+    # Genie chains the parts: its dialog was created at build time, and its own loop gives our loop's
+    # tokens; two prompts whose tokens differ, so a part cut off from the one before cannot pass
+    import modelexport.llm as llm_api
+    assert b.manifest.llm.genie["SM8650"].dialog_created
+    tokens = []
+    for prompt in ("Markets rose", "The quick brown fox"):
+        ours = llm_api.load(b.path, backend="htp-sim").generate(prompt, max_new_tokens=6)
+        genie = llm_api.load(b.path, backend="genie").generate(prompt, max_new_tokens=6)
+        assert genie.token_ids == ours.token_ids
+        tokens.append(genie.token_ids)
+    assert tokens[0] != tokens[1]
+    # a cut's tensor has one name on both sides (Genie hands it on by name)
+    by_name = {g.name: g for g in b.manifest.graphs}
+    out = {t.name for t in by_name["token_ar1_cl64_1_of_2"].outputs}
+    assert "hidden_states_after_layer_1" in out
+    assert "hidden_states_after_layer_1" in {t.name for t in by_name["token_ar1_cl64_2_of_2"].inputs}
 
 
 def test_a_part_in_chunks_is_the_part_exported_whole(work, bundle):

@@ -23,6 +23,31 @@ def _boundary(end_layer: int) -> str:
     return f"hidden_states_after_layer_{end_layer}"
 
 
+def name_part_boundaries(path: Path, first_layer: int, end_layer: int, is_first: bool, is_last: bool) -> None:
+    """Give a part's graph its boundary tensors' names in the whole decoder: `hidden_states` in,
+    `hidden_states_out` out become `hidden_states_after_layer_<i>`, the same tensor under the same
+    name on both sides of a cut. Genie hands a part's outputs to the next part by name (measured:
+    with `hidden_states_out` -> `hidden_states` the second part never received the first's output).
+    Only the small .onnx is rewritten (a new file: it may be a hard link into a cache entry)."""
+    import onnx
+    renames = {}
+    if not is_first:
+        renames[BOUNDARY_IN] = _boundary(first_layer)
+    if not is_last:
+        renames[BOUNDARY_OUT] = _boundary(end_layer)
+    if not renames:
+        return
+    model = onnx.load(str(path), load_external_data=False)
+    g = model.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        vi.name = renames.get(vi.name, vi.name)
+    for node in g.node:
+        node.input[:] = [renames.get(x, x) for x in node.input]
+        node.output[:] = [renames.get(x, x) for x in node.output]
+    path.unlink()
+    onnx.save(model, str(path))
+
+
 def external_entry(init) -> dict[str, str] | None:
     """A TensorProto's external-data entry ({location, offset, length}), or None when it is inline."""
     from onnx import TensorProto

@@ -15,7 +15,9 @@ Stages, each cached by content (source sha256 + options + ONNX Runtime / QAIRT b
 
 Graph names (AI Hub's scheme): `{type}_ar{N}_cl{C}_{i}_of_{n}` with type `prompt` for N > 1 and
 `token` for N = 1, C = max_seq_len, part i of n. The QNN EP names the graphs inside the binary
-itself (`QNNExecutionProvider_..._<hash>_1_0`); the manifest maps each documented name to it.
+itself (`QNNExecutionProvider_QNNExecutionProvider_<hash>_1_0`); the manifest maps each documented
+name to it. Parts of a split decoder are compiled from paths that make those names sort in part
+order, which is how Genie orders them (toolchain/qnn_graph_order.py).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrid
 EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
 #                      parts, weight rounding; 7: the static decoder built from the family table (bump on
 #                      any change to the decoder)
+JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -431,9 +434,11 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
 
     # 1. QDQ graphs
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
-    qkey = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
-                     [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                     host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"))
+    chunks_key = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
+                           [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
+                           host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"))
+    # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
+    qkey = cache_key("llm-qdq", chunks_key, JOIN_VERSION)
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     est, jobs_note = _fitted_estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
@@ -446,7 +451,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             f"memory at the peak and {est.disk_bytes / 2**30:.1f} GB of disk (estimated)", 0, 4)
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
-        lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=qkey,
+        lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=chunks_key,
         weights_dtype=facts.weights_dtype, chunk_mb=r.chunk_mb))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
@@ -457,6 +462,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from ..ort_qnn import worker as ort_qnn_worker
     from ...contract.manifest import sha256_file
     from .ctx_jobs import SHARED_NAMESPACE, compile_shared
+    from ...toolchain.qnn_graph_order import ORDER_SCHEME
     shas = {g["name"]: sha256_file(qentry / g["qdq"]) for g in graphs}
     jobs: list[tuple[Callable, dict]] = []
     for soc in socs:
@@ -464,13 +470,15 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         for p in range(1, n_parts + 1):
             members = [g for g in graphs if g["part"] == p]
             key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
-                            onnxruntime.__version__)
-            jobs.append((compile_shared, {"kind": "shared", "part": p, "target": soc.name, "provider_options": popts,
+                            onnxruntime.__version__, *([ORDER_SCHEME, p, n_parts] if n_parts > 1 else []))
+            jobs.append((compile_shared, {"kind": "shared", "part": p, "n_parts": n_parts, "target": soc.name,
+                                          "provider_options": popts,
                                           "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
                                           "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
             twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
-                                                  "context-binary", qairt.build_id, cache)
+                                                  "context-binary", qairt.build_id, cache,
+                                                  graph_order=(g["part"], n_parts) if n_parts > 1 else None)
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
     namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
     pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
@@ -549,20 +557,18 @@ def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None
         cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
 
 
-def _genie_dialog(config: dict, n_parts: int) -> dict:
-    """Genie creates a dialog on the host twins; a refusal fails the build. A decoder split into
-    parts is the known exception, recorded and not checked: Genie orders split graphs by their names
-    inside the binaries (`<prefix>_<i>_of_<n>`), and the QNN EP names them `QNNExecutionProvider_
-    <hash>_1_0` itself. Measured on a 2-part tiny Llama: the dialog is refused ("input_ids - Tensor
-    not found") or, in other runs, created and then runs the parts in the wrong order (tokens differ
-    from our loop's, and from run to run)."""
-    from .genie_dialog import check_dialog
-    if n_parts > 1:
-        return {"dialog_created": False,
-                "dialog_note": f"not checked: a decoder split into {n_parts} parts needs its graphs named "
-                               "<prefix>_<i>_of_<n> inside the binaries for Genie to order them, and the QNN EP "
-                               "names them itself (QNNExecutionProvider_<hash>_1_0)"}
-    return check_dialog(config)
+def _check_part_order(graphs, target: str) -> None:
+    """Genie orders a variant's parts by their QNN graph names (toolchain/qnn_graph_order.py): the
+    names read back from the binaries, device and host twins, must sort in part order."""
+    from ...toolchain.qnn_graph_order import in_part_order
+    for n in sorted({g.n_tokens for g in graphs if g.target == target}):
+        parts = sorted((g for g in graphs if g.target == target and g.n_tokens == n), key=lambda g: g.part_index or 1)
+        for what, names in (("device binaries", [g.qnn_graph_name for g in parts]),
+                            ("host twins", [g.host_twin.qnn_graph_name for g in parts if g.host_twin])):
+            if len(names) > 1 and not in_part_order(names):
+                raise VerificationError(f"the QNN graphs of ar{n}'s parts in the {what} do not sort in part order "
+                                        f"({', '.join(names)}): Genie would run the parts out of order",
+                                        "report this with the manifest: the QNN EP's graph naming changed")
 
 
 def _tensor_specs(infos) -> list[TensorSpec]:
@@ -575,7 +581,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     from ..context_binary import read_back
     from ...toolchain.genie import validate_genie_config
     from .genie import genie_config
-    from .genie_dialog import host_config
+    from .genie_dialog import check_dialog, host_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)
     n_parts = len(qmeta["parts"])
@@ -665,8 +671,13 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                 # the EPContext model names the binary it references: point it at the renamed file
                 _retarget_epcontext(w.dir / ctx_rel, meta["context_binary"], bin_name)
                 twin = twin_files[(job["target"], name)]
-                qg = next(g for g in info.graphs if g.name == twin.qnn_graph_name) \
-                    if any(g.name == twin.qnn_graph_name for g in info.graphs) else None
+                # parts in order: each compile named its graph from its own path (toolchain/qnn_graph_order.py)
+                qnn_name = meta.get("expected_graph_names", {}).get(name, twin.qnn_graph_name)
+                qg = next((g for g in info.graphs if g.name == qnn_name), None)
+                if qg is None and n_parts > 1:
+                    raise VerificationError(f"the binary of part {p} has no graph {qnn_name} for {name} "
+                                            f"(it holds {', '.join(g.name for g in info.graphs)})",
+                                            "report this with the manifest: the QNN EP's graph naming changed")
                 g = graphs[name]
                 m.graphs.append(GraphSpec(
                     name=name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
@@ -696,9 +707,10 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             path.write_text(json.dumps(cfg, indent=2))
             twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
                      if g.target == soc.name and g.host_twin is not None]
+            _check_part_order(m.graphs, soc.name)
             say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
             genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
-                                         **_genie_dialog(host_config(cfg, path.parent, twins), n_parts))
+                                         **check_dialog(host_config(cfg, path.parent, twins)))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
         shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()

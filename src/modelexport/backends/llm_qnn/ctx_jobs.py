@@ -9,42 +9,49 @@ binaries); it is read back only through libQnnSystem.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
 from ...core.cache import Cache
 from ...core.errors import ToolchainError, clip
+from ...toolchain.qnn_graph_order import ordered_model_path, qnn_graph_name
 
 SHARED_NAMESPACE = "llm-ctx-shared"
 
 
 def _build_shared(job: dict, tmp: Path) -> dict:
     from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
-    placements, seconds = {}, {}
+    placements, seconds, graph_names = {}, {}, {}
     n = len(job["models"])
-    for i, (name, model_path) in enumerate(job["models"]):
-        entries = {"ep.context_enable": "1", "ep.context_file_path": str(tmp / f"{name}_ctx.onnx"),
-                   "ep.context_embed_mode": "0", "ep.share_ep_contexts": "1"}
-        if i == n - 1:
-            entries["ep.stop_share_ep_contexts"] = "1"
-        t0 = time.perf_counter()
-        try:
-            sess = create_session(model_path, SessionPlan(provider_options=dict(job["provider_options"]),
-                                                          config_entries=entries))
-        except Exception as e:
-            raise ToolchainError(f"the QNN EP could not compile {name} (weight-shared) for {job['target']}: "
-                                 f"{clip(str(e), 1000)}",
-                                 "try --optimization-level 1, or compile without weight sharing (one variant)") from None
-        seconds[name] = round(time.perf_counter() - t0, 3)
-        placements[name] = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
-        del sess
+    with tempfile.TemporaryDirectory(prefix="modelexport-order-") as links:   # the ordered paths' symlinks
+        for i, (name, model_path) in enumerate(job["models"]):
+            if job.get("n_parts", 1) > 1:   # each variant's graph of this part named to sort at the part's place
+                model_path = ordered_model_path(Path(model_path), job["part"], job["n_parts"], Path(links))
+                graph_names[name] = qnn_graph_name(model_path)
+            entries = {"ep.context_enable": "1", "ep.context_file_path": str(tmp / f"{name}_ctx.onnx"),
+                       "ep.context_embed_mode": "0", "ep.share_ep_contexts": "1"}
+            if i == n - 1:
+                entries["ep.stop_share_ep_contexts"] = "1"
+            t0 = time.perf_counter()
+            try:
+                sess = create_session(model_path, SessionPlan(provider_options=dict(job["provider_options"]),
+                                                              config_entries=entries))
+            except Exception as e:
+                raise ToolchainError(f"the QNN EP could not compile {name} (weight-shared) for {job['target']}: "
+                                     f"{clip(str(e), 1000)}",
+                                     "try --optimization-level 1, or compile without weight sharing (one variant)") from None
+            seconds[name] = round(time.perf_counter() - t0, 3)
+            placements[name] = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
+            del sess
     bins = sorted(p.name for p in tmp.glob("*.bin"))
     if len(bins) != 1:
         raise ToolchainError(f"weight sharing produced {len(bins)} context binaries for part {job['part']} (expected 1)",
                              "report this: the QNN EP did not share its context")
     return {"part": job["part"], "target": job["target"], "context_binary": bins[0],
             "epcontext": {name: f"{name}_ctx.onnx" for name, _ in job["models"]},
-            "placement": placements, "compile_seconds": seconds, "provider_options": job["provider_options"]}
+            "placement": placements, "compile_seconds": seconds, "provider_options": job["provider_options"],
+            "expected_graph_names": graph_names}
 
 
 def compile_shared(job: dict) -> dict:

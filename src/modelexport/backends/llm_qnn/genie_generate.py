@@ -128,10 +128,13 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
     targets: Sequence[str] = list(bundle.manifest.llm.genie) if bundle.manifest.llm else []
     if not targets:
         raise InputError(f"bundle {path} has no Genie config", "compile the LLM again with this version")
-    if bundle.manifest.llm.n_parts > 1:
-        raise UnsupportedError(f"Genie cannot run {path.name} on this host: its decoder is split into "
-                               f"{bundle.manifest.llm.n_parts} parts, which Genie orders by graph names the QNN EP "
-                               "does not let us set", "use --backend htp-sim (the same binaries, our loop)")
+    check = bundle.manifest.llm.genie[targets[0]]
+    if bundle.manifest.llm.n_parts > 1 and not check.dialog_created:
+        # bundles split into parts before their graphs were named in part order and their boundary
+        # tensors alike on both sides of a cut: Genie would run them out of order or not at all
+        raise UnsupportedError(f"Genie cannot run {path.name}: its decoder is split into {bundle.manifest.llm.n_parts} "
+                               f"parts whose graphs Genie cannot chain ({check.dialog_note or 'no Genie dialog was created at build time'})",
+                               "compile the LLM again with this version, or use --backend htp-sim (the same binaries, our loop)")
     tokenizer = bundle_tokenizer(bundle, path, opts)
     gen = GenieGenerator(bundle, tokenizer, targets[0])
     info = {"source": str(path), "source_kind": "bundle", "model": path.name, "target": targets[0],

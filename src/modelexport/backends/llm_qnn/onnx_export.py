@@ -8,7 +8,8 @@ context binary.
 
 A *part* of a split decoder (`layers=(a, b)`) takes `hidden_states` instead of `input_ids`
 unless it is the first part, and returns `hidden_states_out` instead of logits unless it is the
-last; RoPE tables, mask and the caches of its own layers are its other inputs.
+last; RoPE tables, mask and the caches of its own layers are its other inputs. (The part's joined
+QDQ graph names both after the layer they follow, `hidden_states_after_layer_<i>`: part_stage.py.)
 """
 from __future__ import annotations
 

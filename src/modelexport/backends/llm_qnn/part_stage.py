@@ -45,16 +45,17 @@ def quantize_part(job: dict) -> dict:
 def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: Path) -> dict:
     """The part's graph in `dest` from its chunks' entries (hard links when it is one chunk); returns
     its quantization record."""
-    from ...quant.chunk_join import join_chunks
+    from ...quant.chunk_join import join_chunks, name_part_boundaries
     from ...quant.llm_graphs import merge_quantization
     from .onnx_export import part_input_names, part_output_names
 
+    part = chunks[0].part
     if len(entries) == 1:
         link_into(entries[0], graph, dest)
     else:
-        part = chunks[0].part
         join_chunks([(e / f"{n}.onnx", c.end_layer) for e, n, c in zip(entries, names, chunks)], dest / f"{graph}.onnx",
                     part_input_names(part), part_output_names(part))
+    name_part_boundaries(dest / f"{graph}.onnx", part.first_layer, part.end_layer, part.is_first, part.is_last)
     return merge_quantization([Cache.meta(e)["quantization"] for e in entries])
 
 

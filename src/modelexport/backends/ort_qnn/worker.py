@@ -3,24 +3,29 @@ target, through a real QNN EP session. Runs in a pool worker or in-process; the
 result lands in the content-addressed cache."""
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
 from ...core.cache import Cache, cache_key
 from ...core.errors import ToolchainError, clip
+from ...toolchain.qnn_graph_order import ORDER_SCHEME, ordered_model_path
 from .formats import OUTPUT_FORMATS
 
 CACHE_NAMESPACE = "ctx"
 
 
 def compile_job_for(part: str, target: str, model_path: Path, model_sha: str, provider_options: dict, output_format: str,
-                    qairt_build: str, cache: Cache) -> dict:
+                    qairt_build: str, cache: Cache, graph_order: tuple[int, int] | None = None) -> dict:
     """The job `compile_job` takes, keyed by everything that shapes what the QNN EP writes; the
-    ONNX and LLM compilers share the cache entries."""
+    ONNX and LLM compilers share the cache entries. `graph_order` (i, n): the QNN graph is named to
+    sort i-th of n (toolchain/qnn_graph_order.py)."""
     import onnxruntime
-    key = cache_key(CACHE_NAMESPACE, model_sha, provider_options, output_format, qairt_build, onnxruntime.__version__, part)
+    key = cache_key(CACHE_NAMESPACE, model_sha, provider_options, output_format, qairt_build, onnxruntime.__version__, part,
+                    *([ORDER_SCHEME, list(graph_order)] if graph_order else []))
     return {"part": part, "target": target, "model_path": str(model_path), "provider_options": provider_options,
-            "format": output_format, "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}
+            "format": output_format, "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled,
+            "graph_order": list(graph_order) if graph_order else None}
 
 
 def _build(job: dict, tmp: Path) -> dict:
@@ -30,7 +35,11 @@ def _build(job: dict, tmp: Path) -> dict:
     opts = dict(job["provider_options"]) | more_opts
     t0 = time.perf_counter()
     try:
-        sess = create_session(job["model_path"], SessionPlan(provider_options=opts, config_entries=entries))
+        with tempfile.TemporaryDirectory(prefix="modelexport-order-") as links:
+            model_path = job["model_path"]
+            if job.get("graph_order"):
+                model_path = ordered_model_path(Path(model_path), *job["graph_order"], Path(links))
+            sess = create_session(str(model_path), SessionPlan(provider_options=opts, config_entries=entries))
     except Exception as e:
         raise ToolchainError(f"the QNN EP could not compile {part} for {job['target']}: {clip(str(e), 1000)}",
                              "run `modelexport audit` on the model with the same --precision: it names the node QNN "
