@@ -62,7 +62,7 @@ from .hf_layout import (
     require_cpu_family,
 )
 
-EXPORT_FORMAT_VERSION = 12  # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 13  # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
