@@ -179,7 +179,7 @@ class RopeTable(torch.nn.Module):
 
     def forward(self, input_pos: torch.Tensor, seq_len: int):
         start = input_pos[-1].item()
-        torch._check_is_size(start)
+        torch._check(start >= 0)
         torch._check(start < self.freqs_cos.shape[0])
         return self.freqs_cos.narrow(0, start, seq_len), self.freqs_sin.narrow(0, start, seq_len)
 
