@@ -39,7 +39,8 @@ EMBEDDING_SCALE_FNS = {"none": lambda cfg: 1.0, "sqrt_hidden": lambda cfg: cfg.h
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """HF's gelu_pytorch_tanh, written out: ExecuTorch's XNNPACK partitioner takes
     `aten.gelu(approximate="tanh")` but serializes XNNPACK's GELU without the flag, i.e. the erf form
-    (logits ~1e-3 away from transformers' on the tiny Gemma 3); tanh and the products it lowers as they are."""
+    (logits ~1e-3 away from transformers' on the tiny Gemma 3; pytorch/executorch#22851 routes it to
+    XNNPACK's approximate GELU, after the version we ship); tanh and the products it lowers as they are."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
