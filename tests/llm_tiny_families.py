@@ -63,9 +63,12 @@ BUILDERS = {"qwen3": _qwen3, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": 
 NEW_FAMILIES = tuple(BUILDERS)
 
 
-def tiny_family_model(model_type: str, seed: int = 0, std: float = 0.2):
-    """A random model of the family, weights drawn wide enough that every feature moves the logits."""
+def tiny_family_model(model_type: str, seed: int = 0, std: float = 0.2, **config_changes):
+    """A random model of the family, weights drawn wide enough that every feature moves the logits;
+    `config_changes` set config fields away from the builder's."""
     model_cls, cfg = BUILDERS[model_type]()
+    for key, value in config_changes.items():
+        setattr(cfg, key, value)
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     with torch.no_grad():

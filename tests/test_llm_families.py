@@ -148,14 +148,16 @@ def test_compile_refuses_a_longrope_context_before_weights(folders, tmp_path):
     assert "--max-seq-len 128" in e.value.fix and not out.exists()
 
 
-def test_cpu_runtime_refuses_a_family_it_cannot_build(folders, tmp_path):
+def test_cpu_runtime_refuses_what_it_cannot_build_before_weights(folders, tmp_path):
+    """Gemma's attention_bias biases o_proj too (row field attention_bias_on_o_proj), which
+    ExecuTorch's attention has no place for: refused from config.json, before any weight."""
     from modelexport.core.errors import UnsupportedError
     from modelexport.llm.cpu.export import CpuExportOptions, build_cached
 
-    bad = _broken_weights_copy(folders["gemma3_text"], tmp_path / "gemma")
-    with pytest.raises(UnsupportedError, match="gemma3_text.*lacks.*sandwich norms") as e:
+    bad = _broken_weights_copy(folders["gemma3_text"], tmp_path / "gemma", attention_bias=True)
+    with pytest.raises(UnsupportedError, match="gemma3_text model .o_proj bias. are not supported") as e:
         build_cached(bad, CpuExportOptions(max_seq_len=32), cache_dir=tmp_path / "cache")
-    assert "htp-sim" in e.value.fix and e.value.exit_code == 6
+    assert e.value.exit_code == 6 and "htp-sim" in e.value.fix
 
 
 def test_inspect_hf_folder_shows_the_family_row(folders, tmp_path):

@@ -43,6 +43,28 @@ def test_reference_is_torch_causal_sdpa_with_an_offset():
     assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_explicit_scores_are_the_reference_plus_scale_softcap_and_window():
+    """`ExplicitScores` (the torch-ops attention of soft-capped or windowed layers: Gemma) is the
+    kernel's contract when it adds nothing, and HF's eager attention (scale, tanh soft-cap before
+    the mask, a window of `window` positions) when it does."""
+    from modelexport.llm.cpu.kernels.sdpa_op import ExplicitScores
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 5, 6 + 4, 16) * 3, torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16)
+    plain = ExplicitScores(1 / math.sqrt(16), None, None)(q, k, v, 7, 6)
+    assert torch.allclose(plain, sdpa_reference(q, k, v, 7, 6), atol=1e-5)
+    scale, cap, window = 0.2, 5.0, 4
+    got = ExplicitScores(scale, cap, window)(q, k, v, 7, 6)
+    kk = k[0, :12].repeat_interleave(3, dim=1).transpose(0, 1)                 # [H, L, D]
+    vv = v[0, :12].repeat_interleave(3, dim=1).transpose(0, 1)
+    scores = torch.tanh(q[0, :, :6].transpose(0, 1) @ kk.transpose(1, 2) * scale / cap) * cap   # [H, n, L]
+    qpos, kpos = (7 + torch.arange(5))[:, None], torch.arange(12)[None, :]
+    allowed = (kpos <= qpos) & (qpos - kpos < window)
+    want = (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ vv).transpose(0, 1)[None]
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-2)        # and they do change it
+
+
 @pytest.mark.parametrize("heads,kv_heads,dim,extra", [(9, 3, 64, 6), (4, 4, 32, 0), (2, 1, 20, 0)])
 def test_kernel_matches_reference_for_decode_and_prefill(tmp_path, heads, kv_heads, dim, extra):
     """GQA with a fused q|k|v input (SmolLM2's shapes), plain MHA, and a head size with no

@@ -70,19 +70,16 @@ FAMILIES: tuple[LLMFamily, ...] = (
     LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True, sliding="layer_types"),
     LLMFamily("qwen3", "Qwen3", ("qwen3",), npu=True, cpu=True, qk_norm=True, attention_bias_on_o_proj=True,
               sliding="layer_types"),
-    LLMFamily("gemma2", "Gemma 2", ("gemma2",), npu=True, cpu=False,
-              cpu_missing="sandwich norms, GeGLU, embedding scaling, query_pre_attn_scalar without q/k norms, "
-                          "soft-capping of scores and logits (ExecuTorch's Transformer computes none of them)",
-              norm="rms_one_plus", sandwich_norms=True, activation_field="hidden_activation",
+    LLMFamily("gemma2", "Gemma 2", ("gemma2",), npu=True, cpu=True,
+              norm="rms_one_plus", sandwich_norms=True, attention_bias_on_o_proj=True, activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
               sliding="layer_types"),
     # Gemma 3's text model (270M, 1B); the 4B+ checkpoints are "gemma3" (text + vision) and not read.
     # llama.cpp files it as "gemma3"; transformers builds Gemma3ForCausalLM ("gemma3_text") from it.
-    LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=False,
-              cpu_missing="sandwich norms, GeGLU, embedding scaling, per-layer-type RoPE tables "
-                          "(ExecuTorch's Transformer computes none of them)",
-              norm="rms_one_plus", sandwich_norms=True, qk_norm=True, activation_field="hidden_activation",
+    LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=True,
+              norm="rms_one_plus", sandwich_norms=True, qk_norm=True, attention_bias_on_o_proj=True,
+              activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
               rope_per_layer_type=True, sliding="layer_types"),

@@ -62,7 +62,7 @@ from .hf_layout import (
     require_cpu_family,
 )
 
-EXPORT_FORMAT_VERSION = 12  # bump when the program layout, quantization or passes change
+EXPORT_FORMAT_VERSION = 13  # bump when the program layout, quantization or passes change
 QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
@@ -136,17 +136,18 @@ def _check_source_family(source: Path, max_seq_len: int) -> None:
         check_hf_files(source)
 
 
-def _hf_rope_tables(hf_model, max_seq_len: int, head_dim: int):
-    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1.
-    A partial rotary table (Phi-4-mini: 3/4 of the head) is padded with cos 1, sin 0: the dims
-    past it then pass through RoPE unchanged, as HF passes them around it."""
+def _hf_rope_tables(hf_model, max_seq_len: int, head_dim: int, slot: str = ""):
+    """cos/sin [max_seq_len, head_dim] exactly as the HF model computes them for positions 0..n-1,
+    of one layer type's table (`slot`, Gemma 3) or the model's one table (""). A partial rotary
+    table (Phi-4-mini: 3/4 of the head) is padded with cos 1, sin 0: the dims past it then pass
+    through RoPE unchanged, as HF passes them around it."""
     import torch
 
     rot = hf_model.model.rotary_emb
     pos = torch.arange(max_seq_len).unsqueeze(0)
     dummy = torch.zeros(1, 1, dtype=torch.float32)
     with torch.no_grad():
-        cos, sin = rot(dummy, pos)
+        cos, sin = rot(dummy, pos, slot) if slot else rot(dummy, pos)
     cos, sin = cos[0].float(), sin[0].float()
     rotary = cos.shape[-1]
     if rotary > head_dim or rotary % 2:
@@ -172,7 +173,8 @@ def _no_rope():
 
 
 def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
-    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops.
+    """ExecuTorch's `Transformer` holding the HF model's weights, with custom SDPA + KV-cache ops,
+    and what its row needs beyond ExecuTorch's blocks (`row_patches.py`).
     `model.kernel_plan` says which of our fusions each layer got (llm.json's `kernels`)."""
     import torch
     from executorch.examples.models.llama.llama_transformer import construct_transformer
@@ -180,9 +182,17 @@ def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
         replace_kv_cache_with_custom_kv_cache
     from executorch.examples.models.llama.source_transformation.sdpa import replace_sdpa_with_custom_op
 
-    args = model_args_from_hf(hf_model.config, max_seq_len)
+    from ...frontends.llm_families import BY_MODEL_TYPE, rope_parameters
+    from . import row_patches
+    from .kernels.sdpa_op import ExplicitScores, fuse_qkv_attention
+
+    cfg = hf_model.config
+    family = BY_MODEL_TYPE[cfg.model_type]
+    args = model_args_from_hf(cfg, max_seq_len)
     with torch.device("meta"):
         model = construct_transformer(args)
+        if family.sandwich_norms:
+            row_patches.add_sandwich_norms(model, args)
     sd = meta_state_dict(hf_model, args)
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     still_meta = [n for n, p in model.named_parameters() if p.is_meta]
@@ -192,25 +202,40 @@ def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
     meta_bufs = [n for n, b in model.named_buffers() if b.is_meta]
     if meta_bufs:  # ExecuTorch makes its buffers (caches, masks, RoPE) on the CPU explicitly
         raise UnsupportedError(f"ExecuTorch's Transformer left buffers uninitialized: {meta_bufs[:4]}")
-    cos, sin, rotary = _hf_rope_tables(hf_model, max_seq_len, args.head_dim)
-    if tuple(model.rope.freqs_cos.shape) != tuple(cos.shape):
-        raise UnsupportedError(f"RoPE table shape {tuple(cos.shape)} does not fit {tuple(model.rope.freqs_cos.shape)}")
-    model.rope.freqs_cos = cos
-    model.rope.freqs_sin = sin
-    nope = nope_layers(hf_model.config)
+    slots = sorted(rope_parameters(family, cfg)) if family.rope_per_layer_type else [""]
+    tables = {slot: _hf_rope_tables(hf_model, max_seq_len, args.head_dim, slot) for slot in slots}
+    rotaries = {rotary for _, _, rotary in tables.values()}
+    if len(rotaries) != 1:
+        raise UnsupportedError(f"the layer types' RoPE tables rotate different dims {sorted(rotaries)}")
+    (rotary,) = rotaries
+    if tuple(model.rope.freqs_cos.shape) != tuple(tables[slots[0]][0].shape):
+        raise UnsupportedError(f"RoPE table shape {tuple(tables[slots[0]][0].shape)} does not fit "
+                               f"{tuple(model.rope.freqs_cos.shape)}")
+    row_patches.per_slot_rope(model, family, cfg, {s: t[:2] for s, t in tables.items()})
+    nope = nope_layers(cfg)
     for i in nope:
         model.layers[i].attention.rope = _no_rope()
+    activation = row_patches.activation_of(family, cfg)
+    row_patches.set_activation(model, activation)
+    ends = row_patches.scale_embeddings_and_cap_logits(model, hf_model, family)
+    scores, fold = row_patches.scores_plan(family, cfg, args.head_dim, max_seq_len, bool(args.use_qk_norm))
+    if fold != 1.0:
+        row_patches.fold_query_scale_into_q_norm(model, fold)
     _xnnpack_friendly_norms_and_rope(model, args, rotary)
     model = replace_sdpa_with_custom_op(model)
     model = replace_kv_cache_with_custom_kv_cache(model)
     plan = {"rotary_dims": rotary, "head_dim": args.head_dim, "nope_layers": nope,
-            "qk_norm": bool(args.use_qk_norm), "attention": "executorch"}
-    if attention == "native":
-        from .kernels.sdpa_op import fuse_qkv_attention
-        if fuse_qkv_attention(model) != args.n_layers:
+            "qk_norm": bool(args.use_qk_norm), "attention": "executorch", "activation": activation,
+            "rope_tables": len(slots), **ends}
+    explicit = [None if s is None else ExplicitScores(*s) for s in scores]
+    if attention == "native" or any(e is not None for e in explicit):
+        # the torch-ops scores live in our fused attention's forward, whatever `attention` asks
+        if fuse_qkv_attention(model, explicit) != args.n_layers:
             raise UnsupportedError("this model's attention does not fit the native kernel",
                                    "build with attention='executorch' (CpuExportOptions)")
         plan["attention"] = "native: fused q|k|v" + (", q/k norms inside" if args.use_qk_norm else "")
+        if any(e is not None for e in explicit):
+            plan["scores_in_torch_ops"] = [None if e is None else e.describe() for e in explicit]   # per layer
     model.kernel_plan = plan
     return model.eval(), args
 
@@ -401,7 +426,8 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
     import torch
 
     plan = getattr(model, "kernel_plan", {})    # which fusions took (llm.json's `kernels`)
-    plan.update(linear=opts.linear if opts.quant != "fp32" else "xnnpack (fp32)", fused_mlps=0, fused_blocks=0)
+    plan.update(linear=opts.linear if opts.quant != "fp32" else "xnnpack (fp32)", fused_mlps=0, fused_blocks=0,
+                fused_input_norms=0)
     with torch.no_grad():
         native_blocks = blocks if opts.linear == "native" else None
         if opts.embedding_bits and native_blocks is not None:
@@ -419,7 +445,7 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
             bits = 4 if opts.quant == "8da4w" else 8
             group = opts.group_size if bits == 4 else 0
             if opts.linear == "native":
-                from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_swiglu
+                from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_input_norms, fuse_swiglu
 
                 made: dict[int, Any] = {}     # fuse_swiglu asks for gate and up, then swap may ask again
 
@@ -454,6 +480,7 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
             swap(model)
             if opts.linear == "native":
                 plan["fused_blocks"] = fuse_blocks(model)
+                plan["fused_input_norms"] = fuse_input_norms(model)   # sandwich blocks (Gemma)
     return model
 
 

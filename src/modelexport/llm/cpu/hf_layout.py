@@ -6,7 +6,7 @@ Each row field the CPU program expresses has one entry below (`ROW_ARGS`: what i
 entry here is not a CPU family (`unexpressed_fields`). What ExecuTorch's blocks do not read from
 `ModelArgs` in the version we ship (NoPE layers: `no_rope_layer_interval` is a field nothing reads;
 partial rotary, whose tables we take from HF) is done on the built model by `export.py`
-(`nope_layers`, padded RoPE tables).
+(`nope_layers`, padded RoPE tables), and Gemma's features by `row_patches.py` (`EXPRESSED_FIELDS`).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from ...frontends.llm_families import (
     LLMFamily,
     check_static_context,
     rope_slots,
-    sliding_layers,
 )
+from .row_patches import ACTIVATIONS, EXPRESSED_FIELDS, activation_of
 
 # HF layer tensor (without .weight/.bias) → its name in ExecuTorch's Transformer
 LAYER_NAMES = {
@@ -41,6 +41,13 @@ def _gate_up_rows(args) -> list[tuple[str, int]]:
     return [("feed_forward.w1", args.hidden_dim), ("feed_forward.w3", args.hidden_dim)]   # gate rows first (Phi-3)
 
 
+# row field → HF layer tensors named differently when the field is set (Gemma's sandwich norms:
+# post_attention_layernorm is the attention output's norm, the MLP's input norm is pre_feedforward_layernorm)
+ROW_RENAMES = {
+    "sandwich_norms": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                       "post_feedforward_layernorm": "post_ffn_norm"},
+}
+
 # row field → (the fused HF tensor, its parts in row order)
 FUSED_ROWS = {
     "fused_qkv": ("self_attn.qkv_proj", _qkv_rows),
@@ -54,10 +61,11 @@ ROW_ARGS = {
     "norm": lambda kind: {"rms_norm_add_unit_offset": NORM_WEIGHT_OFFSET[kind] == 1.0},
 }
 # row fields handled outside ModelArgs: by the renaming (FUSED_ROWS), the checks in model_args_from_hf,
-# or on the built model (export.py: NoPE layers, RoPE tables from HF)
+# or on the built model (export.py: NoPE layers, RoPE tables from HF; row_patches.py: the rest,
+# sliding windows included: row_patches.scores_plan)
 HANDLED_ELSEWHERE = ("model_type", "label", "gguf_architectures", "npu", "cpu", "cpu_missing", "qkv_bias",
                      "attention_bias_on_o_proj", "activation_field", "rope_types", "nope_layers_field", "sliding",
-                     *FUSED_ROWS)
+                     *FUSED_ROWS, *EXPRESSED_FIELDS)
 _ROW_DEFAULTS = LLMFamily("", "", (), npu=False, cpu=False).facts()
 
 
@@ -67,6 +75,10 @@ def unexpressed_fields(family: LLMFamily) -> list[str]:
             if k not in ROW_ARGS and k not in HANDLED_ELSEWHERE and v != _ROW_DEFAULTS[k]]
 
 
+RUN_ON_THE_NPU = ("run it on the NPU instead: modelexport compile MODEL -o OUT, then "
+                  "modelexport generate OUT --backend htp-sim")
+
+
 def require_cpu_family(family, name):
     """The family's row if the CPU export builds it; else UnsupportedError with what it lacks."""
     if family is not None and family.cpu:
@@ -74,8 +86,7 @@ def require_cpu_family(family, name):
     *rest, last = (f.model_type for f in FAMILIES if f.cpu)
     lacks = f": it lacks {family.cpu_missing}" if family is not None and family.cpu_missing else ""
     raise UnsupportedError(f"the CPU runtime builds {', '.join(rest)} and {last} models, not {name!r}{lacks}",
-                           "run it on the NPU instead: modelexport compile MODEL -o OUT, then "
-                           "modelexport generate OUT --backend htp-sim")
+                           RUN_ON_THE_NPU)
 
 
 def check_cpu_config(config, max_seq_len: int) -> LLMFamily:
@@ -83,17 +94,14 @@ def check_cpu_config(config, max_seq_len: int) -> LLMFamily:
     mt = getattr(config, "model_type", None)
     family = require_cpu_family(BY_MODEL_TYPE.get(mt), mt)
     if getattr(config, "mlp_bias", False):
-        raise UnsupportedError("MLP biases are not supported by the CPU export")
+        raise UnsupportedError("MLP biases are not supported by the CPU export", RUN_ON_THE_NPU)
     if getattr(config, "attention_bias", False) and family.attention_bias_on_o_proj:
-        raise UnsupportedError(f"attention biases on a {mt} model (o_proj bias) are not supported by the CPU export")
-    act = getattr(config, family.activation_field, None) or "silu"
-    if act != "silu":
-        raise UnsupportedError(f"activation {family.activation_field}={act!r} is not supported (SwiGLU/silu only)")
-    windows = [w for w in sliding_layers(family, config) if w]   # the family table's rule
-    if windows and min(windows) < max_seq_len:
-        raise UnsupportedError(f"this {family.label} model uses a {min(windows)}-token sliding window; "
-                               f"the CPU export supports full attention only",
-                               f"use --max-seq-len {min(windows)} or less")
+        raise UnsupportedError(f"attention biases on a {mt} model (o_proj bias) are not supported by the CPU export",
+                               RUN_ON_THE_NPU)
+    act = activation_of(family, config)
+    if act not in ACTIVATIONS:
+        raise UnsupportedError(f"activation {family.activation_field}={act!r} is not supported by the CPU export "
+                               f"(it has {', '.join(ACTIVATIONS)})", RUN_ON_THE_NPU)
     ctx = getattr(config, "max_position_embeddings", None)
     if ctx and max_seq_len > ctx:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx})",
@@ -134,6 +142,10 @@ def meta_state_dict(hf_model, args) -> dict:
     layer tensor with no place in ExecuTorch's layout is refused, naming it."""
     family = BY_MODEL_TYPE[hf_model.config.model_type]
     fused = {hf: parts for field, (hf, parts) in FUSED_ROWS.items() if getattr(family, field)}
+    names = dict(LAYER_NAMES)
+    for field, renames in ROW_RENAMES.items():
+        if getattr(family, field):
+            names.update(renames)
     sd = hf_model.state_dict()
     emb = sd["model.embed_tokens.weight"]
     out = {"tok_embeddings.weight": emb, "norm.weight": sd["model.norm.weight"],
@@ -149,7 +161,7 @@ def meta_state_dict(hf_model, args) -> dict:
                 out[f"layers.{i}.{meta}.{kind}"] = value[start:start + rows]
                 start += rows
             continue
-        if name not in LAYER_NAMES:
+        if name not in names:
             raise UnsupportedError(f"the CPU export has no place for {key} in ExecuTorch's Llama layout")
-        out[f"layers.{i}.{LAYER_NAMES[name]}.{kind}"] = value
+        out[f"layers.{i}.{names[name]}.{kind}"] = value
     return {k: v.detach().float().contiguous() for k, v in out.items()}

@@ -310,14 +310,16 @@ def _swiglu_forward(self, x):
 def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     """Give every ExecuTorch `FeedForward` (w2(silu(w1 x) * w3 x)) one `Q4GateUp` for w1 and w3;
     `quantize(linear)` → a `Q4Linear` or `Q8Linear` (gate and up not alike: that MLP stays as it
-    is). Returns how many MLPs were fused."""
+    is; so does one whose activation is not silu, `FeedForward.activation`: row_patches.set_activation).
+    Returns how many MLPs were fused."""
     import types
 
     from executorch.examples.models.llama.feed_forward import FeedForward
 
     done = 0
     for m in model.modules():
-        if type(m) is FeedForward and m.w1.out_features % SWIGLU_GROUP == 0 and m.w1.in_features % BLOCK == 0:
+        if (type(m) is FeedForward and getattr(m, "activation", "silu") == "silu"
+                and m.w1.out_features % SWIGLU_GROUP == 0 and m.w1.in_features % BLOCK == 0):
             gate, up = quantize(m.w1), quantize(m.w3)
             if not Q4GateUp.fits(gate, up):
                 continue
@@ -336,6 +338,26 @@ def _fused_block_forward(self, x, freqs_cos, freqs_sin, attn_options):
     return ff.w2(ff.gate_up(h), h), update
 
 
+def _rms_factor(norm) -> torch.Tensor | None:
+    """What an ExecuTorch RMSNorm multiplies by (w, or 1 + w for Gemma's), None for anything else."""
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    if type(norm) is not RMSNorm:
+        return None
+    w = norm.weight.detach().float()
+    return 1.0 + w if norm.add_unit_offset else w
+
+
+def _mlp_inputs(ff) -> list:
+    """The projections reading an MLP's input, if all are ours: gate|up fused, or gate and up
+    apart (a GeGLU MLP: the fused kernel's activation is silu); else []."""
+    if isinstance(getattr(ff, "gate_up", None), Q4GateUp):
+        return [ff.gate_up]
+    ours = (Q4Linear, Q8Linear)
+    w1, w3 = getattr(ff, "w1", None), getattr(ff, "w3", None)
+    return [w1, w3] if isinstance(w1, ours) and isinstance(w3, ours) else []
+
+
 def fuse_blocks(model: torch.nn.Module) -> int:
     """In every plain Llama block whose projections are ours (fused q|k|v, o, gate|up, down), move
     the two RMSNorms and the two residual adds into those calls: a block then has no elementwise
@@ -345,10 +367,6 @@ def fuse_blocks(model: torch.nn.Module) -> int:
     import types
 
     from executorch.examples.models.llama.llama_transformer import TransformerBlock
-    from executorch.examples.models.llama.norm import RMSNorm
-
-    def plain_norm(m) -> bool:
-        return type(m) is RMSNorm and not m.add_unit_offset
 
     ours = (Q4Linear, Q8Linear)     # both take the norm before them and the residual after
 
@@ -356,16 +374,45 @@ def fuse_blocks(model: torch.nn.Module) -> int:
     for b in model.modules():
         a, ff = getattr(b, "attention", None), getattr(b, "feed_forward", None)
         if not (type(b) is TransformerBlock and b.mlp_type == "default" and not b.use_residual_gate
-                and not hasattr(b, "post_ffn_norm") and plain_norm(b.attention_norm) and plain_norm(b.ffn_norm)
+                and not hasattr(b, "post_ffn_norm") and _rms_factor(b.attention_norm) is not None
+                and _rms_factor(b.ffn_norm) is not None
                 and isinstance(getattr(a, "wqkv", None), ours) and isinstance(a.wo, ours)
                 and isinstance(getattr(ff, "gate_up", None), Q4GateUp) and isinstance(ff.w2, ours)):
             continue
-        a.wqkv.set_norm(b.attention_norm.weight, b.attention_norm.eps)
-        ff.gate_up.set_norm(b.ffn_norm.weight, b.ffn_norm.eps)
+        a.wqkv.set_norm(_rms_factor(b.attention_norm), b.attention_norm.eps)
+        ff.gate_up.set_norm(_rms_factor(b.ffn_norm), b.ffn_norm.eps)
         b.attention_norm = b.ffn_norm = torch.nn.Identity()
         b.forward = types.MethodType(_fused_block_forward, b)
         done += 1
-    if done and isinstance(getattr(model, "output", None), (Q4Linear, Q8Linear)) and plain_norm(getattr(model, "norm", None)):
-        model.output.set_norm(model.norm.weight, model.norm.eps)    # the final norm, into the lm_head
-        model.norm = torch.nn.Identity()
+    _final_norm_into_output(model, done)
     return done
+
+
+def fuse_input_norms(model: torch.nn.Module) -> int:
+    """In every sandwich block (Gemma: the attention and MLP outputs are normed before the
+    residual adds, so those adds cannot go into o and down), move the two input RMSNorms into the
+    projections after them: q|k|v, and gate|up (or gate and up, each computing the norm, for a
+    GeGLU MLP). The final norm goes into the output projection. Returns how many blocks."""
+    from executorch.examples.models.llama.llama_transformer import TransformerBlock
+
+    done = 0
+    for b in model.modules():
+        a, ff = getattr(b, "attention", None), getattr(b, "feed_forward", None)
+        if not (type(b) is TransformerBlock and hasattr(b, "post_attention_norm")
+                and isinstance(getattr(a, "wqkv", None), (Q4Linear, Q8Linear)) and _mlp_inputs(ff)
+                and _rms_factor(b.attention_norm) is not None and _rms_factor(b.ffn_norm) is not None):
+            continue
+        a.wqkv.set_norm(_rms_factor(b.attention_norm), b.attention_norm.eps)
+        for m in _mlp_inputs(ff):
+            m.set_norm(_rms_factor(b.ffn_norm), b.ffn_norm.eps)
+        b.attention_norm = b.ffn_norm = torch.nn.Identity()
+        done += 1
+    _final_norm_into_output(model, done)
+    return done
+
+
+def _final_norm_into_output(model, blocks_fused: int) -> None:
+    norm = getattr(model, "norm", None)
+    if blocks_fused and isinstance(getattr(model, "output", None), (Q4Linear, Q8Linear)) and _rms_factor(norm) is not None:
+        model.output.set_norm(_rms_factor(norm), norm.eps)    # the final norm, into the lm_head
+        model.norm = torch.nn.Identity()

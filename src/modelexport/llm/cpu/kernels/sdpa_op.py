@@ -79,10 +79,51 @@ def _fused_attention_forward(self, x, freqs_cos, freqs_sin, **kwargs):
     torch._check(start_pos < self.max_context_len)
     torch.ops.llama.update_cache(qkv[:, :, h:h + hkv], self.kv_cache.k_cache, start_pos)
     torch.ops.llama.update_cache(qkv[:, :, h + hkv:], self.kv_cache.v_cache, start_pos)
-    out = torch.ops.modelexport.sdpa(qkv, self.kv_cache.k_cache, self.kv_cache.v_cache, start_pos, h)
+    if self.explicit_scores is None:
+        out = torch.ops.modelexport.sdpa(qkv, self.kv_cache.k_cache, self.kv_cache.v_cache, start_pos, h)
+    else:
+        out = self.explicit_scores(qkv, self.kv_cache.k_cache, self.kv_cache.v_cache, start_pos, h)
     out = out.view(bsz, seqlen, h * d)
     residual = kwargs.get("residual")   # given by a fused block (linear_q4_op.fuse_blocks): wo adds it
     return (self.wo(out) if residual is None else self.wo(out, residual)), None
+
+
+class ExplicitScores(torch.nn.Module):
+    """`modelexport::sdpa`'s contract in torch ops, for the scores the kernel does not compute:
+    a scale other than 1/sqrt(D), a tanh soft-cap (Gemma 2: cap * tanh(s / cap), before the mask
+    as HF applies it) and a sliding window (a key `window` or more positions behind the query is
+    masked). Attends over the whole cache (later positions masked): O(cache) per token."""
+
+    def __init__(self, scale: float, softcap: float | None, window: int | None):
+        super().__init__()
+        self.scale, self.softcap, self.window = float(scale), softcap, window
+
+    def describe(self) -> str:
+        parts = [f"scale {self.scale:.6g}"]
+        if self.softcap is not None:
+            parts.append(f"soft-cap {self.softcap:g}")
+        if self.window is not None:
+            parts.append(f"window {self.window}")
+        return ", ".join(parts)
+
+    def forward(self, query, key_cache, value_cache, start_pos, q_heads: int):
+        _, n, _, d = query.shape
+        s, hkv = key_cache.shape[1], key_cache.shape[2]
+        reps = q_heads // hkv
+        q = query[0, :, :q_heads].reshape(-1, hkv, reps, d).permute(1, 2, 0, 3).reshape(hkv, -1, d)  # [kv, r*n, d]
+        k = key_cache[0].permute(1, 2, 0)                                                          # [kv, d, S]
+        scores = torch.bmm(q, k) * self.scale
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        key_pos = torch.arange(s)[None, :]
+        query_pos = (torch.arange(n) + start_pos)[:, None]
+        allowed = key_pos <= query_pos                                                              # [n, S]
+        if self.window is not None:
+            allowed = allowed & (query_pos - key_pos < self.window)
+        scores = scores.view(hkv, reps, -1, s).masked_fill(~allowed, float("-inf"))
+        probs = scores.softmax(-1).reshape(hkv, -1, s)
+        out = torch.bmm(probs, value_cache[0].permute(1, 0, 2))                                    # [kv, r*n, d]
+        return out.reshape(hkv, reps, -1, d).permute(2, 0, 1, 3).reshape(1, -1, q_heads, d).contiguous()
 
 
 def _norm_weight(norm) -> torch.Tensor:
@@ -118,13 +159,14 @@ def _qk_norm_buffers(a, h: int, hkv: int) -> None:
     a.q_norm_fn = a.k_norm_fn = None
 
 
-def fuse_qkv_attention(model: torch.nn.Module) -> int:
+def fuse_qkv_attention(model: torch.nn.Module, explicit_scores: list | None = None) -> int:
     """Give every attention layer of ExecuTorch's `Transformer` (custom KV cache, HF rotate-half
     RoPE written as `rotate_half_matrix`, or none in a NoPE layer; q/k RMSNorms before RoPE
     allowed) one fused q|k|v linear and the forward above. The fused weight is the three stacked,
     so per-row quantization is unchanged; XNNPACK runs one wider GEMM instead of three (the k and
     v ones are narrow and slow), the q/k norms and RoPE once. Returns how many layers were fused
-    (0: the model has something this does not cover)."""
+    (0: the model has something this does not cover). `explicit_scores`: per layer, None (the
+    kernel) or an `ExplicitScores` to attend with instead."""
     import types
 
     from executorch.examples.models.llama.attention import AttentionMHA
@@ -142,7 +184,8 @@ def fuse_qkv_attention(model: torch.nn.Module) -> int:
     rotary[:h + hkv] = 1.0
     rope.register_buffer("rotary_heads", rotary, persistent=False)
     rope.register_buffer("plain_heads", 1.0 - rotary, persistent=False)
-    for a in layers:
+    for i, a in enumerate(layers):
+        a.explicit_scores = explicit_scores[i] if explicit_scores else None
         _qk_norm_buffers(a, h, hkv)
         a.use_rope = a.rope is rope
         a.rope = rope
