@@ -3,7 +3,7 @@ gptq`, 16a4w_block blocks of 32): its seconds and the process's peak RSS while i
 real SmolLM2-135M GGUF or on a Llama-3.2-1B-shaped random bf16 model (bench/llm_sizes.py builds it).
 
     python bench/llm_rounding.py --model smollm2 [--ppl] [--save W.npz] [--compare W.npz]
-    python bench/llm_rounding.py --model llama-1b --work /tmp/w
+    python bench/llm_rounding.py --model llama-1b --work /tmp/w [--layers 2]
 
 The model is loaded as a compile loads it (a bf16 folder held in bf16); the RSS is sampled every
 0.1 s during the step, and reported beside the RSS just before it (the model and Python). With
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--ppl", action="store_true", help="held-out perplexity, float and rounded")
     ap.add_argument("--save", help="copy the rounded weights' .npz here")
     ap.add_argument("--compare", help="the share of integers equal to this .npz's")
+    ap.add_argument("--layers", type=int, help="round only the first N decoder layers' linears (the peak "
+                    "recurs every layer; a loaded host takes minutes per 1B layer)")
     a = ap.parse_args()
     import numpy as np
     import torch
@@ -76,6 +78,8 @@ def main() -> None:
     ids = tokenize(tok, read_text(None).text, ROUNDING_TOKENS + HELD_OUT_TOKENS)
     overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
     names = four_bit_linears(model, 4, overrides)
+    if a.layers:
+        names = [n for n in names if int(n.split("layers.")[1].split(".")[0]) < a.layers]
     window = 512
     before = _rss()
     peak = [before]
@@ -90,7 +94,7 @@ def main() -> None:
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     done.set()
     peak[0] = max(peak[0], _rss())
-    out = {"model": a.model, "code": str(Path(modelexport.__file__).parents[2]), "linears": len(names),
+    out = {"model": a.model, "code": str(Path(modelexport.__file__).parents[2]), "linears": len(names), "layers": a.layers,
            "tokens": plan.rounding.get("tokens"), "rounding_step_s": round(secs, 1), "cpu_s": round(cpu, 1),
            "record": plan.rounding, "rss_before_gb": round(before / 2**30, 2), "peak_rss_gb": round(peak[0] / 2**30, 2),
            "step_rss_gb": round((peak[0] - before) / 2**30, 2),

@@ -216,7 +216,10 @@ def test_dry_run_plan_fits_a_roomy_machine(tiny_bf16, monkeypatch):
     assert report["fits"] is True and report["refusal"] is None and report["weights_held_as"] == "bfloat16"
     est = report["estimate"]
     assert est["n_params"] == sum(p.numel() for p in tiny_llama(n_layers=2).parameters())
-    assert set(est["phases"]) == {"load", "calibrate", "quantize", "compile"} and est["disk_bytes"] > 0
+    assert set(est["phases"]) == {"load", "calibrate", "round", "quantize", "compile"} and est["disk_bytes"] > 0
+    assert est["phases"]["round"] > est["phases"]["calibrate"]      # the default gptq's moments, one window
+    nearest = plan_llm(tiny_bf16 / "tiny_bf16", variants="ar1,ar4", max_seq_len=SEQ, rounding="nearest")["estimate"]
+    assert "round" not in nearest["phases"]
 
 
 def test_one_worker_when_two_do_not_fit_but_one_does(tiny_bf16, monkeypatch):

@@ -151,7 +151,7 @@ def test_layer_by_layer_rounding_equals_the_whole_models(tiny, tmp_path):
     floats = [onnx_weight(model, n) for n in names]
     whole = dict(zip(names, r.round_all(floats, [mom.get(n) for n in names], [32] * len(names))))
     got, said = {}, []
-    info = round_layer_by_layer(model, windows(ids[:1024], 128), names, r, 32,
+    info = round_layer_by_layer(model, windows(ids[:1024], 128), names, r, 32, lambda n: onnx_weight(model, n),
                                 lambda n, w, bw, blk, h: got.__setitem__(n, (bw, h)), said.append, window_bytes=1)
     assert info["tokens"] == 1024 and sorted(got) == sorted(names) and len(said) == 2   # a window per layer
     for n in names:
@@ -175,7 +175,7 @@ def test_layer_by_layer_lifts_a_bf16_held_model_one_layer_at_a_time(tiny):
 
     from modelexport.llm.layerwise_rounding import round_layer_by_layer
     from modelexport.llm.weight_dtype import store_bf16
-    from modelexport.llm.weight_quality import windows
+    from modelexport.llm.weight_quality import onnx_weight, windows
     from modelexport.quant.input_moments import record_input_moments
     from modelexport.quant.weight_rounding import ROUNDINGS
     model, ids, _, _ = tiny
@@ -186,10 +186,23 @@ def test_layer_by_layer_lifts_a_bf16_held_model_one_layer_at_a_time(tiny):
     want = record_input_moments(ref, windows(ids[:512], 128), lambda m, x: m(input_ids=x), lambda n: n in set(names))
     got = {}
     round_layer_by_layer(held, windows(ids[:512], 128), names, ROUNDINGS["imatrix"], 32,
-                         lambda n, w, bw, blk, h: got.__setitem__(n, h))
+                         lambda n: onnx_weight(held, n), lambda n, w, bw, blk, h: got.__setitem__(n, h))
     for n in names:
         assert torch.allclose(got[n], want.get(n), rtol=1e-5, atol=1e-4), n
     assert {p.dtype for p in held.parameters()} == {torch.bfloat16}
+
+
+def test_the_rounding_holds_one_window_of_layers_moments():
+    """The estimate's moments: one Llama-3.2-1B layer's (its 8192-wide down_proj input: a layer
+    fills a window alone), not the 4.8 GB of all 16; SmolLM2's 13.4 MB layers fill a window at 21."""
+    from modelexport.llm.layerwise_rounding import WINDOW_BYTES, held_moments_bytes
+    from modelexport.quant.weight_rounding import layer_moments_bytes
+    one_b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64, "intermediate_size": 8192}
+    assert layer_moments_bytes(one_b) == 4 * (3 * 2048**2 + 8192**2) == held_moments_bytes(one_b)
+    smol = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "intermediate_size": 1536}
+    one = layer_moments_bytes(smol)
+    assert held_moments_bytes(smol) == 21 * one and WINDOW_BYTES <= 21 * one < WINDOW_BYTES + one
+    assert held_moments_bytes({**smol, "num_hidden_layers": 2}) == 2 * one and held_moments_bytes({}) is None
 
 
 def _plan(model, ids, tmp_path, ratio, window=128):

@@ -22,6 +22,18 @@ from typing import Callable
 WINDOW_BYTES = 256 * 2**20
 
 
+def held_moments_bytes(shape: dict) -> int | None:
+    """The most input-moment bytes the layer-by-layer rounding holds at once, from the config's
+    shape: the layers of one window (a window closes at WINDOW_BYTES; a 1B layer is one alone)."""
+    from ..quant.weight_rounding import layer_moments_bytes
+    one = layer_moments_bytes(shape)
+    try:
+        layers = int(shape["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if one is None else min(layers, -(-WINDOW_BYTES // one)) * one
+
+
 @dataclass
 class LayerInputs:
     """One calibration window entering a decoder layer: its hidden states [1, T, hidden] (float32)
@@ -94,18 +106,18 @@ def _layer_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def round_layer_by_layer(model, batches, names: list[str], rounding, block: int,
+def round_layer_by_layer(model, batches, names: list[str], rounding, block: int, weight_of: Callable,
                          on_rounded: Callable, report: Callable[[str], None] = lambda m: None,
                          window_bytes: int = WINDOW_BYTES) -> dict:
     """Round the linears `names` (all inside the decoder's layers) with `rounding` (weight_rounding.
-    Rounding), each window of layers once its moments are recorded; `on_rounded(name, float weight
+    Rounding), each window of layers once its moments are recorded; `weight_of(name)`: the float
+    weight [K, N] as the graph's MatMul holds it; `on_rounded(name, float weight
     [K, N], BlockWeight, block, H)` is called for each before the window's moments are dropped.
     Returns {tokens: the moments' tokens, moments_s: the layers' passes, rounding_s}."""
     import time
 
     from ..quant.input_moments import record_input_moments
     from .weight_dtype import in_float32
-    from .weight_quality import onnx_weight
 
     layers, prefix = decoder_layers(model)
     per_layer = [[n for n in names if n.startswith(f"{prefix}.{i}.")] for i in range(len(layers))]
@@ -119,7 +131,7 @@ def round_layer_by_layer(model, batches, names: list[str], rounding, block: int,
     def flush():
         nonlocal held
         t = time.perf_counter()
-        floats = [onnx_weight(model, n) for n, _ in window]
+        floats = [weight_of(n) for n, _ in window]
         blocks = [block if block and w.shape[0] % block == 0 else w.shape[0] for w in floats]
         hs = [h for _, h in window]
         for (n, h), w, bw, blk in zip(window, floats, rounding.round_all(floats, hs, blocks), blocks):

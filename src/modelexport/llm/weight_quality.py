@@ -133,7 +133,8 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
         layerwise = data_aware and layerwise_applies(model, names)
         if layerwise:
             report(f"rounding {len(names)} 4-bit linears ({r.name}) layer by layer on {span} tokens")
-            timing = round_layer_by_layer(model, windows(ids[:span], window), names, r, block, keep, report)
+            timing = round_layer_by_layer(model, windows(ids[:span], window), names, r, block,
+                                          lambda n: onnx_weight(model, n), keep, report)
         else:
             timing = _round_all_at_once(model, ids[:span] if data_aware else [], window, names, r, block, keep, report)
     plan.rounding = {"method": r.name, "what": r.what, "modules": len(names), "tokens": span if r.needs_activations else 0,
