@@ -198,9 +198,14 @@ def test_refused_up_front_when_the_machine_has_too_little_memory(cli, tiny_bf16,
     args = ["compile", str(tiny_bf16 / "tiny_bf16"), "--variants", "ar1,ar4", "--max-seq-len", str(SEQ)]
     env = {"MODELEXPORT_MEMORY_AVAILABLE_MB": "200", "MODELEXPORT_CACHE_DIR": str(tmp_path / "cache")}
     proc = cli(*args, "-o", str(out), env=env)
-    # the tiny model's peak is calibration (the whole model): no part size or worker count helps
-    assert_clean_error(proc, "of memory at its peak", "the machine has 0.2 GB available", "loading and calibrating")
+    # the tiny model's peak is the default rounding after calibration (the whole model): no part
+    # size or worker count helps, --rounding nearest does
+    assert_clean_error(proc, "of memory at its peak", "the machine has 0.2 GB available",
+                       "rounding the 4-bit weights of this model", "--rounding nearest")
     assert "--jobs 1" not in proc.stderr
+    nearest = cli(*args, "--rounding", "nearest", "-o", str(out), env=env)
+    assert_clean_error(nearest, "of memory at its peak", "calibrating this model")
+    assert "--rounding nearest" not in nearest.stderr
     assert not out.exists() and not (tmp_path / "cache" / "llm-qdq-part").exists()   # nothing loaded or started
     plan = cli(*args, "--dry-run", "--json", env=env, check=True)
     report = json.loads(plan.stdout)

@@ -195,7 +195,7 @@ def test_layer_by_layer_lifts_a_bf16_held_model_one_layer_at_a_time(tiny):
 def test_the_rounding_holds_one_window_of_layers_moments():
     """The estimate's moments: one Llama-3.2-1B layer's (its 8192-wide down_proj input: a layer
     fills a window alone), not the 4.8 GB of all 16; SmolLM2's 13.4 MB layers fill a window at 21."""
-    from modelexport.llm.layerwise_rounding import WINDOW_BYTES, held_moments_bytes
+    from modelexport.llm.layerwise_rounding import WINDOW_BYTES, held_moments_bytes, rounding_bytes
     from modelexport.quant.weight_rounding import layer_moments_bytes
     one_b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64, "intermediate_size": 8192}
     assert layer_moments_bytes(one_b) == 4 * (3 * 2048**2 + 8192**2) == held_moments_bytes(one_b)
@@ -203,6 +203,8 @@ def test_the_rounding_holds_one_window_of_layers_moments():
     one = layer_moments_bytes(smol)
     assert held_moments_bytes(smol) == 21 * one and WINDOW_BYTES <= 21 * one < WINDOW_BYTES + one
     assert held_moments_bytes({**smol, "num_hidden_layers": 2}) == 2 * one and held_moments_bytes({}) is None
+    # what the estimate adds for the 1B's rounding does not grow with the layers
+    assert rounding_bytes(one_b) == rounding_bytes({**one_b, "num_hidden_layers": 32}) < 4.8 * 2**30
 
 
 def _plan(model, ids, tmp_path, ratio, window=128):

@@ -7,7 +7,8 @@ the phases of a compile follow one another, so the peak is the largest of
              checkpoint's pages are mapped;
 - calibrate: the model plus what calibration records through the float decoder;
 - round:     the data-aware 4-bit rounding after it (`--rounding gptq`, the default): the above plus
-             one window of decoder layers' input moments and GPTQ's work on them (llm/layerwise_rounding.py);
+             one window of decoder layers' input moments and GPTQ's work on them
+             (llm/layerwise_rounding.rounding_bytes);
 - quantize:  the parent holding the model and exporting one (variant, part) graph while workers
              quantize the graphs exported before it, or the parent idle while `jobs` workers quantize;
 - compile:   `jobs` QNN EP compiles, each of one part's quantized graph.
@@ -36,9 +37,6 @@ WORKER_BASE = 0.6 * GB
 # the exporter (onnx_export.export_part). One 1B layer (226 MB): +0.41 GB; with the embedding (646 MB): +1.27 GB
 EXPORT_FACTOR = 2.0
 CALIBRATION_BYTES = 2.0 * GB   # recorded through the float decoder (SmolLM2 +1.9 GB, 1B-shaped +2.0 GB over the load)
-# the rounding step's RSS over the model / the input moments it holds at once (bench/llm_rounding.py):
-# SmolLM2 +1.17 GB on 0.27 GB (its GPTQ batches of one shape across 20 layers), 1B-shaped ROUNDING_1B
-ROUNDING_FACTOR = 4.5
 # the float chunk as ONNX Runtime's quantizer holds it + a few rows of temporaries; the LPBQ rewrite
 # after it holds one weight (Llama-3.2-1B-shaped: a 226 MB layer 0.76 GB per worker, the last layer
 # with the 400 MB head 1.40 GB)
@@ -92,10 +90,10 @@ def n_params_of(cfg) -> int:
 
 def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
                  targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None,
-                 moments_bytes: int = 0) -> JobEstimate:
+                 rounding_bytes: int = 0) -> JobEstimate:
     """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts.
     `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
-    `moments_bytes`: the input moments a data-aware rounding holds at once (0: none, `nearest`)."""
+    `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`)."""
     from .parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
@@ -109,7 +107,7 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
         # the model, + the checkpoint's pages mapped while it is read
         "load": int(PARENT_BASE + held + 2 * n),
         "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
-        **({"round": int(PARENT_BASE + held + CALIBRATION_BYTES + ROUNDING_FACTOR * moments_bytes)} if moments_bytes else {}),
+        **({"round": int(PARENT_BASE + held + CALIBRATION_BYTES + rounding_bytes)} if rounding_bytes else {}),
         # the last graph's export overlaps the quantization of those exported before it
         "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * chunk_float + quantizing(tasks - 1),
                             PARENT_BASE + held + quantizing(tasks))),

@@ -356,12 +356,12 @@ def _estimate(r, cache: Cache, quantized: bool):
     embed_bits, head_bits = _embed_head_bits(r.overrides, prec.weight_bits)
     parts, _ = plan_parts(cfg, r.variants, r.max_seq_len, prec.weight_bits, prec.activation_bits, r.limit_mb,
                           embed_bits, head_bits)
-    from ...llm.layerwise_rounding import held_moments_bytes
+    from ...llm.layerwise_rounding import rounding_bytes
     from ...quant.weight_rounding import get_rounding
     data_aware = r.quality and (get_rounding(r.quality["rounding"]).needs_activations or r.quality.get("max_ppl_ratio"))
     return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
                         len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20,
-                        moments_bytes=(held_moments_bytes(r.facts.shape) or 0) if data_aware else 0)
+                        rounding_bytes=(rounding_bytes(r.facts.shape) or 0) if data_aware else 0)
 
 
 def _fitted_estimate(r, cache: Cache, quantized: bool):
