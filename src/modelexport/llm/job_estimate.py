@@ -6,8 +6,8 @@ the phases of a compile follow one another, so the peak is the largest of
 - load:      the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
              checkpoint's pages are mapped;
 - calibrate: the model plus what calibration records through the float decoder;
-- round:     the data-aware 4-bit rounding after it (`--rounding gptq`, the default): the above plus
-             one window of decoder layers' input moments and GPTQ's work on them
+- round:     the data-aware 4-bit rounding after it (`--rounding gptq`, the default): the model, the
+             calibration samples, one window of decoder layers' input moments and GPTQ's work on them
              (llm/layerwise_rounding.rounding_bytes);
 - quantize:  the parent holding the model and exporting one (variant, part) graph while workers
              quantize the graphs exported before it, or the parent idle while `jobs` workers quantize;
@@ -37,6 +37,9 @@ WORKER_BASE = 0.6 * GB
 # the exporter (onnx_export.export_part). One 1B layer (226 MB): +0.41 GB; with the embedding (646 MB): +1.27 GB
 EXPORT_FACTOR = 2.0
 CALIBRATION_BYTES = 2.0 * GB   # recorded through the float decoder (SmolLM2 +1.9 GB, 1B-shaped +2.0 GB over the load)
+# of it, the samples still held while the 4-bit weights are rounded (1B-shaped: 16 samples with their
+# 512-token caches, ~0.5 GB), not measured apart
+SAMPLES_HELD_SHARE = 0.25
 # the float chunk as ONNX Runtime's quantizer holds it + a few rows of temporaries; the LPBQ rewrite
 # after it holds one weight (Llama-3.2-1B-shaped: a 226 MB layer 0.76 GB per worker, the last layer
 # with the 400 MB head 1.40 GB)
@@ -107,7 +110,8 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
         # the model, + the checkpoint's pages mapped while it is read
         "load": int(PARENT_BASE + held + 2 * n),
         "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
-        **({"round": int(PARENT_BASE + held + CALIBRATION_BYTES + rounding_bytes)} if rounding_bytes else {}),
+        **({"round": int(PARENT_BASE + held + SAMPLES_HELD_SHARE * CALIBRATION_BYTES + rounding_bytes)}
+           if rounding_bytes else {}),
         # the last graph's export overlaps the quantization of those exported before it
         "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * chunk_float + quantizing(tasks - 1),
                             PARENT_BASE + held + quantizing(tasks))),
