@@ -58,7 +58,7 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
     assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
     assert m.calibration["llm"]["representative"] and m.parameters > 0
     # the data-aware rounding: recorded, and its integers written into every 4-bit MatMul
-    assert m.llm.weight_rounding.method == "gptq" and m.llm.weight_rounding.tokens >= 512
+    assert m.llm.weight_rounding.method == "gptq" and m.llm.weight_rounding.tokens >= 512 and m.llm.weight_rounding.layer_by_layer
     assert q["rounded_weights"]["matmuls"] == 7 * 2 and m.llm.quality_recipe is None
 
 

@@ -199,14 +199,25 @@ def test_refused_up_front_when_the_machine_has_too_little_memory(cli, tiny_bf16,
     env = {"MODELEXPORT_MEMORY_AVAILABLE_MB": "200", "MODELEXPORT_CACHE_DIR": str(tmp_path / "cache")}
     proc = cli(*args, "-o", str(out), env=env)
     # the tiny model's peak is calibration (the whole model): no part size or worker count helps
-    assert_clean_error(proc, "of memory at its peak", "the machine has 0.2 GB available", "loading and calibrating")
-    assert "--jobs 1" not in proc.stderr
+    assert_clean_error(proc, "of memory at its peak", "the machine has 0.2 GB available", "calibrating this model")
+    assert "--jobs 1" not in proc.stderr and "--rounding nearest" not in proc.stderr
     assert not out.exists() and not (tmp_path / "cache" / "llm-qdq-part").exists()   # nothing loaded or started
     plan = cli(*args, "--dry-run", "--json", env=env, check=True)
     report = json.loads(plan.stdout)
     assert report["fits"] is False and "0.2 GB available" in report["refusal"]
     assert report["estimate"]["n_parts"] == 1 and report["estimate"]["peak_bytes"] > 200 * 2**20
 
+
+
+def test_refusal_names_nearest_when_the_rounding_is_the_peak(tmp_path, monkeypatch):
+    from modelexport.core.errors import ResourceError
+    from modelexport.llm.job_estimate import GB, JobEstimate, check_machine
+    monkeypatch.setenv("MODELEXPORT_MEMORY_AVAILABLE_MB", "4000")
+    est = JobEstimate(n_params=1, n_parts=1, parts=[[0, 1]], largest_part_float_bytes=GB,
+                      phases={"load": 3 * GB, "calibrate": 3 * GB, "round": 5 * GB, "quantize": 2 * GB}, peak_bytes=5 * GB)
+    with pytest.raises(ResourceError) as e:
+        check_machine(est, tmp_path, 512, 2)
+    assert "round 5.0 GB" in str(e.value) and "--rounding nearest" in e.value.fix and "3.0 GB" in e.value.fix
 
 
 def test_dry_run_plan_fits_a_roomy_machine(tiny_bf16, monkeypatch):
@@ -216,7 +227,10 @@ def test_dry_run_plan_fits_a_roomy_machine(tiny_bf16, monkeypatch):
     assert report["fits"] is True and report["refusal"] is None and report["weights_held_as"] == "bfloat16"
     est = report["estimate"]
     assert est["n_params"] == sum(p.numel() for p in tiny_llama(n_layers=2).parameters())
-    assert set(est["phases"]) == {"load", "calibrate", "quantize", "compile"} and est["disk_bytes"] > 0
+    assert set(est["phases"]) == {"load", "calibrate", "round", "quantize", "compile"} and est["disk_bytes"] > 0
+    assert est["phases"]["round"] > est["phases"]["load"]      # the default gptq's moments, one window
+    nearest = plan_llm(tiny_bf16 / "tiny_bf16", variants="ar1,ar4", max_seq_len=SEQ, rounding="nearest")["estimate"]
+    assert "round" not in nearest["phases"]
 
 
 def test_one_worker_when_two_do_not_fit_but_one_does(tiny_bf16, monkeypatch):

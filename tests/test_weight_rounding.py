@@ -134,10 +134,82 @@ def test_moments_from_the_decoder_body_equal_the_whole_models(tiny):
         assert torch.allclose(body.get(n), mom.get(n), rtol=1e-5, atol=1e-4)
 
 
+def _linears(model):
+    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+
+
+def test_layer_by_layer_rounding_equals_the_whole_models(tiny, tmp_path):
+    """Moments recorded one decoder layer at a time on the float layer inputs are the whole-model
+    hooks' moments, and GPTQ makes the same weights of them (one layer per window, and all in one)."""
+    import numpy as np
+
+    from modelexport.llm.layerwise_rounding import round_layer_by_layer
+    from modelexport.llm.weight_quality import onnx_weight, plan_weights, windows
+    from modelexport.quant.weight_rounding import ROUNDINGS
+    model, ids, mom, _ = tiny
+    names, r = _linears(model), ROUNDINGS["gptq"]
+    floats = [onnx_weight(model, n) for n in names]
+    whole = dict(zip(names, r.round_all(floats, [mom.get(n) for n in names], [32] * len(names))))
+    got, said = {}, []
+    info = round_layer_by_layer(model, windows(ids[:1024], 128), names, r, 32, lambda n: onnx_weight(model, n),
+                                lambda n, w, bw, blk, h: got.__setitem__(n, (bw, h)), said.append, window_bytes=1)
+    assert info["tokens"] == 1024 and sorted(got) == sorted(names) and len(said) == 2   # a window per layer
+    for n in names:
+        bw, h = got[n]
+        assert torch.allclose(h, mom.get(n), rtol=1e-5, atol=1e-4), n
+        np.testing.assert_array_equal(bw.block_scales, whole[n].block_scales, err_msg=n)
+        np.testing.assert_array_equal(bw.channel_scale, whole[n].channel_scale, err_msg=n)
+        assert (bw.q == whole[n].q).mean() > 0.999, n
+    assert got[names[0]][1] is got[names[1]][1]        # q/k share one moment, as in the whole-model hooks
+    plan = plan_weights(model, ids[:1024], 128, names, "gptq", 32, tmp_path, None, lambda m: None)
+    assert plan.rounding["layer_by_layer"] and plan.rounding["tokens"] == 1024
+    with np.load(plan.rounded_path, allow_pickle=False) as z:
+        for n in names:
+            assert (z[f"{n}|q"] == whole[n].q).mean() > 0.999 and (z[f"{n}|block_scales"] == whole[n].block_scales).all()
+
+
+def test_layer_by_layer_lifts_a_bf16_held_model_one_layer_at_a_time(tiny):
+    """A model held in bf16 is run in float32 layer by layer: the moments are those of the float32
+    model with the same (bf16-valued) weights, and the parameters are bf16 again afterwards."""
+    import copy
+
+    from modelexport.llm.layerwise_rounding import round_layer_by_layer
+    from modelexport.llm.weight_dtype import store_bf16
+    from modelexport.llm.weight_quality import onnx_weight, windows
+    from modelexport.quant.input_moments import record_input_moments
+    from modelexport.quant.weight_rounding import ROUNDINGS
+    model, ids, _, _ = tiny
+    held = copy.deepcopy(model)
+    assert store_bf16(held, "bfloat16")
+    ref = copy.deepcopy(held).float()
+    names = _linears(model)
+    want = record_input_moments(ref, windows(ids[:512], 128), lambda m, x: m(input_ids=x), lambda n: n in set(names))
+    got = {}
+    round_layer_by_layer(held, windows(ids[:512], 128), names, ROUNDINGS["imatrix"], 32,
+                         lambda n: onnx_weight(held, n), lambda n, w, bw, blk, h: got.__setitem__(n, h))
+    for n in names:
+        assert torch.allclose(got[n], want.get(n), rtol=1e-5, atol=1e-4), n
+    assert {p.dtype for p in held.parameters()} == {torch.bfloat16}
+
+
+def test_the_rounding_holds_one_window_of_layers_moments():
+    """The estimate's moments: one Llama-3.2-1B layer's (its 8192-wide down_proj input: a layer
+    fills a window alone), not the 4.8 GB of all 16; SmolLM2's 13.4 MB layers fill a window at 21."""
+    from modelexport.llm.layerwise_rounding import WINDOW_BYTES, held_moments_bytes, rounding_bytes
+    from modelexport.quant.weight_rounding import layer_moments_bytes
+    one_b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64, "intermediate_size": 8192}
+    assert layer_moments_bytes(one_b) == 4 * (3 * 2048**2 + 8192**2) == held_moments_bytes(one_b)
+    smol = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "intermediate_size": 1536}
+    one = layer_moments_bytes(smol)
+    assert held_moments_bytes(smol) == 21 * one and WINDOW_BYTES <= 21 * one < WINDOW_BYTES + one
+    assert held_moments_bytes({**smol, "num_hidden_layers": 2}) == 2 * one and held_moments_bytes({}) is None
+    # what the estimate adds for the 1B's rounding does not grow with the layers
+    assert rounding_bytes(one_b) == rounding_bytes({**one_b, "num_hidden_layers": 32}) < 4.8 * 2**30
+
+
 def _plan(model, ids, tmp_path, ratio, window=128):
     from modelexport.llm.weight_quality import plan_weights
-    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
-    return plan_weights(model, ids, window, names, "nearest", 32, tmp_path, ratio, lambda m: None)
+    return plan_weights(model, ids, window, _linears(model), "nearest", 32, tmp_path, ratio, lambda m: None)
 
 
 def test_recipe_stops_within_budget_or_reports_the_best_reached(tiny, tmp_path):
@@ -191,14 +263,9 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
     model = tiny[0]
     overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
-    quality = _quality_options(LlmCompileOptions(), "16a4w_block", {})
+    quality = _quality_options(LlmCompileOptions(), "16a4w_block")
     assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
-    # a model whose input moments pass the budget (Llama-3.2-1B's shape: 4.8 GB) defaults to nearest, saying why
-    big = _quality_options(LlmCompileOptions(), "16a4w_block", {
-        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "intermediate_size": 8192})
-    assert big["rounding"] == "nearest" and "4.8 GB of input moments" in big["rounding_why"]
-    assert _quality_options(LlmCompileOptions(rounding="gptq"), "16a4w_block", {
-        "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "intermediate_size": 8192})["rounding"] == "gptq"
+    assert _quality_options(LlmCompileOptions(rounding="nearest"), "16a4w_block")["rounding_why"] == "asked for"
     said = []
     short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
                           "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)
@@ -207,7 +274,7 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     full = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), 128,
                          "16a4w_block", overrides, 32, tmp_path / "t", quality, said.append)
     assert full.plan.rounding["method"] == DEFAULT_ROUNDING and full.plan.rounding["tokens"] >= 512
-    assert full.plan.rounding["why"] == "the default"
+    assert full.plan.rounding["why"] == "the default" and full.plan.rounding["layer_by_layer"]
     assert full.graph_file and Path(full.graph_file).is_file()
 
 

@@ -295,6 +295,7 @@ class WeightRounding(_Recorded):
     tokens: int = 0                      # calibration tokens their input moments came from (0: not data-aware)
     moments_s: float = 0.0
     rounding_s: float = 0.0
+    layer_by_layer: bool = False         # moments recorded and dropped one decoder layer at a time
     mean_output_error_db: float | None = None   # mean relative output error of the roundings, on those tokens
 
 

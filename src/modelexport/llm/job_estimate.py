@@ -6,6 +6,9 @@ the phases of a compile follow one another, so the peak is the largest of
 - load:      the frontend builds the model (bf16 for a bf16 checkpoint, float32 otherwise) while the
              checkpoint's pages are mapped;
 - calibrate: the model plus what calibration records through the float decoder;
+- round:     the data-aware 4-bit rounding after it (`--rounding gptq`, the default): the model, the
+             calibration samples, one window of decoder layers' input moments and GPTQ's work on them
+             (llm/layerwise_rounding.rounding_bytes);
 - quantize:  the parent holding the model and exporting one (variant, part) graph while workers
              quantize the graphs exported before it, or the parent idle while `jobs` workers quantize;
 - compile:   `jobs` QNN EP compiles, each of one part's quantized graph.
@@ -34,6 +37,9 @@ WORKER_BASE = 0.6 * GB
 # the exporter (onnx_export.export_part). One 1B layer (226 MB): +0.41 GB; with the embedding (646 MB): +1.27 GB
 EXPORT_FACTOR = 2.0
 CALIBRATION_BYTES = 2.0 * GB   # recorded through the float decoder (SmolLM2 +1.9 GB, 1B-shaped +2.0 GB over the load)
+# of it, the samples still held while the 4-bit weights are rounded (1B-shaped: 16 samples with their
+# 512-token caches, ~0.5 GB), not measured apart
+SAMPLES_HELD_SHARE = 0.25
 # the float chunk as ONNX Runtime's quantizer holds it + a few rows of temporaries; the LPBQ rewrite
 # after it holds one weight (Llama-3.2-1B-shaped: a 226 MB layer 0.76 GB per worker, the last layer
 # with the 400 MB head 1.40 GB)
@@ -41,7 +47,8 @@ QUANTIZE_FACTOR = 1.4
 COMPILE_FACTOR = 9.0      # the QNN EP preparing one part's quantized graph (SmolLM2: 1.25 GB per worker)
 DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
 # phases that hold the whole model, whatever the parts and workers
-WHOLE_MODEL_PHASES = ("load", "calibrate")
+WHOLE_MODEL_PHASES = ("load", "calibrate", "round")
+_DOING = {"load": "loading", "calibrate": "calibrating", "round": "rounding the 4-bit weights of"}
 # what overrides the machine's own figures (tests; a container whose /proc lies)
 MEMORY_ENV = "MODELEXPORT_MEMORY_AVAILABLE_MB"
 DISK_ENV = "MODELEXPORT_DISK_AVAILABLE_MB"
@@ -85,9 +92,11 @@ def n_params_of(cfg) -> int:
 
 
 def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
-                 targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None) -> JobEstimate:
+                 targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None,
+                 rounding_bytes: int = 0) -> JobEstimate:
     """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts.
-    `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None."""
+    `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
+    `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`)."""
     from .parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
@@ -101,6 +110,8 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
         # the model, + the checkpoint's pages mapped while it is read
         "load": int(PARENT_BASE + held + 2 * n),
         "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
+        **({"round": int(PARENT_BASE + held + SAMPLES_HELD_SHARE * CALIBRATION_BYTES + rounding_bytes)}
+           if rounding_bytes else {}),
         # the last graph's export overlaps the quantization of those exported before it
         "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * chunk_float + quantizing(tasks - 1),
                             PARENT_BASE + held + quantizing(tasks))),
@@ -156,8 +167,10 @@ def check_machine(est: JobEstimate, where: Path, limit_mb: float, jobs: int) -> 
     if est.available_bytes is not None and est.peak_bytes > est.available_bytes:
         worst = max(est.phases, key=est.phases.get)
         if worst in WHOLE_MODEL_PHASES:     # the model itself: no part size or worker count lowers these
-            fix = (f"free memory, or use a machine with more: loading and calibrating this model needs about "
+            fix = (f"free memory, or use a machine with more: {_DOING[worst]} this model needs about "
                    f"{g(est.phases[worst])} whatever the parts and workers")
+            if worst == "round":
+                fix += f", or compile with --rounding nearest (no input moments; {g(max(est.phases['load'], est.phases['calibrate']))})"
         else:
             fixes = ["--jobs 1 (one worker at a time)"] if jobs > 1 else []
             fixes.append(f"--context-limit-mb {max(64, int(limit_mb // 2))} (smaller parts; now {est.n_parts} "

@@ -1,6 +1,6 @@
 """Better 4-bit weights for the NPU graphs, computed once from the float model before export:
 the data-aware rounding (`--rounding`, quant/weight_rounding.py) from the input moments of every
-linear on the calibration text, and the quality recipe (`--max-ppl-ratio`, quant/precision_recipe.py)
+linear on the calibration text (one decoder layer at a time: llm/layerwise_rounding.py), and the quality recipe (`--max-ppl-ratio`, quant/precision_recipe.py)
 that raises the fewest modules to 8-bit weights until the weight-quantized model's perplexity on
 held-out text is within the budget.
 
@@ -96,12 +96,8 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
     """Round the 4-bit linears `names` with `rounding` (blocks of `block`, or per channel when 0),
     and with `max_ppl_ratio` choose the modules raised to `override_precision`. `ids`: the
     calibration text's tokens."""
-    from ..quant.input_moments import record_input_moments
-    from ..quant.weight_rounding import (
-        MIN_ROUNDING_TOKENS,
-        ROUNDING_TOKENS,
-        get_rounding,
-    )
+    from ..quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, get_rounding, output_error
+    from .layerwise_rounding import layerwise_applies, round_layer_by_layer
 
     r = get_rounding(rounding)
     plan = WeightPlan()
@@ -118,42 +114,40 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
                                + (" without --max-ppl-ratio" if max_ppl_ratio else ""))
     # the moments' span first, the held-out span after it: never the same tokens
     span = max(min(ROUNDING_TOKENS, len(ids) - n_held), MIN_ROUNDING_TOKENS) if data_aware else 0
-    t0 = time.perf_counter()
-    moments = None
-    if data_aware:
-        report(f"recording the inputs of {len(names)} linears on {span} tokens")
-        wanted = set(names)
-        moments = record_input_moments(model, windows(ids[:span], window), _forward_reaching(model, wanted),
-                                       lambda n: n in wanted)
-    moments_s = time.perf_counter() - t0
-    report(f"rounding {len(names)} 4-bit weights ({r.name})")
-    t1 = time.perf_counter()
-    from ..quant.weight_rounding import output_error
-    floats = {name: onnx_weight(model, name) for name in names}
-    blocks = [block if block and w.shape[0] % block == 0 else w.shape[0] for w in floats.values()]
-    hs = [moments.get(name) if moments is not None else None for name in names]
-    rounded = dict(zip(names, zip(r.round_all(list(floats.values()), hs, blocks), blocks)))
-    errors = {name: output_error(floats[name], bw, h, blk)
-              for (name, (bw, blk)), h in zip(rounded.items(), hs) if h is not None}
-    round_s = time.perf_counter() - t1
     out_dir.mkdir(parents=True, exist_ok=True)
     plan.rounded_path = out_dir / "rounded_weights.npz"
-    arrays = {}
-    for name, (bw, blk) in rounded.items():
-        arrays[f"{name}|q"], arrays[f"{name}|block_scales"], arrays[f"{name}|channel_scale"] = bw.q, bw.block_scales, bw.channel_scale
-    np.savez(plan.rounded_path, **arrays)
+    errors: dict[str, float] = {}
+    deq: dict[str, np.ndarray] = {}        # the recipe's candidates: as rounded, and at 8 bits
+    eight: dict[str, np.ndarray] = {}
+    sizes: dict[str, int] = {}
+
+    with RoundedWeightsWriter(plan.rounded_path) as npz:
+        def keep(name, w, bw, blk, h):
+            npz.add(name, bw)
+            sizes[name] = w.size
+            if h is not None:
+                errors[name] = output_error(w, bw, h, blk)
+            if max_ppl_ratio:
+                deq[name], eight[name] = bw.dequantized(blk), _int8_channel(w)
+
+        layerwise = data_aware and layerwise_applies(model, names)
+        if layerwise:
+            report(f"rounding {len(names)} 4-bit linears ({r.name}) layer by layer on {span} tokens")
+            timing = round_layer_by_layer(model, windows(ids[:span], window), names, r, block,
+                                          lambda n: onnx_weight(model, n), keep, report)
+        else:
+            timing = _round_all_at_once(model, ids[:span] if data_aware else [], window, names, r, block, keep, report)
     plan.rounding = {"method": r.name, "what": r.what, "modules": len(names), "tokens": span if r.needs_activations else 0,
-                     "moments_s": round(moments_s, 2), "rounding_s": round(round_s, 2),
+                     "moments_s": timing["moments_s"], "rounding_s": timing["rounding_s"],
+                     "layer_by_layer": layerwise,
                      "mean_output_error_db": (round(float(10 * np.log10(np.mean(list(errors.values())))), 2)
                                               if errors else None)}
     if max_ppl_ratio:
         from ..quant.precision_recipe import choose_overrides
         held = ids[span:span + HELD_OUT_TOKENS]
-        deq = {n: bw.dequantized(blk) for n, (bw, blk) in rounded.items()}
-        eight = {n: _int8_channel(floats[n]) for n in names}
         report(f"choosing the modules to raise for --max-ppl-ratio {max_ppl_ratio:g} on {len(held)} held-out tokens")
         recipe = choose_overrides(
-            names, errors, {n: floats[n].size for n in names}, max_ppl_ratio,
+            names, errors, sizes, max_ppl_ratio,
             float_ppl=perplexity(model, held, window),
             quantized_ppl=lambda raised: perplexity(model, held, window, {n: (eight[n] if n in raised else deq[n]) for n in names}),
             override_precision=override_precision, n_params=sum(p.numel() for p in model.parameters()))
@@ -161,6 +155,49 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
         plan.recipe = recipe
         plan.extra_overrides = recipe["overrides"]
     return plan
+
+
+def _round_all_at_once(model, ids: list[int], window: int, names: list[str], r, block: int,
+                       on_rounded: Callable, report: Callable[[str], None]) -> dict:
+    """The rounding with every linear's input moments recorded in one pass of the whole model (when
+    a 4-bit linear is outside the decoder's layers, or none needs activations: `ids` empty)."""
+    from ..quant.input_moments import record_input_moments
+    t0 = time.perf_counter()
+    moments = None
+    if ids:
+        report(f"recording the inputs of {len(names)} linears on {len(ids)} tokens")
+        wanted = set(names)
+        moments = record_input_moments(model, windows(ids, window), _forward_reaching(model, wanted),
+                                       lambda n: n in wanted)
+    moments_s = time.perf_counter() - t0
+    report(f"rounding {len(names)} 4-bit weights ({r.name})")
+    t1 = time.perf_counter()
+    floats = [onnx_weight(model, name) for name in names]
+    blocks = [block if block and w.shape[0] % block == 0 else w.shape[0] for w in floats]
+    hs = [moments.get(name) if moments is not None else None for name in names]
+    for name, w, bw, blk, h in zip(names, floats, r.round_all(floats, hs, blocks), blocks, hs):
+        on_rounded(name, w, bw, blk, h)
+    return {"moments_s": round(moments_s, 2), "rounding_s": round(time.perf_counter() - t1, 2)}
+
+
+class RoundedWeightsWriter:
+    """The rounded weights' .npz (as np.savez writes it: `<name>|q`, `|block_scales`,
+    `|channel_scale`), written one weight at a time so that none is held after its rounding."""
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        import zipfile
+        self.zip = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED, allowZip64=True)
+        return self
+
+    def add(self, name: str, bw) -> None:
+        for part, arr in (("q", bw.q), ("block_scales", bw.block_scales), ("channel_scale", bw.channel_scale)):
+            with self.zip.open(f"{name}|{part}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+
+    def __exit__(self, *exc):
+        self.zip.close()
 
 
 def _int8_channel(w: np.ndarray) -> np.ndarray:

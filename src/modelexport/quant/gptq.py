@@ -26,27 +26,34 @@ BATCH_ELEMENTS = 40_000_000     # weights in one batch (float32 x 3 copies: ~0.5
 
 
 def _inverse_cholesky(h, damping: float):
-    """Upper Cholesky factor of H^-1, damping more if H is not positive definite."""
+    """Upper Cholesky factor of H^-1, damping more if H is not positive definite. Float64 copies of
+    H are the peak of a wide layer's rounding (a 1B down_proj's 8192^2: 0.5 GB each), so the
+    damping goes on a copy's diagonal (no identity matrix) and each copy is dropped when used."""
     import torch
     mean_diag = float(torch.diag(h).mean()) or 1.0
-    eye = torch.eye(h.shape[0], dtype=h.dtype)
     for extra in (1, 10, 100):
+        damped = h.clone()
+        damped.diagonal().add_(damping * extra * mean_diag)
         try:
-            l_ = torch.linalg.cholesky(h + eye * damping * extra * mean_diag)
-            return torch.linalg.cholesky(torch.cholesky_inverse(l_), upper=True)
+            l_ = torch.linalg.cholesky(damped)
         except RuntimeError:     # torch.linalg.LinAlgError: not positive definite at this damping
             continue
+        del damped
+        inv = torch.cholesky_inverse(l_)
+        del l_
+        return torch.linalg.cholesky(inv, upper=True)
     raise ValueError("the input second moment is not positive definite even with 100x damping")
 
 
 def _prepared(h, damping: float):
     """(channel order, dead inputs, upper Cholesky factor of the permuted H^-1) of one H."""
     import torch
-    hh = h.double().clone()
+    hh = h.to(torch.float64, copy=True)
     dead = torch.diag(hh) == 0
     hh[dead, dead] = 1.0
     perm = torch.argsort(torch.diag(hh), descending=True)
-    return perm, dead, _inverse_cholesky(hh[perm][:, perm], damping).float()
+    hh = hh[perm[:, None], perm]          # one gather, not rows then columns
+    return perm, dead, _inverse_cholesky(hh, damping).float()
 
 
 def gptq_round(w: np.ndarray, h, start: BlockWeight, block: int, damping: float = DAMPING) -> BlockWeight:

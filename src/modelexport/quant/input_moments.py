@@ -20,9 +20,11 @@ class InputMoments:
         return self.hessians.get(name)
 
 
-def record_input_moments(model, batches: Iterable, run: Callable, wanted: Callable[[str], bool]) -> InputMoments:
+def record_input_moments(model, batches: Iterable, run: Callable, wanted: Callable[[str], bool],
+                         count: Callable = lambda batch: int(batch.numel())) -> InputMoments:
     """Run `run(model, batch)` for each batch with hooks on the nn.Linear modules whose name
-    `wanted` accepts; returns their input moments (every row of every batch counted)."""
+    `wanted` accepts; returns their input moments (every row of every batch counted; `count`:
+    a batch's tokens, token ids by default)."""
     import torch
 
     out = InputMoments()
@@ -55,7 +57,7 @@ def record_input_moments(model, batches: Iterable, run: Callable, wanted: Callab
             for batch in batches:
                 shared.clear()
                 run(model, batch)
-                out.tokens += int(batch.numel())
+                out.tokens += count(batch)
     finally:
         for h in handles:
             h.remove()

@@ -110,35 +110,23 @@ ROUNDINGS = {r.name: r for r in (
 )}
 # SmolLM2-135M 16a4w_block, weights only, held-out perplexity / float (docs/llm_export.md): nearest
 # 1.26x, gptq (from imatrix scales) 1.05x; a default that a short text cannot feed falls
-# back to nearest (backends/llm_qnn/compile.py)
+# back to nearest (backends/llm_qnn/compile.py). Whatever the model's size: the input moments are
+# recorded one decoder layer at a time (llm/layerwise_rounding.py), never all at once.
 DEFAULT_ROUNDING = "gptq"
-# ... where its input moments fit: GPTQ holds X^T X of every 4-bit linear's input at once (SmolLM2:
-# 0.4 GB; a Llama-3.2-1B: 5.1 GB, its down_proj inputs alone 8192^2 floats per layer), which would
-# more than double a 1B compile's peak memory. Above this budget the default is nearest, and says so.
-DEFAULT_MOMENTS_BUDGET_BYTES = 1 << 30
-ROUNDING_ABOVE_BUDGET = "nearest"
 
 
-def moments_bytes(shape: dict) -> int | None:
-    """float32 bytes of the input moments the data-aware roundings record (q/k/v and gate/up share
-    their input's), from the config's shape; None when the shape is not known."""
+def layer_moments_bytes(shape: dict) -> int | None:
+    """float32 bytes of one decoder layer's input moments, what the data-aware roundings hold at a
+    time (q/k/v and gate/up share their input's: Llama-3.2-1B 319 MB, its down_proj's 8192^2 most
+    of it), from the config's shape; None when the shape is not known."""
     try:
-        h, layers, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                          "intermediate_size"))
+        h, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
     except (KeyError, TypeError, ValueError):
         return None
     attn_out = heads * int(shape.get("head_dim") or h // heads)
-    return 4 * layers * (2 * h * h + attn_out * attn_out + inter * inter)
+    return 4 * (2 * h * h + attn_out * attn_out + inter * inter)
 
 
-def default_rounding(shape: dict) -> tuple[str, str]:
-    """The default rounding for a model of this shape, and why (recorded in the manifest)."""
-    need = moments_bytes(shape)
-    if need is not None and need > DEFAULT_MOMENTS_BUDGET_BYTES:
-        return ROUNDING_ABOVE_BUDGET, (f"the default; {DEFAULT_ROUNDING} would hold {need / 2**30:.1f} GB of input "
-                                       f"moments (above {DEFAULT_MOMENTS_BUDGET_BYTES / 2**30:.0f} GB): "
-                                       f"--rounding {DEFAULT_ROUNDING} asks for it")
-    return DEFAULT_ROUNDING, "the default"
 # tokens of calibration text the data-aware roundings need for X^T X: fewer leaves H rank-deficient
 # for the widest inputs (SmolLM2's down_proj reads 1536 channels)
 MIN_ROUNDING_TOKENS = 512

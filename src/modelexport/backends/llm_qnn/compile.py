@@ -337,7 +337,7 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
         raise InputError("LLMs are calibrated on real text, not random data",
                          "give a text file with --calibration (default: lee_background.cor)")
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
-    quality = _quality_options(opts, precision, facts.shape or {})
+    quality = _quality_options(opts, precision)
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     from ...core.arguments import at_least
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
@@ -359,8 +359,12 @@ def _estimate(r, cache: Cache, quantized: bool):
     embed_bits, head_bits = _embed_head_bits(r.overrides, prec.weight_bits)
     parts, _ = plan_parts(cfg, r.variants, r.max_seq_len, prec.weight_bits, prec.activation_bits, r.limit_mb,
                           embed_bits, head_bits)
+    from ...llm.layerwise_rounding import rounding_bytes
+    from ...quant.weight_rounding import get_rounding
+    data_aware = r.quality and (get_rounding(r.quality["rounding"]).needs_activations or r.quality.get("max_ppl_ratio"))
     return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
-                        len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20)
+                        len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20,
+                        rounding_bytes=(rounding_bytes(r.facts.shape) or 0) if data_aware else 0)
 
 
 def _fitted_estimate(r, cache: Cache, quantized: bool):
@@ -508,10 +512,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(qentry, ignore_errors=True)
 
 
-def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> dict | None:
+def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
     """--rounding and --max-ppl-ratio, checked: they concern 4-bit weights only."""
     from ...core.arguments import finite
-    from ...quant.weight_rounding import default_rounding, get_rounding
+    from ...quant.weight_rounding import DEFAULT_ROUNDING, get_rounding
     four_bit = get_precision(precision).weight_bits == 4
     if opts.max_ppl_ratio is not None:
         finite("--max-ppl-ratio", opts.max_ppl_ratio, "1.05")
@@ -528,7 +532,7 @@ def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> di
                              "leave --rounding out, or use --precision 16a4w_block")
     if not four_bit:
         return None
-    chosen, why = (opts.rounding, "asked for") if opts.rounding is not None else default_rounding(shape)
+    chosen, why = (opts.rounding, "asked for") if opts.rounding is not None else (DEFAULT_ROUNDING, "the default")
     return {"rounding": get_rounding(chosen).name, "max_ppl_ratio": opts.max_ppl_ratio,
             "rounding_given": opts.rounding is not None, "rounding_why": why}
 
