@@ -263,9 +263,20 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
     model = tiny[0]
     overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
-    quality = _quality_options(LlmCompileOptions(), "16a4w_block")
+    quality = _quality_options(LlmCompileOptions(), "16a4w_block", {})
     assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
-    assert _quality_options(LlmCompileOptions(rounding="nearest"), "16a4w_block")["rounding_why"] == "asked for"
+    assert _quality_options(LlmCompileOptions(rounding="nearest"), "16a4w_block", {})["rounding_why"] == "asked for"
+    # a model whose GPTQ would take tens of minutes (Llama-3.2-1B's shape, ~42x SmolLM2's work) defaults to
+    # nearest, saying why; asked for by name it gets GPTQ (one layer's moments at a time)
+    llama_1b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "head_dim": 64, "intermediate_size": 8192}
+    big = _quality_options(LlmCompileOptions(), "16a4w_block", llama_1b)
+    assert big["rounding"] == "nearest" and "~42x SmolLM2-135M" in big["rounding_why"]
+    assert "--rounding gptq" in big["rounding_why"]
+    assert _quality_options(LlmCompileOptions(rounding="gptq"), "16a4w_block", llama_1b)["rounding"] == "gptq"
+    smollm2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "intermediate_size": 1536}
+    assert _quality_options(LlmCompileOptions(), "16a4w_block", smollm2)["rounding"] == DEFAULT_ROUNDING
     said = []
     short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
                           "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)

@@ -110,9 +110,41 @@ ROUNDINGS = {r.name: r for r in (
 )}
 # SmolLM2-135M 16a4w_block, weights only, held-out perplexity / float (docs/llm_export.md): nearest
 # 1.26x, gptq (from imatrix scales) 1.05x; a default that a short text cannot feed falls
-# back to nearest (backends/llm_qnn/compile.py). Whatever the model's size: the input moments are
-# recorded one decoder layer at a time (llm/layerwise_rounding.py), never all at once.
+# back to nearest (backends/llm_qnn/compile.py). Whatever the model's size the input moments are
+# recorded one decoder layer at a time (llm/layerwise_rounding.py), so memory does not bound it.
 DEFAULT_ROUNDING = "gptq"
+# ... but time does: GPTQ's work grows with rows x cols^2 of every 4-bit linear (`gptq_work`).
+# SmolLM2-135M is 8.7e10 (GPTQ ~58 s of a 349 s cold compile on 2 quiet cores); a Llama-3.2-1B is
+# 3.6e12, ~40x that: tens of minutes on top of a 9.3-minute compile (the first 2 of its 16 layers
+# took 20 min at load 9-14). Above this budget the default is nearest and the manifest says why;
+# `--rounding gptq` still asks for it.
+DEFAULT_GPTQ_WORK = 4e11
+ROUNDING_ABOVE_WORK = "nearest"
+
+
+def gptq_work(shape: dict) -> float | None:
+    """rows x cols^2 summed over the decoder's linears (GPTQ's Python loop runs over cols, each step
+    updating rows x (the cols left)), from the config's shape; None when the shape is not known."""
+    try:
+        h, layers, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                          "intermediate_size"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    hd = int(shape.get("head_dim") or h // heads)
+    kv = int(shape.get("num_key_value_heads") or heads)
+    qkv_rows = (heads + 2 * kv) * hd
+    per_layer = qkv_rows * h * h + h * (heads * hd) ** 2 + 2 * inter * h * h + h * inter * inter
+    return float(layers * per_layer)
+
+
+def default_rounding(shape: dict) -> tuple[str, str]:
+    """The default rounding for a model of this shape, and why (recorded in the manifest)."""
+    work = gptq_work(shape)
+    if work is not None and work > DEFAULT_GPTQ_WORK:
+        return ROUNDING_ABOVE_WORK, (f"the default; {DEFAULT_ROUNDING} would cost ~{work / 8.7e10:.0f}x SmolLM2-135M's "
+                                     f"~1 minute of GPTQ on 2 cores: --rounding {DEFAULT_ROUNDING} asks for it "
+                                     "(its memory is one layer's moments)")
+    return DEFAULT_ROUNDING, "the default"
 
 
 def layer_moments_bytes(shape: dict) -> int | None:

@@ -337,7 +337,7 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
         raise InputError("LLMs are calibrated on real text, not random data",
                          "give a text file with --calibration (default: lee_background.cor)")
     n_samples = int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES)
-    quality = _quality_options(opts, precision)
+    quality = _quality_options(opts, precision, facts.shape or {})
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     from ...core.arguments import at_least
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
@@ -512,10 +512,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(qentry, ignore_errors=True)
 
 
-def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
+def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> dict | None:
     """--rounding and --max-ppl-ratio, checked: they concern 4-bit weights only."""
     from ...core.arguments import finite
-    from ...quant.weight_rounding import DEFAULT_ROUNDING, get_rounding
+    from ...quant.weight_rounding import default_rounding, get_rounding
     four_bit = get_precision(precision).weight_bits == 4
     if opts.max_ppl_ratio is not None:
         finite("--max-ppl-ratio", opts.max_ppl_ratio, "1.05")
@@ -532,7 +532,7 @@ def _quality_options(opts: LlmCompileOptions, precision: str) -> dict | None:
                              "leave --rounding out, or use --precision 16a4w_block")
     if not four_bit:
         return None
-    chosen, why = (opts.rounding, "asked for") if opts.rounding is not None else (DEFAULT_ROUNDING, "the default")
+    chosen, why = (opts.rounding, "asked for") if opts.rounding is not None else default_rounding(shape)
     return {"rounding": get_rounding(chosen).name, "max_ppl_ratio": opts.max_ppl_ratio,
             "rounding_given": opts.rounding is not None, "rounding_why": why}
 
