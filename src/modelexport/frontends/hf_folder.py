@@ -52,14 +52,10 @@ def _safetensors_shortfall(f: Path) -> int:
 
 
 def check_hf_files(folder: Path) -> None:
-    """The files an HF folder needs, checked before any weight is read (and before hashing gigabytes):
-    config.json, every weight shard its index lists, each shard as long as its own header says,
-    a tokenizer."""
+    """The files an HF folder needs besides its config (read_hf_config checks that first), checked
+    before any weight is read and before hashing gigabytes: every weight shard its index lists, each
+    shard as long as its own header says, a tokenizer."""
     import json
-    if not folder.is_dir():
-        raise InputError(f"HF model folder not found: {folder}")
-    if not (folder / "config.json").is_file():
-        raise InputError(f"{folder} has no config.json: not a Hugging Face model folder")
     shards = sorted(folder.glob("*.safetensors"))
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -95,6 +91,10 @@ def read_hf_config(folder: Path):
 
     from transformers import AutoConfig
 
+    if not folder.is_dir():
+        raise InputError(f"HF model folder not found: {folder}")
+    if not (folder / "config.json").is_file():
+        raise InputError(f"{folder} has no config.json: not a Hugging Face model folder")
     try:
         raw = json.loads((folder / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -122,8 +122,8 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
 
     t0 = time.perf_counter()
     folder = Path(path)
+    config = read_hf_config(folder)   # the family table first, then the files, then the weights
     check_hf_files(folder)
-    config = read_hf_config(folder)
     arch = config.model_type
     try:
         with without_hf_progress_bars():

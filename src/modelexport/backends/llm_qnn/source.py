@@ -78,11 +78,11 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         except json.JSONDecodeError as e:
             raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
         hf_cfg = read_hf_config(p)       # the family table's checks, before any weight is read
+        check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)
         check_hf_files(p)                # every shard there and whole, a tokenizer: before hashing the weights
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
                             _hf_shape(cfg), dtype)
-        check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)
     if facts.context_length and max_seq_len > facts.context_length:
         raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
                          f"use --max-seq-len {facts.context_length} or less")
