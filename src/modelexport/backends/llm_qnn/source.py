@@ -70,14 +70,8 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
         from ...frontends.hf_folder import check_hf_files, read_hf_config
-        cfg_path = p / "config.json"
-        if not cfg_path.is_file():
-            raise InputError(f"{p} has no config.json: not a Hugging Face model folder")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
-        hf_cfg = read_hf_config(p)       # the family table's checks, before any weight is read
+        hf_cfg = read_hf_config(p)       # config.json there, valid, in the family table: before any weight is read
+        cfg = json.loads((p / "config.json").read_text())
         check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)
         check_hf_files(p)                # every shard there and whole, a tokenizer: before hashing the weights
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
