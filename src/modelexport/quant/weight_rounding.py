@@ -122,19 +122,25 @@ DEFAULT_GPTQ_WORK = 4e11
 ROUNDING_ABOVE_WORK = "nearest"
 
 
-def gptq_work(shape: dict) -> float | None:
-    """rows x cols^2 summed over the decoder's linears (GPTQ's Python loop runs over cols, each step
-    updating rows x (the cols left)), from the config's shape; None when the shape is not known."""
+def _layer_linears(shape: dict) -> list[tuple[int, int]] | None:
+    """(rows, cols) of one decoder layer's linears, those reading one tensor as one (q|k|v,
+    gate|up), from the config's shape; None when the shape is not known."""
     try:
-        h, layers, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                          "intermediate_size"))
+        h, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
     except (KeyError, TypeError, ValueError):
         return None
     hd = int(shape.get("head_dim") or h // heads)
     kv = int(shape.get("num_key_value_heads") or heads)
-    qkv_rows = (heads + 2 * kv) * hd
-    per_layer = qkv_rows * h * h + h * (heads * hd) ** 2 + 2 * inter * h * h + h * inter * inter
-    return float(layers * per_layer)
+    return [((heads + 2 * kv) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
+
+
+def gptq_work(shape: dict) -> float | None:
+    """rows x cols^2 summed over the decoder's linears (GPTQ's Python loop runs over cols, each step
+    updating rows x (the cols left)), from the config's shape; None when the shape is not known."""
+    linears = _layer_linears(shape)
+    if linears is None or "num_hidden_layers" not in shape:
+        return None
+    return float(int(shape["num_hidden_layers"]) * sum(r * c * c for r, c in linears))
 
 
 def default_rounding(shape: dict) -> tuple[str, str]:
@@ -151,12 +157,8 @@ def layer_moments_bytes(shape: dict) -> int | None:
     """float32 bytes of one decoder layer's input moments, what the data-aware roundings hold at a
     time (q/k/v and gate/up share their input's: Llama-3.2-1B 319 MB, its down_proj's 8192^2 most
     of it), from the config's shape; None when the shape is not known."""
-    try:
-        h, heads, inter = (int(shape[k]) for k in ("hidden_size", "num_attention_heads", "intermediate_size"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    attn_out = heads * int(shape.get("head_dim") or h // heads)
-    return 4 * (2 * h * h + attn_out * attn_out + inter * inter)
+    linears = _layer_linears(shape)
+    return None if linears is None else 4 * sum(c * c for _, c in linears)
 
 
 # tokens of calibration text the data-aware roundings need for X^T X: fewer leaves H rank-deficient
