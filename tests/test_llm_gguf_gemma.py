@@ -69,6 +69,12 @@ def test_gguf_loads_as_the_model_it_was_written_from(gemma_gguf, model_type):
     with torch.no_grad():
         assert torch.equal(llm.model(ids).logits, model(ids).logits)
     assert llm.tokenizer.convert_ids_to_tokens([0, 1, 2, 4]) == ["<pad>", "<eos>", "<bos>", "<mask>"]
+    # the tokenizer the CPU program and the bundles carry: transformers' ids, its text back
+    from modelexport.llm.tokenizers import from_transformers
+    tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
+    text = "The quick brown fox jumps over the lazy dog."
+    assert tok.encode(text) == llm.tokenizer(text)["input_ids"] and tok.bos_id == 2 and 1 in tok.eos_ids
+    assert tok.decode(tok.encode(text)[1:]) == text
 
 
 def _check_cpu_program(path: Path, tmp_path: Path) -> None:
@@ -91,15 +97,12 @@ def _check_cpu_program(path: Path, tmp_path: Path) -> None:
     assert m.generate(prompt, max_new_tokens=12, stop_on_eos=False).token_ids == hf_greedy(ref, prompt, 12)
 
 
-def test_gemma3_gguf_cpu_program_equals_transformers(gemma_gguf, tmp_path):
-    _check_cpu_program(gemma_gguf("gemma3_text")[1], tmp_path)
-
-
 @pytest.mark.heavy
 @pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
-                    reason="heavy: run with `make test-heavy` (a second CPU program export)")
-def test_gemma2_gguf_cpu_program_equals_transformers(gemma_gguf, tmp_path):
-    _check_cpu_program(gemma_gguf("gemma2")[1], tmp_path)
+                    reason="heavy: run with `make test-heavy` (a CPU program export each, 1-2 min)")
+@pytest.mark.parametrize("model_type", list(ARCH))
+def test_gguf_cpu_program_equals_transformers(gemma_gguf, model_type, tmp_path):
+    _check_cpu_program(gemma_gguf(model_type)[1], tmp_path)
 
 
 def test_a_gguf_rope_scaling_not_carried_over_is_refused_from_the_header():
