@@ -1,11 +1,14 @@
-"""Ctrl-C during a verb: always `interrupted: nothing was written`, partials removed, exit 130.
+"""Ctrl-C or SIGTERM during a verb: partials removed, workers stopped, one line, exit 128+signal.
 
-SIGINT raises `Interrupted` in the main thread, which unwinds through every `finally` that removes
-a partial (atomic writes, the cache, worker pools that stop their workers). Python runs that
+The signal raises `Interrupted` in the main thread, which unwinds through every `finally` that
+removes a partial (atomic writes, the cache, worker pools that stop their workers). Python runs that
 handler only between bytecodes, so while the main thread is inside native code (a QNN compile, the
 HTP simulator) it would wait for that call to return: a watcher thread, woken through the signal
 wakeup fd, gives the main thread a moment, then removes this process's partials itself, says so
-and exits 130.
+and exits (the workers die with this process: toolchain/worker_pool.py).
+
+The line says what the next identical command starts from: the cache entries this run finished
+(a compile resumes from them), or that nothing was written.
 """
 from __future__ import annotations
 
@@ -16,10 +19,25 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..core.atomic import remove_partials
+from ..core.cache import kept_this_run
 from ..core.errors import Interrupted
 
-MESSAGE = "interrupted: nothing was written (partial files were removed)"
+# Ctrl-C; and `kill`, a job scheduler's or a container's stop, a CI timeout
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+NOTHING_KEPT = "nothing was written (partial files were removed)"
 GRACE_S = 2.0       # how long native code may hold the main thread before the watcher acts
+
+
+def interrupted_line() -> str:
+    """The one line an interrupted verb ends with, its first word `interrupted`."""
+    kept = kept_this_run()
+    if not kept:
+        return f"interrupted: {NOTHING_KEPT}"
+    n = sum(sum(c.values()) for c in kept.values())
+    where = "; ".join(f"{root} (" + ", ".join(f"{k} {ns}" for ns, k in sorted(c.items())) + ")"
+                      for root, c in kept.items())
+    return (f"interrupted; the next identical command resumes from the {n} cache entr{'y' if n == 1 else 'ies'} "
+            f"this run finished, in {where}; partial files were removed")
 
 
 @contextmanager
@@ -29,13 +47,13 @@ def interrupts_explained() -> Iterator[None]:
         return
     handled = threading.Event()
 
-    def on_sigint(signum, frame):
+    def on_signal(signum, frame):
         handled.set()
-        raise Interrupted()
+        raise Interrupted(signum)
 
     r, w = os.pipe()
     os.set_blocking(w, False)
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
     previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     watcher = threading.Thread(target=_watch, args=(r, handled), daemon=True, name="modelexport-interrupts")
     watcher.start()
@@ -43,7 +61,8 @@ def interrupts_explained() -> Iterator[None]:
         yield
     finally:
         signal.set_wakeup_fd(previous_fd)
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         os.close(w)            # the watcher reads EOF and ends
         watcher.join(timeout=1)
 
@@ -54,9 +73,10 @@ def _watch(r: int, handled: threading.Event) -> None:
             data = os.read(r, 64)
             if not data:
                 return
-            if signal.SIGINT in data and not handled.wait(GRACE_S):
+            got = [s for s in SIGNALS if s in data]
+            if got and not handled.wait(GRACE_S):
                 remove_partials()
-                os.write(2, f"\n{MESSAGE}\n".encode())
-                os._exit(130)
+                os.write(2, f"\n{interrupted_line()}\n".encode())
+                os._exit(Interrupted(got[0]).exit_code)
     finally:
         os.close(r)

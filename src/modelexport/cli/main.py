@@ -12,7 +12,7 @@ import typer
 from ..core.errors import Interrupted, ModelExportError
 from . import commands
 from .app import app, err_console
-from .interrupts import MESSAGE, interrupts_explained
+from .interrupts import interrupted_line, interrupts_explained
 
 
 # Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
@@ -56,6 +56,12 @@ def _say_qnn_log_level() -> None:
         err_console.print(f"[bold]note[/]: {note}", highlight=False, soft_wrap=True)
 
 
+def _say_interrupted() -> None:
+    from rich.markup import escape
+    rest = escape(interrupted_line().removeprefix("interrupted"))   # a path may hold [brackets]
+    err_console.print(f"[bold red]interrupted[/]{rest}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     _load_commands()
@@ -68,9 +74,9 @@ def _main(argv: list[str] | None) -> int:
         _say_qnn_log_level()
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
         return rc if isinstance(rc, int) else 0
-    except Interrupted:
-        err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
-        return Interrupted.exit_code
+    except Interrupted as e:
+        _say_interrupted()
+        return e.exit_code
     except ModelExportError as e:
         err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
         if e.fix:
@@ -80,7 +86,7 @@ def _main(argv: list[str] | None) -> int:
         return e.exit_code
     except EXITS as e:
         if isinstance(e.__cause__, KeyboardInterrupt):   # typer's silent exit 130 for a Ctrl-C it caught
-            err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
+            _say_interrupted()
         return e.exit_code
     except _click_errors() as e:
         e.show()
@@ -89,7 +95,7 @@ def _main(argv: list[str] | None) -> int:
         err_console.print("[bold red]aborted[/]")
         return 130
     except KeyboardInterrupt:
-        err_console.print(f"[bold red]interrupted[/]: {MESSAGE.partition(': ')[2]}", highlight=False)
+        _say_interrupted()
         return Interrupted.exit_code
 
 

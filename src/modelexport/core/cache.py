@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,12 +61,38 @@ def sweep_stale_partials(root: Path) -> list[Path]:
     return removed
 
 
+# Each enabled cache root this process used, and when it first did: what an interrupted run leaves
+# for the next one is what it added since (cli/interrupts.py). Read from disk, since its workers
+# add entries too.
+_FIRST_USED: dict[Path, float] = {}
+
+
+def kept_this_run() -> dict[Path, dict[str, int]]:
+    """Per cache root this process used: the entries finished since, counted per namespace."""
+    kept: dict[Path, dict[str, int]] = {}
+    for root, since in _FIRST_USED.items():
+        counts: dict[str, int] = {}
+        for meta in root.glob(f"*/*/*/{ENTRY_META}"):
+            try:
+                new = not meta.parent.name.startswith(".") and meta.stat().st_mtime >= since
+            except OSError:     # removed meanwhile
+                continue
+            if new:
+                ns = meta.parent.parent.parent.name
+                counts[ns] = counts.get(ns, 0) + 1
+        if counts:
+            kept[root] = counts
+    return kept
+
+
 class Cache:
     def __init__(self, root: Path | None = None, enabled: bool = True):
         self.root = root or cache_root()
         self.enabled = enabled
         self.hits = 0
         self.misses = 0
+        if enabled:
+            _FIRST_USED.setdefault(self.root, time.time())
         if enabled and self.root not in _SWEPT and self.root.is_dir():   # once per process and root
             _SWEPT.add(self.root)
             sweep_stale_partials(self.root)

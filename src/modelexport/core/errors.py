@@ -7,7 +7,7 @@ lines and exits non-zero without a traceback; anything else is a bug and keeps i
 Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU fallback,
 4 an artifact's files do not match its manifest, 5 verify's numbers are below the threshold,
 6 not supported (yet), 7 `compile --strict-numerics` found its own numerics check below the pass
-mark, 130 interrupted.
+mark, 130 interrupted (143 by SIGTERM).
 
 Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
 """
@@ -73,11 +73,16 @@ class VerificationError(ModelExportError):
 
 
 class Interrupted(BaseException):
-    """Ctrl-C, raised by the CLI's SIGINT handler (cli/interrupts.py) and by a worker's. A
+    """Ctrl-C or SIGTERM, raised by the CLI's handler (cli/interrupts.py) and by a worker's. A
     BaseException, like KeyboardInterrupt, so no `except Exception` turns it into a user error; not a
-    KeyboardInterrupt, which typer swallows into a silent exit 130."""
+    KeyboardInterrupt, which typer swallows into a silent exit 130. Exit 128 + the signal's number,
+    as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM."""
 
     exit_code = 130
+
+    def __init__(self, signum: int = 2):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
 
 
 class StrictNumericsError(ModelExportError):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
-from .llm_families import BY_MODEL_TYPE, SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
+from .llm_families import BY_MODEL_TYPE, GGUF_ROPE_SCALINGS, SUPPORTED_GGUF_ARCHITECTURES, LLMFamily, family_of_gguf
 from .loaded_llm import LoadedLLM, without_hf_progress_bars
 from . import frontend
 
@@ -50,6 +50,7 @@ class GgufInfo:
     head_dim: int | None
     rope_theta: float | None
     rope_scaling_type: str | None    # <arch>.rope.scaling.type: none, linear, yarn, longrope
+    rope_scaling_factor: float | None  # <arch>.rope.scaling.factor
     rms_norm_eps: float | None
     vocab_size: int | None
     tokenizer_model: str | None      # "gpt2" (byte-level BPE), "llama" (SentencePiece), ...
@@ -156,7 +157,8 @@ def _read_info(path: Path):
         context_length=a("context_length"), n_layers=a("block_count"), hidden_size=hidden,
         intermediate_size=a("feed_forward_length"), n_heads=n_heads,
         n_kv_heads=a("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rope_theta=a("rope.freq_base"), rope_scaling_type=a("rope.scaling.type"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+        rope_theta=a("rope.freq_base"), rope_scaling_type=a("rope.scaling.type"),
+        rope_scaling_factor=a("rope.scaling.factor"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
         vocab_size=vocab, tokenizer_model=_field(reader, "tokenizer.ggml.model"),
         tokenizer_pre=_field(reader, "tokenizer.ggml.pre"),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
@@ -243,11 +245,11 @@ def _is_gguf_path(obj) -> bool:
 def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     """Dequantize a Llama-family GGUF into a float32 HF causal LM plus its tokenizer (offline)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
     info, reader = _read_info(path)
-    family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
+    family = family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
     check_gguf_tensors(info)
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
@@ -256,7 +258,9 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     t0 = time.perf_counter()
     try:
         with _reuse_parsed_gguf(path, reader), without_hf_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+            config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+            _apply_header_facts(config, family, reader, info)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32,
                                                          local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     except (ValueError, OSError, KeyError) as e:
@@ -274,6 +278,28 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     return LoadedLLM(model=model, tokenizer=tokenizer, config=model.config, source=path, source_format="gguf",
                      architecture=model_type, chat_template=chat_template, gguf_info=info,
                      load_seconds=round(time.perf_counter() - t0, 2))
+
+
+def _apply_header_facts(config, family: LLMFamily, reader, info: GgufInfo) -> None:
+    """What the header states and transformers' GGUF loader does not read, set on the config the
+    model is built from: the family row's `gguf_config_keys`, and the RoPE scaling (without it a
+    Gemma 3 4B+ file's global layers would rotate 8 times too fast: llama.cpp scales them by 1/8)."""
+    for key, field_name in family.gguf_config_keys:
+        value = _field(reader, f"{info.architecture}.{key}")
+        if value is not None:
+            setattr(config, field_name, value)
+    scaling = GGUF_ROPE_SCALINGS.get(info.rope_scaling_type or "none")
+    if scaling is None:
+        return
+    rope_type, keys = scaling
+    params = {"rope_type": rope_type,
+              **{k: _field(reader, f"{info.architecture}.rope.scaling.{g}") for k, g in keys.items()}}
+    rope = dict(config.rope_parameters or {})
+    if family.gguf_scaled_rope_slot:      # one of the per-layer-type tables
+        rope[family.gguf_scaled_rope_slot] = {**rope.get(family.gguf_scaled_rope_slot, {}), **params}
+    else:
+        rope.update(params)
+    config.rope_parameters = rope
 
 
 def _template_of(tokenizer) -> str | None:

@@ -26,6 +26,10 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # Which layers attend through a sliding window (see `sliding_layers`).
 SLIDING_RULES = ("none", "all", "layer_types", "layer_types_if_enabled")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# transformers' GGUF loader reads no `<arch>.rope.scaling.*` key: it builds every GGUF model with
+# unscaled RoPE. The scalings carried over here (gguf_file.py), as the rope parameters they become:
+# GGUF rope.scaling.type -> (HF rope_type, {rope parameter: key under <arch>.rope.scaling.}).
+GGUF_ROPE_SCALINGS = {"linear": ("linear", {"factor": "factor"})}
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class LLMFamily:
     rope_per_layer_type: bool = False    # rope_parameters keyed by layer type, one table each (Gemma 3)
     nope_layers_field: str | None = None  # per-layer 1 = RoPE, 0 = no position encoding (SmolLM3's no_rope_layers)
     sliding: str = "none"                # SLIDING_RULES key
+    # GGUF header facts transformers' GGUF loader leaves at the config class's default
+    gguf_config_keys: tuple[tuple[str, str], ...] = ()   # (key under <arch>., config field)
+    gguf_scaled_rope_slot: str = ""      # the per-type RoPE table a GGUF's scaling is for (Gemma 3: the global layers')
 
     def facts(self) -> dict[str, Any]:
         """The row as plain data (for `inspect` and messages)."""
@@ -74,7 +81,9 @@ FAMILIES: tuple[LLMFamily, ...] = (
               norm="rms_one_plus", sandwich_norms=True, attention_bias_on_o_proj=True, activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
-              sliding="layer_types"),
+              sliding="layer_types",
+              gguf_config_keys=(("attn_logit_softcapping", "attn_logit_softcapping"),
+                                ("final_logit_softcapping", "final_logit_softcapping"))),
     # Gemma 3's text model (270M, 1B); the 4B+ checkpoints are "gemma3" (text + vision) and not read.
     # llama.cpp files it as "gemma3"; transformers builds Gemma3ForCausalLM ("gemma3_text") from it.
     LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=True,
@@ -82,7 +91,7 @@ FAMILIES: tuple[LLMFamily, ...] = (
               activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
-              rope_per_layer_type=True, sliding="layer_types"),
+              rope_per_layer_type=True, sliding="layer_types", gguf_scaled_rope_slot="full_attention"),
     # Phi-3 / 3.5-mini and Phi-4-mini (partial rotary factor 0.75) are all "phi3".
     LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=True,
               fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all"),
@@ -198,12 +207,13 @@ def family_of_gguf(architecture: str | None, rope_scaling_type: str | None, wher
                          f"supported GGUF architectures: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)} "
                          "(see docs/llm_export.md, 'Families')")
     rtype = {None: "default", "none": "default"}.get(rope_scaling_type, rope_scaling_type)
-    if rtype not in family.rope_types:
+    if rtype not in family.rope_types or (rtype != "default" and rtype not in GGUF_ROPE_SCALINGS):
         raise InputError(f"{where}: this {family.label} GGUF uses what the family table does not cover: "
                          f"rope.scaling.type={rope_scaling_type!r} (the {family.label} row has "
-                         f"{', '.join(family.rope_types)})",
-                         "use a model without this RoPE scaling, or add it to the family's row in "
-                         "frontends/llm_families.py (see docs/llm_export.md, 'Families')")
+                         f"{', '.join(family.rope_types)}; from a GGUF header: "
+                         f"{', '.join(['none', *GGUF_ROPE_SCALINGS])})",
+                         "use the model's HF folder or a model without this RoPE scaling, or add it to the family's "
+                         "row and GGUF_ROPE_SCALINGS in frontends/llm_families.py (see docs/llm_export.md, 'Families')")
     return family
 
 

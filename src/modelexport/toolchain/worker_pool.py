@@ -9,9 +9,18 @@ inherits a half-initialised QNN or ONNX Runtime. How a job ends, as its caller s
   pickles whole: BaseException keeps the instance's `__dict__`);
 - its worker dies (killed, segfault: BrokenProcessPool): a `ToolchainError` naming the stage;
 - it raises anything else: a bug, re-raised here with the child's traceback.
+
+Workers never outlive the process that started them: an interrupt (Ctrl-C, SIGTERM) stops them as
+the pool unwinds, and a parent that ends without unwinding (kill -9, the OOM killer, an interrupt
+taken while native code held the main thread) takes them along through the kernel's parent-death
+signal. Otherwise an idle worker waits for jobs forever: its queue's other end lives in the worker
+too, so it never reads end-of-file.
 """
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -33,8 +42,24 @@ def _on_sigint(signum, frame) -> None:
         raise KeyboardInterrupt()
 
 
-def _worker_init() -> None:
-    import signal
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _die_with(parent_pid: int) -> None:
+    """SIGKILL this worker when its parent ends, however it ends. prctl's parent-death signal, not a
+    thread polling os.getppid(): the kernel sends it at once, even while the worker is inside a
+    native call that holds the GIL (a QNN compile: minutes), where a Python thread could not run.
+    Linux only: where the HTP simulator runs. The signal follows the thread that started the worker,
+    and that is the thread driving the pool (it submits and waits) for as long as the pool lives."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:   # the parent had already gone before the line above
+        os._exit(1)
+
+
+def _worker_init(parent_pid: int) -> None:
+    _die_with(parent_pid)
     signal.signal(signal.SIGINT, _on_sigint)
 
 
@@ -56,7 +81,8 @@ class WorkerPool:
         self.stage = stage
         self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
                                                                  mp_context=get_context("spawn"),
-                                                                 initializer=_worker_init)
+                                                                 initializer=_worker_init,
+                                                                 initargs=(os.getpid(),))
         self._submitted: list[Future | Job] = []
 
     def __enter__(self) -> "WorkerPool":

@@ -60,10 +60,12 @@ ROW_ARGS = {
     "qk_norm": lambda on: {"use_qk_norm": True, "qk_norm_before_rope": True} if on else {},
     "norm": lambda kind: {"rms_norm_add_unit_offset": NORM_WEIGHT_OFFSET[kind] == 1.0},
 }
-# row fields handled outside ModelArgs: by the renaming (FUSED_ROWS), the checks in model_args_from_hf,
+# row fields handled outside ModelArgs: by the GGUF loader (gguf_*: the model arrives with them applied),
+# the renaming (FUSED_ROWS), the checks in model_args_from_hf,
 # or on the built model (export.py: NoPE layers, RoPE tables from HF; row_patches.py: the rest,
 # sliding windows included: row_patches.scores_plan)
-HANDLED_ELSEWHERE = ("model_type", "label", "gguf_architectures", "npu", "cpu", "cpu_missing", "qkv_bias",
+HANDLED_ELSEWHERE = ("model_type", "label", "gguf_architectures", "gguf_config_keys", "gguf_scaled_rope_slot",
+                     "npu", "cpu", "cpu_missing", "qkv_bias",
                      "attention_bias_on_o_proj", "activation_field", "rope_types", "nope_layers_field", "sliding",
                      *FUSED_ROWS, *EXPRESSED_FIELDS)
 _ROW_DEFAULTS = LLMFamily("", "", (), npu=False, cpu=False).facts()

@@ -1,0 +1,102 @@
+"""A GGUF written from a tiny HF model of a family as llama.cpp's convert_hf_to_gguf.py writes that
+family: its header keys, gguf-py's own tensor names (`TensorNameMap`), Gemma's norms stored as
+1 + w, and a SentencePiece vocabulary (tokenizer.ggml.model "llama", byte tokens <0x00>..<0xFF>),
+as users' Gemma GGUFs carry. The same weights are then in both forms: transformers' GGUF loader
+and the HF folder can be compared."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# Gemma's SentencePiece specials, at their real ids (pad 0, eos 1, bos 2, unk 3, mask 4: transformers'
+# GemmaTokenizer adds a <mask> the vocabulary lacks), then the turn markers.
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+PIECES = ["▁", "▁the", "▁quick", "▁brown", "▁fox", "▁jumps", "▁over", "▁lazy", "▁dog", "e", "t", "a", "o", "n", "s",
+          "h", "r", "▁a", "▁T", "he", "Th", "▁The", "in", "er", "on", "."]
+GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}"
+                  "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def gemma_vocab() -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types (1 normal, 3 control, 6 byte) of a tiny Gemma-like vocabulary."""
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = SPECIALS + byte_tokens + PIECES
+    scores = [0.0] * (len(SPECIALS) + 256) + [-float(i) for i in range(len(PIECES))]
+    types = [3] * len(SPECIALS) + [6] * 256 + [1] * len(PIECES)
+    return tokens, scores, types
+
+
+def _header(w, cfg, arch: str) -> None:
+    """The keys convert_hf_to_gguf.py's Gemma2Model / Gemma3Model write."""
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_sliding_window(cfg.sliding_window)
+    rope = cfg.rope_parameters
+    if arch == "gemma2":
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    else:
+        full = rope["full_attention"]
+        w.add_rope_freq_base(full["rope_theta"])
+        if full.get("rope_type") == "linear":          # Gemma 3 4B+: factor 8 on the global layers
+            import gguf
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(full["factor"])
+
+
+def write_gguf_from_hf(model, path: Path, arch: str, matrix_type: str = "F32") -> Path:
+    """`model` (a Gemma2ForCausalLM / Gemma3ForCausalLM) as a GGUF of architecture `arch`; 2-D
+    weights stored as `matrix_type` (F32, or a type `gguf.quants.quantize` writes: Q8_0, ...)."""
+    import gguf
+    from gguf.quants import quantize
+
+    cfg = model.config
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {arch}")
+    _header(w, cfg, arch)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrix_type == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrix_type}"])
+    tokens, scores, types = gemma_vocab()
+    assert len(tokens) <= cfg.vocab_size, (len(tokens), cfg.vocab_size)
+    tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
+    scores += [0.0] * (cfg.vocab_size - len(scores))
+    types += [5] * (cfg.vocab_size - len(types))           # 5: unused
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(GEMMA_TEMPLATE)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gname is not None, name
+        values = tensor.detach().float().numpy()
+        if name.endswith("norm.weight"):
+            values = values + 1                              # Gemma's RMSNorm scales by 1 + w
+        if values.ndim == 2 and matrix_type != "F32":
+            qtype = gguf.GGMLQuantizationType[matrix_type]
+            w.add_tensor(gname, quantize(values, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(values, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
