@@ -74,6 +74,12 @@ def discard_partials(out: Path) -> list[Path]:
     return found
 
 
+def discard_partials_of(bundle: Path) -> None:
+    """The temporary folder of one cell whose worker died (the cell runs nowhere else now)."""
+    for p in bundle.parent.glob(f".{bundle.name}.partial-*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 def _compile_args(job: dict[str, Any]) -> dict[str, Any]:
     m, prec = job["model"], job["precision"]
     options = dict(m["options"])

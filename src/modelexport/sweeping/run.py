@@ -16,8 +16,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any, Callable
 
-from ..core.errors import InputError
-from .cells import Cell, discard_partials, is_complete, plan_cells
+from ..core.errors import InputError, ModelExportError, clip
+from .cells import Cell, discard_partials, discard_partials_of, is_complete, plan_cells
 from .executors import open_executor
 from .matrix import load_matrix
 from .results import cell_row, ship_table, sort_rows, write_results
@@ -50,19 +50,19 @@ class _Tally:
 
     def started(self, cell: Cell) -> None:
         self.running[cell.key] = time.perf_counter()
-        self._line()
+        self.note()
 
     def ended(self, cell: Cell, outcome: dict[str, Any], retrying: str | None = None) -> None:
         started = self.running.pop(cell.key, self.t0)
         if retrying:
-            self._line(f"{cell.key}: {retrying}; running it again")
+            self.note(f"{cell.key}: {retrying}; running it again")
             return
         self.done += 1
         self.failed += outcome.get("status") == "failed"
         self.cell_seconds.append(time.perf_counter() - started)
-        self._line(f"{cell.key} {outcome.get('status')}" + (f": {outcome.get('reason')}" if outcome.get("status") == "failed" else ""))
+        self.note(f"{cell.key} {outcome.get('status')}" + (f": {outcome.get('reason')}" if outcome.get("status") == "failed" else ""))
 
-    def _line(self, event: str | None = None) -> None:
+    def note(self, event: str | None = None) -> None:
         elapsed = time.perf_counter() - self.t0
         left = ""
         if self.cell_seconds:
@@ -82,7 +82,13 @@ def run_cells(executor, cells: list[Cell], jobs: dict[str, dict], tally: _Tally)
     while queue or inflight:
         while queue and len(inflight) < executor.slots:
             cell, attempt = queue.popleft()
-            inflight[executor.submit(jobs[cell.key], cell, attempt)] = (cell, attempt)
+            try:
+                future = executor.submit(jobs[cell.key], cell, attempt)
+            except ModelExportError as e:    # e.g. an LLM whose estimate cannot be made: this cell fails, not the sweep
+                future = Future()
+                future.set_result({"cell": cell.key, "status": "failed", "reason": clip(e.problem, 400), "fix": e.fix,
+                                   "error": type(e).__name__, "exit_code": e.exit_code})
+            inflight[future] = (cell, attempt)
             tally.started(cell)
         done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
         for f in done:
@@ -93,6 +99,7 @@ def run_cells(executor, cells: list[Cell], jobs: dict[str, dict], tally: _Tally)
                 why = executor.lost(e)
                 if why is None:
                     raise
+                discard_partials_of(Path(jobs[cell.key]["bundle"]))
                 if attempt < MAX_ATTEMPTS:
                     queue.append((cell, attempt + 1))
                     tally.ended(cell, {}, retrying=why)
@@ -129,9 +136,9 @@ def run_sweep(matrix: str | Path, output: str | Path, compile_fn: Callable[..., 
             todo = [c for c in cells if c not in reused]
             tally = _Tally(len(cells), len(reused), executor.slots, say)
             if reused:
-                tally._line(f"reusing {len(reused)} complete cell(s) (--force compiles them again)")
+                tally.note(f"reusing {len(reused)} complete cell(s) (--force compiles them again)")
             if discarded:
-                tally._line(f"discarded {len(discarded)} unfinished cell folder(s) of an interrupted run")
+                tally.note(f"discarded {len(discarded)} unfinished cell folder(s) of an interrupted run")
             jobs = {c.key: c.job(out, force, compile_fn) for c in todo}
             outcomes = run_cells(executor, todo, jobs, tally)
             rows = sort_rows([cell_row(c, out, outcomes.get(c.key), c in reused) for c in cells], cells)
