@@ -575,9 +575,17 @@ def _matrix(text: str):
     return prepare
 
 
+def _garbage_results(w, d):
+    """A folder that looks like a sweep's, with a results.json that is not one."""
+    (d / "sw").mkdir()
+    (d / "sw" / "results.json").write_text('{"cells": 3}')
+    return {}
+
+
 _GOOD_MATRIX = "models: ['{onnx}']\ntargets: [SM8650]\nprecisions: [fp16]\n"
 _S = ("sweep", "{m}", "-o", "{out}")
 SWEEP = [
+    C("report-sweep-results-garbage", "report {d}/sw", INPUT, "not a sweep's results file", prepare=_garbage_results),
     C("sweep-matrix-missing", "sweep {d}/none.yaml -o {out}", INPUT, "does not exist"),
     C("sweep-matrix-garbage", _S, INPUT, "not valid YAML", prepare=_matrix("models: [a\n  targets: ][")),
     C("sweep-matrix-not-mapping", _S, INPUT, "not a mapping", prepare=_matrix("- a.onnx\n- b.onnx\n")),

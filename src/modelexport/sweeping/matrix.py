@@ -133,13 +133,21 @@ def _model_path(base: Path, value: str) -> str:
     return f"{p}{sep}{func}"
 
 
+def _entry(problems: _Problems, where: str, raw: Any, main: str, known: tuple[str, ...], example: str) -> dict | None:
+    """A list item as a mapping: a bare string is its `main` key; unknown keys are problems."""
+    entry = {main: raw} if isinstance(raw, str) else raw
+    if not isinstance(entry, dict) or not isinstance(entry.get(main), str):
+        problems.add(f"{where}: no `{main}`", f"write {example}")
+        return None
+    _unknown_keys(problems, where, entry, known)
+    return entry
+
+
 def _model(problems: _Problems, base: Path, i: int, raw: Any, top_options: dict, taken: set[str]) -> ModelEntry | None:
     where = f"models[{i}]"
-    entry = {"path": raw} if isinstance(raw, str) else raw
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-        problems.add(f"{where}: no model path", "write a path, or {path: model.onnx, calibration: ...}")
+    entry = _entry(problems, where, raw, "path", MODEL_KEYS, "a path, or {path: model.onnx, calibration: ...}")
+    if entry is None:
         return None
-    _unknown_keys(problems, where, entry, MODEL_KEYS)
     path = _model_path(base, entry["path"])
     if not Path(_file_part(path)).exists():
         problems.add(f"{where}: model {entry['path']!r} does not exist ({_file_part(path)})",
@@ -172,11 +180,9 @@ def _model(problems: _Problems, base: Path, i: int, raw: Any, top_options: dict,
 def _precision(problems: _Problems, i: int, raw: Any) -> PrecisionEntry | None:
     from ..quant.precision import get_precision
     where = f"precisions[{i}]"
-    entry = {"name": raw} if isinstance(raw, str) else raw
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-        problems.add(f"{where}: no precision name", "write 8a8w, or {name: 16a4w_block, max_ppl_ratio: 1.05}")
+    entry = _entry(problems, where, raw, "name", PRECISION_KEYS, "8a8w, or {name: 16a4w_block, max_ppl_ratio: 1.05}")
+    if entry is None:
         return None
-    _unknown_keys(problems, where, entry, PRECISION_KEYS)
     try:
         name = get_precision(entry["name"]).name
     except ModelExportError as e:

@@ -45,12 +45,13 @@ def _sweep_page(folder: Path, output: Path | None, force: bool, json_out: bool) 
     from ...sweeping.page import build_page, write_page
     try:
         results = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{folder / 'results.json'} is not a sweep's results file ({e})",
+        page = build_page(results)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{folder / 'results.json'} is not a sweep's results file ({type(e).__name__}: {e})",
                          "run `modelexport sweep MATRIX -o FOLDER` again to rewrite it") from None
     if output:
         with atomic_file(output, force=force) as tmp:
-            tmp.write_text(build_page(results), encoding="utf-8")
+            tmp.write_text(page, encoding="utf-8")
         path = output
     else:
         path = write_page(folder, results)
