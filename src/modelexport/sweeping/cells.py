@@ -109,6 +109,8 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
     """One cell, in a worker: compile (+ verify) into a temporary folder, then rename it into place.
     Every outcome comes back as data; a ModelExportError is the cell's failure, with its one-line
     reason, and anything else (a bug) is reported with its traceback, so the other cells go on."""
+    from ..toolchain.library_loggers import quiet_library_loggers
+    quiet_library_loggers()          # as the CLI's own process does
     t0 = time.perf_counter()
     final = Path(job["bundle"])
     tmp = sibling_temp(final)
