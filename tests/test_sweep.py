@@ -64,7 +64,7 @@ def on_ray(matrix, tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as mp:     # Ray's workers inherit this process's environment
         for k, v in _own_cache(tmp_path_factory, "ray").items():
             mp.setenv(k, v)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
         try:
             results = modelexport.sweep(matrix, out, ray="auto")
         finally:
@@ -185,6 +185,26 @@ def test_a_cell_that_kills_its_worker_runs_again_alone_then_is_reported(matrix, 
     # the other cell, lost with the broken pool or not, ends compiled
     assert cells[("conv8", "SM8650", "8a8w")]["status"] == "compiled"
     assert not list((tmp_path / "out").glob("*/*/.*partial*"))
+
+
+def test_an_llm_cell_declares_its_up_front_estimate_to_ray(tmp_path):
+    """The CPUs and memory a Ray task of an LLM cell asks for are compile --dry-run's, per precision."""
+    from llm_tiny import write_tiny_llm_folder
+
+    from modelexport.backends.llm_qnn.compile import plan_llm
+    from modelexport.sweeping.cells import plan_cells
+    from modelexport.sweeping.matrix import load_matrix
+    from modelexport.sweeping.resources import cell_resources
+    write_tiny_llm_folder(tmp_path)
+    (tmp_path / "m.yaml").write_text("models: [{path: tiny_hf, calibration: calib.txt, options: {max_seq_len: 64}}]\n"
+                                     "targets: [SM8650]\nprecisions: [16a4w_block, 16a8w]\n")
+    cells = plan_cells(load_matrix(tmp_path / "m.yaml"))
+    assert [(c.model.kind, c.precision.name) for c in cells] == [("llm", "16a4w_block"), ("llm", "16a8w")]
+    for cell in cells:
+        need = cell_resources(cell)
+        plan = plan_llm(tmp_path / "tiny_hf", cell.precision.name, max_seq_len=64)
+        assert (need.num_cpus, need.memory_bytes) == (plan["jobs"], plan["estimate"]["peak_bytes"])
+        assert "job_estimate" in need.source
 
 
 def test_a_bad_matrix_lists_every_problem_at_once_before_any_work(matrix, tmp_path):

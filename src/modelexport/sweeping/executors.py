@@ -5,6 +5,7 @@ results — is the sweep's own and the same for both (run.py). The table at the 
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from concurrent.futures import Future
@@ -102,7 +103,7 @@ class RayCells:
                                      "pip install ray==2.60.0 (requirements.txt pins it), or leave --ray out")
             try:
                 # the workers' own output stays in Ray's logs: stdout is the sweep's (--json)
-                ray.init(address=address or "auto", log_to_driver=False, logging_level="ERROR")
+                ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise InputError(f"cannot connect to the Ray cluster at {address}: {clip(str(e), 300)}; nothing was started",
                                  "start a cluster first (`ray start` with its head flag, on the head node, prints "
