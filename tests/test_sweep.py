@@ -21,8 +21,23 @@ TARGETS = ("SM8650", "SM8750")
 PRECISIONS = ("fp16", "8a8w")
 MODELS = ("conv8", "conv4", "mlp", "det")
 # what must not depend on where a cell ran
-SAME_EVERYWHERE = ("status", "htp_share", "cpu_fallbacks", "bytes", "parameters", "bytes_per_param", "numerics", "ship",
-                   "error")
+SAME_EVERYWHERE = ("status", "htp_share", "cpu_fallbacks", "parameters", "numerics", "ship", "error")
+# ...but the bytes of two compiles of one ONNX cell differ by a few: ONNX Runtime names the EPContext
+# node's partition with a per-process hash (`QNNExecutionProvider_QNNExecutionProvider_<hash>_1_0`), the
+# context binary itself is the same
+EPCONTEXT_NAME_SLACK = 16
+
+
+def _same_table(a: dict, b: dict) -> None:
+    assert [(r["target"], r["model"], r["precision"]) for r in a["cells"]] == \
+        [(r["target"], r["model"], r["precision"]) for r in b["cells"]]
+    for x, y in zip(a["cells"], b["cells"]):
+        cell = (x["model"], x["target"], x["precision"])
+        assert {k: x.get(k) for k in SAME_EVERYWHERE} == {k: y.get(k) for k in SAME_EVERYWHERE}, cell
+        assert (x.get("bytes") is None) == (y.get("bytes") is None), cell
+        if x.get("bytes") is not None:
+            assert abs(x["bytes"] - y["bytes"]) <= (EPCONTEXT_NAME_SLACK if x["kind"] == "onnx" else 0), cell
+    assert a["ship"] == b["ship"]
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +145,8 @@ def test_results_are_sorted_so_what_to_ship_per_soc_is_on_top(local):
 def test_ray_gives_the_same_table_as_the_local_run(local, on_ray):
     res = on_ray["results"]
     assert res["run"]["executor"] == "ray" and res["run"]["slots"] == 2
-    here, there = _by_cell(local["results"]), _by_cell(res)
-    assert here.keys() == there.keys()
-    for cell in here:
-        assert {k: here[cell].get(k) for k in SAME_EVERYWHERE} == {k: there[cell].get(k) for k in SAME_EVERYWHERE}, cell
-    assert [(r["target"], r["model"], r["precision"]) for r in local["results"]["cells"]] == \
-        [(r["target"], r["model"], r["precision"]) for r in res["cells"]]
-    assert res["ship"] == local["results"]["ship"]
+    assert res["summary"] == local["results"]["summary"]
+    _same_table(local["results"], res)
 
 
 def test_a_rerun_only_does_the_missing_cells(local, tmp_path):
@@ -158,8 +168,7 @@ def test_a_rerun_only_does_the_missing_cells(local, tmp_path):
     assert all(r["status"] == "failed" for k, r in cells.items() if k[0] == "det")         # reported again, not dropped
     assert not killed.exists()
     assert all(p.stat().st_mtime_ns == t for p, t in kept.items()), "a complete cell was rewritten"
-    for k in SAME_EVERYWHERE:
-        assert [r.get(k) for r in res["cells"]] == [r.get(k) for r in local["results"]["cells"]], k
+    _same_table(local["results"], res)
 
 
 KILLER = """

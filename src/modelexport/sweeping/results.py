@@ -3,7 +3,7 @@ so a cell compiled now, one reused from an earlier run, one run locally and one 
 the same row. Sorted for the question the table answers: per target, what to ship.
 
 Per cell: status (compiled / failed + its one-line reason), the share of compute nodes on the HTP
-(placement), the worst output's SQNR against the float model and its pass mark (the bundle's
+(the manifest's per-node placement, counted as report.html counts it), the worst output's SQNR against the float model and its pass mark (the bundle's
 numerics: compile's own check, or verify's), the LLM's perplexity ratio (`max_ppl_ratio`'s recipe)
 and decode ceiling, the device bytes (contract/deployment.py: what goes to the phone for the
 target) and bytes per parameter, and the seconds the compile took.
@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from ..contract.report.html_report import QDQ_OPS
 from .cells import Cell
 
 # Quality tiers, best first: the numbers meet the precision's pass mark (SQNR, or the perplexity
@@ -63,15 +64,16 @@ def parameters_of(bundle) -> int | None:
 
 
 def _htp_share(m, target: str) -> tuple[float | None, int | None]:
-    """(share of compute nodes on the HTP, CPU fallbacks) over the bundle's parts on `target`."""
+    """(share of compute nodes on the HTP, compute nodes elsewhere), as report.html's placement section
+    counts them: per node, graph-boundary (de)quantization and the Q/DQ ops QNN folds left out. A
+    cell's bundle has one part and one target, whose nodes the manifest lists."""
     if m.llm is not None:        # an LLM bundle's context binaries hold HTP graphs only
         return 1.0, 0
-    htp = cpu = 0
-    for part in m.parts:
-        p = (m.placement.get(part.name) or {}).get(target) or {}
-        htp += int(p.get("htp_nodes") or 0)
-        cpu += len(p.get("cpu_fallbacks") or [])
-    return (round(htp / (htp + cpu), 4), cpu) if htp + cpu else (None, None)
+    nodes = [n for n in m.placement.get("nodes", []) if n.get("backend") != "io" and n.get("op_type") not in QDQ_OPS]
+    if not nodes:
+        return None, None
+    htp = sum(1 for n in nodes if n.get("backend") == "HTP")
+    return round(htp / len(nodes), 4), len(nodes) - htp
 
 
 def _numerics(m) -> tuple[float | None, float | None]:
