@@ -105,7 +105,9 @@ class RayCells:
                 # the workers' own output stays in Ray's logs: stdout is the sweep's (--json)
                 ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.ERROR)
             except (ConnectionError, RuntimeError, ValueError) as e:
-                raise InputError(f"cannot connect to the Ray cluster at {address}: {clip(str(e), 300)}; nothing was started",
+                what = ("--ray auto found no Ray cluster started on this machine" if (address or "auto") == "auto"
+                        else f"cannot connect to the Ray cluster at {address}: {clip(str(e), 300)}")
+                raise InputError(f"{what}; nothing was started",
                                  "start a cluster first (`ray start` with its head flag, on the head node, prints "
                                  "the address), check the address, or leave --ray out to run the cells locally (--workers N)") from None
             self._started = True
