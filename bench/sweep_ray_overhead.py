@@ -65,7 +65,7 @@ def main() -> None:
                  "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "ray": ray.__version__,
                              "load_avg_at_start": os.getloadavg()}}
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
     res["ray_init_s"] = round(time.perf_counter() - t0, 3)
     try:
         cold_local = timed_sweep(matrix, work / "local", work / "cache-local", None, False)

@@ -79,7 +79,7 @@ def on_ray(matrix, tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as mp:     # Ray's workers inherit this process's environment
         for k, v in _own_cache(tmp_path_factory, "ray").items():
             mp.setenv(k, v)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
         try:
             results = modelexport.sweep(matrix, out, ray="auto")
         finally:
