@@ -567,7 +567,48 @@ REPORT = [
     C("report-output-exists", "report {bundle} --output {k}", INPUT, "already exists", prepare=_keep_file),
 ]
 
-CASES = TARGETS + INSPECT + COMPILE + COMPILE_QNN + TORCH + AUDIT + RUN + VERIFY + PROFILE + GENERATE + EVAL + REPORT
+def _matrix(text: str):
+    """A sweep matrix file in the case's folder ({onnx} is the world's model)."""
+    def prepare(w, d):
+        (d / "m.yaml").write_text(text.replace("{onnx}", w.paths["onnx"]))
+        return {"m": str(d / "m.yaml")}
+    return prepare
+
+
+def _garbage_results(w, d):
+    """A folder that looks like a sweep's, with a results.json that is not one."""
+    (d / "sw").mkdir()
+    (d / "sw" / "results.json").write_text('{"cells": 3}')
+    return {}
+
+
+_GOOD_MATRIX = "models: ['{onnx}']\ntargets: [SM8650]\nprecisions: [fp16]\n"
+_S = ("sweep", "{m}", "-o", "{out}")
+SWEEP = [
+    C("report-sweep-results-garbage", "report {d}/sw", INPUT, "not a sweep's results file", prepare=_garbage_results),
+    C("sweep-matrix-missing", "sweep {d}/none.yaml -o {out}", INPUT, "does not exist"),
+    C("sweep-matrix-garbage", _S, INPUT, "not valid YAML", prepare=_matrix("models: [a\n  targets: ][")),
+    C("sweep-matrix-not-mapping", _S, INPUT, "not a mapping", prepare=_matrix("- a.onnx\n- b.onnx\n")),
+    C("sweep-matrix-empty-lists", _S, INPUT, "no `models:` list", "no `targets:` list", "no `precisions:` list",
+      prepare=_matrix("models: []\ntargets: []\nprecisions: []\n")),
+    C("sweep-matrix-every-problem", _S, INPUT, "4 problems", "unknown key 'colour'", "unknown target 'SM9999'",
+      "unknown precision '9a9w'", "'none.onnx' does not exist",
+      prepare=_matrix("models: ['{onnx}', none.onnx]\ntargets: [SM8650, SM9999]\nprecisions: [fp16, 9a9w]\ncolour: red\n")),
+    C("sweep-matrix-option", _S, INPUT, "unknown option 'colour'",
+      prepare=_matrix("models: [{path: '{onnx}', options: {colour: red}}]\ntargets: [SM8650]\nprecisions: [fp16]\n")),
+    C("sweep-matrix-ppl-ratio", _S, INPUT, "max_ppl_ratio",
+      prepare=_matrix("models: ['{onnx}']\ntargets: [SM8650]\nprecisions: [{name: fp16, max_ppl_ratio: 0.5}]\n")),
+    C("sweep-matrix-same-name", _S, INPUT, "taken by another model",
+      prepare=_matrix("models: ['{onnx}', '{onnx}']\ntargets: [SM8650]\nprecisions: [fp16]\n")),
+    C("sweep-output-foreign", _S, INPUT, "not a sweep's output",
+      prepare=lambda w, d: {**_matrix(_GOOD_MATRIX)(w, d), **_existing_out(w, d)}),
+    C("sweep-workers-0", _S + ("--workers", "0"), INPUT, "--workers", prepare=_matrix(_GOOD_MATRIX)),
+    C("sweep-ray-not-an-address", _S + ("--ray", "nowhere"), INPUT, "not a Ray address", prepare=_matrix(_GOOD_MATRIX)),
+    C("sweep-ray-unreachable", _S + ("--ray", "127.0.0.1:9"), INPUT, "cannot reach a Ray cluster", "nothing was started",
+      prepare=_matrix(_GOOD_MATRIX)),
+]
+
+CASES = TARGETS + INSPECT + COMPILE + COMPILE_QNN + TORCH + AUDIT + RUN + VERIFY + PROFILE + GENERATE + EVAL + REPORT + SWEEP
 
 
 # ---- the Python API ------------------------------------------------------------------------------
@@ -613,6 +654,8 @@ API = {
     "api-qnncompiler-format-pte": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], output_format="pte"), INPUT, "PyTorch"),
     "api-qnncompiler-device": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], output_format="context-binary", target_device="snapdragon-99"), INPUT),
     "api-qnncompiler-bits": _api(lambda w, d: __import__("modelexport").QNNCompiler(backend="HTP").compile(w["onnx"], quantization={"enabled": True, "calibration_data": "random", "act_bitwidth": 5, "weights_bitwidth": 8}), INPUT),
+    "api-sweep-unknown-option": _api(lambda w, d: __import__("modelexport").sweep(w["onnx"], d / "o", colour="red"), INPUT, "colour"),
+    "api-sweep-not-a-matrix": _api(lambda w, d: __import__("modelexport").sweep(w["garbage.yaml"], d / "o"), INPUT, "YAML"),
     "api-llm-load-missing": _api(lambda w, d: __import__("modelexport").llm.load(d / "none.gguf"), INPUT, "does not exist"),
     "api-llm-load-garbage": _api(lambda w, d: __import__("modelexport").llm.load(w["garbage.gguf"]), INPUT),
     "api-llm-load-option": _api(lambda w, d: __import__("modelexport").llm.load(w["garbage.gguf"], colour="red"), INPUT, "colour"),

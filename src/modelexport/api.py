@@ -1,4 +1,4 @@
-"""The Python API, with the CLI's names: audit, compile, run, verify, inspect (the seeds' QNNCompiler: qnn.py).
+"""The Python API, with the CLI's names: audit, compile, sweep, run, verify, inspect (the seeds' QNNCompiler: qnn.py).
 
 `compile` dispatches on what it is given: a frontend (registry in modelexport.frontends) loads
 it and says its kind, and the backend registered for that kind (modelexport.backends) compiles
@@ -197,6 +197,21 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
                                       "output_format": options.get("output_format") or be.default_format})
     return be.compile(parts, output, opts, force=force, progress=progress)
+
+
+@_public
+def sweep(matrix: str | Path, output: str | Path, force: bool = False, workers: int | None = None,
+          ray: str | None = None, progress: Callable[[str, float, float], None] | None = None) -> dict:
+    """Compile every model × target × precision of a matrix file into OUT/<model>/<target>/<precision>/
+    → the results (also written to OUT/results.json, results.csv and report.html).
+
+    Each cell is this module's `compile` for one target and precision, run in a spawned process
+    (at most `workers`, default the number of cores) or, with `ray` (an address or "auto"; a
+    process already connected to Ray uses its connection), as a Ray task declaring its CPUs and
+    memory. A re-run reuses complete cells and runs the missing ones; `force` compiles all again.
+    The matrix format: `modelexport sweep --help`, or modelexport.sweeping.matrix."""
+    from .sweeping.run import run_sweep
+    return run_sweep(matrix, output, compile, force=force, workers=workers, ray=ray, progress=progress)
 
 
 @_public

@@ -15,18 +15,9 @@ from .app import app, err_console
 from .interrupts import interrupted_line, interrupts_explained
 
 
-# Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
-# kernels that cannot load on this CPU host, torch's pytree deprecation notes (MODELEXPORT_DEBUG=1
-# shows them again).
-QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
 def _quiet_libraries() -> None:
-    if os.environ.get("MODELEXPORT_DEBUG"):
-        return
-    import logging
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from ..toolchain.library_loggers import quiet_library_loggers
+    quiet_library_loggers()
 
 
 def _click_errors() -> tuple[type, ...]:

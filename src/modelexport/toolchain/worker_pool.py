@@ -119,6 +119,14 @@ class WorkerPool:
         if isinstance(job, Future):
             wait([job])
 
+    def future(self, handle: int) -> Future:
+        """The job's Future (spawned pools only), for a caller that waits on jobs of several pools
+        at once (the sweep's cells); its worker's death is a BrokenProcessPool there."""
+        job = self._submitted[handle]
+        if not isinstance(job, Future):
+            raise ValueError("an in-process pool runs its jobs in outcomes(); it has no futures")
+        return job
+
     def outcomes(self, on_done: Callable[[Any], None] | None = None) -> list[Any]:
         """Per job, in submission order: its result or the `ModelExportError` it ended with.
         `on_done(outcome)` is called as each job ends."""

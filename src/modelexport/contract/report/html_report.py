@@ -195,11 +195,19 @@ SECTIONS: list[Callable[[Manifest, Path], Section | None]] = [
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True)
 
 
+def render_page(title: str, sections: list[Section]) -> str:
+    """One self-contained page in the report's style (a bundle's, or a sweep's: sweeping/page.py)."""
+    return _env.get_template("report.html.j2").render(
+        title=title, sections=sections, generated=_dt.datetime.now().isoformat(timespec="seconds"))
+
+
+table = _table   # other pages draw their tables the same way
+
+
 def build_report(manifest: Manifest, folder: Path) -> str:
     sections = [s for fn in SECTIONS if (s := fn(manifest, folder)) is not None]
     title = Path(manifest.source.path or folder.name).name + (f" → {', '.join(manifest.targets)}" if manifest.targets else "")
-    return _env.get_template("report.html.j2").render(
-        title=title, sections=sections, generated=_dt.datetime.now().isoformat(timespec="seconds"))
+    return render_page(title, sections)
 
 
 def write_report(folder: Path, manifest: Manifest, name: str = "report.html") -> Path:
