@@ -65,3 +65,13 @@ def test_pipeline_file_and_dlc(tmp_path, cli):
     dlc = json.loads(cli("compile", str(tmp_path / "enc.onnx"), "-o", str(tmp_path / "dlc"), "--format", "dlc",
                          "--calibration", "random", "--json", check=True).stdout)
     assert dlc["format"] == "dlc" and any(f["path"].endswith(".dlc") and f["size"] > 0 for f in dlc["files"])
+
+
+def test_strict_passes_a_model_fully_on_the_htp_at_8a8w(tmp_path, cli):
+    """The layout transformer replaces a conv's output DequantizeLinear by a copy named
+    DequantizeLinear_token_<n> (kept on the CPU as graph-output dequantization): not a fallback."""
+    model = conv_relu(tmp_path / "conv.onnx")
+    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "8a8w",
+                         "--calibration", "random", "--strict", "--json", check=True).stdout)
+    where = res["placement"]["conv"]["SM8650"]
+    assert where["cpu_fallbacks"] == [] and where["htp_nodes"] > 0 and where["cpu_io_quantization"] >= 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,14 +133,22 @@ def _sha_file(p: Path) -> str:
 def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], graph_outputs: set[str]) -> list[tuple[str, str]]:
     """CPU nodes other than the graph-boundary (de)quantization ONNX Runtime keeps there by design."""
     out = []
+    boundary_left = len(graph_inputs) + len(graph_outputs)   # at most one Q or DQ per boundary tensor
     for name, op in placement.get(CPU_EP_NAME, []):
-        # the quantizer names them <tensor>_QuantizeLinear, or <tensor>_q / _dq (MTCNN's onet)
-        if op in _IO_OPS and name.endswith(("_QuantizeLinear", "_DequantizeLinear", "_q", "_dq")):
-            base = name.rsplit("_", 1)[0]
-            if base in graph_inputs or base in graph_outputs:
+        if op in _IO_OPS and boundary_left > 0:
+            # the quantizer names them <tensor>_QuantizeLinear, or <tensor>_q / _dq (MTCNN's onet);
+            # ONNX Runtime's layout transformer may replace one by a copy named <Op>_token_<n>
+            # (a conv's output DequantizeLinear moved past the NHWC transpose)
+            named = name.endswith(("_QuantizeLinear", "_DequantizeLinear", "_q", "_dq")) and \
+                name.rsplit("_", 1)[0] in graph_inputs | graph_outputs
+            if named or _ORT_COPY.fullmatch(name):
+                boundary_left -= 1
                 continue
         out.append((name, op))
     return out
+
+
+_ORT_COPY = re.compile(r"(QuantizeLinear|DequantizeLinear)_token_\d+")
 
 
 def _node_rows(job, result, by_part) -> list[dict]:
