@@ -115,14 +115,16 @@ def _gptq_batch(ws, preps, starts, block: int) -> list[np.ndarray]:
     lb = len(ws)
     wt = torch.empty(lb, n, k)           # a row per output, a column per (permuted) input
     scale = torch.empty(lb, n, k)        # each weight's scale, permuted like it
-    hinv = torch.empty(lb, k, k)
+    # the factors, one per weight; a lone weight's is used as it is (a 1B down_proj's: 256 MB)
+    hinv = preps[0][2][None] if lb == 1 else torch.empty(lb, k, k)
     for j, (w, (perm, dead, hi), st) in enumerate(zip(ws, preps, starts)):
         x = torch.from_numpy(np.ascontiguousarray(w.T, dtype=np.float32))
         x[:, dead] = 0.0
         wt[j] = x[:, perm]
         s = torch.from_numpy((st.block_scales.astype(np.float32) * st.channel_scale).T.copy())   # [N, K/block]
         scale[j] = s.repeat_interleave(block, dim=1)[:, perm]
-        hinv[j] = hi
+        if lb > 1:
+            hinv[j] = hi
     q_out = torch.empty(lb, n, k)
     for i1 in range(0, k, LAZY_BLOCK):
         i2 = min(i1 + LAZY_BLOCK, k)
@@ -137,8 +139,8 @@ def _gptq_batch(ws, preps, starts, block: int) -> list[np.ndarray]:
             e = (col - q * sc) / h1[:, i, i][:, None]
             w1[:, :, i:] -= e[:, :, None] * h1[:, i, i:][:, None, :]
             err1[:, :, i] = e
-        if i2 < k:
-            wt[:, :, i2:] -= torch.bmm(err1, hinv[:, i1:i2, i2:])
+        if i2 < k:       # in place: no [L, N, K] temporary per block (the same floats as `-= bmm`)
+            wt[:, :, i2:].baddbmm_(err1, hinv[:, i1:i2, i2:], alpha=-1)
     out = []
     for j, (perm, _, _) in enumerate(preps):
         q = torch.empty(n, k)
