@@ -56,7 +56,7 @@ def quantize_blocks(w: np.ndarray, block: int, importance: np.ndarray | None = N
     ideal = np.maximum(ideal, np.finfo(np.float32).tiny)
     top = (ideal.max(axis=0) / _SCALE_LEVELS).astype(np.float32)               # [N]
     weight = None if importance is None else importance.astype(np.float32).reshape(k // block, block, 1)
-    search = _LevelSearch(wb, weight)
+    search = (_LevelSearch if weight is None else _TorchLevelSearch)(wb, weight)
     best = None
     for f in channel_factors:
         channel = (top * f).astype(np.float32)
@@ -80,33 +80,31 @@ def quantize_blocks(w: np.ndarray, block: int, importance: np.ndarray | None = N
 
 
 class _LevelSearch:
-    """The candidate block scales of wb [K/block, block, N] (float32) scored in one reused buffer by
-    torch's threaded in-place elementwise ops: the same float32 operations, in the same order, as
-    numpy's `((clip(round(wb / eff)) * eff - wb) ** 2 * weight).sum(axis=1)`, so the same errors to
-    the bit and the same choices (the sum is numpy's own, whose order over the block is sequential
-    where torch's is not). The integers are not kept per candidate: only the chosen scale, rounded
-    again at the end (a 1B down_proj: 11.6 s single-threaded numpy before)."""
+    """The candidate block scales of wb [K/block, block, N] (float32) scored in one reused buffer:
+    the same float32 operations, in the same order, as `((clip(round(wb / eff)) * eff - wb) ** 2
+    * weight).sum(axis=1)`, so the same errors to the bit and the same choices, without a new array
+    per operation. The integers are not kept per candidate: only the chosen scale, rounded again at
+    the end. Numpy here: the plain search (2 candidates) runs in the quantization workers, which do
+    not load torch (+0.2 GB and 3 s each); the importance search is `_TorchLevelSearch`."""
 
     def __init__(self, wb: np.ndarray, weight: np.ndarray | None):
-        import torch
-        self.wb = torch.from_numpy(wb)
-        self.weight = None if weight is None else torch.from_numpy(weight)
-        self.buf = torch.empty_like(self.wb)
+        self.wb, self.weight, self.buf = wb, weight, np.empty_like(wb)
 
-    def _quantized(self, eff: np.ndarray):
-        import torch
-        e = torch.from_numpy(np.ascontiguousarray(eff[:, None, :]))
-        torch.div(self.wb, e, out=self.buf)
-        return self.buf.round_().clamp_(_QMIN, _QMAX), e
+    def _quantized(self, eff: np.ndarray) -> np.ndarray:
+        e = eff[:, None, :]
+        np.divide(self.wb, e, out=self.buf)
+        np.round(self.buf, out=self.buf)
+        return np.clip(self.buf, _QMIN, _QMAX, out=self.buf)
 
     def errors(self, eff: np.ndarray) -> np.ndarray:
         """Per block the (weighted) squared error [K/block, N] of rounding under scales eff [K/block, N]."""
-        d, e = self._quantized(eff)
-        d.mul_(e).sub_(self.wb)
-        d.mul_(d)
+        d = self._quantized(eff)
+        np.multiply(d, eff[:, None, :], out=d)
+        np.subtract(d, self.wb, out=d)
+        np.square(d, out=d)
         if self.weight is not None:
-            d.mul_(self.weight)
-        return d.numpy().sum(axis=1)
+            np.multiply(d, self.weight, out=d)
+        return d.sum(axis=1)
 
     def best_level(self, channel: np.ndarray, levels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Per block the one of `levels` (candidate integer scales, each [K/block, N]) under the column
@@ -124,7 +122,36 @@ class _LevelSearch:
 
     def rounded(self, eff: np.ndarray) -> np.ndarray:
         """The integers (int8 [K/block, block, N]) under the chosen scales eff [K/block, N]."""
-        return self._quantized(eff)[0].numpy().astype(np.int8)
+        return self._quantized(eff).astype(np.int8)
+
+
+class _TorchLevelSearch(_LevelSearch):
+    """The importance search (15 levels x the channel factors: ~40x the plain one's candidates) by
+    torch's threaded in-place ops, 2x numpy's speed on one thread (its round and clip are slow); the
+    sum over the block stays numpy's, whose order is sequential where torch's is not (a 1B
+    down_proj: 11.6 s in numpy arrays before)."""
+
+    def __init__(self, wb: np.ndarray, weight: np.ndarray | None):
+        import torch
+        super().__init__(wb, weight)
+        self.t_wb, self.t_buf = torch.from_numpy(wb), torch.from_numpy(self.buf)
+        self.t_weight = None if weight is None else torch.from_numpy(weight)
+
+    def _quantized(self, eff: np.ndarray) -> np.ndarray:
+        import torch
+        torch.div(self.t_wb, torch.from_numpy(np.ascontiguousarray(eff[:, None, :])), out=self.t_buf)
+        self.t_buf.round_().clamp_(_QMIN, _QMAX)
+        return self.buf
+
+    def errors(self, eff: np.ndarray) -> np.ndarray:
+        import torch
+        self._quantized(eff)
+        d = self.t_buf
+        d.mul_(torch.from_numpy(np.ascontiguousarray(eff[:, None, :]))).sub_(self.t_wb)
+        d.mul_(d)
+        if self.t_weight is not None:
+            d.mul_(self.t_weight)
+        return self.buf.sum(axis=1)
 
 
 def rewrite_block_weights(qdq_model, float_weights: dict[str, np.ndarray], block: int,
