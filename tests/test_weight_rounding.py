@@ -79,6 +79,91 @@ def test_batched_gptq_equals_one_at_a_time(tiny):
         assert not (bw.q == st.q).all()          # GPTQ moved some integers off nearest
 
 
+@pytest.mark.parametrize("k, leaf, indefinite", [(96, 512, False), (75, 16, False), (64, 16, True)])
+def test_gptq_factor_equals_the_float64_inverse_and_cholesky(monkeypatch, k, leaf, indefinite):
+    """The upper Cholesky factor of H^-1 from one float32 Cholesky of the reversed H and a triangular
+    inverse by halves (a small leaf: the halving on odd sizes) is the float64 inverse's own factor,
+    in the act order, the dead input set to 1 and H damped (10x when 1% leaves it indefinite)."""
+    from modelexport.quant import gptq
+    monkeypatch.setattr(gptq, "_TRIANGLE_LEAF", leaf)
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(3 * k, k, generator=g) * torch.rand(k, generator=g) * 3
+    x[:, 5] = 0                                          # a dead input
+    h = (x.T @ x).float()
+    if indefinite:                                       # not an X^T X: negative at 1% damping, not at 10%
+        m = float(h.diagonal().mean())
+        h[7, :] = h[:, 7] = 0.0
+        h[7, 7] = -0.05 * m
+    perm, dead, u = gptq._prepared(h, gptq.DAMPING)
+    hd = h.double()
+    d = hd.diagonal().clone()
+    assert dead.tolist() == (d == 0).tolist()
+    d[dead] = 1.0
+    assert perm.tolist() == torch.argsort(d, descending=True).tolist()
+    ref = hd.clone()
+    ref.diagonal().copy_(d + gptq.DAMPING * (10 if indefinite else 1) * float(d.mean()))
+    ref = ref[perm[:, None], perm]
+    want = torch.linalg.cholesky(torch.linalg.inv(ref), upper=True)
+    assert u.dtype == torch.float32 and torch.equal(u, u.triu())
+    assert float((u.double() - want).abs().max()) < 1e-4 * float(want.abs().max())
+
+
+def _imatrix_search_as_before(w, block, importance, channel_factors):
+    """The block-scale search as it was written first, in numpy, one candidate's integers kept per level."""
+    import numpy as np
+    k, n = w.shape
+    wb = w.astype(np.float32).reshape(k // block, block, n)
+    ideal = np.maximum(np.maximum(wb.max(axis=1) / 7, wb.min(axis=1) / -8), np.finfo(np.float32).tiny)
+    top = (ideal.max(axis=0) / 15).astype(np.float32)
+    weight = None if importance is None else importance.astype(np.float32).reshape(k // block, block, 1)
+    best = None
+    for f in channel_factors:
+        channel = (top * f).astype(np.float32)
+        fit = ideal / channel
+        levels = ([np.full(fit.shape, lv, np.float32) for lv in range(1, 16)] if weight is not None
+                  else [np.clip(r(fit), 1, 15) for r in (np.floor, np.ceil)])
+        b_err = b_s = b_q = None
+        for s in levels:
+            eff = (s * channel)[:, None, :]
+            q = np.clip(np.round(wb / eff), -8, 7)
+            d2 = (q * eff - wb) ** 2
+            err = (d2 if weight is None else d2 * weight).sum(axis=1)
+            if b_err is None:
+                b_err, b_s, b_q = err, s, q
+                continue
+            better = err < b_err
+            b_err, b_s, b_q = np.where(better, err, b_err), np.where(better, s, b_s), np.where(better[:, None], q, b_q)
+        total = b_err.sum(axis=0)
+        if best is None:
+            best = [total, b_s, b_q, channel]
+            continue
+        better = total < best[0]
+        best = [np.minimum(total, best[0]), np.where(better, b_s, best[1]), np.where(better, b_q, best[2]),
+                np.where(better, channel, best[3])]
+    return best[2].reshape(k, n).astype(np.int8), best[1].astype(np.uint8), best[3].astype(np.float32)
+
+
+@pytest.mark.parametrize("importance", [False, True])
+def test_block_search_chooses_as_the_numpy_search_did(importance):
+    """The block-scale search in reused torch buffers makes exactly the choices of the plain numpy
+    search it replaced (the same errors to the bit), with and without importances."""
+    import numpy as np
+
+    from modelexport.quant.block_weights import quantize_blocks
+    from modelexport.quant.weight_rounding import IMATRIX_CHANNEL_FACTORS
+    rng = np.random.default_rng(5)
+    for k, n in ((256, 96), (64, 130)):
+        w = (rng.standard_t(3, (k, n)) * 0.02).astype(np.float32)
+        w[:, 3] = 0.0                                                     # a dead output column
+        imp = rng.gamma(0.5, 1.0, k).astype(np.float32) if importance else None
+        factors = IMATRIX_CHANNEL_FACTORS if importance else (1.0,)
+        got = quantize_blocks(w, 32, imp, factors)
+        want = _imatrix_search_as_before(w, 32, imp, factors)
+        for field, value in zip(("q", "block_scales", "channel_scale"), want):
+            np.testing.assert_array_equal(getattr(got, field), value, err_msg=field)
+            assert getattr(got, field).dtype == value.dtype
+
+
 def test_imatrix_block_scales_beat_nearest_on_the_weighted_error():
     """With input importances, quantize_blocks searches all 15 block scales (clipping where the
     inputs are rarely large): its importance-weighted error is below nearest's two candidates'."""

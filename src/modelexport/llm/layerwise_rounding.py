@@ -37,15 +37,17 @@ def held_moments_bytes(shape: dict) -> int | None:
 def rounding_bytes(shape: dict) -> int | None:
     """Host bytes the layer-by-layer GPTQ adds over the model (the up-front estimate's `round`
     phase): the moments held (and as much again: the layer's float32 lift, the hooks' inputs, the
-    error statistics), GPTQ's batch of one shape (3 float32 copies), and the float64 work on the
-    widest H (3 copies at its peak: a 1B down_proj's 8192^2, 1.6 GB). Fit to bench/llm_rounding.py
-    on SmolLM2 and the Llama-3.2-1B shape (docs/llm_export.md, "4-bit weights")."""
+    error statistics), GPTQ's batch of one shape (3 float32 copies), and the float32 work on the
+    widest H (the reversed copy, its Cholesky factor, the flipped inverse: 3 copies at the most, a
+    1B down_proj's 8192^2 0.8 GB; 1.6 GB in float64 before). Fit to bench/llm_rounding.py on
+    SmolLM2 and the Llama-3.2-1B shape (docs/llm_export.md, "4-bit weights"); the float32 term is
+    counted, not yet measured."""
     from ..quant.gptq import BATCH_ELEMENTS
     held = held_moments_bytes(shape)
     if held is None:
         return None
     widest = max(int(shape["hidden_size"]), int(shape["intermediate_size"]))
-    return 2 * held + 3 * 4 * BATCH_ELEMENTS + 3 * 8 * widest * widest
+    return 2 * held + 3 * 4 * BATCH_ELEMENTS + 3 * 4 * widest * widest
 
 
 @dataclass
