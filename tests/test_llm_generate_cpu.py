@@ -235,6 +235,21 @@ def test_python_api_errors(fp32):
         m.generate("hi", max_new_tokens=0)
 
 
+def test_a_built_program_runs_without_executorchs_export_stack(fp32):
+    """Generating from a built program needs ExecuTorch's runtime only. Its export stack
+    (executorch.exir, which pulls dynamo and inductor) cost ~9 CPU-s of every `generate` call
+    when it came in through executorch's portable_lib wrapper."""
+    import subprocess
+    import sys
+
+    _, pte, _ = fp32
+    code = ("import sys; import modelexport.llm as llm; llm.load(sys.argv[1]).generate('hi', max_new_tokens=2); "
+            "print(sorted({n for n in sys.modules if n.startswith(('executorch.exir', 'torch._dynamo', 'torch._inductor'))}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(pte)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_path):
     """`eval --stages cpu`: the CPU program's perplexity, one decode step per token, equals the
     Hugging Face model's on the same windows (fp32 program); a .pte has no float stage."""
