@@ -29,7 +29,7 @@ def eval_cmd(
     from ...runtime.evaluate import evaluate
     st = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     from ...core.arguments import at_least, one_of
-    from ...llm.cpu.export import QUANT_MODES
+    from ...llm.cpu import QUANT_MODES
     for flag, value in (("--window", window), ("--sim-window", sim_window), ("--tokens", max_tokens),
                         ("--sim-tokens", sim_tokens), ("--max-seq-len", max_seq_len)):
         at_least(flag, value, 2, "64")

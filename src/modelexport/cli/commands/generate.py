@@ -138,7 +138,7 @@ def _say_why_empty(result, templated: bool, has_template: bool) -> None:
 def _check_numbers(max_seq_len: int, threads: int | None, quant: str) -> None:
     """Before the model is opened (minutes for a first build): the flags that cannot work."""
     from ...core.arguments import at_least, one_of
-    from ...llm.cpu.export import QUANT_MODES
+    from ...llm.cpu import QUANT_MODES
     at_least("--max-seq-len", max_seq_len, 2, "2048")
     at_least("--threads", threads, 1, "2")
     one_of("--quant", quant, QUANT_MODES)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, UnsupportedError
+from . import QUANT_MODES
 from .hf_layout import (
     check_cpu_config,
     meta_state_dict,
@@ -63,7 +64,6 @@ from .hf_layout import (
 )
 
 EXPORT_FORMAT_VERSION = 13  # bump when the program layout, quantization or passes change
-QUANT_MODES = ("8da4w", "8da8w", "fp32")
 ATTENTION_KERNELS = ("native", "executorch")
 LINEAR_KERNELS = ("auto", "native", "xnnpack")
 PTE_NAME = "model.pte"

@@ -91,9 +91,9 @@ def calls_native_kernels(pte: Path) -> bool:
 def set_threads(n: int | None) -> int:
     """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores).
     The pool is sized here, the first time, so its x86 chatter is filtered (THREADPOOL_NOTES)."""
-    from executorch.extension.pybindings import portable_lib as pl
-
     from ...toolchain.library_notes import THREADPOOL_NOTES, quiet_native_notes
+    from .et_runtime import runtime
+    pl = runtime()
     with quiet_native_notes(THREADPOOL_NOTES):
         if n:
             pl._unsafe_reset_threadpool(int(n))
@@ -111,8 +111,9 @@ class ExecuTorchSession:
         native_error = load_native_kernels_if_possible()
         if native_error is not None and calls_native_kernels(pte):
             raise native_error    # else the program would fail at its first call, not here
-        from executorch.extension.pybindings import portable_lib as pl
+        from .et_runtime import runtime
 
+        pl = runtime()
         try:
             self.module = pl._load_for_executorch(str(pte))
         except RuntimeError as e:

@@ -106,7 +106,8 @@ def load_native_kernels() -> Path:
     global _LOADED
     with _LOCK:
         if _LOADED is None:
-            import executorch.extension.pybindings.portable_lib  # noqa: F401  (libexecutorch.so first)
+            from ..et_runtime import runtime
+            runtime()    # libexecutorch.so first
             path = build_kernels()
             try:
                 ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
