@@ -4,8 +4,9 @@
 transformers' GGUF loader reads no RoPE scaling and no soft-caps from the header; the loader sets
 them from the header (the family row's `gguf_config_keys`, `GGUF_ROPE_SCALINGS`), so the model
 transformers builds from the GGUF is the HF model the file was written from, to the bit. The tiny
-models state everything else a GGUF cannot (query_pre_attn_scalar, Gemma 3's 5 local : 1 global
-layer pattern) as transformers' config classes assume it. Then the CPU program built from the GGUF
+models state what a GGUF cannot as its readers assume it: query_pre_attn_scalar as llama.cpp derives
+it (head_dim, or hidden / heads at the 27B layer counts), Gemma 3's 5 local : 1 global layer pattern
+as transformers' config class does. Then the CPU program built from the GGUF
 computes transformers' logits and greedy tokens (fp32)."""
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ MAX_SEQ = 64
 # what a GGUF leaves to transformers' defaults, set to them; plus, for Gemma 2, soft-caps away from
 # the defaults (50, 30), so that a loader reading them from the class defaults gets other logits
 AS_GGUF_STATES = {
-    "gemma3_text": dict(num_hidden_layers=6, query_pre_attn_scalar=256,
+    "gemma3_text": dict(num_hidden_layers=6, query_pre_attn_scalar=16,
                         layer_types=["sliding_attention"] * 5 + ["full_attention"]),
-    "gemma2": dict(num_hidden_layers=2, query_pre_attn_scalar=256, attn_logit_softcapping=5.0,
+    "gemma2": dict(num_hidden_layers=2, query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
                    final_logit_softcapping=3.0),
 }
 ARCH = {"gemma3_text": "gemma3", "gemma2": "gemma2"}
@@ -75,6 +76,27 @@ def test_gguf_loads_as_the_model_it_was_written_from(gemma_gguf, model_type):
     text = "The quick brown fox jumps over the lazy dog."
     assert tok.encode(text) == llm.tokenizer(text)["input_ids"] and tok.bos_id == 2 and 1 in tok.eos_ids
     assert tok.decode(tok.encode(text)[1:]) == text
+
+
+# The 27B checkpoints' layer counts, at which llama.cpp scales the scores by (hidden / heads) ** -0.5
+# instead of head_dim ** -0.5 (gemma-2-27b: 4608 / 32 = 144; gemma-3-27b: 5376 / 32 = 168).
+LAYERS_27B = {"gemma2": 46, "gemma3_text": 62}
+
+
+@pytest.mark.parametrize("model_type", list(ARCH))
+def test_a_27b_shaped_gguf_scales_the_queries_as_llama_cpp_does(tmp_path, model_type):
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    n = LAYERS_27B[model_type]
+    local = {"gemma2": 1, "gemma3_text": 5}[model_type]       # local layers per global one, as the loaders assume
+    layer_types = [["sliding_attention", "full_attention"][i % (local + 1) == local] for i in range(n)]
+    # head_dim 8 beside hidden / heads = 16: a loader taking head_dim gets other logits
+    model = tiny_family_model(model_type, vocab_size=512, hidden_size=64, num_attention_heads=4,
+                              num_hidden_layers=n, head_dim=8, query_pre_attn_scalar=16, layer_types=layer_types)
+    llm = load_gguf_causal_lm(write_gguf_from_hf(model, tmp_path / "tiny-27b.gguf", ARCH[model_type]))
+    assert llm.config.query_pre_attn_scalar == 16
+    ids = torch.tensor([_ids(12)])
+    with torch.no_grad():
+        assert torch.equal(llm.model(ids).logits, model(ids).logits)
 
 
 def _check_cpu_program(path: Path, tmp_path: Path) -> None:

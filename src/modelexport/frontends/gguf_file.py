@@ -282,12 +282,17 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 
 def _apply_header_facts(config, family: LLMFamily, reader, info: GgufInfo) -> None:
     """What the header states and transformers' GGUF loader does not read, set on the config the
-    model is built from: the family row's `gguf_config_keys`, and the RoPE scaling (without it a
+    model is built from: the family row's `gguf_config_keys`, the query scale llama.cpp derives
+    from the header (Gemma), and the RoPE scaling (without it a
     Gemma 3 4B+ file's global layers would rotate 8 times too fast: llama.cpp scales them by 1/8)."""
     for key, field_name in family.gguf_config_keys:
         value = _field(reader, f"{info.architecture}.{key}")
         if value is not None:
             setattr(config, field_name, value)
+    if family.query_scale_field:          # as llama.cpp scales the scores of this file
+        by_width = config.num_hidden_layers in family.gguf_hidden_per_head_query_scale_at
+        setattr(config, family.query_scale_field,
+                config.hidden_size // config.num_attention_heads if by_width else config.head_dim)
     scaling = GGUF_ROPE_SCALINGS.get(info.rope_scaling_type or "none")
     if scaling is None:
         return

@@ -63,6 +63,9 @@ class LLMFamily:
     # GGUF header facts transformers' GGUF loader leaves at the config class's default
     gguf_config_keys: tuple[tuple[str, str], ...] = ()   # (key under <arch>., config field)
     gguf_scaled_rope_slot: str = ""      # the per-type RoPE table a GGUF's scaling is for (Gemma 3: the global layers')
+    # A GGUF states no query_pre_attn_scalar: llama.cpp takes head_dim, except at the block counts of
+    # the 27B checkpoints, where it takes hidden_size / heads (what their HF configs state: 144, 168).
+    gguf_hidden_per_head_query_scale_at: tuple[int, ...] = ()
 
     def facts(self) -> dict[str, Any]:
         """The row as plain data (for `inspect` and messages)."""
@@ -83,7 +86,8 @@ FAMILIES: tuple[LLMFamily, ...] = (
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
               sliding="layer_types",
               gguf_config_keys=(("attn_logit_softcapping", "attn_logit_softcapping"),
-                                ("final_logit_softcapping", "final_logit_softcapping"))),
+                                ("final_logit_softcapping", "final_logit_softcapping")),
+              gguf_hidden_per_head_query_scale_at=(46,)),
     # Gemma 3's text model (270M, 1B); the 4B+ checkpoints are "gemma3" (text + vision) and not read.
     # llama.cpp files it as "gemma3"; transformers builds Gemma3ForCausalLM ("gemma3_text") from it.
     LLMFamily("gemma3_text", "Gemma 3", ("gemma3",), npu=True, cpu=True,
@@ -91,7 +95,8 @@ FAMILIES: tuple[LLMFamily, ...] = (
               activation_field="hidden_activation",
               embedding_scale="sqrt_hidden", query_scale_field="query_pre_attn_scalar",
               attn_softcap_field="attn_logit_softcapping", final_softcap_field="final_logit_softcapping",
-              rope_per_layer_type=True, sliding="layer_types", gguf_scaled_rope_slot="full_attention"),
+              rope_per_layer_type=True, sliding="layer_types", gguf_scaled_rope_slot="full_attention",
+              gguf_hidden_per_head_query_scale_at=(62,)),
     # Phi-3 / 3.5-mini and Phi-4-mini (partial rotary factor 0.75) are all "phi3".
     LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=True,
               fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all"),
