@@ -115,3 +115,38 @@ def test_unknown_input_mode_names_the_choices():
     assert "tokens, embeddings, both" in e.value.fix
     with pytest.raises(InputError):
         StaticDecoderConfig(8, 16, full=True)
+
+
+@pytest.mark.heavy
+def test_smollm2_fed_its_own_embeddings_gives_the_token_logits_exactly(smollm2_gguf):
+    """Real weights (issue 23, item 4): the SmolLM2-135M decoder from the GGUF, fed its own embeddings
+    through the embeddings-in graph (ar32 prefill + ar1 steps, and the full-context graph), gives the
+    token path's float logits bit for bit."""
+    from modelexport.frontends import find_frontend
+    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.tokenizers import from_transformers
+    llm = find_frontend(str(smollm2_gguf)).load(str(smollm2_gguf))
+    ids = tokenize(from_transformers(llm.tokenizer), read_text(None).text, 64)
+    seq = 64
+    for n, cfg in ((32, StaticDecoderConfig(32, seq)), (seq, StaticDecoderConfig.full_context(seq))):
+        tokens = build_static_decoder(llm.model, cfg)
+        embeds = build_static_decoder(llm.model, cfg, inputs="embeddings")
+        if cfg.full:
+            x = torch.tensor([ids], dtype=torch.int32)
+            with torch.no_grad():
+                a, b = tokens(x, *tokens.example_inputs()[1:]), embeds(embeds.lookup(x), *embeds.example_inputs()[1:])
+            assert torch.equal(a[0], b[0])
+            continue
+        runs = {}
+        for name, dec in (("tokens", tokens), ("embeddings", embeds)):
+            graph = (lambda *x, d=dec: d(*x)) if name == "tokens" else (lambda i, *x, d=dec: d(d.lookup(i), *x))
+            runner = StaticRunner({n: _no_grad(graph), 1: _no_grad(graph)}, dec.spec, seq)
+            runs[name] = torch.cat([runner.feed(ids[:40])] + [runner.decode_step(t)[None] for t in ids[40:48]])
+        assert torch.equal(runs["tokens"], runs["embeddings"])
+
+
+def _no_grad(graph):
+    def run(*x):
+        with torch.no_grad():
+            return graph(*x)
+    return run

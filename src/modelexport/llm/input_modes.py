@@ -28,6 +28,7 @@ class InputMode:
     name: str
     decoder_inputs: tuple[str, ...]   # the decoder's first inputs, in order (then position_ids, attention_mask, caches)
     embedder: bool                    # the bundle carries an embedder part (ids -> embeddings) for text
+    text_embeds: str | None           # what plain text feeds as inputs_embeds: "lookup" (the embedder's output), "zeros"
     what: str
 
     @property
@@ -40,10 +41,10 @@ class InputMode:
 
 
 INPUT_MODES = {m.name: m for m in (
-    InputMode("tokens", (INPUT_IDS,), False, "token ids; the embedding lookup is the decoder's first op"),
-    InputMode("embeddings", (INPUTS_EMBEDS,), True,
+    InputMode("tokens", (INPUT_IDS,), False, None, "token ids; the embedding lookup is the decoder's first op"),
+    InputMode("embeddings", (INPUTS_EMBEDS,), True, "lookup",
               "embeddings [1, N, hidden] entering layer 0; the bundle's embedder part looks text up"),
-    InputMode("both", (INPUT_IDS, INPUTS_EMBEDS), False,
+    InputMode("both", (INPUT_IDS, INPUTS_EMBEDS), False, "zeros",
               "ids looked up and inputs_embeds added; an id >= vocab_size (no_token_id) looks nothing up"),
 )}
 DEFAULT_INPUT_MODE = "tokens"
@@ -55,3 +56,18 @@ def get_input_mode(name: str | None) -> InputMode:
         raise InputError(f"--inputs {name!r} is not an input mode",
                          f"choose one of: {', '.join(INPUT_MODES)} (default {DEFAULT_INPUT_MODE})")
     return mode
+
+
+def text_inputs(mode: InputMode, ids, lookup, hidden_size: int) -> dict:
+    """The decoder's first inputs for plain text, {name: numpy array}: `ids` int32 [1, N]; `lookup(ids)`
+    gives float32 embeddings [1, N, hidden] (the embedder part, or the float decoder's own lookup when
+    calibrating), called only when the mode feeds them."""
+    import numpy as np
+    out = {}
+    if mode.takes_ids:
+        out[INPUT_IDS] = ids
+    if mode.text_embeds == "lookup":
+        out[INPUTS_EMBEDS] = np.ascontiguousarray(lookup(ids), dtype=np.float32)
+    elif mode.text_embeds == "zeros":
+        out[INPUTS_EMBEDS] = np.zeros((*np.shape(ids), hidden_size), np.float32)
+    return out

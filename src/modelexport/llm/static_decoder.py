@@ -466,22 +466,32 @@ class TokenEmbedding(nn.Module):
         return x * self.scale if self.scale != 1.0 else x
 
 
-def embed_ids_and_embeddings(model: nn.Module, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+class EmbedJoin(nn.Module):
     """`both` inputs: ids below the table's rows are looked up, an id >= vocab_size (no_token_id) looks
     nothing up (its row is multiplied by 0), then inputs_embeds is added (llm/input_modes.py). The
-    Gather reads a clamped id, so nothing reads past the table; the lookup stays `model.embed_tokens`
-    (module paths, overrides and the weight's name are the token path's)."""
-    rows = model.embed_tokens.weight.shape[0]
-    looked_up = model.embed_tokens(torch.clamp(ids, max=rows - 1))
-    is_token = (ids < rows).to(embeds.dtype).unsqueeze(-1)                   # [1, N, 1]
-    return looked_up * is_token + embeds
+    Gather reads a clamped id, so nothing reads past the table. No weights: the lookup stays
+    `model.embed_tokens` (module paths, overrides and the weight's name are the token path's), and
+    this module's ops are kept float by name (quant/llm_graphs.FLOAT_NODES) like the residual stream
+    they start, so a vision projector's features are not clipped to the text's range."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.rows = int(rows)
+
+    def in_table(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ids the lookup reads (a plain method: its op is not scoped under this module)."""
+        return torch.clamp(ids, max=self.rows - 1)
+
+    def forward(self, looked_up: torch.Tensor, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        is_token = (ids < self.rows).to(embeds.dtype).unsqueeze(-1)              # [1, N, 1]
+        return looked_up * is_token + embeds
 
 
 # the embeddings entering layer 0, from the mode's first inputs (llm/input_modes.py), by mode
 EMBED_INPUTS = {
     "tokens": lambda model, ids: model.embed_tokens(ids),
     "embeddings": lambda model, embeds: embeds,
-    "both": embed_ids_and_embeddings,
+    "both": lambda model, ids, embeds: model.embed_join(model.embed_tokens(model.embed_join.in_table(ids)), ids, embeds),
 }
 
 
@@ -511,6 +521,7 @@ class StaticBackbone(nn.Module):
                                  offset=NORM_WEIGHT_OFFSET[family.norm])
         scale = hf_cfg.hidden_size ** 0.5 if family.embedding_scale == "sqrt_hidden" else 1.0
         self.embed_tokens = TokenEmbedding(hf_inner.embed_tokens.weight, scale)
+        self.embed_join = EmbedJoin(hf_inner.embed_tokens.weight.shape[0])     # the `both` input mode's
         slots = rope_slots(family, hf_cfg)
         slot_names = sorted({s for s in slots if s is not None})
         windows = [w if w is not None and w < cfg.max_seq_len else None for w in sliding_layers(family, hf_cfg)]
@@ -613,6 +624,13 @@ class StaticDecoder(nn.Module):
 
     def output_names(self) -> list[str]:
         return output_names(self.spec.n_layers, caches=not self.cfg.full)
+
+
+def decoder_config(n_tokens: int, max_seq_len: int) -> StaticDecoderConfig:
+    """The graph of N tokens per call: arN over a KV cache, or the full-context graph when N = C."""
+    if n_tokens == max_seq_len:
+        return StaticDecoderConfig.full_context(max_seq_len)
+    return StaticDecoderConfig(n_tokens, max_seq_len)
 
 
 def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
