@@ -2,7 +2,8 @@
 (issue 23, item 1): every part on the HTP (decoder graphs and the embedder part), the manifest says
 what each part takes, the chained embedder → decoder on the simulator gives the float token path's
 logits within the quantization's tolerance, the full-context graph gives the arN path's logits,
-generate / eval answer a text prompt; bad inputs."""
+generate / eval answer a text prompt; bad inputs. The `both` compile, `eval` and the Genie check on a
+bundle with the full graph are heavy (`make test-heavy`): together ~90 s more."""
 from __future__ import annotations
 
 import json
@@ -102,10 +103,14 @@ def test_embedder_then_decoder_gives_the_token_path_logits(embeddings_bundle, wo
         assert compare(_float_logits(work, window), logits[0].numpy())["sqnr_db"] > 25, stage
 
 
-def test_text_prompt_generates_through_the_embedder(embeddings_bundle, cli, work):
+def test_text_prompt_generates_through_the_embedder(embeddings_bundle):
     import modelexport.llm as llm
     res = llm.load(embeddings_bundle.path, backend="htp-sim").generate("Markets rose", max_new_tokens=3, temperature=0.0)
     assert len(res.token_ids) >= 1
+
+
+@pytest.mark.heavy
+def test_eval_runs_the_chain(embeddings_bundle, cli, work):
     proc = cli("eval", str(embeddings_bundle.path), "--perplexity", str(work / "calib.txt"), "--window", "16",
                "--tokens", "32", "--sim-window", "8", "--sim-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -114,6 +119,7 @@ def test_text_prompt_generates_through_the_embedder(embeddings_bundle, cli, work
     assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > 25
 
 
+@pytest.mark.heavy
 def test_both_inputs_on_the_htp(work):
     """`both`: ids looked up and inputs_embeds added, an id >= vocab_size looks nothing up; its join
     ops run on the HTP; text (zero embeddings) and an embeddings-only position give the same logits."""
@@ -173,3 +179,26 @@ def test_embeddings_bundle_without_its_embedder_part(embeddings_bundle, tmp_path
     with pytest.raises(InputError) as e:
         llm.load(b, backend="htp-sim")
     assert "no embedder part" in e.value.problem and "--inputs embeddings" in e.value.fix
+
+
+@pytest.mark.heavy
+def test_full_graph_in_a_token_bundle_under_genie(work):
+    """Genie refuses a binary holding a graph without the past_ cache group ("Invalid cache-group prefix
+    detected: past_", measured), so the full-context graph gets its own binary beside the arN one (the
+    weights twice on the device); Genie's config names the arN binary only, its dialog is created on
+    the bundle, and its loop gives our loop's tokens."""
+    import modelexport.llm as llm
+    b = _compile(work, "tok_full", variants="ar1,ar4,full")
+    m = b.manifest
+    assert m.llm.inputs == "tokens" and m.llm.full_context and m.llm.embedder is None
+    assert sorted(m.llm.weight_sharing) == ["SM8650/1", "SM8650/1/full"]
+    assert len(m.llm.weight_sharing["SM8650/1"].graphs) == 2 and m.llm.weight_sharing["SM8650/1"].weights_stored_once
+    full_bin = m.llm.weight_sharing["SM8650/1/full"].file
+    cfg = json.loads(b.file("genie_config.json").read_text())
+    assert [f"SM8650/{x.rsplit('/', 1)[-1]}" for x in cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"]] == \
+        [m.llm.weight_sharing["SM8650/1"].file] and full_bin.endswith("_full_cl32_1_of_1.bin")
+    _htp_only(b)
+    assert m.llm.genie["SM8650"].dialog_created
+    ours = llm.load(b.path, backend="htp-sim").generate("Markets rose", max_new_tokens=4)
+    genie = llm.load(b.path, backend="genie").generate("Markets rose", max_new_tokens=4)
+    assert genie.token_ids == ours.token_ids

@@ -508,13 +508,18 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     for soc in socs:
         popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
         for p in range(1, n_parts + 1):
-            members = [g for g in graphs if g["part"] == p]
-            key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
-                            onnxruntime.__version__, *([ORDER_SCHEME, p, n_parts] if n_parts > 1 else []))
-            jobs.append((compile_shared, {"kind": "shared", "part": p, "n_parts": n_parts, "target": soc.name,
-                                          "provider_options": popts,
-                                          "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
-                                          "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
+            # the arN graphs share one binary; the full-context graph gets its own (Genie refuses a binary
+            # holding a graph without the past_ cache group: "Invalid cache-group prefix detected: past_")
+            for full in (False, True):
+                members = [g for g in graphs if g["part"] == p and (g["n_tokens"] == max_seq_len) == full]
+                if not members:
+                    continue
+                key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
+                                onnxruntime.__version__, *([ORDER_SCHEME, p, n_parts] if n_parts > 1 else []))
+                jobs.append((compile_shared, {"kind": "shared", "part": p, "n_parts": n_parts, "target": soc.name,
+                                              "provider_options": popts, "full_context": full,
+                                              "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
+                                              "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
             twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
                                                   "context-binary", qairt.build_id, cache,
@@ -682,9 +687,11 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             soc = get_target(job["target"])
             p = job["part"]
             tdir = f"{job['target']}"
-            bin_name = f"{qmeta['architecture']}_{precision}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
+            full = job.get("full_context", False)
+            bin_name = f"{qmeta['architecture']}_{precision}{'_full' if full else ''}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
             bin_rel = w.add_file(entry / meta["context_binary"], f"{tdir}/{bin_name}", role=Role.CONTEXT_BINARY)
-            ctx_bins.setdefault(job["target"], []).append(bin_name)
+            if not full:   # Genie runs the arN graphs only
+                ctx_bins.setdefault(job["target"], []).append(bin_name)
             info = read_back(entry / meta["context_binary"], soc)
             build_ids.add(info.build_id)
             m.htp_arch[soc.name] = info.dsp_arch
@@ -701,7 +708,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             if len(names) > 1 and not weights_once:
                 raise VerificationError(f"the binary of part {p} does not share its weights (shared sizes {sorted(shared_sizes)})",
                                         "report this: the QNN EP did not share the weights")
-            weight_sharing[f"{job['target']}/{p}"] = WeightSharing(
+            weight_sharing[f"{job['target']}/{p}{'/full' if full else ''}"] = WeightSharing(
                 file=bin_rel, graphs=[g.name for g in info.graphs], shared_weights_bytes=sorted(shared_sizes),
                 const_bytes=const, bytes=shared_bytes, unshared_twins_bytes=unshared_total,
                 saved_bytes=unshared_total - shared_bytes, weights_stored_once=weights_once,
@@ -751,6 +758,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
             twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
+                     if g.n_tokens != max_seq_len
                      if g.target == soc.name and g.host_twin is not None]
             _check_part_order(m.graphs, soc.name)
             mode = qmeta.get("inputs", "tokens")
@@ -763,8 +771,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                                          **check_dialog(host_config(cfg, path.parent, twins)))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
-        shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()
-                       if ws.file.startswith(socs[0].name))
+        shared_w = sum(max(ws.shared_weights_bytes or [0]) for key, ws in weight_sharing.items()
+                       if ws.file.startswith(socs[0].name) and not key.endswith("/full"))   # a decode step reads the arN binaries
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
         split_note = (f"split into {n_parts} parts by layers: the largest graph's estimated HTP memory exceeds the "
                       f"{limit_mb:g} MB per-context limit" if n_parts > 1 else None)
