@@ -498,13 +498,14 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
 
 
 def test_seed_variant_spellings(cli, work, tmp_path):
-    """Seed 003: `--variant bert` says what it means and what to use instead (exit 6); `--variant` is `--variants`."""
-    from modelexport.backends.llm_qnn.compile import parse_variants
+    """Seed 003: `--variant bert` is the full-context graph (`full`), which needs an arN beside it to
+    generate (the message says so); `--variant` is `--variants`."""
+    from modelexport.backends.llm_qnn.compile import FULL, parse_variants
     assert parse_variants(["ar1", "ar32"]) == [32, 1] == parse_variants(["ar32,ar1"])
+    assert parse_variants(["ar1", "bert"]) == [1, FULL] == parse_variants("full,ar1")
     out = tmp_path / "out"
     proc = cli("compile", str(work / "tiny_hf"), "--variant", "bert", "--max-seq-len", str(SEQ), "-o", str(out))
-    assert proc.returncode == 6
-    assert_clean_error(proc, "full-context", "no KV-cache", "--variants ar1,ar128")
+    assert_clean_error(proc, "full-context", "no KV cache", "--variants ar1,full")
     assert not out.exists()
     proc = cli("compile", str(work / "tiny_hf"), "--variant", "ar1", "--variant", "ar99", "--max-seq-len", str(SEQ),
                "-o", str(out))

@@ -59,6 +59,8 @@ class LlmCompileOptions(CompileOptions):
     calibration_samples: int | None = None               # samples per variant from the calibration text
     rounding: str | None = None                          # 4-bit weight rounding (quant/weight_rounding.ROUNDINGS)
     max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text
+    inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/input_modes.py)
+    embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
 
 
 # Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.

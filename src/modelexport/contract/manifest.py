@@ -50,7 +50,8 @@ def _inside_the_bundle(path: str) -> str:
 # places outside it by design).
 BundlePath = Annotated[str, AfterValidator(_inside_the_bundle)]
 
-GRAPH_NAMING = "{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1) or token (N=1), C = max_seq_len, part i of n"
+GRAPH_NAMING = ("{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1), token (N=1) or full (N=C: the whole context, "
+                "no KV cache), C = max_seq_len, part i of n")
 
 
 class _Recorded(BaseModel):
@@ -316,6 +317,18 @@ class QualityRecipe(_Recorded):
     seconds: float = 0.0
 
 
+class EmbedderPart(_Recorded):
+    """The embedder part of an embeddings-in LLM bundle (`--inputs embeddings`): token ids → the
+    embeddings the decoder's `inputs_embeds` takes, one graph per N in one weight-shared binary per
+    target; `generate` / `eval` chain it before the decoder."""
+    precision: str                       # fp16 | 8bit (backends/llm_qnn/embedder.EMBEDDER_PRECISIONS)
+    what: str = ""
+    graphs: list[GraphSpec] = Field(default_factory=list)   # per target and N (n_tokens), with host twins
+    quantized_models: dict[str, BundlePath] = Field(default_factory=dict)   # graph → the ONNX it was compiled from
+    bytes: dict[str, int] = Field(default_factory=dict)     # target → the device binary's size
+    check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → host twin vs float lookup
+
+
 class LlmSection(_Recorded):
     """What an LLM bundle's readers (session, per-layer, eval, summary, report) need."""
     architecture: str
@@ -339,6 +352,10 @@ class LlmSection(_Recorded):
     memory_limit_mb: float | None = None
     weight_rounding: WeightRounding | None = None     # how the 4-bit weights were rounded (--rounding)
     quality_recipe: QualityRecipe | None = None       # the modules --max-ppl-ratio raised, and why
+    inputs: str = "tokens"               # the decoder's first input(s): tokens | embeddings | both (llm/input_modes.py)
+    no_token_id: int | None = None       # `both`: an id that looks nothing up (the position takes inputs_embeds alone)
+    embedder: EmbedderPart | None = None  # `embeddings`: the part that looks text up
+    full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants
 
 
 # ---------------------------------------------------------------------------------------------

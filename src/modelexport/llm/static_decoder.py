@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
+from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, InputMode, get_input_mode
 from ..frontends.llm_families import (
     FAMILIES,
     NORM_WEIGHT_OFFSET,
@@ -94,17 +95,25 @@ class StaticDecoderConfig:
     n_tokens: int
     max_seq_len: int
     mask_value: float = DEFAULT_MASK_VALUE
+    full: bool = False     # the full-context graph: N = C tokens, no KV-cache inputs or outputs
 
     def __post_init__(self):
         if self.n_tokens < 1:
             raise InputError(f"n_tokens must be at least 1, got {self.n_tokens}")
-        if self.max_seq_len <= self.n_tokens:
+        if self.full and self.n_tokens != self.max_seq_len:
+            raise InputError(f"a full-context graph reads all max_seq_len ({self.max_seq_len}) tokens, not {self.n_tokens}")
+        if not self.full and self.max_seq_len <= self.n_tokens:
             raise InputError(f"max_seq_len ({self.max_seq_len}) must be larger than n_tokens ({self.n_tokens})",
                              "the KV cache holds max_seq_len - n_tokens entries; raise max_seq_len")
 
+    @classmethod
+    def full_context(cls, max_seq_len: int, mask_value: float = DEFAULT_MASK_VALUE) -> "StaticDecoderConfig":
+        """The "bert" graph: every position of the context in one call, causal, no cache."""
+        return cls(max_seq_len, max_seq_len, mask_value, full=True)
+
     @property
     def cache_len(self) -> int:
-        """Entries in each layer's KV cache input (C - N)."""
+        """Entries in each layer's KV cache input (C - N; 0 for the full-context graph, which has none)."""
         return self.max_seq_len - self.n_tokens
 
 
@@ -170,23 +179,33 @@ def new_value(i: int) -> str:
     return f"past_value_{i}_out"
 
 
-def input_names(n_layers: int) -> list[str]:
-    return (["input_ids", "position_ids", "attention_mask"]
-            + [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)])
+def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True) -> list[str]:
+    kv = [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)] if caches else []
+    return [*mode.decoder_inputs, "position_ids", "attention_mask", *kv]
 
 
-def output_names(n_layers: int) -> list[str]:
-    return (["logits"] + [new_key(i) for i in range(n_layers)] + [new_value(i) for i in range(n_layers)])
+def output_names(n_layers: int, *, caches: bool = True) -> list[str]:
+    kv = [new_key(i) for i in range(n_layers)] + [new_value(i) for i in range(n_layers)] if caches else []
+    return ["logits", *kv]
 
 
-def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int = 0) -> tuple[torch.Tensor, ...]:
+def first_inputs(mode: InputMode, n_tokens: int, hidden_size: int) -> tuple[torch.Tensor, ...]:
+    """Zero example values of the mode's first inputs (ids int32 [1, N], embeddings float [1, N, hidden])."""
+    shapes = {INPUT_IDS: lambda: torch.zeros((1, n_tokens), dtype=torch.int32),
+              INPUTS_EMBEDS: lambda: torch.zeros((1, n_tokens, hidden_size))}
+    return tuple(shapes[name]() for name in mode.decoder_inputs)
+
+
+def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int = 0,
+                   mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE]) -> tuple[torch.Tensor, ...]:
     """Inputs of the right shapes and dtypes (zero caches, a valid mask), in forward's order."""
     if cfg.max_seq_len > spec.max_seq_len:
         raise InputError(f"max_seq_len {cfg.max_seq_len} exceeds the decoder's RoPE table ({spec.max_seq_len})")
-    ids = torch.zeros((1, cfg.n_tokens), dtype=torch.int32)
-    ks = tuple(torch.zeros(spec.k_cache_shape(cfg.cache_len)) for _ in range(spec.n_layers))
-    vs = tuple(torch.zeros(spec.v_cache_shape(cfg.cache_len)) for _ in range(spec.n_layers))
-    return (ids, make_position_ids(cfg, past_len), make_attention_mask(cfg, past_len), *ks, *vs)
+    n_caches = 0 if cfg.full else spec.n_layers
+    ks = tuple(torch.zeros(spec.k_cache_shape(cfg.cache_len)) for _ in range(n_caches))
+    vs = tuple(torch.zeros(spec.v_cache_shape(cfg.cache_len)) for _ in range(n_caches))
+    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), make_position_ids(cfg, past_len),
+            make_attention_mask(cfg, past_len), *ks, *vs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,8 +376,11 @@ class StaticAttention(nn.Module):
             cos, sin = rope[self.plan.rope_slot]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_new = k.transpose(2, 3)                                                         # [B, KV, D, N]
-        keys = repeat_kv(torch.cat([k_cache, k_new], dim=-1), self.n_rep)                # [B, H, D, C]
-        values = repeat_kv(torch.cat([v_cache, v], dim=2), self.n_rep)                   # [B, H, C, D]
+        if k_cache is None:   # the full-context graph: the chunk is the whole context
+            keys, values = repeat_kv(k_new, self.n_rep), repeat_kv(v, self.n_rep)
+        else:
+            keys = repeat_kv(torch.cat([k_cache, k_new], dim=-1), self.n_rep)            # [B, H, D, C]
+            values = repeat_kv(torch.cat([v_cache, v], dim=2), self.n_rep)               # [B, H, C, D]
         if self.plan.window_bias is not None:
             mask = mask + window_bias[self.plan.window_bias]
         scores = soft_cap(torch.matmul(q, keys) * self.scaling, self.softcap) + mask      # [B, H, N, C]
@@ -444,6 +466,35 @@ class TokenEmbedding(nn.Module):
         return x * self.scale if self.scale != 1.0 else x
 
 
+class EmbedJoin(nn.Module):
+    """`both` inputs: ids below the table's rows are looked up, an id >= vocab_size (no_token_id) looks
+    nothing up (its row is multiplied by 0), then inputs_embeds is added (llm/input_modes.py). The
+    Gather reads a clamped id, so nothing reads past the table. No weights: the lookup stays
+    `model.embed_tokens` (module paths, overrides and the weight's name are the token path's), and
+    this module's ops are kept float by name (quant/llm_graphs.FLOAT_NODES) like the residual stream
+    they start, so a vision projector's features are not clipped to the text's range."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.rows = int(rows)
+
+    def in_table(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ids the lookup reads (a plain method: its op is not scoped under this module)."""
+        return torch.clamp(ids, max=self.rows - 1)
+
+    def forward(self, looked_up: torch.Tensor, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        is_token = (ids < self.rows).to(embeds.dtype).unsqueeze(-1)              # [1, N, 1]
+        return looked_up * is_token + embeds
+
+
+# the embeddings entering layer 0, from the mode's first inputs (llm/input_modes.py), by mode
+EMBED_INPUTS = {
+    "tokens": lambda model, ids: model.embed_tokens(ids),
+    "embeddings": lambda model, embeds: embeds,
+    "both": lambda model, ids, embeds: model.embed_join(model.embed_tokens(model.embed_join.in_table(ids)), ids, embeds),
+}
+
+
 class SoftCappedHead(nn.Module):
     """lm_head with the logits soft-capped (Gemma 2); holds HF's weight under `lm_head.weight`."""
 
@@ -470,6 +521,7 @@ class StaticBackbone(nn.Module):
                                  offset=NORM_WEIGHT_OFFSET[family.norm])
         scale = hf_cfg.hidden_size ** 0.5 if family.embedding_scale == "sqrt_hidden" else 1.0
         self.embed_tokens = TokenEmbedding(hf_inner.embed_tokens.weight, scale)
+        self.embed_join = EmbedJoin(hf_inner.embed_tokens.weight.shape[0])     # the `both` input mode's
         slots = rope_slots(family, hf_cfg)
         slot_names = sorted({s for s in slots if s is not None})
         windows = [w if w is not None and w < cfg.max_seq_len else None for w in sliding_layers(family, hf_cfg)]
@@ -514,10 +566,12 @@ def _rope_frequencies(hf_rotary: nn.Module, slot: str, head_dim: int) -> tuple[t
 class StaticDecoder(nn.Module):
     """See the module docstring for inputs, outputs and layout. Build with `build_static_decoder`."""
 
-    def __init__(self, hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten"):
+    def __init__(self, hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
+                 inputs: str = DEFAULT_INPUT_MODE):
         super().__init__()
         if rms_norm not in RMS_NORM_FORMS:
             raise InputError(f"unknown rms_norm form {rms_norm!r}", f"use one of {', '.join(RMS_NORM_FORMS)}")
+        self.input_mode = get_input_mode(inputs)
         hf_cfg = hf_model.config
         family = _check_supported(hf_cfg, cfg)
         n_heads = hf_cfg.num_attention_heads
@@ -535,39 +589,59 @@ class StaticDecoder(nn.Module):
         # tied lm_heads stay tied: HF's own module, or its weight under the same name
         self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                *caches: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n_layers = self.spec.n_layers
-        if len(caches) != 2 * n_layers:
-            raise ValueError(f"expected {2 * n_layers} cache tensors (all keys, then all values), got {len(caches)}")
-        k_caches, v_caches = caches[:n_layers], caches[n_layers:]
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(*the mode's first inputs, position_ids, attention_mask, *keys, *values) → (logits, *new keys,
+        *new values); the full-context graph takes and returns no caches."""
+        n_first, n_layers = len(self.input_mode.decoder_inputs), self.spec.n_layers
+        first, (position_ids, attention_mask), caches = inputs[:n_first], inputs[n_first:n_first + 2], inputs[n_first + 2:]
+        n_caches = 0 if self.cfg.full else 2 * n_layers
+        if len(caches) != n_caches:
+            raise ValueError(f"expected {n_caches} cache tensors (all keys, then all values), got {len(caches)}")
+        k_caches, v_caches = (caches[:n_layers], caches[n_layers:]) if caches else ((None,) * n_layers,) * 2
         rope, window_bias = self.model.rotary_emb(position_ids)
-        x = self.model.embed_tokens(input_ids)
+        x = self.embed(*first)
         new_k, new_v = [], []
         for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
             x, k, v = layer(x, rope, window_bias, attention_mask, k_cache, v_cache)
             new_k.append(k)
             new_v.append(v)
         logits = self.lm_head(self.model.norm(x))
-        return (logits, *new_k, *new_v)
+        return (logits,) if self.cfg.full else (logits, *new_k, *new_v)
+
+    def embed(self, *first: torch.Tensor) -> torch.Tensor:
+        """The embeddings entering layer 0 from the input mode's first inputs."""
+        return EMBED_INPUTS[self.input_mode.name](self.model, *first)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids → the embeddings entering layer 0 (the family's scale applied): the embedder part."""
+        return self.model.embed_tokens(ids)
 
     def example_inputs(self, past_len: int = 0) -> tuple[torch.Tensor, ...]:
-        return example_inputs(self.cfg, self.spec, past_len=past_len)
+        return example_inputs(self.cfg, self.spec, past_len=past_len, mode=self.input_mode)
 
     def input_names(self) -> list[str]:
-        return input_names(self.spec.n_layers)
+        return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full)
 
     def output_names(self) -> list[str]:
-        return output_names(self.spec.n_layers)
+        return output_names(self.spec.n_layers, caches=not self.cfg.full)
 
 
-def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten") -> StaticDecoder:
-    """A `StaticDecoder` sharing `hf_model`'s weights (no copy), in eval mode.
+def decoder_config(n_tokens: int, max_seq_len: int) -> StaticDecoderConfig:
+    """The graph of N tokens per call: arN over a KV cache, or the full-context graph when N = C."""
+    if n_tokens == max_seq_len:
+        return StaticDecoderConfig.full_context(max_seq_len)
+    return StaticDecoderConfig(n_tokens, max_seq_len)
+
+
+def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
+                         inputs: str = DEFAULT_INPUT_MODE) -> StaticDecoder:
+    """A `StaticDecoder` sharing `hf_model`'s weights (no copy), in eval mode; `inputs` is its input
+    mode (llm/input_modes.py: tokens, embeddings, both).
 
     Two decoders built from the same HF model (e.g. AR-1 and AR-32) share every parameter,
     which is what a weight-sharing export of both graphs wants.
     """
-    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm).eval()
+    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm, inputs=inputs).eval()
 
 
 def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> LLMFamily:

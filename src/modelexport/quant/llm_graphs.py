@@ -48,9 +48,10 @@ LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
 # RoPE table lookups (`/rotary_emb/Gather`, `/rotary_emb/Unsqueeze`). Quantized, the tables' Gather
 # gave wrong rows on the HTP simulator for the chunk's tokens 16-31 (SmolLM2 cut to 2 layers, real
 # text: the new keys at 6 dB vs the QDQ graph on the CPU, 65 dB with the tables float); see
-# docs/llm_export.md.
+# docs/llm_export.md. The `both` input mode's join of looked-up rows and given embeddings
+# (`/embed_join/`) starts the residual stream: float too.
 FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_attention)_layernorm/|^/norm/"
-                         r"|^/rotary_emb/")
+                         r"|^/rotary_emb/|^/embed_join/")
 
 
 def parse_overrides(items: list[str], base_precision: str) -> list[Override]:

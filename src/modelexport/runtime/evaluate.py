@@ -191,7 +191,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             raise InputError(f"{src} is a {bundle.manifest.kind} bundle, not an LLM",
                              "eval scores LLMs; check a model bundle with `modelexport verify`")
         seq = llm_meta.max_seq_len
-        variants = llm_meta.variants
+        variants = [n for n in llm_meta.variants if n != seq]   # not the full-context graph: it keeps no cache
         source = Path(bundle.manifest.source.path or "")
         stages = stages or list(BUNDLE_STAGES)
     else:

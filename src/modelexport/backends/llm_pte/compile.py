@@ -12,7 +12,7 @@ from typing import Any
 from ...contract import BundleWriter, open_bundle
 from ...contract.manifest import DecoderShape, LlmSection, SourceModel, Timings
 from ...core.atomic import check_output
-from ...core.errors import InputError
+from ...core.errors import InputError, UnsupportedError
 from ...core.targets import SoC, get_target
 from ...core.vocab import BundleKind, Format, Role
 from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
@@ -119,6 +119,12 @@ def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, st
     spec = parts[0]
     precision = spec.precision or LLM_PTE_PRECISIONS[0]
     variants = parse_variants(opts.variants if opts.variants is not None else DEFAULT_VARIANTS)
+    from ...llm.input_modes import DEFAULT_INPUT_MODE, get_input_mode
+    from ..llm_qnn.compile import FULL
+    if get_input_mode(opts.inputs).name != DEFAULT_INPUT_MODE or FULL in variants or opts.embedder_precision:
+        raise UnsupportedError("the .pte path builds token-input arN methods only (no --inputs embeddings/both, "
+                               "no full-context variant, no embedder part)",
+                               "leave --format pte out: the context-binary path (the default) builds them")
     max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
     socs = list(dict.fromkeys(get_target(t) for t in opts.targets or ["SM8650"]))
     check_pte_request(precision, variants, max_seq_len, socs, len(parts), spec.calibration)

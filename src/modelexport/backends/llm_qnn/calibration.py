@@ -106,18 +106,44 @@ def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
             ranges[cache_out] = r
 
 
-def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.ndarray] | None) -> list[dict[str, np.ndarray]]:
-    """The inputs of one layer range: its own caches, and the hidden states entering it."""
+def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int) -> list[dict[str, np.ndarray]]:
+    """Samples of the full-context graph: whole windows of the text, positions 0 .. C-1, causal."""
+    from ...llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
+    cfg = StaticDecoderConfig.full_context(max_seq_len)
+    windows = [token_ids[i:i + max_seq_len] for i in range(0, len(token_ids) - max_seq_len + 1, max_seq_len)][:n_samples]
+    if not windows:
+        raise CalibrationError(f"the calibration text gave no sample for the full-context graph ({max_seq_len} tokens)",
+                               f"give a longer text (at least {max_seq_len} tokens)")
+    return [{"input_ids": np.array([w], np.int32), "position_ids": make_position_ids(cfg, 0).numpy(),
+             "attention_mask": make_attention_mask(cfg, 0).numpy()} for w in windows]
+
+
+def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_size: int) -> list[dict[str, np.ndarray]]:
+    """Token samples as the input mode's decoder takes them (llm/input_modes.text_inputs); `lookup`:
+    ids → the float decoder's embeddings."""
+    if mode.decoder_inputs == ("input_ids",):
+        return samples
+    from ...llm.input_modes import text_inputs
+    return [{**text_inputs(mode, s["input_ids"], lookup, hidden_size),
+             **{k: v for k, v in s.items() if k != "input_ids"}} for s in samples]
+
+
+def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.ndarray] | None,
+                 first_inputs: tuple[str, ...] = ("input_ids",)) -> list[dict[str, np.ndarray]]:
+    """The inputs of one layer range: its own caches (none in a full-context sample), and the hidden
+    states entering it (the input mode's `first_inputs` for the first part)."""
     out = []
     for j, s in enumerate(samples):
         d = {"position_ids": s["position_ids"], "attention_mask": s["attention_mask"]}
         if part.is_first:
-            d["input_ids"] = s["input_ids"]
+            d.update({k: s[k] for k in first_inputs})
         else:
             d["hidden_states"] = hidden[j]
         for i in part.layers():
-            d[past_key(i)] = s[past_key(i)]
+            if past_key(i) in s:
+                d[past_key(i)] = s[past_key(i)]
         for i in part.layers():
-            d[past_value(i)] = s[past_value(i)]
+            if past_value(i) in s:
+                d[past_value(i)] = s[past_value(i)]
         out.append(d)
     return out

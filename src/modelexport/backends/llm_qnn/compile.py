@@ -56,19 +56,19 @@ DEFAULT_CALIBRATION_SAMPLES = 8
 
 
 def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
-    return f"{'token' if n == 1 else 'prompt'}_ar{n}_cl{max_seq_len}_{part}_of_{n_parts}"
+    """`full` for the full-context graph (N = C), `prompt` for N > 1, `token` for N = 1."""
+    kind = "full" if n == max_seq_len else "token" if n == 1 else "prompt"
+    return f"{kind}_ar{n}_cl{max_seq_len}_{part}_of_{n_parts}"
 
 
-# Variant names of other LLM toolchains (seed 003's `--variant bert`) that are not built here, and why.
-NOT_BUILT_VARIANTS = {
-    "bert": ("--variant bert is a full-context graph: all --max-seq-len tokens in one call with no KV-cache inputs or "
-             "outputs (BERT-style). It is not built here: every graph is an arN decoder over a KV cache, which the "
-             "generation loop (generate --backend htp-sim), the Genie config and the weights shared between "
-             "variants all rely on",
-             "for the prompt, use a large prefill variant: --variants ar1,ar128 (or up to ar{N-1} with --max-seq-len N, "
-             "e.g. --variants ar1,ar511 --max-seq-len 512) reads the whole prompt in one call and fills the KV cache "
-             "that ar1 decodes from"),
-}
+def embedder_graph_name(n: int, max_seq_len: int) -> str:
+    return f"embed_ar{n}_cl{max_seq_len}"
+
+
+# `--variants full` (seed 003's `--variant bert`): one graph over the whole context (N = --max-seq-len),
+# causal, no KV-cache inputs or outputs; parse_variants marks it FULL, _resolve makes it N = C.
+FULL_CONTEXT_NAMES = ("full", "bert")
+FULL = 0
 
 
 def parse_variants(v: Any) -> list[int]:
@@ -81,11 +81,12 @@ def parse_variants(v: Any) -> list[int]:
             s = s.strip().lower()
             if not s:
                 continue
-            if s in NOT_BUILT_VARIANTS:
-                raise UnsupportedError(*NOT_BUILT_VARIANTS[s])
+            if s in FULL_CONTEXT_NAMES:
+                out.append(FULL)
+                continue
             num = s[2:] if s.startswith("ar") else s
             if not num.isdigit() or int(num) < 1:
-                raise InputError(f"--variants: {s!r} is not arN", "write e.g. --variants ar1,ar32")
+                raise InputError(f"--variants: {s!r} is not arN or full", "write e.g. --variants ar1,ar32 (or ar1,ar32,full)")
             out.append(int(num))
     if not out:
         raise InputError("--variants is empty", "write e.g. --variants ar1,ar32")
@@ -98,17 +99,19 @@ def parse_variants(v: Any) -> list[int]:
 def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int, precision: str, overrides,
                text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0,
                quality: dict | None = None, *, cache: Cache | None = None, stage_key: str = "",
-               weights_dtype: str = "float32", chunk_mb: float = DEFAULT_HOST_CHUNK_MB) -> dict:
+               weights_dtype: str = "float32", chunk_mb: float = DEFAULT_HOST_CHUNK_MB, inputs: str = "tokens",
+               embedder_precision: str | None = None) -> dict:
     """Load, calibrate, then export and quantize chunk by chunk: each (variant, part, chunk) graph is
     its own cache entry (`part_stage`), reused when a killed compile is run again; a part's chunks
     are then joined into the part's graph (quant/chunk_join.py)."""
     import torch
 
     from ...frontends import find_frontend
-    from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from ...llm.input_modes import get_input_mode
+    from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
     from ...llm.tokenizers import from_transformers
     from ...llm.text import tokenize
-    from .calibration import calibration_samples, part_samples
+    from .calibration import calibration_samples, full_context_samples, part_samples, with_input_mode
     from ...llm.parts import host_chunks
     from .onnx_export import DecoderPart, export_part
     from .part_stage import PART_NAMESPACE, join_into, part_key, quantize_part
@@ -147,9 +150,13 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     kv_ranges: dict[str, list[float]] = {}   # one encoding per layer's cache, in every graph (Genie)
     t1 = time.perf_counter()
     samples: dict[int, list] = {n: [] for n in variants}
+    mode = get_input_mode(inputs)
+    ar_variants = [n for n in variants if n != max_seq_len]
     if len(done) < len(keys):
         report(f"calibrating on {text.path.name} through the float decoder")
-        samples = calibration_samples(model, ids, variants, max_seq_len, n_samples, kv_ranges)
+        samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges)
+        if max_seq_len in variants:      # the full-context graph: whole windows, no cache
+            samples[max_seq_len] = full_context_samples(ids, max_seq_len, n_samples)
     calib_s = round(time.perf_counter() - t1, 2)
     graphs = [{"name": names[(n, p.index)], "n_tokens": n, "part": p.index, "n_parts": p.count,
                "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{names[(n, p.index)]}.onnx",
@@ -174,13 +181,16 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         ends_job = None
         one_ends_chunk = any(not (c.is_first or c.is_last) for cs in chunks.values() for c in cs)
         for n in variants:
-            dec = build_static_decoder(model, StaticDecoderConfig(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
+            dec = build_static_decoder(model, decoder_config(n, max_seq_len), rms_norm=ONNX_RMS_NORM, inputs=mode.name)
+            with torch.inference_mode(), in_float32([dec.model.embed_tokens]):
+                samples[n] = with_input_mode(samples[n], mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
+                                             dec.spec.hidden_size)
             hidden = None
             order = [(c, name) for p in parts for c, name in zip(chunks[p.index], chunk_names[(n, p.index)])]
             for i, (chunk, name) in enumerate(order):
                 if all(later in done for _, later in order[i:]):
                     break                  # this variant's remaining graphs are all finished
-                ps = part_samples(samples[n], chunk, hidden)
+                ps = part_samples(samples[n], chunk, hidden, mode.decoder_inputs)
                 if name not in done:
                     carries_ends = one_ends_chunk and (chunk.is_first or chunk.is_last)
                     if carries_ends and ends_job is not None:
@@ -209,6 +219,12 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             report(f"quantizing {len(results)} graphs ({precision}{f', 4-bit blocks of {block_size}' if block_size else ''})")
         outcomes = pool.outcomes()
     quant_s = time.perf_counter() - t3 if t3 else 0.0   # from the first graph's hand-over: overlaps the later exports
+    embedder = None
+    if mode.embedder:
+        from .embedder import build_embedders
+        report("exporting the embedder part")
+        embedder = build_embedders(model, variants, max_seq_len, ids, embedder_precision, tmp / "embedder", float_dir,
+                                   str(text.path))
     shutil.rmtree(float_dir, ignore_errors=True)
     for name, r in zip(list(results), raise_first_error(outcomes)):
         results[name] = r
@@ -216,11 +232,12 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     for g in graphs:
         members = chunk_names[(g["n_tokens"], g["part"])]
         entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, keys[c]) for c in members]
-        quant_info[g["name"]] = join_into(entries, members, chunks[g["part"]], g["name"], tmp / "qdq")
+        quant_info[g["name"]] = join_into(entries, members, chunks[g["part"]], g["name"], tmp / "qdq",
+                                          first_inputs=mode.decoder_inputs, caches=g["n_tokens"] != max_seq_len)
         if not cache.enabled:
             for entry in entries:
                 shutil.rmtree(entry, ignore_errors=True)
-    sd = build_static_decoder(model, StaticDecoderConfig(min(variants), max_seq_len)).spec
+    sd = build_static_decoder(model, decoder_config(min(variants), max_seq_len)).spec
     n_params = sum(p.numel() for p in model.parameters())
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
@@ -233,6 +250,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
+            "inputs": mode.name, "embedder": embedder,
             "resumed_graphs": sorted(done), "weights_held_as": "bfloat16" if held_bf16 else "float32",
             "weight_rounding": weights.plan.rounding if weights.plan else None,
             "quality_recipe": weights.plan.recipe if weights.plan else None,
@@ -316,8 +334,22 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
                          f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
     variants = parse_variants(opts.variants)
     max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
+    full = FULL in variants
+    variants = [n for n in variants if n != FULL]
+    if not variants:
+        raise InputError("--variants full alone: the full-context graph scores a whole context but cannot generate "
+                         "(it keeps no KV cache)", "add an arN graph beside it, e.g. --variants ar1,full")
     if max_seq_len <= max(variants):
         raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
+    if full:   # N = C: the first (largest) variant
+        variants = [max_seq_len, *variants]
+    from ...llm.input_modes import get_input_mode
+    from .embedder import get_embedder_precision
+    mode = get_input_mode(opts.inputs)
+    if opts.embedder_precision is not None and not mode.embedder:
+        raise InputError(f"--embedder-precision is for the embedder part of --inputs embeddings; --inputs {mode.name} "
+                         "has none", "leave --embedder-precision out, or add --inputs embeddings")
+    embedder_precision = get_embedder_precision(opts.embedder_precision).name if mode.embedder else None
     socs: list[SoC] = []
     for t in opts.targets or ["SM8650"]:
         s = get_target(t)
@@ -346,7 +378,7 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
     return SimpleNamespace(jobs_given=bool(opts.jobs), requested=requested, requested_precision=requested_precision, block_size=block_size,
                            precision=precision, variants=variants, max_seq_len=max_seq_len, socs=socs,
                            overrides=overrides, facts=facts, text=text, n_samples=n_samples, limit_mb=limit_mb, chunk_mb=chunk_mb,
-                           jobs=jobs, quality=quality)
+                           jobs=jobs, quality=quality, inputs=mode.name, embedder_precision=embedder_precision)
 
 
 def _estimate(r, cache: Cache, quantized: bool):
@@ -438,9 +470,12 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
 
     # 1. QDQ graphs
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
+    # the input mode joins the key only when it is not the default: a token bundle's entries stay valid
+    mode_key = [] if r.inputs == "tokens" else [r.inputs, r.embedder_precision]
     chunks_key = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                            [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
-                           host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"))
+                           host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"),
+                           *mode_key)
     # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
     qkey = cache_key("llm-qdq", chunks_key, JOIN_VERSION)
     t0 = time.perf_counter()
@@ -456,7 +491,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     qentry, qhit = cache.get_or_create("llm-qdq", qkey, lambda tmp: _build_qdq(
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
         lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=chunks_key,
-        weights_dtype=facts.weights_dtype, chunk_mb=r.chunk_mb))
+        weights_dtype=facts.weights_dtype, chunk_mb=r.chunk_mb, inputs=r.inputs,
+        embedder_precision=r.embedder_precision))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])
@@ -472,18 +508,24 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     for soc in socs:
         popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
         for p in range(1, n_parts + 1):
-            members = [g for g in graphs if g["part"] == p]
-            key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
-                            onnxruntime.__version__, *([ORDER_SCHEME, p, n_parts] if n_parts > 1 else []))
-            jobs.append((compile_shared, {"kind": "shared", "part": p, "n_parts": n_parts, "target": soc.name,
-                                          "provider_options": popts,
-                                          "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
-                                          "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
+            # the arN graphs share one binary; the full-context graph gets its own (Genie refuses a binary
+            # holding a graph without the past_ cache group: "Invalid cache-group prefix detected: past_")
+            for full in (False, True):
+                members = [g for g in graphs if g["part"] == p and (g["n_tokens"] == max_seq_len) == full]
+                if not members:
+                    continue
+                key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in members], popts, qairt.build_id,
+                                onnxruntime.__version__, *([ORDER_SCHEME, p, n_parts] if n_parts > 1 else []))
+                jobs.append((compile_shared, {"kind": "shared", "part": p, "n_parts": n_parts, "target": soc.name,
+                                              "provider_options": popts, "full_context": full,
+                                              "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
+                                              "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
             twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
                                                   "context-binary", qairt.build_id, cache,
                                                   graph_order=(g["part"], n_parts) if n_parts > 1 else None)
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
+        jobs += _embedder_jobs(qmeta.get("embedder"), qentry, soc, popts, qairt, cache)
     namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
     pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
     workers = min(len(pending), r.jobs)
@@ -600,7 +642,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
         m.source = SourceModel(path=str(facts.path.resolve()), sha256=facts.sha256,
                                format="gguf" if facts.format == "gguf" else "hf-folder",
                                description=f"{qmeta['architecture']}, {qmeta['n_params']:,} parameters")
-        m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
+        m.options = {"backend": "llm_qnn", "variants": [f"ar{n}" if n != max_seq_len else "full" for n in variants],
+                     "max_seq_len": max_seq_len,
                      "precision": precision, "overrides": [f"{o.pattern}={o.precision.name}" for o in overrides],
                      "optimization_level": None, "embed_mode": 0, "weight_sharing": len(variants) > 1,
                      "context_limit_mb": limit_mb, "n_parts": n_parts, "host_part_mb": host_part_mb(limit_mb),
@@ -638,15 +681,17 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                 "cpu_nodes": [n for n, _ in pl.get("CPUExecutionProvider", [])],
                 "note": "CPU nodes are the graph-boundary QuantizeLinear/DequantizeLinear of the float IO"}
         for (fn, job), r in zip(jobs, results):
-            if job["kind"] != "shared":
+            if job["kind"] != "shared" or job.get("role") == "embedder":
                 continue
             entry, meta = Path(r["entry"]), r["meta"]
             soc = get_target(job["target"])
             p = job["part"]
             tdir = f"{job['target']}"
-            bin_name = f"{qmeta['architecture']}_{precision}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
+            full = job.get("full_context", False)
+            bin_name = f"{qmeta['architecture']}_{precision}{'_full' if full else ''}_cl{max_seq_len}_{p}_of_{n_parts}.bin"
             bin_rel = w.add_file(entry / meta["context_binary"], f"{tdir}/{bin_name}", role=Role.CONTEXT_BINARY)
-            ctx_bins.setdefault(job["target"], []).append(bin_name)
+            if not full:   # Genie runs the arN graphs only
+                ctx_bins.setdefault(job["target"], []).append(bin_name)
             info = read_back(entry / meta["context_binary"], soc)
             build_ids.add(info.build_id)
             m.htp_arch[soc.name] = info.dsp_arch
@@ -663,7 +708,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             if len(names) > 1 and not weights_once:
                 raise VerificationError(f"the binary of part {p} does not share its weights (shared sizes {sorted(shared_sizes)})",
                                         "report this: the QNN EP did not share the weights")
-            weight_sharing[f"{job['target']}/{p}"] = WeightSharing(
+            weight_sharing[f"{job['target']}/{p}{'/full' if full else ''}"] = WeightSharing(
                 file=bin_rel, graphs=[g.name for g in info.graphs], shared_weights_bytes=sorted(shared_sizes),
                 const_bytes=const, bytes=shared_bytes, unshared_twins_bytes=unshared_total,
                 saved_bytes=unshared_total - shared_bytes, weights_stored_once=weights_once,
@@ -693,6 +738,9 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                     shared_weights_bytes=qg.htp.shared_weights_size if qg and qg.htp else None,
                     host_twin=twin, quantized_model=g["qdq"],
                     memory_estimate=MemoryEstimate(**g["memory_estimate"])))
+        embedder = _write_embedder(w, qentry, qmeta.get("embedder"), jobs, results, twin_files, max_seq_len, say)
+        for info in embedder.pop("build_ids", set()):
+            build_ids.add(info)
         if len(build_ids) > 1:
             raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
                                  "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
@@ -710,15 +758,21 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
             twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
+                     if g.n_tokens != max_seq_len
                      if g.target == soc.name and g.host_twin is not None]
             _check_part_order(m.graphs, soc.name)
+            mode = qmeta.get("inputs", "tokens")
+            if mode != "tokens":   # Genie's token dialog feeds input_ids: nothing to create a dialog on
+                genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path), dialog_created=False,
+                                             dialog_note=GENIE_EMBEDDINGS_NOTE.format(mode=mode))
+                continue
             say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
             genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
                                          **check_dialog(host_config(cfg, path.parent, twins)))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
-        shared_w = sum(max(ws.shared_weights_bytes or [0]) for ws in weight_sharing.values()
-                       if ws.file.startswith(socs[0].name))
+        shared_w = sum(max(ws.shared_weights_bytes or [0]) for key, ws in weight_sharing.items()
+                       if ws.file.startswith(socs[0].name) and not key.endswith("/full"))   # a decode step reads the arN binaries
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
         split_note = (f"split into {n_parts} parts by layers: the largest graph's estimated HTP memory exceeds the "
                       f"{limit_mb:g} MB per-context limit" if n_parts > 1 else None)
@@ -730,12 +784,104 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             device_bytes=device_bytes, bytes_per_parameter=round(device_bytes / n_params, 4),
             bos_id=qmeta["bos_id"], eos_ids=qmeta["eos_ids"], rope_theta=qmeta["rope_theta"],
             graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
-            memory_limit_mb=limit_mb, weight_rounding=qmeta.get("weight_rounding"), quality_recipe=qmeta.get("quality_recipe"))
+            memory_limit_mb=limit_mb, weight_rounding=qmeta.get("weight_rounding"), quality_recipe=qmeta.get("quality_recipe"),
+            **_input_facts(qmeta.get("inputs"), spec, variants, max_seq_len, embedder.get("part")))
         m.timings = Timings.model_validate({**qmeta["timings"], **timings})
         m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit, resumed_graphs=qmeta.get("resumed_graphs") or None,
                             compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
         m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
     return open_bundle(out)
+
+
+GENIE_EMBEDDINGS_NOTE = ("--inputs {mode}: the decoder takes inputs_embeds, and Genie's token dialog "
+                         "(GenieDialog_query / tokenQuery) feeds input_ids; Genie's embedding query "
+                         "(GenieDialog_embeddingQuery with a token-to-embedding callback) is not wired yet, so no dialog "
+                         "was created; generate / eval run the bundle with --backend htp-sim")
+
+
+def _input_facts(inputs: str | None, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:
+    """The LLM section's input-mode fields (llm/input_modes.py) and the full-context flag."""
+    from ...llm.input_modes import get_input_mode
+    mode = get_input_mode(inputs)
+    return {"inputs": mode.name, "embedder": embedder, "full_context": max_seq_len in variants,
+            "no_token_id": spec["vocab_size"] if mode.name == "both" else None}
+
+
+def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, qairt, cache: Cache) -> list:
+    """The embedder part's compile jobs for one target: its graphs in one weight-shared binary, and a
+    host twin per graph (role "embedder": _write_bundle keeps them out of the decoder's records)."""
+    if not embedder:
+        return []
+    import onnxruntime
+
+    from ..ort_qnn import worker as ort_qnn_worker
+    from ...contract.manifest import sha256_file
+    from .ctx_jobs import SHARED_NAMESPACE, compile_shared
+    gs = embedder["graphs"]
+    shas = {g["name"]: sha256_file(qentry / g["graph"]) for g in gs}
+    key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in gs], popts, qairt.build_id, onnxruntime.__version__)
+    jobs: list = [(compile_shared, {"kind": "shared", "role": "embedder", "part": "embedder", "n_parts": 1,
+                                    "target": soc.name, "provider_options": popts,
+                                    "models": [(g["name"], str(qentry / g["graph"])) for g in gs],
+                                    "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled})]
+    for g in gs:
+        twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["graph"], shas[g["name"]], popts,
+                                              "context-binary", qairt.build_id, cache)
+        jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "role": "embedder", "graph": g["name"], **twin}))
+    return jobs
+
+
+def _write_embedder(w, qentry: Path, embedder: dict | None, jobs, results, twin_files, max_seq_len: int, say) -> dict:
+    """The embedder part into the bundle: its graphs' ONNX, its weight-shared binary and EPContext
+    models per target, and the check of each target's twin against the float lookup (in a child:
+    it loads the simulator). → {"part": EmbedderPart, "build_ids": {...}}."""
+    if not embedder:
+        return {}
+    from ..context_binary import read_back
+    from ...contract.manifest import EmbedderPart, LogitsAgreement
+    from .embedder import embedder_check
+    models = {}
+    for g in embedder["graphs"]:
+        for f in sorted((qentry / "embedder").glob(g["name"] + ".onnx*")):
+            rel = w.add_file(f, f"embedder/{f.name}",
+                             role=Role.QUANTIZED_MODEL if f.suffix == ".onnx" else Role.QUANTIZED_MODEL_DATA)
+            if f.suffix == ".onnx":
+                models[g["name"]] = rel
+    n_of = {g["name"]: g["n_tokens"] for g in embedder["graphs"]}
+    part = EmbedderPart(precision=embedder["precision"], what=embedder["what"], quantized_models=models)
+    build_ids, checks = set(), []
+    for (fn, job), r in zip(jobs, results):
+        if job["kind"] != "shared" or job.get("role") != "embedder":
+            continue
+        entry, meta = Path(r["entry"]), r["meta"]
+        soc = get_target(job["target"])
+        bin_name = f"embedder_{embedder['precision']}_cl{max_seq_len}.bin"
+        bin_rel = w.add_file(entry / meta["context_binary"], f"{soc.name}/{bin_name}", role=Role.CONTEXT_BINARY)
+        info = read_back(entry / meta["context_binary"], soc)
+        build_ids.add(info.build_id)
+        part.bytes[soc.name] = (entry / meta["context_binary"]).stat().st_size
+        for name, _ in job["models"]:
+            ctx_rel = w.add_file(entry / meta["epcontext"][name], f"{soc.name}/{name}_ctx.onnx", role=Role.EPCONTEXT_MODEL)
+            _retarget_epcontext(w.dir / ctx_rel, meta["context_binary"], bin_name)
+            twin = twin_files[(soc.name, name)]
+            qg = next((g for g in info.graphs if g.name == meta.get("expected_graph_names", {}).get(name, twin.qnn_graph_name)),
+                      info.graphs[0] if len(info.graphs) == 1 else None)
+            part.graphs.append(GraphSpec(
+                name=name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
+                inputs=_tensor_specs(qg.inputs) if qg else [], outputs=_tensor_specs(qg.outputs) if qg else [],
+                part="embedder", n_tokens=n_of[name], qnn_graph_name=qg.name if qg else None, epcontext_model=ctx_rel,
+                shared=len(job["models"]) > 1, const_bytes=qg.htp.const_size if qg and qg.htp else None,
+                shared_weights_bytes=qg.htp.shared_weights_size if qg and qg.htp else None,
+                host_twin=twin, quantized_model=models[name]))
+        largest = max(job["models"], key=lambda m: n_of[m[0]])[0]
+        checks.append((embedder_check, {"target": soc.name, "soc_model": soc.soc_model, "check": str(qentry / embedder["check"]),
+                                        "epcontext": str(w.dir / twin_files[(soc.name, largest)].epcontext_model)}))
+    say("checking the embedder part on the simulator", 3.6, 4)
+    for (fn, job), r in zip(checks, run_jobs("the embedder check", checks, 1)):
+        if isinstance(r, ModelExportError):
+            raise r
+        part.check[job["target"]] = LogitsAgreement(sqnr_db=r["sqnr_db"], max_abs_error=r["max_abs_error"], samples=r["tokens"])
+    return {"part": part, "build_ids": build_ids}
 
 
 def _retarget_epcontext(onnx_path: Path, old: str, new: str) -> None:

@@ -49,7 +49,8 @@ def bundle_config(bundle, target: str, sampler: dict[str, Any] | None = None) ->
         raise InputError(f"the bundle has no Genie config for {target}",
                          f"use one of its targets: {', '.join(m.llm.genie) if m.llm else 'none (not an LLM bundle)'}")
     twins = sorted(((g.part_index or 1, g.name, bundle.file(g.host_twin.context_binary)) for g in m.graphs
-                    if g.target == target and g.host_twin is not None))
+                    if g.target == target and g.host_twin is not None
+                    and g.n_tokens != m.llm.max_seq_len))   # not the full-context graph: Genie runs arN graphs
     if not twins:
         raise InputError(f"the bundle has no host twins for {target}", "compile the LLM again with this version")
     path = bundle.file(entry.file)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...llm.input_modes import INPUT_IDS, INPUTS_EMBEDS
 from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value
 from ...llm.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 
@@ -34,33 +35,45 @@ OPSET = 17            # what the TorchScript exporter is asked for (it goes up t
 QUANT_OPSET = 21
 
 
-def part_input_names(part) -> list[str]:
-    first = "input_ids" if part.is_first else "hidden_states"
-    L = part.layers()
-    return [first, "position_ids", "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
+def part_input_names(part, first_inputs: tuple[str, ...] = (INPUT_IDS,), caches: bool = True) -> list[str]:
+    """`first_inputs`: the input mode's (llm/input_modes.py), taken by the first part; `caches` False:
+    the full-context graph, which has no KV inputs."""
+    first = list(first_inputs) if part.is_first else ["hidden_states"]
+    L = part.layers() if caches else range(0)
+    return [*first, "position_ids", "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
 
 
-def part_output_names(part) -> list[str]:
+def part_output_names(part, caches: bool = True) -> list[str]:
     last = "logits" if part.is_last else "hidden_states_out"
-    L = part.layers()
+    L = part.layers() if caches else range(0)
     return [last] + [new_key(i) for i in L] + [new_value(i) for i in L]
 
 
+def decoder_io(decoder: StaticDecoder) -> dict:
+    """The keyword arguments of part_input_names / part_output_names for this decoder's graphs."""
+    return {"first_inputs": decoder.input_mode.decoder_inputs, "caches": not decoder.cfg.full}
+
+
 class DecoderPart(nn.Module):
-    """Layers [a, b) of a StaticDecoder (+ embedding if first, + norm/lm_head if last)."""
+    """Layers [a, b) of a StaticDecoder (+ the embedding of its input mode if first, + norm/lm_head if last)."""
 
     def __init__(self, decoder: StaticDecoder, part: PartRange):
         super().__init__()
         self.decoder = decoder
         self.part = part
 
-    def forward(self, x, position_ids, attention_mask, *caches):
+    @property
+    def n_first(self) -> int:
+        return len(self.decoder.input_mode.decoder_inputs) if self.part.is_first else 1
+
+    def forward(self, *inputs):
         d, part = self.decoder, self.part
+        first, (position_ids, attention_mask), caches = inputs[:self.n_first], inputs[self.n_first:self.n_first + 2], \
+            inputs[self.n_first + 2:]
         n = len(part.layers())
-        k_caches, v_caches = caches[:n], caches[n:]
+        k_caches, v_caches = (caches[:n], caches[n:]) if caches else ((None,) * n,) * 2
         cos, sin = d.model.rotary_emb(position_ids)
-        if part.is_first:
-            x = d.model.embed_tokens(x)
+        x = d.embed(*first) if part.is_first else first[0]
         new_k, new_v = [], []
         for j, i in enumerate(part.layers()):
             x, k, v = d.model.layers[i](x, cos, sin, attention_mask, k_caches[j], v_caches[j])
@@ -68,23 +81,28 @@ class DecoderPart(nn.Module):
             new_v.append(v)
         if part.is_last:
             x = d.lm_head(d.model.norm(x))
-        return (x, *new_k, *new_v)
+        return (x,) if d.cfg.full else (x, *new_k, *new_v)
 
     def input_names(self) -> list[str]:
-        return part_input_names(self.part)
+        io = decoder_io(self.decoder)
+        return part_input_names(self.part, io["first_inputs"], io["caches"])
 
     def output_names(self) -> list[str]:
-        return part_output_names(self.part)
+        return part_output_names(self.part, decoder_io(self.decoder)["caches"])
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
-        full = self.decoder.example_inputs()
-        n_layers = self.decoder.spec.n_layers
-        ks, vs = full[3:3 + n_layers], full[3 + n_layers:]
-        first = full[0]
+        d = self.decoder
+        full = d.example_inputs()
+        n_first, n_layers = len(d.input_mode.decoder_inputs), d.spec.n_layers
+        first = full[:n_first]
         if not self.part.is_first:
-            first = torch.zeros((1, self.decoder.cfg.n_tokens, self.decoder.spec.hidden_size))
+            first = (torch.zeros((1, d.cfg.n_tokens, d.spec.hidden_size)),)
+        caches = full[n_first + 2:]
+        if not caches:
+            return (*first, *full[n_first:n_first + 2])
+        ks, vs = caches[:n_layers], caches[n_layers:]
         L = self.part.layers()
-        return (first, full[1], full[2], *[ks[i] for i in L], *[vs[i] for i in L])
+        return (*first, *full[n_first:n_first + 2], *[ks[i] for i in L], *[vs[i] for i in L])
 
 
 def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path:
@@ -95,13 +113,42 @@ def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path
     the data file and made an initializer. Exporting the weights held them three times more at once
     (the serialized model inside the exporter, its bytes, the model read back): 4x the part's float32
     weights at the peak, ~1.8x now (one Llama-3.2-1B layer: +0.92 GB before, +0.41 GB now)."""
+    from ...llm.weight_dtype import part_modules
+    return _export(DecoderPart(decoder, part).eval(), part_modules(decoder, part), out_path)
+
+
+class TokenEmbedder(nn.Module):
+    """The embedder part of an embeddings-in bundle (llm/input_modes.py): input_ids [1, N] → the
+    embeddings entering layer 0 [1, N, hidden], the family's scale applied (the decoder's own lookup)."""
+
+    def __init__(self, decoder: StaticDecoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids):
+        return self.decoder.lookup(input_ids)
+
+    def input_names(self) -> list[str]:
+        return [INPUT_IDS]
+
+    def output_names(self) -> list[str]:
+        return [INPUTS_EMBEDS]
+
+    def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros((1, self.decoder.cfg.n_tokens), dtype=torch.int32),)
+
+
+def export_embedder(decoder: StaticDecoder, out_path: Path) -> Path:
+    """The embedder for the decoder's N tokens per call as ONNX (the table as external data)."""
+    return _export(TokenEmbedder(decoder).eval(), [decoder.model.embed_tokens], out_path)
+
+
+def _export(mod: nn.Module, modules: list[nn.Module], out_path: Path) -> Path:
     import onnx
 
-    from ...llm.weight_dtype import in_float32, part_modules
+    from ...llm.weight_dtype import in_float32
 
-    mod = DecoderPart(decoder, part).eval()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    modules = part_modules(decoder, part)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         with linears_as_matmul(modules) as own_copies, in_float32(modules, skip=own_copies):

@@ -28,10 +28,11 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from ...quant.precision import get_precision
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
     from ...llm.text import tokenize
-    from .calibration import calibration_samples, part_samples
+    from .calibration import calibration_samples, full_context_samples, part_samples, with_input_mode
     from .onnx_export import DecoderPart, PartRange, export_part
     from ...frontends.module_paths import llm_module_path
-    from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from ...llm.input_modes import get_input_mode
+    from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
     from ...llm.tokenizers import from_transformers
 
     if inputs:
@@ -48,8 +49,8 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
         if not chosen:
             raise InputError(f"{bundle.path} has no graph {part!r}", f"name one of: {', '.join(names)} (or arN)")
         n = chosen[0].n_tokens
-    else:
-        n = max(g.n_tokens for g in graphs)
+    else:   # the largest arN (the full-context graph only when named: its samples are whole windows)
+        n = max((g.n_tokens for g in graphs if g.n_tokens != seq), default=seq)
     chain = sorted((g for g in graphs if g.n_tokens == n), key=lambda g: g.part_index)
 
     t0 = time.perf_counter()
@@ -62,8 +63,13 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     k = max_samples or DEFAULT_SAMPLES
     ids = tokenize(tok, text.text, seq * (k + 3))
     held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
-    samples = calibration_samples(llm.model, held_out, [n], seq, k)[n]
-    dec = build_static_decoder(llm.model, StaticDecoderConfig(n, seq), rms_norm=ONNX_RMS_NORM)
+    mode = get_input_mode(info.inputs)
+    dec = build_static_decoder(llm.model, decoder_config(n, seq), rms_norm=ONNX_RMS_NORM, inputs=mode.name)
+    samples = (full_context_samples(held_out, seq, k) if n == seq
+               else calibration_samples(llm.model, held_out, [n], seq, k)[n])
+    with torch.inference_mode():
+        samples = with_input_mode(samples, mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
+                                  dec.spec.hidden_size)
 
     precision = m.precision or "16a4w"
     thr = threshold_db if threshold_db is not None else get_precision(precision).min_sqnr_db
@@ -73,7 +79,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
         for g in chain:
             a, b = g.layers
             pr = PartRange(g.part_index, len(chain), a, b)
-            ps = part_samples(samples, pr, hidden)
+            ps = part_samples(samples, pr, hidden, mode.decoder_inputs)
             fpath = export_part(dec, pr, Path(tmp) / f"{g.name}.onnx")
             weights = set((info.quantization.get(g.name) or {}).get("modules", {}))
             rep = per_layer(fpath, bundle.file(g.quantized_model), ps, thr, precision, g.name,

@@ -21,6 +21,7 @@ from ...core.errors import InputError, clip
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.openers import open_llm_bundle, source_kind
+from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
 from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.tokenizers import load_tokenizer
 
@@ -36,35 +37,48 @@ class _PartSession:
 
 
 class ChainedForward:
-    """A `Forward` over the parts of one arN graph."""
+    """A `Forward` over the parts of one arN graph (or the full-context graph: no caches in or out),
+    after the embedder part when the bundle's input mode has one: it takes token ids, and the first
+    part gets what its input mode takes for text (llm/input_modes.text_inputs)."""
 
-    def __init__(self, parts: list[_PartSession], n_layers: int):
+    def __init__(self, parts: list[_PartSession], n_layers: int, mode: InputMode = INPUT_MODES["tokens"],
+                 embedder: object | None = None, hidden_size: int = 0):
         self.parts = parts
         self.n_layers = n_layers
+        self.mode = mode
+        self.embedder = embedder
+        self.hidden_size = hidden_size
         self.calls = 0
+
+    def _lookup(self, ids: np.ndarray) -> np.ndarray:
+        return self.embedder.run(None, {"input_ids": ids})[0]
 
     def __call__(self, input_ids, position_ids, attention_mask, *caches):
         L = self.n_layers
         ks, vs = caches[:L], caches[L:]
-        x = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int32))
+        ids = np.ascontiguousarray(np.asarray(input_ids, dtype=np.int32))
         pos = np.ascontiguousarray(np.asarray(position_ids, dtype=np.int32))
         mask = np.ascontiguousarray(np.asarray(attention_mask, dtype=np.float32))
+        first: dict[str, np.ndarray] = text_inputs(self.mode, ids, self._lookup, self.hidden_size)
         new_k: dict[int, np.ndarray] = {}
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:
-            feed = {ps.input_names[0]: x, "position_ids": pos, "attention_mask": mask}
+            feed = {**first, "position_ids": pos, "attention_mask": mask}
             name = _cache_names(ps)
-            for i in ps.layers:
+            for i in ps.layers if caches else ():
                 feed[name(past_key(i))] = np.ascontiguousarray(_np(ks[i]))
                 feed[name(past_value(i))] = np.ascontiguousarray(_np(vs[i]))
             outs = dict(zip(ps.output_names, ps.session.run(ps.output_names, feed)))
-            x = outs[ps.output_names[0]]
-            for i in ps.layers:
+            if ps is not self.parts[-1]:   # the hidden states, under the next part's name for them
+                first = {self.parts[self.parts.index(ps) + 1].input_names[0]: outs[ps.output_names[0]]}
+            for i in ps.layers if caches else ():
                 new_k[i] = outs[name(new_key(i))]
                 new_v[i] = outs[name(new_value(i))]
         self.calls += 1
-        return (torch.from_numpy(x), *[torch.from_numpy(new_k[i]) for i in range(L)],
-                *[torch.from_numpy(new_v[i]) for i in range(L)])
+        logits = torch.from_numpy(outs[self.parts[-1].output_names[0]])
+        if not caches:
+            return (logits,)
+        return (logits, *[torch.from_numpy(new_k[i]) for i in range(L)], *[torch.from_numpy(new_v[i]) for i in range(L)])
 
 
 def _cache_names(ps: _PartSession):
@@ -89,7 +103,9 @@ def _spec(bundle) -> DecoderSpec:
 
 def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
                   variants: list[int] | None = None) -> tuple[dict[int, ChainedForward], DecoderSpec, int]:
-    """({N: Forward}, spec, max_seq_len) for the bundle's graphs at `stage`."""
+    """({N: Forward}, spec, max_seq_len) for the bundle's graphs at `stage`, each taking token ids (the
+    embedder part chained first when the bundle has one). The full-context graph (N = max_seq_len, no
+    caches: a generation loop cannot use it) only when `variants` names it."""
     if stage not in STAGES:
         raise InputError(f"unknown stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
     m = bundle.manifest
@@ -97,34 +113,54 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
         raise InputError(f"{bundle.path} is not an LLM bundle")
     target = target or m.targets[0]
     spec = _spec(bundle)
+    variants = variants or [n for n in m.llm.variants if n != spec.max_seq_len]
     by_n: dict[int, list] = {}
     for g in m.graphs:
         if g.target != target:
             continue
         n = g.n_tokens
-        if variants and n not in variants:
+        if n not in variants:
             continue
         by_n.setdefault(n, []).append(g)
     if not by_n:
         raise InputError(f"{bundle.path} has no graphs for {target}", f"its targets: {', '.join(m.targets)}")
+    mode = get_input_mode(m.llm.inputs)
+    embedders = _embedder_graphs(bundle, mode, target)
     out = {}
     for n, gs in by_n.items():
         parts = []
         for g in sorted(gs, key=lambda g: g.part_index):
-            if stage == "htp-sim":
-                sess = _sim_session(bundle.file(g.host_twin.epcontext_model), target)
-            else:
-                import onnxruntime as ort
-                so = ort.SessionOptions()
-                so.log_severity_level = 3
-                sess = ort.InferenceSession(str(bundle.file(g.quantized_model)), so,
-                                            providers=["CPUExecutionProvider"])
+            sess = _stage_session(bundle, g, stage, target)
             names_in = [i.name for i in sess.get_inputs()]
             names_out = [o.name for o in sess.get_outputs()]
             a, b = g.layers
             parts.append(_PartSession(sess, range(a, b), names_in, names_out))
-        out[n] = ChainedForward(parts, spec.n_layers)
+        embedder = _stage_session(bundle, embedders[n], stage, target) if mode.embedder else None
+        out[n] = ChainedForward(parts, spec.n_layers, mode, embedder, spec.hidden_size)
     return out, spec, spec.max_seq_len
+
+
+def _stage_session(bundle, g, stage: str, target: str):
+    """One graph's session at `stage`: its host twin on the simulator, or its QDQ ONNX on the CPU."""
+    if stage == "htp-sim":
+        return _sim_session(bundle.file(g.host_twin.epcontext_model), target)
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(bundle.file(g.quantized_model)), so, providers=["CPUExecutionProvider"])
+
+
+def _embedder_graphs(bundle, mode: InputMode, target: str) -> dict:
+    """{N: the embedder part's graph for `target`} when the input mode looks text up in one."""
+    if not mode.embedder:
+        return {}
+    part = bundle.manifest.llm.embedder
+    graphs = {g.n_tokens: g for g in (part.graphs if part else []) if g.target == target}
+    if not graphs:
+        raise InputError(f"{bundle.path} takes embeddings (--inputs {mode.name}) but has no embedder part for {target}: "
+                         "text cannot be looked up", "compile the model again with --inputs embeddings (this version "
+                         "adds the embedder part), or with --inputs tokens")
+    return graphs
 
 
 def _sim_session(epcontext: Path, target: str):

@@ -117,7 +117,12 @@ def compile_cmd(
                                          "the precision's pass mark (otherwise a warning)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
-    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32). A full-context `bert` graph (no KV cache) is not built: use a large arN."),
+    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32); `full` (seed 003's `bert`) adds the full-context graph: N = --max-seq-len, no KV cache."),
+    inputs: Optional[str] = typer.Option(None, "--inputs", help="LLMs: the decoder's first input: tokens (default: input_ids), "
+                                         "embeddings (inputs_embeds [1, N, hidden]; the bundle gets an embedder part that looks "
+                                         "text up) or both (ids looked up + inputs_embeds added; an id >= vocab_size looks nothing up)."),
+    embedder_precision: Optional[str] = typer.Option(None, "--embedder-precision", help="LLMs, --inputs embeddings: the "
+                                                     "embedder's table: fp16 (default) or 8bit (one scale per table)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     host_chunk_mb: Optional[float] = typer.Option(None, "--host-chunk-mb", help="LLMs: float32 weights exported and quantized at a time "
@@ -150,7 +155,7 @@ def compile_cmd(
     if dry_run:
         from .llm_plan import print_llm_plan
         print_llm_plan(models, json_out, targets=target, precision=precision, calibration=calibration, block_size=block_size,
-                       overrides=override, jobs=jobs, variants=variants, max_seq_len=max_seq_len,
+                       overrides=override, jobs=jobs, variants=variants, max_seq_len=max_seq_len, inputs=inputs,
                        context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, host_chunk_mb=host_chunk_mb)
         return
     if output is None:
@@ -160,7 +165,7 @@ def compile_cmd(
                       strict, no_cache, jobs, force, json_out, block_size=block_size, overrides=override, rewrites=rewrite,
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples, input_values=input_value, host_chunk_mb=host_chunk_mb,
-                      rounding=rounding, max_ppl_ratio=max_ppl_ratio,
+                      rounding=rounding, max_ppl_ratio=max_ppl_ratio, inputs=inputs, embedder_precision=embedder_precision,
                       strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary

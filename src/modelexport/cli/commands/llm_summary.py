@@ -34,7 +34,15 @@ def llm_summary(bundle, json_out: bool) -> None:
         if llm.split_note:
             console.print(f"[yellow]note[/]: {llm.split_note}")
         for t, g in llm.genie.items():
-            console.print(f"  Genie accepts {g.file} ({t})")
+            console.print(f"  Genie accepts {g.file} ({t})" + (f"; no dialog: {g.dialog_note}" if g.dialog_note else ""))
+        if llm.inputs != "tokens":
+            console.print(f"  inputs: {llm.inputs}" + (f" (no_token_id {llm.no_token_id})" if llm.no_token_id is not None else ""))
+        if llm.embedder is not None:
+            e = llm.embedder
+            for t, n in e.bytes.items():
+                check = e.check.get(t)
+                console.print(f"  embedder part ({e.precision}, {t}): {len({g.n_tokens for g in e.graphs})} graphs, {n:,} B"
+                              + (f"; twin vs float lookup {check.sqnr_db:.1f} dB" if check else ""))
     if llm is not None and llm.weight_rounding is not None:
         r = llm.weight_rounding
         console.print(f"  4-bit weights: --rounding {r.method} ({r.modules} linears"

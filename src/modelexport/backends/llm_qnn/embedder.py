@@ -1,0 +1,100 @@
+"""The embedder part of an embeddings-in LLM bundle (`compile LLM --inputs embeddings`): token ids →
+the embeddings entering layer 0, one graph per variant's N, all in one weight-shared context binary
+(the table stored once), beside the decoder's.
+
+Its precision is a row of EMBEDDER_PRECISIONS. Measured on SmolLM2-135M's table over 4,096 tokens of
+lee_background.cor (docs/llm_export.md, "Decoder inputs"): float16 73.7 dB from float32, an 8-bit
+table with one scale (the lookup the token path's decoder does: ONNX Runtime's QDQ Gather takes one
+scale per table) 28.4 dB; one scale per row would give 39.5 dB but is not what the quantizer writes
+for a Gather. fp16 is the default: the decoder takes float embeddings (its residual stream is fp16 on
+the HTP), so an 8-bit table would be the chain's largest loss; it costs twice the bytes (56.6 MB
+instead of 28.3 MB for SmolLM2, next to a ~135 MB decoder).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...core.errors import InputError
+
+
+@dataclass(frozen=True)
+class EmbedderPrecision:
+    name: str
+    quantized: bool     # an 8-bit QDQ graph (ONNX Runtime's quantizer); else the float graph, fp16 on the HTP
+    what: str
+
+
+EMBEDDER_PRECISIONS = {p.name: p for p in (
+    EmbedderPrecision("fp16", False, "the table in float16 (the float graph; the HTP runs it in fp16)"),
+    EmbedderPrecision("8bit", True, "an 8-bit lookup table (uint8, one scale per table) with 16-bit outputs: "
+                                    "the token path's own lookup"),
+)}
+DEFAULT_EMBEDDER_PRECISION = "fp16"
+CALIBRATION_WINDOWS = 8     # token windows of N the 8-bit table's output range is taken from
+
+
+def get_embedder_precision(name: str | None) -> EmbedderPrecision:
+    p = EMBEDDER_PRECISIONS.get((name or DEFAULT_EMBEDDER_PRECISION).strip().lower())
+    if p is None:
+        raise InputError(f"--embedder-precision {name!r} is not offered",
+                         f"choose one of: {', '.join(EMBEDDER_PRECISIONS)} (default {DEFAULT_EMBEDDER_PRECISION})")
+    return p
+
+
+def build_embedders(model, variants: list[int], max_seq_len: int, token_ids: list[int], precision: str,
+                    dest: Path, work: Path, text_source: str) -> dict:
+    """Export (and for 8 bits quantize) one embedder graph per N into `dest`; → the stage record
+    {"precision", "what", "graphs": [{"name", "n_tokens", "graph"}], "check_ids"}."""
+    import shutil
+
+    import torch
+
+    from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
+    from ...quant.calibration import CalibrationSet
+    from ...quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides, quantize_decoder
+    from .onnx_export import export_embedder
+
+    prec = get_embedder_precision(precision)
+    dest.mkdir(parents=True, exist_ok=True)
+    graphs = []
+    for n in variants:
+        name = f"embed_ar{n}_cl{max_seq_len}"
+        dec = build_static_decoder(model, decoder_config(n, max_seq_len), rms_norm=ONNX_RMS_NORM)
+        fpath = export_embedder(dec, work / f"{name}.onnx")
+        if prec.quantized:
+            samples = [{"input_ids": np.array([w], np.int32)} for w in _windows(token_ids, n, CALIBRATION_WINDOWS)]
+            quantize_decoder(fpath, dest / f"{name}.onnx", "16a8w", parse_overrides(list(DEFAULT_OVERRIDES), "16a8w"),
+                             CalibrationSet(samples, "text", text_source))
+        else:
+            for f in work.glob(f"{name}.onnx*"):
+                shutil.move(str(f), dest / f.name)
+        graphs.append({"name": name, "n_tokens": n, "graph": f"embedder/{name}.onnx"})
+    # real tokens and their float embeddings, for the compiled twin's check (embedder_check)
+    n_check = max(variants)
+    ids = np.array([(_windows(token_ids, n_check, 1) or [token_ids[:n_check]])[0]], np.int32)
+    with torch.inference_mode():
+        ref = dec.lookup(torch.from_numpy(ids)).float().numpy()
+    np.savez(dest / "check.npz", ids=ids, ref=ref)
+    return {"precision": prec.name, "what": prec.what, "graphs": graphs, "check": "embedder/check.npz"}
+
+
+def _windows(ids: list[int], n: int, k: int) -> list[list[int]]:
+    return [ids[i:i + n] for i in range(0, len(ids) - n + 1, n)][:k]
+
+
+def embedder_check(job: dict) -> dict:
+    """Worker (a child: it loads the simulator): the compiled embedder twin vs the float lookup (the
+    float decoder's, saved at export) on real tokens → SQNR (dB), max abs error."""
+    from ...core.numerics import compare
+    from ...toolchain.htp_options import run_provider_options
+    from ...toolchain.ort_qnn import SessionPlan, create_session
+    data = np.load(job["check"])
+    ids, ref = data["ids"], data["ref"]
+    twin = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(job["soc_model"], None)))
+    got = twin.run(None, {"input_ids": ids})[0]
+    c = compare(ref, got)
+    return {"sqnr_db": round(float(c["sqnr_db"]), 2), "max_abs_error": float(np.abs(ref - got).max()),
+            "tokens": int(ids.size)}
