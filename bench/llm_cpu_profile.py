@@ -41,7 +41,7 @@ CATEGORIES = [
                                             r"ggml_compute_forward_(add|mul)\b|ggml_vec_(add|mul)"),
     ("attention", r"attend_|sdpa|ggml_compute_forward_(flash_attn|soft_max)|ggml_vec_dot_f16|ggml_vec_mad"),
     ("rope, KV-cache copies", r"xnn|XNN|Xnnpack|update_cache|rope|ggml_compute_forward_(rope|cpy|set_rows|dup)"),
-    ("thread pool wait and wake", r"thread_main|pthreadpool|ggml_barrier|ggml_graph_compute_thread|"
+    ("thread pool wait and wake", r"thread_main|pthreadpool|libgomp|ggml_barrier|ggml_graph_compute_thread|"
                                   r"futex|finish_task_switch|_raw_spin|schedule|sched_yield|syscall"),
     ("runtime: ExecuTorch / ggml graph", r"libexecutorch|ggml_graph_compute|ggml_backend|llama_|libllama|libggml"),
     ("python, numpy, logits copy", r"libpython|numpy|_multiarray|memmove|memcpy"),
