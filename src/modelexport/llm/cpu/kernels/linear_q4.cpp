@@ -262,7 +262,7 @@ struct PairQ8 {          // 64 bytes: int8 x int8 through maddubs(|w|, sign(a, w
   }
 };
 
-// R rows (1..4) at once, 8 blocks at a time: the 8 weight scales of each row times the 8
+// R rows (1..4) at once (kRowsAtOnce), 8 blocks at a time: the 8 weight scales of each row times the 8
 // activation scales stay in a register (each pair of blocks takes its two by one permute), and
 // the min terms (m x the block's quantized sum) go into the same accumulator 8 blocks at a time.
 // The scales are read beside the weights, not in a pass before them, so their cache misses
@@ -313,12 +313,20 @@ static void rows_avx2_t(const uint8_t* w, const BlockScales& s, int64_t blocks, 
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// Rows one after the other: the weights are then read as one sequential stream. Four rows at once
+// (four streams a row apart) made the same work slower in a decode step, by perf's samples in one
+// process (bench/llm_cpu_profile.py; load-independent, the parts compared with each other): the
+// Q8_0 head's share fell from 0.68x the Q4_1 layers' to 0.35x (llama.cpp's: 0.32x), and the
+// layers' own time by ~14% against attention's.
+constexpr int kRowsAtOnce = 1;
+
 template <class Pair, Layout L>
 static void rows_avx2_layout(const uint8_t* w, const BlockScales& s, int64_t blocks, const QuantRow& a, int64_t rows,
                              float* out) {
   const int64_t stride = blocks / 2 * Pair::kBytes;
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) rows_avx2_t<Pair, 4, L>(w + r * stride, s.rows_from(r, blocks), blocks, a, out + r);
+  for (; r + kRowsAtOnce <= rows; r += kRowsAtOnce)
+    rows_avx2_t<Pair, kRowsAtOnce, L>(w + r * stride, s.rows_from(r, blocks), blocks, a, out + r);
   for (; r < rows; ++r) rows_avx2_t<Pair, 1, L>(w + r * stride, s.rows_from(r, blocks), blocks, a, out + r);
 }
 
