@@ -141,6 +141,69 @@ def test_rope_lookups_split_in_gathers_of_16():
         assert idx.name == "position_ids"
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "imatrix"])
+def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
+    """The .pte path's 4-bit weights are the ONNX path's: the converted graph of a method folds, for
+    every block-quantized linear, exactly the integers and block scales of the rounding the compile
+    computes for the ONNX path (`_round_weights` → `llm_qnn.compile._plan_weights`, the npz its workers
+    write into DequantizeLinear; nearest: `quantize_blocks`, what those workers compute), and the
+    fake-quant logits sit near the float decoder with those very weights substituted."""
+    import numpy as np
+
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.backends.llm_pte.compile import _round_weights
+    from modelexport.backends.llm_qnn.compile import _quality_options
+    from modelexport.backends.spec import LlmCompileOptions
+    from modelexport.core.numerics import compare
+    from modelexport.core.targets import get_target
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.text import read_text
+    from modelexport.quant.block_weights import quantize_blocks
+    from modelexport.quant.llm_pt2e import llm_quant_plan, quantize_methods
+    qnn_ready()
+    model = tiny_llama(n_layers=1)
+    (tmp_path / "calib.txt").write_text(TEXT * 40)       # imatrix's input moments need 512+ tokens
+    tok = tiny_tokenizer()
+    opts = LlmCompileOptions(rounding=rounding)
+    plan = llm_quant_plan("16a4w_block", None, None)
+    quality = _quality_options(opts, "16a4w_block", {})
+    rounded, record, plan = _round_weights(model, tok, read_text(str(tmp_path / "calib.txt")), 16, plan, quality,
+                                           opts, lambda *a: None)
+    assert record["rounding"]["method"] == rounding and len(rounded) == 7        # q/k/v/o, gate/up/down
+    if rounding == "nearest":
+        w = model.model.layers[0].mlp.down_proj.weight.detach().float().numpy().T
+        assert np.array_equal(rounded["model.layers.0.mlp.down_proj"].q, quantize_blocks(w, 32).q)
+    dec = build_static_decoder(model, StaticDecoderConfig(4, 16))
+    ex = dec.example_inputs()
+    ids = torch.tensor([tiny_tokenizer().encode("Markets rose on Tuesday")[:4]], dtype=torch.int32)
+    sample = {n: t.numpy() for n, t in zip(dec.input_names(), (ids, *ex[1:]))}
+    pinned: dict = {}
+    graphs, _, _ = quantize_methods({"prefill_forward": dec}, {"prefill_forward": [sample]}, {}, plan,
+                                    get_target("SM8650"), rounded, pinned)
+    assert pinned["prefill_forward"] == {"pinned": 7, "left_min_max": 0}
+    gm = graphs["prefill_forward"]
+    linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.linear.default]
+    names = ["model.layers.0.self_attn." + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+            ["model.layers.0.mlp." + p for p in ("gate_proj", "up_proj", "down_proj")]
+    for node, name in zip(linears, names):          # the graph's order: the decoder layer's
+        dq = node.args[1]
+        assert "dequantize_affine" in str(dq.target), (name, dq.target)
+        q, scale, zp = (getattr(gm, a.target) for a in (dq.args[0], dq.args[2], dq.args[3]))
+        bw = rounded[name]
+        assert np.array_equal(q.numpy().T, bw.q), name                       # the ONNX path's integers
+        assert np.array_equal(scale.numpy().T, bw.block_scales.astype(np.float32) * bw.channel_scale), name
+        assert not zp.any() and dq.args[5] == -8 and dq.args[6] == 7           # the whole int4 grid, symmetric
+    # the fake-quant graph against float with the same rounded weights (weights alike, activations 16-bit)
+    feed = [torch.from_numpy(sample[n]) for n in dec.input_names()]
+    with torch.no_grad():
+        fq = gm(*feed)[0].float().numpy()
+        for name, bw in rounded.items():
+            mod = dec.get_submodule(name)
+            mod.weight.copy_(torch.from_numpy(bw.dequantized(32).T.copy()))
+        ref = dec(*feed)[0].float().numpy()
+    assert compare(ref, fq)["sqnr_db"] > 30
+
+
 def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
     """The fake-quant stage of a .pte bundle is QnnQuantizer's converted graph saved as a .pt2: read
     back in this process it gives the converted graph's logits exactly, and the stage comparison

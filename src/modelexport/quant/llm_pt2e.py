@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import InputError
+from .block_weights import _QMIN as _INT4_MIN
 from .llm_graphs import DEFAULT_OVERRIDES
 from .precision import get_precision
 from .pt2e_qnn import QuantPlan, parse_overrides
@@ -139,9 +142,11 @@ def check_pte_request(precision: str, variants: list[int], max_seq_len: int, soc
             require_feature(s, p.feature, f"precision {p.name} ({p.description})")
 
 
-def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[float]], plan: QuantPlan, soc):
+def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[float]], plan: QuantPlan, soc,
+                     rounded: dict | None = None, pinned: dict | None = None):
     """{method: static decoder} → ({method: quantized GraphModule}, {method: example inputs},
-    {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder."""
+    {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder;
+    `rounded`: the 4-bit weights every method gets (`pin_rounded_weights`), counts into `pinned`."""
     import torch
 
     from .pt2e_qnn import quantize
@@ -151,11 +156,62 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
         inputs[method] = dec.example_inputs()
         ep = torch.export.export(dec, inputs[method], strict=True)
         calib = [tuple(torch.from_numpy(s[k]) for k in names_in) for s in samples[method]]
-        graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=lambda p, d=dec, i=names_in, o=names_out:
-                                  tie_kv_ranges(p, d.spec.n_layers, kv_ranges, i, o))
+        def before_convert(p, d=dec, i=names_in, o=names_out, m=method):
+            tie_kv_ranges(p, d.spec.n_layers, kv_ranges, i, o)
+            if rounded:
+                counts = pin_rounded_weights(p, rounded, plan.block_size)
+                if pinned is not None:
+                    pinned[m] = counts
+        graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=before_convert)
         encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
                              if k in kv_ranges}
     return graphs, inputs, encodings
+
+
+def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
+    """Give each block-quantized linear/conv weight of a calibrated `prepared` graph the ONNX path's
+    4-bit weight: `rounded` ({HF module name: BlockWeight [K, N]}, llm/weight_quality.py). The float
+    parameter becomes the rounded value (integer x block scale) and its PerBlockParamObserver returns
+    those block scales (ExecuTorch's own SeqMSE pass sets precomputed scales the same way:
+    `calculate_qparams` replaced before convert_pt2e), over the whole int4 grid [-8, 7] as the ONNX
+    path's LPBQ weights use it. Conversion then folds exactly the ONNX path's integers and scales.
+    Returns {"pinned": n, "left_min_max": weights with block observers and no rounded value}."""
+    import types
+
+    import torch
+    from executorch.backends.qualcomm.quantizer.observers.per_block_param_observer import PerBlockParamObserver
+    done = {"pinned": 0, "left_min_max": 0}
+    for node in prepared.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.linear.default,
+                                                              torch.ops.aten.conv2d.default):
+            continue
+        obs_node = node.args[1]
+        obs = getattr(prepared, obs_node.target, None) if obs_node.op == "call_module" else None
+        if not isinstance(obs, PerBlockParamObserver):
+            continue
+        param = obs_node.args[0]
+        name = param.target.removesuffix(".weight") if param.op == "get_attr" else None
+        bw = rounded.get(name)
+        if bw is None:
+            done["left_min_max"] += 1
+            continue
+        try:
+            weight = prepared.get_parameter(param.target)
+        except AttributeError:
+            weight = prepared.get_buffer(param.target)
+        k, n = bw.q.shape
+        if tuple(obs.block_size[:2]) != (1, block) or weight.shape[0] != n or weight[0].numel() != k:
+            raise ValueError(f"{name}: graph weight {tuple(weight.shape)} blocks {tuple(obs.block_size)}, "
+                             f"rounded [{k}, {n}] in blocks of {block}")
+        with torch.no_grad():
+            weight.copy_(torch.from_numpy(bw.dequantized(block).T.copy()).reshape(weight.shape))
+        min_max_scale, min_max_zp = obs.calculate_qparams()         # the shapes and dtypes convert expects
+        scale = torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())   # [N, K/block]
+        obs.pinned_qparams = (scale.to(min_max_scale.dtype).reshape(min_max_scale.shape), torch.zeros_like(min_max_zp))
+        obs.calculate_qparams = types.MethodType(lambda o: o.pinned_qparams, obs)
+        obs.quant_min = int(_INT4_MIN)
+        done["pinned"] += 1
+    return done
 
 
 def save_converted(converted, example_inputs: tuple, path) -> None:
