@@ -177,10 +177,12 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     ex = dec.example_inputs()
     ids = torch.tensor([tiny_tokenizer().encode("Markets rose on Tuesday")[:4]], dtype=torch.int32)
     sample = {n: t.numpy() for n, t in zip(dec.input_names(), (ids, *ex[1:]))}
+    before = {n: dec.get_submodule(n).weight.detach().clone() for n in rounded}
     pinned: dict = {}
     graphs, _, _ = quantize_methods({"prefill_forward": dec}, {"prefill_forward": [sample]}, {}, plan,
                                     get_target("SM8650"), rounded, pinned)
     assert pinned["prefill_forward"] == {"pinned": 7, "left_min_max": 0}
+    assert all(torch.equal(dec.get_submodule(n).weight, w) for n, w in before.items())    # the float model untouched
     gm = graphs["prefill_forward"]
     linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.linear.default]
     names = ["model.layers.0.self_attn." + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + \

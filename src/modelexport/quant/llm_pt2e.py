@@ -4,6 +4,11 @@ The plan is `pt2e_qnn`'s: the default precision and the same module overrides as
 (`llm_graphs.DEFAULT_OVERRIDES`: the embedding table and lm_head at 8-bit weights), expressed as
 the quantizer's per-module configs, matched on the HF module paths the static decoder keeps.
 
+The 4-bit weights are the ONNX path's, not the quantizer's block min-max: the rounding the ONNX
+path computes (llm/weight_quality.py: GPTQ by default, nearest where it falls back) is pinned into
+each block observer before conversion (`pin_rounded_weights`), so both formats' integers and block
+scales are the same (SmolLM2 cut to 2 layers: bench/llm_pte_weights.py, docs/llm_export.md).
+
 KV-cache encodings are tied as the ONNX path ties them (`llm_graphs._tied_tensors`): a layer's
 past-KV input and its new-KV output carry one range, the same in every method, so a runtime may
 copy a method's new KV bytes into the next call's cache of either method as they are. ExecuTorch's
@@ -195,16 +200,17 @@ def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
         if bw is None:
             done["left_min_max"] += 1
             continue
-        try:
-            weight = prepared.get_parameter(param.target)
-        except AttributeError:
-            weight = prepared.get_buffer(param.target)
+        owner_name, _, attr = param.target.rpartition(".")
+        owner = prepared.get_submodule(owner_name) if owner_name else prepared
+        weight = getattr(owner, attr)
         k, n = bw.q.shape
         if tuple(obs.block_size[:2]) != (1, block) or weight.shape[0] != n or weight[0].numel() != k:
             raise ValueError(f"{name}: graph weight {tuple(weight.shape)} blocks {tuple(obs.block_size)}, "
                              f"rounded [{k}, {n}] in blocks of {block}")
-        with torch.no_grad():
-            weight.copy_(torch.from_numpy(bw.dequantized(block).T.copy()).reshape(weight.shape))
+        # a new tensor, not written into the old: an exported module's parameters are the float model's own
+        value = torch.from_numpy(bw.dequantized(block).T.copy()).reshape(weight.shape).to(weight.dtype)
+        setattr(owner, attr, torch.nn.Parameter(value, requires_grad=False) if isinstance(weight, torch.nn.Parameter)
+                else value)
         min_max_scale, min_max_zp = obs.calculate_qparams()         # the shapes and dtypes convert expects
         scale = torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())   # [N, K/block]
         obs.pinned_qparams = (scale.to(min_max_scale.dtype).reshape(min_max_scale.shape), torch.zeros_like(min_max_zp))

@@ -1,6 +1,7 @@
 """`compile LLM --format pte`: one `.pte` per SoC, decode (`kv_forward`, ar1) and prefill (`prefill_forward`,
 arN) methods over one weight-shared QNN context binary, its unshared host twin, the tokenizer. Checks first;
-calibration as the ONNX path's (`llm_qnn.calibration`); quantization `quant.llm_pt2e`. Not cached."""
+calibration as the ONNX path's (`llm_qnn.calibration`); the 4-bit weights the ONNX path's (its rounding,
+`--rounding`, `--max-ppl-ratio`); quantization `quant.llm_pt2e`. Not cached."""
 from __future__ import annotations
 
 import shutil
@@ -147,7 +148,7 @@ def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileO
                    int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say, quality, opts)
     built["timings"]["total_s"] = round(time.perf_counter() - t_start, 3)
     try:
-        return _write_bundle(out, force, facts, socs, variants, max_seq_len, plan, text, built)
+        return _write_bundle(out, force, facts, socs, variants, max_seq_len, built["plan"], text, built)
     finally:    # the tokenizer and fake-quant graphs were staged outside the bundle
         for d in (built["tok_dir"], built["fake_quant_dir"]):
             shutil.rmtree(d, ignore_errors=True)
@@ -224,7 +225,7 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
             "architecture": llm.architecture, "n_params": int(n_params), "quantization": quant_info,
             "rope_theta": float((rope.get("rope_theta") if isinstance(rope, dict) else None)
                                 or getattr(llm.config, "rope_theta", 10000.0)),
-            "weight_rounding": rounding, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
+            "weight_rounding": rounding, "plan": plan, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
                                                                            d.output_names()) for m, (d, _) in decoders.items()},
             "timings": timings}
 
@@ -284,7 +285,8 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
                                description=f"{built['architecture']}, {built['n_params']:,} parameters")
         m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
                      "precision": plan.precision.name, "weight_sharing": True, **plan.key(),
-                     "rope_gather": MAX_ROPE_GATHER}
+                     "rope_gather": MAX_ROPE_GATHER,
+                     "rounding": ((built["weight_rounding"] or {}).get("rounding") or {}).get("method")}
         m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
         for f in sorted(Path(built["tok_dir"]).iterdir()):
             w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
