@@ -159,7 +159,7 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.llm.text import read_text
     from modelexport.quant.block_weights import quantize_blocks
-    from modelexport.quant.llm_pt2e import llm_quant_plan, quantize_methods
+    from modelexport.quant.llm_pt2e import as_lowered, llm_quant_plan, quantize_methods
     qnn_ready()
     model = tiny_llama(n_layers=1)
     (tmp_path / "calib.txt").write_text(TEXT * 40)       # imatrix's input moments need 512+ tokens
@@ -193,7 +193,11 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
         q, scale, zp = (getattr(gm, a.target) for a in (dq.args[0], dq.args[2], dq.args[3]))
         bw = rounded[name]
         assert np.array_equal(q.numpy().T, bw.q), name                       # the ONNX path's integers
-        assert np.array_equal(scale.numpy().T, bw.block_scales.astype(np.float32) * bw.channel_scale), name
+        onnx_scale = torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())
+        assert torch.equal(scale, as_lowered(onnx_scale)), name         # as ExecuTorch's lowering gives them to QNN
+        assert torch.equal(as_lowered(scale), scale), name                # ... which it then keeps as they are
+        half_level = onnx_scale.amax(-1, keepdim=True) / 32
+        assert ((scale - onnx_scale).abs() <= half_level * 1.001).all(), name     # within half a level of the ONNX path's
         assert not zp.any() and dq.args[5] == -8 and dq.args[6] == 7           # the whole int4 grid, symmetric
     # the fake-quant graph against float with the same rounded weights (weights alike, activations 16-bit)
     feed = [torch.from_numpy(sample[n]) for n in dec.input_names()]
@@ -201,7 +205,9 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
         fq = gm(*feed)[0].float().numpy()
         for name, bw in rounded.items():
             mod = dec.get_submodule(name)
-            mod.weight.copy_(torch.from_numpy(bw.dequantized(32).T.copy()))
+            lowered = as_lowered(torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy()))
+            q = torch.from_numpy(bw.q.T.astype(np.float32)).reshape(lowered.shape[0], -1, 32)
+            mod.weight.copy_((q * lowered[:, :, None]).reshape(mod.weight.shape))
         ref = dec(*feed)[0].float().numpy()
     assert compare(ref, fq)["sqnr_db"] > 30
 
@@ -446,6 +452,11 @@ def test_pte_and_onnx_paths_score_alike(bundle, work):
     from modelexport.runtime.evaluate import evaluate
     ctx = modelexport.compile(str(work / "tiny_hf"), output=work / "ctx_bundle", target="SM8650", variants="ar1,ar4",
                               max_seq_len=SEQ, calibration=str(work / "calib.txt"), calibration_samples=4)
+    # the same rounding of the 4-bit weights, every one of them pinned in both methods of the .pte
+    assert bundle.manifest.llm.weight_rounding.method == ctx.manifest.llm.weight_rounding.method
+    n_linears = bundle.manifest.llm.weight_rounding.modules
+    for method in ("kv_forward", "prefill_forward"):
+        assert bundle.manifest.llm.quantization[method]["rounded_weights"] == {"pinned": n_linears, "left_min_max": 0}
     kw = dict(stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=128, sim_window=16, sim_tokens=32)
     res = {name: evaluate(b.path, work / "calib.txt", **kw) for name, b in (("pte", bundle), ("onnx", ctx))}
     print({name: (r["stages"], r["sqnr"]) for name, r in res.items()})

@@ -173,13 +173,26 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
     return graphs, inputs, encodings
 
 
+LPBQ_LEVELS = 16    # ExecuTorch's lowering: block scales as levels 1..16 of the channel's largest / 16
+
+
+def as_lowered(scale):
+    """Block scales [N, K/block] as ExecuTorch's lowering gives them to QNN (`NodeVisitor.
+    make_qnn_per_block_config`: channel scale = the largest block scale / 16, each block round(its scale
+    / that) in 1..16), computed the same way; on scales of this form it changes nothing."""
+    import torch
+    channel = scale.amax(dim=-1) / LPBQ_LEVELS
+    return torch.clamp(torch.round(scale / channel.unsqueeze(-1)), 1, LPBQ_LEVELS) * channel.unsqueeze(-1)
+
+
 def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
     """Give each block-quantized linear/conv weight of a calibrated `prepared` graph the ONNX path's
-    4-bit weight: `rounded` ({HF module name: BlockWeight [K, N]}, llm/weight_quality.py). The float
-    parameter becomes the rounded value (integer x block scale) and its PerBlockParamObserver returns
-    those block scales (ExecuTorch's own SeqMSE pass sets precomputed scales the same way:
-    `calculate_qparams` replaced before convert_pt2e), over the whole int4 grid [-8, 7] as the ONNX
-    path's LPBQ weights use it. Conversion then folds exactly the ONNX path's integers and scales.
+    4-bit weight: `rounded` ({HF module name: BlockWeight [K, N]}, llm/weight_quality.py). Its
+    PerBlockParamObserver returns the block scales the program will hold (ExecuTorch's own SeqMSE pass
+    sets precomputed scales the same way: `calculate_qparams` replaced before convert_pt2e): the ONNX
+    path's (level 1..15 x channel scale) as the lowering re-derives them (`as_lowered`), over the whole
+    int4 grid [-8, 7]; the float parameter becomes integer x that scale. Conversion then folds exactly
+    the ONNX path's integers, and the fake-quant graph computes what the program's weights are.
     Returns {"pinned": n, "left_min_max": weights with block observers and no rounded value}."""
     import types
 
@@ -207,12 +220,13 @@ def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
         if tuple(obs.block_size[:2]) != (1, block) or weight.shape[0] != n or weight[0].numel() != k:
             raise ValueError(f"{name}: graph weight {tuple(weight.shape)} blocks {tuple(obs.block_size)}, "
                              f"rounded [{k}, {n}] in blocks of {block}")
+        min_max_scale, min_max_zp = obs.calculate_qparams()         # the shapes and dtypes convert expects
+        scale = as_lowered(torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy()))
+        q = torch.from_numpy(bw.q.T.astype(np.float32)).reshape(n, k // block, block)
         # a new tensor, not written into the old: an exported module's parameters are the float model's own
-        value = torch.from_numpy(bw.dequantized(block).T.copy()).reshape(weight.shape).to(weight.dtype)
+        value = (q * scale[:, :, None]).reshape(weight.shape).to(weight.dtype)
         setattr(owner, attr, torch.nn.Parameter(value, requires_grad=False) if isinstance(weight, torch.nn.Parameter)
                 else value)
-        min_max_scale, min_max_zp = obs.calculate_qparams()         # the shapes and dtypes convert expects
-        scale = torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())   # [N, K/block]
         obs.pinned_qparams = (scale.to(min_max_scale.dtype).reshape(min_max_scale.shape), torch.zeros_like(min_max_zp))
         obs.calculate_qparams = types.MethodType(lambda o: o.pinned_qparams, obs)
         obs.quant_min = int(_INT4_MIN)
