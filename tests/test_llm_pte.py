@@ -141,6 +141,77 @@ def test_rope_lookups_split_in_gathers_of_16():
         assert idx.name == "position_ids"
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "imatrix"])
+def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
+    """The .pte path's 4-bit weights are the ONNX path's: the converted graph of a method folds, for
+    every block-quantized linear, exactly the integers and block scales of the rounding the compile
+    computes for the ONNX path (`_round_weights` → `llm_qnn.compile._plan_weights`, the npz its workers
+    write into DequantizeLinear; nearest: `quantize_blocks`, what those workers compute), and the
+    fake-quant logits sit near the float decoder with those very weights substituted."""
+    import numpy as np
+
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    from modelexport.backends.llm_pte.compile import _round_weights
+    from modelexport.backends.llm_qnn.compile import _quality_options
+    from modelexport.backends.spec import LlmCompileOptions
+    from modelexport.core.numerics import compare
+    from modelexport.core.targets import get_target
+    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.text import read_text
+    from modelexport.quant.block_weights import quantize_blocks
+    from modelexport.quant.llm_pt2e import as_lowered, llm_quant_plan, quantize_methods
+    qnn_ready()
+    model = tiny_llama(n_layers=1)
+    (tmp_path / "calib.txt").write_text(TEXT * 40)       # imatrix's input moments need 512+ tokens
+    tok = tiny_tokenizer()
+    opts = LlmCompileOptions(rounding=rounding)
+    plan = llm_quant_plan("16a4w_block", None, None)
+    quality = _quality_options(opts, "16a4w_block", {})
+    rounded, record, plan = _round_weights(model, tok, read_text(str(tmp_path / "calib.txt")), 16, plan, quality,
+                                           opts, lambda *a: None)
+    assert record["rounding"]["method"] == rounding and len(rounded) == 7        # q/k/v/o, gate/up/down
+    if rounding == "nearest":
+        w = model.model.layers[0].mlp.down_proj.weight.detach().float().numpy().T
+        assert np.array_equal(rounded["model.layers.0.mlp.down_proj"].q, quantize_blocks(w, 32).q)
+    dec = build_static_decoder(model, StaticDecoderConfig(4, 16))
+    ex = dec.example_inputs()
+    ids = torch.tensor([tiny_tokenizer().encode("Markets rose on Tuesday")[:4]], dtype=torch.int32)
+    sample = {n: t.numpy() for n, t in zip(dec.input_names(), (ids, *ex[1:]))}
+    before = {n: dec.get_submodule(n).weight.detach().clone() for n in rounded}
+    pinned: dict = {}
+    graphs, _, _ = quantize_methods({"prefill_forward": dec}, {"prefill_forward": [sample]}, {}, plan,
+                                    get_target("SM8650"), rounded, pinned)
+    assert pinned["prefill_forward"] == {"pinned": 7, "left_min_max": 0}
+    assert all(torch.equal(dec.get_submodule(n).weight, w) for n, w in before.items())    # the float model untouched
+    gm = graphs["prefill_forward"]
+    linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.linear.default]
+    names = ["model.layers.0.self_attn." + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+            ["model.layers.0.mlp." + p for p in ("gate_proj", "up_proj", "down_proj")]
+    for node, name in zip(linears, names):          # the graph's order: the decoder layer's
+        dq = node.args[1]
+        assert "dequantize_affine" in str(dq.target), (name, dq.target)
+        q, scale, zp = (getattr(gm, a.target) for a in (dq.args[0], dq.args[2], dq.args[3]))
+        bw = rounded[name]
+        assert np.array_equal(q.numpy().T, bw.q), name                       # the ONNX path's integers
+        onnx_scale = torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())
+        assert torch.equal(scale, as_lowered(onnx_scale)), name         # as ExecuTorch's lowering gives them to QNN
+        assert torch.equal(as_lowered(scale), scale), name                # ... which it then keeps as they are
+        half_level = onnx_scale.amax(-1, keepdim=True) / 32
+        assert ((scale - onnx_scale).abs() <= half_level * 1.001).all(), name     # within half a level of the ONNX path's
+        assert not zp.any() and dq.args[5] == -8 and dq.args[6] == 7           # the whole int4 grid, symmetric
+    # the fake-quant graph against float with the same rounded weights (weights alike, activations 16-bit)
+    feed = [torch.from_numpy(sample[n]) for n in dec.input_names()]
+    with torch.no_grad():
+        fq = gm(*feed)[0].float().numpy()
+        for name, bw in rounded.items():
+            mod = dec.get_submodule(name)
+            lowered = as_lowered(torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy()))
+            q = torch.from_numpy(bw.q.T.astype(np.float32)).reshape(lowered.shape[0], -1, 32)
+            mod.weight.copy_((q * lowered[:, :, None]).reshape(mod.weight.shape))
+        ref = dec(*feed)[0].float().numpy()
+    assert compare(ref, fq)["sqnr_db"] > 30
+
+
 def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
     """The fake-quant stage of a .pte bundle is QnnQuantizer's converted graph saved as a .pt2: read
     back in this process it gives the converted graph's logits exactly, and the stage comparison
@@ -381,6 +452,11 @@ def test_pte_and_onnx_paths_score_alike(bundle, work):
     from modelexport.runtime.evaluate import evaluate
     ctx = modelexport.compile(str(work / "tiny_hf"), output=work / "ctx_bundle", target="SM8650", variants="ar1,ar4",
                               max_seq_len=SEQ, calibration=str(work / "calib.txt"), calibration_samples=4)
+    # the same rounding of the 4-bit weights, every one of them pinned in both methods of the .pte
+    assert bundle.manifest.llm.weight_rounding.method == ctx.manifest.llm.weight_rounding.method
+    n_linears = bundle.manifest.llm.weight_rounding.modules
+    for method in ("kv_forward", "prefill_forward"):
+        assert bundle.manifest.llm.quantization[method]["rounded_weights"] == {"pinned": n_linears, "left_min_max": 0}
     kw = dict(stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=128, sim_window=16, sim_tokens=32)
     res = {name: evaluate(b.path, work / "calib.txt", **kw) for name, b in (("pte", bundle), ("onnx", ctx))}
     print({name: (r["stages"], r["sqnr"]) for name, r in res.items()})

@@ -4,6 +4,11 @@ The plan is `pt2e_qnn`'s: the default precision and the same module overrides as
 (`llm_graphs.DEFAULT_OVERRIDES`: the embedding table and lm_head at 8-bit weights), expressed as
 the quantizer's per-module configs, matched on the HF module paths the static decoder keeps.
 
+The 4-bit weights are the ONNX path's, not the quantizer's block min-max: the rounding the ONNX
+path computes (llm/weight_quality.py: GPTQ by default, nearest where it falls back) is pinned into
+each block observer before conversion (`pin_rounded_weights`), so both formats' integers and block
+scales are the same (SmolLM2 cut to 2 layers: bench/llm_pte_weights.py, docs/llm_export.md).
+
 KV-cache encodings are tied as the ONNX path ties them (`llm_graphs._tied_tensors`): a layer's
 past-KV input and its new-KV output carry one range, the same in every method, so a runtime may
 copy a method's new KV bytes into the next call's cache of either method as they are. ExecuTorch's
@@ -15,7 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import InputError
+from .block_weights import _QMIN as _INT4_MIN
 from .llm_graphs import DEFAULT_OVERRIDES
 from .precision import get_precision
 from .pt2e_qnn import QuantPlan, parse_overrides
@@ -139,9 +147,11 @@ def check_pte_request(precision: str, variants: list[int], max_seq_len: int, soc
             require_feature(s, p.feature, f"precision {p.name} ({p.description})")
 
 
-def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[float]], plan: QuantPlan, soc):
+def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[float]], plan: QuantPlan, soc,
+                     rounded: dict | None = None, pinned: dict | None = None):
     """{method: static decoder} → ({method: quantized GraphModule}, {method: example inputs},
-    {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder."""
+    {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder;
+    `rounded`: the 4-bit weights every method gets (`pin_rounded_weights`), counts into `pinned`."""
     import torch
 
     from .pt2e_qnn import quantize
@@ -151,11 +161,77 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
         inputs[method] = dec.example_inputs()
         ep = torch.export.export(dec, inputs[method], strict=True)
         calib = [tuple(torch.from_numpy(s[k]) for k in names_in) for s in samples[method]]
-        graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=lambda p, d=dec, i=names_in, o=names_out:
-                                  tie_kv_ranges(p, d.spec.n_layers, kv_ranges, i, o))
+        def before_convert(p, d=dec, i=names_in, o=names_out, m=method):
+            tie_kv_ranges(p, d.spec.n_layers, kv_ranges, i, o)
+            if rounded:
+                counts = pin_rounded_weights(p, rounded, plan.block_size)
+                if pinned is not None:
+                    pinned[m] = counts
+        graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=before_convert)
         encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
                              if k in kv_ranges}
     return graphs, inputs, encodings
+
+
+LPBQ_LEVELS = 16    # ExecuTorch's lowering: block scales as levels 1..16 of the channel's largest / 16
+
+
+def as_lowered(scale):
+    """Block scales [N, K/block] as ExecuTorch's lowering gives them to QNN (`NodeVisitor.
+    make_qnn_per_block_config`: channel scale = the largest block scale / 16, each block round(its scale
+    / that) in 1..16), computed the same way; on scales of this form it changes nothing."""
+    import torch
+    channel = scale.amax(dim=-1) / LPBQ_LEVELS
+    return torch.clamp(torch.round(scale / channel.unsqueeze(-1)), 1, LPBQ_LEVELS) * channel.unsqueeze(-1)
+
+
+def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
+    """Give each block-quantized linear/conv weight of a calibrated `prepared` graph the ONNX path's
+    4-bit weight: `rounded` ({HF module name: BlockWeight [K, N]}, llm/weight_quality.py). Its
+    PerBlockParamObserver returns the block scales the program will hold (ExecuTorch's own SeqMSE pass
+    sets precomputed scales the same way: `calculate_qparams` replaced before convert_pt2e): the ONNX
+    path's (level 1..15 x channel scale) as the lowering re-derives them (`as_lowered`), over the whole
+    int4 grid [-8, 7]; the float parameter becomes integer x that scale. Conversion then folds exactly
+    the ONNX path's integers, and the fake-quant graph computes what the program's weights are.
+    Returns {"pinned": n, "left_min_max": weights with block observers and no rounded value}."""
+    import types
+
+    import torch
+    from executorch.backends.qualcomm.quantizer.observers.per_block_param_observer import PerBlockParamObserver
+    done = {"pinned": 0, "left_min_max": 0}
+    for node in prepared.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.linear.default,
+                                                              torch.ops.aten.conv2d.default):
+            continue
+        obs_node = node.args[1]
+        obs = getattr(prepared, obs_node.target, None) if obs_node.op == "call_module" else None
+        if not isinstance(obs, PerBlockParamObserver):
+            continue
+        param = obs_node.args[0]
+        name = param.target.removesuffix(".weight") if param.op == "get_attr" else None
+        bw = rounded.get(name)
+        if bw is None:
+            done["left_min_max"] += 1
+            continue
+        owner_name, _, attr = param.target.rpartition(".")
+        owner = prepared.get_submodule(owner_name) if owner_name else prepared
+        weight = getattr(owner, attr)
+        k, n = bw.q.shape
+        if tuple(obs.block_size[:2]) != (1, block) or weight.shape[0] != n or weight[0].numel() != k:
+            raise ValueError(f"{name}: graph weight {tuple(weight.shape)} blocks {tuple(obs.block_size)}, "
+                             f"rounded [{k}, {n}] in blocks of {block}")
+        min_max_scale, min_max_zp = obs.calculate_qparams()         # the shapes and dtypes convert expects
+        scale = as_lowered(torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy()))
+        q = torch.from_numpy(bw.q.T.astype(np.float32)).reshape(n, k // block, block)
+        # a new tensor, not written into the old: an exported module's parameters are the float model's own
+        value = (q * scale[:, :, None]).reshape(weight.shape).to(weight.dtype)
+        setattr(owner, attr, torch.nn.Parameter(value, requires_grad=False) if isinstance(weight, torch.nn.Parameter)
+                else value)
+        obs.pinned_qparams = (scale.to(min_max_scale.dtype).reshape(min_max_scale.shape), torch.zeros_like(min_max_zp))
+        obs.calculate_qparams = types.MethodType(lambda o: o.pinned_qparams, obs)
+        obs.quant_min = int(_INT4_MIN)
+        done["pinned"] += 1
+    return done
 
 
 def save_converted(converted, example_inputs: tuple, path) -> None:

@@ -1,6 +1,7 @@
 """`compile LLM --format pte`: one `.pte` per SoC, decode (`kv_forward`, ar1) and prefill (`prefill_forward`,
 arN) methods over one weight-shared QNN context binary, its unshared host twin, the tokenizer. Checks first;
-calibration as the ONNX path's (`llm_qnn.calibration`); quantization `quant.llm_pt2e`. Not cached."""
+calibration as the ONNX path's (`llm_qnn.calibration`); the 4-bit weights the ONNX path's (its rounding,
+`--rounding`, `--max-ppl-ratio`); quantization `quant.llm_pt2e`. Not cached."""
 from __future__ import annotations
 
 import shutil
@@ -137,6 +138,7 @@ def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, st
 def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None,
                     force: bool = False, progress: Callable[[str, float, float], None] | None = None) -> Any:
     from ...llm.text import read_text
+    from ..llm_qnn.compile import _quality_options
     from ..llm_qnn.source import check_source
     opts = options or LlmCompileOptions()
     say = progress or (lambda msg, done, total: None)
@@ -147,17 +149,19 @@ def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileO
     plan = llm_quant_plan(precision, opts.overrides, opts.block_size)
     facts = check_source(spec.model, max_seq_len)
     text = read_text(spec.calibration)
+    quality = _quality_options(opts, precision, facts.shape or {})
     built = _build(facts.path, plan, variants, max_seq_len, socs, text,
-                   int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say)
+                   int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say, quality, opts)
     built["timings"]["total_s"] = round(time.perf_counter() - t_start, 3)
     try:
-        return _write_bundle(out, force, facts, socs, variants, max_seq_len, plan, text, built)
+        return _write_bundle(out, force, facts, socs, variants, max_seq_len, built["plan"], text, built)
     finally:    # the tokenizer and fake-quant graphs were staged outside the bundle
         for d in (built["tok_dir"], built["fake_quant_dir"]):
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[SoC], text, n_samples: int, say) -> dict:
+def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[SoC], text, n_samples: int, say,
+           quality: dict | None = None, opts: LlmCompileOptions | None = None) -> dict:
     import tempfile
 
     from ...frontends import find_frontend
@@ -187,14 +191,19 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
                                   max_seq_len, n_samples, kv_ranges)
     timings["calibration_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
+    rounded, rounding, plan = _round_weights(llm.model, tok, text, max_seq_len, plan, quality, opts, say)
+    timings["weight_plan_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
     say(f"quantizing {len(variants)} methods ({plan.precision.name})", 2, 5)
     decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, max_seq_len)) for n in variants}
     for d in decs.values():
         split_rope_lookups(d, MAX_ROPE_GATHER)
+    pinned: dict[str, dict] = {}
     graphs, inputs, encodings = quantize_methods(decs, {method_name(n): samples[n] for n in variants}, kv_ranges,
-                                                 plan, socs[0])
+                                                 plan, socs[0], rounded, pinned)
+    del rounded
     decoders = {m: (d, samples[d.cfg.n_tokens][0]) for m, d in decs.items()}
-    quant_info = {m: plan.describe() for m in decs}
+    quant_info = {m: {**plan.describe(), **({"rounded_weights": pinned[m]} if m in pinned else {})} for m in decs}
     timings["quantize_s"] = round(time.perf_counter() - t0, 2)
     kv = check_tied(encodings, next(iter(decoders.values()))[0].spec.n_layers)
     spec = decoders[method_name(1)][0].spec
@@ -222,9 +231,41 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
             "architecture": llm.architecture, "n_params": int(n_params), "quantization": quant_info,
             "rope_theta": float((rope.get("rope_theta") if isinstance(rope, dict) else None)
                                 or getattr(llm.config, "rope_theta", 10000.0)),
-            "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
+            "weight_rounding": rounding, "plan": plan, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids), "io": {m: (d.input_names(), d.example_inputs(),
                                                                            d.output_names()) for m, (d, _) in decoders.items()},
             "timings": timings}
+
+
+def _round_weights(model, tok, text, max_seq_len: int, plan, quality: dict | None, opts, say):
+    """The ONNX path's 4-bit weights (its rounding, chosen as it chooses it: `llm_qnn.compile._plan_weights`)
+    → ({HF module name: BlockWeight}, {"rounding", "recipe"} for the manifest, the plan with any recipe's
+    overrides), or
+    ({}, None, plan) when the precision has no 4-bit weights. Nearest is computed here too (the ONNX
+    path's workers compute it themselves, from the same `quantize_blocks`)."""
+    import tempfile
+
+    from ...llm.weight_quality import four_bit_linears, plan_weights
+    from ...quant.block_weights import load_rounded
+    from ..llm_qnn.compile import _plan_weights
+    if not quality:
+        return {}, None, plan
+    tmp = Path(tempfile.mkdtemp(prefix="llm_pte_rounding_"))
+    try:
+        weights = _plan_weights(model, tok, text, max_seq_len, plan.precision.name, plan.overrides, plan.block_size,
+                                tmp, quality, lambda m: say(m, 2, 5))
+        if weights.plan and weights.plan.extra_overrides:       # --max-ppl-ratio's recipe
+            plan = llm_quant_plan(plan.precision.name, list(weights.plan.extra_overrides) + list(opts.overrides or []),
+                                  plan.block_size)
+        names = four_bit_linears(model, plan.precision.weight_bits, plan.overrides)
+        path = weights.graph_file
+        if path is None:            # nearest: what the ONNX path's workers compute from the float weights
+            path = plan_weights(model, [], min(max_seq_len, 1024), names, "nearest", plan.block_size, tmp / "nearest",
+                                None, lambda m: say(m, 2, 5)).rounded_path
+        record = {"rounding": weights.plan.rounding if weights.plan else None,
+                  "recipe": weights.plan.recipe if weights.plan else None}
+        return load_rounded(path, {n: n for n in names}), record, plan
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _numerics(twin_program, graphs: dict, decoders: dict) -> dict:
@@ -250,7 +291,8 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
                                description=f"{built['architecture']}, {built['n_params']:,} parameters")
         m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
                      "precision": plan.precision.name, "weight_sharing": True, **plan.key(),
-                     "rope_gather": MAX_ROPE_GATHER}
+                     "rope_gather": MAX_ROPE_GATHER,
+                     "rounding": ((built["weight_rounding"] or {}).get("rounding") or {}).get("method")}
         m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
         for f in sorted(Path(built["tok_dir"]).iterdir()):
             w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
@@ -278,7 +320,9 @@ def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list
             weight_bytes_per_token=max(weight_sharing[f"{socs[0].name}/pte"].shared_weights_bytes),
             device_bytes=device, bytes_per_parameter=round(device / built["n_params"], 4), bos_id=built["bos_id"],
             eos_ids=built["eos_ids"], rope_theta=built["rope_theta"], weight_sharing=weight_sharing,
-            quantization=built["quantization"], pte=ptes)
+            quantization=built["quantization"], pte=ptes,
+            weight_rounding=(built["weight_rounding"] or {}).get("rounding"),
+            quality_recipe=(built["weight_rounding"] or {}).get("recipe"))
         m.numerics = manifest_numerics(built["numerics"][socs[0].name], built["threshold_db"], socs[0].name,
                                        "first calibration sample per method")
         m.timings = Timings.model_validate(built["timings"])
