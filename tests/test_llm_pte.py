@@ -127,10 +127,11 @@ def test_rope_lookups_split_in_gathers_of_16():
         whole = dec(*ex)[0]
         assert split_rope_lookups(dec, MAX_ROPE_GATHER) == 1
         assert torch.equal(dec(*ex)[0], whole)
-    q = quantize(torch.export.export(dec, ex, strict=True).module(), llm_quant_plan("16a8w", None, None),
-                 get_target("SM8650"), [ex])
+    ep = torch.export.export(dec, ex, strict=True)
+    ids_name, pos_name = ep.graph_signature.user_inputs[:2]      # the decoder's inputs are positional
+    q = quantize(ep.module(), llm_quant_plan("16a8w", None, None), get_target("SM8650"), [ex])
     emb = [n for n in q.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.embedding.default]
-    rope = [n for n in emb if n.args[1].name != "input_ids"]
+    rope = [n for n in emb if n.args[1].name != ids_name]
     assert sorted(n.args[1].meta["val"].shape[-1] for n in rope) == [4, 4, 16, 16]     # cos, sin: 16 + 4
     assert all("dequantize" in str(n.args[0].target) for n in rope)                   # quantized tables
     for n in rope:       # each chunk of indices comes from position_ids through integer ops only
@@ -138,7 +139,7 @@ def test_rope_lookups_split_in_gathers_of_16():
         while idx.op == "call_function":
             assert "quantize" not in str(idx.target)
             idx = idx.args[0]
-        assert idx.name == "position_ids"
+        assert idx.name == pos_name
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "imatrix"])
