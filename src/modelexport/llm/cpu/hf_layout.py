@@ -65,6 +65,7 @@ ROW_ARGS = {
 # or on the built model (export.py: NoPE layers, RoPE tables from HF; row_patches.py: the rest,
 # sliding windows included: row_patches.scores_plan)
 HANDLED_ELSEWHERE = ("model_type", "label", "gguf_architectures", "gguf_config_keys", "gguf_scaled_rope_slot",
+                     "gguf_hidden_per_head_query_scale_at",
                      "npu", "cpu", "cpu_missing", "qkv_bias",
                      "attention_bias_on_o_proj", "activation_field", "rope_types", "nope_layers_field", "sliding",
                      *FUSED_ROWS, *EXPRESSED_FIELDS)
