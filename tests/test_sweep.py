@@ -1,6 +1,6 @@
 """`modelexport sweep`: a small matrix (two tiny ONNX models, a tiny PyTorch module, and a model
 with a CPU fallback compiled under strict; two targets, two precisions) run locally through the CLI
-and on a Ray instance this file starts, each with its own compile cache, giving the same table; a
+and on a Ray instance this file starts (on the local run's compile cache), giving the same table; a
 re-run that only does the missing cells; bad matrices and an unreachable cluster."""
 from __future__ import annotations
 
@@ -72,12 +72,14 @@ def local(matrix, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def on_ray(matrix, tmp_path_factory) -> dict:
+def on_ray(matrix, local, tmp_path_factory) -> dict:
+    """The same matrix on Ray, on the local run's compile cache (test time: each cell still runs in a
+    Ray task, through the same compile, verify and table; only the QNN stages are cache hits)."""
     ray = pytest.importorskip("ray")
     import modelexport
     out = tmp_path_factory.mktemp("sweep_ray") / "out"
     with pytest.MonkeyPatch.context() as mp:     # Ray's workers inherit this process's environment
-        for k, v in _own_cache(tmp_path_factory, "ray").items():
+        for k, v in _own_cache(tmp_path_factory, "local").items():
             mp.setenv(k, v)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
         try:
