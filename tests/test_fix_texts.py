@@ -209,3 +209,40 @@ def test_compile_warns_when_its_numerics_fail_and_strict_numerics_refuses(tmp_pa
     strict = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "refused"), "--strict-numerics")
     assert_clean_error(strict, "--strict-numerics", "output_0", "fix: fp16 has no calibration")
     assert strict.returncode == 7 and not (tmp_path / "refused").exists()
+
+
+def settings_in_source() -> set[str]:
+    """The options of every `Setting("option", ...)` a raised fix carries (core/errors.py)."""
+    found = set()
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Setting" \
+                    and node.args and isinstance(node.args[0], ast.Constant):
+                found.add(node.args[0].value)
+    return found
+
+
+def test_every_setting_a_fix_gives_is_spelled_as_each_caller_writes_it(cli):
+    """A fix that sets an option reads as the CLI's flag, the Python API's keyword or a sweep
+    matrix's key (core/spellings.py), and each of those exists."""
+    from modelexport.core.errors import InputError, Setting
+    from modelexport.sweeping.matrix import MODEL_KEYS, TOP_KEYS, _known_options
+    options = settings_in_source()
+    assert {"input_shapes", "input_values"} <= options
+    for option in options | {"precision", "strict", "overrides", "calibration"}:
+        value = {"x": ["N", 3]} if option in ("input_shapes", "input_values") else "V"
+        e = InputError("p", "do {setting}", Setting(option, value))
+        cli_text = e.fix
+        assert FLAG.search(cli_text) and not check_names(cli_text, cli), cli_text
+        api_text = e.in_words_of("api").fix.removeprefix("do ")
+        assert api_text.partition("=")[0] in api_keywords(), api_text
+        sweep_text = e.in_words_of("sweep").fix.removeprefix("do ")
+        key, _, rest = sweep_text.partition(": ")
+        assert key in MODEL_KEYS or key in TOP_KEYS, sweep_text
+        if key == "options":
+            assert rest.strip("{}").partition(":")[0] in _known_options(), sweep_text
+    shapes = InputError("p", "give {setting}", Setting("input_shapes", {"x": ["N", 3, 16, 16]}))
+    assert shapes.fix == "give --input-shape x=N,3,16,16"
+    assert shapes.in_words_of("api").fix == 'give input_shapes={"x": [N, 3, 16, 16]}'
+    assert shapes.in_words_of("sweep").fix == "give input_shapes: {x: [N, 3, 16, 16]}"
+    assert shapes.in_words_of("cli").fix == "give --input-shape x=N,3,16,16"

@@ -36,6 +36,20 @@ def test_dynamic_shape_needs_input_shape(tmp_path, cli):
     assert_clean_error(_compile(cli, tmp_path, dyn, "--calibration", "random", "--input-shape", "nope=1,3,16,16"), "nope")
 
 
+def test_a_fix_is_written_in_the_words_of_its_caller(tmp_path):
+    """The same error from the Python API names the keyword, not the CLI flag (the sweep's words:
+    tests/test_sweep.py)."""
+    import modelexport
+    from modelexport.core.errors import InputError
+    dyn = conv_relu(tmp_path / "dyn.onnx", dynamic=True)
+    with pytest.raises(InputError) as e:
+        modelexport.compile(str(dyn), output=tmp_path / "out", calibration="random")
+    assert 'input_shapes={"x": [N, 3, 16, 16]}' in e.value.fix and "--input-shape" not in e.value.fix
+    with pytest.raises(InputError) as e:
+        modelexport.compile(str(dyn), output=tmp_path / "out", calibration="random", input_shapes=["x"])
+    assert "not NAME=DIMS" in e.value.problem and 'input_shapes={"image": [1, 3, 224, 224]}' in e.value.fix
+
+
 @pytest.mark.parametrize("array,needle", [
     (np.ones((1, 3, 8, 8), np.float32), "shape"),
     (np.ones((1, 3, 16, 16), np.float64), "dtype"),

@@ -12,7 +12,7 @@ import inspect as _signature
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core.errors import InputError
+from .core.errors import InputError, ModelExportError
 from .core.registry import Registry
 
 
@@ -27,7 +27,11 @@ def _public(fn):
         except TypeError as e:
             raise InputError(f"modelexport.{fn.__name__}: {e}",
                              f"it takes: {', '.join(n for n in sig.parameters if n not in ('more', 'options'))}") from None
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except ModelExportError as e:      # its fix in the Python API's words (input_shapes={...})
+            e.in_words_of("api")
+            raise
     return checked
 
 # kind → audit function (model, target=, precision=, input_shapes=, calibration=, log_path=)

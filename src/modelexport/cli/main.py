@@ -69,6 +69,7 @@ def _main(argv: list[str] | None) -> int:
         _say_interrupted()
         return e.exit_code
     except ModelExportError as e:
+        e.in_words_of("cli")       # the API it called wrote its fix in Python's words
         err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
         if e.fix:
             err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False, soft_wrap=True)

@@ -10,8 +10,25 @@ Exit codes: 2 a mistake in the input (and the default), 3 `--strict` found a CPU
 mark, 130 interrupted (143 by SIGTERM).
 
 Raised in a worker process, one comes back whole: toolchain/worker_pool.py.
+
+A fix that is "set this option to this value" carries it as a `Setting`, and `fix` holds
+`{setting}` where it goes: each caller has it written in its own words (`in_words_of`, with the
+spellings of core/spellings.py): the CLI's `--input-shape x=1,3,224,224`, the Python API's
+`input_shapes={"x": [1, 3, 224, 224]}`, a sweep matrix's `input_shapes: {x: [1, 3, 224, 224]}`.
+Until a caller asks, it reads as the CLI's.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    """An option and the value a fix gives it: `option` by its Python name (compile's keyword),
+    `value` as the Python API takes it; a str inside it (e.g. "N") stands for a number the user picks."""
+    option: str
+    value: Any
 
 
 class ModelExportError(Exception):
@@ -19,10 +36,25 @@ class ModelExportError(Exception):
 
     exit_code = 2
 
-    def __init__(self, problem: str, fix: str | None = None):
+    def __init__(self, problem: str, fix: str | None = None, setting: Setting | None = None):
         super().__init__(problem)
         self.problem = problem
+        self.setting = setting
+        self._fix_words = fix if setting is not None else None
         self.fix = fix
+        if setting is not None:
+            self.in_words_of("cli")
+
+    def reworded(self, problem: str) -> "ModelExportError":
+        """The same kind of error and fix (its setting too) with another problem text."""
+        return type(self)(problem, self._fix_words if self.setting is not None else self.fix, self.setting)
+
+    def in_words_of(self, caller: str) -> "ModelExportError":
+        """The fix written as `caller` (cli | api | sweep) writes its setting; returns self."""
+        if self.setting is not None and self._fix_words is not None:
+            from .spellings import spell
+            self.fix = self._fix_words.replace("{setting}", spell(caller, self.setting))
+        return self
 
     def __str__(self) -> str:
         return self.problem if not self.fix else f"{self.problem}\n  fix: {self.fix}"

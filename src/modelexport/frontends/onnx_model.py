@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..core.errors import InputError
+from ..core.errors import InputError, Setting
 from . import frontend
 
+_SHAPE_EXAMPLE = Setting("input_shapes", {"image": [1, 3, 224, 224]})
 # ONNX element type → numpy dtype name
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
                9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
@@ -33,9 +34,14 @@ class IOSpec:
     @property
     def static_shape(self) -> tuple[int, ...]:
         if self.dynamic_dims:
-            raise InputError(f"input {self.name!r} has dynamic dimensions {self.shape}",
-                             f"give --input-shape {self.name}=" + ",".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in self.shape))
+            raise InputError(f"input {self.name!r} has dynamic dimensions {self.shape}", "give {setting}",
+                             Setting("input_shapes", {self.name: self.shape_to_fill}))
         return tuple(int(d) for d in self.shape)
+
+    @property
+    def shape_to_fill(self) -> list[int | str]:
+        """The shape with N where the user must give a size."""
+        return [d if isinstance(d, int) and d > 0 else "N" for d in self.shape]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": self.shape, "dtype": self.dtype}
@@ -66,10 +72,9 @@ class LoadedOnnx:
         dyn = self.dynamic_inputs
         if dyn:
             shown = ", ".join(f"{i.name}{i.shape}" for i in dyn)
-            example = " ".join(f"--input-shape {i.name}=" + ",".join(
-                str(d) if isinstance(d, int) and d > 0 else "N" for d in i.shape) for i in dyn)
             raise InputError(f"the model has dynamic input dimensions ({shown}); the HTP runs static graphs only",
-                             f"fix them with {example} (replace N by the size you will run)")
+                             "fix them with {setting} (replace N by the size you will run)",
+                             Setting("input_shapes", {i.name: i.shape_to_fill for i in dyn}))
 
     def to_bytes(self) -> bytes:
         return self.model.SerializeToString()
@@ -86,17 +91,17 @@ def parse_input_shapes(specs: Iterable[str] | Mapping[str, Iterable[int]] | None
         for s in specs:
             name, sep, dims = str(s).partition("=")
             if not sep or not name.strip():
-                raise InputError(f"--input-shape {s!r} is not NAME=DIMS", "write it as --input-shape image=1,3,224,224")
+                raise InputError(f"--input-shape {s!r} is not NAME=DIMS", "write it as {setting}", _SHAPE_EXAMPLE)
             try:
                 items.append((name.strip(), [int(d) for d in re.split(r"[,x\s]+", dims.strip().strip("[]()")) if d]))
             except ValueError:
                 raise InputError(f"--input-shape {s!r}: dimensions must be integers",
-                                 "write it as --input-shape image=1,3,224,224") from None
+                                 "write it as {setting}", _SHAPE_EXAMPLE) from None
     out = {}
     for name, dims in items:
         if not dims or any(d <= 0 for d in dims):
             raise InputError(f"--input-shape for {name!r} must be positive integers, got {dims}",
-                             "write it as --input-shape image=1,3,224,224")
+                             "write it as {setting}", _SHAPE_EXAMPLE)
         out[name] = dims
     return out
 

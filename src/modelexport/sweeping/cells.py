@@ -125,7 +125,7 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
         replace_path(built, final)
         out["status"] = "compiled"
     except ModelExportError as e:
-        out.update(status="failed", reason=clip(e.problem, 400), fix=e.fix, error=type(e).__name__,
+        out.update(status="failed", reason=clip(e.problem, 400), fix=e.in_words_of("sweep").fix, error=type(e).__name__,
                    exit_code=e.exit_code)
     except Exception as e:      # noqa: BLE001 - a bug in one cell must not end the others
         out.update(status="failed", reason=clip(f"internal error: {type(e).__name__}: {e}", 400), error="bug",

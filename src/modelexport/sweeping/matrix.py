@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError, ModelExportError
+from ..core.spellings import MATRIX_ENTRY_OPTIONS
 
 TOP_KEYS = ("models", "targets", "precisions", "options")
-MODEL_KEYS = ("path", "name", "calibration", "overrides", "input_shapes", "input_values", "options")
+MODEL_KEYS = ("path", "name", *MATRIX_ENTRY_OPTIONS, "options")
 PRECISION_KEYS = ("name", "max_ppl_ratio")
 # set by the sweep per cell, never by the matrix
 CELL_OPTIONS = ("targets", "target", "precision", "output", "force", "progress", "calibration", "input_shapes",
@@ -72,7 +73,7 @@ class _Problems:
         self.items.append((problem, fix))
 
     def catch(self, where: str, err: ModelExportError) -> None:
-        self.add(f"{where}: {err.problem}", err.fix or "")
+        self.add(f"{where}: {err.problem}", err.in_words_of("sweep").fix or "")
 
     def raise_if_any(self) -> None:
         if not self.items:

@@ -86,7 +86,7 @@ def run_cells(executor, cells: list[Cell], jobs: dict[str, dict], tally: _Tally)
                 future = executor.submit(jobs[cell.key], cell, attempt)
             except ModelExportError as e:    # e.g. an LLM whose estimate cannot be made: this cell fails, not the sweep
                 future = Future()
-                future.set_result({"cell": cell.key, "status": "failed", "reason": clip(e.problem, 400), "fix": e.fix,
+                future.set_result({"cell": cell.key, "status": "failed", "reason": clip(e.problem, 400), "fix": e.in_words_of("sweep").fix,
                                    "error": type(e).__name__, "exit_code": e.exit_code})
             inflight[future] = (cell, attempt)
             tally.started(cell)

@@ -97,7 +97,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
                         for r in loaded.repairs]
     open_flow = control_flow_fix(loaded.model)
     if open_flow:
-        notes.append(f"{open_flow[0]}. Fix: {open_flow[1]}")
+        notes.append(f"{open_flow.problem}. Fix: {open_flow.fix}")
     work = Path(tempfile.mkdtemp(prefix="modelexport-audit-"))
     try:
         ref = onnx.ModelProto()
@@ -128,7 +128,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
             options["enable_htp_fp16_precision"] = "1"
         placement, log_text, trace = _probe(probe_path, options, work, timeout)
         if placement is None and open_flow:   # the EP's failure comes from the unfolded branches: name the real blocker
-            raise InputError(f"{open_flow[0]} (the QNN EP then fails: {clip(trace['error'], 200)})", open_flow[1])
+            raise open_flow.reworded(f"{open_flow.problem} (the QNN EP then fails: {clip(trace['error'], 200)})")
         if placement is None:
             return _refused_report(loaded, probe_path, options, work, log_text, trace["error"], soc, prec,
                                    qairt.build_id, notes, log_path, timeout)

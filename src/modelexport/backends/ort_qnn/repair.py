@@ -8,22 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.errors import InputError
+from ...core.errors import InputError, Setting
 from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_values
 from ...passes.onnx import RepairContext, apply_repairs
 from ...passes.onnx.control_flow import control_flow_on_inputs
 
 
-def control_flow_fix(model) -> tuple[str, str] | None:
-    """(problem, fix) when control flow still depends on a graph input, else None."""
+def control_flow_fix(model) -> InputError | None:
+    """The error to raise when control flow still depends on a graph input, else None."""
     open_on = control_flow_on_inputs(model)
     if not open_on:
         return None
     names = sorted({i for ins in open_on.values() for i in ins})
     nodes = ", ".join(f"{n} (on {', '.join(ins)})" for n, ins in list(open_on.items())[:4])
-    return (f"control flow depends on the input(s) {', '.join(names)}: {nodes}; the HTP runs static graphs without If/Loop",
-            "fix the value you will run with, and the branch is folded at compile time: "
-            + " ".join(f"--input-value {n}=VALUE" for n in names) + " (Python: input_values={...})")
+    return InputError(f"control flow depends on the input(s) {', '.join(names)}: {nodes}; the HTP runs static graphs "
+                      "without If/Loop", "fix the value you will run with, and the branch is folded at compile time: "
+                      "{setting}", Setting("input_values", {n: "VALUE" for n in names}))
 
 
 def _merge(records: list[dict]) -> list[dict]:
@@ -57,7 +57,7 @@ def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = Non
     loaded.path, loaded.sha256 = first.path, first.sha256
     loaded.repairs, loaded.detached_metadata = _merge(done + again), ctx.detached_metadata
     if not allow_control_flow and (cf := control_flow_fix(loaded.model)):
-        raise InputError(*cf)
+        raise cf
     if not allow_dynamic:
         loaded.require_static()
     return loaded
