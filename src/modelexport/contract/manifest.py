@@ -385,7 +385,7 @@ class CacheInfo(_Recorded):
     bundle_memo: bool | None = None      # the whole bundle was copied from the memo
     hits: int | None = None              # ONNX / PyTorch bundles: stage entries reused
     misses: int | None = None
-    quantize_hit: bool | None = None     # LLM bundles
+    quantize_hit: bool | None = None     # LLM and PyTorch bundles: the quantized graph(s) came from the cache
     compile_hits: int | None = None
     compile_jobs: int | None = None
     resumed_graphs: list[str] | None = None   # LLM bundles: QDQ graphs an interrupted compile had finished

@@ -69,6 +69,14 @@ class QuantPlan:
         return {"precision": self.precision.name, "overrides": [(o.pattern, o.precision.name) for o in self.overrides],
                 "block_size": self.block_size if self.uses_block else None}
 
+    def learnt(self) -> dict:
+        """What annotating the graph filled in (stored with a cached quantized program)."""
+        return {"matched": dict(self.matched), "block_quantized_nodes": self.block_quantized_nodes}
+
+    def restore_learnt(self, learnt: dict) -> None:
+        self.matched = dict(learnt.get("matched", {}))
+        self.block_quantized_nodes = int(learnt.get("block_quantized_nodes", 0))
+
     def describe(self) -> dict:
         d: dict[str, Any] = {"precision": self.precision.name}
         if self.overrides:
@@ -167,6 +175,23 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
             return lambda node: o.matches(*fx_module_paths(node))
         quantizer.set_submodule_qconfig_list([(predicate_for(o), _module_qconfig(o.precision)) for o in plan.overrides])
     return quantizer
+
+
+def soc_scope(soc: SoC) -> str | None:
+    """What of the SoC a quantized program depends on (part of its cache key). QnnQuantizer reads
+    the SoC in `validate` only (the LPBQ / 16a16w HTP-arch floors, the backend's per-op constraints),
+    and only for the ops the QNN SDK's op-info table lists. Without that table (this wheel:
+    ExecuTorch falls back to its no-op op info) nothing: the program is the same for every target
+    (None). With it, the SoC's name: a constraint could refuse a node on one SoC only, so the
+    program is not shared across SoCs."""
+    from executorch.backends.qualcomm.quantizer.backend_opinfo_adapter import get_backend_opinfo
+    from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
+
+    from ..toolchain.executorch_env.chipset import chipset
+    from ..toolchain.library_notes import quiet_python_notes
+    with quiet_python_notes():
+        ops = get_backend_opinfo(str(QnnExecuTorchBackendType.kHtpBackend), chipset(soc)).get_all_supported_ops()
+    return soc.name if ops else None
 
 
 def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple], before_convert=None) -> Any:

@@ -66,15 +66,35 @@ def _name_base(spec: PartSpec, loaded) -> str:
     return type(loaded.module).__name__.lower()
 
 
+def quantized_key(prep, fingerprint: str, state) -> str | None:
+    """The cache key of a part's quantized program: what determines it, without the target
+    (pt2e_qnn.soc_scope: the quantizer reads nothing of the SoC here). None for fp16."""
+    if not prep.precision.quantized:
+        return None
+    import executorch
+    import torch
+    import torchao
+
+    from ...quant.pt2e_qnn import RECIPE, soc_scope
+    from .pipeline import QUANTIZED_NAMESPACE
+    return cache_key(QUANTIZED_NAMESPACE, fingerprint, prep.plan.key(), RECIPE, prep.rewrites,
+                     [i.to_dict() for i in prep.inputs], prep.mutable_buffers, prep.calibration.digest(),
+                     soc_scope(prep.soc), getattr(executorch, "__version__", "?"), torch.__version__,
+                     torchao.__version__, state.qairt_build)
+
+
 def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, key: str,
-                 report: Callable[[str], None]) -> tuple[Path, dict, bool]:
-    """The cache entry holding model.pte and meta.json (placement, timings) for one target."""
+                 report: Callable[[str], None], quant_key: str | None = None) -> tuple[Path, dict, bool]:
+    """The cache entry holding model.pte and meta.json (placement, timings) for one target. The
+    quantized program it lowers is an entry of its own (`quant_key`), shared by every target."""
     from .lower import delegation_summary, lower, lowering_error, placement, to_pte
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
         report(f"quantizing ({prep.precision.name})" if prep.precision.quantized else "preparing (fp16)")
-        graph = prep.lowerable()
+        graph = prep.lowerable(cache if cache.enabled else None, quant_key)
+        if prep.quantize_hit:
+            report("the quantized program came from the cache")
         t_quant = time.perf_counter() - t0
         report(f"lowering to QNN for {soc.name}" + (" + XNNPACK" if fallback == "xnnpack" else ""))
         t1 = time.perf_counter()
@@ -213,6 +233,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
     try:
         for spec, prep, name in preps:
             fingerprint = graph_fingerprint(prep.exported)
+            quant_key = quantized_key(prep, fingerprint, state)
             for soc in socs:
                 key = cache_key("pte", fingerprint, prep.plan.key(), RECIPE, prep.rewrites, repr(opts.dynamic_shapes),
                                 prep.verify_inputs.digest(), [i.to_dict() for i in prep.inputs], prep.mutable_buffers,
@@ -221,7 +242,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
 
                 def report(msg: str, _soc=soc, _name=name) -> None:
                     say(f"{_name}@{_soc.name}: {msg}", done, steps)
-                entry, meta, hit = _lower_entry(prep, soc, fallback, SEGMENT_ALIGNMENT, cache, key, report)
+                entry, meta, hit = _lower_entry(prep, soc, fallback, SEGMENT_ALIGNMENT, cache, key, report, quant_key)
                 if not cache.enabled:
                     temp_entries.append(entry)
                 built[(name, soc.name)] = (entry, meta, hit)
@@ -346,7 +367,9 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
         m.numerics = numerics or {}
         timings["total_s"] = round(time.perf_counter() - t_start, 3)
         m.timings = Timings.model_validate(timings)
+        quantized = [p.quantize_hit for _, p, _ in preps if p.quantize_hit is not None]
         m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
-                            hits=sum(1 for v in built.values() if v[2]), misses=sum(1 for v in built.values() if not v[2]))
+                            hits=sum(1 for v in built.values() if v[2]), misses=sum(1 for v in built.values() if not v[2]),
+                            quantize_hit=all(quantized) if quantized else None)
         m.qairt = QairtInfo(source=state.qairt_source, build=state.qairt_build, pairing=state.pairing)
     return open_bundle(out)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ...core.cache import Cache
 from ...core.errors import CalibrationError, InputError, UnsupportedError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
 from ...frontends.torch_module import LoadedModule, flatten_loaded
@@ -19,6 +20,10 @@ from ...core.targets import SoC, get_target
 from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, parse_overrides, quantize
 
 RANDOM_SAMPLES = 8
+# The quantized program (QnnQuantizer's convert_pt2e output) as a cache entry: keyed without the
+# target, since the quantizer's annotation reads nothing of the SoC (quantized_key says when it does).
+QUANTIZED_NAMESPACE = "pt2e-quantized"
+QUANTIZED_FILE = "quantized.pt2"
 
 
 @dataclass
@@ -34,29 +39,54 @@ class Prepared:
     rewrites: list[dict] = field(default_factory=list)
     dynamic_shapes: Any = None
     timings: dict[str, float] = field(default_factory=dict)
+    quantize_hit: bool | None = None   # the quantized program came from the cache (None: not quantized here)
 
     @property
     def precision(self) -> Precision:
         return self.plan.precision
 
-    def lowerable(self):
-        """The graph to lower: quantized (prepare_pt2e → calibration → convert_pt2e) once, or float."""
+    def lowerable(self, cache: Cache | None = None, key: str | None = None):
+        """The graph to lower: quantized (prepare_pt2e → calibration → convert_pt2e) once, or float.
+        With a cache and the quantization's key (`quantized_key`), the quantized program is a cache
+        entry every target of this model and precision shares, in this process or another."""
         if self.graph is None:
             import time
-
-            import torch
-            gm = self.reference()
-            if self.precision.quantized:
-                t0 = time.perf_counter()
-                samples = [as_args(s, self.inputs) for s in self.calibration.samples]
-                with torch.no_grad():
-                    gm = quantize(gm, self.plan, self.soc, samples)
-                    self._reset_mutable_buffers(gm)
-                self.timings["quantize_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
+            if self.precision.quantized and cache is not None and key is not None:
+                self.graph, self.quantize_hit = self._cached_quantized(cache, key)
+            elif self.precision.quantized:
+                self.graph, self.quantize_hit = self._quantized(), False
             else:
+                gm = self.reference()
                 fold_batch_norms(gm)
-            self.graph = gm
+                self.graph = gm
+            if self.precision.quantized:
+                self.timings["quantize_s"] = round(time.perf_counter() - t0, 3)
         return self.graph
+
+    def _quantized(self):
+        import torch
+        gm = self.reference()
+        samples = [as_args(s, self.inputs) for s in self.calibration.samples]
+        with torch.no_grad():
+            gm = quantize(gm, self.plan, self.soc, samples)
+            self._reset_mutable_buffers(gm)
+        return gm
+
+    def _cached_quantized(self, cache: Cache, key: str):
+        """The quantized program as a cache entry (a .pt2 and what the plan learnt while annotating).
+        A miss lowers the program it just stored, as a hit does: the graph lowered is the same either way."""
+        import torch
+
+        def build(tmp):
+            gm = self._quantized()
+            ep = torch.export.export(gm, tuple(self.example_inputs()), strict=False)
+            torch.export.save(ep, str(tmp / QUANTIZED_FILE))
+            return {"plan": self.plan.learnt(), "calibration": self.calibration.digest()}
+
+        entry, hit = cache.get_or_create(QUANTIZED_NAMESPACE, key, build)
+        self.plan.restore_learnt(Cache.meta(entry)["plan"])
+        return torch.export.load(str(entry / QUANTIZED_FILE)).module(), hit
 
     @property
     def mutable_buffers(self) -> list[str]:
