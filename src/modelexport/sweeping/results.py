@@ -29,16 +29,34 @@ CSV_COLUMNS = ("target", "model", "precision", "status", "ship", "reused", "htp_
                "decode_ceiling_tok_s", "compile_s", "cell_s", "reason", "bundle")
 
 
+def _elements(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _graph_parameters(graph) -> int:
+    """Initializers and the tensors of Constant nodes (paddle2onnx writes every weight as one:
+    RapidOCR's models have no initializer at all), with those of If / Loop bodies."""
+    from onnx import AttributeProto
+    total = sum(_elements(t.dims) for t in graph.initializer)
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == AttributeProto.TENSOR and node.op_type == "Constant":
+                total += _elements(a.t.dims)
+            elif a.type in (AttributeProto.FLOATS, AttributeProto.INTS) and node.op_type == "Constant":
+                total += len(a.floats) + len(a.ints)
+            elif a.type == AttributeProto.GRAPH:
+                total += _graph_parameters(a.g)
+            elif a.type == AttributeProto.GRAPHS:
+                total += sum(_graph_parameters(g) for g in a.graphs)
+    return total
+
+
 def _onnx_parameters(path: Path) -> int:
     import onnx
-    model = onnx.load(str(path), load_external_data=False)
-    total = 0
-    for t in model.graph.initializer:
-        n = 1
-        for d in t.dims:
-            n *= int(d)
-        total += n
-    return total
+    return _graph_parameters(onnx.load(str(path), load_external_data=False).graph)
 
 
 def _pt2_parameters(path: Path) -> int:
