@@ -117,6 +117,11 @@ def test_every_cell_is_compiled_or_failed_with_its_reason(local):
     assert cells[("conv8", "SM8650", "fp16")]["parameters"] == 8 * 3 * 3 * 3 + 8
     assert cells[("mlp", "SM8650", "fp16")]["parameters"] == 64 * 128 + 128 + 128 * 32 + 32
     assert not list(out.glob("*/*/.*partial*")), "a temporary cell folder was left behind"
+    # one quantization feeds every target: of the PyTorch model's 8a8w cells (each its own process),
+    # one quantized it and the other lowered the cached program (the manifests say which)
+    quantized = {t: json.loads((out / "mlp" / t / "8a8w" / "manifest.json").read_text())["cache"] for t in TARGETS}
+    assert sorted(c["quantize_hit"] for c in quantized.values()) == [False, True], quantized
+    assert json.loads((out / "mlp" / "SM8650" / "fp16" / "manifest.json").read_text())["cache"]["quantize_hit"] is None
     assert "Traceback" not in local["log"] and "cells done" in local["log"] and "failed" in local["log"]
 
 
@@ -198,15 +203,21 @@ def test_a_cell_that_kills_its_worker_runs_again_alone_then_is_reported(matrix, 
     assert not list((tmp_path / "out").glob("*/*/.*partial*"))
 
 
-def test_an_llm_cell_declares_its_up_front_estimate_to_ray(tmp_path):
-    """The CPUs and memory a Ray task of an LLM cell asks for are compile --dry-run's, per precision."""
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory) -> Path:
+    """A folder with tiny_hf (a 1-layer tiny Llama with its tokenizer) and calib.txt."""
     from llm_tiny import write_tiny_llm_folder
+    return write_tiny_llm_folder(tmp_path_factory.mktemp("sweep_llm"), n_layers=1)
 
+
+def test_an_llm_cell_declares_its_up_front_estimate_to_ray(tiny_llm, tmp_path):
+    """The CPUs and memory a Ray task of an LLM cell asks for are compile --dry-run's, per precision."""
     from modelexport.backends.llm_qnn.compile import plan_llm
     from modelexport.sweeping.cells import plan_cells
     from modelexport.sweeping.matrix import load_matrix
     from modelexport.sweeping.resources import cell_resources
-    write_tiny_llm_folder(tmp_path)
+    for name in ("tiny_hf", "calib.txt"):
+        (tmp_path / name).symlink_to(tiny_llm / name)
     (tmp_path / "m.yaml").write_text("models: [{path: tiny_hf, calibration: calib.txt, options: {max_seq_len: 64}}]\n"
                                      "targets: [SM8650]\nprecisions: [16a4w_block, 16a8w]\n")
     cells = plan_cells(load_matrix(tmp_path / "m.yaml"))
@@ -216,6 +227,90 @@ def test_an_llm_cell_declares_its_up_front_estimate_to_ray(tmp_path):
         plan = plan_llm(tmp_path / "tiny_hf", cell.precision.name, max_seq_len=64)
         assert (need.num_cpus, need.memory_bytes) == (plan["jobs"], plan["estimate"]["peak_bytes"])
         assert "job_estimate" in need.source
+
+
+def test_an_llm_cell_compiles_through_the_sweep_with_its_quality_and_decode_ceiling(tiny_llm, tmp_path):
+    """One LLM cell (a 1-layer tiny Llama, one ar1 graph, 16a4w with a perplexity budget) on one
+    target: its row reads what the LLM manifest records."""
+    import modelexport
+
+    from modelexport.core.targets import get_target
+    for name in ("tiny_hf", "calib.txt"):
+        (tmp_path / name).symlink_to(tiny_llm / name)
+    (tmp_path / "m.yaml").write_text(
+        "models: [{path: tiny_hf, calibration: calib.txt,\n"
+        "          options: {variants: ar1, max_seq_len: 64, calibration_samples: 2, rounding: nearest}}]\n"
+        "targets: [SM8650]\nprecisions: [{name: 16a4w, max_ppl_ratio: 1.5}]\n")
+    res = modelexport.sweep(tmp_path / "m.yaml", tmp_path / "out", workers=1)
+    (r,) = res["cells"]
+    assert r["status"] == "compiled" and r["kind"] == "llm", r
+    m = json.loads((tmp_path / "out" / r["bundle"] / "manifest.json").read_text())
+    assert m["llm"]["variants"] == [1] and m["llm"]["max_seq_len"] == 64 and m["precision"] == "16a4w"
+    assert r["htp_share"] == 1.0 and r["cpu_fallbacks"] == 0 and r["runtime"]
+    assert r["parameters"] == m["parameters"] > 0 and r["bytes"] > 0
+    assert r["bytes_per_param"] == round(r["bytes"] / r["parameters"], 4)
+    recipe = m["llm"]["quality_recipe"]          # the budget's perplexities on held-out text
+    assert r["ppl_ratio"] == round(recipe["ratio"], 4) and recipe["max_ppl_ratio"] == 1.5
+    assert r["numerics"] == ("passed" if recipe["ratio"] <= 1.5 else "below pass mark")
+    ceiling = get_target("SM8650").dram_gbps * 1e9 / m["llm"]["weight_bytes_per_token"]
+    assert r["decode_ceiling_tok_s"] == round(ceiling, 1) > 0
+    assert r["sqnr_db"] is None             # an LLM bundle's numerics are its perplexity, not an output SQNR
+
+
+def test_a_failed_cells_fix_is_written_as_the_matrix_writes_it(tmp_path):
+    """A model with a dynamic input and no input_shapes: the fix names the matrix key, not the CLI flag."""
+    import modelexport
+    conv_relu(tmp_path / "dyn.onnx", dynamic=True)
+    (tmp_path / "m.yaml").write_text("models: [{path: dyn.onnx, calibration: random}]\ntargets: [SM8650]\nprecisions: [8a8w]\n")
+    (r,) = modelexport.sweep(tmp_path / "m.yaml", tmp_path / "out", workers=1)["cells"]
+    assert r["status"] == "failed" and r["error"] == "InputError" and "dynamic" in r["reason"]
+    assert "input_shapes: {x: [N, 3, 16, 16]}" in r["fix"] and "--input-shape" not in r["fix"], r["fix"]
+
+
+def test_parameters_are_counted_in_constant_nodes_and_subgraphs(tmp_path):
+    """bytes/param needs the parameter count: paddle2onnx models (RapidOCR's) hold every weight in a
+    Constant node and have no initializer; control-flow models keep some in If / Loop bodies."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelexport.sweeping.results import _onnx_parameters
+    w = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
+    branch = lambda v: helper.make_graph(   # noqa: E731
+        [helper.make_node("Constant", [], [f"k{v}"], value=numpy_helper.from_array(np.full(4, v, np.float32)))],
+        f"b{v}", [], [helper.make_tensor_value_info(f"k{v}", TensorProto.FLOAT, [4])])
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["w"], value=w),
+         helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("If", ["c"], ["k"], then_branch=branch(1), else_branch=branch(2))],
+        "paddle_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
+                        helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8]),
+         helper.make_tensor_value_info("k", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.zeros(8, np.float32), "b")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    assert _onnx_parameters(tmp_path / "m.onnx") == 8 * 3 * 3 * 3 + 8 + 4 + 4
+
+
+def test_onnx_and_pytorch_cells_declare_memory_from_the_measured_rule(matrix):
+    """The memory a Ray task of an ONNX / PyTorch cell reserves follows the rule fitted on measured
+    cells, and that rule lies above every measured point (bench/sweep_cell_memory.py)."""
+    from modelexport.sweeping.cells import plan_cells
+    from modelexport.sweeping.matrix import load_matrix
+    from modelexport.sweeping.resources import MB, MEMORY_RULES, TORCH_FACTORY_MB, cell_resources
+    need = {(c.model.name, c.precision.name): cell_resources(c) for c in plan_cells(load_matrix(matrix))}
+    size = (matrix.parent / "conv8.onnx").stat().st_size
+    for precision, quantized in (("fp16", False), ("8a8w", True)):
+        conv, mlp = need[("conv8", precision)], need[("mlp", precision)]
+        assert conv.num_cpus == 1 and "measured on" in conv.source
+        assert conv.memory_bytes == MEMORY_RULES[("onnx", quantized)].bytes_for(size)
+        assert mlp.memory_bytes == MEMORY_RULES[("torch", quantized)].bytes_for(TORCH_FACTORY_MB * MB) and "assumed" in mlp.source
+    measured = json.loads((Path(__file__).parents[1] / "bench" / "results" / "sweep_cell_memory.json").read_text())
+    points = [p for p in measured["points"] if p["status"] == "compiled"]
+    assert {(p["kind"], p["precision"]) for p in points} == {(k, p) for k in ("onnx", "torch") for p in ("fp16", "8a8w")}
+    for p in points:
+        rule = MEMORY_RULES[(p["kind"], p["precision"] != "fp16")]
+        assert rule.bytes_for(int(p["model_mb"] * MB)) >= p["peak_mb"] * MB, p
 
 
 def test_a_bad_matrix_lists_every_problem_at_once_before_any_work(matrix, tmp_path):
