@@ -121,7 +121,7 @@ def test_every_cell_is_compiled_or_failed_with_its_reason(local):
     # one quantized it and the other lowered the cached program (the manifests say which)
     quantized = {t: json.loads((out / "mlp" / t / "8a8w" / "manifest.json").read_text())["cache"] for t in TARGETS}
     assert sorted(c["quantize_hit"] for c in quantized.values()) == [False, True], quantized
-    assert json.loads((out / "mlp" / "SM8650" / "fp16" / "manifest.json").read_text())["cache"]["quantize_hit"] is None
+    assert json.loads((out / "mlp" / "SM8650" / "fp16" / "manifest.json").read_text())["cache"].get("quantize_hit") is None
     assert "Traceback" not in local["log"] and "cells done" in local["log"] and "failed" in local["log"]
 
 

@@ -370,6 +370,6 @@ def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptio
         quantized = [p.quantize_hit for _, p, _ in preps if p.quantize_hit is not None]
         m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
                             hits=sum(1 for v in built.values() if v[2]), misses=sum(1 for v in built.values() if not v[2]),
-                            quantize_hit=all(quantized) if quantized else None)
+                            **({"quantize_hit": all(quantized)} if quantized else {}))
         m.qairt = QairtInfo(source=state.qairt_source, build=state.qairt_build, pairing=state.pairing)
     return open_bundle(out)
