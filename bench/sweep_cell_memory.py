@@ -149,8 +149,8 @@ def fit(points: list[dict]) -> dict:
             "points": len(done), "max_model_mb": float(xs.max()), "sets_the_base": f"{worst['model']} {worst['precision']}"}
 
 
-# One rule per kind and precision class: quantizing calibrates, and ONNX Runtime's calibrator keeps
-# every intermediate tensor of every sample, which file size does not see.
+# One rule per kind and precision class: quantizing calibrates on the model's activations, which
+# file size does not see.
 def rules_of(rows: list[dict]) -> dict:
     return {f"{kind}/{cls}": fit([r for r in rows if r["kind"] == kind and (r["precision"] == "fp16") == (cls == "float")])
             for kind in ("onnx", "torch") for cls in ("float", "quantized")}

@@ -4,7 +4,7 @@ run locally or on a Ray cluster, with a results table sorted by what to ship per
 
     matrix.py     the matrix file, checked whole before any work
     cells.py      a cell and how one runs (the same compile as the CLI's, then a rename)
-    resources.py  what a cell asks of the machine (LLMs: the up-front estimate)
+    resources.py  what a cell asks of the machine (LLMs: the up-front estimate; ONNX / PyTorch: a measured rule)
     executors.py  local processes or Ray tasks: the one thing that differs between them
     results.py    a cell's row from its manifest; the sort; results.json / .csv
     page.py       OUT/report.html

@@ -4,8 +4,7 @@ LLMs have an up-front estimate (`compile --dry-run`: llm/job_estimate.py through
 from the config alone. ONNX and PyTorch cells take one CPU (a cell compiles one target; the QNN EP
 prepares one graph at a time) and memory from a rule measured on real models: the peak RSS of a
 cell's whole process tree (compile + verify, cold cache) against the model's bytes, fitted per
-kind and precision class (quantizing calibrates: ONNX Runtime's calibrator keeps every intermediate
-tensor of every sample) as base + k × model bytes, the base raised until the line lies above every
+kind and precision class (quantizing calibrates on the model's activations) as base + k × model bytes, the base raised until the line lies above every
 measured point (bench/sweep_cell_memory.py → bench/results/sweep_cell_memory.json holds the points
 and the fit). Activations are not in the rule: an activation-heavy model sets the base. Model bytes: an ONNX file with
 its external data; a `.pt2`'s file; a `model.py:FACTORY` is not built before its cell runs (its
