@@ -1,7 +1,9 @@
 """`modelexport sweep`: a small matrix (two tiny ONNX models, a tiny PyTorch module, and a model
 with a CPU fallback compiled under strict; two targets, two precisions) run locally through the CLI
 and on a Ray instance this file starts (on the local run's compile cache), giving the same table; a
-re-run that only does the missing cells; bad matrices and an unreachable cluster."""
+re-run that only does the missing cells; bad matrices and an unreachable cluster. Also: one LLM cell
+(perplexity ratio, decode ceiling), one quantization shared by both targets of the PyTorch model, a
+failed cell's fix in the matrix's words, and the measured memory rule Ray declares."""
 from __future__ import annotations
 
 import json
