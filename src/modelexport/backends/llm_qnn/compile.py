@@ -800,10 +800,10 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     return open_bundle(out)
 
 
-GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog feeds one "
-                   "of them (input_ids for a token model, inputs_embeds when the graph has it), never both, so no "
-                   "dialog was created; generate / eval run the bundle with --backend htp-sim, and "
-                   "--inputs embeddings makes a bundle Genie runs")
+GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog writes one "
+                   "input layer (inputs_embeds when the graph has it, else input_ids), never both: input_ids would "
+                   "hold whatever its buffer holds, so no dialog was created; generate / eval run the bundle with "
+                   "--backend htp-sim, and --inputs embeddings makes a bundle Genie runs")
 
 
 def _input_facts(qmeta: dict, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:

@@ -1,4 +1,5 @@
-"""Genie's own dialog on this host: `GenieDialog_create` and `GenieDialog_tokenQuery` of the
+"""Genie's own dialog on this host: `GenieDialog_create` and `GenieDialog_tokenQuery` (a decoder
+taking embeddings: `GenieDialog_embeddingTokenQuery`) of the
 `libGenie.so` in the onnxruntime-qnn wheel, run against a bundle's host twins on the x86 HTP
 simulator.
 
