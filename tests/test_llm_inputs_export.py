@@ -2,8 +2,9 @@
 (issue 23, item 1): every part on the HTP (decoder graphs and the embedder part), the manifest says
 what each part takes, the chained embedder → decoder on the simulator gives the float token path's
 logits within the quantization's tolerance, the full-context graph gives the arN path's logits,
-generate / eval answer a text prompt; bad inputs. The `both` compile, `eval` and the Genie check on a
-bundle with the full graph are heavy (`make test-heavy`): together ~90 s more."""
+generate / eval answer a text prompt; Genie runs the embeddings bundle (its table, its embedding
+query) and gives our loop's tokens; bad inputs. The `both` compile, `eval`, the 8-bit embedder under
+Genie and the Genie check on a bundle with the full graph are heavy (`make test-heavy`): together ~160 s more."""
 from __future__ import annotations
 
 import json
@@ -102,6 +103,24 @@ def test_genie_runs_the_embeddings_bundle(embeddings_bundle, work):
         assert theirs.token_ids == mine.token_ids, prompt
         answers.append(theirs.token_ids)
     assert answers[0] != answers[1]
+
+
+@pytest.mark.heavy
+def test_genie_runs_an_8bit_embedder_bundle(work):
+    """`--embedder-precision 8bit`: Genie's table is the 8-bit QDQ graph's outputs (on the CPU) row for
+    row, and Genie's greedy tokens are our loop's (the 8-bit embedder twin on the simulator)."""
+    import onnxruntime as ort
+
+    import modelexport.llm as llm
+    b = _compile(work, "emb8", variants="ar1,ar4", inputs="embeddings", embedder_precision="8bit")
+    m = b.manifest
+    assert m.llm.embedder.precision == "8bit" and m.llm.genie["SM8650"].dialog_created
+    lut = np.fromfile(b.file(m.llm.embedder.genie_lut), np.float32).reshape(-1, m.llm.spec.hidden_size)
+    ids = np.array([[3, 77, 200, lut.shape[0] - 1]], np.int32)
+    qdq = ort.InferenceSession(str(b.file("embedder/embed_ar4_cl32.onnx")), providers=["CPUExecutionProvider"])
+    assert np.array_equal(lut[ids[0]], qdq.run(None, {"input_ids": ids})[0][0])
+    ours = llm.load(b.path, backend="htp-sim").generate("on Tuesday as", max_new_tokens=4, temperature=0.0)
+    assert llm.load(b.path, backend="genie").generate("on Tuesday as", max_new_tokens=4).token_ids == ours.token_ids
 
 
 def test_each_device_file_under_the_runtime_that_loads_it(embeddings_bundle):
