@@ -22,14 +22,14 @@ class Runtime:
     needs_genie_config: bool = False # listed only for targets with a Genie config
     only_alone: bool = False         # listed only when no other runtime loads these files (no LLM, no EPContext)
     decode_graphs_only: bool = False # of an LLM's binaries, only the arN decoder's (Genie's config names those:
-                                     # not the embedder part's, not the full-context graph's)
+                                     # not the embedder part's, not the full-context graph's; Genie has its table)
 
 
 # The HTP libraries a context binary needs on the phone (QAIRT's lib/aarch64-android + lib/hexagon-v<arch>).
 _HTP_LIBS = "libQnnHtp.so, libQnnHtpV{arch}Stub.so, libQnnHtpV{arch}Skel.so, libQnnSystem.so of QAIRT {qairt} or newer"
 
 RUNTIMES: tuple[Runtime, ...] = (
-    Runtime("Genie", frozenset({Role.CONTEXT_BINARY}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER, Role.GENIE_LUT}),
+    Runtime("Genie", frozenset({Role.CONTEXT_BINARY, Role.GENIE_LUT}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER}),
             "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS, needs_genie_config=True,
             decode_graphs_only=True),
     Runtime("ONNX Runtime (QNN EP)", frozenset({Role.EPCONTEXT_MODEL, Role.CONTEXT_BINARY}),
@@ -129,8 +129,9 @@ def deployment(m: Manifest) -> Deployment:
                 continue
             if rt.only_alone and loaded_elsewhere:
                 continue   # the binaries are already listed under the runtimes that load them
-            model = [f for f in m.files if f.role in rt.model_roles and owner.get(str(f.path)) == target
-                     and (not rt.decode_graphs_only or str(f.path) in decode_files)]
+            # a model file outside every target's folder (Genie's embedding table) serves each target
+            model = [f for f in m.files if f.role in rt.model_roles and owner.get(str(f.path), target) == target
+                     and (not rt.decode_graphs_only or f.role != Role.CONTEXT_BINARY or str(f.path) in decode_files)]
             if not model:
                 continue
             extra = [f for f in m.files if f.role in rt.extra_roles and owner.get(str(f.path), target) == target]
