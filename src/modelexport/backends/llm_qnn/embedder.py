@@ -12,9 +12,9 @@ instead of 28.3 MB for SmolLM2, next to a ~135 MB decoder).
 
 Genie does not run the embedder part: its dialog looks tokens up in a table file of its own (the
 config's `embedding` block, type "lut"), so the bundle also carries `genie_lut.bin`, the embedder's
-own outputs for every id as float32 rows (Genie quantizes them into the decoder's `inputs_embeds`
-encoding itself). It is what the embedder part computes, row for row: the fp16 table's values, or
-the 8-bit graph's outputs; Genie and our loop feed the decoder the same numbers.
+own outputs for every id as float32 rows (the decoder's `inputs_embeds` is a float input, and
+Genie's tables have no float16). It is what the embedder part computes, row for row: the fp16
+table's values, or the 8-bit graph's outputs; Genie and our loop feed the decoder the same numbers.
 """
 from __future__ import annotations
 

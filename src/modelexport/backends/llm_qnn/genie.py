@@ -47,6 +47,6 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
 def lut_embedding(lut: str, hidden_size: int) -> dict[str, Any]:
     """The dialog's `embedding` block for a table of float32 rows (`lut`, relative to the bundle
     folder): a text query is tokenized and looked up there, and so is each generated token;
-    `GenieDialog_embeddingQuery` takes float32 embeddings of `hidden_size` per position. Genie
-    quantizes them into the decoder's `inputs_embeds` encoding."""
+    `GenieDialog_embeddingQuery` takes float32 embeddings of `hidden_size` per position, which Genie
+    converts to the graph input's type (a float input: the residual stream stays float)."""
     return {"version": 1, "type": "lut", "lut-path": lut, "size": int(hidden_size), "datatype": "float32"}
