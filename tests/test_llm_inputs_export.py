@@ -210,6 +210,13 @@ def test_both_inputs_on_the_htp(work):
     extra[0, 1] = emb[ids[0, 1]]
     mixed = part.session.run(["logits"], {**feed, "input_ids": mixed_ids, "inputs_embeds": extra})[0]
     assert compare(text, mixed)["sqnr_db"] > 30
+    # Genie writes one input layer, never both: no dialog, and --backend genie says so with the way out
+    import modelexport.llm as llm_api
+    from modelexport.core.errors import UnsupportedError
+    assert not llm.genie["SM8650"].dialog_created and "never both" in llm.genie["SM8650"].dialog_note
+    with pytest.raises(UnsupportedError) as e:
+        llm_api.load(b.path, backend="genie")
+    assert "Genie cannot run" in e.value.problem and "--inputs embeddings" in e.value.fix
 
 
 def test_dry_run_estimate_counts_the_embedder_part(work, monkeypatch):
