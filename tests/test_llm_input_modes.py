@@ -150,3 +150,18 @@ def _no_grad(graph):
         with torch.no_grad():
             return graph(*x)
     return run
+
+
+def test_no_token_id_holds_only_for_one_vocabulary():
+    """`both`'s no_token_id is the table's row count: refused when lm_head's rows differ (an id past the
+    table would be one the logits can name, or the reverse) or the tokenizer writes ids from there on."""
+    from modelexport.llm.input_modes import no_token_id
+    both = get_input_mode("both")
+    assert no_token_id(both, 256, 256, 250) == 256
+    assert no_token_id(get_input_mode("embeddings"), 256, 300, 400) is None   # only `both` has one
+    with pytest.raises(InputError) as e:
+        no_token_id(both, 256, 300, 250)
+    assert "256 rows and lm_head 300" in e.value.problem and "--inputs embeddings" in e.value.fix
+    with pytest.raises(InputError) as e:
+        no_token_id(both, 256, 256, 260)
+    assert "tokenizer has 260 ids" in e.value.problem and "--inputs embeddings" in e.value.fix

@@ -2,8 +2,9 @@
 (issue 23, item 1): every part on the HTP (decoder graphs and the embedder part), the manifest says
 what each part takes, the chained embedder → decoder on the simulator gives the float token path's
 logits within the quantization's tolerance, the full-context graph gives the arN path's logits,
-generate / eval answer a text prompt; bad inputs. The `both` compile, `eval` and the Genie check on a
-bundle with the full graph are heavy (`make test-heavy`): together ~90 s more."""
+generate / eval answer a text prompt; Genie runs the embeddings bundle (its table, its embedding
+query) and gives our loop's tokens; bad inputs. The `both` compile, `eval`, the 8-bit embedder under
+Genie and the Genie check on a bundle with the full graph are heavy (`make test-heavy`): together ~160 s more."""
 from __future__ import annotations
 
 import json
@@ -75,7 +76,69 @@ def test_every_part_on_the_htp_and_in_the_manifest(embeddings_bundle):
     assert e.check["SM8650"].sqnr_db > 60          # fp16 table vs the float lookup, on the simulator
     assert set(m.placement) >= {g.name for g in e.graphs}
     _htp_only(embeddings_bundle)
-    assert not llm.genie["SM8650"].dialog_created and "embeddingQuery" in llm.genie["SM8650"].dialog_note
+    assert llm.genie["SM8650"].dialog_created     # Genie's GenieDialog_create on the host twins, with its table
+
+
+def test_genie_runs_the_embeddings_bundle(embeddings_bundle, work):
+    """Genie's dialog takes the decoder's inputs_embeds: its config's embedding block names the bundle's
+    table (float32 rows: the fp16 embedder's values for every id), the prompt goes in through
+    GenieDialog_embeddingTokenQuery and every generated token is looked up by Genie in that table;
+    greedy, Genie's tokens are our loop's (the embedder part's twin, then the decoder) token for token."""
+    import modelexport.llm as llm
+    m = embeddings_bundle.manifest
+    cfg = json.loads(embeddings_bundle.file("genie_config.json").read_text())
+    emb = cfg["dialog"]["embedding"]
+    assert emb == {"version": 1, "type": "lut", "lut-path": "embedder/genie_lut.bin", "size": m.llm.spec.hidden_size,
+                   "datatype": "float32"}
+    lut = np.fromfile(embeddings_bundle.file(emb["lut-path"]), np.float32).reshape(-1, m.llm.spec.hidden_size)
+    from transformers import AutoModelForCausalLM
+    table = AutoModelForCausalLM.from_pretrained(work / "tiny_hf").get_input_embeddings().weight.detach()
+    assert np.array_equal(lut, table.to(torch.float16).float().numpy())
+    ours, genie = llm.load(embeddings_bundle.path, backend="htp-sim"), llm.load(embeddings_bundle.path, backend="genie")
+    answers = []
+    for prompt in ("Markets rose", "on Tuesday as"):    # two prompts the tiny model answers differently
+        mine = ours.generate(prompt, max_new_tokens=4, temperature=0.0)
+        theirs = genie.generate(prompt, max_new_tokens=4)
+        assert theirs.stats.backend == "genie" and len(theirs.token_ids) == 4
+        assert theirs.token_ids == mine.token_ids, prompt
+        answers.append(theirs.token_ids)
+    assert answers[0] != answers[1]
+
+
+@pytest.mark.heavy
+def test_genie_runs_an_8bit_embedder_bundle(work):
+    """`--embedder-precision 8bit`: Genie's table is the 8-bit QDQ graph's outputs (on the CPU) row for
+    row, and Genie's greedy tokens are our loop's (the 8-bit embedder twin on the simulator)."""
+    import onnxruntime as ort
+
+    import modelexport.llm as llm
+    b = _compile(work, "emb8", variants="ar1,ar4", inputs="embeddings", embedder_precision="8bit")
+    m = b.manifest
+    assert m.llm.embedder.precision == "8bit" and m.llm.genie["SM8650"].dialog_created
+    lut = np.fromfile(b.file(m.llm.embedder.genie_lut), np.float32).reshape(-1, m.llm.spec.hidden_size)
+    ids = np.array([[3, 77, 200, lut.shape[0] - 1]], np.int32)
+    qdq = ort.InferenceSession(str(b.file("embedder/embed_ar4_cl32.onnx")), providers=["CPUExecutionProvider"])
+    assert np.array_equal(lut[ids[0]], qdq.run(None, {"input_ids": ids})[0][0])
+    ours = llm.load(b.path, backend="htp-sim").generate("on Tuesday as", max_new_tokens=4, temperature=0.0)
+    assert llm.load(b.path, backend="genie").generate("on Tuesday as", max_new_tokens=4).token_ids == ours.token_ids
+
+
+def test_each_device_file_under_the_runtime_that_loads_it(embeddings_bundle):
+    """Genie loads the arN decoder binary, its config, the tokenizer and its table, not the embedder
+    part's binary nor the full-context one; ONNX Runtime loads all of them through the EPContext models."""
+    from modelexport.contract.deployment import deployment
+    m = embeddings_bundle.manifest
+    rows = {r.runtime: r for r in deployment(m).runtimes}
+    embedder_bin = m.llm.embedder.graphs[0].file
+    full_bin = m.llm.weight_sharing["SM8650/1/full"].file
+    decode_bin = m.llm.weight_sharing["SM8650/1"].file
+    genie = rows["Genie"]
+    assert decode_bin in genie.files and "embedder/genie_lut.bin" in genie.files and "genie_config.json" in genie.files
+    assert embedder_bin not in genie.files and full_bin not in genie.files
+    size = lambda f: embeddings_bundle.file(f).stat().st_size
+    assert genie.model_bytes == size(decode_bin) + size("embedder/genie_lut.bin")   # the table is model data on the phone
+    ort = rows["ONNX Runtime (QNN EP)"]
+    assert {embedder_bin, full_bin, decode_bin} <= set(ort.files) and "embedder/genie_lut.bin" not in ort.files
 
 
 def test_embedder_then_decoder_gives_the_token_path_logits(embeddings_bundle, work):
@@ -147,6 +210,31 @@ def test_both_inputs_on_the_htp(work):
     extra[0, 1] = emb[ids[0, 1]]
     mixed = part.session.run(["logits"], {**feed, "input_ids": mixed_ids, "inputs_embeds": extra})[0]
     assert compare(text, mixed)["sqnr_db"] > 30
+    # Genie writes one input layer, never both: no dialog, and --backend genie says so with the way out
+    import modelexport.llm as llm_api
+    from modelexport.core.errors import UnsupportedError
+    assert not llm.genie["SM8650"].dialog_created and "never both" in llm.genie["SM8650"].dialog_note
+    with pytest.raises(UnsupportedError) as e:
+        llm_api.load(b.path, backend="genie")
+    assert "Genie cannot run" in e.value.problem and "--inputs embeddings" in e.value.fix
+
+
+def test_dry_run_estimate_counts_the_embedder_part(work, monkeypatch):
+    """`compile --dry-run --inputs embeddings` prices the embedder's export (the table in float32 beside
+    the held model, more for the 8-bit quantization) and its files on disk; token bundles have no such phase."""
+    from modelexport.backends.llm_qnn.compile import plan_llm
+    from modelexport.llm.job_estimate import EXPORT_FACTOR, PARENT_BASE
+    monkeypatch.setenv("MODELEXPORT_MEMORY_AVAILABLE_MB", "64000")
+    plan = lambda **kw: plan_llm(work / "tiny_hf", precision="16a8w", variants="ar1,ar4", max_seq_len=SEQ, **kw)["estimate"]
+    tokens, fp16, q8 = plan(), plan(inputs="embeddings"), plan(inputs="embeddings", embedder_precision="8bit")
+    assert "embedder" not in tokens["phases"]
+    from transformers import AutoConfig
+    cfg = AutoConfig.from_pretrained(work / "tiny_hf")
+    table = cfg.vocab_size * cfg.hidden_size * 4
+    held = fp16["phases"]["load"] - PARENT_BASE - 2 * fp16["n_params"]
+    assert abs(fp16["phases"]["embedder"] - (PARENT_BASE + held + EXPORT_FACTOR * table)) <= 2
+    assert q8["phases"]["embedder"] > fp16["phases"]["embedder"]
+    assert fp16["disk_bytes"] > tokens["disk_bytes"] + 2 * table    # the graphs' tables, Genie's table, the binaries
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,14 +21,17 @@ class Runtime:
     needs: str                       # filled from the bundle: {qairt}, {arch}, and tool versions
     needs_genie_config: bool = False # listed only for targets with a Genie config
     only_alone: bool = False         # listed only when no other runtime loads these files (no LLM, no EPContext)
+    decode_graphs_only: bool = False # of an LLM's binaries, only the arN decoder's (Genie's config names those:
+                                     # not the embedder part's, not the full-context graph's; Genie has its table)
 
 
 # The HTP libraries a context binary needs on the phone (QAIRT's lib/aarch64-android + lib/hexagon-v<arch>).
 _HTP_LIBS = "libQnnHtp.so, libQnnHtpV{arch}Stub.so, libQnnHtpV{arch}Skel.so, libQnnSystem.so of QAIRT {qairt} or newer"
 
 RUNTIMES: tuple[Runtime, ...] = (
-    Runtime("Genie", frozenset({Role.CONTEXT_BINARY}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER}),
-            "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS, needs_genie_config=True),
+    Runtime("Genie", frozenset({Role.CONTEXT_BINARY, Role.GENIE_LUT}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER}),
+            "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS, needs_genie_config=True,
+            decode_graphs_only=True),
     Runtime("ONNX Runtime (QNN EP)", frozenset({Role.EPCONTEXT_MODEL, Role.CONTEXT_BINARY}),
             frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG}),
             "onnxruntime {onnxruntime} or newer with the QNN EP (onnxruntime-qnn {onnxruntime-qnn}), and " + _HTP_LIBS),
@@ -119,13 +122,16 @@ def deployment(m: Manifest) -> Deployment:
     out = Deployment()
     genie_configs = {t: str(g.file) for t, g in (m.llm.genie.items() if m.llm else [])}
     loaded_elsewhere = m.llm is not None or any(f.role == Role.EPCONTEXT_MODEL for f in m.files)
+    decode_files = {str(g.file) for g in m.graphs if m.llm and g.n_tokens != m.llm.max_seq_len}
     for target in m.targets:
         for rt in RUNTIMES:
             if rt.needs_genie_config and target not in genie_configs:
                 continue
             if rt.only_alone and loaded_elsewhere:
                 continue   # the binaries are already listed under the runtimes that load them
-            model = [f for f in m.files if f.role in rt.model_roles and owner.get(str(f.path)) == target]
+            # a model file outside every target's folder (Genie's embedding table) serves each target
+            model = [f for f in m.files if f.role in rt.model_roles and owner.get(str(f.path), target) == target
+                     and (not rt.decode_graphs_only or f.role != Role.CONTEXT_BINARY or str(f.path) in decode_files)]
             if not model:
                 continue
             extra = [f for f in m.files if f.role in rt.extra_roles and owner.get(str(f.path), target) == target]

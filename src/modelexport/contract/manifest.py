@@ -327,6 +327,7 @@ class EmbedderPart(_Recorded):
     quantized_models: dict[str, BundlePath] = Field(default_factory=dict)   # graph → the ONNX it was compiled from
     bytes: dict[str, int] = Field(default_factory=dict)     # target → the device binary's size
     check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → host twin vs float lookup
+    genie_lut: BundlePath | None = None  # the same lookup as float32 rows, for Genie's dialog (embedder.GENIE_LUT_FILE)
 
 
 class LlmSection(_Recorded):

@@ -44,6 +44,7 @@ class Role(StrEnum):
     CONTEXT_BINARY = "context-binary"              # a QNN context binary for a target
     EPCONTEXT_MODEL = "epcontext-model"            # the EPContext .onnx referencing a context binary
     GENIE_CONFIG = "genie-config"                  # Genie's dialog config (checked by libGenie)
+    GENIE_LUT = "genie-lut"                        # LLMs taking embeddings: Genie's token → embedding table
     DLC = "dlc"                                    # a QNN IR container
     REPORT = "report"                              # report.html
     ARTIFACT = "artifact"                          # anything else

@@ -71,3 +71,21 @@ def text_inputs(mode: InputMode, ids, lookup, hidden_size: int) -> dict:
     elif mode.text_embeds == "zeros":
         out[INPUTS_EMBEDS] = np.zeros((*np.shape(ids), hidden_size), np.float32)
     return out
+
+
+def no_token_id(mode: InputMode, table_rows: int, head_rows: int, tokenizer_size: int) -> int | None:
+    """`both`: the id that looks nothing up (the manifest's `no_token_id`), None for the other modes.
+    It is the table's row count, and stands for "no token" only when that is also lm_head's row
+    count (the vocabulary the logits index) and above every id the tokenizer makes: else an id the
+    model can emit or the tokenizer writes would be taken for an image position, or the reverse."""
+    if mode.name != "both":
+        return None
+    if table_rows != head_rows:
+        raise InputError(f"--inputs both needs one vocabulary: the embedding table has {table_rows} rows and lm_head "
+                         f"{head_rows}, so no id is both past the table and outside the logits (no_token_id)",
+                         "compile with --inputs embeddings (the embedder part looks text up) or --inputs tokens")
+    if tokenizer_size > table_rows:
+        raise InputError(f"--inputs both: the tokenizer has {tokenizer_size} ids and the embedding table {table_rows} "
+                         f"rows, so the tokenizer's ids from {table_rows} on would be taken for no_token_id",
+                         "compile with --inputs embeddings or --inputs tokens")
+    return int(table_rows)

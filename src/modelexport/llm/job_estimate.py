@@ -12,6 +12,11 @@ the phases of a compile follow one another, so the peak is the largest of
 - quantize:  the parent holding the model and exporting one (variant, part) graph while workers
              quantize the graphs exported before it, or the parent idle while `jobs` workers quantize;
 - compile:   `jobs` QNN EP compiles, each of one part's quantized graph.
+- embedder:  `--inputs embeddings` only: after the decoder's graphs, the parent exports the embedder
+             part (one graph per variant, each writing the table in float32) while holding the
+             model, quantizes it for `--embedder-precision 8bit` (ONNX Runtime's quantizer in the
+             parent) and writes Genie's float32 table; priced like a graph's export (EXPORT_FACTOR on
+             the float32 table, + QUANTIZE_FACTOR for 8 bits), not measured apart.
 The factors are measured (bench/llm_sizes.py, the tree's RSS per progress stage): SmolLM2-135M
 from its GGUF (1 part, ar32 + ar1, 2 jobs: load 1.3, calibrate 3.2, export 3.2 in the parent,
 quantize 1.6 per worker, compile 1.25 per worker; peak 4.8 GB), and a Llama-3.2-1B-shaped bf16
@@ -47,8 +52,9 @@ QUANTIZE_FACTOR = 1.4
 COMPILE_FACTOR = 9.0      # the QNN EP preparing one part's quantized graph (SmolLM2: 1.25 GB per worker)
 DEVICE_BYTES_PER_PARAM = 0.66   # measured on Llama-3.2-1B-shaped, 16a4w_block (issue 17)
 # phases that hold the whole model, whatever the parts and workers
-WHOLE_MODEL_PHASES = ("load", "calibrate", "round")
-_DOING = {"load": "loading", "calibrate": "calibrating", "round": "rounding the 4-bit weights of"}
+WHOLE_MODEL_PHASES = ("load", "calibrate", "round", "embedder")
+_DOING = {"load": "loading", "calibrate": "calibrating", "round": "rounding the 4-bit weights of",
+          "embedder": "exporting the embedder part of"}
 # what overrides the machine's own figures (tests; a container whose /proc lies)
 MEMORY_ENV = "MODELEXPORT_MEMORY_AVAILABLE_MB"
 DISK_ENV = "MODELEXPORT_DISK_AVAILABLE_MB"
@@ -93,10 +99,11 @@ def n_params_of(cfg) -> int:
 
 def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
                  targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None,
-                 rounding_bytes: int = 0) -> JobEstimate:
+                 rounding_bytes: int = 0, embedder: str | None = None) -> JobEstimate:
     """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts.
     `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
-    `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`)."""
+    `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`).
+    `embedder`: the embedder part's precision when the bundle has one (fp16 | 8bit), else None."""
     from .parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
@@ -105,6 +112,9 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     chunk_float = max(host_part_bytes(cfg, c) for c in chunks)
     held = n * (2 if bf16_source else 4)
     tasks = len(chunks) * max(1, len(variants))         # one (variant, chunk) graph each
+    table = cfg.vocab_size * cfg.hidden_size * 4        # the embedding table in float32
+    # the embedder's binary is one of the compile jobs (its table in fp16 or 8 bits)
+    embedder_bin = (table / 2 if embedder == "fp16" else table / 4) if embedder else 0
     quantizing = lambda k: min(max(1, jobs), k) * (WORKER_BASE + QUANTIZE_FACTOR * chunk_float)
     phases = {
         # the model, + the checkpoint's pages mapped while it is read
@@ -115,14 +125,21 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
         # the last graph's export overlaps the quantization of those exported before it
         "quantize": int(max(PARENT_BASE + held + EXPORT_FACTOR * chunk_float + quantizing(tasks - 1),
                             PARENT_BASE + held + quantizing(tasks))),
-        "compile": int(PARENT_BASE + max(1, jobs) * (WORKER_BASE + COMPILE_FACTOR * part_q)),
+        "compile": int(PARENT_BASE + max(1, jobs) * (WORKER_BASE + COMPILE_FACTOR * max(part_q, embedder_bin))),
     }
+    if embedder:
+        phases["embedder"] = int(PARENT_BASE + held + EXPORT_FACTOR * table
+                                 + (QUANTIZE_FACTOR * table if embedder == "8bit" else 0))
     if quantized:
         phases = {"compile": phases["compile"]}
     qdq = len(variants) * (n / 4 * (weight_bits / 8 + 0.05) * 4)   # each variant's QDQ graph holds its weights
     binaries = targets * DEVICE_BYTES_PER_PARAM * n * (1 + len(variants))   # shared binary + a twin per variant
-    # cache (part entries, QDQ stage, binaries) + the bundle's copies + float parts being quantized
-    disk = int(2 * (qdq + binaries) + (max(1, jobs) + 1) * chunk_float)
+    # the embedder part: its graphs (a table each, float32 or 8 bits), Genie's float32 table, and per
+    # target its binary (fp16 or 8 bits) with a twin per variant
+    graph_bytes = table if embedder == "fp16" else table / 4
+    embedder_disk = (len(variants) * graph_bytes + table + targets * (1 + len(variants)) * embedder_bin) if embedder else 0
+    # cache (part entries, QDQ stage, binaries, embedder) + the bundle's copies + float parts being quantized
+    disk = int(2 * (qdq + binaries + embedder_disk) + (max(1, jobs) + 1) * chunk_float)
     return JobEstimate(n_params=n, n_parts=len(parts), parts=[[p.first_layer, p.end_layer] for p in parts],
                        largest_part_float_bytes=int(part_float), phases=phases, peak_bytes=max(phases.values()),
                        disk_bytes=disk)

@@ -1,6 +1,6 @@
 """Qualcomm's Genie runtime (`libGenie.so` inside the onnxruntime-qnn wheel) called from a child
 process: its config parser (`GenieDialogConfig_createFromJson`) and its dialog
-(`GenieDialog_create`, `GenieDialog_tokenQuery`).
+(`GenieDialog_create`, `GenieDialog_tokenQuery`, `GenieDialog_embeddingTokenQuery`).
 
 libGenie needs the wheel's libc++ on LD_LIBRARY_PATH when the process starts, so each call runs
 `python -c` with that environment and reads one JSON line per event from it.
@@ -85,7 +85,7 @@ d = ctypes.c_void_p()
 lib.GenieDialog_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
 rc = lib.GenieDialog_create(h, ctypes.byref(d))
 say(event="dialog", status=rc)
-if rc != 0 or not job.get("tokens"):
+if rc != 0 or not (job.get("tokens") or job.get("embeddings")):
     sys.exit(0)
 lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
 lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
@@ -96,8 +96,16 @@ def on_tokens(p, n, code, user):
 cb = CB(on_tokens)
 lib.GenieDialog_tokenQuery.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
                                        ctypes.c_int, CB, ctypes.c_void_p]
-ids = job["tokens"]
-rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
+if job.get("embeddings"):
+    # float32 rows, one per prompt position; generated tokens are looked up in the config's table
+    # (a NULL token-to-embedding callback: Genie's own LUT lookup)
+    data = open(job["embeddings"], 'rb').read()
+    lib.GenieDialog_embeddingTokenQuery.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int,
+                                                    ctypes.c_void_p, CB, ctypes.c_void_p]
+    rc = lib.GenieDialog_embeddingTokenQuery(d, data, len(data), 0, None, cb, None)
+else:
+    ids = job["tokens"]
+    rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
 say(event="query", status=rc)
 lib.GenieDialog_free.argtypes = [ctypes.c_void_p]
 lib.GenieDialog_free(d)
@@ -107,7 +115,8 @@ lib.GenieDialog_free(d)
 def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict], None] | None = None
          ) -> tuple[dict[str, int], str]:
     """Genie's dialog on `config` (a dict) in a child: ({stage: status}, its stderr). `job` = {} only
-    creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it. `on_event` sees each
+    creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it, {"embeddings": a file
+    of float32 rows, "max_new_tokens": n} queries it with embeddings. `on_event` sees each
     event ({"event": "tokens", "ids": [...]}, ...) as it comes."""
     lib, libs = genie_library()
     env = _env(lib, libs)

@@ -107,7 +107,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     import torch
 
     from ...frontends import find_frontend
-    from ...llm.input_modes import get_input_mode
+    from ...llm.input_modes import get_input_mode, no_token_id
     from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
     from ...llm.tokenizers import from_transformers
     from ...llm.text import tokenize
@@ -151,6 +151,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     t1 = time.perf_counter()
     samples: dict[int, list] = {n: [] for n in variants}
     mode = get_input_mode(inputs)
+    no_token = no_token_id(mode, model.get_input_embeddings().weight.shape[0],
+                           model.get_output_embeddings().weight.shape[0], tok.vocab_size)
     ar_variants = [n for n in variants if n != max_seq_len]
     if len(done) < len(keys):
         report(f"calibrating on {text.path.name} through the float decoder")
@@ -250,7 +252,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
-            "inputs": mode.name, "embedder": embedder,
+            "inputs": mode.name, "embedder": embedder, "no_token_id": no_token,
             "resumed_graphs": sorted(done), "weights_held_as": "bfloat16" if held_bf16 else "float32",
             "weight_rounding": weights.plan.rounding if weights.plan else None,
             "quality_recipe": weights.plan.recipe if weights.plan else None,
@@ -396,7 +398,8 @@ def _estimate(r, cache: Cache, quantized: bool):
     data_aware = r.quality and (get_rounding(r.quality["rounding"]).needs_activations or r.quality.get("max_ppl_ratio"))
     return estimate_job(cfg, parts, r.variants, r.jobs, prec.weight_bits, r.facts.weights_dtype == "bfloat16",
                         len(r.socs), quantized=quantized, chunk_bytes=r.chunk_mb * 2**20,
-                        rounding_bytes=(rounding_bytes(r.facts.shape) or 0) if data_aware else 0)
+                        rounding_bytes=(rounding_bytes(r.facts.shape) or 0) if data_aware else 0,
+                        embedder=r.embedder_precision)
 
 
 def _fitted_estimate(r, cache: Cache, quantized: bool):
@@ -470,6 +473,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
 
     # 1. QDQ graphs
     from importlib.metadata import version   # not `import torch`: a cache hit needs no torch
+    from .embedder import EMBEDDER_VERSION
     # the input mode joins the key only when it is not the default: a token bundle's entries stay valid
     mode_key = [] if r.inputs == "tokens" else [r.inputs, r.embedder_precision]
     chunks_key = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
@@ -477,7 +481,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
                            host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"),
                            *mode_key)
     # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
-    qkey = cache_key("llm-qdq", chunks_key, JOIN_VERSION)
+    qkey = cache_key("llm-qdq", chunks_key, JOIN_VERSION, *([EMBEDDER_VERSION] if mode_key else []))
     t0 = time.perf_counter()
     say("checking the cache", 0, 4)
     est, jobs_note = _fitted_estimate(r, cache, quantized=cache.get("llm-qdq", qkey) is not None)
@@ -626,7 +630,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                   jobs, results, qairt, cache, timings, t_start, limit_mb, say, host_estimate=None):
     from ..context_binary import read_back
     from ...toolchain.genie import validate_genie_config
-    from .genie import genie_config
+    from .genie import genie_config, lut_embedding
     from .genie_dialog import check_dialog, host_config
 
     say("checking the binaries and writing the bundle", 3.5, 4)
@@ -750,11 +754,14 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
         genie = {}
         for soc in socs:
             rel = "genie_config.json" if len(socs) == 1 else f"{soc.name}/genie_config.json"
+            up = "" if len(socs) == 1 else "../"   # paths relative to the folder Genie runs in
+            lut = embedder["part"].genie_lut if embedder else None
             cfg = genie_config(ctx_bins=[(f"{soc.name}/{b}" if len(socs) == 1 else b) for b in ctx_bins[soc.name]],
-                               tokenizer=("tokenizer/tokenizer.json" if len(socs) == 1 else "../tokenizer/tokenizer.json"),
+                               tokenizer=f"{up}tokenizer/tokenizer.json",
                                context_size=max_seq_len, vocab=spec["vocab_size"],
                                bos=qmeta["bos_id"] if qmeta.get("add_bos") else None,
-                               eos=qmeta["eos_ids"], head_dim=spec["head_dim"])
+                               eos=qmeta["eos_ids"], head_dim=spec["head_dim"],
+                               embedding=lut_embedding(f"{up}{lut}", spec["hidden_size"]) if lut else None)
             path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
             twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
@@ -762,9 +769,9 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                      if g.target == soc.name and g.host_twin is not None]
             _check_part_order(m.graphs, soc.name)
             mode = qmeta.get("inputs", "tokens")
-            if mode != "tokens":   # Genie's token dialog feeds input_ids: nothing to create a dialog on
+            if mode == "both":   # Genie feeds input_ids or inputs_embeds, never both
                 genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path), dialog_created=False,
-                                             dialog_note=GENIE_EMBEDDINGS_NOTE.format(mode=mode))
+                                             dialog_note=GENIE_BOTH_NOTE)
                 continue
             say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
             genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
@@ -785,7 +792,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             bos_id=qmeta["bos_id"], eos_ids=qmeta["eos_ids"], rope_theta=qmeta["rope_theta"],
             graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
             memory_limit_mb=limit_mb, weight_rounding=qmeta.get("weight_rounding"), quality_recipe=qmeta.get("quality_recipe"),
-            **_input_facts(qmeta.get("inputs"), spec, variants, max_seq_len, embedder.get("part")))
+            **_input_facts(qmeta, spec, variants, max_seq_len, embedder.get("part")))
         m.timings = Timings.model_validate({**qmeta["timings"], **timings})
         m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit, resumed_graphs=qmeta.get("resumed_graphs") or None,
                             compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
@@ -793,18 +800,18 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     return open_bundle(out)
 
 
-GENIE_EMBEDDINGS_NOTE = ("--inputs {mode}: the decoder takes inputs_embeds, and Genie's token dialog "
-                         "(GenieDialog_query / tokenQuery) feeds input_ids; Genie's embedding query "
-                         "(GenieDialog_embeddingQuery with a token-to-embedding callback) is not wired yet, so no dialog "
-                         "was created; generate / eval run the bundle with --backend htp-sim")
+GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog writes one "
+                   "input layer (inputs_embeds when the graph has it, else input_ids), never both: input_ids would "
+                   "hold whatever its buffer holds, so no dialog was created; generate / eval run the bundle with "
+                   "--backend htp-sim, and --inputs embeddings makes a bundle Genie runs")
 
 
-def _input_facts(inputs: str | None, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:
+def _input_facts(qmeta: dict, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:
     """The LLM section's input-mode fields (llm/input_modes.py) and the full-context flag."""
     from ...llm.input_modes import get_input_mode
-    mode = get_input_mode(inputs)
+    mode = get_input_mode(qmeta.get("inputs"))
     return {"inputs": mode.name, "embedder": embedder, "full_context": max_seq_len in variants,
-            "no_token_id": spec["vocab_size"] if mode.name == "both" else None}
+            "no_token_id": qmeta.get("no_token_id", spec["vocab_size"]) if mode.name == "both" else None}
 
 
 def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, qairt, cache: Cache) -> list:
@@ -848,7 +855,8 @@ def _write_embedder(w, qentry: Path, embedder: dict | None, jobs, results, twin_
             if f.suffix == ".onnx":
                 models[g["name"]] = rel
     n_of = {g["name"]: g["n_tokens"] for g in embedder["graphs"]}
-    part = EmbedderPart(precision=embedder["precision"], what=embedder["what"], quantized_models=models)
+    lut = w.add_file(qentry / embedder["genie_lut"], embedder["genie_lut"], role=Role.GENIE_LUT)
+    part = EmbedderPart(precision=embedder["precision"], what=embedder["what"], quantized_models=models, genie_lut=lut)
     build_ids, checks = set(), []
     for (fn, job), r in zip(jobs, results):
         if job["kind"] != "shared" or job.get("role") != "embedder":

@@ -9,6 +9,12 @@ scale per table) 28.4 dB; one scale per row would give 39.5 dB but is not what t
 for a Gather. fp16 is the default: the decoder takes float embeddings (its residual stream is fp16 on
 the HTP), so an 8-bit table would be the chain's largest loss; it costs twice the bytes (56.6 MB
 instead of 28.3 MB for SmolLM2, next to a ~135 MB decoder).
+
+Genie does not run the embedder part: its dialog looks tokens up in a table file of its own (the
+config's `embedding` block, type "lut"), so the bundle also carries `genie_lut.bin`, the embedder's
+own outputs for every id as float32 rows (the decoder's `inputs_embeds` is a float input, and
+Genie's tables have no float16). It is what the embedder part computes, row for row: the fp16
+table's values, or the 8-bit graph's outputs; Genie and our loop feed the decoder the same numbers.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ EMBEDDER_PRECISIONS = {p.name: p for p in (
                                     "the token path's own lookup"),
 )}
 DEFAULT_EMBEDDER_PRECISION = "fp16"
+EMBEDDER_VERSION = 2        # in the QDQ stage's cache key: 2 = the stage also writes Genie's table
 CALIBRATION_WINDOWS = 8     # token windows of N the 8-bit table's output range is taken from
 
 
@@ -78,7 +85,38 @@ def build_embedders(model, variants: list[int], max_seq_len: int, token_ids: lis
     with torch.inference_mode():
         ref = dec.lookup(torch.from_numpy(ids)).float().numpy()
     np.savez(dest / "check.npz", ids=ids, ref=ref)
-    return {"precision": prec.name, "what": prec.what, "graphs": graphs, "check": "embedder/check.npz"}
+    widest = max(graphs, key=lambda g: g["n_tokens"])
+    rows = write_genie_lut(dec, prec, dest / f"{widest['name']}.onnx", widest["n_tokens"], dest / GENIE_LUT_FILE)
+    return {"precision": prec.name, "what": prec.what, "graphs": graphs, "check": "embedder/check.npz",
+            "genie_lut": f"embedder/{GENIE_LUT_FILE}", "genie_lut_rows": rows}
+
+
+GENIE_LUT_FILE = "genie_lut.bin"
+LUT_CHUNK_ROWS = 4096    # ids looked up per call when the table is written
+
+
+def write_genie_lut(dec, prec: EmbedderPrecision, graph: Path, n: int, out: Path) -> int:
+    """Genie's token → embedding table: float32 rows, one per id of the table, as the embedder part
+    computes them (the fp16 table's values; for 8 bits, the QDQ graph `graph` of N = `n` run on the
+    CPU). → the number of rows."""
+    import torch
+    weight = dec.model.embed_tokens.weight
+    rows = int(weight.shape[0])
+    session = None
+    if prec.quantized:
+        import onnxruntime
+        session = onnxruntime.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    with open(out, "wb") as f, torch.inference_mode():
+        for start in range(0, rows, LUT_CHUNK_ROWS):
+            ids = torch.arange(start, min(start + LUT_CHUNK_ROWS, rows))
+            if session is None:   # the float graph runs in fp16 on the HTP: the table's fp16 values
+                block = dec.lookup(ids[None])[0].to(torch.float16).float().numpy()
+            else:                 # windows of N ids through the 8-bit graph, the last one padded
+                pad = (-len(ids)) % n
+                padded = np.concatenate([ids.numpy(), np.zeros(pad, np.int64)]).astype(np.int32).reshape(-1, 1, n)
+                block = np.concatenate([session.run(None, {"input_ids": w})[0][0] for w in padded])[:len(ids)]
+            np.ascontiguousarray(block, np.float32).tofile(f)
+    return rows
 
 
 def _windows(ids: list[int], n: int, k: int) -> list[list[int]]:

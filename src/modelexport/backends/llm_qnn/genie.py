@@ -11,8 +11,11 @@ from typing import Any
 
 
 def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, vocab: int, bos: int | None,
-                 eos: list[int], head_dim: int, n_threads: int = 3) -> dict[str, Any]:
+                 eos: list[int], head_dim: int, n_threads: int = 3, embedding: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
     """`bos`: the id Genie puts before a conversation, None when the model's tokenizer adds none.
+    `embedding`: the dialog's token → embedding table for a decoder that takes `inputs_embeds`
+    (`lut_embedding`); Genie finds the decoder's input by that name and looks every token up there.
 
     Positions go in as `position_ids` ("absolute"): the graphs gather their RoPE tables themselves,
     computed from the HF model's own `inv_freq` and attention scaling, so llama3 / linear / yarn
@@ -22,6 +25,7 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
     return {"dialog": {
         "version": 1,
         "type": "basic",
+        **({"embedding": embedding} if embedding else {}),
         "context": {"version": 1, "size": int(context_size), "n-vocab": int(vocab),
                     "bos-token": int(bos) if bos is not None else -1, "eos-token": [int(e) for e in eos] or [-1]},
         "sampler": {"version": 1, "seed": 42, "temp": 0.8, "top-k": 40, "top-p": 0.95},
@@ -38,3 +42,11 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
                       "positional-encoding": pe},
         },
     }}
+
+
+def lut_embedding(lut: str, hidden_size: int) -> dict[str, Any]:
+    """The dialog's `embedding` block for a table of float32 rows (`lut`, relative to the bundle
+    folder): a text query is tokenized and looked up there, and so is each generated token;
+    `GenieDialog_embeddingQuery` takes float32 embeddings of `hidden_size` per position, which Genie
+    converts to the graph input's type (a float input: the residual stream stays float)."""
+    return {"version": 1, "type": "lut", "lut-path": lut, "size": int(hidden_size), "datatype": "float32"}

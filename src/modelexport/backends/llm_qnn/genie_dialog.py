@@ -1,4 +1,5 @@
-"""Genie's own dialog on this host: `GenieDialog_create` and `GenieDialog_tokenQuery` of the
+"""Genie's own dialog on this host: `GenieDialog_create` and `GenieDialog_tokenQuery` (a decoder
+taking embeddings: `GenieDialog_embeddingTokenQuery`) of the
 `libGenie.so` in the onnxruntime-qnn wheel, run against a bundle's host twins on the x86 HTP
 simulator.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +34,9 @@ def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
     cfg["dialog"]["engine"]["model"]["binary"]["ctx-bins"] = [str(Path(p).resolve()) for p in twins]
     tok = cfg["dialog"]["tokenizer"]
     tok["path"] = str((config_dir / tok["path"]).resolve())
+    lut = cfg["dialog"].get("embedding", {})
+    if "lut-path" in lut:
+        lut["lut-path"] = str((config_dir / lut["lut-path"]).resolve())
     # a phone's settings busy-poll on 3 big cores; here the simulator needs the host's cores
     engine = cfg["dialog"]["engine"]
     engine["n-threads"] = 1
@@ -78,10 +83,30 @@ def check_dialog(config: dict[str, Any]) -> dict[str, Any]:
                             "this is a bug in the generated graphs or config; report it with the bundle's manifest")
 
 
+def prompt_embeddings(bundle, ids: list[int], out: Path) -> Path:
+    """The prompt's rows of the bundle's Genie table (the embedder part's outputs, float32) into
+    `out`, the buffer GenieDialog_embeddingTokenQuery takes. A VLM would put its image features here."""
+    import numpy as np
+    part = bundle.manifest.llm.embedder
+    if part is None or part.genie_lut is None:
+        raise InputError(f"{bundle.path} takes embeddings but has no Genie table (embedder/genie_lut.bin)",
+                         "compile the LLM again with this version, or use --backend htp-sim")
+    hidden = bundle.manifest.llm.spec.hidden_size
+    table = np.memmap(bundle.file(part.genie_lut), np.float32, mode="r").reshape(-1, hidden)
+    bad = [i for i in ids if not 0 <= i < len(table)]
+    if bad:
+        raise InputError(f"token ids {bad[:5]} are outside the embedding table's {len(table)} rows",
+                         "use the bundle's own tokenizer")
+    np.ascontiguousarray(table[ids], np.float32).tofile(out)
+    return out
+
+
 def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int, sampler: dict,
                  on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], str]:
     """Run Genie's dialog on `prompt_ids`: (generated ids, stop reason). Genie prepends the
-    config's BOS itself, so the host config's BOS is cleared and `prompt_ids` go in as they are."""
+    config's BOS itself, so the host config's BOS is cleared and `prompt_ids` go in as they are.
+    A bundle taking embeddings gets them through GenieDialog_embeddingTokenQuery: the prompt's rows
+    of the Genie table, and each generated token looked up there by Genie."""
     cfg = bundle_config(bundle, target, sampler)
     cfg["dialog"]["context"]["bos-token"] = -1
     out: list[int] = []
@@ -91,8 +116,12 @@ def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int
             out.extend(e["ids"])
             if on_tokens:
                 on_tokens(e["ids"])
-    status, stderr = run_dialog(cfg, {"tokens": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)},
-                          timeout=3600, on_event=on_event)
+    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d:
+        job = {"tokens": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens)}
+        if bundle.manifest.llm.inputs == "embeddings":   # the embedding query, the prompt looked up as Genie would
+            job = {"embeddings": str(prompt_embeddings(bundle, prompt_ids, Path(d) / "prompt.f32")),
+                   "max_new_tokens": int(max_new_tokens)}
+        status, stderr = run_dialog(cfg, job, timeout=3600, on_event=on_event)
     if status.get("dialog") != 0:
         raise VerificationError(f"Genie refuses the bundle: {genie_messages(stderr)}",
                                 "compile the LLM again with this version")

@@ -1,7 +1,8 @@
 """`generate BUNDLE --backend genie`: the text comes from Genie's own dialog loop (its variant
 switching, attention mask, KV-cache updates and sampler) running the bundle's host twins on the
 x86 HTP simulator. Our tokenizer encodes the prompt (chat template included) and decodes what
-Genie returns; the token ids go to `GenieDialog_tokenQuery` as they are.
+Genie returns; the token ids go to `GenieDialog_tokenQuery` as they are (a bundle taking embeddings:
+their rows of the bundle's Genie table go to `GenieDialog_embeddingTokenQuery`).
 
 Greedy Genie gives the same tokens as `--backend htp-sim` (our loop over the same binaries):
 tests/test_llm_genie.py checks it token for token.
@@ -129,6 +130,9 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
     if not targets:
         raise InputError(f"bundle {path} has no Genie config", "compile the LLM again with this version")
     check = bundle.manifest.llm.genie[targets[0]]
+    if bundle.manifest.llm.inputs == "both":
+        raise UnsupportedError(f"Genie cannot run {path.name}: {check.dialog_note or 'its decoder takes input_ids and inputs_embeds'}",
+                               "use --backend htp-sim (the same binaries, our loop), or compile with --inputs embeddings")
     if bundle.manifest.llm.n_parts > 1 and not check.dialog_created:
         # bundles split into parts before their graphs were named in part order and their boundary
         # tensors alike on both sides of a cut: Genie would run them out of order or not at all
