@@ -60,3 +60,24 @@ def place_image_rows(embeds: np.ndarray, ids: list[int], image_token_id: int, ro
     out = np.array(embeds, np.float32, copy=True)
     out[0, where] = rows
     return out
+
+
+def place_rows_at_positions(first: dict, position_ids, rows_at: dict, no_token_id: int | None) -> dict:
+    """One graph call's first inputs (llm/input_modes.text_inputs) with the image rows put at their
+    absolute positions: `inputs_embeds` takes the row; in `both` mode the id there becomes
+    `no_token_id` so the decoder looks nothing up. Padding positions past the chunk are left alone."""
+    from .input_modes import INPUT_IDS, INPUTS_EMBEDS
+    pos = np.asarray(position_ids).reshape(-1)
+    hits = [(j, rows_at[int(p)]) for j, p in enumerate(pos) if int(p) in rows_at]
+    if not hits:
+        return first
+    out = dict(first)
+    emb = np.array(out[INPUTS_EMBEDS], np.float32, copy=True)
+    for j, row in hits:
+        emb[0, j] = row
+    out[INPUTS_EMBEDS] = emb
+    if INPUT_IDS in out:
+        ids = np.array(out[INPUT_IDS], copy=True)
+        ids[0, [j for j, _ in hits]] = no_token_id
+        out[INPUT_IDS] = ids
+    return out
