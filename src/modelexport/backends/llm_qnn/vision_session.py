@@ -71,7 +71,7 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
         raise InputError(f"bundle {path} carries no tokenizer", "compile the VLM folder again (its tokenizer is copied)")
     tok = load_tokenizer(tok_file)
     text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
-        tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
+        tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
     ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image)
     rows, notes = image_rows(bundle, image, stage)
     graphs, spec, seq = open_forwards(bundle, stage)
@@ -82,7 +82,7 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     runner = StaticRunner(graphs, spec, seq)
     first = runner.prefill(ids)
     out = [int(torch.argmax(first))]
-    eos = set(tok.eos_ids if hasattr(tok, "eos_ids") else [])
+    eos = set(tok.eos_ids)
     while len(out) < max_new_tokens and out[-1] not in eos and runner.past_len < seq:
         out.append(int(torch.argmax(runner.decode_step(out[-1]))))
     return {"text": tok.decode(out), "token_ids": out, "prompt_ids": ids, "notes": notes,

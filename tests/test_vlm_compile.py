@@ -1,0 +1,126 @@
+"""`compile VLM_FOLDER` and `generate BUNDLE --image` on a tiny random Idefics3 (SmolVLM's
+architecture) built here (issue 23, item 2): one bundle with the text decoder (embeddings in, with its
+embedder part) and the vision part (tower + projector, 16a8w), every part on the HTP, the manifest's
+`llm.vision` entry, the first-step logits with an image against the float VLM on the CPU (QDQ graphs)
+and on the simulator; bad inputs. One tiny compile (~40 s on a quiet host)."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import assert_clean_error  # noqa: E402
+from vlm_tiny import IMAGE_SIZE, IMAGE_TOKEN, MEAN, STD, TOKENS_PER_IMAGE, write_tiny_vlm_folder  # noqa: E402
+
+SEQ = 32
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlm_compile")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        write_tiny_vlm_folder(root)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    import modelexport
+    return modelexport.compile(str(work / "tiny_vlm"), output=work / "vlm", target="SM8650", precision="16a8w",
+                               max_seq_len=SEQ, variants="ar1,ar4", calibration=str(work / "calib.txt"),
+                               calibration_samples=2)
+
+
+def test_every_part_on_the_htp_and_the_vision_entry(bundle):
+    m = bundle.manifest
+    assert m.llm.inputs == "embeddings" and m.llm.embedder is not None
+    v = m.llm.vision
+    assert (v.family, v.precision, v.placement) == ("idefics3", "16a8w", "replace_in_order")
+    assert (v.image_size, v.tokens_per_image, v.image_token_id) == (IMAGE_SIZE, TOKENS_PER_IMAGE, IMAGE_TOKEN)
+    assert v.mean == MEAN and v.std == STD and "real photos" in v.calibration
+    (g,) = v.graphs
+    assert g.target == "SM8650" and bundle.file(g.file).is_file() and bundle.file(g.epcontext_model).is_file()
+    assert [t.shape for t in g.onnx_inputs] == [[1, 3, IMAGE_SIZE, IMAGE_SIZE]]
+    assert [t.shape for t in g.onnx_outputs] == [[1, TOKENS_PER_IMAGE, m.llm.spec.hidden_size]]
+    assert v.check["SM8650"].sqnr_db > 30           # the simulator vs the float vision part, on a real photo
+    assert m.source.path.endswith("tiny_vlm") and m.source.format == "hf-folder"
+    # as the QNN EP reported it: only the float IO's Quantize/Dequantize on the CPU, for every part
+    vision = m.placement["vision"]["SM8650"]
+    assert vision["htp_nodes"] > 100 and vision["cpu_nodes"] == []
+    for graph, per_target in m.placement.items():
+        cpu = per_target["SM8650"]["cpu_nodes"]
+        assert per_target["SM8650"]["htp_nodes"] > 0, graph
+        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
+    assert {"vision", "embed_ar1_cl32", "token_ar1_cl32_1_of_1"} <= set(m.placement)
+
+
+def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
+    from transformers import Idefics3ForConditionalGeneration
+
+    from modelexport.llm.vision_inputs import load_pixels
+    x, _ = load_pixels(image, IMAGE_SIZE, MEAN, STD, 1 / 255)
+    model = Idefics3ForConditionalGeneration.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), pixel_values=torch.from_numpy(x)[None]).logits[0, -1].numpy()
+
+
+def test_generate_with_an_image_gives_the_float_vlm_logits(bundle, work):
+    """The first step's logits (image rows placed at the image tokens, then the prompt) against the
+    float VLM's with the same image, on the CPU (QDQ graphs) and on the simulator. The image's own
+    effect on them (the float logits minus those with another photo) is reproduced too: the bundle's
+    error is well under it (~9-10 dB measured: two random layers carry little of the image to the last
+    position, so its effect is only ~29 dB below the logits)."""
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.numerics import compare
+    from modelexport.zoo.assets import sample_images
+    photos = sample_images()
+    got = {}
+    for backend in ("cpu", "htp-sim"):
+        r = generate_with_image(bundle.path, photos["coffee"], "What is it?", backend=backend, max_new_tokens=3, raw=True)
+        assert r["notes"] == ["image of 600x400 resized to 32x32 (the vision part's size)"]
+        assert r["prompt_ids"].count(IMAGE_TOKEN) == TOKENS_PER_IMAGE and len(r["token_ids"]) >= 1
+        ref = _float_logits(work / "tiny_vlm", r["prompt_ids"], photos["coffee"])
+        assert compare(ref, r["first_logits"])["sqnr_db"] > 30, backend
+        assert ref.argmax() == r["first_logits"].argmax()
+        got[backend] = r["first_logits"]
+    other = _float_logits(work / "tiny_vlm", r["prompt_ids"], photos["chelsea"])
+    for backend, logits in got.items():
+        assert compare(ref - other, logits - other)["sqnr_db"] > 6, backend
+
+
+def test_generate_cli_with_an_image_and_its_bad_inputs(bundle, cli, tmp_path):
+    from PIL import Image
+    Image.new("L", (40, 24), 90).save(tmp_path / "gray.png")
+    proc = cli("generate", str(bundle.path), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi", "--raw",
+               "--backend", "htp-sim", "-n", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "converted to RGB" in proc.stderr and "40x24 resized to 32x32" in proc.stderr
+    # a bundle without a vision part (its manifest without the entry): the error names what to compile
+    text_only = tmp_path / "text_only"
+    shutil.copytree(bundle.path, text_only)
+    data = json.loads((text_only / "manifest.json").read_text())
+    del data["llm"]["vision"]
+    (text_only / "manifest.json").write_text(json.dumps(data))
+    assert_clean_error(cli("generate", str(text_only), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi"),
+                       "has no vision part", "modelexport compile")
+    assert_clean_error(cli("generate", str(bundle.path), "--image", str(tmp_path / "none.png"), "--prompt", "Hi"),
+                       "image not found", "--image")
+    assert_clean_error(cli("generate", str(bundle.path), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi",
+                           "--backend", "genie"), "--backend htp-sim")
+
+
+def test_bad_vlm_compile_options_are_refused_before_loading(work, cli, tmp_path):
+    folder = str(work / "tiny_vlm")
+    assert_clean_error(cli("compile", folder, "--inputs", "tokens", "-o", str(tmp_path / "a")),
+                       "image rows enter the decoder as embeddings", "--inputs both")
+    assert_clean_error(cli("compile", folder, "--vision-precision", "4bit", "-o", str(tmp_path / "b")),
+                       "--vision-precision", "16a8w")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
