@@ -2,7 +2,8 @@
 architecture) built here (issue 23, item 2): one bundle with the text decoder (embeddings in, with its
 embedder part) and the vision part (tower + projector, 16a8w), every part on the HTP, the manifest's
 `llm.vision` entry, the first-step logits with an image against the float VLM on the CPU (QDQ graphs)
-and on the simulator; bad inputs. One tiny compile (~40 s on a quiet host)."""
+and on the simulator; bad inputs. One tiny compile (~55 CPU-s for the file); the command-line run is
+heavy (`make test-heavy`)."""
 from __future__ import annotations
 
 import json
@@ -96,31 +97,50 @@ def test_generate_with_an_image_gives_the_float_vlm_logits(bundle, work):
         assert compare(ref - other, logits - other)["sqnr_db"] > 6, backend
 
 
-def test_generate_cli_with_an_image_and_its_bad_inputs(bundle, cli, tmp_path):
+def _without_vision(bundle, dest: Path) -> Path:
+    """A copy of the bundle whose manifest has no vision entry (a text bundle, or an edited one)."""
+    shutil.copytree(bundle.path, dest)
+    data = json.loads((dest / "manifest.json").read_text())
+    del data["llm"]["vision"]
+    (dest / "manifest.json").write_text(json.dumps(data))
+    return dest
+
+
+def test_bad_image_inputs(bundle, tmp_path):
+    from PIL import Image
+
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.errors import InputError
+    Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
+    text_only = _without_vision(bundle, tmp_path / "text_only")
+    for path, kw, words in ((text_only, {}, ["has no vision part", "modelexport compile"]),
+                            (bundle.path, {"image": tmp_path / "none.png"}, ["image not found", "--image"]),
+                            (bundle.path, {"backend": "genie"}, ["--backend htp-sim", "cpu"])):
+        with pytest.raises(InputError) as e:
+            generate_with_image(path, **{"image": tmp_path / "ok.png", "prompt": "Hi", **kw})
+        assert all(w in str(e.value) + e.value.fix for w in words), e.value
+
+
+@pytest.mark.heavy
+def test_generate_cli_with_an_image(bundle, cli, tmp_path):
+    """The command line: notes on stderr, the answer on stdout; a clean error without a vision part (~20 s)."""
     from PIL import Image
     Image.new("L", (40, 24), 90).save(tmp_path / "gray.png")
     proc = cli("generate", str(bundle.path), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi", "--raw",
                "--backend", "htp-sim", "-n", "2")
     assert proc.returncode == 0, proc.stderr
     assert "converted to RGB" in proc.stderr and "40x24 resized to 32x32" in proc.stderr
-    # a bundle without a vision part (its manifest without the entry): the error names what to compile
-    text_only = tmp_path / "text_only"
-    shutil.copytree(bundle.path, text_only)
-    data = json.loads((text_only / "manifest.json").read_text())
-    del data["llm"]["vision"]
-    (text_only / "manifest.json").write_text(json.dumps(data))
+    text_only = _without_vision(bundle, tmp_path / "text_only")
     assert_clean_error(cli("generate", str(text_only), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi"),
                        "has no vision part", "modelexport compile")
-    assert_clean_error(cli("generate", str(bundle.path), "--image", str(tmp_path / "none.png"), "--prompt", "Hi"),
-                       "image not found", "--image")
-    assert_clean_error(cli("generate", str(bundle.path), "--image", str(tmp_path / "gray.png"), "--prompt", "Hi",
-                           "--backend", "genie"), "--backend htp-sim")
 
 
-def test_bad_vlm_compile_options_are_refused_before_loading(work, cli, tmp_path):
-    folder = str(work / "tiny_vlm")
-    assert_clean_error(cli("compile", folder, "--inputs", "tokens", "-o", str(tmp_path / "a")),
-                       "image rows enter the decoder as embeddings", "--inputs both")
-    assert_clean_error(cli("compile", folder, "--vision-precision", "4bit", "-o", str(tmp_path / "b")),
-                       "--vision-precision", "16a8w")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+def test_bad_vlm_compile_options_are_refused_before_loading(work, tmp_path):
+    import modelexport
+    from modelexport.core.errors import InputError
+    for kw, words in (({"inputs": "tokens"}, ["image rows enter the decoder as embeddings", "--inputs both"]),
+                      ({"vision_precision": "4bit"}, ["--vision-precision", "16a8w"])):
+        with pytest.raises(InputError) as e:
+            modelexport.compile(str(work / "tiny_vlm"), output=tmp_path / "out", target="SM8650", **kw)
+        assert all(w in str(e.value) + e.value.fix for w in words), e.value
+    assert not (tmp_path / "out").exists()
