@@ -144,3 +144,21 @@ def test_bad_vlm_compile_options_are_refused_before_loading(work, tmp_path):
             modelexport.compile(str(work / "tiny_vlm"), output=tmp_path / "out", target="SM8650", **kw)
         assert all(w in str(e.value) + e.value.fix for w in words), e.value
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.heavy
+def test_both_mode_places_the_rows_by_no_token_id(work):
+    """`--inputs both` (no embedder part: ids looked up inside the decoder, the image positions fed as
+    no_token_id with their rows) gives the float VLM's first-step logits too (~60 s: a second compile)."""
+    import modelexport
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.numerics import compare
+    from modelexport.zoo.assets import sample_images
+    b = modelexport.compile(str(work / "tiny_vlm"), output=work / "vlm_both", target="SM8650", precision="16a8w",
+                            max_seq_len=SEQ, variants="ar1,ar4", calibration=str(work / "calib.txt"),
+                            calibration_samples=2, inputs="both")
+    assert b.manifest.llm.inputs == "both" and b.manifest.llm.embedder is None and b.manifest.llm.vision is not None
+    photo = sample_images()["coffee"]
+    r = generate_with_image(b.path, photo, "What is it?", backend="htp-sim", max_new_tokens=2, raw=True)
+    ref = _float_logits(work / "tiny_vlm", r["prompt_ids"], photo)
+    assert compare(ref, r["first_logits"])["sqnr_db"] > 30 and ref.argmax() == r["first_logits"].argmax()
