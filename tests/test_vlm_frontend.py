@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vlm_tiny import IMAGE_SIZE, IMAGE_TOKEN, MEAN, STD, TOKENS_PER_IMAGE, write_tiny_vlm_folder  # noqa: E402
+from vlm_tiny import IMAGE_SIZE, IMAGE_TOKEN, MEAN, STD, TOKENS, TOKENS_PER_IMAGE, write_tiny_vlm_folder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,10 +24,10 @@ def folder(tmp_path_factory):
     return write_tiny_vlm_folder(tmp_path_factory.mktemp("vlm"))
 
 
-@pytest.fixture(scope="module")
-def loaded(folder):
+@pytest.fixture(scope="module", params=["idefics3", "llava"])
+def loaded(request, tmp_path_factory):
     from modelexport.frontends.vlm_folder import load_vlm
-    return load_vlm(folder)
+    return load_vlm(write_tiny_vlm_folder(tmp_path_factory.mktemp(request.param), request.param))
 
 
 def test_the_table_reads_the_folder(folder):
@@ -38,6 +38,12 @@ def test_the_table_reads_the_folder(folder):
     assert list(facts.mean) == MEAN and list(facts.std) == STD and facts.text_model_type == "llama"
 
 
+def test_the_llava_row(tmp_path):
+    from modelexport.frontends.vlm_families import read_vision_facts
+    family, facts = read_vision_facts(write_tiny_vlm_folder(tmp_path, "llava"))
+    assert family.model_type == "llava" and (facts.tokens_per_image, facts.image_token_id) == (TOKENS["llava"], IMAGE_TOKEN)
+
+
 def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     import onnxruntime as ort
 
@@ -46,13 +52,19 @@ def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     part = VisionPart(model, family, facts)
     x = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = model.model.get_image_features(x[None]).pooler_output[0]
+        ref = _hf_image_features(model, x)
         got = part(x)[0]
-    assert got.shape == (TOKENS_PER_IMAGE, model.config.text_config.hidden_size)
+    assert got.shape == (TOKENS[family.model_type], model.config.text_config.hidden_size)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     onnx_path = export_vision_part(part, tmp_path / "vision.onnx")
     out = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x.numpy()})[0]
     np.testing.assert_allclose(out[0], ref.numpy(), atol=1e-5)
+
+
+def _hf_image_features(model, x):
+    """transformers' own image features of one image [tokens, hidden], whichever family."""
+    batched = x[None] if model.config.model_type == "idefics3" else x   # Idefics3 takes [batch, images, 3, S, S]
+    return model.model.get_image_features(batched).pooler_output[0]
 
 
 def test_placed_rows_give_the_vlm_logits(loaded):
@@ -62,12 +74,14 @@ def test_placed_rows_give_the_vlm_logits(loaded):
     from modelexport.llm.vision_inputs import image_prompt_ids, place_image_rows
     from modelexport.llm.vision_part import VisionPart
     model, family, facts = loaded
-    ids = image_prompt_ids([256, 72, 105, 33, 10], IMAGE_TOKEN, TOKENS_PER_IMAGE)
-    assert ids[1:1 + TOKENS_PER_IMAGE] == [IMAGE_TOKEN] * TOKENS_PER_IMAGE
+    k = TOKENS[family.model_type]
+    ids = image_prompt_ids([256, 72, 105, 33, 10], IMAGE_TOKEN, k)
+    assert ids[1:1 + k] == [IMAGE_TOKEN] * k
     x = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(1))
     lm = text_decoder(model, family)
     with torch.no_grad():
-        ref = model(input_ids=torch.tensor([ids]), pixel_values=x[None]).logits[0].numpy()
+        px = x[None] if family.model_type == "idefics3" else x
+        ref = model(input_ids=torch.tensor([ids]), pixel_values=px).logits[0].numpy()
         rows = VisionPart(model, family, facts)(x).numpy()
         embeds = lm.get_input_embeddings()(torch.tensor([ids])).numpy()
         got = lm(inputs_embeds=torch.from_numpy(place_image_rows(embeds, ids, IMAGE_TOKEN, rows))).logits[0].numpy()

@@ -1,6 +1,7 @@
-"""A tiny random Idefics3 (SmolVLM's architecture) built in-process: a 2-layer vision tower on 32x32
-images (patches of 8: 16 patches, pixel shuffle 2: 4 image tokens) and the tiny Llama of llm_tiny as
-its text model, saved as an HF folder with the tiny tokenizer and a preprocessor config."""
+"""Tiny random VLMs built in-process, with the tiny Llama of llm_tiny as their text model, saved as HF
+folders with the tiny tokenizer and a preprocessor config: an Idefics3 (SmolVLM's architecture: a
+2-layer vision tower on 32x32 images, patches of 8: 16 patches, pixel shuffle 2: 4 image tokens) and a
+LLaVA (a 3-layer CLIP tower on the same images, features of layer -2 without CLS: 16 image tokens)."""
 from __future__ import annotations
 
 import json
@@ -34,11 +35,35 @@ def tiny_vlm(seed: int = 0, vision: dict | None = None):
     return model
 
 
-def write_tiny_vlm_folder(root, **kw) -> Path:
-    """`root/tiny_vlm` (model, tokenizer, preprocessor_config.json) and `root/calib.txt`."""
+LLAVA_TOKENS_PER_IMAGE = 16
+TINY_CLIP = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                 num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
+
+
+def tiny_llava(seed: int = 0):
+    import copy
+
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    torch.manual_seed(seed)
+    text = dict(copy.deepcopy(TINY_CONFIG), model_type="llama")
+    cfg = LlavaConfig(vision_config=dict(TINY_CLIP), text_config=text, image_token_index=IMAGE_TOKEN,
+                      vision_feature_layer=-2, vision_feature_select_strategy="default", tie_word_embeddings=True)
+    model = LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.model.language_model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava}
+TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE}
+
+
+def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
+    """`root/tiny_vlm` (`root/tiny_<family>` for another family: model, tokenizer,
+    preprocessor_config.json) and `root/calib.txt`."""
     root = Path(root)
-    folder = root / "tiny_vlm"
-    tiny_vlm(**kw).save_pretrained(folder)
+    folder = root / ("tiny_vlm" if family == "idefics3" else f"tiny_{family}")
+    BUILDERS[family](**kw).save_pretrained(folder)
     tiny_tokenizer().save(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps(
         {"image_processor_type": "Idefics3ImageProcessor", "image_mean": MEAN, "image_std": STD,

@@ -19,8 +19,9 @@ from .llm_families import check_model_config
 
 # How one image becomes image tokens (the number of rows the projector gives per image):
 # "pixel_shuffle": (image_size / patch_size)^2 / scale_factor^2 (Idefics3 / SmolVLM's connector);
-# "patches": (image_size / patch_size)^2 (LLaVA with the CLS row dropped, vision_feature_select_strategy "default").
-TOKEN_COUNT_RULES = ("pixel_shuffle", "patches")
+# "clip_patches": (image_size / patch_size)^2, plus the CLS row unless vision_feature_select_strategy is
+# "default" (LLaVA drops it then).
+TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches")
 # How the projector's rows enter the text: "replace_in_order": the i-th image token of the prompt is
 # replaced by the i-th row (transformers' masked_scatter in both families); the prompt already holds
 # tokens_per_image image tokens per image.
@@ -43,6 +44,7 @@ class VLMFamily:
     token_count: str                   # TOKEN_COUNT_RULES key
     image_token_field: str = "image_token_id"   # the config field holding the image token's id
     placement: str = "replace_in_order"         # PLACEMENT_RULES key
+    single_feature_layer: bool = False          # vision_feature_layer must be one int (a list concatenates layers: not built)
 
     def facts(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +55,11 @@ VLM_FAMILIES: tuple[VLMFamily, ...] = (
     VLMFamily("idefics3", "Idefics3 / SmolVLM", "Idefics3ForConditionalGeneration",
               vision_tower="model.vision_model", projector="model.connector", text_model="model.text_model",
               lm_head="lm_head", vision_model_types=("idefics3_vision",), token_count="pixel_shuffle"),
+    # LLaVA 1.5 style: a CLIP tower's features of one layer (vision_feature_layer), a 2-layer MLP projector.
+    VLMFamily("llava", "LLaVA", "LlavaForConditionalGeneration",
+              vision_tower="model.vision_tower", projector="model.multi_modal_projector",
+              text_model="model.language_model", lm_head="lm_head", vision_model_types=("clip_vision_model",),
+              token_count="clip_patches", image_token_field="image_token_index", single_feature_layer=True),
 )
 VLM_BY_MODEL_TYPE = {f.model_type: f for f in VLM_FAMILIES}
 
@@ -98,7 +105,8 @@ def vlm_family_of(raw: dict, where: str) -> VLMFamily:
 def _tokens_per_image(family: VLMFamily, raw: dict, vision: dict) -> int:
     per_side = int(vision["image_size"]) // int(vision["patch_size"])
     count = {"pixel_shuffle": lambda: per_side ** 2 // int(raw.get("scale_factor", 2)) ** 2,
-             "patches": lambda: per_side ** 2}[family.token_count]
+             "clip_patches": lambda: per_side ** 2 + (raw.get("vision_feature_select_strategy", "default") != "default"),
+             }[family.token_count]
     return int(count())
 
 
@@ -118,6 +126,9 @@ def read_vision_facts(folder: Path) -> tuple[VLMFamily, VisionFacts]:
     if missing:
         raise InputError(f"{where}/config.json lacks {', '.join(missing)} (needed for the vision part)",
                          "compare it with the model's original config.json")
+    if family.single_feature_layer and not isinstance(raw.get("vision_feature_layer", -2), int):
+        raise InputError(f"{where}: vision_feature_layer {raw['vision_feature_layer']!r} concatenates several layers; "
+                         f"the {family.label} vision part is built for one", "use a model whose vision_feature_layer is one layer")
     check_model_config(text, f"{where} (text_config)")
     pre = _preprocessor(folder)
     mean, std = DEFAULT_NORMALIZATION[family.model_type]

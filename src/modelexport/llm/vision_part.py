@@ -28,7 +28,7 @@ class Idefics3VisionPart(nn.Module):
     """Idefics3 / SmolVLM: patch conv + learned positions, the encoder, post layernorm, the connector
     (pixel shuffle + projection): `Idefics3Model.get_image_features` for one full image."""
 
-    def __init__(self, tower: nn.Module, projector: nn.Module):
+    def __init__(self, tower: nn.Module, projector: nn.Module, config):
         super().__init__()
         self.tower, self.projector = tower, projector
 
@@ -53,7 +53,29 @@ def patchify_linear(pixel_values: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor
     return x + conv.bias if conv.bias is not None else x
 
 
-VISION_BUILDERS = {"idefics3": Idefics3VisionPart}
+class LlavaVisionPart(nn.Module):
+    """LLaVA: a CLIP tower (patches + CLS, learned positions, pre-norm) run up to vision_feature_layer
+    (hidden_states[k] = after k layers; the layers above it are not in the graph), the CLS row dropped
+    under the "default" strategy, then the projector: `LlavaModel.get_image_features` for one image."""
+
+    def __init__(self, tower: nn.Module, projector: nn.Module, config):
+        super().__init__()
+        self.vm, self.projector = getattr(tower, "vision_model", tower), projector   # transformers 5 flattened it
+        n = len(self.vm.encoder.layers)
+        self.upto = int(config.vision_feature_layer) % (n + 1)
+        self.drop_cls = config.vision_feature_select_strategy == "default"
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        emb = self.vm.embeddings
+        x = patchify_linear(pixel_values, emb.patch_embedding)
+        x = torch.cat([emb.class_embedding.reshape(1, 1, -1), x], dim=1) + emb.position_embedding.weight.unsqueeze(0)
+        x = self.vm.pre_layrnorm(x)
+        for layer in self.vm.encoder.layers[:self.upto]:
+            x = layer(x, None)
+        return self.projector(x[:, 1:] if self.drop_cls else x)
+
+
+VISION_BUILDERS = {"idefics3": Idefics3VisionPart, "llava": LlavaVisionPart}
 
 
 class VisionPart(nn.Module):
@@ -62,7 +84,8 @@ class VisionPart(nn.Module):
     def __init__(self, model: nn.Module, family: VLMFamily, facts: VisionFacts):
         super().__init__()
         self.facts = facts
-        self.inner = VISION_BUILDERS[family.model_type](_attr(model, family.vision_tower), _attr(model, family.projector))
+        self.inner = VISION_BUILDERS[family.model_type](_attr(model, family.vision_tower), _attr(model, family.projector),
+                                                        model.config)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.inner(pixel_values)
