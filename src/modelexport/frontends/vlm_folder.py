@@ -10,7 +10,7 @@ from pathlib import Path
 from ..core.errors import InputError
 from .hf_folder import check_hf_files
 from .loaded_llm import without_hf_progress_bars
-from .vlm_families import VisionFacts, VLMFamily, read_vision_facts
+from .vlm_families import VLMFamily, read_vision_facts
 
 # what a VLM folder carries besides weights that the text folder keeps (the tokenizer, the chat template)
 _TEXT_SIDE_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -74,5 +74,3 @@ def write_text_folder(model, family: VLMFamily, source: Path, dest: Path) -> Pat
             shutil.copyfile(source / name, dest / name)
     return dest
 
-
-__all__ = ["is_vlm_folder", "load_vlm", "text_decoder", "write_text_folder", "VisionFacts", "VLMFamily"]

@@ -34,11 +34,10 @@ VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in
 def vision_calibration(facts, dest: Path) -> tuple[Path, str]:
     """Calibration pixels from the real photos that ship offline (zoo/assets.py), each also mirrored:
     preprocessed as the runtime will (llm/vision_inputs.load_pixels) → (.npz, what it is)."""
-    from PIL import ImageOps
+    from PIL import Image, ImageOps
 
     from ...llm.vision_inputs import load_pixels
     from ...zoo.assets import sample_images
-    from PIL import Image
     samples = []
     for path in sample_images().values():
         img = Image.open(path).convert("RGB")
@@ -162,8 +161,8 @@ def vision_check(job: dict) -> dict:
     from ...core.numerics import compare
     from ...llm.vision_inputs import load_pixels
     from ...toolchain.htp_options import run_provider_options
-    from ...toolchain.ort_qnn import SessionPlan, create_session
     from ...core.targets import get_target
+    from ...toolchain.ort_qnn import SessionPlan, create_session
     size, mean, std, rescale = job["facts"]
     x, _ = load_pixels(job["image"], size, mean, std, rescale)
     ref = ort.InferenceSession(job["float"], providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x})[0]
