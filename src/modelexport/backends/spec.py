@@ -61,6 +61,7 @@ class LlmCompileOptions(CompileOptions):
     max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text
     inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/input_modes.py)
     embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
+    vision_precision: str | None = None                  # a VLM folder's vision part: 16a8w (default) | 8a8w
 
 
 # Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.

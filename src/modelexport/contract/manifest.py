@@ -330,6 +330,26 @@ class EmbedderPart(_Recorded):
     genie_lut: BundlePath | None = None  # the same lookup as float32 rows, for Genie's dialog (embedder.GENIE_LUT_FILE)
 
 
+class VisionEntry(_Recorded):
+    """The vision part of a VLM bundle (`compile VLM_FOLDER`): vision tower + projector as one graph,
+    pixel_values [1, 3, S, S] in, image_embeds [1, tokens_per_image, hidden] out; the runtime resizes
+    and normalizes an image as recorded here and puts the rows at the image tokens (`placement`)."""
+    family: str                          # frontends/vlm_families.py row
+    graphs: list[GraphSpec] = Field(default_factory=list)   # per target, with its EPContext model
+    model: BundlePath                    # the float ONNX graph
+    quantized_model: BundlePath | None = None   # the QDQ graph it was compiled from (fake-quant on the CPU)
+    precision: str
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    rescale_factor: float
+    image_token_id: int
+    tokens_per_image: int
+    placement: str                       # PLACEMENT_RULES key: replace_in_order
+    calibration: str = ""                # what the activation ranges were taken from
+    check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → simulator vs float vision part
+
+
 class LlmSection(_Recorded):
     """What an LLM bundle's readers (session, per-layer, eval, summary, report) need."""
     architecture: str
@@ -357,6 +377,7 @@ class LlmSection(_Recorded):
     no_token_id: int | None = None       # `both`: an id that looks nothing up (the position takes inputs_embeds alone)
     embedder: EmbedderPart | None = None  # `embeddings`: the part that looks text up
     full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants
+    vision: VisionEntry | None = None    # a VLM bundle's vision part (pixels → the rows of the image tokens)
 
 
 # ---------------------------------------------------------------------------------------------

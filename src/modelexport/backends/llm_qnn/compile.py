@@ -463,6 +463,13 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if len(parts) != 1:
         raise InputError("one LLM per bundle", "compile each model into its own bundle")
     spec = parts[0]
+    from ...frontends.vlm_folder import is_vlm_folder
+    if is_vlm_folder(spec.model):   # a vision part beside the text decoder (backends/llm_qnn/vlm.py)
+        from .vlm import compile_vlm
+        return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
+    if opts.vision_precision is not None:
+        raise InputError("--vision-precision is for vision-language folders; this model has no vision part",
+                         "leave --vision-precision out")
     r = _resolve(spec, opts)
     requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
     socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb

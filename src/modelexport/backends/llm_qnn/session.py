@@ -24,6 +24,7 @@ from ...llm.openers import open_llm_bundle, source_kind
 from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
 from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.tokenizers import load_tokenizer
+from ...llm.vision_inputs import place_rows_at_positions
 
 STAGES = ("htp-sim", "fake-quant")
 
@@ -49,6 +50,10 @@ class ChainedForward:
         self.embedder = embedder
         self.hidden_size = hidden_size
         self.calls = 0
+        # a VLM prompt's image rows by absolute position (llm/vision_inputs.py): they replace the
+        # embedding there; `both` feeds that position's id as no_token_id (it looks nothing up)
+        self.image_rows: dict[int, np.ndarray] = {}
+        self.no_token_id: int | None = None
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         return self.embedder.run(None, {"input_ids": ids})[0]
@@ -60,6 +65,8 @@ class ChainedForward:
         pos = np.ascontiguousarray(np.asarray(position_ids, dtype=np.int32))
         mask = np.ascontiguousarray(np.asarray(attention_mask, dtype=np.float32))
         first: dict[str, np.ndarray] = text_inputs(self.mode, ids, self._lookup, self.hidden_size)
+        if self.image_rows:
+            first = place_rows_at_positions(first, pos, self.image_rows, self.no_token_id)
         new_k: dict[int, np.ndarray] = {}
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:

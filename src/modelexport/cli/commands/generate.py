@@ -36,6 +36,9 @@ def generate(
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild the CPU program instead of reusing the cached one."),
     json_out: bool = typer.Option(False, "--json", help="Print the text and stats as JSON (no streaming)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the generated text (no stats)."),
+    image: Optional[Path] = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
+                                         "the image the prompt asks about (resized and normalized as the bundle's manifest says); "
+                                         "greedy, --backend htp-sim or cpu (the bundle's QDQ graphs)."),
 ) -> None:
     """Generate text: tokenizer, prefill, decode with a KV cache, sampling, stop conditions.
 
@@ -57,6 +60,8 @@ def generate(
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty", "pass some text with --prompt")
     _check_numbers(max_seq_len, threads, quant)
+    if image is not None:
+        return _generate_with_image(model, image, prompt, backend, max_new_tokens, raw, chat, json_out, quiet)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
                    sliding_window=sliding_window)
@@ -108,6 +113,25 @@ def generate(
         turns.append({"user": text, **result.to_dict()})
     if json_out:
         emit_json({"turns": turns, "model": info})
+
+
+def _generate_with_image(model, image: Path, prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
+                         json_out: bool, quiet: bool) -> None:
+    from ...backends.llm_qnn.vision_session import generate_with_image
+    from ...llm.openers import source_kind
+    if chat:
+        raise InputError("--image answers one prompt; --chat is not offered with it", "drop --chat")
+    if source_kind(Path(model)) != "bundle":
+        raise InputError(f"--image needs a compiled vision-language bundle; {model} is not a bundle",
+                         "compile the VLM folder first: modelexport compile SMOLVLM_FOLDER -o BUNDLE")
+    res = generate_with_image(Path(model), image, prompt, backend=backend, max_new_tokens=max_new_tokens, raw=raw)
+    if json_out:
+        emit_json({k: v for k, v in res.items() if k != "first_logits"})
+        return
+    if not quiet:
+        for note in res["notes"]:
+            err_console.print(f"[dim]note: {note}[/]", highlight=False, soft_wrap=True)
+    console.print(res["text"], highlight=False, markup=False, soft_wrap=True)
 
 
 PROMPT_MODE_NOTES = {

@@ -43,6 +43,13 @@ def llm_summary(bundle, json_out: bool) -> None:
                 check = e.check.get(t)
                 console.print(f"  embedder part ({e.precision}, {t}): {len({g.n_tokens for g in e.graphs})} graphs, {n:,} B"
                               + (f"; twin vs float lookup {check.sqnr_db:.1f} dB" if check else ""))
+        if llm.vision is not None:
+            v = llm.vision
+            for g in v.graphs:
+                check = v.check.get(g.target)
+                console.print(f"  vision part ({v.family}, {v.precision}, {g.target}): {v.image_size}x{v.image_size} image → "
+                              f"{v.tokens_per_image} image tokens (id {v.image_token_id}, {v.placement})"
+                              + (f"; simulator vs float {check.sqnr_db:.1f} dB" if check else ""))
     if llm is not None and llm.weight_rounding is not None:
         r = llm.weight_rounding
         console.print(f"  4-bit weights: --rounding {r.method} ({r.modules} linears"

@@ -1,0 +1,89 @@
+"""`generate BUNDLE --image photo.jpg --prompt ...` on a VLM bundle: the image through the bundle's
+vision part, its rows put at the prompt's image tokens (manifest `llm.vision`), then the decoder's
+own loop (greedy) over the embedder → decoder chain.
+
+Stages as for text (session.STAGES): `htp-sim` runs the compiled parts on the HTP simulator (the
+vision part's EPContext model, the decoder's and embedder's host twins), `fake-quant` their QDQ
+graphs on ONNX Runtime's CPU EP (what `--backend cpu` means for a compiled bundle here).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...core.errors import InputError
+
+BACKEND_STAGES = {"htp-sim": "htp-sim", "cpu": "fake-quant"}
+
+
+def vision_entry(bundle):
+    v = bundle.manifest.llm.vision if bundle.manifest.llm is not None else None
+    if v is None:
+        raise InputError(f"{bundle.path} has no vision part: --image needs a bundle compiled from a vision-language "
+                         "folder", "compile the VLM's Hugging Face folder (modelexport compile SMOLVLM_FOLDER -o BUNDLE), "
+                         "or leave --image out")
+    return v
+
+
+def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """(rows [tokens_per_image, hidden] float32, notes on how the image was changed) for `image`."""
+    import onnxruntime as ort
+
+    from ...llm.vision_inputs import load_pixels
+    v = vision_entry(bundle)
+    x, notes = load_pixels(image, v.image_size, v.mean, v.std, v.rescale_factor)
+    if stage == "htp-sim":
+        from .session import _sim_session
+        target = target or bundle.manifest.targets[0]
+        g = next((g for g in v.graphs if g.target == target and g.epcontext_model), None)
+        if g is None:
+            raise InputError(f"{bundle.path}'s vision part has no graph for {target}",
+                             f"its targets: {', '.join(bundle.manifest.targets)}")
+        sess = _sim_session(bundle.file(g.epcontext_model), target)
+    else:
+        model = v.quantized_model if stage == "fake-quant" and v.quantized_model else v.model
+        sess = ort.InferenceSession(str(bundle.file(model)), providers=["CPUExecutionProvider"])
+    rows = sess.run(None, {"pixel_values": x})[0]
+    return np.asarray(rows, np.float32).reshape(v.tokens_per_image, -1), notes
+
+
+def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim", max_new_tokens: int = 32,
+                        raw: bool = False) -> dict:
+    """Greedy generation from an image and a prompt → {"text", "token_ids", "prompt_ids", "notes",
+    "first_logits" (the logits after the prompt), "stage"}."""
+    import torch
+
+    from ...contract.bundle import open_bundle
+    from ...llm.static_runner import StaticRunner
+    from ...llm.tokenizers import load_tokenizer
+    from ...llm.vision_inputs import image_prompt_ids
+    from ...core.vocab import Role
+    from .session import open_forwards
+    stage = BACKEND_STAGES.get(backend)
+    if stage is None:
+        raise InputError(f"--image runs on --backend {' or '.join(BACKEND_STAGES)}, not {backend}",
+                         "use --backend htp-sim (the simulator) or --backend cpu (the bundle's QDQ graphs on the CPU)")
+    bundle = open_bundle(path)
+    v = vision_entry(bundle)
+    tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
+    if tok_file is None:
+        raise InputError(f"bundle {path} carries no tokenizer", "compile the VLM folder again (its tokenizer is copied)")
+    tok = load_tokenizer(tok_file)
+    text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
+        tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
+    ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image)
+    rows, notes = image_rows(bundle, image, stage)
+    graphs, spec, seq = open_forwards(bundle, stage)
+    where = [i for i, t in enumerate(ids) if t == v.image_token_id]
+    for f in graphs.values():
+        f.image_rows = dict(zip(where, rows))
+        f.no_token_id = bundle.manifest.llm.no_token_id
+    runner = StaticRunner(graphs, spec, seq)
+    first = runner.prefill(ids)
+    out = [int(torch.argmax(first))]
+    eos = set(tok.eos_ids)
+    while len(out) < max_new_tokens and out[-1] not in eos and runner.past_len < seq:
+        out.append(int(torch.argmax(runner.decode_step(out[-1]))))
+    return {"text": tok.decode(out), "token_ids": out, "prompt_ids": ids, "notes": notes,
+            "first_logits": first.numpy(), "stage": stage}

@@ -1,0 +1,172 @@
+"""`compile VLM_FOLDER`: a Hugging Face vision-language folder (a row of frontends/vlm_families.py) into
+one LLM bundle with a vision part.
+
+The text model goes through the LLM path as it is (`--inputs embeddings` by default: the image rows
+enter as embeddings, text through the embedder part; `both` also works), the vision tower + projector
+become one ONNX graph compiled by the ONNX path (QDQ, context binary, EPContext model that is also
+the simulator's twin), and the two are joined into one bundle whose manifest's `llm.vision` says how
+an image becomes rows and where they go.
+
+Vision precision: 16a8w by default. The rows are not requantized on their way in: they become the
+decoder's inputs_embeds (its residual stream is fp16 on the HTP), so the vision part's output error is
+the error of every image position; a ViT's activations (softmax outputs, GELU, post-norm features)
+span ranges that 8-bit activations cut coarsely (tiny tower on two real photos: see
+docs/llm_export.md, "Vision-language models"). 8a8w is there for a smaller, faster encoder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ...core.errors import InputError, ModelExportError
+from ...core.vocab import Role
+
+DEFAULT_VISION_PRECISION = "16a8w"
+VISION_PRECISIONS = ("8a8w", "16a8w")
+VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in the bundle
+
+
+def vision_calibration(facts, dest: Path) -> tuple[Path, str]:
+    """Calibration pixels from the real photos that ship offline (zoo/assets.py), each also mirrored:
+    preprocessed as the runtime will (llm/vision_inputs.load_pixels) → (.npz, what it is)."""
+    from PIL import Image, ImageOps
+
+    from ...llm.vision_inputs import load_pixels
+    from ...zoo.assets import sample_images
+    samples = []
+    for path in sample_images().values():
+        img = Image.open(path).convert("RGB")
+        for im in (img, ImageOps.mirror(img)):
+            x, _ = load_pixels(im, facts.image_size, facts.mean, facts.std, facts.rescale_factor)
+            samples.append(x)
+    np.savez(dest, pixel_values=np.stack(samples))
+    return dest, f"{len(samples)} real photos (skimage chelsea, coffee, and their mirror images)"
+
+
+def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
+    """The VLM bundle at `out` → the opened Bundle. `compile_text(spec, out, opts, force, progress)` is
+    the LLM compile for the text folder."""
+    from ...contract.bundle import BundleWriter, open_bundle
+    from ...core.atomic import check_output
+    from ...frontends.vlm_families import read_vision_facts
+    from ...frontends.vlm_folder import load_vlm, write_text_folder
+    from ...llm.input_modes import get_input_mode
+    from ...llm.vision_part import VisionPart, export_vision_part
+
+    folder = Path(spec.model)
+    family, facts = read_vision_facts(folder)            # the table first: no weight read for a folder it refuses
+    mode = get_input_mode(opts.inputs or "embeddings")
+    if not mode.takes_embeddings:
+        raise InputError(f"--inputs {mode.name}: a vision-language model's image rows enter the decoder as embeddings",
+                         "leave --inputs out (a VLM compiles with --inputs embeddings) or use --inputs both")
+    vprec = (opts.vision_precision or DEFAULT_VISION_PRECISION).strip().lower()
+    if vprec not in VISION_PRECISIONS:
+        raise InputError(f"--vision-precision {opts.vision_precision!r} is not offered",
+                         f"choose one of: {', '.join(VISION_PRECISIONS)} (default {DEFAULT_VISION_PRECISION})")
+    check_output(out, force)
+    work = Path(tempfile.mkdtemp(prefix=".vlm-", dir=out.parent if out.parent.is_dir() else None))
+    try:
+        say(f"loading the {family.label} folder", 0, 4)
+        model, family, facts = load_vlm(folder)
+        text_folder = write_text_folder(model, family, folder, work / "text")
+        vision_onnx = export_vision_part(VisionPart(model, family, facts), work / "vision" / "vision.onnx")
+        calib, calib_what = vision_calibration(facts, work / "vision_calibration.npz")
+        del model
+        text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None)
+        compile_text(dataclasses.replace(spec, model=str(text_folder)), work / "text_bundle", text_opts, True, say)
+        say("compiling the vision part", 3, 4)
+        vision_bundle = _compile_vision(vision_onnx, calib, vprec, opts, work / "vision_bundle")
+        text_bundle = open_bundle(work / "text_bundle")
+        m = text_bundle.manifest
+        m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what)
+        m.placement[VISION_PART] = _placement(vision_bundle)
+        from ...frontends.source_hash import source_sha256
+        m.source = m.source.model_copy(update={   # the VLM folder, not the text folder made from it
+            "path": str(folder.resolve()), "sha256": source_sha256(folder),
+            "description": f"{family.label} ({facts.text_model_type} text model, {m.source.description})"})
+        m.options = {**m.options, "inputs": mode.name, "vision_precision": vprec}
+        with BundleWriter(out, force, manifest=m) as w:
+            for f in m.files:
+                if f.role != Role.REPORT:
+                    w.add_file(text_bundle.path / f.path, f.path, role=f.role)
+            for f in vision_bundle.manifest.files:
+                if f.path.startswith(f"{VISION_PART}/"):
+                    w.add_file(vision_bundle.path / f.path, f.path, role=f.role)
+        bundle = open_bundle(out)
+        say("checking the vision part on the simulator", 3.8, 4)
+        _check_vision(bundle, vision_onnx)
+        return bundle
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _compile_vision(onnx_path: Path, calib: Path, precision: str, opts, dest: Path):
+    from ..ort_qnn.compile import compile_onnx
+    from ..spec import CompileOptions, PartSpec
+    copts = CompileOptions(targets=list(opts.targets or ["SM8650"]), vtcm_mb=opts.vtcm_mb, use_cache=opts.use_cache,
+                           **({"optimization_level": opts.optimization_level} if opts.optimization_level is not None else {}))
+    return compile_onnx([PartSpec(model=str(onnx_path), name=VISION_PART, precision=precision, calibration=str(calib))],
+                        dest, copts, force=True)
+
+
+def _placement(vision_bundle) -> dict:
+    """The ONNX path's placement record in the LLM bundle's shape ({target: htp_nodes, cpu_nodes})."""
+    out = {}
+    for target, p in vision_bundle.manifest.placement[VISION_PART].items():
+        out[target] = {"htp_nodes": p["htp_nodes"], "cpu_nodes": [n["name"] for n in p.get("cpu_fallbacks", [])],
+                       "cpu_io_quantization": p.get("cpu_io_quantization", 0)}
+    return out
+
+
+def _vision_entry(vision_bundle, family, facts, precision: str, calib_what: str):
+    from ...contract.manifest import VisionEntry
+    vm = vision_bundle.manifest
+    files = {f.path for f in vm.files}
+    qdq = f"{VISION_PART}/model.qdq.onnx"
+    return VisionEntry(family=family.model_type, graphs=[g for g in vm.graphs], model=f"{VISION_PART}/model.onnx",
+                       quantized_model=qdq if qdq in files else None, precision=precision,
+                       image_size=facts.image_size, mean=list(facts.mean), std=list(facts.std),
+                       rescale_factor=facts.rescale_factor, image_token_id=facts.image_token_id,
+                       tokens_per_image=facts.tokens_per_image, placement=facts.placement, calibration=calib_what)
+
+
+def _check_vision(bundle, float_onnx: Path) -> None:
+    """Each target's compiled vision part on the simulator against the float graph, on a real photo
+    (in a child: it loads the simulator); recorded in llm.vision.check."""
+    from ...contract.bundle import save_manifest
+    from ...contract.manifest import LogitsAgreement
+    from ...toolchain.worker_pool import run_jobs
+    from ...zoo.assets import sample_images
+    v = bundle.manifest.llm.vision
+    jobs = [(vision_check, {"epcontext": str(bundle.file(g.epcontext_model)), "float": str(bundle.file(v.model)),
+                            "target": g.target, "image": str(next(iter(sample_images().values()))),
+                            "facts": [v.image_size, v.mean, v.std, v.rescale_factor]})
+            for g in v.graphs if g.epcontext_model]
+    for (_, job), r in zip(jobs, run_jobs("the vision check", jobs, 1)):
+        if isinstance(r, ModelExportError):
+            raise r
+        v.check[job["target"]] = LogitsAgreement(sqnr_db=r["sqnr_db"], max_abs_error=r["max_abs_error"], samples=1)
+    save_manifest(bundle)
+
+
+def vision_check(job: dict) -> dict:
+    """Worker: the vision part's simulator session vs its float graph on one real photo → SQNR, max abs error."""
+    import onnxruntime as ort
+
+    from ...core.numerics import compare
+    from ...llm.vision_inputs import load_pixels
+    from ...toolchain.htp_options import run_provider_options
+    from ...core.targets import get_target
+    from ...toolchain.ort_qnn import SessionPlan, create_session
+    size, mean, std, rescale = job["facts"]
+    x, _ = load_pixels(job["image"], size, mean, std, rescale)
+    ref = ort.InferenceSession(job["float"], providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x})[0]
+    sim = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(get_target(job["target"]).soc_model, None)))
+    got = sim.run(None, {"pixel_values": x})[0]
+    c = compare(ref, got)
+    return {"sqnr_db": round(float(c["sqnr_db"]), 2), "max_abs_error": float(np.abs(ref - got).max())}

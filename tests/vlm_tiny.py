@@ -1,0 +1,72 @@
+"""Tiny random VLMs built in-process, with the tiny Llama of llm_tiny as their text model, saved as HF
+folders with the tiny tokenizer and a preprocessor config: an Idefics3 (SmolVLM's architecture: a
+2-layer vision tower on 32x32 images, patches of 8: 16 patches, pixel shuffle 2: 4 image tokens) and a
+LLaVA (a 3-layer CLIP tower on the same images, features of layer -2 without CLS: 16 image tokens)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llm_tiny import CALIBRATION_TEXT, TINY_CONFIG, tiny_tokenizer  # noqa: E402
+
+IMAGE_TOKEN = 258          # inside the tiny vocabulary (260), above the byte and <s> </s> tokens
+IMAGE_SIZE, TOKENS_PER_IMAGE = 32, 4
+MEAN, STD = [0.5, 0.4, 0.3], [0.25, 0.3, 0.35]
+TINY_VISION = dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
+
+
+def tiny_vlm(seed: int = 0, vision: dict | None = None):
+    import copy
+
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    torch.manual_seed(seed)
+    text = dict(copy.deepcopy(TINY_CONFIG), model_type="llama")
+    cfg = Idefics3Config(vision_config=dict(vision or TINY_VISION), text_config=text, scale_factor=2,
+                         image_token_id=IMAGE_TOKEN, tie_word_embeddings=True)
+    model = Idefics3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():   # sharper logits than the default init (as llm_tiny does), and a projector of real scale
+        model.model.text_model.embed_tokens.weight.mul_(8.0)
+        model.model.connector.modality_projection.proj.weight.mul_(4.0)
+    return model
+
+
+LLAVA_TOKENS_PER_IMAGE = 16
+TINY_CLIP = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                 num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
+
+
+def tiny_llava(seed: int = 0):
+    import copy
+
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+    torch.manual_seed(seed)
+    text = dict(copy.deepcopy(TINY_CONFIG), model_type="llama")
+    cfg = LlavaConfig(vision_config=dict(TINY_CLIP), text_config=text, image_token_index=IMAGE_TOKEN,
+                      vision_feature_layer=-2, vision_feature_select_strategy="default", tie_word_embeddings=True)
+    model = LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.model.language_model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava}
+TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE}
+
+
+def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
+    """`root/tiny_vlm` (`root/tiny_<family>` for another family: model, tokenizer,
+    preprocessor_config.json) and `root/calib.txt`."""
+    root = Path(root)
+    folder = root / ("tiny_vlm" if family == "idefics3" else f"tiny_{family}")
+    BUILDERS[family](**kw).save_pretrained(folder)
+    tiny_tokenizer().save(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Idefics3ImageProcessor", "image_mean": MEAN, "image_std": STD,
+         "rescale_factor": 1 / 255, "do_image_splitting": False}))
+    (root / "calib.txt").write_text(CALIBRATION_TEXT)
+    return folder
