@@ -33,6 +33,32 @@ def cli():
     return run_cli
 
 
+def invoke(argv: list[str]) -> tuple[int | str, str]:
+    """The CLI's entry function in this process: (exit code, or "crash", and the traceback it would show)."""
+    import traceback
+
+    from modelexport.cli.main import main
+    try:
+        return main(argv), ""
+    except SystemExit as e:
+        return (e.code if isinstance(e.code, int) else 1), ""
+    except Exception:              # a bug: what the user would have seen
+        return "crash", traceback.format_exc()
+
+
+@pytest.fixture
+def cli_here(capfd):
+    """`cli` without a new interpreter (~2.5 CPU-s of imports each): the same entry function and
+    exit code, what it printed (captured at the file descriptors) and any traceback in stderr.
+    For bad-input checks; keep one `cli` test per verb for the console entry itself."""
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capfd.readouterr()
+        rc, crash = invoke(list(args))
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["modelexport", *args], 1 if rc == "crash" else rc, out, err + crash)
+    return run
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """For files of tiny models (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`): they

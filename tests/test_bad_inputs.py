@@ -22,7 +22,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from bad_inputs_world import World, build_world, check_fix, cli_vocabulary, invoke, partials, snapshot, tamper
+from bad_inputs_world import World, build_world, check_fix, cli_vocabulary, partials, snapshot, tamper
+from conftest import invoke
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -478,7 +478,7 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
 
     seq = 128
     hf = work / "smollm2_shaped"
-    smollm2_shaped_llama(n_layers=2).save_pretrained(hf)
+    smollm2_shaped_llama(n_layers=1).save_pretrained(hf)    # layer 0's keys are what is checked
     tiny_tokenizer().save(hf)
     b = modelexport.compile(str(hf), output=work / "ar32", target="SM8650", variants="ar32", max_seq_len=seq,
                             calibration=str(work / "calib.txt"), calibration_samples=2)   # 16a4w_block

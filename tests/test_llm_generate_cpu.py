@@ -37,6 +37,20 @@ def q4(tmp_path_factory):
     return _export(tmp_path_factory.mktemp("tiny_8da4w"), "8da4w")
 
 
+@pytest.fixture(scope="module")
+def et_attention(fp32, tmp_path_factory):
+    """The fp32 program of the same model with ExecuTorch's attention (three projections and
+    `llama::custom_sdpa`, none of our ops)."""
+    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
+
+    model = fp32[0]
+    folder = tmp_path_factory.mktemp("tiny_fp32_et_attention")
+    export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=96, embedding_bits=None, attention="executorch"),
+               bos_id=BOS, eos_ids=[EOS])
+    tiny_tokenizer().save(folder)
+    return folder / "model.pte"
+
+
 def test_fp32_program_matches_hf_logits_across_chunks(fp32):
     from modelexport.llm.cpu.session import ExecuTorchSession
 
@@ -85,25 +99,20 @@ def _operators(pte) -> set[str]:
     return {f"{op.name}.{op.overload}" for op in plan.operators}
 
 
-def test_attention_kernels_agree(fp32, tmp_path):
+def test_attention_kernels_agree(fp32, et_attention):
     """The default program fuses q|k|v and attends with our kernel (`modelexport::sdpa`);
     `attention="executorch"` keeps ExecuTorch's three projections and `llama::custom_sdpa`.
     Both give Hugging Face's logits, through prefill chunks and decode steps."""
     from modelexport.llm.cpu.session import ExecuTorchSession
-    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
 
     model, native_pte, _ = fp32
-    folder = tmp_path / "et_attention"
-    folder.mkdir()
-    export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=96, embedding_bits=None, attention="executorch"),
-               bos_id=BOS, eos_ids=[EOS])
-    ops_native, ops_et = _operators(native_pte), _operators(folder / "model.pte")
+    ops_native, ops_et = _operators(native_pte), _operators(et_attention)
     assert "modelexport::sdpa.out" in ops_native and "llama::custom_sdpa.out" not in ops_native
     assert "llama::custom_sdpa.out" in ops_et and "modelexport::sdpa.out" not in ops_et
     ids = [BOS, 84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0]
-    for pte in (native_pte, folder / "model.pte"):
+    for pte in (native_pte, et_attention):
         s = ExecuTorchSession(pte)
         got = [s.feed(ids[:7]), s.feed(ids[7:12]), s.feed([ids[12]]), s.feed([ids[13]]), s.feed(ids[14:])]
         for g, i in zip(got, (6, 11, 12, 13, 15)):
@@ -148,18 +157,22 @@ def test_fast_lowering_writes_the_same_program(q4, tmp_path):
 
 
 # -------------------------------------------------------------------------------- the CLI
-def test_cli_generate_streams_and_reports_json(fp32, cli):
+def test_cli_generate_streams_and_reports_json(fp32, cli, cli_here):
     _, pte, _ = fp32
     proc = cli("generate", str(pte), "--prompt", "Hello", "--max-new-tokens", "8", check=True)
     assert "prefill" in proc.stderr and "decode" in proc.stderr
     assert "chat template" in proc.stderr
-    proc = cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", "--raw", check=True)
+    # the --json forms from the entry function in this process (the console entry is checked above)
+    proc = cli_here("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", "--raw")
+    assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["stats"]["generated_tokens"] <= 8 and out["stats"]["prompt_tokens"] == 6
     assert out["chat_template"] is False
     assert {"time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s"} <= set(out["stats"])
     # by default a model with a chat template gets the prompt wrapped in it, as llama.cpp and Ollama do
-    templated = json.loads(cli("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json", check=True).stdout)
+    templated = cli_here("generate", str(pte), "--prompt", "Hello", "-n", "8", "--json")
+    assert templated.returncode == 0, templated.stderr
+    templated = json.loads(templated.stdout)
     assert templated["chat_template"] is True and templated["stats"]["prompt_tokens"] > 6
 
 
@@ -177,47 +190,47 @@ def test_cli_chat_reads_turns_from_stdin(fp32):
     assert turns[1]["stats"]["prefill_tokens"] < turns[1]["stats"]["prompt_tokens"]
 
 
-def test_cli_bad_inputs(fp32, cli, tmp_path):
+def test_cli_bad_inputs(fp32, cli_here, tmp_path):
     import importlib.util
     from pathlib import Path
 
     _, pte, _ = fp32
-    assert_clean_error(cli("generate", str(pte), "--prompt", "   "), "empty")
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--raw", "--chat"), "cannot go together")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "   "), "empty")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--raw", "--chat"), "cannot go together")
     # a .pte is built already: the flag would be ignored, so it is refused
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--requantize-gguf"), "applies to a GGUF file")
-    assert_clean_error(cli("generate", str(pte)), "prompt")
-    assert_clean_error(cli("generate", str(pte), "--prompt", "x" * 200), "context")
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--top-p", "0"), "top-p")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--requantize-gguf"), "applies to a GGUF file")
+    assert_clean_error(cli_here("generate", str(pte)), "prompt")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "x" * 200), "context")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--top-p", "0"), "top-p")
     sp = Path(list(importlib.util.find_spec("mistral_common").submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--tokenizer", str(sp)), "do not belong together")
-    assert_clean_error(cli("generate", str(tmp_path / "missing.gguf"), "--prompt", "hi"), "does not exist")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--tokenizer", str(sp)), "do not belong together")
+    assert_clean_error(cli_here("generate", str(tmp_path / "missing.gguf"), "--prompt", "hi"), "does not exist")
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"not a model")
-    assert_clean_error(cli("generate", str(junk), "--prompt", "hi"), "not a GGUF")
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--backend", "htp-sim"), "compiled LLM bundles")
-    assert_clean_error(cli("generate", str(pte), "--prompt", "hi", "--backend", "gpu"), "unknown LLM backend")
+    assert_clean_error(cli_here("generate", str(junk), "--prompt", "hi"), "not a GGUF")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--backend", "htp-sim"), "compiled LLM bundles")
+    assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--backend", "gpu"), "unknown LLM backend")
 
 
-def test_cli_bundles_that_cannot_generate(fp32, cli, tmp_path):
+def test_cli_bundles_that_cannot_generate(fp32, cli_here, tmp_path):
     from modelexport.contract.bundle import BundleWriter
     from modelexport.contract.manifest import Manifest, SourceModel
 
     _, pte, _ = fp32
     with BundleWriter(tmp_path / "cnn", manifest=Manifest(kind="model")) as w:
         w.path("model.onnx").write_bytes(b"x")
-    assert_clean_error(cli("generate", str(tmp_path / "cnn"), "--prompt", "hi"), "not an LLM")
+    assert_clean_error(cli_here("generate", str(tmp_path / "cnn"), "--prompt", "hi"), "not an LLM")
     with BundleWriter(tmp_path / "llm", manifest=Manifest(kind="llm")) as w:
         w.add_file(pte.parent / "tokenizer.json", "tokenizer.json", role="tokenizer")
-    assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi", "--backend", "htp-sim"), "no HTP graphs")
+    assert_clean_error(cli_here("generate", str(tmp_path / "llm"), "--prompt", "hi", "--backend", "htp-sim"), "no HTP graphs")
     # an LLM bundle holds NPU graphs: on the CPU it generates from the model it was compiled from
-    assert_clean_error(cli("generate", str(tmp_path / "llm"), "--prompt", "hi"), "carries no CPU program")
+    assert_clean_error(cli_here("generate", str(tmp_path / "llm"), "--prompt", "hi"), "carries no CPU program")
     source = tmp_path / "source"
     source.mkdir()
     (source / "config.json").write_text("{}")
     with BundleWriter(tmp_path / "llm2", manifest=Manifest(kind="llm", source=SourceModel(path=str(source), sha256="0" * 64))):
         pass
-    changed = cli("generate", str(tmp_path / "llm2"), "--prompt", "hi")
+    changed = cli_here("generate", str(tmp_path / "llm2"), "--prompt", "hi")
     assert_clean_error(changed, "changed since it was compiled")
     assert changed.returncode == 4
 
@@ -250,7 +263,7 @@ def test_a_built_program_runs_without_executorchs_export_stack(fp32):
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_path):
+def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli_here, tmp_path):
     """`eval --stages cpu`: the CPU program's perplexity, one decode step per token, equals the
     Hugging Face model's on the same windows (fp32 program); a .pte has no float stage."""
     import math
@@ -275,7 +288,7 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli, tmp_p
         nll -= float(logp[torch.arange(len(w) - 1), torch.tensor(w[1:])].sum())
         n += len(w) - 1
     assert res["stages"]["cpu"]["perplexity"] == pytest.approx(math.exp(nll / n), rel=1e-3)
-    assert_clean_error(cli("eval", str(pte), "--perplexity", str(text), "--stages", "float"), "no float model")
+    assert_clean_error(cli_here("eval", str(pte), "--perplexity", str(text), "--stages", "float"), "no float model")
 
 
 def test_weight_quantizer_beats_min_max_per_group():
@@ -295,7 +308,7 @@ def test_weight_quantizer_beats_min_max_per_group():
     assert torch.equal((q.reshape(8, 2, 32) * scale.unsqueeze(-1)).reshape(8, 64), exact)
 
 
-def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, cli, tmp_path):
+def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, et_attention, cli, tmp_path):
     """No C++ compiler and no kernel built yet: our program stops before its first call with the
     fix; a program without our ops (ExecuTorch's attention) still generates."""
     from modelexport.llm.cpu.session import calls_native_kernels
@@ -304,13 +317,6 @@ def test_missing_cxx_is_a_clean_error_only_for_programs_that_need_it(fp32, cli, 
     env = {"CXX": str(tmp_path / "no-such-g++"), "MODELEXPORT_CACHE_DIR": str(tmp_path / "empty-cache")}
     assert calls_native_kernels(pte)
     assert_clean_error(cli("generate", str(pte), "-p", "hi", "--max-new-tokens", "2", env=env), "g++")
-    model = tiny_llama(2)
-    folder = tmp_path / "et"
-    folder.mkdir()
-    from modelexport.llm.cpu.export import CpuExportOptions, export_pte
-    export_pte(model, folder, CpuExportOptions(quant="fp32", max_seq_len=32, embedding_bits=None, attention="executorch"),
-               bos_id=BOS, eos_ids=[EOS])
-    tiny_tokenizer().save(folder)
-    assert not calls_native_kernels(folder / "model.pte")
-    proc = cli("generate", str(folder / "model.pte"), "-p", "hi", "--max-new-tokens", "2", env=env)
+    assert not calls_native_kernels(et_attention)
+    proc = cli("generate", str(et_attention), "-p", "hi", "--max-new-tokens", "2", env=env)
     assert proc.returncode == 0, proc.stderr
