@@ -21,7 +21,9 @@ import os
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_pte_weights.json"
@@ -37,36 +39,40 @@ def qnn_min_max_block(w, block: int):
     return (torch.clamp(torch.round(wb / s), -7, 7) * s).reshape(o, i)
 
 
-def as_lowered(bw, block: int):
-    """A rounded weight as ExecuTorch's lowering hands it to QNN (`NodeVisitor.make_qnn_per_block_config`):
-    the integers kept, the block scales re-derived as LPBQ, channel scale max/16, levels round(s/it) in 1..16."""
-    import numpy as np
-    s = bw.block_scales.astype(np.float32) * bw.channel_scale                   # [K/block, N]
-    c = s.max(0) / 16
-    s2 = np.clip(np.round(s / c), 1, 16) * c
-    k, n = bw.q.shape
-    return (bw.q.reshape(k // block, block, n) * s2[:, None, :]).reshape(k, n)
-
-
-def run(n_layers: int, n_samples: int, n_eval: int, variants: list[int], seq: int, weights_only_rows: bool = False) -> dict:
+def dequantized_as_lowered(bw, block: int):
+    """A rounded weight [K, N] as ExecuTorch's lowering hands it to QNN: the integers kept, the block
+    scales re-derived as LPBQ (`llm_pt2e.as_lowered`, what `pin_rounded_weights` pins)."""
     import numpy as np
     import torch
 
+    from modelexport.quant.llm_pt2e import as_lowered
+    s = as_lowered(torch.from_numpy((bw.block_scales.astype(np.float32) * bw.channel_scale).T.copy())).numpy()
+    k, n = bw.q.shape
+    return (bw.q.reshape(k // block, block, n) * s.T[:, None, :]).reshape(k, n)
+
+
+@dataclass
+class Setup:
+    """The cut model and what both measurements start from: the float static decoders (RoPE lookups
+    split as the compile splits them), each method's calibration samples and the tied KV ranges."""
+    llm: Any
+    tok: Any
+    text: Any
+    decoders: dict          # {method: static decoder}
+    samples: dict           # {method: [flat input dicts]}
+    kv_ranges: dict
+    seq: int
+
+
+def _setup(n_layers: int, n_samples: int, variants: list[int], seq: int) -> Setup:
     from llm_pte_stages import cut_model
     from modelexport.backends.executorch_qnn.specs import qnn_ready
-    from modelexport.backends.llm_pte.compile import _round_weights
     from modelexport.backends.llm_qnn.calibration import calibration_samples
-    from modelexport.backends.llm_qnn.compile import _quality_options
-    from modelexport.backends.spec import LlmCompileOptions
-    from modelexport.core.numerics import compare
-    from modelexport.core.targets import get_target
     from modelexport.llm.pte_methods import method_name
     from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from modelexport.llm.text import read_text, tokenize
     from modelexport.llm.tokenizers import from_transformers
-    from modelexport.llm.weight_quality import four_bit_linears
-    from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER, llm_quant_plan, quantize_methods
-    soc = get_target("SM8650")
+    from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER
     qnn_ready()
     llm = cut_model(n_layers)
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
@@ -77,8 +83,31 @@ def run(n_layers: int, n_samples: int, n_eval: int, variants: list[int], seq: in
     decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, seq)) for n in variants}
     for d in decs.values():
         split_rope_lookups(d, MAX_ROPE_GATHER)
-    by_method = {method_name(n): samples[n] for n in variants}
-    feeds = {m: [[torch.from_numpy(s[k]) for k in d.input_names()] for s in by_method[m][:n_eval]] for m, d in decs.items()}
+    return Setup(llm, tok, text, decs, {method_name(n): samples[n] for n in variants}, kv, seq)
+
+
+def _rounded(s: Setup, plan, rounding: str) -> dict:
+    """The ONNX path's 4-bit weights of the cut model with this rounding, as the compile computes them."""
+    from modelexport.backends.llm_pte.compile import _round_weights
+    from modelexport.backends.llm_qnn.compile import _quality_options
+    from modelexport.backends.spec import LlmCompileOptions
+    opts = LlmCompileOptions(rounding=rounding)
+    return _round_weights(s.llm.model, s.tok, s.text, s.seq, plan, _quality_options(opts, plan.precision.name, {}),
+                          opts, lambda *a: None)[0]
+
+
+def run(n_layers: int, n_samples: int, n_eval: int, variants: list[int], seq: int, weights_only_rows: bool = False) -> dict:
+    import numpy as np
+    import torch
+
+    from modelexport.core.numerics import compare
+    from modelexport.core.targets import get_target
+    from modelexport.llm.weight_quality import four_bit_linears
+    from modelexport.quant.llm_pt2e import llm_quant_plan, quantize_methods
+    soc = get_target("SM8650")
+    s = _setup(n_layers, n_samples, variants, seq)
+    llm, decs, by_method, kv = s.llm, s.decoders, s.samples, s.kv_ranges
+    feeds = {m: [[torch.from_numpy(x[k]) for k in d.input_names()] for x in by_method[m][:n_eval]] for m, d in decs.items()}
 
     def logits(forward, m):
         with torch.no_grad():
@@ -93,10 +122,8 @@ def run(n_layers: int, n_samples: int, n_eval: int, variants: list[int], seq: in
     names = four_bit_linears(llm.model, 4, plan.overrides)
     rounded, times = {}, {}
     for r in ("nearest", "gptq"):
-        opts = LlmCompileOptions(rounding=r)
         t = time.perf_counter()
-        rounded[r], _, _ = _round_weights(llm.model, tok, text, seq, plan, _quality_options(opts, "16a4w_block", {}),
-                                          opts, lambda *a: None)
+        rounded[r] = _rounded(s, plan, r)
         times[f"rounding {r} s"] = round(time.perf_counter() - t, 1)
     rows: dict = {}
 
@@ -117,7 +144,7 @@ def run(n_layers: int, n_samples: int, n_eval: int, variants: list[int], seq: in
         weights_only(f"ONNX path {r}", lambda n, w, r=r: torch.from_numpy(rounded[r][n].dequantized(plan.block_size).T.copy()))
 
     weights_only("ONNX path gptq, block scales as ExecuTorch's lowering re-derives them",
-                 lambda n, w: torch.from_numpy(as_lowered(rounded["gptq"][n], plan.block_size).T.copy()))
+                 lambda n, w: torch.from_numpy(dequantized_as_lowered(rounded["gptq"][n], plan.block_size).T.copy()))
 
     def fake_quant(label, rnd, tied=True):
         t = time.perf_counter()
@@ -145,34 +172,16 @@ def perplexities(n_layers: int, n_samples: int, variants: list[int], seq: int, c
     text in `seq`-token windows, as `eval --stages float,fake-quant` scores a `.pte` bundle (prefill in
     arN chunks, then decode), for each weight config: "min-max" (QnnQuantizer's own, before) or a
     rounding of the ONNX path pinned ("nearest", "gptq")."""
-    import torch
-
-    from llm_pte_stages import cut_model
-    from modelexport.backends.executorch_qnn.specs import qnn_ready
-    from modelexport.backends.llm_pte.compile import _round_weights
-    from modelexport.backends.llm_qnn.calibration import calibration_samples
-    from modelexport.backends.llm_qnn.compile import _quality_options
-    from modelexport.backends.spec import LlmCompileOptions
     from modelexport.core.targets import get_target
     from modelexport.llm.pte_methods import method_name
     from modelexport.llm.pte_session import GraphForward
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from modelexport.llm.static_runner import StaticRunner
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
-    from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER, llm_quant_plan, quantize_methods
+    from modelexport.llm.text import tokenize
+    from modelexport.quant.llm_pt2e import llm_quant_plan, quantize_methods
     from modelexport.runtime.evaluate import perplexity
-    qnn_ready()
-    llm = cut_model(n_layers)
-    tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
-    text = read_text(None)
-    kv: dict = {}
-    samples = calibration_samples(llm.model, tokenize(tok, text.text, seq * (n_samples + 2)), variants, seq,
-                                  n_samples, kv)
-    ids = tokenize(tok, text.text, tokens)[:tokens]
-    decs = {method_name(n): build_static_decoder(llm.model, StaticDecoderConfig(n, seq)) for n in variants}
-    for d in decs.values():
-        split_rope_lookups(d, MAX_ROPE_GATHER)
+    s = _setup(n_layers, n_samples, variants, seq)
+    decs = s.decoders
+    ids = tokenize(s.tok, s.text.text, tokens)[:tokens]
     spec = decs[method_name(1)].spec
     out = {"float": round(perplexity(StaticRunner.from_decoder(decs[method_name(max(variants))], variants), ids, seq,
                                      "float").perplexity, 3)}
@@ -181,13 +190,8 @@ def perplexities(n_layers: int, n_samples: int, variants: list[int], seq: int, c
     times: dict = {}
     for config in configs:
         t = time.perf_counter()
-        rounded = None
-        if config != "min-max":
-            opts = LlmCompileOptions(rounding=config)
-            rounded, _, _ = _round_weights(llm.model, tok, text, seq, plan, _quality_options(opts, "16a4w_block", {}),
-                                           opts, lambda *a: None)
-        graphs, _, _ = quantize_methods(decs, {method_name(n): samples[n] for n in variants}, kv, plan,
-                                        get_target("SM8650"), rounded)
+        rounded = None if config == "min-max" else _rounded(s, plan, config)
+        graphs, _, _ = quantize_methods(decs, s.samples, s.kv_ranges, plan, get_target("SM8650"), rounded)
         del rounded
         times[f"{config} weights + quantize s"] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()

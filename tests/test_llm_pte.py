@@ -185,6 +185,8 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     assert pinned["prefill_forward"] == {"pinned": 7, "left_min_max": 0}
     assert all(torch.equal(dec.get_submodule(n).weight, w) for n, w in before.items())    # the float model untouched
     gm = graphs["prefill_forward"]
+    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    assert {name for name, _ in [*gm.named_parameters(), *gm.named_buffers()]} <= read   # no float copy to lower
     linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == torch.ops.aten.linear.default]
     names = ["model.layers.0.self_attn." + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
             ["model.layers.0.mlp." + p for p in ("gate_proj", "up_proj", "down_proj")]

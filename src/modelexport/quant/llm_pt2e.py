@@ -151,7 +151,8 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
                      rounded: dict | None = None, pinned: dict | None = None):
     """{method: static decoder} → ({method: quantized GraphModule}, {method: example inputs},
     {method: {KV I/O: [scale, zp]}}); `samples`: {method: [flat input dicts]} from the float decoder;
-    `rounded`: the 4-bit weights every method gets (`pin_rounded_weights`), counts into `pinned`."""
+    `rounded`: the 4-bit weights every method gets (`pin_rounded_weights`), counts into `pinned`.
+    The graphs keep only the tensors their nodes read (`_drop_unused_tensors`)."""
     import torch
 
     from .pt2e_qnn import quantize
@@ -168,6 +169,7 @@ def quantize_methods(decoders: dict, samples: dict, kv_ranges: dict[str, list[fl
                 if pinned is not None:
                     pinned[m] = counts
         graphs[method] = quantize(ep.module(), plan, soc, calib, before_convert=before_convert)
+        _drop_unused_tensors(graphs[method])
         encodings[method] = {k: v for k, v in boundary_encodings(graphs[method], names_in, names_out).items()
                              if k in kv_ranges}
     return graphs, inputs, encodings
@@ -245,7 +247,8 @@ def save_converted(converted, example_inputs: tuple, path) -> None:
 
 def _drop_unused_tensors(gm) -> None:
     """Conversion folds each weight into a quantized constant and leaves the float parameter in the
-    module, read by no node; exported as is, every method's `.pt2` would carry the float weights too."""
+    module, read by no node. Exported as is, every method's `.pt2` and edge program would carry the float
+    weights too (the pinned ones a copy per method), and the lowering's copy of the edge program again."""
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     for name, _ in [*gm.named_parameters(), *gm.named_buffers()]:
         if name not in used:
