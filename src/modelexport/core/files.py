@@ -15,3 +15,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_onnx(path: Path) -> str:
+    """An ONNX model's hash with its external weights (`<name>.data` beside it, as our exports write
+    them): the .onnx alone is the same for two models of one shape, so a cache keyed on it would
+    hand one model's compiled binary to the other."""
+    data = path.with_name(path.name + ".data")
+    if not data.is_file():
+        return sha256_file(path)
+    return hashlib.sha256(f"{sha256_file(path)}:{sha256_file(data)}".encode()).hexdigest()

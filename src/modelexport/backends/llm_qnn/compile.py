@@ -511,10 +511,10 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
 
     # 2 + 3. context binaries
     from ..ort_qnn import worker as ort_qnn_worker
-    from ...contract.manifest import sha256_file
+    from ...core.files import sha256_onnx
     from .ctx_jobs import SHARED_NAMESPACE, compile_shared
     from ...toolchain.qnn_graph_order import ORDER_SCHEME
-    shas = {g["name"]: sha256_file(qentry / g["qdq"]) for g in graphs}
+    shas = {g["name"]: sha256_onnx(qentry / g["qdq"]) for g in graphs}
     jobs: list[tuple[Callable, dict]] = []
     for soc in socs:
         popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
@@ -829,10 +829,10 @@ def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, q
     import onnxruntime
 
     from ..ort_qnn import worker as ort_qnn_worker
-    from ...contract.manifest import sha256_file
+    from ...core.files import sha256_onnx
     from .ctx_jobs import SHARED_NAMESPACE, compile_shared
     gs = embedder["graphs"]
-    shas = {g["name"]: sha256_file(qentry / g["graph"]) for g in gs}
+    shas = {g["name"]: sha256_onnx(qentry / g["graph"]) for g in gs}
     key = cache_key(SHARED_NAMESPACE, [shas[g["name"]] for g in gs], popts, qairt.build_id, onnxruntime.__version__)
     jobs: list = [(compile_shared, {"kind": "shared", "role": "embedder", "part": "embedder", "n_parts": 1,
                                     "target": soc.name, "provider_options": popts,
