@@ -126,8 +126,8 @@ def _reattach_metadata(folder: Path, props: list[tuple[str, str]]) -> None:
 
 
 def _sha_file(p: Path) -> str:
-    from ...contract.manifest import sha256_file
-    return sha256_file(p)
+    from ...core.files import sha256_onnx
+    return sha256_onnx(p)
 
 
 def _fallbacks(placement: dict[str, list[list[str]]], graph_inputs: set[str], graph_outputs: set[str]) -> list[tuple[str, str]]:
