@@ -118,6 +118,8 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
     else:                           # backends/llm_pte/compile.py as it is: one to_edge, two partition + preprocess
         if lower_mode == "after-keep-provenance":
             pc._drop_provenance = lambda gm: None
+        if lower_mode == "after-no-edge-cuts":     # strict re-export, provenance dropped once (the code before)
+            pc.EDGE_CUTS["on"] = False
         steps: dict = {}
         with timed(rows, "lower both (all)"):
             programs = pc.lower_methods(graphs, inputs, soc, consts, plan.uses_block, steps)
@@ -183,7 +185,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--prefill", type=int, default=32)
     ap.add_argument("--profile", default=None, help="cProfile the stages whose name contains this")
-    ap.add_argument("--mode", default="after", choices=("before", "after", "after-keep-provenance"))
+    ap.add_argument("--mode", default="after", choices=("before", "after", "after-keep-provenance", "after-no-edge-cuts"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--rope-one-gather", action="store_true", help="one RoPE-table gather per method (before the split)")
     a = ap.parse_args()

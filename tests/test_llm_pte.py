@@ -515,3 +515,61 @@ def test_one_edge_program_gives_the_shared_program_and_its_twin():
     for method, x in inputs.items():
         got = twin.load_method(method).execute(list(x))[0]
         assert sqnr_db(graphs[method](*x).detach().numpy(), np.asarray(got)) > 30, method
+
+
+@pytest.mark.heavy
+def test_edge_cuts_leave_the_edge_program_as_it_was(monkeypatch):
+    """The to_edge cuts (non-strict re-export, provenance dropped between phases: `EDGE_CUTS`) change
+    how long it takes, not what it gives: the same ops in the same order on the same constants; the
+    provenance chains every pass deep-copies are shorter."""
+    from modelexport.backends.executorch_qnn.specs import compile_specs, qnn_ready
+    from modelexport.backends.llm_pte import compile as pc
+    from modelexport.core.targets import get_target
+    from modelexport.quant.pt2e_qnn import QuantPlan, quantize
+    from modelexport.quant.precision import get_precision
+    qnn_ready()
+    soc, model = get_target("SM8650"), _Mlp().eval()
+    inputs = {"kv_forward": (torch.randn(1, 1, 64),), "prefill_forward": (torch.randn(1, 4, 64),)}
+    graphs = {m: quantize(torch.export.export(model, x, strict=True).module(), QuantPlan(get_precision("16a8w")), soc,
+                          [x, tuple(t * 0.5 for t in x)]) for m, x in inputs.items()}
+
+    def edge(cuts: bool) -> dict:
+        monkeypatch.setitem(pc.EDGE_CUTS, "on", cuts)
+        e = pc.edge_program(graphs, inputs, compile_specs(soc, use_fp16=False), {"get_max_seq_len": 8}, False)
+        out = {m: _edge_structure(e.exported_program(m)) for m in e.methods}
+        out["depth"] = max(_provenance_depth(n) for m in e.methods for n in e.exported_program(m).graph.nodes)
+        return out
+
+    before, after = edge(False), edge(True)
+    assert set(before) == set(after) == set(inputs) | {"depth"}
+    for m in inputs:
+        assert after[m] and after[m] == before[m], m
+    assert after["depth"] < before["depth"], (after["depth"], before["depth"])
+
+
+def _edge_structure(ep) -> list:
+    """An edge program without its names and its placeholders' order (strict and non-strict export
+    name and order the constants differently): each op with its arguments, a constant argument as its
+    shape, dtype and sum, an op's as its position."""
+    import torch.fx
+    sig = ep.graph_signature
+    where = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    tensors = {**ep.state_dict, **ep.constants}
+    key: dict = {}
+    for n in ep.graph.nodes:
+        if n.op == "placeholder":
+            t = tensors[where[n.name]] if n.name in where else None
+            key[n] = ("input", n.name) if t is None else (tuple(t.shape), str(t.dtype), float(t.double().sum()))
+    ops = []
+    for n in ep.graph.nodes:
+        if n.op != "placeholder":
+            key[n] = len(ops)
+            ops.append((n.op, str(n.target), repr(torch.fx.node.map_arg(n.args, key.get))))
+    return ops
+
+
+def _provenance_depth(node) -> int:
+    depth, chain = 0, node.meta.get("from_node") or []
+    while chain:
+        depth, chain = depth + 1, chain[0].from_node
+    return depth

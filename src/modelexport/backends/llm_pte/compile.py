@@ -52,9 +52,10 @@ def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, co
     out: dict[str, bytes] = {}
     try:
         with capture_native_output() as log:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             edge = edge_program(graphs, inputs, compile_specs(soc, use_fp16=False), constants, block_wise)
             clock["to_edge_s"] = round(time.perf_counter() - t0, 2)
+            clock["to_edge_cpu_s"] = round(time.process_time() - c0, 2)
             for i, (name, shared) in enumerate(LOWERINGS.items()):
                 t0 = time.perf_counter()
                 specs = compile_specs(soc, use_fp16=False, weight_sharing=shared)
@@ -75,7 +76,13 @@ def lower_methods(graphs: dict[str, Any], inputs: dict[str, tuple], soc: SoC, co
 def edge_program(graphs: dict[str, Any], inputs: dict[str, tuple], specs: list, constants: dict[str, Any],
                  block_wise: bool):
     """ExecuTorch's `to_edge_transform_and_lower_to_qnn` up to (not including) partitioning: each method
-    exported, QNN's export passes, to_edge keeping the ops QNN wants whole, QNN's to-edge passes."""
+    exported, QNN's export passes, to_edge keeping the ops QNN wants whole, QNN's to-edge passes.
+    Its cost is per node and per pass: some 34 whole-graph re-traces per method through fake tensors
+    (3 decompositions, ExecuTorch's edge passes, QNN's), ~450 recompiles of the graph's Python source,
+    linear in layers (bench/llm_pte_stages.py --profile). Two parts add nothing to the program and are cut
+    (`EDGE_CUTS`): the re-export is non-strict (the graph is already an exported, quantized aten graph:
+    dynamo has nothing to capture; a third of the export's time), and `from_node` provenance is dropped
+    between phases too (each pass deep-copies every node's chain, one link longer per pass)."""
     import torch
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
@@ -85,20 +92,29 @@ def edge_program(graphs: dict[str, Any], inputs: dict[str, tuple], specs: list, 
     # private in 1.5.1: the first half of to_edge_transform_and_lower (requirements pin executorch)
     from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
     backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
+    cut = EDGE_CUTS["on"]
     aten, passes = {}, {}
     for method, gm in graphs.items():
         _drop_provenance(gm)
-        ep = torch.export.export(gm, inputs[method], strict=True)
+        ep = torch.export.export(gm, inputs[method], strict=not cut)
         pm = get_qnn_pass_manager_cls(backend_type)()
         aten[method] = pm.transform_for_export_pipeline(ep)
+        if cut:
+            _drop_provenance(aten[method].graph_module)
         passes[method] = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=block_wise)
     with QnnManagerContext({m: specs for m in graphs}):
         edge = _gen_edge_manager_for_partitioners({m: [QnnPartitioner(specs)] for m in graphs}, aten,
                                                   qnn_edge_config(), constants)
+        if cut:
+            for method in edge.methods:
+                _drop_provenance(edge.exported_program(method).graph_module)
         edge = edge.transform(passes)
     for method in edge.methods:
         lift_constant_tensor_pass(edge.exported_program(method))
     return edge
+
+
+EDGE_CUTS = {"on": True}    # bench/llm_pte_stages.py --mode after-no-edge-cuts: the code before them
 
 
 def _drop_provenance(gm) -> None:
