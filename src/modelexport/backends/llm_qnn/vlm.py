@@ -16,6 +16,7 @@ docs/llm_export.md, "Vision-language models"). 8a8w is there for a smaller, fast
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -97,12 +98,46 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
             for f in vision_bundle.manifest.files:
                 if f.path.startswith(f"{VISION_PART}/"):
                     w.add_file(vision_bundle.path / f.path, f.path, role=f.role)
+            pipelines = _write_pipelines(w, text_bundle, m)
         bundle = open_bundle(out)
         say("checking the vision part on the simulator", 3.8, 4)
         _check_vision(bundle, vision_onnx)
+        if pipelines:
+            say("building the Genie pipeline on the host twins", 3.9, 4)
+            _check_pipelines(bundle, pipelines)
         return bundle
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_pipelines(w, text_bundle, m) -> dict[str, str]:
+    """Each target's `genie_pipeline.json` beside its Genie dialog config (embeddings-in decoders
+    only: Genie's text-generator takes the accumulated rows as inputs_embeds) → {target: file}."""
+    from .genie_pipeline import PIPELINE_FILE, pipeline_config
+    out = {}
+    for target, entry in m.llm.genie.items():
+        if m.llm.inputs != "embeddings" or not entry.dialog_created:
+            continue
+        folder = str(Path(entry.file).parent)
+        rel = PIPELINE_FILE if folder == "." else f"{folder}/{PIPELINE_FILE}"
+        bins = [g.file for g in m.llm.vision.graphs if g.target == target]
+        up = "../" * (0 if folder == "." else len(Path(folder).parts))   # paths relative to the folder Genie runs in
+        cfg = pipeline_config(json.loads((text_bundle.path / entry.file).read_text()), [up + b for b in bins],
+                              m.llm.spec.hidden_size, m.llm.vision.image_size)
+        w.path(rel, role=Role.GENIE_CONFIG).write_text(json.dumps(cfg, indent=2))
+        out[target] = rel
+    return out
+
+
+def _check_pipelines(bundle, pipelines: dict[str, str]) -> None:
+    """libGenie builds each target's pipeline on the host twins (genie_pipeline.check_pipeline): a
+    refused text path fails the compile; recorded in llm.genie[target].pipeline."""
+    from ...contract.bundle import save_manifest
+    from ...contract.manifest import GeniePipelineCheck
+    from .genie_pipeline import check_pipeline
+    for target, rel in pipelines.items():
+        bundle.manifest.llm.genie[target].pipeline = GeniePipelineCheck(file=rel, **check_pipeline(bundle, target, rel))
+    save_manifest(bundle)
 
 
 def _compile_vision(onnx_path: Path, calib: Path, precision: str, opts, dest: Path):
