@@ -47,6 +47,7 @@ def test_every_part_on_the_htp_and_the_vision_entry(bundle):
     assert (v.family, v.precision, v.placement) == ("idefics3", "16a8w", "replace_in_order")
     assert (v.image_size, v.tokens_per_image, v.image_token_id) == (IMAGE_SIZE, TOKENS_PER_IMAGE, IMAGE_TOKEN)
     assert v.mean == MEAN and v.std == STD and "real photos" in v.calibration
+    assert "float vision part's rows" in v.decoder_image_calibration   # the decoder's ranges saw image positions
     (g,) = v.graphs
     assert g.target == "SM8650" and bundle.file(g.file).is_file() and bundle.file(g.epcontext_model).is_file()
     assert [t.shape for t in g.onnx_inputs] == [[1, 3, IMAGE_SIZE, IMAGE_SIZE]]

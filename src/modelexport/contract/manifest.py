@@ -358,6 +358,7 @@ class VisionEntry(_Recorded):
     tokens_per_image: int
     placement: str                       # PLACEMENT_RULES key: replace_in_order
     calibration: str = ""                # what the activation ranges were taken from
+    decoder_image_calibration: str | None = None   # the text decoder's ranges include these vision rows at image tokens
     check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → simulator vs float vision part
 
 
