@@ -47,6 +47,7 @@ def test_every_part_on_the_htp_and_the_vision_entry(bundle):
     assert (v.family, v.precision, v.placement) == ("idefics3", "16a8w", "replace_in_order")
     assert (v.image_size, v.tokens_per_image, v.image_token_id) == (IMAGE_SIZE, TOKENS_PER_IMAGE, IMAGE_TOKEN)
     assert v.mean == MEAN and v.std == STD and "real photos" in v.calibration
+    assert "float vision part's rows" in v.decoder_image_calibration   # the decoder's ranges saw image positions
     (g,) = v.graphs
     assert g.target == "SM8650" and bundle.file(g.file).is_file() and bundle.file(g.epcontext_model).is_file()
     assert [t.shape for t in g.onnx_inputs] == [[1, 3, IMAGE_SIZE, IMAGE_SIZE]]
@@ -113,12 +114,67 @@ def test_bad_image_inputs(bundle, tmp_path):
     from modelexport.core.errors import InputError
     Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
     text_only = _without_vision(bundle, tmp_path / "text_only")
+    older = shutil.copytree(bundle.path, tmp_path / "no_pipeline")   # a VLM bundle built before the Genie pipeline
+    data = json.loads((older / "manifest.json").read_text())
+    data["llm"]["genie"]["SM8650"]["pipeline"] = None
+    (older / "manifest.json").write_text(json.dumps(data))
     for path, kw, words in ((text_only, {}, ["has no vision part", "modelexport compile"]),
+                            (older, {"backend": "genie"}, ["has no Genie pipeline", "--backend htp-sim"]),
                             (bundle.path, {"image": tmp_path / "none.png"}, ["image not found", "--image"]),
-                            (bundle.path, {"backend": "genie"}, ["--backend htp-sim", "cpu"])):
+                            (bundle.path, {"backend": "xnnpack"}, ["--backend htp-sim", "cpu", "genie"])):
         with pytest.raises(InputError) as e:
             generate_with_image(path, **{"image": tmp_path / "ok.png", "prompt": "Hi", **kw})
         assert all(w in str(e.value) + e.value.fix for w in words), e.value
+
+
+def test_the_genie_pipeline_is_built_at_compile(bundle):
+    """libGenie builds the bundle's pipeline on the host twins at compile time: the text path
+    (pipeline, text-generator node on the embeddings-in decoder, LUT text-encoder node, connected) is
+    accepted; the image-encoder node on the vision binary is refused by this library, with its own
+    words, because it sizes an encoder graph from the numbers in its name and the QNN EP's 19-20
+    digit hash overflows its int (see genie_pipeline.py). Recorded, not a failed build."""
+    p = bundle.manifest.llm.genie["SM8650"].pipeline
+    assert p is not None and p.text_path_created
+    assert not p.image_encoder_created and "stoi: out of range" in p.image_encoder_note
+    cfg = json.loads(bundle.file(p.file).read_text())
+    assert set(cfg["nodes"]) == {"textGenerator", "textEncoder", "imageEncoder"}
+    (vision_bin,) = cfg["nodes"]["imageEncoder"]["image-encoder"]["engine"]["model"]["binary"]["ctx-bins"]
+    assert bundle.file(vision_bin).is_file()
+
+
+def test_genie_pipeline_feeds_the_decoder_our_rows_and_gives_our_logits(bundle, tmp_path):
+    """`generate --image --backend genie`: the text runs through Genie's text-encoder node, the image
+    rows (the vision part on the simulator) through the generator's embedding input, in prompt
+    order; Genie's own tensor dumps show the decoder got exactly the rows our loop feeds (text rows
+    of the LUT, image rows at the image tokens) and gave the same first-step logits; its greedy
+    tokens are our loop's."""
+    from modelexport.backends.llm_qnn.genie_dialog import sampler_block
+    from modelexport.backends.llm_qnn.genie_pipeline import genie_image_tokens
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image, image_rows
+    from modelexport.llm.tokenizers import load_tokenizer
+    from modelexport.zoo.assets import sample_images
+    photo = sample_images()["coffee"]
+    ours = generate_with_image(bundle.path, photo, "What is it?", backend="htp-sim", max_new_tokens=3, raw=True)
+    ids = ours["prompt_ids"]
+    rows, _ = image_rows(bundle, photo, "htp-sim")
+    tok = load_tokenizer(bundle.path / "tokenizer" / "tokenizer.json")
+    got, _ = genie_image_tokens(bundle, "SM8650", tok, ids, rows, 3, sampler_block(), debug_dir=tmp_path)
+    assert got == ours["token_ids"]
+    m = bundle.manifest
+    prompt = next(g for g in m.graphs if g.name.startswith("prompt") and g.host_twin is not None)
+    n, hidden = prompt.n_tokens, m.llm.spec.hidden_size
+    dumps = tmp_path / "text_primary" / prompt.host_twin.qnn_graph_name
+    steps = sorted({f.name[:3] for f in dumps.iterdir()})   # the prefill's chunks (decode runs the ar1 graph)
+    assert len(steps) == -(-len(ids) // n)
+    fed = np.concatenate([np.fromfile(dumps / f"{i}_in_inputs_embeds", np.float32).reshape(n, hidden) for i in steps])
+    lut = np.fromfile(bundle.file(m.llm.embedder.genie_lut), np.float32).reshape(-1, hidden)
+    want = lut[ids]
+    want[np.array(ids) == IMAGE_TOKEN] = rows
+    np.testing.assert_array_equal(fed[:len(ids)], want)
+    logits_out = next(o for o in prompt.outputs if o.name == "logits").encoding
+    raw = np.fromfile(dumps / f"{steps[-1]}_out_logits", np.uint16).reshape(n, -1)
+    first = (raw[(len(ids) - 1) % n].astype(np.float64) - logits_out.zero_point) * logits_out.scale
+    np.testing.assert_allclose(first, ours["first_logits"], rtol=0, atol=1e-5)
 
 
 @pytest.mark.heavy

@@ -119,3 +119,25 @@ def test_a_folder_the_table_does_not_cover_is_refused_before_loading(folder, tmp
         with pytest.raises(InputError) as e:
             load_vlm(bad)
         assert all(w in str(e.value) + (e.value.fix or "") for w in words), str(e.value)
+
+
+def test_decoder_calibration_places_the_image_rows_as_the_runtime_does():
+    """ImageRows (the text decoder's calibration of a VLM): windows 1, 3, ... of the text get an
+    image block after their first token, each window still C long; a call's image tokens get that
+    window's image rows in order, across calls, and a call at position 0 starts the next window."""
+    from modelexport.backends.llm_qnn.calibration import ImageRows
+    rows = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + 1   # 2 images, 3 tokens each, hidden 4
+    img = ImageRows(99, rows)
+    text = list(range(10, 40))
+    ids = img.stream(text, 8)
+    assert ids[:8] == list(range(10, 18)) and ids[8:16] == [18, 99, 99, 99, 19, 20, 21, 22]
+    assert ids[16:24] == list(range(23, 31)) and ids[24:32] == [31, 99, 99, 99, 32, 33, 34, 35]
+    for start, expect_image in ((0, None), (8, 0), (16, None), (24, 1)):   # the walk goes window by window
+        window = torch.tensor([ids[start:start + 8]])
+        got = [img.place(window[:, i:i + 4], torch.arange(i, i + 4)[None], torch.zeros(1, 4, 4)) for i in (0, 4)]
+        got = torch.cat(got, 1)[0]
+        if expect_image is None:
+            assert not got.any()
+            continue
+        np.testing.assert_array_equal(got[1:4].numpy(), rows[expect_image])
+        assert not got[0].any() and not got[4:].any()

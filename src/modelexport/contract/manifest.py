@@ -275,6 +275,16 @@ class PteLlmProgram(_Recorded):
     fake_quant: dict[str, BundlePath] = Field(default_factory=dict)   # method → QnnQuantizer's converted graph (.pt2)
 
 
+class GeniePipelineCheck(_Recorded):
+    """A VLM bundle's Genie pipeline (`genie_pipeline.json`: image-encoder, text-encoder and
+    text-generator nodes) as libGenie built it on the host twins (backends/llm_qnn/genie_pipeline.py)."""
+    file: BundlePath
+    text_path_created: bool              # pipeline, generator node on the decoder, text-encoder node, connected
+    image_encoder_created: bool          # Genie's image-encoder node on the vision part's binary
+    image_encoder_note: str | None = None   # Genie's words when it refuses it
+    checked_on: str | None = None
+
+
 class GenieCheck(_Recorded):
     """The Genie config of a target and what libGenie said of it: the config parser (`accepted`)
     and a dialog created on the host twins (`dialog_created`: Genie's model validation passed)."""
@@ -285,6 +295,7 @@ class GenieCheck(_Recorded):
     dialog_created: bool | None = None
     dialog_checked_on: str | None = None
     dialog_note: str | None = None       # why a dialog was not created (a known limit, not a failed build)
+    pipeline: GeniePipelineCheck | None = None   # VLM bundles: Genie's multimodal pipeline
 
 
 class WeightRounding(_Recorded):
@@ -347,6 +358,7 @@ class VisionEntry(_Recorded):
     tokens_per_image: int
     placement: str                       # PLACEMENT_RULES key: replace_in_order
     calibration: str = ""                # what the activation ranges were taken from
+    decoder_image_calibration: str | None = None   # the text decoder's ranges include these vision rows at image tokens
     check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → simulator vs float vision part
 
 

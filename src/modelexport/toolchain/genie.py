@@ -1,6 +1,7 @@
 """Qualcomm's Genie runtime (`libGenie.so` inside the onnxruntime-qnn wheel) called from a child
-process: its config parser (`GenieDialogConfig_createFromJson`) and its dialog
-(`GenieDialog_create`, `GenieDialog_tokenQuery`, `GenieDialog_embeddingTokenQuery`).
+process: its config parser (`GenieDialogConfig_createFromJson`), its dialog
+(`GenieDialog_create`, `GenieDialog_tokenQuery`, `GenieDialog_embeddingTokenQuery`) and its
+composable pipeline (`GeniePipeline_*`, `GenieNode_*`: encoder and text-generator nodes).
 
 libGenie needs the wheel's libc++ on LD_LIBRARY_PATH when the process starts, so each call runs
 `python -c` with that environment and reads one JSON line per event from it.
@@ -118,15 +119,21 @@ def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict
     creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it, {"embeddings": a file
     of float32 rows, "max_new_tokens": n} queries it with embeddings. `on_event` sees each
     event ({"event": "tokens", "ids": [...]}, ...) as it comes."""
-    lib, libs = genie_library()
-    env = _env(lib, libs)
-    status: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d, \
-            tempfile.TemporaryFile("w+") as err:   # a file, not a pipe: Genie may print more than a pipe holds
+    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d:
         path = Path(d) / "genie_config.json"
         path.write_text(json.dumps(config))
-        proc = subprocess.Popen([sys.executable, "-c", _DIALOG_CHILD, str(lib), str(path), json.dumps(job)],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=d)
+        return _stream_child(_DIALOG_CHILD, [str(path), json.dumps(job)], d, timeout, on_event, "dialog")
+
+
+def _stream_child(code: str, args: list[str], cwd: str, timeout: float, on_event: Callable[[dict], None] | None,
+                  what: str) -> tuple[dict[str, int], str]:
+    """`python -c code libGenie.so *args` with the wheel's libraries on the path: ({event: status}
+    of the JSON lines it prints, its stderr); `on_event` sees each event as it comes."""
+    lib, libs = genie_library()
+    status: dict[str, int] = {}
+    with tempfile.TemporaryFile("w+") as err:   # a file, not a pipe: Genie may print more than a pipe holds
+        proc = subprocess.Popen([sys.executable, "-c", code, str(lib), *args],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=_env(lib, libs), cwd=cwd)
         try:
             for line in proc.stdout:
                 if line.startswith("{"):
@@ -144,7 +151,7 @@ def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict
         err.seek(0)
         stderr = err.read()
     if proc.returncode != 0:
-        raise ToolchainError(f"Genie's dialog process died (exit {proc.returncode}): {genie_messages(stderr)}",
+        raise ToolchainError(f"Genie's {what} process died (exit {proc.returncode}): {genie_messages(stderr)}",
                              "run `modelexport doctor`; report it with the bundle's manifest")
     return status, stderr
 
@@ -154,3 +161,79 @@ def genie_messages(stderr: str) -> str:
     keep = [ln.strip() for ln in stderr.splitlines()
             if ln.strip() and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
     return " | ".join(keep)[-1500:] or "no message"
+
+
+# GenieNode_IOName_t (GenieNode.h). The token output is not in the header this code was written from:
+# 4 is the value the wheel's library accepts for GenieNode_setTokenCallback on a text-generator
+# (2, 3, 5, 6 are refused with "Attempted to set token callback on an unsupported output").
+NODE_IO = {"generator.text_in": 0, "generator.embedding_in": 1, "generator.text_out": 2, "generator.token_out": 4,
+           "text_encoder.text_in": 100, "text_encoder.embedding_out": 101,
+           "image_encoder.image_in": 200, "image_encoder.embedding_out": 201}
+
+_PIPELINE_CHILD = r"""
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+job = json.load(open(sys.argv[2]))
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+def done():
+    # straight out: the interpreter's teardown with live Genie handles segfaults (measured after a
+    # built pipeline), and the process ends here anyway
+    sys.stdout.flush()
+    os._exit(0)
+def step(event, rc):
+    say(event=event, status=rc)
+    if rc != 0:
+        done()
+P = ctypes.POINTER(ctypes.c_void_p)
+lib.GeniePipelineConfig_createFromJson.argtypes = [ctypes.c_char_p, P]
+lib.GenieNodeConfig_createFromJson.argtypes = [ctypes.c_char_p, P]
+lib.GenieNode_create.argtypes = [ctypes.c_void_p, P]
+lib.GeniePipeline_create.argtypes = [ctypes.c_void_p, P]
+lib.GeniePipeline_addNode.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+lib.GeniePipeline_connect.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+lib.GenieNode_setData.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+lib.GeniePipeline_execute.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+TOKENS = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p)
+lib.GenieNode_setTokenCallback.argtypes = [ctypes.c_void_p, ctypes.c_int, TOKENS]
+h = ctypes.c_void_p()
+step("pipeline_config", lib.GeniePipelineConfig_createFromJson(json.dumps(job.get("pipeline", {})).encode(), ctypes.byref(h)))
+pipe = ctypes.c_void_p()
+step("pipeline", lib.GeniePipeline_create(h, ctypes.byref(pipe)))
+nodes = {}
+for name, cfg in job["nodes"].items():   # in order: the text-generator first (it sets up the accumulator)
+    c, n = ctypes.c_void_p(), ctypes.c_void_p()
+    step("node_config:" + name, lib.GenieNodeConfig_createFromJson(json.dumps(cfg).encode(), ctypes.byref(c)))
+    step("node:" + name, lib.GenieNode_create(c, ctypes.byref(n)))
+    nodes[name] = n
+    step("add:" + name, lib.GeniePipeline_addNode(pipe, n))
+for producer, pio, consumer, cio in job.get("connect", []):
+    step("connect:" + producer, lib.GeniePipeline_connect(pipe, nodes[producer], pio, nodes[consumer], cio))
+if not job.get("inputs"):
+    done()
+def on_tokens(p, n, code, user):
+    if n:
+        say(event="tokens", ids=[p[i] for i in range(n)], code=code)
+cb = TOKENS(on_tokens)
+gen, out_io = job["token_output"]
+step("token_callback", lib.GenieNode_setTokenCallback(nodes[gen], out_io, cb))
+keep = []
+for i, (name, io, kind, value) in enumerate(job["inputs"]):   # in prompt order: each encoder appends its rows
+    data = value.encode() if kind == "text" else open(value, "rb").read()
+    buf = ctypes.create_string_buffer(data, len(data))
+    keep.append(buf)
+    step("set:%d:%s" % (i, name), lib.GenieNode_setData(nodes[name], io, buf, len(data), None))
+step("execute", lib.GeniePipeline_execute(pipe, None))
+done()
+"""
+
+
+def run_pipeline(job: dict, timeout: float, on_event: Callable[[dict], None] | None = None) -> tuple[dict[str, int], str]:
+    """Genie's pipeline in a child: `job` = {"nodes": {name: node config}, in creation order,
+    "connect": [[producer, io, consumer, io]], "inputs": [[node, io, "text" | "file", value]] in
+    prompt order, "token_output": [generator, io]} → ({stage: status}, stderr). The child stops at
+    the first stage Genie refuses (its status is the last one); without "inputs" it only builds."""
+    with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d:
+        path = Path(d) / "pipeline_job.json"
+        path.write_text(json.dumps(job))
+        return _stream_child(_PIPELINE_CHILD, [str(path)], d, timeout, on_event, "pipeline")

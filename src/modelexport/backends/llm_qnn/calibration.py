@@ -21,15 +21,62 @@ from ...llm.static_decoder import new_key, new_value, past_key, past_value
 
 
 
+class ImageRows:
+    """A VLM's vision rows for the decoder's calibration (`compile VLM_FOLDER`): windows 1, 3, 5, ... of
+    the text get one image's rows at image tokens after their first token, as the runtime places them
+    (window 0 stays text: a walk that stops in its first window calibrates as text alone did)
+    (llm/vision_inputs.image_prompt_ids), so the image positions' activations and the caches they
+    leave are in the ranges. `rows` [n_images, tokens_per_image, hidden]: the float vision part's
+    output on the calibration photos."""
+
+    def __init__(self, image_token_id: int, rows: np.ndarray):
+        self.token = int(image_token_id)
+        self.rows = np.asarray(rows, np.float32)
+        self.window, self.k = -1, 0
+
+    def stream(self, token_ids: list[int], max_seq_len: int) -> list[int]:
+        """The calibration ids with an image block in windows 1, 3, 5, ... (each window still max_seq_len long)."""
+        t = self.rows.shape[1]
+        out, i, w = [], 0, 0
+        while i < len(token_ids):
+            if w % 2 == 1:
+                chunk = token_ids[i:i + max_seq_len - t]
+                out += chunk[:1] + [self.token] * t + chunk[1:]
+                i += max_seq_len - t
+            else:
+                out += token_ids[i:i + max_seq_len]
+                i += max_seq_len
+            w += 1
+        return out
+
+    def place(self, ids, position_ids, embeds):
+        """`embeds` [1, N, hidden] of one call's `ids` with the image tokens' rows put in, in order;
+        a call at position 0 starts a new window."""
+        import torch
+        if int(position_ids.min()) == 0:
+            self.window, self.k = self.window + 1, 0
+        hits = (ids[0] == self.token).nonzero().flatten().tolist()
+        if not hits:
+            return embeds
+        rows = self.rows[(self.window // 2) % len(self.rows)]   # windows 1, 3, 5 → images 0, 1, 2
+        out = embeds.clone()
+        for j in hits:
+            out[0, j] = torch.from_numpy(rows[self.k]).to(out.dtype)
+            self.k += 1
+        return out
+
+
 def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max_seq_len: int,
-                        samples_per_variant: int, kv_ranges: dict[str, list[float]] | None = None
-                        ) -> dict[int, list[dict[str, np.ndarray]]]:
+                        samples_per_variant: int, kv_ranges: dict[str, list[float]] | None = None,
+                        images: ImageRows | None = None) -> dict[int, list[dict[str, np.ndarray]]]:
     """{N: [flat input dict of the full decoder]} recorded from the float decoder on real text.
 
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
     fed, and after each one a single token through every smaller N, all with the real cache.
     `kv_ranges`, when given, is filled with one [min, max] per layer's keys and per layer's values,
-    over every cache the text produced (inputs and outputs of every variant), under both names."""
+    over every cache the text produced (inputs and outputs of every variant), under both names.
+    `images`: the text is first given image blocks (ImageRows.stream) and each sample records the
+    `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them)."""
     import torch
 
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
@@ -41,19 +88,39 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     out: dict[int, list[dict[str, np.ndarray]]] = {n: [] for n in variants}
     recording: dict[str, int] = {"n": 0}
 
+    placed: dict[str, object] = {}
+    hook = None
+    if images is not None:
+        token_ids = images.stream(token_ids, max_seq_len)
+        # the embeddings entering layer 0 (the family's scale applied) with the image rows in; the
+        # module is the HF model's own (shared): the hook is removed when the walk ends
+        hook = dec.model.embed_tokens.register_forward_hook(lambda mod, args, y: placed.get("embeds", y))
+
     def graph(*inputs):
         n = recording["n"]
+        named = dict(zip(names, inputs))
+        if images is not None:
+            placed.pop("embeds", None)
+            with torch.inference_mode():
+                placed["embeds"] = images.place(named["input_ids"], named["position_ids"],
+                                                dec.lookup(named["input_ids"]))
         if len(out[n]) < samples_per_variant:
             out[n].append({k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in zip(names, inputs)})
+            if images is not None:
+                out[n][-1]["inputs_embeds"] = np.ascontiguousarray(placed["embeds"].float().cpu().numpy())
         with torch.inference_mode():
             outputs = dec(*inputs)
         if kv_ranges is not None:
             _widen(kv_ranges, outputs[1:], dec.spec.n_layers)
         return outputs
 
-    with float32_per_module(dec):   # a bf16-held model runs one float32 layer at a time
-        _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len), token_ids, variants, max_seq_len,
-              samples_per_variant, out, recording)
+    try:
+        with float32_per_module(dec):   # a bf16-held model runs one float32 layer at a time
+            _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len), token_ids, variants, max_seq_len,
+                  samples_per_variant, out, recording)
+    finally:
+        if hook is not None:
+            hook.remove()
     for n in variants:
         if not out[n]:
             raise CalibrationError(f"the calibration text gave no samples for ar{n}",
@@ -120,7 +187,8 @@ def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int)
 
 def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_size: int) -> list[dict[str, np.ndarray]]:
     """Token samples as the input mode's decoder takes them (llm/input_modes.text_inputs); `lookup`:
-    ids → the float decoder's embeddings."""
+    ids → the float decoder's embeddings. A sample that recorded its `inputs_embeds` (image rows in
+    them: ImageRows) keeps them."""
     if mode.decoder_inputs == ("input_ids",):
         return samples
     from ...llm.input_modes import text_inputs

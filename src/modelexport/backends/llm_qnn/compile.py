@@ -53,6 +53,7 @@ JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they 
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
+IMAGE_ROWS_VERSION = "image-rows-2"   # cache key: how calibration.ImageRows places a VLM's rows (windows 1, 3, 5, ...)
 
 
 def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
@@ -100,7 +101,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                text, n_samples: int, limit_mb: float, report, workers: int, block_size: int = 0,
                quality: dict | None = None, *, cache: Cache | None = None, stage_key: str = "",
                weights_dtype: str = "float32", chunk_mb: float = DEFAULT_HOST_CHUNK_MB, inputs: str = "tokens",
-               embedder_precision: str | None = None) -> dict:
+               embedder_precision: str | None = None, image_calibration: str | None = None) -> dict:
     """Load, calibrate, then export and quantize chunk by chunk: each (variant, part, chunk) graph is
     its own cache entry (`part_stage`), reused when a killed compile is run again; a part's chunks
     are then joined into the part's graph (quant/chunk_join.py)."""
@@ -156,7 +157,15 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     ar_variants = [n for n in variants if n != max_seq_len]
     if len(done) < len(keys):
         report(f"calibrating on {text.path.name} through the float decoder")
-        samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges)
+        images = None
+        if image_calibration and mode.name == "embeddings":   # `both` feeds rows beside ids: not calibrated so here
+            import numpy as np
+
+            from .calibration import ImageRows
+            npz = np.load(image_calibration)
+            images = ImageRows(int(npz["image_token_id"]), npz["rows"])
+            report(f"calibrating with {len(npz['rows'])} images' vision rows at image tokens in every other window")
+        samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges, images)
         if max_seq_len in variants:      # the full-context graph: whole windows, no cache
             samples[max_seq_len] = full_context_samples(ids, max_seq_len, n_samples)
     calib_s = round(time.perf_counter() - t1, 2)
@@ -483,6 +492,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     from .embedder import EMBEDDER_VERSION
     # the input mode joins the key only when it is not the default: a token bundle's entries stay valid
     mode_key = [] if r.inputs == "tokens" else [r.inputs, r.embedder_precision]
+    if opts.image_calibration:   # a VLM's decoder calibrated on its vision rows too
+        from ...core.files import sha256_file
+        mode_key += [IMAGE_ROWS_VERSION, sha256_file(Path(opts.image_calibration))]
     chunks_key = cache_key("llm-qdq", EXPORT_VERSION, facts.sha256, variants, max_seq_len, requested, block_size,
                            [(o.pattern, o.precision.name) for o in overrides], text.sha256, n_samples, limit_mb,
                            host_part_mb(limit_mb), r.chunk_mb, quality, onnxruntime.__version__, version("torch"),
@@ -503,7 +515,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         tmp, facts.path, variants, max_seq_len, precision, overrides, text, n_samples, limit_mb,
         lambda m: say(m, 1, 4), r.jobs, block_size, quality, cache=cache, stage_key=chunks_key,
         weights_dtype=facts.weights_dtype, chunk_mb=r.chunk_mb, inputs=r.inputs,
-        embedder_precision=r.embedder_precision))
+        embedder_precision=r.embedder_precision, image_calibration=opts.image_calibration))
     timings["quantize_stage_s"] = round(time.perf_counter() - t0, 3)
     qmeta = Cache.meta(qentry)
     n_parts = len(qmeta["parts"])

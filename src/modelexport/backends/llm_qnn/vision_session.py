@@ -5,6 +5,8 @@ own loop (greedy) over the embedder → decoder chain.
 Stages as for text (session.STAGES): `htp-sim` runs the compiled parts on the HTP simulator (the
 vision part's EPContext model, the decoder's and embedder's host twins), `fake-quant` their QDQ
 graphs on ONNX Runtime's CPU EP (what `--backend cpu` means for a compiled bundle here).
+`--backend genie`: the vision part on the simulator, then Genie's pipeline (text-encoder and
+text-generator nodes on the host twins: genie_pipeline.py) takes the prompt and the rows.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from ...core.errors import InputError
 
-BACKEND_STAGES = {"htp-sim": "htp-sim", "cpu": "fake-quant"}
+BACKEND_STAGES = {"htp-sim": "htp-sim", "cpu": "fake-quant", "genie": "htp-sim"}   # genie: the vision part's stage
 
 
 def vision_entry(bundle):
@@ -62,8 +64,9 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     from .session import open_forwards
     stage = BACKEND_STAGES.get(backend)
     if stage is None:
-        raise InputError(f"--image runs on --backend {' or '.join(BACKEND_STAGES)}, not {backend}",
-                         "use --backend htp-sim (the simulator) or --backend cpu (the bundle's QDQ graphs on the CPU)")
+        raise InputError(f"--image runs on --backend {', '.join(BACKEND_STAGES)}, not {backend}",
+                         "use --backend htp-sim (the simulator), --backend cpu (the bundle's QDQ graphs on the CPU) "
+                         "or --backend genie (Genie's pipeline)")
     bundle = open_bundle(path)
     v = vision_entry(bundle)
     tok_file = next((bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER), None)
@@ -74,6 +77,15 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
         tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
     ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image)
     rows, notes = image_rows(bundle, image, stage)
+    if backend == "genie":
+        from .genie_dialog import sampler_block
+        from .genie_pipeline import genie_image_tokens
+        if len(ids) >= bundle.manifest.llm.max_seq_len:
+            raise InputError(f"the prompt is {len(ids)} tokens with the image; the bundle's context holds "
+                             f"{bundle.manifest.llm.max_seq_len}", "shorten the prompt")
+        out, _ = genie_image_tokens(bundle, bundle.manifest.targets[0], tok, ids, rows, max_new_tokens, sampler_block())
+        return {"text": tok.decode(out), "token_ids": out, "prompt_ids": ids, "notes": notes, "first_logits": None,
+                "stage": "genie"}
     graphs, spec, seq = open_forwards(bundle, stage)
     where = [i for i, t in enumerate(ids) if t == v.image_token_id]
     for f in graphs.values():

@@ -38,7 +38,7 @@ def generate(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the generated text (no stats)."),
     image: Optional[Path] = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
                                          "the image the prompt asks about (resized and normalized as the bundle's manifest says); "
-                                         "greedy, --backend htp-sim or cpu (the bundle's QDQ graphs)."),
+                                         "greedy, --backend htp-sim, cpu (the bundle's QDQ graphs) or genie (Genie's pipeline)."),
 ) -> None:
     """Generate text: tokenizer, prefill, decode with a KV cache, sampling, stop conditions.
 
