@@ -47,15 +47,23 @@ def invoke(argv: list[str]) -> tuple[int | str, str]:
 
 
 @pytest.fixture
-def cli_here(capfd):
-    """`cli` without a new interpreter (~2.5 CPU-s of imports each): the same entry function and
-    exit code, what it printed (captured at the file descriptors) and any traceback in stderr.
-    For bad-input checks; keep one `cli` test per verb for the console entry itself."""
-    def run(*args: str) -> subprocess.CompletedProcess:
+def cli_here(capfd, monkeypatch):
+    """`cli` without a new interpreter (~2.5-5 CPU-s of imports each): the same entry function and
+    exit code, what it printed (captured at the file descriptors) and any traceback in stderr;
+    `check` and `env` as `cli`'s (env is set for the call only). Not for what a process reads
+    once at start (QNN_LOG_LEVEL's library load, signals): keep one `cli` test per verb for the
+    console entry itself."""
+    def run(*args: str, check: bool | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
         capfd.readouterr()
-        rc, crash = invoke(list(args))
+        with monkeypatch.context() as mp:
+            for k, v in (env or {}).items():
+                mp.setenv(k, v)
+            rc, crash = invoke(list(args))
         out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(["modelexport", *args], 1 if rc == "crash" else rc, out, err + crash)
+        proc = subprocess.CompletedProcess(["modelexport", *args], 1 if rc == "crash" else rc, out, err + crash)
+        if check is True and proc.returncode != 0:
+            raise AssertionError(f"modelexport {' '.join(args)} failed ({proc.returncode}):\n{out}\n{err + crash}")
+        return proc
     return run
 
 

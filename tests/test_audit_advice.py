@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import assert_clean_error, run_cli
+from conftest import assert_clean_error
 
 
 def weight_only_quantized(path: Path) -> Path:
@@ -42,7 +42,7 @@ def test_standalone_per_channel_dq_gets_the_fix_that_works(tmp_path):
     assert modelexport.audit(model, precision="8a8w").ok      # following the fix puts every node on the HTP
 
 
-def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path):
+def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path, cli_here):
     """A detector whose scores are ~0 on noise (sigmoid of a large negative bias), fp16: verify fails
     on the stored random samples; it says why the number means little and leads to --input."""
     import onnx
@@ -58,7 +58,7 @@ def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(tmp_path / "det.onnx"))
-    run_cli("compile", str(tmp_path / "det.onnx"), "-p", "fp16", "-o", str(tmp_path / "out"), check=True)
-    proc = run_cli("verify", str(tmp_path / "out"))
+    cli_here("compile", str(tmp_path / "det.onnx"), "-p", "fp16", "-o", str(tmp_path / "out"), check=True)
+    proc = cli_here("verify", str(tmp_path / "out"))
     assert_clean_error(proc, "nearly constant on these random inputs", "fix: verify on real inputs")
     assert proc.returncode == 5 and "calibrate" not in proc.stderr

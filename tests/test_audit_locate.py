@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_clean_error, run_cli
+from conftest import assert_clean_error
 
 
 def resize_empty_roi(path: Path) -> Path:
@@ -82,9 +82,9 @@ def test_bisection_finds_the_op_when_the_log_names_none(model, tmp_path):
     assert "7004" in b["error"]
 
 
-def test_cli_refused_graph_is_one_message_and_the_log_is_kept(model, tmp_path):
+def test_cli_refused_graph_is_one_message_and_the_log_is_kept(model, tmp_path, cli_here):
     log = tmp_path / "audit.log"
-    proc = run_cli("audit", str(model), "-p", "8a8w", "--log", str(log))
+    proc = cli_here("audit", str(model), "-p", "8a8w", "--log", str(log))
     assert_clean_error(proc, "_DequantizeLinear", "empty constant", "fix: compile at --precision fp16")
     assert log.is_file() and "error code: 7004" in log.read_text()
 

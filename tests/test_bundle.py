@@ -57,25 +57,25 @@ def test_existing_output_needs_force(tmp_path):
             pass
 
 
-def test_tampered_and_truncated_files_are_reported(tmp_path, cli):
+def test_tampered_and_truncated_files_are_reported(tmp_path, cli_here):
     out = _write(tmp_path / "b", payload=b"abcdef")
-    assert cli("inspect", str(out)).returncode == 0
+    assert cli_here("inspect", str(out)).returncode == 0
     (out / "model.bin").write_bytes(b"abcdeX")
     with pytest.raises(IntegrityError, match="sha256"):
         open_bundle(out)
-    assert_clean_error(cli("inspect", str(out)), "sha256")
+    assert_clean_error(cli_here("inspect", str(out)), "sha256")
     (out / "model.bin").write_bytes(b"abc")
-    proc = cli("inspect", str(out), "--json")
+    proc = cli_here("inspect", str(out), "--json")
     info = json.loads(proc.stdout)
     assert proc.returncode == 4 and "truncated" in info["integrity"]["problems"][0]
     (out / "model.bin").unlink()
-    assert_clean_error(cli("inspect", str(out)), "missing")
+    assert_clean_error(cli_here("inspect", str(out)), "missing")
 
 
-def test_inspect_missing_and_foreign_paths(tmp_path, cli):
-    assert_clean_error(cli("inspect", str(tmp_path / "nothing")), "does not exist")
+def test_inspect_missing_and_foreign_paths(tmp_path, cli_here):
+    assert_clean_error(cli_here("inspect", str(tmp_path / "nothing")), "does not exist")
     (tmp_path / "notes.txt").write_text("hello")
-    assert_clean_error(cli("inspect", str(tmp_path / "notes.txt")), "not an artifact")
+    assert_clean_error(cli_here("inspect", str(tmp_path / "notes.txt")), "not an artifact")
 
 
 def _tamper(out, edit):
@@ -87,7 +87,7 @@ def _tamper(out, edit):
 
 @pytest.mark.parametrize("where", ["file-entry", "graph-file"])
 @pytest.mark.parametrize("escape", ["../../../../etc/passwd", "/etc/passwd"])
-def test_a_manifest_naming_a_file_outside_the_bundle_is_refused(tmp_path, cli, where, escape):
+def test_a_manifest_naming_a_file_outside_the_bundle_is_refused(tmp_path, cli_here, where, escape):
     import os
 
     from modelexport.core.files import sha256_file
@@ -102,7 +102,7 @@ def test_a_manifest_naming_a_file_outside_the_bundle_is_refused(tmp_path, cli, w
     _tamper(out, edit)
     with pytest.raises(IntegrityError, match="not a path inside the bundle"):
         open_bundle(out)
-    proc = cli("inspect", str(out), "--json")
+    proc = cli_here("inspect", str(out), "--json")
     assert_clean_error(proc, "not a path inside the bundle", "rebuild the bundle")
     assert proc.returncode == 4 and "root:" not in proc.stdout
 
@@ -122,12 +122,12 @@ def test_a_link_out_of_the_bundle_is_refused(tmp_path):
         b.file("model.bin")
 
 
-def test_an_unwritable_output_is_refused_before_any_work(tmp_path, cli):
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, cli_here):
     from modelexport.core.atomic import check_output
     from modelexport.core.errors import InputError
     with pytest.raises(InputError, match="not writable"):
         check_output(Path("/proc/modelexport-out/bundle"), force=False)   # /proc takes no new files, even as root
     check_output(tmp_path / "new" / "deeper" / "bundle", force=False)      # missing folders are made later
-    proc = cli("compile", str(tmp_path / "m.onnx"), "-o", "/proc/modelexport-out")
+    proc = cli_here("compile", str(tmp_path / "m.onnx"), "-o", "/proc/modelexport-out")
     assert_clean_error(proc, "not writable", "choose an output path")
     assert proc.returncode == 2

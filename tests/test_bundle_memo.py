@@ -52,19 +52,19 @@ def test_inputs_it_cannot_fingerprint_skip_it(inputs, tmp_path):
     assert BundleMemo.for_compile([tmp_path / "ext.onnx"], calib, OPTIONS) is None
 
 
-def test_second_compile_is_a_copy_that_runs(inputs, tmp_path, cli):
+def test_second_compile_is_a_copy_that_runs(inputs, tmp_path, cli_here):
     model, calib = inputs
     args = ["compile", str(model), "-c", str(calib), "-p", "8a8w", "--json"]
-    first = json.loads(cli(*args, "-o", str(tmp_path / "a"), check=True).stdout)
+    first = json.loads(cli_here(*args, "-o", str(tmp_path / "a"), check=True).stdout)
     assert "bundle_memo" not in first["cache"]
-    second = json.loads(cli(*args, "-o", str(tmp_path / "b"), check=True).stdout)
+    second = json.loads(cli_here(*args, "-o", str(tmp_path / "b"), check=True).stdout)
     assert second["cache"]["bundle_memo"] is True
     assert [f["sha256"] for f in second["files"]] == [f["sha256"] for f in first["files"]]
-    ran = json.loads(cli("run", str(tmp_path / "b"), "-i", str(calib / "1.npy"), "--json", check=True).stdout)
+    ran = json.loads(cli_here("run", str(tmp_path / "b"), "-i", str(calib / "1.npy"), "--json", check=True).stdout)
     assert ran["outputs"]["y"]["shape"] == [1, 8, 16, 16]
-    refused = cli(*args, "-o", str(tmp_path / "b"))
+    refused = cli_here(*args, "-o", str(tmp_path / "b"))
     assert refused.returncode != 0 and "already exists" in refused.stderr
-    fresh = json.loads(cli(*args, "-o", str(tmp_path / "c"), "--no-cache", check=True).stdout)
+    fresh = json.loads(cli_here(*args, "-o", str(tmp_path / "c"), "--no-cache", check=True).stdout)
     assert "bundle_memo" not in fresh["cache"] and fresh["cache"]["enabled"] is False
 
 

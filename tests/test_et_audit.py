@@ -45,7 +45,7 @@ def test_causal_attention_mask_falls_back_with_the_reason_and_the_rewrite_as_fix
     assert "--rewrite causal-mask" in n["fix"]
 
 
-def test_the_partition_qnn_refuses_is_named_then_the_rewrite_puts_every_node_on_htp(block, cli):
+def test_the_partition_qnn_refuses_is_named_then_the_rewrite_puts_every_node_on_htp(block, cli_here):
     """The mask's constant part, cut off by the CPU le.Scalar, makes a QNN partition without inputs that
     QNN refuses to build (compile fails the same way): the audit names it, exit 2, before --strict's 3."""
     proc = block["proc"]          # --strict --json: the report on stdout, then the error
@@ -53,8 +53,8 @@ def test_the_partition_qnn_refuses_is_named_then_the_rewrite_puts_every_node_on_
     assert proc.returncode == 2
     [b] = [n for n in block["report"]["nodes"] if n["backend"] == "blocks"]
     assert b["details"]["located_by"] == "bisect" and b["details"]["partitions"] == 2
-    ok = cli("audit", block["spec"], "--target", "SM8650", "--precision", "fp16", "--rewrite", "causal-mask",
-             "--strict", "--json", check=True)
+    ok = cli_here("audit", block["spec"], "--target", "SM8650", "--precision", "fp16", "--rewrite", "causal-mask",
+                  "--strict", "--json", check=True)
     rep = json.loads(ok.stdout)
     assert rep["ok"] and rep["totals"]["by_backend"].get("CPU", 0) == 0
     assert any("rewrite causal-mask: 1 node(s) changed" in note for note in rep["notes"])

@@ -43,7 +43,7 @@ def test_api_compiles_a_module_to_a_pte_bundle_with_placement_per_node(topk_fp16
     assert m.numerics["passed"] and m.numerics["outputs"][0]["sqnr_db"] > 30
 
 
-def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli):
+def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli_here):
     import torch
 
     import modelexport
@@ -53,11 +53,11 @@ def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli):
     np.testing.assert_allclose(got, model(x).detach().numpy(), atol=2e-2)
     res = modelexport.run(bundle.path, random=True, repeat=2)
     assert res.outputs["output_0"].shape == (1, 4, 32) and len(res.run_seconds) == 2
-    rep = json.loads(cli("verify", str(bundle.path), "--json", check=True).stdout)
+    rep = json.loads(cli_here("verify", str(bundle.path), "--json", check=True).stdout)
     assert rep["passed"] and rep["graphs"][0]["outputs"][0]["sqnr_db"] > 30 and rep["graphs"][0]["threshold_sqnr_db"] == 30
 
 
-def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli):
+def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli_here):
     import modelexport
     pte = next(topk_fp16["bundle"].path.rglob("*.pte"))
     info = modelexport.inspect(pte)
@@ -73,7 +73,7 @@ def test_inspect_reads_the_pte_through_the_flatbuffer_schema(topk_fp16, cli):
     bundle = modelexport.inspect(topk_fp16["bundle"].path)
     assert bundle["kind"] == "pte-bundle" and bundle["integrity"]["ok"]
     assert bundle["placement_summary"]["by_runtime"]["QNN"] >= 3
-    shown = cli("inspect", str(topk_fp16["bundle"].path), check=True).stdout   # the terminal rendering
+    shown = cli_here("inspect", str(topk_fp16["bundle"].path), check=True).stdout   # the terminal rendering
     assert "QnnBackend" in shown and "SM8650" in shown and "integrity OK" in shown
 
 
@@ -126,18 +126,18 @@ def test_qnn_setup_prints_nothing_on_stdout():
     assert {"adapter", "direct"} & {line.strip() for line in proc.stderr.splitlines()}, proc.stderr
 
 
-def test_strict_refuses_the_fallback_and_writes_nothing(topk_fp16, cli, tmp_path):
+def test_strict_refuses_the_fallback_and_writes_nothing(topk_fp16, cli_here, tmp_path):
     out = tmp_path / "strict"
-    proc = cli("compile", topk_fp16["spec"], "--precision", "fp16", "--strict", "-o", str(out))
+    proc = cli_here("compile", topk_fp16["spec"], "--precision", "fp16", "--strict", "-o", str(out))
     assert_clean_error(proc, "--strict", "aten_topk_default")
     assert proc.returncode == 3 and not out.exists() and not list(tmp_path.glob(".strict*"))
 
 
-def test_cli_8a8w_with_an_override_and_block_quantization(tmp_path, cli):
+def test_cli_8a8w_with_an_override_and_block_quantization(tmp_path, cli_here):
     spec = write(tmp_path, "mlp", MLP)
     out = tmp_path / "b"
-    proc = cli("compile", spec, "--precision", "16a4w_block", "--block-size", "16", "--override", r"fc2=16a8w",
-               "--calibration", "random", "--format", "pte", "-o", str(out), "--json", check=True)
+    proc = cli_here("compile", spec, "--precision", "16a4w_block", "--block-size", "16", "--override", r"fc2=16a8w",
+                    "--calibration", "random", "--format", "pte", "-o", str(out), "--json", check=True)
     res = json.loads(proc.stdout)        # the whole of stdout is the JSON result: no native banner before it
     assert "LIBNATIVE" not in proc.stdout
     assert res["format"] == "pte" and res["placement"]["summary"]["by_runtime"] == {"QNN": res["placement"]["summary"]["nodes"]}
@@ -149,17 +149,17 @@ def test_cli_8a8w_with_an_override_and_block_quantization(tmp_path, cli):
     assert m["numerics"]["outputs"][0]["sqnr_db"] > 12      # measured ~20 dB (linear as conv2d for LPBQ)
 
 
-def test_block_quantization_below_v69_is_refused_up_front(tmp_path, cli):
+def test_block_quantization_below_v69_is_refused_up_front(tmp_path, cli_here):
     spec = write(tmp_path, "mlp", MLP)
-    proc = cli("compile", spec, "--precision", "16a4w_block", "--target", "SM8350", "--calibration", "random",
-               "-o", str(tmp_path / "out"))
+    proc = cli_here("compile", spec, "--precision", "16a4w_block", "--target", "SM8350", "--calibration", "random",
+                    "-o", str(tmp_path / "out"))
     assert_clean_error(proc, "16a4w_block", "V69", "SM8350")
     assert not (tmp_path / "out").exists()
 
 
-def test_a_module_export_cannot_capture_names_the_module_and_the_reason(tmp_path, cli):
+def test_a_module_export_cannot_capture_names_the_module_and_the_reason(tmp_path, cli_here):
     spec = write(tmp_path, "gate", DATA_DEPENDENT)
-    proc = cli("compile", spec, "--precision", "fp16", "-o", str(tmp_path / "out"))
+    proc = cli_here("compile", spec, "--precision", "fp16", "-o", str(tmp_path / "out"))
     assert_clean_error(proc, "torch.export cannot capture", "blocks.1", "data-dependent", "Gate.forward", "if x.sum() > 0")
     assert not (tmp_path / "out").exists()
     import modelexport

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_clean_error, run_cli
+from conftest import assert_clean_error
 from et_models import write
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,8 +66,8 @@ def test_the_fix_works_at_8a8w(spec):
     assert rep.ok and not rep.refused
 
 
-def test_compile_failure_points_to_the_audit_that_names_the_op(spec, tmp_path):
-    proc = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "out"))
+def test_compile_failure_points_to_the_audit_that_names_the_op(spec, tmp_path, cli_here):
+    proc = cli_here("compile", spec, "-p", "fp16", "-o", str(tmp_path / "out"))
     assert_clean_error(proc, "genNopWithScaleParamsFP16", "fix: run `modelexport audit`")
     assert not (tmp_path / "out").exists()
 

@@ -199,14 +199,14 @@ def build():
 '''
 
 
-def test_compile_warns_when_its_numerics_fail_and_strict_numerics_refuses(tmp_path):
-    from conftest import assert_clean_error, run_cli
+def test_compile_warns_when_its_numerics_fail_and_strict_numerics_refuses(tmp_path, cli_here):
+    from conftest import assert_clean_error
     from et_models import write
     spec = write(tmp_path, "big", BIG)
-    ok = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "kept"))
+    ok = cli_here("compile", spec, "-p", "fp16", "-o", str(tmp_path / "kept"))
     assert ok.returncode == 0, ok.stderr
     assert "compile's own numerics check failed" in ok.stdout and "--strict-numerics" in ok.stdout
-    strict = run_cli("compile", spec, "-p", "fp16", "-o", str(tmp_path / "refused"), "--strict-numerics")
+    strict = cli_here("compile", spec, "-p", "fp16", "-o", str(tmp_path / "refused"), "--strict-numerics")
     assert_clean_error(strict, "--strict-numerics", "output_0", "fix: fp16 has no calibration")
     assert strict.returncode == 7 and not (tmp_path / "refused").exists()
 

@@ -104,10 +104,10 @@ def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
         validate_genie_config(bad)
 
 
-def test_inspect_shows_what_goes_to_the_phone(bundle, cli, tmp_path):
+def test_inspect_shows_what_goes_to_the_phone(bundle, cli_here, tmp_path):
     """Device files per runtime with bytes/param of those files only; a hand-edited Genie config
     judged by Genie's own parser (issue 18, item 6 and its bad input)."""
-    info = json.loads(cli("inspect", str(bundle.path), "--json", check=True).stdout)
+    info = json.loads(cli_here("inspect", str(bundle.path), "--json", check=True).stdout)
     m, d = bundle.manifest, info["deployment"]
     rows = {r["runtime"]: r for r in d["runtimes"] if r["target"] == "SM8650"}
     assert set(rows) == {"Genie", "ONNX Runtime (QNN EP)"}
@@ -128,7 +128,7 @@ def test_inspect_shows_what_goes_to_the_phone(bundle, cli, tmp_path):
     cfg = json.loads((edited / "genie_config.json").read_text())
     cfg["dialog"]["context"]["size"] = "sixty-four"
     (edited / "genie_config.json").write_text(json.dumps(cfg))
-    proc = cli("inspect", str(edited))
+    proc = cli_here("inspect", str(edited))
     assert proc.returncode == 4
     assert "Genie rejects genie_config.json" in proc.stdout and "/context/size" in proc.stdout
 
@@ -262,7 +262,7 @@ def test_plain_verify_of_an_llm_bundle_points_to_per_layer_and_eval(bundle):
     assert "--per-layer" in e.value.fix and "eval BUNDLE" in e.value.fix
 
 
-def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_path):
+def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli_here, tmp_path):
     import re
     import shutil
 
@@ -272,7 +272,7 @@ def test_verify_per_layer_walks_every_module_of_the_decoder(bundle, cli, tmp_pat
     shutil.copytree(bundle.path, b)
 
     def run(threshold):
-        proc = cli("verify", str(b), "--per-layer", "--threshold-db", str(threshold), "--min-sqnr", "-100", "--json")
+        proc = cli_here("verify", str(b), "--per-layer", "--threshold-db", str(threshold), "--min-sqnr", "-100", "--json")
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["per_layer"][0]
 
@@ -306,30 +306,30 @@ def _compile_cli(cli, src, out, *extra):
     return cli("compile", str(src), "--target", "SM8650", "--variants", "ar1,ar4", "--max-seq-len", str(SEQ), "-o", str(out), *extra)
 
 
-def test_unsupported_architecture(cli, work, tmp_path):
+def test_unsupported_architecture(cli_here, work, tmp_path):
     bad = tmp_path / "gpt2ish"
     shutil.copytree(work / "tiny_hf", bad)
     cfg = json.loads((bad / "config.json").read_text())
     cfg["model_type"] = "gpt_neox"
     (bad / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "out"
-    assert_clean_error(_compile_cli(cli, bad, out), "gpt_neox", "llama")
+    assert_clean_error(_compile_cli(cli_here, bad, out), "gpt_neox", "llama")
     assert not out.exists()
 
 
-def test_missing_tokenizer(cli, work, tmp_path):
+def test_missing_tokenizer(cli_here, work, tmp_path):
     bad = tmp_path / "notok"
     shutil.copytree(work / "tiny_hf", bad)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (bad / f).unlink()
     out = tmp_path / "out"
-    assert_clean_error(_compile_cli(cli, bad, out), "tokenizer")
+    assert_clean_error(_compile_cli(cli_here, bad, out), "tokenizer")
     assert not out.exists()
 
 
-def test_max_seq_len_beyond_context(cli, work, tmp_path):
+def test_max_seq_len_beyond_context(cli_here, work, tmp_path):
     out = tmp_path / "out"
-    proc = cli("compile", str(work / "tiny_hf"), "--variants", "ar1,ar4", "--max-seq-len", "4096", "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variants", "ar1,ar4", "--max-seq-len", "4096", "-o", str(out))
     assert_clean_error(proc, "--max-seq-len 4096", "256")
     assert not out.exists()
 
@@ -339,24 +339,24 @@ def test_max_seq_len_beyond_context(cli, work, tmp_path):
     (("--target", "SM8350"), ("16a4w_block", "SM8350")),          # the default precision needs HTP V69+
     (("--target", "SM8650", "--precision", "4a4w"), ("4a4w",)),
 ])
-def test_bad_block_options(cli, work, tmp_path, extra, words):
+def test_bad_block_options(cli_here, work, tmp_path, extra, words):
     out = tmp_path / "out"   # one variant: no weight sharing to ask of the old SoC
-    proc = cli("compile", str(work / "tiny_hf"), "--variants", "ar1", "--max-seq-len", str(SEQ), "-o", str(out), *extra)
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variants", "ar1", "--max-seq-len", str(SEQ), "-o", str(out), *extra)
     assert_clean_error(proc, *words)
     assert not out.exists()
 
 
-def test_truncated_gguf(cli, tmp_path, smollm2_gguf):
+def test_truncated_gguf(cli_here, tmp_path, smollm2_gguf):
     bad = tmp_path / "cut.gguf"
     with open(smollm2_gguf, "rb") as f:
         bad.write_bytes(f.read(4 << 20))
     out = tmp_path / "out"
-    assert_clean_error(_compile_cli(cli, bad, out), "truncated")
+    assert_clean_error(_compile_cli(cli_here, bad, out), "truncated")
     assert not out.exists()
 
 
-def test_inspect_gguf(cli, smollm2_gguf):
-    proc = cli("inspect", str(smollm2_gguf), "--json")
+def test_inspect_gguf(cli_here, smollm2_gguf):
+    proc = cli_here("inspect", str(smollm2_gguf), "--json")
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
     assert d["kind"] == "gguf" and d["architecture"] == "llama" and d["n_layers"] == 30
@@ -497,16 +497,16 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
     assert min(per_token) > 40, [round(x, 1) for x in per_token]
 
 
-def test_seed_variant_spellings(cli, work, tmp_path):
+def test_seed_variant_spellings(cli_here, work, tmp_path):
     """Seed 003: `--variant bert` is the full-context graph (`full`), which needs an arN beside it to
     generate (the message says so); `--variant` is `--variants`."""
     from modelexport.backends.llm_qnn.compile import FULL, parse_variants
     assert parse_variants(["ar1", "ar32"]) == [32, 1] == parse_variants(["ar32,ar1"])
     assert parse_variants(["ar1", "bert"]) == [1, FULL] == parse_variants("full,ar1")
     out = tmp_path / "out"
-    proc = cli("compile", str(work / "tiny_hf"), "--variant", "bert", "--max-seq-len", str(SEQ), "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variant", "bert", "--max-seq-len", str(SEQ), "-o", str(out))
     assert_clean_error(proc, "full-context", "no KV cache", "--variants ar1,full")
     assert not out.exists()
-    proc = cli("compile", str(work / "tiny_hf"), "--variant", "ar1", "--variant", "ar99", "--max-seq-len", str(SEQ),
-               "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variant", "ar1", "--variant", "ar99", "--max-seq-len", str(SEQ),
+                    "-o", str(out))
     assert_clean_error(proc, "--max-seq-len 64", "ar99")       # both repeats reached the check

@@ -127,12 +127,12 @@ def test_what_the_table_lacks_is_refused_before_weights_load(folders, tmp_path, 
         load_hf_folder(bad)
 
 
-def test_cli_refuses_an_unknown_rope_type(cli, folders, tmp_path):
+def test_cli_refuses_an_unknown_rope_type(cli_here, folders, tmp_path):
     """Exit 2, one message, no traceback, nothing written: from config.json alone."""
     bad = _broken_weights_copy(folders["phi3"], tmp_path / "bad",
                                rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     out = tmp_path / "out"
-    proc = cli("compile", str(bad), "--target", "SM8650", "--variants", "ar1", "--max-seq-len", "32", "-o", str(out))
+    proc = cli_here("compile", str(bad), "--target", "SM8650", "--variants", "ar1", "--max-seq-len", "32", "-o", str(out))
     assert_clean_error(proc, "rope_type='dynamic'", "frontends/llm_families.py")
     assert proc.returncode == 2 and not out.exists()
 
@@ -191,13 +191,13 @@ COMPILED = [pytest.param("gemma3_text", "ar1", id="gemma3_text-ar1")] + [
 
 
 @pytest.mark.parametrize("model_type,variants", COMPILED)
-def test_compiles_with_every_node_on_the_htp(cli, tmp_path, model_type, variants, monkeypatch):
+def test_compiles_with_every_node_on_the_htp(cli_here, tmp_path, model_type, variants, monkeypatch):
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "hf"
     save_tiny_family_folder(model_type, src)
     out = tmp_path / "out"
-    proc = cli("compile", str(src), "--target", "SM8650", "--variants", variants, "--max-seq-len", str(MAX_SEQ),
-               "--precision", "16a8w", "-o", str(out))
+    proc = cli_here("compile", str(src), "--target", "SM8650", "--variants", variants, "--max-seq-len", str(MAX_SEQ),
+                    "--precision", "16a8w", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["llm"]["architecture"] == model_type

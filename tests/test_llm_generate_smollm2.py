@@ -5,6 +5,7 @@ The CPU programs are built once and kept in a persistent cache (`bench/.work/cac
 run on a machine pays the export; the benchmark uses the same cache."""
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -108,26 +109,31 @@ def test_chat_is_multi_turn_and_reuses_the_cache(q4):
 
 
 def test_cli_generate_on_the_gguf(cli, cli_here, smollm2_gguf, monkeypatch):
+    """One real `modelexport generate` process (the console entry, the sampled text); the other
+    calls run the same entry function in this process (each process re-imports torch and reloads
+    the program: ~4 CPU-s a call)."""
     env = {"MODELEXPORT_CACHE_DIR": str(CACHE)}
-    proc = cli("generate", str(smollm2_gguf), "--chat", "--prompt", ASK, "-n", "24", "--json",
-               env=env, check=True)
+    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(CACHE))
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))     # --chat reads more turns from a stdin that is not a tty
+    proc = cli_here("generate", str(smollm2_gguf), "--chat", "--prompt", ASK, "-n", "24", "--json")
+    assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     turn = out["turns"][0]
     assert "Paris" in turn["text"]
     assert turn["stats"]["time_to_first_token_s"] > 0 and turn["stats"]["decode_tokens_per_s"] > 0
     assert out["model"]["cache_hit"] is True
     # a plain --prompt on an instruct model is asked through its chat template (issue 18, item 5)
-    asked = json.loads(cli("generate", str(smollm2_gguf), "--prompt", ASK, "-n", "24",
-                           "--json", env=env, check=True).stdout)
+    asked = cli_here("generate", str(smollm2_gguf), "--prompt", ASK, "-n", "24", "--json")
+    assert asked.returncode == 0, asked.stderr
+    asked = json.loads(asked.stdout)
     assert asked["chat_template"] is True and "Paris" in asked["text"]
-    raw = cli("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24", "--raw",
-              env=env, check=True)
+    raw = cli_here("generate", str(smollm2_gguf), "--prompt", "What is the capital of France?", "-n", "24", "--raw")
+    assert raw.returncode == 0, raw.stderr
     if not raw.stdout.strip():   # the instruct model ends a raw question at once: the CLI says why
         assert "drop --raw" in raw.stderr
     proc = cli("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
                "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1", env=env, check=True)
     # the same seed gives the same text again, here from the entry function in this process
-    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(CACHE))
     again = cli_here("generate", str(smollm2_gguf), "--prompt", "Once upon a time", "-n", "16", "--temperature", "0.8",
                      "--top-k", "40", "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "1")
     assert again.returncode == 0, again.stderr

@@ -240,16 +240,16 @@ def test_dry_run_estimate_counts_the_embedder_part(work, monkeypatch):
 # ------------------------------------------------------------------------------------------
 # bad input: one clear message, nothing written
 
-def test_unknown_inputs_value_names_the_choices(cli, work, tmp_path):
+def test_unknown_inputs_value_names_the_choices(cli_here, work, tmp_path):
     out = tmp_path / "out"
-    proc = cli("compile", str(work / "tiny_hf"), "--inputs", "pixels", "--variants", "ar1", "--max-seq-len", str(SEQ),
-               "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--inputs", "pixels", "--variants", "ar1", "--max-seq-len", str(SEQ),
+                    "-o", str(out))
     assert_clean_error(proc, "--inputs 'pixels'", "tokens, embeddings, both")
     assert not out.exists()
-    proc = cli("compile", str(work / "tiny_hf"), "--embedder-precision", "8bit", "--variants", "ar1",
-               "--max-seq-len", str(SEQ), "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--embedder-precision", "8bit", "--variants", "ar1",
+                    "--max-seq-len", str(SEQ), "-o", str(out))
     assert_clean_error(proc, "--embedder-precision", "--inputs embeddings")
-    proc = cli("compile", str(work / "tiny_hf"), "--variants", "full", "--max-seq-len", str(SEQ), "-o", str(out))
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variants", "full", "--max-seq-len", str(SEQ), "-o", str(out))
     assert_clean_error(proc, "full-context", "--variants ar1,full")
     assert not out.exists()
 

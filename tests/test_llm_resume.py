@@ -193,16 +193,16 @@ def test_qdq_stage_resumes_from_finished_graphs(tiny_bf16, tmp_path):
         assert _sha(tmp_path / "first" / "qdq" / f"{n}.onnx.data") == _sha(tmp_path / "second" / "qdq" / f"{n}.onnx.data")
 
 
-def test_refused_up_front_when_the_machine_has_too_little_memory(cli, tiny_bf16, tmp_path):
+def test_refused_up_front_when_the_machine_has_too_little_memory(cli_here, tiny_bf16, tmp_path):
     out = tmp_path / "out"
     args = ["compile", str(tiny_bf16 / "tiny_bf16"), "--variants", "ar1,ar4", "--max-seq-len", str(SEQ)]
     env = {"MODELEXPORT_MEMORY_AVAILABLE_MB": "200", "MODELEXPORT_CACHE_DIR": str(tmp_path / "cache")}
-    proc = cli(*args, "-o", str(out), env=env)
+    proc = cli_here(*args, "-o", str(out), env=env)
     # the tiny model's peak is calibration (the whole model): no part size or worker count helps
     assert_clean_error(proc, "of memory at its peak", "the machine has 0.2 GB available", "calibrating this model")
     assert "--jobs 1" not in proc.stderr and "--rounding nearest" not in proc.stderr
     assert not out.exists() and not (tmp_path / "cache" / "llm-qdq-part").exists()   # nothing loaded or started
-    plan = cli(*args, "--dry-run", "--json", env=env, check=True)
+    plan = cli_here(*args, "--dry-run", "--json", env=env, check=True)
     report = json.loads(plan.stdout)
     assert report["fits"] is False and "0.2 GB available" in report["refusal"]
     assert report["estimate"]["n_parts"] == 1 and report["estimate"]["peak_bytes"] > 200 * 2**20

@@ -24,19 +24,19 @@ def test_det_falls_back_with_reason_and_strict_fails(tmp_path, cli):
     assert not out.exists()
 
 
-def test_fallback_bundle_records_cpu_nodes(tmp_path, cli):
+def test_fallback_bundle_records_cpu_nodes(tmp_path, cli_here):
     model = conv_det(tmp_path / "conv_det.onnx")
-    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "fp16", "--json", check=True).stdout)
+    res = json.loads(cli_here("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "fp16", "--json", check=True).stdout)
     fb = res["placement"]["conv_det"]["SM8650"]["cpu_fallbacks"]
     assert {"name": "/head/det/Det", "op_type": "Det"} in fb
 
 
-def test_multi_target_binaries_differ_and_name_their_arch(tmp_path, cli):
+def test_multi_target_binaries_differ_and_name_their_arch(tmp_path, cli_here):
     model = conv_relu(tmp_path / "conv.onnx")
     import modelexport
-    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "multi"), "-t", "SM8650", "-t", "SM8750",
-                         "--calibration", "random", "--vtcm-mb", "2", "--optimization-level", "2",
-                         "--json", check=True).stdout)
+    res = json.loads(cli_here("compile", str(model), "-o", str(tmp_path / "multi"), "-t", "SM8650", "-t", "SM8750",
+                              "--calibration", "random", "--vtcm-mb", "2", "--optimization-level", "2",
+                              "--json", check=True).stdout)
     assert res["htp_arch"] == {"SM8650": 75, "SM8750": 79}
     bins = {f["path"]: f["sha256"] for f in res["files"] if f["path"].endswith(".bin")}
     assert len(bins) == 2 and len(set(bins.values())) == 2
@@ -47,31 +47,31 @@ def test_multi_target_binaries_differ_and_name_their_arch(tmp_path, cli):
     m = json.loads((tmp_path / "multi" / "manifest.json").read_text())
     assert m["calibration"]["conv"]["representative"] is False
     assert m["options"]["provider_options"]["SM8750"]["vtcm_mb"] == "2"
-    run = json.loads(cli("run", str(tmp_path / "multi"), "--target", "SM8750", "--random", "--perf-profile", "burst",
-                         "-o", str(tmp_path / "outs"), "--json", check=True).stdout)
+    run = json.loads(cli_here("run", str(tmp_path / "multi"), "--target", "SM8750", "--random", "--perf-profile", "burst",
+                              "-o", str(tmp_path / "outs"), "--json", check=True).stdout)
     assert run["outputs"]["y"]["shape"] == [1, 8, 16, 16] and (tmp_path / "outs" / "y.npy").is_file()
 
 
-def test_pipeline_file_and_dlc(tmp_path, cli):
+def test_pipeline_file_and_dlc(tmp_path, cli_here):
     conv_relu(tmp_path / "enc.onnx")
     conv_relu(tmp_path / "emb.onnx", channels=4)
     (tmp_path / "pipe.yaml").write_text(
         "targets: [SM8650]\nparts:\n  - {name: encoder, model: enc.onnx, precision: 8a8w, calibration: random}\n"
         "  - {name: embedder, model: emb.onnx, precision: fp16}\n")
-    res = json.loads(cli("compile", str(tmp_path / "pipe.yaml"), "-o", str(tmp_path / "pipe"), "--json", check=True).stdout)
+    res = json.loads(cli_here("compile", str(tmp_path / "pipe.yaml"), "-o", str(tmp_path / "pipe"), "--json", check=True).stdout)
     assert res["precision"] == "mixed" and {g["part"] for g in res["graphs"]} == {"encoder", "embedder"}
-    ver = json.loads(cli("verify", str(tmp_path / "pipe"), "--json", check=True).stdout)
+    ver = json.loads(cli_here("verify", str(tmp_path / "pipe"), "--json", check=True).stdout)
     assert ver["passed"] and len(ver["graphs"]) == 2
-    dlc = json.loads(cli("compile", str(tmp_path / "enc.onnx"), "-o", str(tmp_path / "dlc"), "--format", "dlc",
-                         "--calibration", "random", "--json", check=True).stdout)
+    dlc = json.loads(cli_here("compile", str(tmp_path / "enc.onnx"), "-o", str(tmp_path / "dlc"), "--format", "dlc",
+                              "--calibration", "random", "--json", check=True).stdout)
     assert dlc["format"] == "dlc" and any(f["path"].endswith(".dlc") and f["size"] > 0 for f in dlc["files"])
 
 
-def test_strict_passes_a_model_fully_on_the_htp_at_8a8w(tmp_path, cli):
+def test_strict_passes_a_model_fully_on_the_htp_at_8a8w(tmp_path, cli_here):
     """The layout transformer replaces a conv's output DequantizeLinear by a copy named
     DequantizeLinear_token_<n> (kept on the CPU as graph-output dequantization): not a fallback."""
     model = conv_relu(tmp_path / "conv.onnx")
-    res = json.loads(cli("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "8a8w",
-                         "--calibration", "random", "--strict", "--json", check=True).stdout)
+    res = json.loads(cli_here("compile", str(model), "-o", str(tmp_path / "b"), "--precision", "8a8w",
+                              "--calibration", "random", "--strict", "--json", check=True).stdout)
     where = res["placement"]["conv"]["SM8650"]
     assert where["cpu_fallbacks"] == [] and where["htp_nodes"] > 0 and where["cpu_io_quantization"] >= 1

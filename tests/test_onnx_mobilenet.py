@@ -42,8 +42,8 @@ def test_report_shows_per_node_placement(mnv2):
     assert f"{len(htp)}/{len(htp)} compute nodes on HTP" in html and "data:image/svg+xml;base64," in html
 
 
-def test_audit_8a8w_reports_module_paths_and_no_fallback(mnv2, cli):
-    proc = cli("audit", str(mnv2["model"]), "--target", "sm8650", "--precision", "8a8w", "--strict", "--json", check=True)
+def test_audit_8a8w_reports_module_paths_and_no_fallback(mnv2, cli_here):
+    proc = cli_here("audit", str(mnv2["model"]), "--target", "sm8650", "--precision", "8a8w", "--strict", "--json", check=True)
     rep = json.loads(proc.stdout)
     assert rep["ok"] and rep["totals"]["by_backend"].get("CPU", 0) == 0
     convs = [n for n in rep["nodes"] if n["op_type"] == "Conv"]
@@ -64,14 +64,14 @@ def test_top1_matches_float_on_real_photos(mnv2):
     assert want == 967  # coffee.png → espresso
 
 
-def test_verify_passes_and_cache_is_reused(mnv2, cli, tmp_path):
-    proc = cli("verify", str(mnv2["bundle"]), "--json", "--report", str(tmp_path / "verify.json"), check=True)
+def test_verify_passes_and_cache_is_reused(mnv2, cli_here, tmp_path):
+    proc = cli_here("verify", str(mnv2["bundle"]), "--json", "--report", str(tmp_path / "verify.json"), check=True)
     rep = json.loads(proc.stdout)
     out = rep["graphs"][0]["outputs"][0]
     assert rep["passed"] and out["sqnr_db"] > 15 and out["argmax_agreement"] == 1.0
     assert json.loads((tmp_path / "verify.json").read_text())["passed"]
-    again = cli("compile", str(mnv2["model"]), "-o", str(tmp_path / "again"), "--target", "SM8650", "--precision", "8a8w",
-                "--calibration", str(mnv2["calib"]), "--json", check=True)
+    again = cli_here("compile", str(mnv2["model"]), "-o", str(tmp_path / "again"), "--target", "SM8650", "--precision", "8a8w",
+                     "--calibration", str(mnv2["calib"]), "--json", check=True)
     res = json.loads(again.stdout)
     assert res["cache"]["bundle_memo"] is True   # the same inputs: the whole bundle is copied
     sha = {f["path"]: f["sha256"] for f in mnv2["result"]["files"]}
@@ -80,13 +80,13 @@ def test_verify_passes_and_cache_is_reused(mnv2, cli, tmp_path):
     moved = tmp_path / "elsewhere" / "mobilenet_v2.onnx"
     moved.parent.mkdir()
     moved.write_bytes(mnv2["model"].read_bytes())
-    res = json.loads(cli("compile", str(moved), "-o", str(tmp_path / "moved"), "--target", "SM8650", "--precision", "8a8w",
-                         "--calibration", str(mnv2["calib"]), "--json", check=True).stdout)
+    res = json.loads(cli_here("compile", str(moved), "-o", str(tmp_path / "moved"), "--target", "SM8650", "--precision", "8a8w",
+                              "--calibration", str(mnv2["calib"]), "--json", check=True).stdout)
     assert "bundle_memo" not in res["cache"] and res["cache"]["misses"] == 0 and res["cache"]["hits"] == 2
     assert all(sha[f["path"]] == f["sha256"] for f in res["files"] if f["path"].endswith(".bin"))
 
 
-def test_inspect_binary_epcontext_and_bundle(mnv2, cli):
+def test_inspect_binary_epcontext_and_bundle(mnv2, cli_here):
     ctx_dir = mnv2["bundle"] / "mobilenet_v2" / "SM8650"
     import modelexport
     for path, kind in ((ctx_dir / "mobilenet_v2_ctx_qnn.bin", "context-binary"),
@@ -96,16 +96,16 @@ def test_inspect_binary_epcontext_and_bundle(mnv2, cli):
         b = info["binary"]
         assert b["soc_name"] == "SM8650" and b["htp_arch"] == "v75" and b["build_id"].startswith("v2.51")
         assert b["graphs"][0]["inputs"][0]["quantization"]["scale"] > 0
-    info = json.loads(cli("inspect", str(mnv2["bundle"]), "--json", check=True).stdout)
+    info = json.loads(cli_here("inspect", str(mnv2["bundle"]), "--json", check=True).stdout)
     assert info["kind"] == "bundle" and info["integrity"]["ok"]
 
 
-def test_seed_002_spelling(mnv2, cli):
+def test_seed_002_spelling(mnv2, cli_here):
     (mnv2["calib"] / "list.txt").write_text("chelsea.npy\ncoffee.npy\n")
     out = mnv2["dir"] / "model_ctx.bin"
-    cli("compile-qnn", str(mnv2["model"]), str(out), "--quantize", "--calibration-data", str(mnv2["calib"] / "list.txt"),
-        "--act-bitwidth", "8", "--weights-bitwidth", "8", "--format", "context-binary", "--backend", "HTP",
-        "--device", "Snapdragon 8 Gen 3", check=True)
+    cli_here("compile-qnn", str(mnv2["model"]), str(out), "--quantize", "--calibration-data", str(mnv2["calib"] / "list.txt"),
+             "--act-bitwidth", "8", "--weights-bitwidth", "8", "--format", "context-binary", "--backend", "HTP",
+             "--device", "Snapdragon 8 Gen 3", check=True)
     import modelexport
     assert modelexport.inspect(out)["binary"]["soc_name"] == "SM8650"
     assert (mnv2["dir"] / "model_ctx.bundle" / "manifest.json").is_file()

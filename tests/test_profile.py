@@ -22,7 +22,8 @@ def det_bundle(tmp_path_factory):
     return out
 
 
-def test_detailed_ranks_cpu_fallback_first_with_qnn_cycles(det_bundle, cli, tmp_path):
+def test_detailed_ranks_cpu_fallback_first_with_qnn_cycles(det_bundle, cli, cli_here, tmp_path):
+    """The one `profile` run in a child process (the console entry); the rest call its entry function."""
     trace = tmp_path / "trace.json"
     proc = cli("profile", str(det_bundle), "--level", "detailed", "--runs", "3", "--trace", str(trace), "--json", check=True)
     rep = json.loads(proc.stdout)
@@ -43,44 +44,44 @@ def test_detailed_ranks_cpu_fallback_first_with_qnn_cycles(det_bundle, cli, tmp_
     assert {"/head/det/Det", "/features/conv/Conv"} <= names
     assert any(e.get("tid") == 2 and e.get("args", {}).get("cycles") for e in data["traceEvents"])
     # an existing trace is not replaced without --force
-    assert_clean_error(cli("profile", str(det_bundle), "--trace", str(trace)), "exists")
+    assert_clean_error(cli_here("profile", str(det_bundle), "--trace", str(trace)), "exists")
 
 
-def test_basic_level_table_and_note(det_bundle, cli):
-    proc = cli("profile", str(det_bundle), "--runs", "2", check=True)
+def test_basic_level_table_and_note(det_bundle, cli_here):
+    proc = cli_here("profile", str(det_bundle), "--runs", "2", check=True)
     out = " ".join(proc.stdout.split())
     assert "CPU fallback" in out and "/head/det/Det" in out and "HTP graph" in out
     assert "not phone latencies" in out
 
 
-def test_tampered_and_missing_files_are_integrity_errors(det_bundle, cli, tmp_path):
+def test_tampered_and_missing_files_are_integrity_errors(det_bundle, cli_here, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(det_bundle, b)
     ctx = next(b.glob("*/SM8650/*_ctx_qnn.bin"))
     data = bytearray(ctx.read_bytes())
     data[len(data) // 2] ^= 0xFF
     ctx.write_bytes(bytes(data))
-    proc = cli("profile", str(b))
+    proc = cli_here("profile", str(b))
     assert proc.returncode == 4
     assert_clean_error(proc, "does not match its manifest", "sha256")
     ctx.unlink()
-    assert_clean_error(cli("profile", str(b)), "missing")
+    assert_clean_error(cli_here("profile", str(b)), "missing")
 
 
-def test_other_qairt_build_names_both(det_bundle, cli, tmp_path):
+def test_other_qairt_build_names_both(det_bundle, cli_here, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(det_bundle, b)
     m = json.loads((b / "manifest.json").read_text())
     here = m["qairt_build"]
     m["qairt_build"] = "v2.37.0.250724175447"
     (b / "manifest.json").write_text(json.dumps(m))
-    proc = cli("profile", str(b))
+    proc = cli_here("profile", str(b))
     assert_clean_error(proc, "v2.37.0.250724175447", here, "recompile")
 
 
-def test_bad_level_and_runs(det_bundle, cli):
-    assert_clean_error(cli("profile", str(det_bundle), "--level", "verbose"), "--level")
-    assert_clean_error(cli("profile", str(det_bundle), "--runs", "0"), "--runs")
+def test_bad_level_and_runs(det_bundle, cli_here):
+    assert_clean_error(cli_here("profile", str(det_bundle), "--level", "verbose"), "--level")
+    assert_clean_error(cli_here("profile", str(det_bundle), "--runs", "0"), "--runs")
 
 
 def test_qnn_csv_parser_splits_runs_and_names_nodes(tmp_path):
@@ -113,15 +114,15 @@ def test_qnn_csv_parser_splits_runs_and_names_nodes(tmp_path):
     (("verify", "--per-layer", "--samples", "0"), ("--samples must be at least 1",)),
     (("run", "--random", "--repeat", "0"), ("--repeat must be at least 1",)),
 ])
-def test_numbers_out_of_range_are_refused_before_work(det_bundle, cli, args, needles):
+def test_numbers_out_of_range_are_refused_before_work(det_bundle, cli_here, args, needles):
     verb, *rest = args
-    proc = cli(verb, str(det_bundle), *rest)
+    proc = cli_here(verb, str(det_bundle), *rest)
     assert_clean_error(proc, *needles)
     assert proc.returncode == 2
 
 
-def test_keep_naming_a_file_is_refused(det_bundle, cli, tmp_path):
+def test_keep_naming_a_file_is_refused(det_bundle, cli_here, tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("mine")
-    assert_clean_error(cli("profile", str(det_bundle), "--keep", str(f)), "--keep", "is a file")
+    assert_clean_error(cli_here("profile", str(det_bundle), "--keep", str(f)), "--keep", "is a file")
     assert f.read_text() == "mine"

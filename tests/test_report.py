@@ -67,15 +67,15 @@ def test_report_with_placement_and_numerics_embeds_plots(tmp_path):
     assert "1,097" in html
 
 
-def test_report_cli_rebuilds_and_keeps_integrity(tmp_path, cli):
+def test_report_cli_rebuilds_and_keeps_integrity(tmp_path, cli_here):
     b = _bundle(tmp_path)
     b.manifest.numerics = {"outputs": [{"name": "y", "sqnr_db": 25.0, "cosine": 0.99, "max_abs_error": 0.2}]}
     refresh_report(b)
     assert "SQNR per output" in (b.path / "report.html").read_text()
     open_bundle(b.path)  # manifest updated with the new report's hash
-    proc = cli("report", str(b.path), "-o", str(tmp_path / "r.html"))
+    proc = cli_here("report", str(b.path), "-o", str(tmp_path / "r.html"))
     assert proc.returncode == 0 and (tmp_path / "r.html").stat().st_size > 1000
-    proc = cli("report", str(b.path), "-o", str(tmp_path / "r.html"))
+    proc = cli_here("report", str(b.path), "-o", str(tmp_path / "r.html"))
     assert proc.returncode != 0 and "--force" in proc.stderr
 
 

@@ -16,7 +16,8 @@ def model(tmp_path):
     return conv_relu(tmp_path / "model.onnx")
 
 
-def test_dlc_suffix_chooses_dlc(tmp_path, cli, model):
+def test_dlc_suffix_chooses_dlc(tmp_path, cli, cli_here, model):
+    """The one `compile-qnn` run in a child process (the console entry); the rest call its entry function."""
     out = tmp_path / "model.dlc"
     proc = cli("compile-qnn", str(model), str(out))
     assert proc.returncode == 0, proc.stderr
@@ -24,7 +25,7 @@ def test_dlc_suffix_chooses_dlc(tmp_path, cli, model):
     assert zipfile.is_zipfile(out)              # a real DLC is a zip container (QNN IR, libQnnIr.so)
     m = json.loads((tmp_path / "model.bundle" / "manifest.json").read_text())
     assert m["format"] == "dlc" and "libQnnIr.so" in m["dlc_note"]
-    res = json.loads(cli("compile-qnn", str(model), str(tmp_path / "m.bin"), "--json", check=True).stdout)
+    res = json.loads(cli_here("compile-qnn", str(model), str(tmp_path / "m.bin"), "--json", check=True).stdout)
     assert res["format_chosen"]["format"] == "context-binary" and (tmp_path / "m.bin").stat().st_size > 0
 
 
@@ -34,9 +35,9 @@ def test_dlc_suffix_chooses_dlc(tmp_path, cli, model):
     (("model.cpp",), "*.dlc"),
     (("x.bin", "--device", "SM8650", "--device", "SM8750"), "one target"),
 ])
-def test_output_suffix_mistakes(tmp_path, cli, model, args, needle):
+def test_output_suffix_mistakes(tmp_path, cli_here, model, args, needle):
     out, *rest = args
-    proc = cli("compile-qnn", str(model), str(tmp_path / out), *rest)
+    proc = cli_here("compile-qnn", str(model), str(tmp_path / out), *rest)
     assert proc.returncode == 2
     assert_clean_error(proc, needle, "fix:")
     assert not any(p.name.endswith(".bundle") for p in tmp_path.iterdir())
@@ -87,22 +88,22 @@ def test_vtcm_sizes_parse_once():
         vtcm_whole_mb("524288B", ["SM8650"])
 
 
-def test_seed_vtcm_size_in_bytes(tmp_path, cli, model):
+def test_seed_vtcm_size_in_bytes(tmp_path, cli_here, model):
     import modelexport
     out = tmp_path / "v.bin"
-    cli("compile-qnn", str(model), str(out), "--vtcm_size", "1048576", check=True)
+    cli_here("compile-qnn", str(model), str(out), "--vtcm_size", "1048576", check=True)
     assert modelexport.inspect(out)["binary"]["vtcm_mb"] == 1.0      # read back from the binary
-    half = cli("compile-qnn", str(model), str(tmp_path / "h.bin"), "--vtcm_size", "524288")
+    half = cli_here("compile-qnn", str(model), str(tmp_path / "h.bin"), "--vtcm_size", "524288")
     assert half.returncode == 6
     assert_clean_error(half, "not a whole MB", "1MB (1048576 bytes)")
 
 
-def test_inspect_qnn_schema(tmp_path, cli, model):
+def test_inspect_qnn_schema(tmp_path, cli_here, model):
     out = tmp_path / "q.bin"
-    cli("compile-qnn", str(model), str(out), "--quantize", "--calibration-data", "random", check=True)
-    ours = json.loads(cli("inspect", str(out), "--json", check=True).stdout)["binary"]
+    cli_here("compile-qnn", str(model), str(out), "--quantize", "--calibration-data", "random", check=True)
+    ours = json.loads(cli_here("inspect", str(out), "--json", check=True).stdout)["binary"]
     for target in (out, tmp_path / "q.bundle"):
-        proc = cli("inspect", str(target), "--json", "--schema", "qnn", check=True)
+        proc = cli_here("inspect", str(target), "--json", "--schema", "qnn", check=True)
         qnn = json.loads(proc.stdout)
         info = qnn["info"]
         assert info["buildId"] == ours["build_id"] and info["socModel"] == 57
@@ -115,5 +116,5 @@ def test_inspect_qnn_schema(tmp_path, cli, model):
         assert t["dataType"] == "QNN_DATATYPE_UFIXED_POINT_8" and t["type"] == "QNN_TENSOR_TYPE_APP_READ"
         assert t["quantizeParams"]["scaleOffset"]["scale"] == ours["graphs"][0]["outputs"][0]["quantization"]["scale"]
         assert g["info"]["graphBlobInfo"]["info"]["vtcmSize"] == ours["graphs"][0]["htp"]["vtcm_bytes"]
-    assert_clean_error(cli("inspect", str(model), "--schema", "qnn"), "holds no QNN context binary", "fix:")
-    assert_clean_error(cli("inspect", str(out), "--schema", "xml"), "unknown --schema")
+    assert_clean_error(cli_here("inspect", str(model), "--schema", "qnn"), "holds no QNN context binary", "fix:")
+    assert_clean_error(cli_here("inspect", str(out), "--schema", "xml"), "unknown --schema")

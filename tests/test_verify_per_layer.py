@@ -14,7 +14,7 @@ def _cache_env(tmp_path_factory):
     return {"MODELEXPORT_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "modelexport-cache")}
 
 
-def test_small_model_per_layer_recorded_in_manifest_and_report(tmp_path, cli):
+def test_small_model_per_layer_recorded_in_manifest_and_report(tmp_path, cli, cli_here):
     model = conv_relu(tmp_path / "conv.onnx")
     b = tmp_path / "b"
     cli("compile", str(model), "-o", str(b), "--precision", "8a8w", "--calibration", "random", check=True)
@@ -30,24 +30,24 @@ def test_small_model_per_layer_recorded_in_manifest_and_report(tmp_path, cli):
     assert num["outputs"][0]["name"] == "y" and num["outputs"][0]["sqnr_db"] > 10
     html = (b / "report.html").read_text()
     assert "SQNR per layer" in html
-    assert run_cli("inspect", str(b)).returncode == 0          # report.html re-sealed in the manifest
+    assert cli_here("inspect", str(b)).returncode == 0          # report.html re-sealed in the manifest
     # a threshold above every layer names the first one and suggests an override for it
-    proc = cli("verify", str(b), "--per-layer", "--threshold-db", "199", "--json", "--min-sqnr", "0", check=True)
+    proc = cli_here("verify", str(b), "--per-layer", "--threshold-db", "199", "--json", "--min-sqnr", "0", check=True)
     pl = json.loads(proc.stdout)["per_layer"][0]
     assert pl["first_bad_layer"] == "block.act" and pl["suggested_override"] == "--override 'block\\.act=16a8w'"
 
 
-def test_fp16_bundle_and_bad_override_are_clean_errors(tmp_path, cli):
+def test_fp16_bundle_and_bad_override_are_clean_errors(tmp_path, cli_here):
     model = conv_relu(tmp_path / "conv.onnx")
     b = tmp_path / "b16"
-    cli("compile", str(model), "-o", str(b), "--precision", "fp16", check=True)
-    assert_clean_error(cli("verify", str(b), "--per-layer"), "no quantized model")
-    assert_clean_error(cli("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
-                           "--override", "nothing\\.here=16a8w"), "matches no node")
-    assert_clean_error(cli("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
-                           "--override", "block=fp16"), "fp16")
-    assert_clean_error(cli("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
-                           "--override", "block(=16a8w"), "regular expression")
+    cli_here("compile", str(model), "-o", str(b), "--precision", "fp16", check=True)
+    assert_clean_error(cli_here("verify", str(b), "--per-layer"), "no quantized model")
+    assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
+                                "--override", "nothing\\.here=16a8w"), "matches no node")
+    assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
+                                "--override", "block=fp16"), "fp16")
+    assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
+                                "--override", "block(=16a8w"), "regular expression")
     assert not (tmp_path / "x").exists()
 
 
@@ -65,8 +65,9 @@ def mnv2_16a4w(tmp_path_factory):
     return {"model": model, "calib": calib, "bundle": out, "dir": d}
 
 
-def test_mobilenet_16a4w_per_layer_finds_the_collapse_and_the_override_fixes_it(mnv2_16a4w, tmp_path_factory):
-    before = run_cli("verify", str(mnv2_16a4w["bundle"]), "--per-layer", "--json", env=_cache_env(tmp_path_factory))
+def test_mobilenet_16a4w_per_layer_finds_the_collapse_and_the_override_fixes_it(mnv2_16a4w, tmp_path_factory, cli_here):
+    before = cli_here("verify", str(mnv2_16a4w["bundle"]), "--per-layer", "--json",
+                      env=_cache_env(tmp_path_factory))
     assert before.returncode == 5                       # 16a4w MobileNetV2 collapses below its 5 dB pass mark
     rep = json.loads(before.stdout)
     pl = rep["per_layer"][0]
@@ -81,14 +82,15 @@ def test_mobilenet_16a4w_per_layer_finds_the_collapse_and_the_override_fixes_it(
     # apply the suggestion
     fixed = mnv2_16a4w["dir"] / "b4_fixed"
     spec = pl["suggested_override"].split("'")[1]
-    res = json.loads(run_cli("compile", str(mnv2_16a4w["model"]), "-o", str(fixed), "--precision", "16a4w",
-                             "--calibration", str(mnv2_16a4w["calib"]), "--override", spec, "--json", check=True,
-                             env=_cache_env(tmp_path_factory)).stdout)
+    res = json.loads(cli_here("compile", str(mnv2_16a4w["model"]), "-o", str(fixed), "--precision", "16a4w",
+                              "--calibration", str(mnv2_16a4w["calib"]), "--override", spec, "--json", check=True,
+                              env=_cache_env(tmp_path_factory)).stdout)
     assert res["placement"]["mobilenet_v2"]["SM8650"]["cpu_fallbacks"] == []
     m = json.loads((fixed / "manifest.json").read_text())
     ov = m["parts"][0]["quantization"]["overrides"]
     assert ov[0]["regex"] == spec.rpartition("=")[0] and ov[0]["nodes"] >= 3 and ov[0]["precision"] == "16a8w"
-    after = run_cli("verify", str(fixed), "--per-layer", "--json", "--min-sqnr", "0", env=_cache_env(tmp_path_factory))
+    after = cli_here("verify", str(fixed), "--per-layer", "--json", "--min-sqnr", "0",
+                     env=_cache_env(tmp_path_factory))
     assert after.returncode == 0, after.stderr
     rep2 = json.loads(after.stdout)
     at = {x["name"]: x["sqnr_db"] for x in rep2["per_layer"][0]["layers"]}
