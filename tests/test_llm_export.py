@@ -57,6 +57,11 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
         assert g.host_twin.const_bytes > g.const_bytes
         # read back from the binaries: the device graphs at the default level, the host-only twins at the cheapest
         assert g.optimization_level == 3 and g.host_twin.optimization_level == HOST_TWIN_OPTIMIZATION_LEVEL
+    # each context-binary job's compile time, wall and CPU: the shared pair and one twin per graph
+    jobs = m.timings.model_extra["context_binaries"]
+    assert sorted(jobs) == ["SM8650/decoder/shared_1", "SM8650/decoder/twin_prompt_ar4_cl64_1_of_1",
+                            "SM8650/decoder/twin_token_ar1_cl64_1_of_1"]
+    assert all(j["wall_s"] > 0 and j["cpu_s"] > 0 for j in jobs.values())
     q = m.llm.quantization["token_ar1_cl64_1_of_1"]
     assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
     assert m.calibration["llm"]["representative"] and m.parameters > 0

@@ -551,6 +551,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     results = raise_first_error(run_jobs("the context-binary compile", jobs, workers, on_done if pending else None,
                                          in_process=not pending))
     timings["compile_stage_s"] = round(time.perf_counter() - t0, 3)
+    timings["context_binaries"] = _job_seconds(jobs, results)
     if block_size and block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
         _check_twins_load(jobs, results, cache, block_size, say)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
@@ -563,6 +564,21 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(t, ignore_errors=True)
         if not cache.enabled:
             shutil.rmtree(qentry, ignore_errors=True)
+
+
+def _job_seconds(jobs, results) -> dict:
+    """Each context-binary job's compile seconds, wall and CPU (its worker's threads), as its cache entry
+    recorded them (a cache hit shows the build that made it): where the compile stage's time went."""
+    out = {}
+    for (fn, job), r in zip(jobs, results):
+        meta = r["meta"]
+        what = f"twin_{job['graph']}" if job["kind"] == "twin" else \
+            f"shared_{job['part']}{'_full' if job.get('full_context') else ''}"
+        wall, cpu = meta.get("compile_seconds"), meta.get("compile_cpu_seconds")
+        if isinstance(wall, dict):   # a weight-shared job: one session per graph, in order
+            wall, cpu = sum(wall.values()), (sum(cpu.values()) if cpu else None)
+        out[f"{job['target']}/{job.get('role', 'decoder')}/{what}"] = {"wall_s": wall, "cpu_s": cpu, "hit": bool(r.get("hit"))}
+    return out
 
 
 def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> dict | None:
