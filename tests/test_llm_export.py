@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
+from modelexport.toolchain.htp_options import HOST_TWIN_OPTIMIZATION_LEVEL  # noqa: E402
 from llm_tiny import CALIBRATION_TEXT, smollm2_shaped_llama, tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
 
 SEQ = 64
@@ -54,6 +55,13 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
     for g in m.graphs:                                        # the documented name maps to the QNN graph
         assert g.qnn_graph_name in ws.graphs
         assert g.host_twin.const_bytes > g.const_bytes
+        # read back from the binaries: the device graphs at the default level, the host-only twins at the cheapest
+        assert g.optimization_level == 3 and g.host_twin.optimization_level == HOST_TWIN_OPTIMIZATION_LEVEL
+    # each context-binary job's compile time, wall and CPU: the shared pair and one twin per graph
+    jobs = m.timings.model_extra["context_binaries"]
+    assert sorted(jobs) == ["SM8650/decoder/shared_1", "SM8650/decoder/twin_prompt_ar4_cl64_1_of_1",
+                            "SM8650/decoder/twin_token_ar1_cl64_1_of_1"]
+    assert all(j["wall_s"] > 0 and j["cpu_s"] > 0 for j in jobs.values())
     q = m.llm.quantization["token_ar1_cl64_1_of_1"]
     assert q["modules"]["model.layers.0.mlp.down_proj"] == 4 and q["modules"]["lm_head"] == 8
     assert m.calibration["llm"]["representative"] and m.parameters > 0

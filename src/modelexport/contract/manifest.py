@@ -100,6 +100,7 @@ class HostTwin(_Recorded):
     qnn_graph_name: str | None = None
     const_bytes: int | None = None
     bytes: int | None = None
+    optimization_level: int | None = None   # read back from the binary (finalized cheaply: it runs on the host only)
 
 
 class MemoryEstimate(_Recorded):

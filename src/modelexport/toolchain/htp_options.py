@@ -3,6 +3,7 @@
 | knob                  | EP option                                   | values                          |
 | --vtcm-mb / --vtcm-size | vtcm_mb                                   | whole MB, 1 .. the target's VTCM |
 | --optimization-level  | htp_graph_finalization_optimization_mode    | 1, 2, 3 (3 = best, slowest)     |
+| LLM host twins        | htp_graph_finalization_optimization_mode    | HOST_TWIN_OPTIMIZATION_LEVEL    |
 | fp16 (float graphs)   | enable_htp_fp16_precision                   | 1                               |
 | --perf-profile (run)  | htp_performance_mode                        | PERF_PROFILES                   |
 | target                | soc_model                                   | targets.SoC.soc_model           |
@@ -55,6 +56,19 @@ def compile_provider_options(soc: SoC, vtcm_mb: int | None, optimization_level: 
     if vtcm_mb is not None:
         opts["vtcm_mb"] = str(vtcm_whole_mb(vtcm_mb, [soc]))
     return opts
+
+
+# The LLM host twins run only on the x86 simulator (and Genie's build-time dialog there): they are
+# finalized at the QNN EP's cheapest level ('1': "faster preparation time, less optimal graph" in
+# ONNX Runtime's QNN EP documentation), while the device binaries keep the user's level (3 by default).
+# The level changes how QNN schedules the graph, not the quantized arithmetic: SmolLM2's twins gave the
+# same simulator logits at 1 and 3 (docs/llm_export.md, "Compile time").
+HOST_TWIN_OPTIMIZATION_LEVEL = 1
+
+
+def host_twin_provider_options(device_options: dict[str, str]) -> dict[str, str]:
+    """The device binary's compile options with the cheapest graph finalization (host-only twins)."""
+    return device_options | {"htp_graph_finalization_optimization_mode": str(HOST_TWIN_OPTIMIZATION_LEVEL)}
 
 
 def run_provider_options(soc_model: int, perf_profile: str | None) -> dict[str, str]:

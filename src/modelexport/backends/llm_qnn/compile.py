@@ -35,7 +35,7 @@ from ...contract.manifest import (GRAPH_NAMING, CacheInfo, DecoderShape, GenieCh
                                   SourceModel, Timings, WeightSharing)
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from .. import backend
-from ...toolchain.htp_options import check_knobs, compile_provider_options
+from ...toolchain.htp_options import check_knobs, compile_provider_options, host_twin_provider_options
 from ..spec import LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
@@ -544,8 +544,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
                                               "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
                                               "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
-            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]], popts,
-                                                  "context-binary", qairt.build_id, cache,
+            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]],
+                                                  host_twin_provider_options(popts), "context-binary", qairt.build_id, cache,
                                                   graph_order=(g["part"], n_parts) if n_parts > 1 else None)
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
         jobs += _embedder_jobs(qmeta.get("embedder"), qentry, soc, popts, qairt, cache)
@@ -563,6 +563,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     results = raise_first_error(run_jobs("the context-binary compile", jobs, workers, on_done if pending else None,
                                          in_process=not pending))
     timings["compile_stage_s"] = round(time.perf_counter() - t0, 3)
+    timings["context_binaries"] = _job_seconds(jobs, results)
     if block_size and block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
         _check_twins_load(jobs, results, cache, block_size, say)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
@@ -575,6 +576,21 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(t, ignore_errors=True)
         if not cache.enabled:
             shutil.rmtree(qentry, ignore_errors=True)
+
+
+def _job_seconds(jobs, results) -> dict:
+    """Each context-binary job's compile seconds, wall and CPU (its worker's threads), as its cache entry
+    recorded them (a cache hit shows the build that made it): where the compile stage's time went."""
+    out = {}
+    for (fn, job), r in zip(jobs, results):
+        meta = r["meta"]
+        what = f"twin_{job['graph']}" if job["kind"] == "twin" else \
+            f"shared_{job['part']}{'_full' if job.get('full_context') else ''}"
+        wall, cpu = meta.get("compile_seconds"), meta.get("compile_cpu_seconds")
+        if isinstance(wall, dict):   # a weight-shared job: one session per graph, in order
+            wall, cpu = sum(wall.values()), (sum(cpu.values()) if cpu else None)
+        out[f"{job['target']}/{job.get('role', 'decoder')}/{what}"] = {"wall_s": wall, "cpu_s": cpu, "hit": bool(r.get("hit"))}
+    return out
 
 
 def _quality_options(opts: LlmCompileOptions, precision: str, shape: dict) -> dict | None:
@@ -697,7 +713,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             g0 = info.graphs[0]
             twin_files[(job["target"], job["graph"])] = HostTwin(
                 epcontext_model=ctx_rel, context_binary=bin_rel, qnn_graph_name=g0.name,
-                const_bytes=g0.htp.const_size if g0.htp else None, bytes=(entry / bin_name).stat().st_size)
+                const_bytes=g0.htp.const_size if g0.htp else None, bytes=(entry / bin_name).stat().st_size,
+                optimization_level=g0.htp.optimization_level if g0.htp else None)
             pl = meta["placement"]
             placement.setdefault(job["graph"], {})[job["target"]] = {
                 "htp_nodes": len(pl.get("QNNExecutionProvider", [])),
@@ -757,6 +774,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                     part=name, n_tokens=g["n_tokens"], part_index=g["part"], n_parts=g["n_parts"],
                     layers=g["layers"], qnn_graph_name=qg.name if qg else None,
                     epcontext_model=ctx_rel, shared=len(names) > 1,
+                    optimization_level=qg.htp.optimization_level if qg and qg.htp else None,
                     const_bytes=qg.htp.const_size if qg and qg.htp else None,
                     shared_weights_bytes=qg.htp.shared_weights_size if qg and qg.htp else None,
                     host_twin=twin, quantized_model=g["qdq"],
@@ -851,8 +869,8 @@ def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, q
                                     "models": [(g["name"], str(qentry / g["graph"])) for g in gs],
                                     "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled})]
     for g in gs:
-        twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["graph"], shas[g["name"]], popts,
-                                              "context-binary", qairt.build_id, cache)
+        twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["graph"], shas[g["name"]],
+                                              host_twin_provider_options(popts), "context-binary", qairt.build_id, cache)
         jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "role": "embedder", "graph": g["name"], **twin}))
     return jobs
 

@@ -22,7 +22,7 @@ SHARED_NAMESPACE = "llm-ctx-shared"
 
 def _build_shared(job: dict, tmp: Path) -> dict:
     from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
-    placements, seconds, graph_names = {}, {}, {}
+    placements, seconds, cpu_seconds, graph_names = {}, {}, {}, {}
     n = len(job["models"])
     with tempfile.TemporaryDirectory(prefix="modelexport-order-") as links:   # the ordered paths' symlinks
         for i, (name, model_path) in enumerate(job["models"]):
@@ -33,7 +33,7 @@ def _build_shared(job: dict, tmp: Path) -> dict:
                        "ep.context_embed_mode": "0", "ep.share_ep_contexts": "1"}
             if i == n - 1:
                 entries["ep.stop_share_ep_contexts"] = "1"
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 sess = create_session(model_path, SessionPlan(provider_options=dict(job["provider_options"]),
                                                               config_entries=entries))
@@ -42,6 +42,7 @@ def _build_shared(job: dict, tmp: Path) -> dict:
                                      f"{clip(str(e), 1000)}",
                                      "try --optimization-level 1, or compile without weight sharing (one variant)") from None
             seconds[name] = round(time.perf_counter() - t0, 3)
+            cpu_seconds[name] = round(time.process_time() - c0, 3)   # every thread of this worker
             placements[name] = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
             del sess
     bins = sorted(p.name for p in tmp.glob("*.bin"))
@@ -50,7 +51,8 @@ def _build_shared(job: dict, tmp: Path) -> dict:
                              "report this: the QNN EP did not share its context")
     return {"part": job["part"], "target": job["target"], "context_binary": bins[0],
             "epcontext": {name: f"{name}_ctx.onnx" for name, _ in job["models"]},
-            "placement": placements, "compile_seconds": seconds, "provider_options": job["provider_options"],
+            "placement": placements, "compile_seconds": seconds, "compile_cpu_seconds": cpu_seconds,
+            "provider_options": job["provider_options"],
             "expected_graph_names": graph_names}
 
 
