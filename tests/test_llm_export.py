@@ -171,6 +171,34 @@ def test_genie_generates_what_our_loop_generates(bundle):
     assert genie.token_ids == ours.token_ids and genie.stats.backend == "genie"
 
 
+def test_twins_beyond_the_simulators_memory_are_checked_and_run_one_variant_at_a_time(bundle, monkeypatch):
+    """The simulator holds about 3 GB of binaries per process (toolchain/simulator_memory.py): with
+    its budget set between one variant's twins and all of them, the build's check makes one real
+    Genie dialog per variant, and both host loops run the variant with the most tokens per call
+    alone, giving the same tokens; below one variant, both refuse with the numbers."""
+    import modelexport.llm as llm
+    from modelexport.backends.llm_qnn.genie_dialog import check_dialogs
+    from modelexport.core.errors import InputError
+    from modelexport.toolchain import simulator_memory
+    m = bundle.manifest
+    twins = [(g.n_tokens, bundle.file(g.host_twin.context_binary))
+             for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name)) if g.host_twin is not None]
+    sizes = {n: sum(p.stat().st_size for k, p in twins if k == n) for n, _ in twins}
+    assert len(sizes) == 2
+    monkeypatch.setattr(simulator_memory, "SIMULATOR_CONTEXT_BYTES", max(sizes.values()) + 1)
+    path = bundle.file(m.llm.genie["SM8650"].file)
+    check = check_dialogs(json.loads(path.read_text()), path.parent, twins)
+    assert check["dialog_created"] and "one variant at a time (ar1, ar4)" in check["dialog_checked_on"], check
+    ours = llm.load(bundle.path, backend="htp-sim").generate("Markets rose", max_new_tokens=4)
+    genie = llm.load(bundle.path, backend="genie").generate("Markets rose", max_new_tokens=4)
+    assert genie.token_ids == ours.token_ids
+    monkeypatch.setattr(simulator_memory, "SIMULATOR_CONTEXT_BYTES", min(sizes.values()) - 1)
+    check = check_dialogs(json.loads(path.read_text()), path.parent, twins)
+    assert not check["dialog_created"] and "not ar1, ar4" in check["dialog_note"], check
+    with pytest.raises(InputError, match="each variant's alone"):
+        llm.load(bundle.path, backend="htp-sim")
+
+
 def test_second_compile_is_cached(bundle, work):
     import modelexport
     b2 = modelexport.compile(str(work / "tiny_hf"), output=work / "bundle2", target="SM8650", precision="16a4w",

@@ -295,7 +295,7 @@ class GenieCheck(_Recorded):
     library: str | None = None
     dialog_created: bool | None = None
     dialog_checked_on: str | None = None
-    dialog_note: str | None = None       # why a dialog was not created (a known limit, not a failed build)
+    dialog_note: str | None = None       # why no dialog was created, or what the dialogs did not see (a known limit of the host)
     pipeline: GeniePipelineCheck | None = None   # VLM bundles: Genie's multimodal pipeline
 
 

@@ -666,7 +666,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
     from ..context_binary import read_back
     from ...toolchain.genie import validate_genie_config
     from .genie import genie_config, lut_embedding
-    from .genie_dialog import check_dialog, host_config
+    from .genie_dialog import check_dialogs
 
     say("checking the binaries and writing the bundle", 3.5, 4)
     n_parts = len(qmeta["parts"])
@@ -801,7 +801,8 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                                embedding=lut_embedding(f"{up}{lut}", spec["hidden_size"]) if lut else None)
             path = w.path(rel, role=Role.GENIE_CONFIG)
             path.write_text(json.dumps(cfg, indent=2))
-            twins = [w.dir / g.host_twin.context_binary for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
+            twins = [(g.n_tokens, w.dir / g.host_twin.context_binary)
+                     for g in sorted(m.graphs, key=lambda g: (g.part_index or 1, g.name))
                      if g.n_tokens != max_seq_len
                      if g.target == soc.name and g.host_twin is not None]
             _check_part_order(m.graphs, soc.name)
@@ -812,7 +813,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
                 continue
             say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
             genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
-                                         **check_dialog(host_config(cfg, path.parent, twins)))
+                                         **check_dialogs(cfg, path.parent, twins))
         n_params = qmeta["n_params"]
         device_bytes = sum(ws.bytes for ws in weight_sharing.values() if ws.file.startswith(socs[0].name))
         shared_w = sum(max(ws.shared_weights_bytes or [0]) for key, ws in weight_sharing.items()

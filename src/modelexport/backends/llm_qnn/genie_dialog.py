@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from ...core.errors import InputError, VerificationError
 from ...toolchain.genie import genie_messages, run_dialog
+from ...toolchain.simulator_memory import binary_bytes, fits_on_simulator, simulator_limit_note, variants_that_fit
 
 def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
                 sampler: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -53,13 +54,17 @@ def bundle_config(bundle, target: str, sampler: dict[str, Any] | None = None) ->
     if entry is None:
         raise InputError(f"the bundle has no Genie config for {target}",
                          f"use one of its targets: {', '.join(m.llm.genie) if m.llm else 'none (not an LLM bundle)'}")
-    twins = sorted(((g.part_index or 1, g.name, bundle.file(g.host_twin.context_binary)) for g in m.graphs
+    twins = sorted(((g.part_index or 1, g.name, g.n_tokens, bundle.file(g.host_twin.context_binary)) for g in m.graphs
                     if g.target == target and g.host_twin is not None
                     and g.n_tokens != m.llm.max_seq_len))   # not the full-context graph: Genie runs arN graphs
     if not twins:
         raise InputError(f"the bundle has no host twins for {target}", "compile the LLM again with this version")
     path = bundle.file(entry.file)
-    return host_config(json.loads(path.read_text()), path.parent, [t[2] for t in twins], sampler)
+    by_variant: dict[int, list[Path]] = {}
+    for t in twins:
+        by_variant.setdefault(t[2], []).append(t[3])
+    keep = set(variants_that_fit(by_variant))   # Genie prefills and decodes with what it is given
+    return host_config(json.loads(path.read_text()), path.parent, [t[3] for t in twins if t[2] in keep], sampler)
 
 
 def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> dict:
@@ -69,6 +74,31 @@ def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, 
         return {"greedy": True, "top-k": 1, "temp": 1.0, "top-p": 1.0, "seed": int(seed or 0)}
     return {"temp": float(temperature), "top-k": int(top_k) if top_k else 0, "top-p": float(top_p),
             "seed": int(seed or 0)}
+
+
+def check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]]) -> dict[str, Any]:
+    """The build's Genie check on the host twins (tokens per call, binary; parts in order): one
+    dialog over all of them, or, when they exceed what the simulator holds in one process, one
+    dialog per variant. What that leaves unchecked is said in `dialog_note`."""
+    every = [p for _, p in twins]
+    if fits_on_simulator(every):
+        return check_dialog(host_config(cfg, config_dir, every))
+    checked, unchecked = [], []
+    for n in sorted({n for n, _ in twins}):
+        alone = [p for m, p in twins if m == n]
+        if fits_on_simulator(alone):
+            check_dialog(host_config(cfg, config_dir, alone))
+            checked.append(f"ar{n}")
+        else:
+            unchecked.append(f"ar{n}")
+    limit = simulator_limit_note(binary_bytes(every))
+    if unchecked:
+        return {"dialog_created": False, "dialog_note": f"{limit}; Genie checked {', '.join(checked) or 'no variant'}, "
+                f"not {', '.join(unchecked)} (too large alone)"}
+    return {"dialog_created": True,
+            "dialog_checked_on": f"host twins (x86 HTP simulator), one variant at a time ({', '.join(checked)})",
+            "dialog_note": f"{limit}: each variant got its own dialog, so Genie did not see them side by side "
+                           "(their KV encodings against each other, its switching between them)"}
 
 
 def check_dialog(config: dict[str, Any]) -> dict[str, Any]:

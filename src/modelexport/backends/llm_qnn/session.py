@@ -25,6 +25,7 @@ from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inpu
 from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.tokenizers import load_tokenizer
 from ...llm.vision_inputs import place_rows_at_positions
+from ...toolchain.simulator_memory import variants_that_fit
 
 STAGES = ("htp-sim", "fake-quant")
 
@@ -131,6 +132,9 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
         by_n.setdefault(n, []).append(g)
     if not by_n:
         raise InputError(f"{bundle.path} has no graphs for {target}", f"its targets: {', '.join(m.targets)}")
+    if stage == "htp-sim":   # the simulator holds about 3 GB of binaries per process
+        keep = variants_that_fit({n: [bundle.file(g.host_twin.context_binary) for g in gs] for n, gs in by_n.items()})
+        by_n = {n: gs for n, gs in by_n.items() if n in keep}
     mode = get_input_mode(m.llm.inputs)
     embedders = _embedder_graphs(bundle, mode, target)
     out = {}

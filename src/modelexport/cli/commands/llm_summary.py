@@ -34,7 +34,8 @@ def llm_summary(bundle, json_out: bool) -> None:
         if llm.split_note:
             console.print(f"[yellow]note[/]: {llm.split_note}")
         for t, g in llm.genie.items():
-            console.print(f"  Genie accepts {g.file} ({t})" + (f"; no dialog: {g.dialog_note}" if g.dialog_note else ""))
+            note = (f"; no dialog: {g.dialog_note}" if not g.dialog_created else f" ({g.dialog_note})") if g.dialog_note else ""
+            console.print(f"  Genie accepts {g.file} ({t}){note}")
         if llm.inputs != "tokens":
             console.print(f"  inputs: {llm.inputs}" + (f" (no_token_id {llm.no_token_id})" if llm.no_token_id is not None else ""))
         if llm.embedder is not None:
