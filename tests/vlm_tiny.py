@@ -1,7 +1,9 @@
 """Tiny random VLMs built in-process, with the tiny Llama of llm_tiny as their text model, saved as HF
 folders with the tiny tokenizer and a preprocessor config: an Idefics3 (SmolVLM's architecture: a
-2-layer vision tower on 32x32 images, patches of 8: 16 patches, pixel shuffle 2: 4 image tokens) and a
-LLaVA (a 3-layer CLIP tower on the same images, features of layer -2 without CLS: 16 image tokens)."""
+2-layer vision tower on 32x32 images, patches of 8: 16 patches, pixel shuffle 2: 4 image tokens), a
+LLaVA (a 3-layer CLIP tower on the same images, features of layer -2 without CLS: 16 image tokens) and
+a Qwen2-VL (a 2-layer ViT on 56x56 images, patches of 14 merged 2 x 2: 4 image tokens; its text model
+has the tiny Llama's sizes with Qwen2's biases and M-RoPE)."""
 from __future__ import annotations
 
 import json
@@ -54,8 +56,41 @@ def tiny_llava(seed: int = 0):
     return model
 
 
-BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava}
-TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE}
+# Qwen2-VL cut down from Qwen2-VL-2B's config: patches of 14 over 2 frames, 2 x 2 merge, 2-D RoPE in the tower,
+# M-RoPE sections in the ratio of [16, 24, 24] (head_dim 16 here: [2, 3, 3]); a 56 x 56 image (the preprocessor's
+# max_pixels) is a 4 x 4 patch grid, 4 image tokens between <|vision_start|> and <|vision_end|>.
+QWEN2_VL_SIZE, QWEN2_VL_TOKENS = 56, 4
+QWEN2_VL_IDS = dict(image_token_id=IMAGE_TOKEN, vision_start_token_id=259, vision_end_token_id=260, video_token_id=261)
+QWEN2_VL_VOCAB = 264        # the tiny tokenizer's 258 ids and the four above
+TINY_QWEN2_VL_VISION = dict(model_type="qwen2_vl_vision", depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
+                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, hidden_act="quick_gelu")
+MROPE_SECTION = [2, 3, 3]
+
+
+def tiny_qwen2_vl_text() -> dict:
+    import copy
+    text = {k: v for k, v in copy.deepcopy(TINY_CONFIG).items() if k != "tie_word_embeddings"}
+    text.update(model_type="qwen2_vl_text", vocab_size=QWEN2_VL_VOCAB,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(MROPE_SECTION)})
+    return text
+
+
+def tiny_qwen2_vl(seed: int = 0):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    torch.manual_seed(seed)
+    cfg = Qwen2VLConfig(vision_config=dict(TINY_QWEN2_VL_VISION), text_config=tiny_qwen2_vl_text(),
+                        tie_word_embeddings=True, **QWEN2_VL_IDS)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.model.language_model.embed_tokens.weight.mul_(8.0)
+    return model
+
+
+BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava, "qwen2_vl": tiny_qwen2_vl}
+TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE, "qwen2_vl": QWEN2_VL_TOKENS}
+PREPROCESSORS = {"qwen2_vl": {"image_processor_type": "Qwen2VLImageProcessor", "image_mean": MEAN, "image_std": STD,
+                              "rescale_factor": 1 / 255, "min_pixels": 28 * 28, "max_pixels": QWEN2_VL_SIZE ** 2,
+                              "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}}
 
 
 def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
@@ -65,7 +100,7 @@ def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
     folder = root / ("tiny_vlm" if family == "idefics3" else f"tiny_{family}")
     BUILDERS[family](**kw).save_pretrained(folder)
     tiny_tokenizer().save(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps(
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSORS.get(family) or
         {"image_processor_type": "Idefics3ImageProcessor", "image_mean": MEAN, "image_std": STD,
          "rescale_factor": 1 / 255, "do_image_splitting": False}))
     (root / "calib.txt").write_text(CALIBRATION_TEXT)

@@ -358,6 +358,10 @@ class VisionEntry(_Recorded):
     image_token_id: int
     tokens_per_image: int
     placement: str                       # PLACEMENT_RULES key: replace_in_order
+    position_rule: str = "text"          # vlm_families.POSITION_RULES key: "mrope_grid" = M-RoPE positions (llm/mrope.py)
+    grid_thw: list[int] | None = None    # mrope_grid: the image's patch grid (frames, rows, columns), fixed by image_size
+    spatial_merge_size: int = 1          # patches merged per side into one image token
+    image_wrap_ids: list[int] = Field(default_factory=list)   # ids put around one image's tokens (Qwen2-VL: vision start / end)
     calibration: str = ""                # what the activation ranges were taken from
     decoder_image_calibration: str | None = None   # the text decoder's ranges include these vision rows at image tokens
     check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → simulator vs float vision part

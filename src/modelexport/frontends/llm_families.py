@@ -59,6 +59,9 @@ class LLMFamily:
     rope_types: tuple[str, ...] = ("default", "linear", "llama3", "yarn")  # the config's rope_type values accepted
     rope_per_layer_type: bool = False    # rope_parameters keyed by layer type, one table each (Gemma 3)
     nope_layers_field: str | None = None  # per-layer 1 = RoPE, 0 = no position encoding (SmolLM3's no_rope_layers)
+    # the rope parameter that splits the rotary frequencies into (temporal, height, width) sections (M-RoPE,
+    # Qwen2-VL's text model): when a config has it the decoder also takes 3-axis RoPE positions
+    mrope_field: str | None = None
     sliding: str = "none"                # SLIDING_RULES key
     # GGUF header facts transformers' GGUF loader leaves at the config class's default
     gguf_config_keys: tuple[tuple[str, str], ...] = ()   # (key under <arch>., config field)
@@ -77,7 +80,10 @@ FAMILIES: tuple[LLMFamily, ...] = (
     LLMFamily("llama", "Llama", ("llama",), npu=True, cpu=True, attention_bias_on_o_proj=True),
     # llama.cpp files Mistral under "llama"; transformers then builds MistralForCausalLM (same shape).
     LLMFamily("mistral", "Mistral", ("mistral", "llama"), npu=True, cpu=True, sliding="all"),
-    LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True, sliding="layer_types"),
+    # Qwen2-VL's text model is qwen2 with M-RoPE (rope_parameters.mrope_section); text-only positions are
+    # plain RoPE, so the same weights also run as a Qwen2ForCausalLM.
+    LLMFamily("qwen2", "Qwen2", ("qwen2",), npu=True, cpu=True, qkv_bias=True, sliding="layer_types",
+              mrope_field="mrope_section"),
     LLMFamily("qwen3", "Qwen3", ("qwen3",), npu=True, cpu=True, qk_norm=True, attention_bias_on_o_proj=True,
               sliding="layer_types"),
     LLMFamily("gemma2", "Gemma 2", ("gemma2",), npu=True, cpu=True,
@@ -164,6 +170,15 @@ def rope_parameters(family: LLMFamily, cfg) -> dict[str, dict]:
     return {"": dict(rp)}
 
 
+def mrope_sections(family: LLMFamily, cfg) -> tuple[int, ...] | None:
+    """M-RoPE's split of the rotary half-dims into (temporal, height, width) sections (section i reads
+    axis i % 3, as transformers' Qwen2-VL does), None for plain RoPE."""
+    if not family.mrope_field:
+        return None
+    sections = rope_parameters(family, cfg)[""].get(family.mrope_field)
+    return tuple(int(x) for x in sections) if sections else None
+
+
 def sliding_layers(family: LLMFamily, cfg) -> list[int | None]:
     """Each layer's attention window in tokens (None = attends to every earlier position)."""
     window = _get(cfg, "sliding_window", None)
@@ -190,9 +205,18 @@ def check_config(family: LLMFamily, cfg, where: str) -> None:
         problems.append(f"layer_types {unknown_types} (the table has {', '.join(LAYER_TYPES)})")
     for slot, rp in rope_parameters(family, cfg).items():
         rtype = rp.get("rope_type") or rp.get("type") or "default"
+        if rtype == "mrope" and family.mrope_field:   # older Qwen2-VL configs; transformers reads it as "default"
+            rtype = "default"
         if rtype not in family.rope_types or rtype not in STATIC_ROPE_TYPES:
             what = f"rope_parameters{f'[{slot!r}]' if slot else ''}.rope_type={rtype!r}"
             problems.append(f"{what} (the {family.label} row has {', '.join(family.rope_types)})")
+    sections = mrope_sections(family, cfg)
+    if sections is not None:
+        head_dim = _get(cfg, "head_dim", None) or int(_get(cfg, "hidden_size")) // int(_get(cfg, "num_attention_heads"))
+        if sum(sections) != head_dim // 2:
+            problems.append(f"rope_parameters.{family.mrope_field}={list(sections)} (its sum must be head_dim / 2 = {head_dim // 2})")
+        if any(w is not None for w in sliding_layers(family, cfg)):
+            problems.append("sliding-window layers with M-RoPE positions (the window is not built for them)")
     if _get(cfg, "use_bidirectional_attention", False):
         problems.append("use_bidirectional_attention=True (the static decoder is causal)")
     if problems:

@@ -20,15 +20,27 @@ from .llm_families import check_model_config
 # How one image becomes image tokens (the number of rows the projector gives per image):
 # "pixel_shuffle": (image_size / patch_size)^2 / scale_factor^2 (Idefics3 / SmolVLM's connector);
 # "clip_patches": (image_size / patch_size)^2, plus the CLS row unless vision_feature_select_strategy is
-# "default" (LLaVA drops it then).
-TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches")
+# "default" (LLaVA drops it then); "merged_grid": (image_size / patch_size)^2 / spatial_merge_size^2 (Qwen2-VL's
+# PatchMerger).
+TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches", "merged_grid")
+# Where the vision part's (square) image size comes from: "vision_config": its image_size (the tower's
+# trained size); "processor_max_pixels": Qwen2-VL takes any size (smart_resize to multiples of patch x merge
+# within min/max pixels), the graph here is static, so one size is fixed: the largest square within the
+# preprocessor's max_pixels, in multiples of patch x merge (what smart_resize makes of a large square photo).
+IMAGE_SIZE_RULES = ("vision_config", "processor_max_pixels")
+# What positions the image tokens take: "text" (one per token, as any text), "mrope_grid" (M-RoPE: the
+# merged grid's (t, row, column), the text after it from the image's largest position + 1: llm/mrope.py).
+POSITION_RULES = ("text", "mrope_grid")
 # How the projector's rows enter the text: "replace_in_order": the i-th image token of the prompt is
 # replaced by the i-th row (transformers' masked_scatter in both families); the prompt already holds
 # tokens_per_image image tokens per image.
 PLACEMENT_RULES = ("replace_in_order",)
 # A folder without preprocessor_config.json: the image processor's own defaults (transformers).
-DEFAULT_NORMALIZATION = {"idefics3": ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]),
-                         "llava": ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])}
+_CLIP_NORMALIZATION = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+DEFAULT_NORMALIZATION = {"idefics3": ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]), "llava": _CLIP_NORMALIZATION,
+                         "qwen2_vl": _CLIP_NORMALIZATION}
+# transformers' Qwen2VLImageProcessor defaults (a preprocessor_config.json may set others)
+QWEN2_VL_MAX_PIXELS = 28 * 28 * 1280
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,13 @@ class VLMFamily:
     image_token_field: str = "image_token_id"   # the config field holding the image token's id
     placement: str = "replace_in_order"         # PLACEMENT_RULES key
     single_feature_layer: bool = False          # vision_feature_layer must be one int (a list concatenates layers: not built)
+    image_size_rule: str = "vision_config"      # IMAGE_SIZE_RULES key
+    position_rule: str = "text"                 # POSITION_RULES key
+    # the config fields of the tokens around one image's tokens (Qwen2-VL: <|vision_start|> ... <|vision_end|>)
+    image_wrap_fields: tuple[str, ...] = ()
+    # the decoder row the text model is built as when its own model_type is not a row ("qwen2_vl_text" is
+    # qwen2 with M-RoPE: the same weights under Qwen2ForCausalLM's names)
+    text_family: str | None = None
 
     def facts(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,13 +79,28 @@ VLM_FAMILIES: tuple[VLMFamily, ...] = (
               vision_tower="model.vision_tower", projector="model.multi_modal_projector",
               text_model="model.language_model", lm_head="lm_head", vision_model_types=("clip_vision_model",),
               token_count="clip_patches", image_token_field="image_token_index", single_feature_layer=True),
+    # Qwen2-VL: a ViT on 14-pixel patches (Conv3d over 2 frames; an image is one frame repeated) with 2-D
+    # RoPE, a PatchMerger of 2 x 2 patches; Qwen2 text model with M-RoPE positions. Older folders are flat
+    # (text fields beside vision_config) and name the tower "qwen2_vl".
+    VLMFamily("qwen2_vl", "Qwen2-VL", "Qwen2VLForConditionalGeneration",
+              vision_tower="model.visual", projector="model.visual.merger", text_model="model.language_model",
+              lm_head="lm_head", vision_model_types=("qwen2_vl_vision", "qwen2_vl"), token_count="merged_grid",
+              image_size_rule="processor_max_pixels", position_rule="mrope_grid",
+              image_wrap_fields=("vision_start_token_id", "vision_end_token_id"), text_family="qwen2"),
 )
 VLM_BY_MODEL_TYPE = {f.model_type: f for f in VLM_FAMILIES}
 
 
 def is_vlm_config(raw: Any) -> bool:
-    """A config.json dict of a multimodal model (a vision_config beside a text_config)."""
-    return isinstance(raw, dict) and isinstance(raw.get("vision_config"), dict) and "text_config" in raw
+    """A config.json dict of a multimodal model (a vision_config beside a text_config, or beside the
+    text fields themselves in a row's flat form: older Qwen2-VL folders)."""
+    return isinstance(raw, dict) and isinstance(raw.get("vision_config"), dict) and (
+        "text_config" in raw or raw.get("model_type") in VLM_BY_MODEL_TYPE)
+
+
+def text_config_of(raw: dict) -> dict:
+    """The text model's config fields: text_config, or the top level of a flat config."""
+    return raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,15 @@ class VisionFacts:
     placement: str
     text_model_type: str
     text_hidden_size: int
+    position_rule: str = "text"                 # POSITION_RULES key
+    spatial_merge_size: int = 1                 # patches merged per side into one image token (Qwen2-VL: 2)
+    image_wrap_ids: tuple[int, ...] = ()        # the ids before and after one image's tokens (none, or two)
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        """transformers' image_grid_thw of the one image size: (frames, patch rows, patch columns)."""
+        g = self.image_size // self.patch_size
+        return (1, g, g)
 
 
 def vlm_family_of(raw: dict, where: str) -> VLMFamily:
@@ -93,7 +136,7 @@ def vlm_family_of(raw: dict, where: str) -> VLMFamily:
                          "(no row in the VLM table)",
                          f"supported: {', '.join(VLM_BY_MODEL_TYPE)} (frontends/vlm_families.py; "
                          "SmolVLM is idefics3)")
-    vision_type = (raw.get("vision_config") or {}).get("model_type")
+    vision_type = (raw.get("vision_config") or {}).get("model_type", family.vision_model_types[0])
     if vision_type not in family.vision_model_types:
         raise InputError(f"{where}: the {family.label} row does not know the vision tower {vision_type!r} "
                          "(vision_config.model_type)",
@@ -102,12 +145,23 @@ def vlm_family_of(raw: dict, where: str) -> VLMFamily:
     return family
 
 
-def _tokens_per_image(family: VLMFamily, raw: dict, vision: dict) -> int:
-    per_side = int(vision["image_size"]) // int(vision["patch_size"])
+def _tokens_per_image(family: VLMFamily, raw: dict, vision: dict, image_size: int) -> int:
+    per_side = image_size // int(vision["patch_size"])
     count = {"pixel_shuffle": lambda: per_side ** 2 // int(raw.get("scale_factor", 2)) ** 2,
              "clip_patches": lambda: per_side ** 2 + (raw.get("vision_feature_select_strategy", "default") != "default"),
+             "merged_grid": lambda: per_side ** 2 // int(vision.get("spatial_merge_size", 2)) ** 2,
              }[family.token_count]
     return int(count())
+
+
+def _image_size(family: VLMFamily, vision: dict, pre: dict) -> int:
+    """The vision part's square image side (IMAGE_SIZE_RULES)."""
+    if family.image_size_rule == "vision_config":
+        return int(vision["image_size"])
+    factor = int(vision["patch_size"]) * int(vision.get("spatial_merge_size", 2))
+    size = pre.get("size") or {}
+    max_pixels = int(pre.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or QWEN2_VL_MAX_PIXELS)
+    return max(factor, int(max_pixels ** 0.5) // factor * factor)
 
 
 def read_vision_facts(folder: Path) -> tuple[VLMFamily, VisionFacts]:
@@ -119,26 +173,31 @@ def read_vision_facts(folder: Path) -> tuple[VLMFamily, VisionFacts]:
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"{folder}/config.json is not readable JSON: {e}") from None
     family = vlm_family_of(raw, where)
-    vision, text = raw["vision_config"], raw.get("text_config") or {}
-    missing = [k for k in ("image_size", "patch_size") if k not in vision]
-    if family.image_token_field not in raw:
-        missing.append(family.image_token_field)
+    vision, text = raw["vision_config"], text_config_of(raw)
+    needed = ("image_size", "patch_size") if family.image_size_rule == "vision_config" else ("patch_size",)
+    missing = [k for k in needed if k not in vision]
+    missing += [k for k in (family.image_token_field, *family.image_wrap_fields) if k not in raw]
     if missing:
         raise InputError(f"{where}/config.json lacks {', '.join(missing)} (needed for the vision part)",
                          "compare it with the model's original config.json")
     if family.single_feature_layer and not isinstance(raw.get("vision_feature_layer", -2), int):
         raise InputError(f"{where}: vision_feature_layer {raw['vision_feature_layer']!r} concatenates several layers; "
                          f"the {family.label} vision part is built for one", "use a model whose vision_feature_layer is one layer")
-    check_model_config(text, f"{where} (text_config)")
+    check_model_config({**text, "model_type": family.text_family} if family.text_family else text,
+                       f"{where} (text_config)")
     pre = _preprocessor(folder)
     mean, std = DEFAULT_NORMALIZATION[family.model_type]
-    facts = VisionFacts(family=family.model_type, image_size=int(vision["image_size"]),
-                        patch_size=int(vision["patch_size"]), tokens_per_image=_tokens_per_image(family, raw, vision),
+    size = _image_size(family, vision, pre)
+    facts = VisionFacts(family=family.model_type, image_size=size,
+                        patch_size=int(vision["patch_size"]), tokens_per_image=_tokens_per_image(family, raw, vision, size),
                         image_token_id=int(raw[family.image_token_field]),
                         mean=tuple(float(v) for v in pre.get("image_mean", mean)),
                         std=tuple(float(v) for v in pre.get("image_std", std)),
                         rescale_factor=float(pre.get("rescale_factor", 1 / 255)), placement=family.placement,
-                        text_model_type=str(text.get("model_type")), text_hidden_size=int(text["hidden_size"]))
+                        text_model_type=str(family.text_family or text.get("model_type")),
+                        text_hidden_size=int(text["hidden_size"]), position_rule=family.position_rule,
+                        spatial_merge_size=int(vision.get("spatial_merge_size", 1)) if family.token_count == "merged_grid" else 1,
+                        image_wrap_ids=tuple(int(raw[f]) for f in family.image_wrap_fields))
     return family, facts
 
 

@@ -53,9 +53,12 @@ def _attr(obj, path: str):
 
 def text_decoder(model, family: VLMFamily):
     """The VLM's text model and lm_head as the text family's own causal LM (weights shared, not copied)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     text_cfg = model.config.text_config
     text_cfg.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+    if family.text_family:   # the text model as its decoder row's own class (Qwen2-VL's text model: Qwen2 + M-RoPE)
+        fields = {k: v for k, v in text_cfg.to_dict().items() if k not in ("model_type", "architectures", "dtype")}
+        text_cfg = AutoConfig.for_model(family.text_family, **fields)
     lm = AutoModelForCausalLM.from_config(text_cfg)
     lm.model = _attr(model, family.text_model)
     lm.lm_head = _attr(model, family.lm_head)

@@ -65,12 +65,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import InputError, UnsupportedError
 from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, InputMode, get_input_mode
+from .mrope import AXES, ROPE_POSITION_IDS, RopePositions
 from ..frontends.llm_families import (
     FAMILIES,
     NORM_WEIGHT_OFFSET,
@@ -78,6 +80,7 @@ from ..frontends.llm_families import (
     check_config,
     check_static_context,
     family_of,
+    mrope_sections,
     rope_slots,
     sliding_layers,
 )
@@ -179,9 +182,15 @@ def new_value(i: int) -> str:
     return f"past_value_{i}_out"
 
 
-def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True) -> list[str]:
+def position_input_names(mrope: bool = False) -> list[str]:
+    """position_ids (cache slot, mask, windows), then M-RoPE's 3-axis positions when the decoder has them."""
+    return ["position_ids", ROPE_POSITION_IDS] if mrope else ["position_ids"]
+
+
+def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True,
+                mrope: bool = False) -> list[str]:
     kv = [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)] if caches else []
-    return [*mode.decoder_inputs, "position_ids", "attention_mask", *kv]
+    return [*mode.decoder_inputs, *position_input_names(mrope), "attention_mask", *kv]
 
 
 def output_names(n_layers: int, *, caches: bool = True) -> list[str]:
@@ -197,15 +206,16 @@ def first_inputs(mode: InputMode, n_tokens: int, hidden_size: int) -> tuple[torc
 
 
 def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int = 0,
-                   mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE]) -> tuple[torch.Tensor, ...]:
+                   mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], mrope: bool = False) -> tuple[torch.Tensor, ...]:
     """Inputs of the right shapes and dtypes (zero caches, a valid mask), in forward's order."""
     if cfg.max_seq_len > spec.max_seq_len:
         raise InputError(f"max_seq_len {cfg.max_seq_len} exceeds the decoder's RoPE table ({spec.max_seq_len})")
     n_caches = 0 if cfg.full else spec.n_layers
     ks = tuple(torch.zeros(spec.k_cache_shape(cfg.cache_len)) for _ in range(n_caches))
     vs = tuple(torch.zeros(spec.v_cache_shape(cfg.cache_len)) for _ in range(n_caches))
-    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), make_position_ids(cfg, past_len),
-            make_attention_mask(cfg, past_len), *ks, *vs)
+    pos = make_position_ids(cfg, past_len)
+    rope = (torch.from_numpy(RopePositions.text()(pos)),) if mrope else ()
+    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), pos, *rope, make_attention_mask(cfg, past_len), *ks, *vs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +292,28 @@ class RotaryTables(nn.Module):
         return cos.unsqueeze(1), sin.unsqueeze(1)                           # [B, 1, N, R/2]
 
 
+class MRopeTables(nn.Module):
+    """M-RoPE (Qwen2-VL): the half tables' columns in `sections`, section i gathered at axis i % 3 of the
+    3-axis positions [3, 1, N] and concatenated (transformers' `recomposition_frequencies`). One Gather
+    per section of a table sliced at build time; with equal axes it is RotaryTables' lookup."""
+
+    def __init__(self, table: RotaryTables, sections: tuple[int, ...]):
+        super().__init__()
+        bounds = np.cumsum((0, *sections))
+        if bounds[-1] != table.cos.shape[1]:
+            raise UnsupportedError(f"M-RoPE sections {list(sections)} do not add up to the RoPE table's {table.cos.shape[1]} dims")
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            self.register_buffer(f"cos_{i}", table.cos[:, a:b].clone(), persistent=False)
+            self.register_buffer(f"sin_{i}", table.sin[:, a:b].clone(), persistent=False)
+        self.n_sections = len(sections)
+
+    def forward(self, rope_position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        axis = [rope_position_ids[i % AXES] for i in range(self.n_sections)]                  # each [1, N]
+        cos = torch.cat([F.embedding(axis[i], getattr(self, f"cos_{i}")) for i in range(self.n_sections)], dim=-1)
+        sin = torch.cat([F.embedding(axis[i], getattr(self, f"sin_{i}")) for i in range(self.n_sections)], dim=-1)
+        return cos.unsqueeze(1), sin.unsqueeze(1)                                               # [1, 1, N, R/2]
+
+
 def split_rope_lookups(decoder: nn.Module, max_gather: int) -> int:
     """Cut the decoder's RoPE-table lookups into gathers of `max_gather` positions (the values are
     the same); → tables set."""
@@ -324,13 +356,14 @@ class PositionInputs(nn.Module):
     (`cos, sin = model.rotary_emb(position_ids)`, then `layer(x, cos, sin, mask, k, v)`) carry the
     two through unchanged."""
 
-    def __init__(self, tables: list[RotaryTables], windows: list[int], cfg: StaticDecoderConfig):
+    def __init__(self, tables: list[nn.Module], windows: list[int], cfg: StaticDecoderConfig):
         super().__init__()
         self.tables = nn.ModuleList(tables)
         self.windows = nn.ModuleDict({str(w): WindowBias(w, cfg) for w in windows})
 
-    def forward(self, position_ids: torch.Tensor):
-        rope = tuple(t(position_ids) for t in self.tables)
+    def forward(self, position_ids: torch.Tensor, rope_position_ids: torch.Tensor | None = None):
+        """`rope_position_ids` [3, 1, N]: M-RoPE tables (MRopeTables) read them, plain ones read position_ids."""
+        rope = tuple(t(rope_position_ids if isinstance(t, MRopeTables) else position_ids) for t in self.tables)
         bias = {int(w): m(position_ids) for w, m in self.windows.items()}
         return rope, bias
 
@@ -535,6 +568,9 @@ class StaticBackbone(nn.Module):
         self.norm = norm(hf_inner.norm.weight)
         tables = [RotaryTables(*_rope_frequencies(hf_inner.rotary_emb, name, spec.head_dim), spec.max_seq_len)
                   for name in slot_names]
+        sections = mrope_sections(family, hf_cfg)
+        if sections is not None:      # M-RoPE: one table, gathered per section (frontends/llm_families.py)
+            tables = [MRopeTables(t, sections) for t in tables]
         self.rotary_emb = PositionInputs(tables, sorted({w for w in windows if w is not None}), cfg)
 
 
@@ -585,20 +621,24 @@ class StaticDecoder(nn.Module):
         self.model_type = hf_cfg.model_type
         self.family = family
         self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm)
+        self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] too
+        self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/mrope.py)
         cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
         # tied lm_heads stay tied: HF's own module, or its weight under the same name
         self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(*the mode's first inputs, position_ids, attention_mask, *keys, *values) → (logits, *new keys,
-        *new values); the full-context graph takes and returns no caches."""
+        """(*the mode's first inputs, position_ids, [rope_position_ids,] attention_mask, *keys, *values) →
+        (logits, *new keys, *new values); the full-context graph takes and returns no caches."""
         n_first, n_layers = len(self.input_mode.decoder_inputs), self.spec.n_layers
-        first, (position_ids, attention_mask), caches = inputs[:n_first], inputs[n_first:n_first + 2], inputs[n_first + 2:]
+        n_pos = len(position_input_names(self.mrope))
+        first, positions = inputs[:n_first], inputs[n_first:n_first + n_pos]
+        attention_mask, caches = inputs[n_first + n_pos], inputs[n_first + n_pos + 1:]
         n_caches = 0 if self.cfg.full else 2 * n_layers
         if len(caches) != n_caches:
             raise ValueError(f"expected {n_caches} cache tensors (all keys, then all values), got {len(caches)}")
         k_caches, v_caches = (caches[:n_layers], caches[n_layers:]) if caches else ((None,) * n_layers,) * 2
-        rope, window_bias = self.model.rotary_emb(position_ids)
+        rope, window_bias = self.model.rotary_emb(*positions)
         x = self.embed(*first)
         new_k, new_v = [], []
         for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
@@ -617,10 +657,19 @@ class StaticDecoder(nn.Module):
         return self.model.embed_tokens(ids)
 
     def example_inputs(self, past_len: int = 0) -> tuple[torch.Tensor, ...]:
-        return example_inputs(self.cfg, self.spec, past_len=past_len, mode=self.input_mode)
+        return example_inputs(self.cfg, self.spec, past_len=past_len, mode=self.input_mode, mrope=self.mrope)
+
+    def graph_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
+        """A runner's call (*first inputs, position_ids, attention_mask, *caches: static_runner) as this
+        graph's inputs: M-RoPE's positions put in from `rope_positions` when the decoder takes them."""
+        if not self.mrope:
+            return tuple(inputs)
+        n_first = len(self.input_mode.decoder_inputs)
+        rope = torch.from_numpy(self.rope_positions(inputs[n_first]))
+        return (*inputs[:n_first + 1], rope, *inputs[n_first + 1:])
 
     def input_names(self) -> list[str]:
-        return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full)
+        return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full, mrope=self.mrope)
 
     def output_names(self) -> list[str]:
         return output_names(self.spec.n_layers, caches=not self.cfg.full)

@@ -56,7 +56,7 @@ class StaticRunner:
         """The eager decoder serves every N (its computation does not depend on N)."""
         def graph(*inputs):
             with torch.inference_mode():
-                return decoder(*inputs)
+                return decoder(*decoder.graph_inputs(inputs))   # M-RoPE's positions put in (llm/mrope.py)
         n_set = sorted(set(n_tokens) | {decoder.cfg.n_tokens})
         return cls({n: graph for n in n_set}, decoder.spec, decoder.cfg.max_seq_len,
                    mask_value=decoder.cfg.mask_value, **kw)

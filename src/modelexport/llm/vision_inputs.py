@@ -37,12 +37,14 @@ def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None]), notes
 
 
-def image_prompt_ids(ids: list[int], image_token_id: int, tokens_per_image: int) -> list[int]:
+def image_prompt_ids(ids: list[int], image_token_id: int, tokens_per_image: int, wrap: tuple[int, ...] = ()) -> list[int]:
     """The prompt's ids with one image's tokens: if the prompt has none, `tokens_per_image` image tokens
-    are put first (one image, before the text); if it has some, their count must be tokens_per_image."""
+    are put after its first token (one image, before the text), between the family's `wrap` ids when it
+    has them (Qwen2-VL: <|vision_start|>, <|vision_end|>); if it has some, their count must be tokens_per_image."""
     n = sum(1 for t in ids if t == image_token_id)
     if n == 0:
-        return [*ids[:1], *[image_token_id] * tokens_per_image, *ids[1:]] if ids else [image_token_id] * tokens_per_image
+        block = [*wrap[:1], *[image_token_id] * tokens_per_image, *wrap[1:]]
+        return [*ids[:1], *block, *ids[1:]] if ids else block
     if n != tokens_per_image:
         raise InputError(f"the prompt holds {n} image tokens; one image is {tokens_per_image}",
                          "leave the image tokens out of the prompt (they are inserted) or write exactly one image's")

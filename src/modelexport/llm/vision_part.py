@@ -28,7 +28,7 @@ class Idefics3VisionPart(nn.Module):
     """Idefics3 / SmolVLM: patch conv + learned positions, the encoder, post layernorm, the connector
     (pixel shuffle + projection): `Idefics3Model.get_image_features` for one full image."""
 
-    def __init__(self, tower: nn.Module, projector: nn.Module, config):
+    def __init__(self, tower: nn.Module, projector: nn.Module, config, facts: VisionFacts):
         super().__init__()
         self.tower, self.projector = tower, projector
 
@@ -58,7 +58,7 @@ class LlavaVisionPart(nn.Module):
     (hidden_states[k] = after k layers; the layers above it are not in the graph), the CLS row dropped
     under the "default" strategy, then the projector: `LlavaModel.get_image_features` for one image."""
 
-    def __init__(self, tower: nn.Module, projector: nn.Module, config):
+    def __init__(self, tower: nn.Module, projector: nn.Module, config, facts: VisionFacts):
         super().__init__()
         self.vm, self.projector = getattr(tower, "vision_model", tower), projector   # transformers 5 flattened it
         n = len(self.vm.encoder.layers)
@@ -75,7 +75,53 @@ class LlavaVisionPart(nn.Module):
         return self.projector(x[:, 1:] if self.drop_cls else x)
 
 
-VISION_BUILDERS = {"idefics3": Idefics3VisionPart, "llava": LlavaVisionPart}
+class Qwen2VLVisionPart(nn.Module):
+    """Qwen2-VL: `Qwen2VLModel.get_image_features` for one image of the fixed size (grid_thw a constant).
+
+    transformers' processor repeats an image over the Conv3d's 2 frames (temporal_patch_size): that conv is
+    the 2-D conv with the frames' weights summed, written as patches x weight (patchify_linear). Its
+    patches come in 2 x 2 merge blocks (block row, block column, row in block, column in block): the
+    row-major patch rows are put in that order by a reshape and a transpose, so the merger's view of 4
+    consecutive rows is one block. The 2-D RoPE angles depend only on the grid: constants. One image is one
+    attention segment (cu_seqlens [0, N]), so each block's attention is plain full attention."""
+
+    def __init__(self, tower: nn.Module, projector: nn.Module, config, facts: VisionFacts):
+        super().__init__()
+        from transformers.vision_utils import get_vision_position_ids
+        self.tower, self.projector = tower, projector
+        proj = tower.patch_embed.proj                                    # Conv3d [D, C, T, p, p], no bias
+        self.patch = nn.Conv2d(proj.in_channels, proj.out_channels, proj.kernel_size[1:], proj.stride[1:], bias=False)
+        self.patch.weight = nn.Parameter(proj.weight.detach().sum(dim=2), requires_grad=False)
+        self.merge = int(tower.spatial_merge_size)
+        self.grid = int(facts.grid_thw[1])                               # patches per side (a square image)
+        grid = torch.tensor([facts.grid_thw])
+        positions = get_vision_position_ids(grid, self.merge)
+        cos, sin = tower.rotary_pos_emb(torch.zeros(()), positions)     # [N, head_dim] each
+        self.register_buffer("cos", cos[:, None, :].float(), persistent=False)   # [N, 1, head_dim]: over heads
+        self.register_buffer("sin", sin[:, None, :].float(), persistent=False)
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:      # x [N, heads, head_dim]
+        half = x.shape[-1] // 2
+        return x * self.cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * self.sin
+
+    def _block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        attn, n = blk.attn, x.shape[0]
+        q, k, v = attn.qkv(blk.norm1(x)).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k, v = self._rope(q).transpose(0, 1), self._rope(k).transpose(0, 1), v.transpose(0, 1)   # [H, N, hd]
+        probs = torch.softmax(torch.matmul(q, k.transpose(1, 2)) * attn.scaling, dim=-1)
+        x = x + attn.proj(torch.matmul(probs, v).transpose(0, 1).reshape(n, -1))
+        return x + blk.mlp(blk.norm2(x))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = patchify_linear(pixel_values, self.patch)[0]                        # [g*g, D], patch rows row-major
+        g, m, d = self.grid, self.merge, self.patch.out_channels
+        x = x.reshape(g // m, m, g // m, m, d).transpose(1, 2).reshape(g * g, d)   # in merge blocks
+        for blk in self.tower.blocks:
+            x = self._block(blk, x)
+        return self.projector(x).unsqueeze(0)                                   # [1, g*g / m^2, hidden]
+
+
+VISION_BUILDERS = {"idefics3": Idefics3VisionPart, "llava": LlavaVisionPart, "qwen2_vl": Qwen2VLVisionPart}
 
 
 class VisionPart(nn.Module):
@@ -85,7 +131,7 @@ class VisionPart(nn.Module):
         super().__init__()
         self.facts = facts
         self.inner = VISION_BUILDERS[family.model_type](_attr(model, family.vision_tower), _attr(model, family.projector),
-                                                        model.config)
+                                                        model.config, facts)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.inner(pixel_values)

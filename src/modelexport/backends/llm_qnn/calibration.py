@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.errors import CalibrationError
+from ...llm.mrope import ROPE_POSITION_IDS
 from ...llm.static_decoder import new_key, new_value, past_key, past_value
 
 
@@ -98,6 +99,7 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     def graph(*inputs):
         n = recording["n"]
+        inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: text positions on every axis (llm/mrope.py)
         named = dict(zip(names, inputs))
         if images is not None:
             placed.pop("embeds", None)
@@ -202,7 +204,7 @@ def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.nda
     states entering it (the input mode's `first_inputs` for the first part)."""
     out = []
     for j, s in enumerate(samples):
-        d = {"position_ids": s["position_ids"], "attention_mask": s["attention_mask"]}
+        d = {k: s[k] for k in ("position_ids", ROPE_POSITION_IDS, "attention_mask") if k in s}
         if part.is_first:
             d.update({k: s[k] for k in first_inputs})
         else:

@@ -22,6 +22,7 @@ from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.openers import open_llm_bundle, source_kind
 from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
+from ...llm.mrope import ROPE_POSITION_IDS, RopePositions
 from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.tokenizers import load_tokenizer
 from ...llm.vision_inputs import place_rows_at_positions
@@ -55,6 +56,8 @@ class ChainedForward:
         # embedding there; `both` feeds that position's id as no_token_id (it looks nothing up)
         self.image_rows: dict[int, np.ndarray] = {}
         self.no_token_id: int | None = None
+        # M-RoPE graphs (a rope_position_ids input): the 3-axis positions by slot (llm/mrope.py); text by default
+        self.rope_positions = RopePositions.text()
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         return self.embedder.run(None, {"input_ids": ids})[0]
@@ -72,6 +75,8 @@ class ChainedForward:
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:
             feed = {**first, "position_ids": pos, "attention_mask": mask}
+            if ROPE_POSITION_IDS in ps.input_names:
+                feed[ROPE_POSITION_IDS] = self.rope_positions(pos)
             name = _cache_names(ps)
             for i in ps.layers if caches else ():
                 feed[name(past_key(i))] = np.ascontiguousarray(_np(ks[i]))

@@ -50,6 +50,15 @@ def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np
     return np.asarray(rows, np.float32).reshape(v.tokens_per_image, -1), notes
 
 
+def image_rope_positions(v, ids: list[int]):
+    """The prompt's M-RoPE positions when the vision entry's position rule is "mrope_grid" (llm/mrope.py),
+    else text positions (what a graph without rope_position_ids ignores)."""
+    from ...llm.mrope import RopePositions, rope_index
+    if v.position_rule != "mrope_grid":
+        return RopePositions.text()
+    return rope_index(ids, v.image_token_id, tuple(v.grid_thw), v.spatial_merge_size)
+
+
 def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim", max_new_tokens: int = 32,
                         raw: bool = False) -> dict:
     """Greedy generation from an image and a prompt → {"text", "token_ids", "prompt_ids", "notes",
@@ -75,9 +84,13 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     tok = load_tokenizer(tok_file)
     text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
         tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
-    ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image)
+    ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image, tuple(v.image_wrap_ids))
     rows, notes = image_rows(bundle, image, stage)
     if backend == "genie":
+        if v.position_rule != "text":
+            raise InputError(f"--backend genie: this {v.family} bundle's decoder takes M-RoPE positions "
+                             "(rope_position_ids), which Genie's config has no option for",
+                             "use --backend htp-sim or --backend cpu")
         from .genie_dialog import sampler_block
         from .genie_pipeline import genie_image_tokens
         if len(ids) >= bundle.manifest.llm.max_seq_len:
@@ -88,9 +101,11 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
                 "stage": "genie"}
     graphs, spec, seq = open_forwards(bundle, stage)
     where = [i for i, t in enumerate(ids) if t == v.image_token_id]
+    rope = image_rope_positions(v, ids)
     for f in graphs.values():
         f.image_rows = dict(zip(where, rows))
         f.no_token_id = bundle.manifest.llm.no_token_id
+        f.rope_positions = rope
     runner = StaticRunner(graphs, spec, seq)
     first = runner.prefill(ids)
     out = [int(torch.argmax(first))]

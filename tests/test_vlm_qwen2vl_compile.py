@@ -1,0 +1,100 @@
+"""`compile QWEN2_VL_FOLDER` and `generate BUNDLE --image` on a tiny random Qwen2-VL built here (issue 23):
+one bundle with the vision part (the fixed 56 x 56 grid, 16a8w) and the embeddings-in decoder taking
+M-RoPE positions (`rope_position_ids` [3, 1, N] beside `position_ids`), every node on the HTP, and the
+first-step logits with a real photo against transformers' Qwen2VLForConditionalGeneration on the CPU (QDQ
+graphs) and on the simulator. One tiny compile."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from vlm_tiny import IMAGE_TOKEN, QWEN2_VL_IDS, QWEN2_VL_SIZE, QWEN2_VL_TOKENS, write_tiny_vlm_folder  # noqa: E402
+
+SEQ = 32
+GRID = [1, QWEN2_VL_SIZE // 14, QWEN2_VL_SIZE // 14]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen2vl_compile")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        write_tiny_vlm_folder(root, "qwen2_vl")
+        yield root
+
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    import modelexport
+    return modelexport.compile(str(work / "tiny_qwen2_vl"), output=work / "qwen2vl", target="SM8650",
+                               precision="16a8w", max_seq_len=SEQ, variants="ar1,ar4",
+                               calibration=str(work / "calib.txt"), calibration_samples=2)
+
+
+def test_every_node_on_the_htp_and_the_vision_entry(bundle):
+    m = bundle.manifest
+    v = m.llm.vision
+    assert (v.family, v.position_rule, v.grid_thw, v.spatial_merge_size) == ("qwen2_vl", "mrope_grid", GRID, 2)
+    assert (v.image_size, v.tokens_per_image, v.image_token_id) == (QWEN2_VL_SIZE, QWEN2_VL_TOKENS, IMAGE_TOKEN)
+    assert v.image_wrap_ids == [QWEN2_VL_IDS["vision_start_token_id"], QWEN2_VL_IDS["vision_end_token_id"]]
+    assert v.check["SM8650"].sqnr_db > 30            # the simulator vs the float vision part, on a real photo
+    decoders = [g for g in m.graphs if g.name.startswith(("prompt_", "token_"))]
+    assert len(decoders) >= 2
+    for g in decoders:
+        assert {"inputs_embeds", "position_ids", "rope_position_ids"} <= {t.name for t in g.inputs}, g.name
+    assert m.placement["vision"]["SM8650"]["cpu_nodes"] == []
+    for graph, per_target in m.placement.items():
+        cpu = per_target["SM8650"]["cpu_nodes"]
+        assert per_target["SM8650"]["htp_nodes"] > 0, graph
+        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
+
+
+def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
+    from transformers import Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from modelexport.frontends.vlm_families import read_vision_facts
+    from modelexport.llm.vision_inputs import load_pixels
+    _, f = read_vision_facts(folder)
+    x, _ = load_pixels(image, f.image_size, f.mean, f.std, f.rescale_factor)
+    patches, _, _ = Qwen2VLImageProcessorPil().patchify(x[0], patch_size=14, merge_size=2, temporal_patch_size=2)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(folder).eval()
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        return model(input_ids=t, pixel_values=torch.from_numpy(np.ascontiguousarray(patches)), image_grid_thw=torch.tensor([GRID]),
+                     mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
+
+
+def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
+    """First-step logits (the image between <|vision_start|> and <|vision_end|>, M-RoPE positions from the
+    image grid) vs transformers' full model on the same pixels and ids, on the CPU and the simulator."""
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.numerics import compare
+    from modelexport.zoo.assets import sample_images
+    photo = sample_images()["coffee"]
+    for backend in ("cpu", "htp-sim"):
+        r = generate_with_image(bundle.path, photo, "What is it?", backend=backend, max_new_tokens=3, raw=True)
+        ids = r["prompt_ids"]
+        assert ids[1:3 + QWEN2_VL_TOKENS] == [QWEN2_VL_IDS["vision_start_token_id"], *[IMAGE_TOKEN] * QWEN2_VL_TOKENS,
+                                              QWEN2_VL_IDS["vision_end_token_id"]]
+        ref = _float_logits(work / "tiny_qwen2_vl", ids, photo)
+        sqnr = compare(ref, r["first_logits"])["sqnr_db"]
+        print(f"{backend}: first-step logits {sqnr:.2f} dB vs the float Qwen2-VL")
+        assert sqnr > 30 and ref.argmax() == r["first_logits"].argmax(), (backend, sqnr)
+
+
+def test_genie_is_refused_for_mrope_positions(bundle, tmp_path):
+    from PIL import Image
+
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    from modelexport.core.errors import InputError
+    Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
+    with pytest.raises(InputError) as e:
+        generate_with_image(bundle.path, tmp_path / "ok.png", "Hi", backend="genie")
+    assert "M-RoPE" in str(e.value) and "--backend htp-sim" in e.value.fix
