@@ -106,7 +106,7 @@ def test_static_decoder_with_mrope_positions_is_the_language_model(loaded):
     embeds = torch.randn(1, len(ids), 64, generator=torch.Generator().manual_seed(0))
     rope = rope_index(ids, IMAGE_TOKEN, GRID, 2)
     dec = build_static_decoder(text_decoder(model, family), StaticDecoderConfig(4, 32), inputs="embeddings")
-    assert dec.mrope and dec.input_names()[:3] == ["inputs_embeds", "position_ids", "rope_position_ids"]
+    assert dec.mrope and dec.input_names()[:3] == ["inputs_embeds", "rope_position_ids", "attention_mask"]
     dec.rope_positions = rope
     runner = _image_runner(dec, {p: embeds[0, p].numpy() for p in range(len(ids))})
     got = np.concatenate([runner.feed(ids[:8]).numpy(), *[runner.feed([t]).numpy() for t in ids[8:]]])

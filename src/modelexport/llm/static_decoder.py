@@ -182,15 +182,17 @@ def new_value(i: int) -> str:
     return f"past_value_{i}_out"
 
 
-def position_input_names(mrope: bool = False) -> list[str]:
-    """position_ids (cache slot, mask, windows), then M-RoPE's 3-axis positions when the decoder has them."""
-    return ["position_ids", ROPE_POSITION_IDS] if mrope else ["position_ids"]
+def position_input_name(mrope: bool = False) -> str:
+    """The positions input: position_ids int32 [1, N], or M-RoPE's rope_position_ids int32 [3, 1, N]
+    (llm/mrope.py). An M-RoPE graph reads no 1-axis position: the mask is an input and M-RoPE comes
+    without window layers (llm_families.check_config), so the cache slot never enters the graph."""
+    return ROPE_POSITION_IDS if mrope else "position_ids"
 
 
 def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True,
                 mrope: bool = False) -> list[str]:
     kv = [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)] if caches else []
-    return [*mode.decoder_inputs, *position_input_names(mrope), "attention_mask", *kv]
+    return [*mode.decoder_inputs, position_input_name(mrope), "attention_mask", *kv]
 
 
 def output_names(n_layers: int, *, caches: bool = True) -> list[str]:
@@ -214,8 +216,9 @@ def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int
     ks = tuple(torch.zeros(spec.k_cache_shape(cfg.cache_len)) for _ in range(n_caches))
     vs = tuple(torch.zeros(spec.v_cache_shape(cfg.cache_len)) for _ in range(n_caches))
     pos = make_position_ids(cfg, past_len)
-    rope = (torch.from_numpy(RopePositions.text()(pos)),) if mrope else ()
-    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), pos, *rope, make_attention_mask(cfg, past_len), *ks, *vs)
+    if mrope:
+        pos = torch.from_numpy(RopePositions.text()(pos))
+    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), pos, make_attention_mask(cfg, past_len), *ks, *vs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,9 +364,9 @@ class PositionInputs(nn.Module):
         self.tables = nn.ModuleList(tables)
         self.windows = nn.ModuleDict({str(w): WindowBias(w, cfg) for w in windows})
 
-    def forward(self, position_ids: torch.Tensor, rope_position_ids: torch.Tensor | None = None):
-        """`rope_position_ids` [3, 1, N]: M-RoPE tables (MRopeTables) read them, plain ones read position_ids."""
-        rope = tuple(t(rope_position_ids if isinstance(t, MRopeTables) else position_ids) for t in self.tables)
+    def forward(self, position_ids: torch.Tensor):
+        """`position_ids` [1, N], or an M-RoPE decoder's rope_position_ids [3, 1, N] (its MRopeTables read them)."""
+        rope = tuple(t(position_ids) for t in self.tables)
         bias = {int(w): m(position_ids) for w, m in self.windows.items()}
         return rope, bias
 
@@ -621,24 +624,22 @@ class StaticDecoder(nn.Module):
         self.model_type = hf_cfg.model_type
         self.family = family
         self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm)
-        self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] too
+        self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] for positions
         self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/mrope.py)
         cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
         # tied lm_heads stay tied: HF's own module, or its weight under the same name
         self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(*the mode's first inputs, position_ids, [rope_position_ids,] attention_mask, *keys, *values) →
+        """(*the mode's first inputs, position_ids (M-RoPE: rope_position_ids), attention_mask, *keys, *values) →
         (logits, *new keys, *new values); the full-context graph takes and returns no caches."""
         n_first, n_layers = len(self.input_mode.decoder_inputs), self.spec.n_layers
-        n_pos = len(position_input_names(self.mrope))
-        first, positions = inputs[:n_first], inputs[n_first:n_first + n_pos]
-        attention_mask, caches = inputs[n_first + n_pos], inputs[n_first + n_pos + 1:]
+        first, (position_ids, attention_mask), caches = inputs[:n_first], inputs[n_first:n_first + 2], inputs[n_first + 2:]
         n_caches = 0 if self.cfg.full else 2 * n_layers
         if len(caches) != n_caches:
             raise ValueError(f"expected {n_caches} cache tensors (all keys, then all values), got {len(caches)}")
         k_caches, v_caches = (caches[:n_layers], caches[n_layers:]) if caches else ((None,) * n_layers,) * 2
-        rope, window_bias = self.model.rotary_emb(*positions)
+        rope, window_bias = self.model.rotary_emb(position_ids)
         x = self.embed(*first)
         new_k, new_v = [], []
         for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
@@ -661,12 +662,12 @@ class StaticDecoder(nn.Module):
 
     def graph_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
         """A runner's call (*first inputs, position_ids, attention_mask, *caches: static_runner) as this
-        graph's inputs: M-RoPE's positions put in from `rope_positions` when the decoder takes them."""
+        graph's inputs: an M-RoPE decoder takes `rope_positions` of those slots instead of position_ids."""
         if not self.mrope:
             return tuple(inputs)
         n_first = len(self.input_mode.decoder_inputs)
         rope = torch.from_numpy(self.rope_positions(inputs[n_first]))
-        return (*inputs[:n_first + 1], rope, *inputs[n_first + 1:])
+        return (*inputs[:n_first], rope, *inputs[n_first + 1:])
 
     def input_names(self) -> list[str]:
         return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full, mrope=self.mrope)

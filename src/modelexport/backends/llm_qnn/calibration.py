@@ -99,13 +99,13 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     def graph(*inputs):
         n = recording["n"]
+        slots = inputs[1]                     # the runner's (input_ids, position_ids, mask, *caches)
         inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: text positions on every axis (llm/mrope.py)
         named = dict(zip(names, inputs))
         if images is not None:
             placed.pop("embeds", None)
             with torch.inference_mode():
-                placed["embeds"] = images.place(named["input_ids"], named["position_ids"],
-                                                dec.lookup(named["input_ids"]))
+                placed["embeds"] = images.place(named["input_ids"], slots, dec.lookup(named["input_ids"]))
         if len(out[n]) < samples_per_variant:
             out[n].append({k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in zip(names, inputs)})
             if images is not None:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...llm.input_modes import INPUT_IDS, INPUTS_EMBEDS
-from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_names
+from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
 from ...llm.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
@@ -38,10 +38,10 @@ QUANT_OPSET = 21
 def part_input_names(part, first_inputs: tuple[str, ...] = (INPUT_IDS,), caches: bool = True,
                      mrope: bool = False) -> list[str]:
     """`first_inputs`: the input mode's (llm/input_modes.py), taken by the first part; `caches` False:
-    the full-context graph, which has no KV inputs; `mrope`: M-RoPE's rope_position_ids after position_ids."""
+    the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/mrope.py)."""
     first = list(first_inputs) if part.is_first else ["hidden_states"]
     L = part.layers() if caches else range(0)
-    return [*first, *position_input_names(mrope), "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
+    return [*first, position_input_name(mrope), "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
 
 
 def part_output_names(part, caches: bool = True) -> list[str]:
@@ -69,12 +69,11 @@ class DecoderPart(nn.Module):
 
     def forward(self, *inputs):
         d, part = self.decoder, self.part
-        n_pos = len(position_input_names(d.mrope))
-        first, positions = inputs[:self.n_first], inputs[self.n_first:self.n_first + n_pos]
-        attention_mask, caches = inputs[self.n_first + n_pos], inputs[self.n_first + n_pos + 1:]
+        first, (position_ids, attention_mask), caches = inputs[:self.n_first], inputs[self.n_first:self.n_first + 2], \
+            inputs[self.n_first + 2:]
         n = len(part.layers())
         k_caches, v_caches = (caches[:n], caches[n:]) if caches else ((None,) * n,) * 2
-        cos, sin = d.model.rotary_emb(*positions)
+        cos, sin = d.model.rotary_emb(position_ids)
         x = d.embed(*first) if part.is_first else first[0]
         new_k, new_v = [], []
         for j, i in enumerate(part.layers()):
@@ -96,16 +95,15 @@ class DecoderPart(nn.Module):
         d = self.decoder
         full = d.example_inputs()
         n_first, n_layers = len(d.input_mode.decoder_inputs), d.spec.n_layers
-        n_mid = len(position_input_names(d.mrope)) + 1          # the positions and the mask
         first = full[:n_first]
         if not self.part.is_first:
             first = (torch.zeros((1, d.cfg.n_tokens, d.spec.hidden_size)),)
-        caches = full[n_first + n_mid:]
+        caches = full[n_first + 2:]
         if not caches:
-            return (*first, *full[n_first:n_first + n_mid])
+            return (*first, *full[n_first:n_first + 2])
         ks, vs = caches[:n_layers], caches[n_layers:]
         L = self.part.layers()
-        return (*first, *full[n_first:n_first + n_mid], *[ks[i] for i in L], *[vs[i] for i in L])
+        return (*first, *full[n_first:n_first + 2], *[ks[i] for i in L], *[vs[i] for i in L])
 
 
 def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path:

@@ -56,7 +56,7 @@ class ChainedForward:
         # embedding there; `both` feeds that position's id as no_token_id (it looks nothing up)
         self.image_rows: dict[int, np.ndarray] = {}
         self.no_token_id: int | None = None
-        # M-RoPE graphs (a rope_position_ids input): the 3-axis positions by slot (llm/mrope.py); text by default
+        # M-RoPE graphs (rope_position_ids for positions): the 3-axis positions by slot (llm/mrope.py); text by default
         self.rope_positions = RopePositions.text()
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -74,9 +74,10 @@ class ChainedForward:
         new_k: dict[int, np.ndarray] = {}
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:
-            feed = {**first, "position_ids": pos, "attention_mask": mask}
-            if ROPE_POSITION_IDS in ps.input_names:
-                feed[ROPE_POSITION_IDS] = self.rope_positions(pos)
+            # an M-RoPE graph takes the slots' 3-axis positions instead of position_ids
+            positions = {ROPE_POSITION_IDS: self.rope_positions(pos)} if ROPE_POSITION_IDS in ps.input_names \
+                else {"position_ids": pos}
+            feed = {**first, **positions, "attention_mask": mask}
             name = _cache_names(ps)
             for i in ps.layers if caches else ():
                 feed[name(past_key(i))] = np.ascontiguousarray(_np(ks[i]))
