@@ -91,10 +91,15 @@ def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
 
 
 def test_genie_is_refused_for_mrope_positions(bundle, tmp_path):
+    """Genie's dialog does not feed rope_position_ids (its qwen2vl-mrope option feeds position_ids_cos / _sin):
+    the build records libGenie's refusal as a known limit, writes no pipeline, and --backend genie says so."""
     from PIL import Image
 
     from modelexport.backends.llm_qnn.vision_session import generate_with_image
     from modelexport.core.errors import InputError
+    g = bundle.manifest.llm.genie["SM8650"]
+    assert g.accepted and g.dialog_created is False and g.pipeline is None
+    assert "rope_position_ids" in g.dialog_note and "qwen2vl-mrope" in g.dialog_note
     Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
     with pytest.raises(InputError) as e:
         generate_with_image(bundle.path, tmp_path / "ok.png", "Hi", backend="genie")

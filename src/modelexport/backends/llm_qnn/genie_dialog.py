@@ -76,10 +76,40 @@ def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, 
             "seed": int(seed or 0)}
 
 
+# Graph inputs a Genie dialog does not feed, and why: a dialog it refuses for them ("Could not find I/O
+# tensors") is a known limit recorded in dialog_note, not a failed build.
+GENIE_UNFED_INPUTS = {
+    "rope_position_ids": "the decoder takes M-RoPE positions (rope_position_ids, llm/mrope.py), which a Genie dialog "
+                         "does not feed: Genie's own M-RoPE option (positional-encoding rope with rope-scaling rope-type "
+                         "qwen2vl-mrope, mrope-section, spatial-merge-size) computes the angles itself and feeds graphs "
+                         "taking position_ids_cos / position_ids_sin (not built here); run with --backend htp-sim or cpu",
+}
+
+
 def check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]]) -> dict[str, Any]:
     """The build's Genie check on the host twins (tokens per call, binary; parts in order): one
     dialog over all of them, or, when they exceed what the simulator holds in one process, one
-    dialog per variant. What that leaves unchecked is said in `dialog_note`."""
+    dialog per variant. What that leaves unchecked is said in `dialog_note`; so is a refusal for
+    inputs Genie does not feed (GENIE_UNFED_INPUTS)."""
+    try:
+        return _check_dialogs(cfg, config_dir, twins)
+    except VerificationError:
+        note = _unfed_inputs_note(twins[0][1]) if twins else None   # the first part takes the positions
+        if note is None:
+            raise
+        return {"dialog_created": False, "dialog_note": note}
+
+
+def _unfed_inputs_note(twin: Path) -> str | None:
+    """Why Genie cannot feed this binary's graphs, when one of their inputs is in GENIE_UNFED_INPUTS."""
+    from ...toolchain.native_io import native_stdout_to_stderr
+    from ...toolchain.qnn_context import read_context_binary
+    with native_stdout_to_stderr():
+        names = {t.name for g in read_context_binary(twin).graphs for t in g.inputs}
+    return next((why for name, why in GENIE_UNFED_INPUTS.items() if name in names), None)
+
+
+def _check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]]) -> dict[str, Any]:
     every = [p for _, p in twins]
     if fits_on_simulator(every):
         return check_dialog(host_config(cfg, config_dir, every))

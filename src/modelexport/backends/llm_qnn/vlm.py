@@ -34,13 +34,6 @@ VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in
 # Measured at the default 8 samples per variant (docs/llm_export.md, bench/results/vlm_image_calibration.json):
 # tiny Idefics3 +3 to +6 dB on the first step's logits vs the float VLM, tiny LLaVA unchanged (+-0.03 dB).
 CALIBRATE_IMAGE_POSITIONS = True
-# A decoder with M-RoPE positions (Qwen2-VL) and Genie: its config has an M-RoPE option (rope-scaling rope-type
-# "qwen2vl-mrope", mrope-section, spatial-merge-size, in libGenie.so's schema), but under it Genie computes the
-# angles itself and feeds graphs that take `position_ids_cos` / `_sin`; ours take the positions and gather
-# their own tables (rope_position_ids), which a Genie dialog does not feed. So no pipeline file, and this note.
-GENIE_MROPE_NOTE = ("the decoder takes M-RoPE positions (rope_position_ids), which Genie does not feed: Genie's "
-                    "qwen2vl-mrope option wants graphs with position_ids_cos / position_ids_sin inputs (not built); "
-                    "run with --backend htp-sim or cpu")
 
 
 def vision_calibration(facts, dest: Path) -> tuple[Path, str]:
@@ -98,9 +91,6 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         text_bundle = open_bundle(work / "text_bundle")
         m = text_bundle.manifest
         m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what)
-        if facts.position_rule != "text":
-            for entry in m.llm.genie.values():
-                entry.dialog_note = GENIE_MROPE_NOTE
         if rows:
             m.llm.vision.decoder_image_calibration = (f"the float vision part's rows of the {calib_what} at "
                                                       "image tokens after the first token, in every other window of the text")
@@ -146,7 +136,7 @@ def _write_pipelines(w, text_bundle, m) -> dict[str, str]:
     from .genie_pipeline import PIPELINE_FILE, pipeline_config
     out = {}
     for target, entry in m.llm.genie.items():
-        if m.llm.inputs != "embeddings" or not entry.dialog_created or m.llm.vision.position_rule != "text":
+        if m.llm.inputs != "embeddings" or not entry.dialog_created:
             continue
         folder = str(Path(entry.file).parent)
         rel = PIPELINE_FILE if folder == "." else f"{folder}/{PIPELINE_FILE}"
