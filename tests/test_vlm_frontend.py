@@ -109,7 +109,7 @@ def test_a_folder_the_table_does_not_cover_is_refused_before_loading(folder, tmp
     cfg = json.loads((folder / "config.json").read_text())
     for change, words in ((lambda c: c["vision_config"].update(model_type="siglip_vision_model"),
                            ["vision tower 'siglip_vision_model'", "idefics3_vision"]),
-                          (lambda c: c.update(model_type="qwen2_vl"), ["'qwen2_vl'", "idefics3"]),
+                          (lambda c: c.update(model_type="paligemma"), ["'paligemma'", "idefics3", "qwen2_vl"]),
                           (lambda c: c["text_config"].update(model_type="gpt2"), ["'gpt2'", "llama"])):
         bad = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
         bad.mkdir()
