@@ -49,6 +49,8 @@ def test_every_node_on_the_htp_and_the_vision_entry(bundle):
     for g in decoders:
         names = {t.name for t in g.inputs}
         assert {"inputs_embeds", "rope_position_ids"} <= names and "position_ids" not in names, g.name
+    print(f"vision part vs float on the simulator: {v.check['SM8650'].sqnr_db} dB; HTP nodes:",
+          {graph: per_target["SM8650"]["htp_nodes"] for graph, per_target in m.placement.items()})
     assert m.placement["vision"]["SM8650"]["cpu_nodes"] == []
     for graph, per_target in m.placement.items():
         cpu = per_target["SM8650"]["cpu_nodes"]
@@ -78,7 +80,8 @@ def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
     from modelexport.backends.llm_qnn.vision_session import generate_with_image
     from modelexport.core.numerics import compare
     from modelexport.zoo.assets import sample_images
-    photo = sample_images()["coffee"]
+    photos = sample_images()
+    photo = photos["coffee"]
     for backend in ("cpu", "htp-sim"):
         r = generate_with_image(bundle.path, photo, "What is it?", backend=backend, max_new_tokens=3, raw=True)
         ids = r["prompt_ids"]
@@ -88,6 +91,10 @@ def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
         sqnr = compare(ref, r["first_logits"])["sqnr_db"]
         print(f"{backend}: first-step logits {sqnr:.2f} dB vs the float Qwen2-VL")
         assert sqnr > 30 and ref.argmax() == r["first_logits"].argmax(), (backend, sqnr)
+        other = _float_logits(work / "tiny_qwen2_vl", ids, photos["chelsea"])   # the image's own effect is kept
+        effect = compare(ref - other, r["first_logits"] - other)["sqnr_db"]
+        print(f"{backend}: the image's effect (coffee minus chelsea, float) reproduced at {effect:.2f} dB")
+        assert effect > 6, (backend, effect)
 
 
 def test_genie_is_refused_for_mrope_positions(bundle, tmp_path):
