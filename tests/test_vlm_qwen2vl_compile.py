@@ -111,3 +111,9 @@ def test_genie_is_refused_for_mrope_positions(bundle, tmp_path):
     with pytest.raises(InputError) as e:
         generate_with_image(bundle.path, tmp_path / "ok.png", "Hi", backend="genie")
     assert "M-RoPE" in str(e.value) and "--backend htp-sim" in e.value.fix
+    from modelexport.core.errors import UnsupportedError
+    from modelexport.llm import LoadOptions
+    from modelexport.backends.llm_qnn.genie_generate import open_genie
+    with pytest.raises(UnsupportedError) as e:        # text alone through Genie: the same limit, said before running it
+        open_genie(bundle.path, LoadOptions())
+    assert "rope_position_ids" in str(e.value) and "--backend htp-sim" in e.value.fix

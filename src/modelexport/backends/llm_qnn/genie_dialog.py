@@ -82,7 +82,7 @@ GENIE_UNFED_INPUTS = {
     "rope_position_ids": "the decoder takes M-RoPE positions (rope_position_ids, llm/mrope.py), which a Genie dialog "
                          "does not feed: Genie's own M-RoPE option (positional-encoding rope with rope-scaling rope-type "
                          "qwen2vl-mrope, mrope-section, spatial-merge-size) computes the angles itself and feeds graphs "
-                         "taking position_ids_cos / position_ids_sin (not built here); run with --backend htp-sim or cpu",
+                         "taking position_ids_cos / position_ids_sin (not built here); run it with --backend htp-sim",
 }
 
 

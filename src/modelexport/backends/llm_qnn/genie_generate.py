@@ -133,6 +133,10 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
     if bundle.manifest.llm.inputs == "both":
         raise UnsupportedError(f"Genie cannot run {path.name}: {check.dialog_note or 'its decoder takes input_ids and inputs_embeds'}",
                                "use --backend htp-sim (the same binaries, our loop), or compile with --inputs embeddings")
+    vision = bundle.manifest.llm.vision
+    if vision is not None and vision.position_rule != "text":    # M-RoPE graphs: genie_dialog.GENIE_UNFED_INPUTS
+        raise UnsupportedError(f"Genie cannot run {path.name}: {check.dialog_note or 'its decoder takes M-RoPE positions'}",
+                               "use --backend htp-sim (the same binaries, our loop)")
     if bundle.manifest.llm.n_parts > 1 and not check.dialog_created:
         # bundles split into parts before their graphs were named in part order and their boundary
         # tensors alike on both sides of a cut: Genie would run them out of order or not at all

@@ -89,8 +89,8 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     if backend == "genie":
         if v.position_rule != "text":
             raise InputError(f"--backend genie: this {v.family} bundle's decoder takes M-RoPE positions "
-                             "(rope_position_ids), which Genie's config has no option for",
-                             "use --backend htp-sim or --backend cpu")
+                             "(rope_position_ids), which Genie does not feed (its qwen2vl-mrope option feeds graphs "
+                             "taking position_ids_cos / _sin: not built)", "use --backend htp-sim or --backend cpu")
         from .genie_dialog import sampler_block
         from .genie_pipeline import genie_image_tokens
         if len(ids) >= bundle.manifest.llm.max_seq_len:

@@ -49,7 +49,8 @@ def llm_summary(bundle, json_out: bool) -> None:
             for g in v.graphs:
                 check = v.check.get(g.target)
                 console.print(f"  vision part ({v.family}, {v.precision}, {g.target}): {v.image_size}x{v.image_size} image → "
-                              f"{v.tokens_per_image} image tokens (id {v.image_token_id}, {v.placement})"
+                              f"{v.tokens_per_image} image tokens (id {v.image_token_id}, {v.placement}"
+                              + (f", M-RoPE positions on the {v.grid_thw} grid" if v.position_rule == "mrope_grid" else "") + ")"
                               + (f"; simulator vs float {check.sqnr_db:.1f} dB" if check else ""))
     if llm is not None and llm.weight_rounding is not None:
         r = llm.weight_rounding
