@@ -117,3 +117,12 @@ def test_genie_is_refused_for_mrope_positions(bundle, tmp_path):
     with pytest.raises(UnsupportedError) as e:        # text alone through Genie: the same limit, said before running it
         open_genie(bundle.path, LoadOptions())
     assert "rope_position_ids" in str(e.value) and "--backend htp-sim" in e.value.fix
+
+
+def test_a_full_context_graph_is_refused_before_loading(work, tmp_path):
+    import modelexport
+    from modelexport.core.errors import InputError
+    with pytest.raises(InputError) as e:
+        modelexport.compile(str(work / "tiny_qwen2_vl"), output=tmp_path / "out", target="SM8650", variants="ar1,ar4,full")
+    assert "M-RoPE" in str(e.value) and "--variants ar1" in e.value.fix
+    assert not (tmp_path / "out").exists()

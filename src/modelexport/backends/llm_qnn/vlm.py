@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -69,6 +70,10 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     if not mode.takes_embeddings:
         raise InputError(f"--inputs {mode.name}: a vision-language model's image rows enter the decoder as embeddings",
                          "leave --inputs out (a VLM compiles with --inputs embeddings) or use --inputs both")
+    if facts.position_rule != "text" and {"full", "bert"} & set(re.findall(r"[a-z0-9]+", str(opts.variants or "").lower())):
+        # the full-context graph's calibration windows are built with position_ids (compile.FULL_CONTEXT_NAMES)
+        raise InputError(f"--variants full: a full-context graph with {family.label}'s M-RoPE positions is not built",
+                         "leave full out of --variants (e.g. --variants ar1,ar32)")
     vprec = (opts.vision_precision or DEFAULT_VISION_PRECISION).strip().lower()
     if vprec not in VISION_PRECISIONS:
         raise InputError(f"--vision-precision {opts.vision_precision!r} is not offered",
