@@ -126,3 +126,17 @@ def test_a_full_context_graph_is_refused_before_loading(work, tmp_path):
         modelexport.compile(str(work / "tiny_qwen2_vl"), output=tmp_path / "out", target="SM8650", variants="ar1,ar4,full")
     assert "M-RoPE" in str(e.value) and "--variants ar1" in e.value.fix
     assert not (tmp_path / "out").exists()
+
+
+def test_a_decoder_exported_in_host_chunks_joins_with_its_mrope_input(bundle, work):
+    """Host chunks (one layer at a time: what a large model's parts get) are joined into graphs that
+    take rope_position_ids, as the whole part does."""
+    import modelexport
+    chunked = modelexport.compile(str(work / "tiny_qwen2_vl"), output=work / "qwen2vl_chunked", target="SM8650",
+                                  precision="16a8w", max_seq_len=SEQ, variants="ar1,ar4", calibration=str(work / "calib.txt"),
+                                  calibration_samples=2, host_chunk_mb=0.001)
+    assert len(chunked.manifest.options["host_chunks"]["layers"]) > 1
+    for g in chunked.manifest.graphs:
+        if g.name.startswith(("prompt_", "token_")):
+            names = {t.name for t in g.inputs}
+            assert "rope_position_ids" in names and "position_ids" not in names, g.name

@@ -240,15 +240,17 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     for name, r in zip(list(results), raise_first_error(outcomes)):
         results[name] = r
     quant_info = {}
+    decoder = build_static_decoder(model, decoder_config(min(variants), max_seq_len))
     for g in graphs:
         members = chunk_names[(g["n_tokens"], g["part"])]
         entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, keys[c]) for c in members]
         quant_info[g["name"]] = join_into(entries, members, chunks[g["part"]], g["name"], tmp / "qdq",
-                                          first_inputs=mode.decoder_inputs, caches=g["n_tokens"] != max_seq_len)
+                                          first_inputs=mode.decoder_inputs, caches=g["n_tokens"] != max_seq_len,
+                                          mrope=decoder.mrope)
         if not cache.enabled:
             for entry in entries:
                 shutil.rmtree(entry, ignore_errors=True)
-    sd = build_static_decoder(model, decoder_config(min(variants), max_seq_len)).spec
+    sd = decoder.spec
     n_params = sum(p.numel() for p in model.parameters())
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None

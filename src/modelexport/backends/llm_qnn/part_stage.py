@@ -43,9 +43,9 @@ def quantize_part(job: dict) -> dict:
 
 
 def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: Path,
-              first_inputs: tuple[str, ...] = ("input_ids",), caches: bool = True) -> dict:
+              first_inputs: tuple[str, ...] = ("input_ids",), caches: bool = True, mrope: bool = False) -> dict:
     """The part's graph in `dest` from its chunks' entries (hard links when it is one chunk); returns
-    its quantization record. `first_inputs` / `caches`: onnx_export.decoder_io of its decoder."""
+    its quantization record. `first_inputs` / `caches` / `mrope`: onnx_export.decoder_io of its decoder."""
     from ...quant.chunk_join import join_chunks, name_part_boundaries
     from ...quant.llm_graphs import merge_quantization
     from .onnx_export import part_input_names, part_output_names
@@ -55,7 +55,7 @@ def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: P
         link_into(entries[0], graph, dest)
     else:
         join_chunks([(e / f"{n}.onnx", c.end_layer) for e, n, c in zip(entries, names, chunks)], dest / f"{graph}.onnx",
-                    part_input_names(part, first_inputs, caches), part_output_names(part, caches))
+                    part_input_names(part, first_inputs, caches, mrope), part_output_names(part, caches))
     name_part_boundaries(dest / f"{graph}.onnx", part.first_layer, part.end_layer, part.is_first, part.is_last)
     return merge_quantization([Cache.meta(e)["quantization"] for e in entries])
 
