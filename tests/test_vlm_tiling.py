@@ -170,3 +170,23 @@ def test_too_many_tiles_are_refused_before_running(bundle, work, photos, process
     assert r["prompt_ids"] == ref["input_ids"][0].tolist()
     with pytest.raises(InputError, match="2 <image> markers for 1 images"):
         generate_with_image(bundle.path, [photos["coffee"]], "<image>a<image>b", backend="cpu", raw=True)
+
+
+@pytest.mark.heavy
+def test_generate_cli_with_two_images(bundle, cli, work, tmp_path, photos):
+    """The command line: --image twice, the split noted; too many tiles a clean error naming
+    --no-image-splitting, which then runs (~30 s: three runs of the command)."""
+    from conftest import assert_clean_error
+    paths = []
+    for name in ("coffee", "chelsea"):
+        photos[name].save(tmp_path / f"{name}.png")
+        paths += ["--image", str(tmp_path / f"{name}.png")]
+    proc = cli("generate", str(bundle.path), *paths, "--prompt", PROMPT, "--raw", "--backend", "cpu", "-n", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "600x400 split into 2x2 tiles of 32" in proc.stderr and "451x300 split into 2x2" in proc.stderr
+    assert_clean_error(cli("generate", str(bundle.path), *paths * 2, "--prompt", PROMPT, "--raw", "--backend", "cpu"),
+                       "context holds 128", "--no-image-splitting")
+    proc = cli("generate", str(bundle.path), *paths * 2, "--prompt", PROMPT, "--raw", "--backend", "cpu", "-n", "1",
+               "--no-image-splitting")
+    assert proc.returncode == 0, proc.stderr
+    assert "resized to 32x32 (one tile)" in proc.stderr
