@@ -190,3 +190,27 @@ def test_generate_cli_with_two_images(bundle, cli, work, tmp_path, photos):
                "--no-image-splitting")
     assert proc.returncode == 0, proc.stderr
     assert "resized to 32x32 (one tile)" in proc.stderr
+
+
+# SmolVLM's chat template walks the user turn's content parts (as in its tokenizer_config / chat_template.json)
+SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+                    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+                    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+                    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+                    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+def test_chat_template_keeps_the_markers():
+    """Without --raw the markers go through the chat template: a string template takes the prompt as it is,
+    SmolVLM's (content parts) gets text and image parts in order; one that drops them is refused."""
+    from modelexport.backends.llm_qnn.vision_session import chat_text
+    from modelexport.core.errors import InputError
+    from vlm_tiny import tiling_tokenizer
+    tok = tiling_tokenizer()
+    assert chat_text(tok, "<image>What is it?") == tok.render_chat([{"role": "user", "content": "<image>What is it?"}])
+    tok.chat_template = SMOLVLM_TEMPLATE
+    assert chat_text(tok, "<image>What is it?") == "<|im_start|>User:<image>What is it?<end_of_utterance>\nAssistant:"
+    assert chat_text(tok, "A<image>B<image>") == "<|im_start|>User: A<image>B<image><end_of_utterance>\nAssistant:"
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
+    with pytest.raises(InputError, match="drops the prompt's text"):
+        chat_text(tok, "<image>Hi")

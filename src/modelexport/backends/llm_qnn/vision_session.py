@@ -70,7 +70,7 @@ def tiled_prompt(bundle, tok, images: list, prompt: str, raw: bool, splitting: b
     grids = [tile_grid(p.width, p.height, t.longest_edge, t.tile_size, split) for p in pics]
     if IMAGE_TOKEN not in prompt:
         prompt = IMAGE_TOKEN * len(pics) + prompt
-    text = prompt if raw or not tok.chat_template else tok.render_chat([{"role": "user", "content": prompt}])
+    text = prompt if raw or not tok.chat_template else chat_text(tok, prompt)
     ids = tok.encode(expand_prompt(text, grids, t.image_seq_len), add_special_tokens=raw or not tok.chat_template)
     tiles = sum(g.tiles for g in grids)
     if ids.count(v.image_token_id) != tiles * t.image_seq_len:
@@ -90,6 +90,21 @@ def tiled_prompt(bundle, tok, images: list, prompt: str, raw: bool, splitting: b
         else:
             notes.append(f"image of {p.width}x{p.height} resized to {t.tile_size}x{t.tile_size} (one tile)")
     return ids, pics, split, notes
+
+
+def chat_text(tok, prompt: str) -> str:
+    """The user turn through the chat template, `<image>` markers kept: as a string, or (templates that walk
+    content parts, SmolVLM's) as transformers' processors feed it, text and {"type": "image"} parts in order."""
+    from ...llm.image_tiling import IMAGE_TOKEN
+    pieces = prompt.split(IMAGE_TOKEN)
+    parts = [p for i, piece in enumerate(pieces)
+             for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])]
+    for content in (prompt, parts):
+        text = tok.render_chat([{"role": "user", "content": content}])
+        if text.count(IMAGE_TOKEN) == len(pieces) - 1 and all(p in text for p in pieces):
+            return text
+    raise InputError("the model's chat template drops the prompt's text or <image> markers",
+                     "pass --raw and write the prompt as the model expects it, with one <image> per --image")
 
 
 def tiled_rows(bundle, pics: list, splitting: bool, stage: str, target: str | None = None) -> np.ndarray:
