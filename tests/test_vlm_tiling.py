@@ -214,3 +214,13 @@ def test_chat_template_keeps_the_markers():
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
     with pytest.raises(InputError, match="drops the prompt's text"):
         chat_text(tok, "<image>Hi")
+
+
+def test_genie_pipeline_takes_the_tiles_rows(bundle, photos):
+    """`--backend genie` on the tiling bundle: Genie's pipeline takes the expanded prompt and the ten tiles'
+    rows (two photos) and answers with our simulator loop's greedy tokens."""
+    from modelexport.backends.llm_qnn.vision_session import generate_with_image
+    images = [photos["coffee"], photos["chelsea"]]
+    ours = generate_with_image(bundle.path, images, PROMPT, backend="htp-sim", max_new_tokens=3, raw=True)
+    genie = generate_with_image(bundle.path, images, PROMPT, backend="genie", max_new_tokens=3, raw=True)
+    assert genie["prompt_ids"] == ours["prompt_ids"] and genie["token_ids"] == ours["token_ids"]
