@@ -224,3 +224,23 @@ def test_genie_pipeline_takes_the_tiles_rows(bundle, photos):
     ours = generate_with_image(bundle.path, images, PROMPT, backend="htp-sim", max_new_tokens=3, raw=True)
     genie = generate_with_image(bundle.path, images, PROMPT, backend="genie", max_new_tokens=3, raw=True)
     assert genie["prompt_ids"] == ours["prompt_ids"] and genie["token_ids"] == ours["token_ids"]
+
+
+def test_a_tile_size_other_than_the_towers_is_refused(tmp_path):
+    """max_image_size must be the tower's image_size (the vision part is one tile): refused at compile,
+    before any weight, naming both; a tokenizer without the processor's tokens keeps the one-image path."""
+    import json
+
+    import modelexport
+    from modelexport.core.errors import InputError
+    from modelexport.frontends.vlm_families import read_vision_facts
+    from modelexport.frontends.vlm_folder import read_image_tiling
+    from vlm_tiny import TILING_PREPROCESSOR, tiny_tokenizer
+    folder = write_tiny_tiling_folder(tmp_path)
+    (folder / "preprocessor_config.json").write_text(json.dumps({**TILING_PREPROCESSOR, "max_image_size": {"longest_edge": 64}}))
+    with pytest.raises(InputError) as e:
+        modelexport.compile(str(folder), output=tmp_path / "out", target="SM8650")
+    assert "max_image_size.longest_edge is 64" in str(e.value) and "image_size is 32" in str(e.value)
+    assert not (tmp_path / "out").exists()
+    tiny_tokenizer().save(folder)    # no <image> token: the bundle takes one image, raw image tokens
+    assert read_image_tiling(folder, *read_vision_facts(folder)) is None
