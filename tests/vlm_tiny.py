@@ -22,12 +22,12 @@ TINY_VISION = dict(model_type="idefics3_vision", hidden_size=32, intermediate_si
                    num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=8)
 
 
-def tiny_vlm(seed: int = 0, vision: dict | None = None):
+def tiny_vlm(seed: int = 0, vision: dict | None = None, text: dict | None = None):
     import copy
 
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
     torch.manual_seed(seed)
-    text = dict(copy.deepcopy(TINY_CONFIG), model_type="llama")
+    text = dict(copy.deepcopy(TINY_CONFIG), model_type="llama", **(text or {}))
     cfg = Idefics3Config(vision_config=dict(vision or TINY_VISION), text_config=text, scale_factor=2,
                          image_token_id=IMAGE_TOKEN, tie_word_embeddings=True)
     model = Idefics3ForConditionalGeneration(cfg).eval()
@@ -103,5 +103,40 @@ def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
     (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSORS.get(family) or
         {"image_processor_type": "Idefics3ImageProcessor", "image_mean": MEAN, "image_std": STD,
          "rescale_factor": 1 / 255, "do_image_splitting": False}))
+    (root / "calib.txt").write_text(CALIBRATION_TEXT)
+    return folder
+
+
+# SmolVLM's image splitting (llm/image_tiling.py): a tokenizer with the processor's tokens, tiles of the
+# tower's 32 pixels, images resized to a longest edge of 64 first: up to 2x2 tiles + the global image.
+TILING_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
+                 *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]]
+TILING_VOCAB = 256 + 2 + len(TILING_TOKENS)          # bytes, <s> </s>, then these: <image> is IMAGE_TOKEN (258)
+TILING_PREPROCESSOR = {"image_processor_type": "Idefics3ImageProcessor", "image_mean": MEAN, "image_std": STD,
+                       "rescale_factor": 1 / 255, "do_image_splitting": True, "resample": 1,
+                       "size": {"longest_edge": 2 * IMAGE_SIZE}, "max_image_size": {"longest_edge": IMAGE_SIZE}}
+
+
+def tiling_tokenizer():
+    """The tiny byte tokenizer with SmolVLM's image tokens as special tokens, BOS added by the file's own
+    post-processor (so transformers' processor and our runtime add it alike)."""
+    from tokenizers import AddedToken, processors
+
+    from llm_tiny import BOS
+    tok = tiny_tokenizer()
+    tok.backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TILING_TOKENS])
+    tok.backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    assert tok.backend.token_to_id("<image>") == IMAGE_TOKEN
+    return tok
+
+
+def write_tiny_tiling_folder(root) -> Path:
+    """`root/tiny_smolvlm`: the tiny Idefics3 with a vocabulary holding the processor's tokens and a
+    preprocessor config that splits images; `root/calib.txt`."""
+    root = Path(root)
+    folder = root / "tiny_smolvlm"
+    tiny_vlm(text=dict(vocab_size=TILING_VOCAB)).save_pretrained(folder)
+    tiling_tokenizer().save(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(TILING_PREPROCESSOR))
     (root / "calib.txt").write_text(CALIBRATION_TEXT)
     return folder

@@ -342,6 +342,18 @@ class EmbedderPart(_Recorded):
     genie_lut: BundlePath | None = None  # the same lookup as float32 rows, for Genie's dialog (embedder.GENIE_LUT_FILE)
 
 
+class ImageTiling(_Recorded):
+    """SmolVLM / Idefics3 image splitting (llm/image_tiling.py), from the folder's preprocessor config:
+    each image resized to `longest_edge`, cut into tiles of `tile_size` (the vision part's size, run
+    once per tile) plus a global image, the prompt's `<image>` expanded as transformers' processor does."""
+    splitting: bool                      # do_image_splitting; off: one tile (the global image) per image
+    tile_size: int                       # max_image_size.longest_edge == the vision part's image_size
+    longest_edge: int                    # size.longest_edge: the first resize
+    max_tiles: int                       # per image, the global image included (ceil(longest_edge / tile)^2 + 1)
+    resample: int                        # PIL resampling filter (1 = LANCZOS, the processor's default)
+    image_seq_len: int                   # image tokens per tile (= tokens_per_image)
+
+
 class VisionEntry(_Recorded):
     """The vision part of a VLM bundle (`compile VLM_FOLDER`): vision tower + projector as one graph,
     pixel_values [1, 3, S, S] in, image_embeds [1, tokens_per_image, hidden] out; the runtime resizes
@@ -365,6 +377,7 @@ class VisionEntry(_Recorded):
     calibration: str = ""                # what the activation ranges were taken from
     decoder_image_calibration: str | None = None   # the text decoder's ranges include these vision rows at image tokens
     check: dict[str, LogitsAgreement] = Field(default_factory=dict)   # target → simulator vs float vision part
+    tiling: ImageTiling | None = None    # None: one image resized to image_size, raw image tokens (no markers)
 
 
 class LlmSection(_Recorded):

@@ -77,3 +77,39 @@ def write_text_folder(model, family: VLMFamily, source: Path, dest: Path) -> Pat
             shutil.copyfile(source / name, dest / name)
     return dest
 
+
+
+# Families whose processor splits images into tiles (llm/image_tiling.py); the tokens its prompt needs.
+TILING_FAMILIES = {"idefics3": ("<image>", "<fake_token_around_image>", "<global-img>")}
+
+
+def read_image_tiling(folder: Path, family: VLMFamily, facts):
+    """The manifest's `ImageTiling` fields (a dict) of a folder whose processor splits images, read from its
+    preprocessor_config.json with the processor's defaults (transformers' Idefics3ImageProcessor); None
+    when the family does not tile or the tokenizer lacks the processor's tokens (then one image is one
+    tile and the image tokens go in raw, as before)."""
+    import json
+    import math
+
+    tokens = TILING_FAMILIES.get(family.model_type)
+    if tokens is None or not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if tok.token_to_id(tokens[0]) != facts.image_token_id or any(tok.token_to_id(t) is None for t in tokens[1:]):
+        return None
+    pre_file = folder / "preprocessor_config.json"
+    pre = json.loads(pre_file.read_text()) if pre_file.is_file() else {}
+    tile = int((pre.get("max_image_size") or {}).get("longest_edge", 364))
+    longest = int((pre.get("size") or {}).get("longest_edge", 4 * 364))
+    splitting = bool(pre.get("do_image_splitting", True))
+    if tile != facts.image_size:
+        raise InputError(f"{pre_file}: max_image_size.longest_edge is {tile} but the vision tower's image_size is "
+                         f"{facts.image_size}; the vision part is built for one tile of image_size",
+                         "use the model's original preprocessor_config.json (its max_image_size is the tower's size)")
+    if splitting and any(tok.token_to_id(f"<row_{r}_col_{c}>") is None for r in (1, 2) for c in (1, 2)):
+        raise InputError(f"{folder}: do_image_splitting is on but the tokenizer has no <row_i_col_j> tokens",
+                         "use the model's original tokenizer.json, or set do_image_splitting to false")
+    return dict(splitting=splitting, tile_size=tile, longest_edge=longest,
+                       max_tiles=math.ceil(longest / tile) ** 2 + 1 if splitting else 1,
+                       resample=int(pre.get("resample", 1)), image_seq_len=facts.tokens_per_image)

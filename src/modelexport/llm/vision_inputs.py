@@ -12,9 +12,8 @@ import numpy as np
 from ..core.errors import InputError
 
 
-def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.ndarray, list[str]]:
-    """`image` (a path or a PIL image) → pixel_values float32 [1, 3, size, size] and the notes on what
-    was changed (mode converted, size changed). Bicubic, as the Idefics3 / CLIP processors resize."""
+def open_rgb(image):
+    """`image` (a path or a PIL image) → (the RGB PIL image, notes on what was changed)."""
     from PIL import Image, UnidentifiedImageError
     notes = []
     if not isinstance(image, Image.Image):
@@ -29,12 +28,19 @@ def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.
     if image.mode != "RGB":
         notes.append(f"image mode {image.mode} converted to RGB")
         image = image.convert("RGB")
+    return image, notes
+
+
+def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.ndarray, list[str]]:
+    """`image` (a path or a PIL image) → pixel_values float32 [1, 3, size, size] and the notes on what
+    was changed (mode converted, size changed). Bicubic, as the Idefics3 / CLIP processors resize."""
+    from PIL import Image
+    image, notes = open_rgb(image)
     if image.size != (size, size):
         notes.append(f"image of {image.size[0]}x{image.size[1]} resized to {size}x{size} (the vision part's size)")
         image = image.resize((size, size), Image.Resampling.BICUBIC)
-    x = np.asarray(image, np.float32) * np.float32(rescale_factor)
-    x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None]), notes
+    from .image_tiling import normalize
+    return normalize(image, mean, std, rescale_factor), notes
 
 
 def image_prompt_ids(ids: list[int], image_token_id: int, tokens_per_image: int, wrap: tuple[int, ...] = ()) -> list[int]:

@@ -28,13 +28,10 @@ def vision_entry(bundle):
     return v
 
 
-def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np.ndarray, list[str]]:
-    """(rows [tokens_per_image, hidden] float32, notes on how the image was changed) for `image`."""
+def vision_runner(bundle, stage: str, target: str | None = None):
+    """The bundle's vision part as a callable: pixel_values [1, 3, S, S] → rows [tokens_per_image, hidden]."""
     import onnxruntime as ort
-
-    from ...llm.vision_inputs import load_pixels
     v = vision_entry(bundle)
-    x, notes = load_pixels(image, v.image_size, v.mean, v.std, v.rescale_factor)
     if stage == "htp-sim":
         from .session import _sim_session
         target = target or bundle.manifest.targets[0]
@@ -46,8 +43,81 @@ def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np
     else:
         model = v.quantized_model if stage == "fake-quant" and v.quantized_model else v.model
         sess = ort.InferenceSession(str(bundle.file(model)), providers=["CPUExecutionProvider"])
-    rows = sess.run(None, {"pixel_values": x})[0]
-    return np.asarray(rows, np.float32).reshape(v.tokens_per_image, -1), notes
+    return lambda x: np.asarray(sess.run(None, {"pixel_values": x})[0], np.float32).reshape(v.tokens_per_image, -1)
+
+
+def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np.ndarray, list[str]]:
+    """(rows [tokens_per_image, hidden] float32, notes on how the image was changed) for `image`,
+    resized to the vision part's size (a bundle without tiling)."""
+    from ...llm.vision_inputs import load_pixels
+    v = vision_entry(bundle)
+    x, notes = load_pixels(image, v.image_size, v.mean, v.std, v.rescale_factor)
+    return vision_runner(bundle, stage, target)(x), notes
+
+
+def tiled_prompt(bundle, tok, images: list, prompt: str, raw: bool, splitting: bool | None = None):
+    """Processor-style inputs of a tiling bundle: (prompt ids with every image's markers and image
+    tokens, the RGB images, whether they are split, notes). The prompt's `<image>` markers place the images
+    (none: all of them first, as SmolVLM's chat template puts the image before the text); the ids are
+    checked against the context before any vision run."""
+    from ...llm.image_tiling import IMAGE_TOKEN, expand_prompt, tile_grid
+    from ...llm.vision_inputs import open_rgb
+    v = vision_entry(bundle)
+    t = v.tiling
+    split = t.splitting if splitting is None else (splitting and t.splitting)
+    opened = [open_rgb(im) for im in images]
+    pics, notes = [p for p, _ in opened], [n for _, ns in opened for n in ns]
+    grids = [tile_grid(p.width, p.height, t.longest_edge, t.tile_size, split) for p in pics]
+    if IMAGE_TOKEN not in prompt:
+        prompt = IMAGE_TOKEN * len(pics) + prompt
+    text = prompt if raw or not tok.chat_template else chat_text(tok, prompt)
+    ids = tok.encode(expand_prompt(text, grids, t.image_seq_len), add_special_tokens=raw or not tok.chat_template)
+    tiles = sum(g.tiles for g in grids)
+    if ids.count(v.image_token_id) != tiles * t.image_seq_len:
+        raise InputError(f"the tokenizer gives {ids.count(v.image_token_id)} image tokens for {tiles} tiles of "
+                         f"{t.image_seq_len}", "the bundle's tokenizer does not match its vision part: compile again")
+    seq = bundle.manifest.llm.max_seq_len
+    if len(ids) >= seq:
+        sizes = ", ".join(f"{p.width}x{p.height} → {g.rows}x{g.cols} tiles + global" for p, g in zip(pics, grids))
+        raise InputError(f"the prompt is {len(ids)} tokens with {len(pics)} image(s) in {tiles} tiles of "
+                         f"{t.image_seq_len} image tokens ({sizes}); the bundle's context holds {seq}",
+                         f"compile with a larger --max-seq-len (at least {len(ids) + 1}), pass a smaller image, "
+                         "or add --no-image-splitting (one tile per image)")
+    for p, g in zip(pics, grids):
+        if g.rows:
+            notes.append(f"image of {p.width}x{p.height} split into {g.rows}x{g.cols} tiles of {t.tile_size} "
+                         "+ the global image")
+        else:
+            notes.append(f"image of {p.width}x{p.height} resized to {t.tile_size}x{t.tile_size} (one tile)")
+    return ids, pics, split, notes
+
+
+def chat_text(tok, prompt: str) -> str:
+    """The user turn through the chat template, `<image>` markers kept: as a string, or (templates that walk
+    content parts, SmolVLM's) as transformers' processors feed it, text and {"type": "image"} parts in order."""
+    from ...llm.image_tiling import IMAGE_TOKEN
+    pieces = prompt.split(IMAGE_TOKEN)
+    parts = [p for i, piece in enumerate(pieces)
+             for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])]
+    for content in (prompt, parts):
+        text = tok.render_chat([{"role": "user", "content": content}])
+        if text.count(IMAGE_TOKEN) == len(pieces) - 1 and all(p in text for p in pieces):
+            return text
+    raise InputError("the model's chat template drops the prompt's text or <image> markers",
+                     "pass --raw and write the prompt as the model expects it, with one <image> per --image")
+
+
+def tiled_rows(bundle, pics: list, splitting: bool, stage: str, target: str | None = None) -> np.ndarray:
+    """Every image's tiles and global image through the vision part, in prompt order → rows [n, hidden]."""
+    from ...llm.image_tiling import normalize, split_image
+    v = vision_entry(bundle)
+    t = v.tiling
+    run = vision_runner(bundle, stage, target)
+    rows = []
+    for p in pics:
+        tiles, _ = split_image(p, t.longest_edge, t.tile_size, t.resample, splitting)
+        rows += [run(normalize(tile, v.mean, v.std, v.rescale_factor)) for tile in tiles]
+    return np.concatenate(rows)
 
 
 def image_rope_positions(v, ids: list[int]):
@@ -60,9 +130,10 @@ def image_rope_positions(v, ids: list[int]):
 
 
 def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim", max_new_tokens: int = 32,
-                        raw: bool = False) -> dict:
-    """Greedy generation from an image and a prompt → {"text", "token_ids", "prompt_ids", "notes",
-    "first_logits" (the logits after the prompt), "stage"}."""
+                        raw: bool = False, image_splitting: bool | None = None) -> dict:
+    """Greedy generation from an image (or a list of them, in prompt order) and a prompt → {"text",
+    "token_ids", "prompt_ids", "notes", "first_logits" (the logits after the prompt), "stage"}.
+    `image_splitting=False` turns a tiling bundle's splitting off (one tile per image)."""
     import torch
 
     from ...contract.bundle import open_bundle
@@ -82,10 +153,19 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     if tok_file is None:
         raise InputError(f"bundle {path} carries no tokenizer", "compile the VLM folder again (its tokenizer is copied)")
     tok = load_tokenizer(tok_file)
-    text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
-        tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
-    ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image, tuple(v.image_wrap_ids))
-    rows, notes = image_rows(bundle, image, stage)
+    images = list(image) if isinstance(image, (list, tuple)) else [image]
+    if v.tiling is not None:
+        ids, pics, split, notes = tiled_prompt(bundle, tok, images, prompt, raw, image_splitting)
+        rows = tiled_rows(bundle, pics, split, stage)
+    else:
+        if len(images) != 1:
+            raise InputError(f"{path} was compiled without image splitting markers: it takes one --image, not "
+                             f"{len(images)}", "pass one --image, or compile the VLM folder again with its "
+                             "original tokenizer (it has the <fake_token_around_image> markers)")
+        text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
+            tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
+        ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image, tuple(v.image_wrap_ids))
+        rows, notes = image_rows(bundle, images[0], stage)
     if backend == "genie":
         if v.position_rule != "text":
             raise InputError(f"--backend genie: this {v.family} bundle's decoder takes M-RoPE positions "

@@ -60,12 +60,13 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     from ...contract.bundle import BundleWriter, open_bundle
     from ...core.atomic import check_output
     from ...frontends.vlm_families import read_vision_facts
-    from ...frontends.vlm_folder import load_vlm, write_text_folder
+    from ...frontends.vlm_folder import load_vlm, read_image_tiling, write_text_folder
     from ...llm.input_modes import get_input_mode
     from ...llm.vision_part import VisionPart, export_vision_part
 
     folder = Path(spec.model)
     family, facts = read_vision_facts(folder)            # the table first: no weight read for a folder it refuses
+    tiling = read_image_tiling(folder, family, facts)
     mode = get_input_mode(opts.inputs or "embeddings")
     if not mode.takes_embeddings:
         raise InputError(f"--inputs {mode.name}: a vision-language model's image rows enter the decoder as embeddings",
@@ -95,7 +96,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         vision_bundle = _compile_vision(vision_onnx, calib, vprec, opts, work / "vision_bundle")
         text_bundle = open_bundle(work / "text_bundle")
         m = text_bundle.manifest
-        m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what)
+        m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what, tiling)
         if rows:
             m.llm.vision.decoder_image_calibration = (f"the float vision part's rows of the {calib_what} at "
                                                       "image tokens after the first token, in every other window of the text")
@@ -183,8 +184,8 @@ def _placement(vision_bundle) -> dict:
     return out
 
 
-def _vision_entry(vision_bundle, family, facts, precision: str, calib_what: str):
-    from ...contract.manifest import VisionEntry
+def _vision_entry(vision_bundle, family, facts, precision: str, calib_what: str, tiling: dict | None):
+    from ...contract.manifest import ImageTiling, VisionEntry
     vm = vision_bundle.manifest
     files = {f.path for f in vm.files}
     qdq = f"{VISION_PART}/model.qdq.onnx"
@@ -195,7 +196,8 @@ def _vision_entry(vision_bundle, family, facts, precision: str, calib_what: str)
                        tokens_per_image=facts.tokens_per_image, placement=facts.placement, calibration=calib_what,
                        position_rule=facts.position_rule, spatial_merge_size=facts.spatial_merge_size,
                        grid_thw=list(facts.grid_thw) if facts.position_rule == "mrope_grid" else None,
-                       image_wrap_ids=list(facts.image_wrap_ids))
+                       image_wrap_ids=list(facts.image_wrap_ids),
+                       tiling=ImageTiling(**tiling) if tiling else None)
 
 
 def _check_vision(bundle, float_onnx: Path) -> None:

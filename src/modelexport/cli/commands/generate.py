@@ -36,9 +36,12 @@ def generate(
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild the CPU program instead of reusing the cached one."),
     json_out: bool = typer.Option(False, "--json", help="Print the text and stats as JSON (no streaming)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the generated text (no stats)."),
-    image: Optional[Path] = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
-                                         "the image the prompt asks about (resized and normalized as the bundle's manifest says); "
+    image: Optional[list[Path]] = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
+                                         "the image the prompt asks about (split into tiles or resized, and normalized, as the bundle's manifest says); "
+                                         "repeat it for several images (placed at the prompt's <image> markers in order, or all first); "
                                          "greedy, --backend htp-sim, cpu (the bundle's QDQ graphs) or genie (Genie's pipeline)."),
+    no_image_splitting: bool = typer.Option(False, "--no-image-splitting", help="With --image on a SmolVLM bundle that splits "
+                                            "images into tiles: one tile (the whole image resized) per image, fewer prompt tokens."),
 ) -> None:
     """Generate text: tokenizer, prefill, decode with a KV cache, sampling, stop conditions.
 
@@ -60,8 +63,11 @@ def generate(
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty", "pass some text with --prompt")
     _check_numbers(max_seq_len, threads, quant)
-    if image is not None:
-        return _generate_with_image(model, image, prompt, backend, max_new_tokens, raw, chat, json_out, quiet)
+    if image:
+        return _generate_with_image(model, image, prompt, backend, max_new_tokens, raw, chat, json_out, quiet,
+                                    False if no_image_splitting else None)
+    if no_image_splitting:
+        raise InputError("--no-image-splitting is for --image", "pass --image PHOTO, or drop --no-image-splitting")
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
                    sliding_window=sliding_window)
@@ -115,8 +121,8 @@ def generate(
         emit_json({"turns": turns, "model": info})
 
 
-def _generate_with_image(model, image: Path, prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
-                         json_out: bool, quiet: bool) -> None:
+def _generate_with_image(model, images: list[Path], prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
+                         json_out: bool, quiet: bool, image_splitting: bool | None) -> None:
     from ...backends.llm_qnn.vision_session import generate_with_image
     from ...llm.openers import source_kind
     if chat:
@@ -124,7 +130,8 @@ def _generate_with_image(model, image: Path, prompt: str, backend: str, max_new_
     if source_kind(Path(model)) != "bundle":
         raise InputError(f"--image needs a compiled vision-language bundle; {model} is not a bundle",
                          "compile the VLM folder first: modelexport compile SMOLVLM_FOLDER -o BUNDLE")
-    res = generate_with_image(Path(model), image, prompt, backend=backend, max_new_tokens=max_new_tokens, raw=raw)
+    res = generate_with_image(Path(model), list(images), prompt, backend=backend, max_new_tokens=max_new_tokens, raw=raw,
+                              image_splitting=image_splitting)
     if json_out:
         emit_json({k: v for k, v in res.items() if k != "first_logits"})
         return
