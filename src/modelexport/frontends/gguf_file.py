@@ -20,7 +20,7 @@ from typing import Any
 
 from ..core.errors import InputError
 from .llm_families import (BY_MODEL_TYPE, GGUF_ROPE_SCALING_BY_TENSOR, GGUF_ROPE_SCALINGS, SUPPORTED_GGUF_ARCHITECTURES,
-                           LLMFamily, family_of_gguf)
+                           LLMFamily, check_static_context, family_of_gguf)
 from .loaded_llm import LoadedLLM, without_hf_progress_bars
 from . import frontend
 
@@ -205,6 +205,26 @@ def _rope_scaling(reader, arch: str, stated: str | None, names: set[str]):
     return rtype, params, None
 
 
+def check_gguf_header(info: GgufInfo, max_seq_len: int | None = None) -> LLMFamily:
+    """The family row of a GGUF and what its header states against it, before any weight: the
+    architecture and RoPE scaling type in the table, the scaling's keys all carried over, and (given
+    the static graph's length) no longrope past its original context."""
+    family = family_of_gguf(info.architecture, info.rope_scaling_type, info.path)
+    check_rope_scaling(info.path, info.rope_scaling_problem, info.rope_scaling, family, max_seq_len)
+    return family
+
+
+def check_rope_scaling(where: str, problem: str | None, rope_scaling: dict | None, family: LLMFamily,
+                       max_seq_len: int | None = None) -> None:
+    """`check_gguf_header`'s RoPE part, also for facts remembered from an earlier read."""
+    if problem:
+        raise InputError(f"{where}: {problem}",
+                         "use the model's HF folder, or a GGUF as llama.cpp's convert_hf_to_gguf.py writes it "
+                         "(see docs/llm_export.md, 'Families')")
+    if max_seq_len is not None and rope_scaling and not family.gguf_scaled_rope_slot:
+        check_static_context(family, {"rope_parameters": rope_scaling}, max_seq_len)
+
+
 def check_gguf_tensors(info: GgufInfo) -> None:
     """The tensor table against what the header states, before any weight is read: transformers
     would fill a layer or a tensor the file lacks with random values and carry on (a model that
@@ -286,11 +306,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 
     path = Path(path)
     info, reader = _read_info(path)
-    family = family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
-    if info.rope_scaling_problem:
-        raise InputError(f"{path}: {info.rope_scaling_problem}",
-                         "use the model's HF folder, or a GGUF converted by llama.cpp's convert_hf_to_gguf.py "
-                         "(see docs/llm_export.md, 'Families')")
+    family = check_gguf_header(info)     # before any weight is read
     check_gguf_tensors(info)
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
