@@ -7,6 +7,8 @@ loader sets them (llm_families.GGUF_ROPE_SCALINGS), so the config equals the HF 
 written from and the static decoder built from the GGUF computes that HF model's logits."""
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -194,3 +196,22 @@ def test_a_longrope_gguf_past_its_original_context_is_refused_before_weights(sca
         with pytest.raises(InputError) as e:
             check(Path(path), 256)
         assert "original context (128)" in e.value.problem and "--max-seq-len 128" in e.value.fix
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"), reason="minutes-long: make test-heavy")
+@pytest.mark.parametrize("arch", ["qwen2", "phi3"])
+def test_scaled_rope_gguf_compiles_with_every_node_on_the_htp(cli_here, scaled_gguf, tmp_path, arch, monkeypatch):
+    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    _, path = scaled_gguf(arch)
+    out = tmp_path / "out"
+    proc = cli_here("compile", str(path), "--target", "SM8650", "--variants", "ar1", "--max-seq-len", str(MAX_SEQ),
+                    "--precision", "16a8w", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["llm"]["architecture"] == arch
+    for per_target in manifest["placement"].values():
+        placed = per_target["SM8650"]
+        assert placed["htp_nodes"] > 100
+        outside = [n for n in placed["cpu_nodes"] if not n.endswith(("QuantizeLinear", "DequantizeLinear"))]
+        assert outside == [], placed["cpu_nodes"]
