@@ -101,7 +101,35 @@ def _phi3_header(w, cfg, arch: str) -> dict:
             "rope_factors_short.weight": np.array(rope["short_factor"], np.float32)}
 
 
-HEADERS = {"gemma2": _header, "gemma3": _header, "qwen2": _qwen2_header, "phi3": _phi3_header}
+def _llama_header(w, cfg, arch: str) -> dict:
+    """LlamaModel: a llama3 scaling only as rope_freqs.weight, each inverse frequency's divisor
+    (generate_extra_tensors), and no rope.scaling key."""
+    import math
+    _common_header(w, cfg)
+    rope = cfg.rope_parameters
+    dims = cfg.head_dim
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_rope_dimension_count(dims)
+    if rope.get("rope_type") != "llama3":
+        return {}
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    orig = rope["original_max_position_embeddings"]
+    divisors = []
+    for i in range(dims // 2):
+        wavelen = 2 * math.pi * rope["rope_theta"] ** (2 * i / dims)
+        smooth = (orig / wavelen - low) / (high - low)
+        divisors.append(1.0 if wavelen < orig / high else factor if wavelen > orig / low
+                        else 1 / ((1 - smooth) / factor + smooth))
+    return {"rope_freqs.weight": np.array(divisors, np.float32)}
+
+
+def _llama_rows(values, heads: int):
+    """llama.cpp's LlamaModel.permute of q/k rows (each head's halves interleaved), which
+    transformers' GGUF loader undoes for llama."""
+    return values.reshape(heads, 2, values.shape[0] // heads // 2, *values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
+
+
+HEADERS = {"llama": _llama_header, "gemma2": _header, "gemma3": _header, "qwen2": _qwen2_header, "phi3": _phi3_header}
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}      # Gemma's RMSNorm scales by 1 + w
 
 
@@ -142,6 +170,8 @@ def write_gguf_from_hf(model, path: Path, arch: str, matrix_type: str = "F32") -
         values = tensor.detach().float().numpy()
         if name.endswith("norm.weight"):
             values = values + NORM_OFFSET.get(arch, 0.0)
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            values = _llama_rows(values, cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads)
         if values.ndim == 2 and matrix_type != "F32":
             qtype = gguf.GGMLQuantizationType[matrix_type]
             w.add_tensor(gname, quantize(values, qtype), raw_dtype=qtype)

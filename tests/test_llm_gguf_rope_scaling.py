@@ -38,6 +38,17 @@ def _qwen2_yarn():
     return Qwen2ForCausalLM, cfg
 
 
+def _llama3():
+    """Llama 3.x's llama3 section (low_freq_factor 1), scaled to a 16-wide head: two of its eight
+    frequencies fall between the short and the long wavelengths, as three of Llama-3.2-1B's 32 do."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=2, max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 8.0, "original_max_position_embeddings": 256})
+    return LlamaForCausalLM, cfg
+
+
 def _phi3_longrope():
     """Phi-4-mini's shape (partial rotary 0.75, longrope) with factors as a config.json writes them."""
     half_rot = int(16 * 0.75) // 2
@@ -51,8 +62,8 @@ def _phi3_longrope():
 
 def _model(name: str):
     torch.manual_seed(0)
-    if name == "qwen2":
-        cls, cfg = _qwen2_yarn()
+    if name in ("qwen2", "llama"):
+        cls, cfg = {"qwen2": _qwen2_yarn, "llama": _llama3}[name]()
         model = cls(cfg).eval()
         with torch.no_grad():
             for p in model.parameters():
@@ -77,7 +88,7 @@ def scaled_gguf(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "phi3", "llama"])
 def test_scaled_rope_gguf_gives_the_hf_models_static_logits(scaled_gguf, arch):
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
     model, path = scaled_gguf(arch)
@@ -104,14 +115,14 @@ def test_scaled_rope_gguf_gives_the_hf_models_static_logits(scaled_gguf, arch):
         assert (plain(torch.tensor([seq])).logits[0] - ref).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "phi3", "llama"])
 def test_inspect_shows_the_scaling(scaled_gguf, arch):
     from modelexport.cli.commands import inspect as inspect_cmd
     from modelexport.inspection import inspect_path
     model, path = scaled_gguf(arch)
     d = inspect_path(path)
     assert d["supported"] and d["rope_scaling_problem"] is None
-    assert d["rope_scaling_type"] == {"qwen2": "yarn", "phi3": "longrope"}[arch]
+    assert d["rope_scaling_type"] == {"qwen2": "yarn", "phi3": "longrope", "llama": "llama3"}[arch]
     want = {k: v for k, v in model.config.rope_parameters.items() if k not in ("rope_theta", "partial_rotary_factor")}
     assert d["rope_scaling"] == want
     with inspect_cmd.console.capture() as cap:
@@ -119,7 +130,9 @@ def test_inspect_shows_the_scaling(scaled_gguf, arch):
     line = next(x for x in cap.get().splitlines() if "rope scaling" in x)
     assert {"qwen2": "yarn: rope_type yarn, factor 4.0, original_max_position_embeddings 64, beta_fast 16.0",
             "phi3": "longrope: rope_type longrope, original_max_position_embeddings 128, long_factor [6 values], "
-                    "short_factor [6 values]"}[arch] in line
+                    "short_factor [6 values]",
+            "llama": "llama3: rope_type llama3, factor 4.0, low_freq_factor 1.0, high_freq_factor 8.0, "
+                     "original_max_position_embeddings 256"}[arch] in line
 
 
 def _rewrite(src: Path, dst: Path, **header) -> Path:

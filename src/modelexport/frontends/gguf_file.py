@@ -154,7 +154,8 @@ def _read_info(path: Path):
         hidden // n_heads if hidden and n_heads else None)
     vocab = a("vocab_size") or _array_len(reader, "tokenizer.ggml.tokens")
     names = {t.name for t in tensors}
-    rope_type, rope_scaling, rope_problem = _rope_scaling(reader, arch, a("rope.scaling.type"), names)
+    rope_type, rope_scaling, rope_problem = _rope_scaling(reader, arch, a("rope.scaling.type"), names,
+                                                          a("rope.freq_base") or 10000.0)
     return GgufInfo(
         path=str(path), file_size=size, gguf_version=int(_field(reader, "GGUF.version") or 0),
         architecture=arch, name=_field(reader, "general.name"), file_type=file_type,
@@ -180,7 +181,39 @@ def _as_written(value):
     return float(str(np.float32(value))) if isinstance(value, float) else value
 
 
-def _rope_scaling(reader, arch: str, stated: str | None, names: set[str]):
+def _llama3_from_divisors(divisors: list[float], theta: float, dims: int) -> dict:
+    """HF's llama3 parameters from llama.cpp's rope_freqs: the divisor of each inverse frequency
+    inv_i = theta^(-2i/dims) is 1 (short wavelengths), `factor` (long ones), or between them
+    1 / ((1 - s) / factor + s) with s = original * inv / (2π (high - low)) - low / (high - low), a
+    line in inv: two of them give it, and low_freq_factor 1 (every Llama 3.x config) pins the three.
+    Every divisor is recomputed from the result; ValueError when they do not agree."""
+    import math
+    inv = [theta ** (-2 * i / dims) for i in range(len(divisors))]
+    factor = max(divisors)
+    mid = [(x, (1 / d - 1 / factor) / (1 - 1 / factor)) for x, d in zip(inv, divisors) if 1 + 1e-6 < d < factor - 1e-6]
+    if factor <= 1 or len(mid) < 2:
+        raise ValueError(f"{len(mid)} smoothed frequencies (two are needed to solve the llama3 parameters)")
+    (x0, s0), (x1, s1) = mid[0], mid[-1]
+    slope = (s1 - s0) / (x1 - x0)
+    high = 1 - 1 / (s0 - slope * x0)                          # low = 1: the intercept is -1 / (high - 1)
+    params = {"factor": _as_written(float(factor)), "low_freq_factor": 1.0,
+              "high_freq_factor": float(f"{high:.6g}"),
+              "original_max_position_embeddings": round(slope * 2 * math.pi * (high - 1))}
+    orig, hi = params["original_max_position_embeddings"], params["high_freq_factor"]
+    for x, d in zip(inv, divisors):
+        wavelen = 2 * math.pi / x
+        s = (orig / wavelen - 1) / (hi - 1)
+        want = 1.0 if wavelen < orig / hi else factor if wavelen > orig else 1 / ((1 - s) / factor + s)
+        if abs(want - d) > 1e-4 * d:
+            raise ValueError(f"the divisors are not a llama3 scaling with low_freq_factor 1 ({d} where {want})")
+    return params
+
+
+# how parameters written only as per-frequency divisors are solved back (GgufRopeScaling.solved_from)
+ROPE_SOLVERS = {"llama3": _llama3_from_divisors}
+
+
+def _rope_scaling(reader, arch: str, stated: str | None, names: set[str], theta: float):
     """(scaling type, the HF rope parameters it becomes or None, the problem if it cannot be carried
     over), from the header and the small factor tensors: no weight is read. A type without a row in
     GGUF_ROPE_SCALINGS comes back without parameters: `family_of_gguf` refuses it by name."""
@@ -195,13 +228,21 @@ def _rope_scaling(reader, arch: str, stated: str | None, names: set[str]):
     problems = [f"{arch}.rope.scaling.{k} is missing" for k in scaling.required if key(k) is None]
     problems += [f"{arch}.rope.scaling.{k}={key(k)} (transformers has no parameter for it; only {v} is read)"
                  for k, v in scaling.neutral if key(k) is not None and key(k) != v]
-    problems += [f"tensor {n} is missing" for _, n in scaling.tensors if n not in names]
+    problems += [f"tensor {n} is missing" for n in [n for _, n in scaling.tensors] + list(scaling.solved_from or ())[:1]
+                 if n not in names]
     if problems:
         return rtype, None, f"rope.scaling.type={rtype!r}: " + "; ".join(problems)
-    tensors = {t.name: t for t in reader.tensors if t.name in dict(scaling.tensors).values()}
+    wanted = {n for _, n in scaling.tensors} | ({scaling.solved_from[0]} if scaling.solved_from else set())
+    tensors = {t.name: [float(x) for x in t.data.reshape(-1).tolist()] for t in reader.tensors if t.name in wanted}
     params = {"rope_type": scaling.rope_type,
               **{p: _as_written(key(k)) for p, k in scaling.keys if key(k) is not None},
-              **{p: [_as_written(float(x)) for x in tensors[n].data.reshape(-1).tolist()] for p, n in scaling.tensors}}
+              **{p: [_as_written(x) for x in tensors[n]] for p, n in scaling.tensors}}
+    if scaling.solved_from:
+        name, solver = scaling.solved_from
+        try:
+            params.update(ROPE_SOLVERS[solver](tensors[name], theta, 2 * len(tensors[name])))
+        except ValueError as e:
+            return rtype, None, f"{name} (the {rtype} scaling llama.cpp stores as divisors): {e}"
     return rtype, params, None
 
 

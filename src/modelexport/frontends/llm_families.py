@@ -39,6 +39,9 @@ class GgufRopeScaling:
     # (rope parameter, tensor name): per-frequency factor lists the converter stores as F32 tensors
     # (not weights: transformers' loader skips them, they are read here)
     tensors: tuple[tuple[str, str], ...] = ()
+    # (tensor name, solver in gguf_file.ROPE_SOLVERS): parameters the converter wrote only as
+    # per-frequency divisors, solved back from them
+    solved_from: tuple[str, str] | None = None
 
 
 # GGUF rope.scaling.type -> how it maps back. What convert_hf_to_gguf.py writes (TextModel for yarn,
@@ -56,10 +59,12 @@ GGUF_ROPE_SCALINGS: dict[str, GgufRopeScaling] = {
         "longrope", (("original_max_position_embeddings", "original_context_length"),),
         required=("original_context_length",),
         tensors=(("long_factor", "rope_factors_long.weight"), ("short_factor", "rope_factors_short.weight"))),
+    # Llama 3.x: LlamaModel writes rope_freqs.weight (each inverse frequency's divisor) and no key
+    "llama3": GgufRopeScaling("llama3", (), solved_from=("rope_freqs.weight", "llama3")),
 }
 # A scaling a file states by carrying a tensor: llama.cpp's Phi-3 converter writes the longrope
-# factor tensors but no rope.scaling.type.
-GGUF_ROPE_SCALING_BY_TENSOR = {"rope_factors_long.weight": "longrope"}
+# factor tensors but no rope.scaling.type, its Llama converter the llama3 divisors.
+GGUF_ROPE_SCALING_BY_TENSOR = {"rope_factors_long.weight": "longrope", "rope_freqs.weight": "llama3"}
 
 
 @dataclass(frozen=True)
