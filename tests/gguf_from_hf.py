@@ -129,6 +129,10 @@ def _llama_rows(values, heads: int):
     return values.reshape(heads, 2, values.shape[0] // heads // 2, *values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
 
 
+# Llama-style SentencePiece vocabularies spell bos / eos <s> / </s> (transformers' LlamaTokenizer adds
+# those two otherwise, and the vocabulary outgrows the embedding)
+SPECIAL_SPELLING = {a: {"<bos>": "<s>", "<eos>": "</s>"} for a in ("llama", "qwen2", "phi3")}
+
 HEADERS = {"llama": _llama_header, "gemma2": _header, "gemma3": _header, "qwen2": _qwen2_header, "phi3": _phi3_header}
 NORM_OFFSET = {"gemma2": 1.0, "gemma3": 1.0}      # Gemma's RMSNorm scales by 1 + w
 
@@ -146,6 +150,7 @@ def write_gguf_from_hf(model, path: Path, arch: str, matrix_type: str = "F32") -
     extra = HEADERS[arch](w, cfg, arch)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if matrix_type == "F32" else gguf.LlamaFileType[f"MOSTLY_{matrix_type}"])
     tokens, scores, types = gemma_vocab()
+    tokens = [SPECIAL_SPELLING.get(arch, {}).get(t, t) for t in tokens]
     assert len(tokens) <= cfg.vocab_size, (len(tokens), cfg.vocab_size)
     tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
     scores += [0.0] * (cfg.vocab_size - len(scores))

@@ -228,3 +228,11 @@ def test_scaled_rope_gguf_compiles_with_every_node_on_the_htp(cli_here, scaled_g
         assert placed["htp_nodes"] > 100
         outside = [n for n in placed["cpu_nodes"] if not n.endswith(("QuantizeLinear", "DequantizeLinear"))]
         assert outside == [], placed["cpu_nodes"]
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"), reason="heavy: a CPU program export each, 1-2 min")
+@pytest.mark.parametrize("arch", ["qwen2", "phi3", "llama"])
+def test_scaled_rope_gguf_cpu_program_equals_transformers(scaled_gguf, arch, tmp_path):
+    from test_llm_gguf_gemma import _check_cpu_program
+    _check_cpu_program(scaled_gguf(arch)[1], tmp_path)

@@ -228,12 +228,11 @@ def _rope_scaling(reader, arch: str, stated: str | None, names: set[str], theta:
     problems = [f"{arch}.rope.scaling.{k} is missing" for k in scaling.required if key(k) is None]
     problems += [f"{arch}.rope.scaling.{k}={key(k)} (transformers has no parameter for it; only {v} is read)"
                  for k, v in scaling.neutral if key(k) is not None and key(k) != v]
-    problems += [f"tensor {n} is missing" for n in [n for _, n in scaling.tensors] + list(scaling.solved_from or ())[:1]
-                 if n not in names]
+    problems += [f"tensor {n} is missing" for n in scaling.tensor_names() if n not in names]
     if problems:
         return rtype, None, f"rope.scaling.type={rtype!r}: " + "; ".join(problems)
-    wanted = {n for _, n in scaling.tensors} | ({scaling.solved_from[0]} if scaling.solved_from else set())
-    tensors = {t.name: [float(x) for x in t.data.reshape(-1).tolist()] for t in reader.tensors if t.name in wanted}
+    tensors = {t.name: [float(x) for x in t.data.reshape(-1).tolist()] for t in reader.tensors
+               if t.name in scaling.tensor_names()}
     params = {"rope_type": scaling.rope_type,
               **{p: _as_written(key(k)) for p, k in scaling.keys if key(k) is not None},
               **{p: [_as_written(x) for x in tensors[n]] for p, n in scaling.tensors}}

@@ -43,6 +43,10 @@ class GgufRopeScaling:
     # per-frequency divisors, solved back from them
     solved_from: tuple[str, str] | None = None
 
+    def tensor_names(self) -> tuple[str, ...]:
+        """The tensors this scaling is read from."""
+        return tuple(n for _, n in self.tensors) + ((self.solved_from[0],) if self.solved_from else ())
+
 
 # GGUF rope.scaling.type -> how it maps back. What convert_hf_to_gguf.py writes (TextModel for yarn,
 # Phi3MiniModel for longrope); rope.scaling.attn_factor, which the Phi-3 converter derives from the two
