@@ -128,11 +128,12 @@ def test_gguf_cpu_program_equals_transformers(gemma_gguf, model_type, tmp_path):
 
 
 def test_a_gguf_rope_scaling_not_carried_over_is_refused_from_the_header():
-    """transformers would build a yarn-scaled GGUF with plain RoPE: refused, naming what is carried."""
+    """A scaling type without a row in GGUF_ROPE_SCALINGS: refused, naming what is carried."""
     from modelexport.core.errors import InputError
     from modelexport.frontends.llm_families import family_of_gguf
     assert family_of_gguf("gemma3", "linear", "g.gguf").model_type == "gemma3_text"
     with pytest.raises(InputError) as e:
-        family_of_gguf("llama", "yarn", "l.gguf")
-    assert "rope.scaling.type='yarn'" in e.value.problem and "from a GGUF header: none, linear" in e.value.problem
+        family_of_gguf("llama", "dynamic", "l.gguf")
+    assert ("rope.scaling.type='dynamic'" in e.value.problem
+            and "from a GGUF header: none, linear, yarn, longrope" in e.value.problem)
     assert "HF folder" in e.value.fix

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import InputError
-from .llm_families import BY_MODEL_TYPE, GGUF_ROPE_SCALINGS, SUPPORTED_GGUF_ARCHITECTURES, LLMFamily, family_of_gguf
+from .llm_families import (BY_MODEL_TYPE, GGUF_ROPE_SCALING_BY_TENSOR, GGUF_ROPE_SCALINGS, SUPPORTED_GGUF_ARCHITECTURES,
+                           LLMFamily, check_static_context, family_of_gguf)
 from .loaded_llm import LoadedLLM, without_hf_progress_bars
 from . import frontend
 
@@ -49,8 +50,10 @@ class GgufInfo:
     n_kv_heads: int | None
     head_dim: int | None
     rope_theta: float | None
-    rope_scaling_type: str | None    # <arch>.rope.scaling.type: none, linear, yarn, longrope
+    rope_scaling_type: str | None    # <arch>.rope.scaling.type (none, linear, yarn, longrope), or the one a tensor states
     rope_scaling_factor: float | None  # <arch>.rope.scaling.factor
+    rope_scaling: dict | None        # the HF rope parameters the scaling becomes (llm_families.GGUF_ROPE_SCALINGS)
+    rope_scaling_problem: str | None  # why the scaling cannot be carried over (a key missing or unmapped)
     rms_norm_eps: float | None
     vocab_size: int | None
     tokenizer_model: str | None      # "gpt2" (byte-level BPE), "llama" (SentencePiece), ...
@@ -151,14 +154,17 @@ def _read_info(path: Path):
         hidden // n_heads if hidden and n_heads else None)
     vocab = a("vocab_size") or _array_len(reader, "tokenizer.ggml.tokens")
     names = {t.name for t in tensors}
+    rope_type, rope_scaling, rope_problem = _rope_scaling(reader, arch, a("rope.scaling.type"), names,
+                                                          a("rope.freq_base") or 10000.0)
     return GgufInfo(
         path=str(path), file_size=size, gguf_version=int(_field(reader, "GGUF.version") or 0),
         architecture=arch, name=_field(reader, "general.name"), file_type=file_type,
         context_length=a("context_length"), n_layers=a("block_count"), hidden_size=hidden,
         intermediate_size=a("feed_forward_length"), n_heads=n_heads,
         n_kv_heads=a("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rope_theta=a("rope.freq_base"), rope_scaling_type=a("rope.scaling.type"),
-        rope_scaling_factor=a("rope.scaling.factor"), rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
+        rope_theta=a("rope.freq_base"), rope_scaling_type=rope_type,
+        rope_scaling_factor=a("rope.scaling.factor"), rope_scaling=rope_scaling, rope_scaling_problem=rope_problem,
+        rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
         vocab_size=vocab, tokenizer_model=_field(reader, "tokenizer.ggml.model"),
         tokenizer_pre=_field(reader, "tokenizer.ggml.pre"),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
@@ -166,6 +172,97 @@ def _read_info(path: Path):
         chat_template=_field(reader, "tokenizer.chat_template"),
         tied_embeddings="output.weight" not in names, n_params=n_params,
         quant_types=dict(sorted(counts.items())), tensors=tensors), reader
+
+
+def _as_written(value):
+    """A float the header or a tensor holds as float32, as the shortest decimal that round-trips
+    through float32: what the HF config (JSON) the converter read said (1.1, not 1.100000023841858)."""
+    import numpy as np
+    return float(str(np.float32(value))) if isinstance(value, float) else value
+
+
+def _llama3_from_divisors(divisors: list[float], theta: float, dims: int) -> dict:
+    """HF's llama3 parameters from llama.cpp's rope_freqs: the divisor of each inverse frequency
+    inv_i = theta^(-2i/dims) is 1 (short wavelengths), `factor` (long ones), or between them
+    1 / ((1 - s) / factor + s) with s = original * inv / (2π (high - low)) - low / (high - low), a
+    line in inv: two of them give it, and low_freq_factor 1 (every Llama 3.x config) pins the three.
+    Every divisor is recomputed from the result; ValueError when they do not agree."""
+    import math
+    inv = [theta ** (-2 * i / dims) for i in range(len(divisors))]
+    factor = max(divisors)
+    mid = [(x, (1 / d - 1 / factor) / (1 - 1 / factor)) for x, d in zip(inv, divisors) if 1 + 1e-6 < d < factor - 1e-6]
+    if factor <= 1 or len(mid) < 2:
+        raise ValueError(f"{len(mid)} smoothed frequencies (two are needed to solve the llama3 parameters)")
+    (x0, s0), (x1, s1) = mid[0], mid[-1]
+    slope = (s1 - s0) / (x1 - x0)
+    high = 1 - 1 / (s0 - slope * x0)                          # low = 1: the intercept is -1 / (high - 1)
+    params = {"factor": _as_written(float(factor)), "low_freq_factor": 1.0,
+              "high_freq_factor": float(f"{high:.6g}"),
+              "original_max_position_embeddings": round(slope * 2 * math.pi * (high - 1))}
+    orig, hi = params["original_max_position_embeddings"], params["high_freq_factor"]
+    for x, d in zip(inv, divisors):
+        wavelen = 2 * math.pi / x
+        s = (orig / wavelen - 1) / (hi - 1)
+        want = 1.0 if wavelen < orig / hi else factor if wavelen > orig else 1 / ((1 - s) / factor + s)
+        if abs(want - d) > 1e-4 * d:
+            raise ValueError(f"the divisors are not a llama3 scaling with low_freq_factor 1 ({d} where {want})")
+    return params
+
+
+# how parameters written only as per-frequency divisors are solved back (GgufRopeScaling.solved_from)
+ROPE_SOLVERS = {"llama3": _llama3_from_divisors}
+
+
+def _rope_scaling(reader, arch: str, stated: str | None, names: set[str], theta: float):
+    """(scaling type, the HF rope parameters it becomes or None, the problem if it cannot be carried
+    over), from the header and the small factor tensors: no weight is read. A type without a row in
+    GGUF_ROPE_SCALINGS comes back without parameters: `family_of_gguf` refuses it by name."""
+    by_tensor = next((t for n, t in GGUF_ROPE_SCALING_BY_TENSOR.items() if n in names), None)
+    rtype = stated if stated not in (None, "none") else by_tensor or stated
+    scaling = GGUF_ROPE_SCALINGS.get(rtype)  # type: ignore[arg-type]
+    if scaling is None:
+        return rtype, None, None
+
+    def key(k):
+        return _field(reader, f"{arch}.rope.scaling.{k}")
+    problems = [f"{arch}.rope.scaling.{k} is missing" for k in scaling.required if key(k) is None]
+    problems += [f"{arch}.rope.scaling.{k}={key(k)} (transformers has no parameter for it; only {v} is read)"
+                 for k, v in scaling.neutral if key(k) is not None and key(k) != v]
+    problems += [f"tensor {n} is missing" for n in scaling.tensor_names() if n not in names]
+    if problems:
+        return rtype, None, f"rope.scaling.type={rtype!r}: " + "; ".join(problems)
+    tensors = {t.name: [float(x) for x in t.data.reshape(-1).tolist()] for t in reader.tensors
+               if t.name in scaling.tensor_names()}
+    params = {"rope_type": scaling.rope_type,
+              **{p: _as_written(key(k)) for p, k in scaling.keys if key(k) is not None},
+              **{p: [_as_written(x) for x in tensors[n]] for p, n in scaling.tensors}}
+    if scaling.solved_from:
+        name, solver = scaling.solved_from
+        try:
+            params.update(ROPE_SOLVERS[solver](tensors[name], theta, 2 * len(tensors[name])))
+        except ValueError as e:
+            return rtype, None, f"{name} (the {rtype} scaling llama.cpp stores as divisors): {e}"
+    return rtype, params, None
+
+
+def check_gguf_header(info: GgufInfo, max_seq_len: int | None = None) -> LLMFamily:
+    """The family row of a GGUF and what its header states against it, before any weight: the
+    architecture and RoPE scaling type in the table, the scaling's keys all carried over, and (given
+    the static graph's length) no longrope past its original context."""
+    family = family_of_gguf(info.architecture, info.rope_scaling_type, info.path)
+    check_rope_scaling(info.path, info.rope_scaling_problem, info.rope_scaling, family, max_seq_len)
+    return family
+
+
+def check_rope_scaling(where: str, problem: str | None, rope_scaling: dict | None, family: LLMFamily,
+                       max_seq_len: int | None = None) -> None:
+    """`check_gguf_header`'s RoPE part, also for facts remembered from an earlier read."""
+    if problem:
+        raise InputError(f"{where}: {problem}",
+                         "use the model's HF folder, or a GGUF as llama.cpp's convert_hf_to_gguf.py writes it "
+                         "(see docs/llm_export.md, 'Families')")
+    if max_seq_len is not None and rope_scaling and not family.gguf_scaled_rope_slot:
+        check_static_context(family, {"rope_parameters": rope_scaling}, max_seq_len)
 
 
 def check_gguf_tensors(info: GgufInfo) -> None:
@@ -249,7 +346,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 
     path = Path(path)
     info, reader = _read_info(path)
-    family = family_of_gguf(info.architecture, info.rope_scaling_type, str(path))   # before any weight is read
+    family = check_gguf_header(info)     # before any weight is read
     check_gguf_tensors(info)
     if info.tokenizer_model is None:
         raise InputError(f"{path} carries no tokenizer (tokenizer.ggml.model missing)",
@@ -283,8 +380,9 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
 def _apply_header_facts(config, family: LLMFamily, reader, info: GgufInfo) -> None:
     """What the header states and transformers' GGUF loader does not read, set on the config the
     model is built from: the family row's `gguf_config_keys`, the query scale llama.cpp derives
-    from the header (Gemma), and the RoPE scaling (without it a
-    Gemma 3 4B+ file's global layers would rotate 8 times too fast: llama.cpp scales them by 1/8)."""
+    from the header (Gemma), the rotated part of a head (Phi-4-mini), and the RoPE scaling (without
+    it a Gemma 3 4B+ file's global layers would rotate 8 times too fast: llama.cpp scales them by
+    1/8; a yarn Qwen or a longrope Phi-3.5 would lose its scaled frequencies)."""
     for key, field_name in family.gguf_config_keys:
         value = _field(reader, f"{info.architecture}.{key}")
         if value is not None:
@@ -293,17 +391,17 @@ def _apply_header_facts(config, family: LLMFamily, reader, info: GgufInfo) -> No
         by_width = config.num_hidden_layers in family.gguf_hidden_per_head_query_scale_at
         setattr(config, family.query_scale_field,
                 config.hidden_size // config.num_attention_heads if by_width else config.head_dim)
-    scaling = GGUF_ROPE_SCALINGS.get(info.rope_scaling_type or "none")
-    if scaling is None:
-        return
-    rope_type, keys = scaling
-    params = {"rope_type": rope_type,
-              **{k: _field(reader, f"{info.architecture}.rope.scaling.{g}") for k, g in keys.items()}}
     rope = dict(config.rope_parameters or {})
-    if family.gguf_scaled_rope_slot:      # one of the per-layer-type tables
-        rope[family.gguf_scaled_rope_slot] = {**rope.get(family.gguf_scaled_rope_slot, {}), **params}
-    else:
-        rope.update(params)
+    dims = _field(reader, f"{info.architecture}.rope.dimension_count")
+    if family.gguf_partial_rotary and dims:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rope["partial_rotary_factor"] = dims / head_dim
+    if info.rope_scaling:
+        if family.gguf_scaled_rope_slot:      # one of the per-layer-type tables
+            slot = family.gguf_scaled_rope_slot
+            rope[slot] = {**rope.get(slot, {}), **info.rope_scaling}
+        else:
+            rope.update(info.rope_scaling)
     config.rope_parameters = rope
 
 

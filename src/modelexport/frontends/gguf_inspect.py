@@ -24,7 +24,9 @@ def inspect_gguf(p: Path) -> dict:
     d["supported_architectures"] = list(SUPPORTED_GGUF_ARCHITECTURES)
     try:   # the family row the builders will use (from the header: no weights are read)
         d["family"] = family_of_gguf(info.architecture, info.rope_scaling_type, str(p)).facts()
-        problem = None
+        problem = info.rope_scaling_problem
+        if problem:
+            d["supported"] = False
     except InputError as e:
         d["family"], d["supported"], problem = None, False, e.problem
     d["note"] = ("compile it: modelexport compile MODEL.gguf --target SM8650 --variants ar1,ar32 --max-seq-len 512 -o OUT"

@@ -26,10 +26,49 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # Which layers attend through a sliding window (see `sliding_layers`).
 SLIDING_RULES = ("none", "all", "layer_types", "layer_types_if_enabled")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-# transformers' GGUF loader reads no `<arch>.rope.scaling.*` key: it builds every GGUF model with
-# unscaled RoPE. The scalings carried over here (gguf_file.py), as the rope parameters they become:
-# GGUF rope.scaling.type -> (HF rope_type, {rope parameter: key under <arch>.rope.scaling.}).
-GGUF_ROPE_SCALINGS = {"linear": ("linear", {"factor": "factor"})}
+@dataclass(frozen=True)
+class GgufRopeScaling:
+    """How one GGUF RoPE scaling becomes the HF rope parameters llama.cpp's converter wrote it from.
+    transformers' GGUF loader reads no `<arch>.rope.scaling.*` key (only gpt-oss's): it would build
+    every such model with unscaled RoPE, so gguf_file.py sets these on the config."""
+    rope_type: str                                  # the HF rope_type
+    keys: tuple[tuple[str, str], ...]               # (rope parameter, key under <arch>.rope.scaling.) when present
+    required: tuple[str, ...] = ()                  # keys under <arch>.rope.scaling. it cannot do without
+    # keys llama.cpp reads that HF has no parameter for: accepted only at the value that changes nothing
+    neutral: tuple[tuple[str, float], ...] = ()
+    # (rope parameter, tensor name): per-frequency factor lists the converter stores as F32 tensors
+    # (not weights: transformers' loader skips them, they are read here)
+    tensors: tuple[tuple[str, str], ...] = ()
+    # (tensor name, solver in gguf_file.ROPE_SOLVERS): parameters the converter wrote only as
+    # per-frequency divisors, solved back from them
+    solved_from: tuple[str, str] | None = None
+
+    def tensor_names(self) -> tuple[str, ...]:
+        """The tensors this scaling is read from."""
+        return tuple(n for _, n in self.tensors) + ((self.solved_from[0],) if self.solved_from else ())
+
+
+# GGUF rope.scaling.type -> how it maps back. What convert_hf_to_gguf.py writes (TextModel for yarn,
+# Phi3MiniModel for longrope); rope.scaling.attn_factor, which the Phi-3 converter derives from the two
+# context lengths exactly as transformers' longrope does, is not carried (transformers derives it).
+GGUF_ROPE_SCALINGS: dict[str, GgufRopeScaling] = {
+    "linear": GgufRopeScaling("linear", (("factor", "factor"),), required=("factor",)),
+    "yarn": GgufRopeScaling(
+        "yarn", (("factor", "factor"), ("original_max_position_embeddings", "original_context_length"),
+                 ("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
+                 ("beta_slow", "yarn_beta_slow")),
+        required=("factor", "original_context_length"),
+        neutral=(("yarn_ext_factor", 1.0), ("yarn_log_multiplier", 0.0))),
+    "longrope": GgufRopeScaling(
+        "longrope", (("original_max_position_embeddings", "original_context_length"),),
+        required=("original_context_length",),
+        tensors=(("long_factor", "rope_factors_long.weight"), ("short_factor", "rope_factors_short.weight"))),
+    # Llama 3.x: LlamaModel writes rope_freqs.weight (each inverse frequency's divisor) and no key
+    "llama3": GgufRopeScaling("llama3", (), solved_from=("rope_freqs.weight", "llama3")),
+}
+# A scaling a file states by carrying a tensor: llama.cpp's Phi-3 converter writes the longrope
+# factor tensors but no rope.scaling.type, its Llama converter the llama3 divisors.
+GGUF_ROPE_SCALING_BY_TENSOR = {"rope_factors_long.weight": "longrope", "rope_freqs.weight": "llama3"}
 
 
 @dataclass(frozen=True)
@@ -66,6 +105,9 @@ class LLMFamily:
     # GGUF header facts transformers' GGUF loader leaves at the config class's default
     gguf_config_keys: tuple[tuple[str, str], ...] = ()   # (key under <arch>., config field)
     gguf_scaled_rope_slot: str = ""      # the per-type RoPE table a GGUF's scaling is for (Gemma 3: the global layers')
+    # rope.dimension_count is the rotated part of a head, which transformers' loader does not read
+    # for this family: partial_rotary_factor = it / head_dim (Phi-4-mini: 96 of 128)
+    gguf_partial_rotary: bool = False
     # A GGUF states no query_pre_attn_scalar: llama.cpp takes head_dim, except at the block counts of
     # the 27B checkpoints, where it takes hidden_size / heads (what their HF configs state: 144, 168).
     gguf_hidden_per_head_query_scale_at: tuple[int, ...] = ()
@@ -105,7 +147,9 @@ FAMILIES: tuple[LLMFamily, ...] = (
               gguf_hidden_per_head_query_scale_at=(62,)),
     # Phi-3 / 3.5-mini and Phi-4-mini (partial rotary factor 0.75) are all "phi3".
     LLMFamily("phi3", "Phi-3", ("phi3",), npu=True, cpu=True,
-              fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all"),
+              fused_qkv=True, fused_gate_up=True, rope_types=("default", "linear", "longrope"), sliding="all",
+              gguf_config_keys=(("rope.scaling.original_context_length", "original_max_position_embeddings"),),
+              gguf_partial_rotary=True),
     # SmolLM3: Llama with no RoPE in every 4th layer.
     LLMFamily("smollm3", "SmolLM3", (), npu=True, cpu=True, attention_bias_on_o_proj=True,
               nope_layers_field="no_rope_layers", sliding="layer_types_if_enabled"),

@@ -35,15 +35,15 @@ def _hf_shape(cfg: dict) -> dict:
     return {k: v for k, v in shape.items() if v is not None}
 
 
-def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
-    """(architecture, context length) of a GGUF that passed the checks, remembered by its sha256:
-    parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
+def _gguf_facts(p: Path, sha: str):
+    """(architecture, context length, shape, family row, RoPE scaling parameters) of a GGUF that
+    passed the checks, remembered by its sha256: parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
     from ...core.cache import Cache
 
     def check(tmp: Path) -> dict:
-        from ...frontends.gguf_file import check_gguf_tensors, read_gguf_info
+        from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, read_gguf_info
         info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
-        family_of_gguf(info.architecture, info.rope_scaling_type, str(p))
+        check_gguf_header(info)
         check_gguf_tensors(info)
         if info.tokenizer_model is None:
             raise InputError(f"{p} carries no tokenizer (tokenizer.ggml.model missing)",
@@ -51,12 +51,12 @@ def _gguf_facts(p: Path, sha: str) -> tuple[str, int | None, dict]:
         shape = {k: getattr(info, g) for k, g in SHAPE_FIELDS.items() if getattr(info, g) is not None}
         shape["tie_word_embeddings"] = bool(info.tied_embeddings)
         return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape,
-                "rope_scaling_type": info.rope_scaling_type}
+                "rope_scaling_type": info.rope_scaling_type, "rope_scaling": info.rope_scaling}
 
-    entry, _ = Cache().get_or_create("gguf-facts-4", sha, check)   # 4: the tensor table checked too
+    entry, _ = Cache().get_or_create("gguf-facts-5", sha, check)   # 5: the RoPE scaling's parameters too
     meta = Cache.meta(entry)
-    family_of_gguf(meta["architecture"], meta.get("rope_scaling_type"), str(p))   # the table may have changed since
-    return meta["architecture"], meta["context_length"], meta["shape"]
+    family = family_of_gguf(meta["architecture"], meta.get("rope_scaling_type"), str(p))   # the table may have changed since
+    return meta["architecture"], meta["context_length"], meta["shape"], family, meta.get("rope_scaling")
 
 
 def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
@@ -66,7 +66,9 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
     if p.is_file():
         from ...core.file_hash import file_sha256
         sha = file_sha256(p)
-        arch, ctx, shape = _gguf_facts(p, sha)
+        arch, ctx, shape, family, rope_scaling = _gguf_facts(p, sha)
+        from ...frontends.gguf_file import check_rope_scaling
+        check_rope_scaling(str(p), None, rope_scaling, family, max_seq_len)   # longrope past its original context
         facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
         from ...frontends.hf_folder import check_hf_files, read_hf_config

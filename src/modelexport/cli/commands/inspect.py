@@ -80,6 +80,8 @@ def _render_gguf(info: dict) -> None:
                   f"   intermediate {info['intermediate_size']}")
     console.print(f"  attention    {info['n_heads']} heads / {info['n_kv_heads']} KV heads, head dim {info['head_dim']},"
                   f" rope theta {info['rope_theta']}, rms eps {info['rms_norm_eps']}")
+    if info.get("rope_scaling_type") not in (None, "none"):
+        console.print(f"  rope scaling {info['rope_scaling_type']}: {_rope_scaling_line(info)}")
     console.print(f"  context      {info['context_length']} tokens   vocab {info['vocab_size']:,}"
                   f"   tied embeddings {info['tied_embeddings']}")
     console.print(f"  tokenizer    {info['tokenizer_model']} (pre {info['tokenizer_pre']}), bos {info['bos_token_id']},"
@@ -94,6 +96,14 @@ def _render_gguf(info: dict) -> None:
     for t in info["tensors"]:
         table.add_row(t["name"], t["quant_type"], "×".join(map(str, t["shape"])), f"{t['n_bytes']:,}")
     console.print(table)
+
+
+def _rope_scaling_line(info: dict) -> str:
+    """The rope parameters a GGUF's scaling becomes (factor lists as their length), or why not."""
+    rs = info.get("rope_scaling")
+    if not rs:
+        return f"[red]{info.get('rope_scaling_problem') or 'not carried over'}[/]"
+    return ", ".join(f"{k} [{len(v)} values]" if isinstance(v, list) else f"{k} {v}" for k, v in rs.items())
 
 
 def _family_line(fam: dict) -> str:

@@ -124,10 +124,9 @@ class CpuExportOptions:
 def _check_source_family(source: Path, max_seq_len: int) -> None:
     """Refuse what the CPU export cannot build from the config / GGUF header, before loading weights."""
     if source.is_file():
-        from ...frontends.gguf_file import check_gguf_tensors, read_gguf_info
-        from ...frontends.llm_families import family_of_gguf
+        from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, read_gguf_info
         info = read_gguf_info(source)
-        family = family_of_gguf(info.architecture, info.rope_scaling_type, str(source))
+        family = check_gguf_header(info, max_seq_len)
         require_cpu_family(family, info.architecture)
         check_gguf_tensors(info)
     else:
