@@ -79,38 +79,6 @@ def test_batched_gptq_equals_one_at_a_time(tiny):
         assert not (bw.q == st.q).all()          # GPTQ moved some integers off nearest
 
 
-def test_gptq_gives_the_same_integers_on_any_thread_count_and_restores_it():
-    """The per-channel loop runs on one torch thread (its operations are too small to split): the
-    integers are those of a run on two threads, and the caller's thread count is given back, also
-    when the loop raises."""
-    import numpy as np
-
-    from modelexport.quant import gptq
-    from modelexport.quant.block_weights import quantize_blocks
-    rng = np.random.default_rng(5)
-    k, n = 320, 48                                   # 3 lazy blocks: the block updates run too
-    x = torch.from_numpy(rng.standard_normal((512, k)).astype(np.float32) * np.linspace(0.1, 3, k, dtype=np.float32))
-    h = x.T @ x
-    ws = [rng.standard_normal((k, n)).astype(np.float32) * 0.05 for _ in range(2)]
-    starts = [quantize_blocks(w, 32) for w in ws]
-    before = torch.get_num_threads()
-    try:
-        out = {}
-        for threads in (2, 1):
-            torch.set_num_threads(threads)
-            out[threads] = gptq.gptq_round_many(ws, [h, h], starts, [32, 32])
-            assert torch.get_num_threads() == threads
-        for a, b, st in zip(out[2], out[1], starts):
-            assert (a.q == b.q).all() and not (a.q == st.q).all()
-        torch.set_num_threads(2)
-        with pytest.raises(ZeroDivisionError), gptq.one_thread():
-            assert torch.get_num_threads() == 1
-            1 / 0
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("k, leaf, indefinite", [(96, 512, False), (75, 16, False), (64, 16, True)])
 def test_gptq_factor_equals_the_float64_inverse_and_cholesky(monkeypatch, k, leaf, indefinite):
     """The upper Cholesky factor of H^-1 from one float32 Cholesky of the reversed H and a triangular

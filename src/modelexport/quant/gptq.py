@@ -16,8 +16,6 @@ layer) go through it together, batched: one loop of K steps for the 30 q_proj of
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
 from .block_weights import _QMAX, _QMIN, BlockWeight
@@ -109,22 +107,6 @@ def gptq_round_many(ws: list[np.ndarray], hs: list, starts: list[BlockWeight], b
     return out
 
 
-@contextmanager
-def one_thread():
-    """torch on one thread inside: the per-channel loop's operations are small (a row of each weight,
-    a few thousand elements), and splitting each across torch's threads costs a barrier per operation
-    that is more than the work. The results are the same (elementwise operations, one per element);
-    measured on SmolLM2's q_proj batch (21 x 576 x 576): 11.7 s on 2 threads, 1.9 s on one, on a
-    host at load 6 (a thread waiting for a busy core at every barrier)."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _gptq_batch(ws, preps, starts, block: int) -> list[np.ndarray]:
     """The GPTQ loop over L weights [K, N] of one shape at once; returns their int8 [K, N]. A row
     per (permuted) input channel: the channel rounded and the rank-1 update of the block's rows
@@ -152,15 +134,14 @@ def _gptq_batch(ws, preps, starts, block: int) -> list[np.ndarray]:
         w1 = wt[:, i1:i2]                # updated in place: these rows are not read after the block
         err1 = torch.empty_like(w1)
         h1 = hinv[:, i1:i2, i1:i2]
-        with one_thread():
-            for i in range(i2 - i1):
-                row = w1[:, i]
-                sc = scale[:, i1 + i]
-                q = torch.clamp(torch.round(row / sc), _QMIN, _QMAX)
-                q_out[:, i1 + i] = q
-                e = (row - q * sc) / h1[:, i, i][:, None]
-                w1[:, i + 1:] -= h1[:, i, i + 1:][:, :, None] * e[:, None, :]
-                err1[:, i] = e
+        for i in range(i2 - i1):
+            row = w1[:, i]
+            sc = scale[:, i1 + i]
+            q = torch.clamp(torch.round(row / sc), _QMIN, _QMAX)
+            q_out[:, i1 + i] = q
+            e = (row - q * sc) / h1[:, i, i][:, None]
+            w1[:, i + 1:] -= h1[:, i, i + 1:][:, :, None] * e[:, None, :]
+            err1[:, i] = e
         if i2 < k:       # in place: no [L, K, N] temporary per block
             wt[:, i2:].baddbmm_(hinv[:, i1:i2, i2:].transpose(1, 2), err1, alpha=-1)
     out = []
