@@ -65,7 +65,9 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     from ...llm.vision_part import VisionPart, export_vision_part
 
     folder = Path(spec.model)
-    family, facts = read_vision_facts(folder)            # the table first: no weight read for a folder it refuses
+    from .compile import DEFAULT_MAX_SEQ_LEN
+    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN))
+    family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
     mode = get_input_mode(opts.inputs or "embeddings")
     if not mode.takes_embeddings:
@@ -83,13 +85,13 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     work = Path(tempfile.mkdtemp(prefix=".vlm-", dir=out.parent if out.parent.is_dir() else None))
     try:
         say(f"loading the {family.label} folder", 0, 4)
-        model, family, facts = load_vlm(folder)
+        model, family, facts = load_vlm(folder, **sizing)
         text_folder = write_text_folder(model, family, folder, work / "text")
         vision_onnx = export_vision_part(VisionPart(model, family, facts), work / "vision" / "vision.onnx")
         calib, calib_what = vision_calibration(facts, work / "vision_calibration.npz")
         del model
         rows = _image_rows(vision_onnx, calib, facts, work / "image_rows.npz") if CALIBRATE_IMAGE_POSITIONS else None
-        text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None,
+        text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
                                         image_calibration=str(rows) if rows else None)
         compile_text(dataclasses.replace(spec, model=str(text_folder)), work / "text_bundle", text_opts, True, say)
         say("compiling the vision part", 3, 4)
