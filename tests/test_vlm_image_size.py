@@ -8,6 +8,7 @@ import pytest
 from modelexport.core.errors import InputError
 from modelexport.frontends.vlm_families import read_vision_facts
 
+from conftest import assert_clean_error
 from vlm_tiny import PREPROCESSORS, write_tiny_vlm_folder
 
 # Qwen2-VL-2B-Instruct's preprocessor_config.json numbers: 3,584-pixel square at max_pixels = 16,384 tokens.
@@ -61,3 +62,10 @@ def test_fixed_tower_takes_only_its_own_size(folders):
     with pytest.raises(InputError) as e:
         read_vision_facts(folders["idefics3"], image_size=facts.image_size + 32)
     assert f"built for {facts.image_size} pixels" in str(e.value) and f"--image-size {facts.image_size}" in e.value.fix
+
+
+def test_cli_refuses_an_image_size_before_loading(folders, tmp_path, cli):
+    proc = cli("compile", str(folders["qwen2_vl"]), "-o", str(tmp_path / "out"), "--target", "SM8650",
+               "--image-size", "60")
+    assert_clean_error(proc, "--image-size 60", "multiple of 28", "--image-size 56")
+    assert not (tmp_path / "out").exists()
