@@ -69,3 +69,10 @@ def test_cli_refuses_an_image_size_before_loading(folders, tmp_path, cli):
                "--image-size", "60")
     assert_clean_error(proc, "--image-size 60", "multiple of 28", "--image-size 56")
     assert not (tmp_path / "out").exists()
+
+
+def test_api_image_size_reaches_the_vlm_compile(folders, tmp_path):
+    import modelexport
+    with pytest.raises(InputError, match="--image-size 84"):      # tiny max_pixels 56 x 56: 84 is above it
+        modelexport.compile(str(folders["qwen2_vl"]), output=tmp_path / "out", target="SM8650", image_size=84)
+    assert not (tmp_path / "out").exists()
