@@ -62,6 +62,7 @@ class LlmCompileOptions(CompileOptions):
     inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/input_modes.py)
     embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
     vision_precision: str | None = None                  # a VLM folder's vision part: 16a8w (default) | 8a8w
+    image_size: int | None = None                        # a VLM folder's vision part: the square it is built for
     image_calibration: str | None = None                 # VLM text decoders: .npz of vision rows to calibrate image positions on
 
 

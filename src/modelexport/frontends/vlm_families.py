@@ -25,8 +25,9 @@ from .llm_families import check_model_config
 TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches", "merged_grid")
 # Where the vision part's (square) image size comes from: "vision_config": its image_size (the tower's
 # trained size); "processor_max_pixels": Qwen2-VL takes any size (smart_resize to multiples of patch x merge
-# within min/max pixels), the graph here is static, so one size is fixed: the largest square within the
-# preprocessor's max_pixels, in multiples of patch x merge (what smart_resize makes of a large square photo).
+# within min/max pixels), the graph here is static, so one size is fixed: --image-size when given (a multiple
+# of patch x merge within min/max pixels), else the largest such square whose image tokens take at most half
+# of --max-seq-len (the rest is for text); a real 2B folder's max_pixels square (3,584) is 16,384 tokens.
 IMAGE_SIZE_RULES = ("vision_config", "processor_max_pixels")
 # What positions the image tokens take: "text" (one per token, as any text), "mrope_grid" (M-RoPE: the
 # merged grid's (t, row, column), the text after it from the image's largest position + 1: llm/mrope.py).
@@ -154,19 +155,56 @@ def _tokens_per_image(family: VLMFamily, raw: dict, vision: dict, image_size: in
     return int(count())
 
 
-def _image_size(family: VLMFamily, vision: dict, pre: dict) -> int:
-    """The vision part's square image side (IMAGE_SIZE_RULES)."""
-    if family.image_size_rule == "vision_config":
-        return int(vision["image_size"])
+def _pixel_bounds(vision: dict, pre: dict) -> tuple[int, int, int]:
+    """(factor, min_pixels, max_pixels) of a processor_max_pixels family: sizes are multiples of factor."""
     factor = int(vision["patch_size"]) * int(vision.get("spatial_merge_size", 2))
     size = pre.get("size") or {}
     max_pixels = int(pre.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or QWEN2_VL_MAX_PIXELS)
-    return max(factor, int(max_pixels ** 0.5) // factor * factor)
+    min_pixels = int(pre.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or factor * factor)
+    return factor, min_pixels, max_pixels
 
 
-def read_vision_facts(folder: Path) -> tuple[VLMFamily, VisionFacts]:
+def _image_size(family: VLMFamily, raw: dict, vision: dict, pre: dict, image_size: int | None,
+                max_seq_len: int | None, where: str) -> int:
+    """The vision part's square image side (IMAGE_SIZE_RULES), or the asked image_size once checked.
+    processor_max_pixels default: the largest multiple of patch*merge within [min_pixels, max_pixels]
+    whose tokens_per_image <= max_seq_len / 2 (room for text); without max_seq_len, the max_pixels square."""
+    if family.image_size_rule == "vision_config":
+        fixed = int(vision["image_size"])
+        if image_size is not None and image_size != fixed:
+            raise InputError(f"--image-size {image_size}: the {family.label} vision tower is built for {fixed} pixels "
+                             "(vision_config.image_size)", f"leave --image-size out or pass --image-size {fixed}")
+        return fixed
+    factor, min_pixels, max_pixels = _pixel_bounds(vision, pre)
+    lo = max(factor, -(-int(min_pixels ** 0.5) // factor) * factor)
+    lo += factor if lo * lo < min_pixels else 0
+    hi = int(max_pixels ** 0.5) // factor * factor
+    if image_size is not None:
+        if image_size % factor or not lo <= image_size <= hi:
+            near = sorted({min(max(lo, image_size // factor * factor), hi),
+                           min(max(lo, -(-image_size // factor) * factor), hi)})
+            raise InputError(f"--image-size {image_size}: {family.label} takes a multiple of {factor} "
+                             f"(patch_size x merge_size) between {lo} and {hi} (min_pixels {min_pixels}, "
+                             f"max_pixels {max_pixels})",
+                             f"use --image-size {' or '.join(str(n) for n in near)}")
+        return image_size
+    if max_seq_len is None:
+        return max(lo, hi)
+    budget = max_seq_len // 2
+    fits = [n for n in range(hi, lo - 1, -factor) if _tokens_per_image(family, raw, vision, n) <= budget]
+    if not fits:
+        raise InputError(f"{where}: even the smallest {family.label} image ({lo} x {lo} pixels, "
+                         f"{_tokens_per_image(family, raw, vision, lo)} image tokens) does not fit half of "
+                         f"--max-seq-len {max_seq_len} ({budget} tokens; the rest is for text)",
+                         f"raise --max-seq-len to at least {2 * _tokens_per_image(family, raw, vision, lo)}")
+    return fits[0]
+
+
+def read_vision_facts(folder: Path, image_size: int | None = None,
+                      max_seq_len: int | None = None) -> tuple[VLMFamily, VisionFacts]:
     """The row and the vision facts of an HF VLM folder, read from its JSON files only; the text
-    model's config is checked against the decoder family table too."""
+    model's config is checked against the decoder family table too. image_size: the asked square
+    (--image-size), checked; max_seq_len: the context the default image size must leave room in."""
     where = str(folder)
     try:
         raw = json.loads((folder / "config.json").read_text())
@@ -187,7 +225,7 @@ def read_vision_facts(folder: Path) -> tuple[VLMFamily, VisionFacts]:
                        f"{where} (text_config)")
     pre = _preprocessor(folder)
     mean, std = DEFAULT_NORMALIZATION[family.model_type]
-    size = _image_size(family, vision, pre)
+    size = _image_size(family, raw, vision, pre, image_size, max_seq_len, where)
     facts = VisionFacts(family=family.model_type, image_size=size,
                         patch_size=int(vision["patch_size"]), tokens_per_image=_tokens_per_image(family, raw, vision, size),
                         image_token_id=int(raw[family.image_token_field]),

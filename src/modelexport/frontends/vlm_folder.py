@@ -29,12 +29,12 @@ def is_vlm_folder(path) -> bool:
         return False
 
 
-def load_vlm(folder: Path) -> tuple:
+def load_vlm(folder: Path, **sizing) -> tuple:
     """(model float32 eval, family row, vision facts): the table and the files checked before any weight."""
     import torch
     import transformers
 
-    family, facts = read_vision_facts(folder)
+    family, facts = read_vision_facts(folder, **sizing)     # sizing: image_size / max_seq_len
     check_hf_files(folder)
     cls = getattr(transformers, family.hf_class)
     try:

@@ -31,6 +31,7 @@ from ...core.vocab import Role
 DEFAULT_VISION_PRECISION = "16a8w"
 VISION_PRECISIONS = ("8a8w", "16a8w")
 VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in the bundle
+VLM_DEFAULT_MAX_SEQ_LEN = 512   # compile.DEFAULT_MAX_SEQ_LEN (not imported: compile imports this module)
 # The text decoder is calibrated on the float vision part's rows at image tokens too (calibration.ImageRows).
 # Measured at the default 8 samples per variant (docs/llm_export.md, bench/results/vlm_image_calibration.json):
 # tiny Idefics3 +3 to +6 dB on the first step's logits vs the float VLM, tiny LLaVA unchanged (+-0.03 dB).
@@ -65,7 +66,9 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     from ...llm.vision_part import VisionPart, export_vision_part
 
     folder = Path(spec.model)
-    family, facts = read_vision_facts(folder)            # the table first: no weight read for a folder it refuses
+    # the context the default image size leaves room in; handed to the text compile so both agree
+    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or VLM_DEFAULT_MAX_SEQ_LEN))
+    family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
     mode = get_input_mode(opts.inputs or "embeddings")
     if not mode.takes_embeddings:
@@ -83,13 +86,14 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     work = Path(tempfile.mkdtemp(prefix=".vlm-", dir=out.parent if out.parent.is_dir() else None))
     try:
         say(f"loading the {family.label} folder", 0, 4)
-        model, family, facts = load_vlm(folder)
+        model, family, facts = load_vlm(folder, **sizing)
         text_folder = write_text_folder(model, family, folder, work / "text")
         vision_onnx = export_vision_part(VisionPart(model, family, facts), work / "vision" / "vision.onnx")
         calib, calib_what = vision_calibration(facts, work / "vision_calibration.npz")
         del model
         rows = _image_rows(vision_onnx, calib, facts, work / "image_rows.npz") if CALIBRATE_IMAGE_POSITIONS else None
-        text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None,
+        text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
+                                        max_seq_len=sizing["max_seq_len"],
                                         image_calibration=str(rows) if rows else None)
         compile_text(dataclasses.replace(spec, model=str(text_folder)), work / "text_bundle", text_opts, True, say)
         say("compiling the vision part", 3, 4)

@@ -125,6 +125,10 @@ def compile_cmd(
                                                      "embedder's table: fp16 (default) or 8bit (one scale per table)."),
     vision_precision: Optional[str] = typer.Option(None, "--vision-precision", help="Vision-language folders (SmolVLM / "
                                                    "Idefics3): the vision part's precision: 16a8w (default) or 8a8w."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="Vision-language folders: the square (pixels) the vision "
+                                             "part is built for. Qwen2-VL: a multiple of 28 within the preprocessor's min/max_pixels; "
+                                             "default the largest whose image tokens take at most half of --max-seq-len. "
+                                             "Idefics3 / LLaVA: fixed by vision_config.image_size."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     host_chunk_mb: Optional[float] = typer.Option(None, "--host-chunk-mb", help="LLMs: float32 weights exported and quantized at a time "
@@ -168,7 +172,7 @@ def compile_cmd(
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples, input_values=input_value, host_chunk_mb=host_chunk_mb,
                       rounding=rounding, max_ppl_ratio=max_ppl_ratio, inputs=inputs, embedder_precision=embedder_precision,
-                      vision_precision=vision_precision, strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
+                      vision_precision=vision_precision, image_size=image_size, strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)

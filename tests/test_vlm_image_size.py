@@ -1,0 +1,78 @@
+"""The vision part's square for Qwen2-VL (--image-size, and the default that leaves room for text) and the
+fixed towers (Idefics3 / LLaVA): config checks only, no weights read, no compile."""
+import json
+import shutil
+
+import pytest
+
+from modelexport.core.errors import InputError
+from modelexport.frontends.vlm_families import read_vision_facts
+
+from conftest import assert_clean_error
+from vlm_tiny import PREPROCESSORS, write_tiny_vlm_folder
+
+# Qwen2-VL-2B-Instruct's preprocessor_config.json numbers: 3,584-pixel square at max_pixels = 16,384 tokens.
+REAL_2B_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlm_size")
+    qwen = write_tiny_vlm_folder(root, "qwen2_vl")
+    real = root / "qwen_2b_pixels"                     # the JSON files only: read_vision_facts reads no weights
+    real.mkdir()
+    shutil.copy(qwen / "config.json", real / "config.json")
+    (real / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSORS["qwen2_vl"], **REAL_2B_PIXELS}))
+    return {"qwen2_vl": qwen, "real_2b": real, "idefics3": write_tiny_vlm_folder(root, "idefics3")}
+
+
+@pytest.mark.parametrize("max_seq_len,size,tokens", [(512, 448, 256), (2048, 896, 1024), (4096, 1260, 2025)])
+def test_qwen2_vl_default_leaves_half_the_context_for_text(folders, max_seq_len, size, tokens):
+    _, facts = read_vision_facts(folders["real_2b"], max_seq_len=max_seq_len)
+    assert (facts.image_size, facts.tokens_per_image, facts.grid_thw) == (size, tokens, (1, size // 14, size // 14))
+
+
+def test_qwen2_vl_without_a_context_takes_the_max_pixels_square(folders):
+    _, facts = read_vision_facts(folders["real_2b"])
+    assert (facts.image_size, facts.tokens_per_image) == (3584, 16384)
+
+
+def test_qwen2_vl_smallest_image_too_large_for_the_context_is_refused(folders):
+    with pytest.raises(InputError) as e:        # smallest: 56 x 56 (min_pixels 3136), 4 tokens > 6 / 2
+        read_vision_facts(folders["real_2b"], max_seq_len=6)
+    assert "56 x 56" in str(e.value) and "--max-seq-len 6" in str(e.value) and "at least 8" in e.value.fix
+
+
+def test_qwen2_vl_image_size_accepted(folders):
+    _, facts = read_vision_facts(folders["real_2b"], image_size=672, max_seq_len=512)   # asked: not capped by the context
+    assert (facts.image_size, facts.tokens_per_image) == (672, 576)
+
+
+@pytest.mark.parametrize("asked,hint", [(500, "476 or 504"), (28, "56"), (4000, "3584")])
+def test_qwen2_vl_image_size_refused_names_the_nearest(folders, asked, hint):
+    with pytest.raises(InputError) as e:
+        read_vision_facts(folders["real_2b"], image_size=asked)
+    assert f"--image-size {asked}" in str(e.value) and "multiple of 28" in str(e.value)
+    assert e.value.fix.endswith(f"--image-size {hint}")
+
+
+def test_fixed_tower_takes_only_its_own_size(folders):
+    _, facts = read_vision_facts(folders["idefics3"], max_seq_len=64)
+    assert read_vision_facts(folders["idefics3"], image_size=facts.image_size)[1] == facts
+    with pytest.raises(InputError) as e:
+        read_vision_facts(folders["idefics3"], image_size=facts.image_size + 32)
+    assert f"built for {facts.image_size} pixels" in str(e.value) and f"--image-size {facts.image_size}" in e.value.fix
+
+
+def test_cli_refuses_an_image_size_before_loading(folders, tmp_path, cli):
+    proc = cli("compile", str(folders["qwen2_vl"]), "-o", str(tmp_path / "out"), "--target", "SM8650",
+               "--image-size", "60")
+    assert_clean_error(proc, "--image-size 60", "multiple of 28", "--image-size 56")
+    assert not (tmp_path / "out").exists()
+
+
+def test_api_image_size_reaches_the_vlm_compile(folders, tmp_path):
+    import modelexport
+    with pytest.raises(InputError, match="--image-size 84"):      # tiny max_pixels 56 x 56: 84 is above it
+        modelexport.compile(str(folders["qwen2_vl"]), output=tmp_path / "out", target="SM8650", image_size=84)
+    assert not (tmp_path / "out").exists()
