@@ -76,3 +76,13 @@ def test_api_image_size_reaches_the_vlm_compile(folders, tmp_path):
     with pytest.raises(InputError, match="--image-size 84"):      # tiny max_pixels 56 x 56: 84 is above it
         modelexport.compile(str(folders["qwen2_vl"]), output=tmp_path / "out", target="SM8650", image_size=84)
     assert not (tmp_path / "out").exists()
+
+
+def test_image_size_on_a_text_model_is_refused(tmp_path):
+    """--image-size on an LLM without a vision part: one message, before any weight is read."""
+    import modelexport
+    from modelexport.core.errors import InputError
+    from modelexport.zoo.assets import asset_path
+    with pytest.raises(InputError, match="--image-size is for vision-language folders"):
+        modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path / "b", target="SM8650", image_size=448)
+    assert not (tmp_path / "b").exists()

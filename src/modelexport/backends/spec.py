@@ -6,6 +6,8 @@ from typing import Any
 
 from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL, vtcm_whole_mb
 
+DEFAULT_MAX_SEQ_LEN = 512   # an LLM's context when --max-seq-len is not given (every LLM backend)
+
 
 @dataclass
 class PartSpec:
@@ -53,7 +55,7 @@ class LlmCompileOptions(CompileOptions):
     """LLMs (GGUF / HF folder → static decoders)."""
     block_size: int | None = None                        # 16a4w_block: input channels per scale
     variants: Any = None                                 # arN graphs, e.g. "ar1,ar32" or [32, 1]
-    max_seq_len: int | None = None                       # context of the static decoders
+    max_seq_len: int | None = None                       # context of the static decoders (None: DEFAULT_MAX_SEQ_LEN)
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
     host_chunk_mb: float | None = None                   # float32 weights exported / quantized at a time on the host
     calibration_samples: int | None = None               # samples per variant from the calibration text

@@ -21,10 +21,9 @@ from ...llm.pte_numerics import manifest_numerics
 from ...quant.llm_pt2e import (LLM_PTE_PRECISIONS, MAX_ROPE_GATHER, check_pte_request, llm_quant_plan, quantize_methods,
                                save_converted)
 from .. import backend
-from ..spec import LlmCompileOptions, PartSpec
+from ..spec import DEFAULT_MAX_SEQ_LEN, LlmCompileOptions, PartSpec
 
 DEFAULT_VARIANTS = (1, 32)
-DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
 
 

@@ -36,7 +36,7 @@ from ...contract.manifest import (GRAPH_NAMING, CacheInfo, DecoderShape, GenieCh
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options, host_twin_provider_options
-from ..spec import LlmCompileOptions, PartSpec
+from ..spec import DEFAULT_MAX_SEQ_LEN, LlmCompileOptions, PartSpec
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
 from ...quant.precision import check_block_size, get_precision
@@ -51,7 +51,6 @@ EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied a
 #                      any change to the decoder)
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 DEFAULT_VARIANTS = (1, 32)
-DEFAULT_MAX_SEQ_LEN = 512
 DEFAULT_CALIBRATION_SAMPLES = 8
 IMAGE_ROWS_VERSION = "image-rows-2"   # cache key: how calibration.ImageRows places a VLM's rows (windows 1, 3, 5, ...)
 
@@ -478,9 +477,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if is_vlm_folder(spec.model):   # a vision part beside the text decoder (backends/llm_qnn/vlm.py)
         from .vlm import compile_vlm
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
-    if opts.vision_precision is not None:
-        raise InputError("--vision-precision is for vision-language folders; this model has no vision part",
-                         "leave --vision-precision out")
+    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size)):
+        if value is not None:
+            raise InputError(f"{flag} is for vision-language folders; this model has no vision part", f"leave {flag} out")
     r = _resolve(spec, opts)
     requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
     socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb

@@ -27,11 +27,11 @@ import numpy as np
 
 from ...core.errors import InputError, ModelExportError
 from ...core.vocab import Role
+from ..spec import DEFAULT_MAX_SEQ_LEN
 
 DEFAULT_VISION_PRECISION = "16a8w"
 VISION_PRECISIONS = ("8a8w", "16a8w")
 VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in the bundle
-VLM_DEFAULT_MAX_SEQ_LEN = 512   # compile.DEFAULT_MAX_SEQ_LEN (not imported: compile imports this module)
 # The text decoder is calibrated on the float vision part's rows at image tokens too (calibration.ImageRows).
 # Measured at the default 8 samples per variant (docs/llm_export.md, bench/results/vlm_image_calibration.json):
 # tiny Idefics3 +3 to +6 dB on the first step's logits vs the float VLM, tiny LLaVA unchanged (+-0.03 dB).
@@ -67,7 +67,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
 
     folder = Path(spec.model)
     # the context the default image size leaves room in; handed to the text compile so both agree
-    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or VLM_DEFAULT_MAX_SEQ_LEN))
+    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN))
     family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
     mode = get_input_mode(opts.inputs or "embeddings")
