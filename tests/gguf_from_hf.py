@@ -29,13 +29,7 @@ def gemma_vocab() -> tuple[list[str], list[float], list[int]]:
 
 def _header(w, cfg, arch: str) -> dict:
     """The keys convert_hf_to_gguf.py's Gemma2Model / Gemma3Model write."""
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    _common_header(w, cfg)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_sliding_window(cfg.sliding_window)
