@@ -96,6 +96,11 @@ class WorkerPool:
             for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
                 proc.terminate()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            # let the pool's manager thread close its wakeup pipe before the interpreter exits: Python
+            # 3.11's exit hook may write to it while it closes ("Exception ignored ... Bad file descriptor")
+            manager = getattr(self._pool, "_executor_manager_thread", None)
+            if manager is not None:
+                manager.join(timeout=5)
             return
         self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
