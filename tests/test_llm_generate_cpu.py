@@ -205,6 +205,8 @@ def test_cli_bad_inputs(fp32, cli_here, tmp_path):
     sp = Path(list(importlib.util.find_spec("mistral_common").submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
     assert_clean_error(cli_here("generate", str(pte), "--prompt", "hi", "--tokenizer", str(sp)), "do not belong together")
     assert_clean_error(cli_here("generate", str(tmp_path / "missing.gguf"), "--prompt", "hi"), "does not exist")
+    assert_clean_error(cli_here("generate", str(tmp_path / "missing"), "--image", str(tmp_path / "x.jpg"),
+                                "--prompt", "hi"), "does not exist")
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"not a model")
     assert_clean_error(cli_here("generate", str(junk), "--prompt", "hi"), "not a GGUF")

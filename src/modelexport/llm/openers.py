@@ -19,6 +19,9 @@ from .tokenizers import load_tokenizer, load_tokenizer_json
 
 def source_kind(path: Path) -> str:
     """gguf | hf | pte | bundle; InputError for anything else."""
+    if not path.exists():
+        raise InputError(f"{path} does not exist",
+                         "give a .gguf file, a Hugging Face model folder, a .pte or a modelexport bundle (`modelexport compile` makes one)")
     if path.is_dir():
         if (path / "manifest.json").is_file():
             return "bundle"
