@@ -1,5 +1,6 @@
 """Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
-kernels that cannot load on this CPU host, torch's pytree deprecation notes (MODELEXPORT_DEBUG=1
+kernels that cannot load on this CPU host, torch's pytree deprecation notes, transformers' note on
+the `mrope_section` a Qwen2-VL text model keeps in its Qwen2 config on purpose (MODELEXPORT_DEBUG=1
 shows them again). Quieted in every process that imports them: the CLI's, and a sweep's workers.
 Its own module, without imports, because the CLI calls it on every start."""
 from __future__ import annotations
@@ -8,6 +9,17 @@ import logging
 import os
 
 QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+# (logger, text of the one message dropped): the frontends write these fields knowingly
+DROPPED_MESSAGES = (("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`"),)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
 
 
 def quiet_library_loggers() -> None:
@@ -15,3 +27,7 @@ def quiet_library_loggers() -> None:
         return
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name, text in DROPPED_MESSAGES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.text == text for f in logger.filters):
+            logger.addFilter(_DropMessage(text))

@@ -1,7 +1,6 @@
 """`modelexport generate`: text from an LLM on this host, streamed as it comes."""
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Optional
@@ -9,6 +8,7 @@ from typing import Optional
 import typer
 
 from ...core.errors import InputError, Interrupted
+from ...toolchain.library_loggers import quiet_library_loggers
 from ..app import app, console, emit_json, err_console
 
 
@@ -48,9 +48,7 @@ def generate(
     Tokens stream as they come; at the end the stats llama.cpp prints: time to first token,
     prefill and decode tokens per second. A GGUF or HF model is first built into an ExecuTorch
     XNNPACK program (4-bit weights by default), cached by its content, so that happens once."""
-    # import-time chatter of libraries that has nothing to do with the user's run
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet_library_loggers()   # import-time chatter of libraries that has nothing to do with the user's run
     from ... import llm
     from ..app import progress
 
