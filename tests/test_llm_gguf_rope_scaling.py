@@ -236,3 +236,24 @@ def test_scaled_rope_gguf_compiles_with_every_node_on_the_htp(cli_here, scaled_g
 def test_scaled_rope_gguf_cpu_program_equals_transformers(scaled_gguf, arch, tmp_path):
     from test_llm_gguf_gemma import _check_cpu_program
     _check_cpu_program(scaled_gguf(arch)[1], tmp_path)
+
+
+def test_the_loader_takes_the_header_the_check_parsed(scaled_gguf, tmp_path, monkeypatch):
+    """A compile checks the header, then loads: the vocabulary is parsed once, and a changed file is parsed again."""
+    import shutil
+
+    from modelexport.frontends import gguf_file
+    _, path = scaled_gguf("llama")
+    path = Path(shutil.copy(path, tmp_path / "copy.gguf"))
+    parses = []
+    real = gguf_file._parse_info
+    monkeypatch.setattr(gguf_file, "_parse_info", lambda p: parses.append(p) or real(p))
+    info = gguf_file.read_gguf_info(path)
+    llm = gguf_file.load_gguf_causal_lm(path)
+    assert len(parses) == 1 and llm.gguf_info is info
+    gguf_file.load_gguf_causal_lm(path)          # the loader dropped it: a second load parses again
+    assert len(parses) == 2
+    gguf_file.read_gguf_info(path)
+    path.write_bytes(path.read_bytes())          # same bytes, new mtime: not the parse of before
+    gguf_file.load_gguf_causal_lm(path)
+    assert len(parses) == 4

@@ -95,11 +95,15 @@ def _array_len(reader, key: str) -> int | None:
     return None if f is None else len(f.data)
 
 
-def _open_reader(path: Path):
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise InputError(f"GGUF file not found: {path}")
     if not path.is_file():
         raise InputError(f"not a file: {path}", "pass the path of a .gguf file")
+
+
+def _open_reader(path: Path):
+    _check_file(path)
     import gguf
     try:
         return gguf.GGUFReader(str(path), "r")
@@ -121,7 +125,32 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
     return _read_info(Path(path))[0]
 
 
-def _read_info(path: Path):
+# The last header parsed, by file identity. A compile reads the header first (check_source) and
+# then loads the weights: parsing a 50k-token vocabulary is seconds of pure Python, so the loader
+# takes the parse the check made instead of repeating it (and drops it, so the reader's mapped
+# pages do not outlive the load).
+_LAST_PARSED: dict[tuple, tuple] = {}
+
+
+def _file_identity(path: Path) -> tuple:
+    st = path.stat()
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
+
+
+def _read_info(path: Path, take: bool = False):
+    """(GgufInfo, reader). `take`: hand over a remembered parse and forget it (the loader)."""
+    _check_file(path)
+    key = _file_identity(path)
+    parsed = _LAST_PARSED.pop(key, None) if take else _LAST_PARSED.get(key)
+    if parsed is None:
+        parsed = _parse_info(path)
+        if not take:
+            _LAST_PARSED.clear()
+            _LAST_PARSED[key] = parsed
+    return parsed
+
+
+def _parse_info(path: Path):
     reader = _open_reader(path)
     import gguf
     size = path.stat().st_size
@@ -345,7 +374,7 @@ def load_gguf_causal_lm(path: str | Path) -> LoadedLLM:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = Path(path)
-    info, reader = _read_info(path)
+    info, reader = _read_info(path, take=True)
     family = check_gguf_header(info)     # before any weight is read
     check_gguf_tensors(info)
     if info.tokenizer_model is None:
