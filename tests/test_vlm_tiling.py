@@ -171,6 +171,9 @@ def bundle(work):
 def test_the_bundle_records_its_tiling(bundle):
     t = bundle.manifest.llm.vision.tiling
     assert (t.splitting, t.tile_size, t.longest_edge, t.max_tiles, t.image_seq_len) == (True, 32, 64, 5, TOKENS_PER_IMAGE)
+    v = bundle.manifest.llm.vision      # calibrated on the tiles and global views the runtime makes
+    assert v.calibration.startswith("20 views (tiles of 2x2 + the global views"), v.calibration
+    assert "the prompt's image block as the runtime writes it" in v.decoder_image_calibration
 
 
 @pytest.mark.parametrize("names", [("coffee",), ("coffee", "chelsea")])
