@@ -60,10 +60,9 @@ def vision_samples(images: list[CalibrationImage], limit: int = VISION_CALIBRATI
     views = [v[None] for im in images for v in im.views]
     if len(views) <= limit:
         return np.stack(views)
-    globals_ = set((np.cumsum([len(im.views) for im in images]) - 1).tolist())
-    tiles = [i for i in range(len(views)) if i not in globals_]
-    room = max(limit - len(globals_), 0)
-    keep = globals_ | {tiles[int(j)] for j in np.linspace(0, len(tiles) - 1, room)} if room else globals_
+    keep = set((np.cumsum([len(im.views) for im in images]) - 1).tolist())   # the global views
+    tiles = [i for i in range(len(views)) if i not in keep]
+    keep |= {tiles[int(j)] for j in np.linspace(0, len(tiles) - 1, max(limit - len(keep), 0))}
     return np.stack([views[i] for i in sorted(keep)])
 
 
