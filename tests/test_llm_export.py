@@ -95,6 +95,27 @@ def test_generate_on_htp_sim_backend(bundle):
     assert len(res.token_ids) >= 1 and res.stats.backend == "htp-sim"
 
 
+def test_generate_on_htp_sim_says_how_far_the_prefill_is(bundle, cli_here, monkeypatch):
+    """A long first prefill on the simulator is followed on stderr ("prefill 12/40 tokens"; a log gets a line
+    at the start, at most one per PREFILL_LINE_S, one at the end); --json's stdout is the result alone."""
+    import re
+
+    from modelexport.cli.commands import generate as generate_cmd
+    prompt = "Markets rose and bonds fell in thin trade."
+    args = ("generate", str(bundle.path), "--backend", "htp-sim", "--prompt", prompt, "--raw", "-n", "2")
+
+    def lines(err):
+        return [(int(a), int(b)) for a, b in re.findall(r"\] prefill (\d+)/(\d+) tokens", err)]
+    data = json.loads(cli_here(*args, "--json", check=True).stdout)
+    n = data["prompt_tokens"]
+    assert n > 8 and data["stats"]["backend"] == "htp-sim"
+    proc = cli_here(*args, check=True)
+    assert lines(proc.stderr) == [(0, n), (n, n)], proc.stderr          # the tiny model is quick: start and end
+    monkeypatch.setattr(generate_cmd, "PREFILL_LINE_S", 0.0)
+    every = lines(cli_here(*args, check=True).stderr)
+    assert every == [(0, n), *[(min(i, n), n) for i in range(4, n + 3, 4)]]   # ar4 chunks
+
+
 def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):
     from modelexport.core.errors import VerificationError
     from modelexport.toolchain.genie import validate_genie_config

@@ -143,6 +143,24 @@ def test_greedy_equals_transformers_across_prefill_chunks(tiny):
     assert res.text == tok.decode(want, skip_special_tokens=True)
 
 
+def test_prefill_progress_is_reported_per_chunk(tiny):
+    """`on_prefill(done, total)`: before the first chunk and after each, the prompt alone (decode steps and a
+    chat turn's reused tokens are not prefill); the tokens are those of a run without it."""
+    calls = []
+    g = _gen(tiny)
+    prompt = "The quick brown fox jumps"                 # 26 tokens: ar8 chunks of 8, 8, 8, 2
+    res = g.stream(prompt, max_new_tokens=5, stop_on_eos=False, on_prefill=lambda *a: calls.append(a))
+    assert calls == [] and list(res)                      # nothing runs before the stream is read
+    assert calls == [(0, 26), (8, 26), (16, 26), (24, 26), (26, 26)]
+    assert res.result.token_ids == _gen(tiny).generate(prompt, max_new_tokens=5, stop_on_eos=False).token_ids
+    calls.clear()
+    ids = tiny[1].encode(prompt)
+    turn = g.generate(ids + res.result.token_ids + ids[:3], max_new_tokens=1, reuse_cache=True,
+                      on_prefill=lambda *a: calls.append(a))
+    run = turn.stats.prefill_tokens                       # only what the cache did not hold
+    assert run < len(turn.prompt_ids) and calls[0] == (0, run) and calls[-1] == (run, run)
+
+
 def test_stream_pieces_and_stats(tiny):
     g = _gen(tiny)
     stream = g.stream("Hello there", max_new_tokens=12, stop_on_eos=False)

@@ -195,3 +195,32 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     got = _image_runner(dec, dict(zip(where, rows[0]))).prefill(ids).numpy()
     np.testing.assert_allclose(got, ref, atol=1e-4)
     assert np.abs(without_image - ref).max() > 1e-2     # the image and its positions matter: the check can fail
+
+
+def test_calibration_image_windows_take_the_grid_positions(loaded):
+    """The decoder's calibration (calibration_samples with ImageRows): an image window holds the runtime's
+    block (<|vision_start|>, the image tokens, <|vision_end|>) after its first token, its samples carry the
+    image rows in `inputs_embeds` and the M-RoPE grid positions the runtime gives them (rope_index); text
+    windows keep text positions."""
+    from modelexport.backends.llm_qnn.calibration import ImageRows, calibration_samples
+    from modelexport.frontends.vlm_folder import text_decoder
+    from modelexport.llm.mrope import rope_index
+    model, family, facts = loaded
+    seq, rows = 32, np.random.default_rng(0).normal(size=(QWEN2_VL_TOKENS, 64)).astype(np.float32)
+    block = [START, *[IMAGE_TOKEN] * QWEN2_VL_TOKENS, END]
+    images = ImageRows(IMAGE_TOKEN, [block], [rows], (GRID, 2))
+    text = [int(t) for t in np.random.default_rng(1).integers(3, 250, 4 * seq)]
+    # ar4 + ar1 in a window of 32: 6 of each per window, so samples 6 and 7 are window 1's first calls
+    got = calibration_samples(text_decoder(model, family), text, [4, 1], seq, 8, {}, images)
+    window = images.windows[1]
+    assert window[:len(block) + 1] == [text[seq], *block]
+    grid = rope_index(window, IMAGE_TOKEN, GRID, 2)
+    first = got[4][6]                        # window 1, positions 0-3: the first token, vision_start, 2 image rows
+    np.testing.assert_array_equal(first["rope_position_ids"], grid(np.arange(4)[None]))
+    assert not np.array_equal(first["rope_position_ids"][1], first["rope_position_ids"][2])   # rows and columns differ
+    np.testing.assert_allclose(first["inputs_embeds"][0, 2:4], rows[:2], rtol=0, atol=0)
+    step = got[1][6]                         # window 1's ar1 call at position 4: the third image row
+    np.testing.assert_array_equal(step["rope_position_ids"], grid(np.array([[4]])))
+    np.testing.assert_allclose(step["inputs_embeds"][0, 0], rows[2], rtol=0, atol=0)
+    text_sample = got[4][0]["rope_position_ids"]        # window 0: text positions on every axis
+    assert (text_sample == np.arange(4)).all()

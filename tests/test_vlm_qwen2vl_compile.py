@@ -44,6 +44,7 @@ def test_every_node_on_the_htp_and_the_vision_entry(bundle):
     assert (v.image_size, v.tokens_per_image, v.image_token_id) == (QWEN2_VL_SIZE, QWEN2_VL_TOKENS, IMAGE_TOKEN)
     assert v.image_wrap_ids == [QWEN2_VL_IDS["vision_start_token_id"], QWEN2_VL_IDS["vision_end_token_id"]]
     assert v.check["SM8650"].sqnr_db > 30            # the simulator vs the float vision part, on a real photo
+    assert "at M-RoPE grid positions" in v.decoder_image_calibration
     decoders = [g for g in m.graphs if g.name.startswith(("prompt_", "token_"))]
     assert len(decoders) >= 2
     for g in decoders:

@@ -113,6 +113,53 @@ def test_float_path_gives_the_hf_logits(work, processor, photos):
     np.testing.assert_allclose(got, ref.numpy(), rtol=0, atol=1e-4)
 
 
+def test_calibration_sees_what_the_runtime_shows(work, processor, photos):
+    """The vision part is calibrated on each calibration photo's tiles and global view (the processor's pixels),
+    the decoder's image windows on the photo's block of prompt ids (the processor's) with those views' rows at
+    its image tokens; thinned to the sample budget, every global view stays."""
+    from modelexport.backends.llm_qnn.calibration import ImageRows
+    from modelexport.backends.llm_qnn.vlm_calibration import (calibration_images, image_blocks, vision_samples,
+                                                              write_image_rows, write_vision_calibration)
+    from modelexport.frontends.vlm_families import read_vision_facts
+    from modelexport.frontends.vlm_folder import load_vlm, read_image_tiling
+    from modelexport.llm.tokenizers import load_tokenizer
+    from modelexport.llm.vision_part import VisionPart, export_vision_part
+    from PIL import ImageOps
+    folder = work / "tiny_smolvlm"
+    family, facts = read_vision_facts(folder)
+    tiling = read_image_tiling(folder, family, facts)
+    images = calibration_images(facts, tiling)
+    assert [im.name for im in images] == ["chelsea", "chelsea mirrored", "coffee", "coffee mirrored"]
+    assert all((im.rows, im.cols, len(im.views)) == (2, 2, 5) for im in images)
+    for im in images:
+        photo = photos[im.name.split()[0]]
+        ref = _hf_inputs(processor, [ImageOps.mirror(photo) if "mirrored" in im.name else photo])
+        np.testing.assert_allclose(im.views, ref["pixel_values"][0].numpy(), rtol=0, atol=1e-6)
+    path, what = write_vision_calibration(images, work / "vision_calibration.npz")
+    assert np.load(path)["pixel_values"].shape == (20, 1, 3, IMAGE_SIZE, IMAGE_SIZE) and what.startswith("20 views")
+    thin = vision_samples(images, limit=6)       # the 4 global views and 2 tiles
+    assert len(thin) == 6 and sum(any(np.array_equal(t[0], im.views[-1]) for im in images) for t in thin) == 4
+
+    blocks = image_blocks(images, facts, tiling, load_tokenizer(folder / "tokenizer.json"), SEQ)
+    ref_ids = _hf_inputs(processor, [photos["coffee"]])["input_ids"][0].tolist()
+    block, views = blocks[2]
+    at = ref_ids.index(block[0])
+    assert ref_ids[at:at + len(block)] == block and block.count(IMAGE_TOKEN) == 5 * TOKENS_PER_IMAGE
+    assert list(views) == [0, 1, 2, 3, 4]
+    short = image_blocks(images, facts, tiling, load_tokenizer(folder / "tokenizer.json"), 2 * len(block) - 2)
+    assert short[0][0].count(IMAGE_TOKEN) == TOKENS_PER_IMAGE and list(short[0][1]) == [4]   # the global view alone
+
+    model, family, facts = load_vlm(folder)
+    onnx = export_vision_part(VisionPart(model, family, facts), work / "calib_vision" / "vision.onnx")
+    rows = ImageRows.load(write_image_rows(onnx, images, blocks, facts, work / "image_rows.npz"))
+    text = list(range(3, 3 + 3 * SEQ))
+    stream = rows.stream(text, SEQ)
+    assert stream[:SEQ] == text[:SEQ] and stream[SEQ:2 * SEQ] == [text[SEQ], *blocks[0][0], *text[SEQ + 1:2 * SEQ - len(blocks[0][0])]]
+    with torch.no_grad():
+        want = torch.cat([VisionPart(model, family, facts)(torch.from_numpy(v[None]))[0] for v in images[0].views])
+    np.testing.assert_allclose(rows.rows[0], want.numpy(), rtol=0, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def bundle(work):
     import modelexport
@@ -124,6 +171,9 @@ def bundle(work):
 def test_the_bundle_records_its_tiling(bundle):
     t = bundle.manifest.llm.vision.tiling
     assert (t.splitting, t.tile_size, t.longest_edge, t.max_tiles, t.image_seq_len) == (True, 32, 64, 5, TOKENS_PER_IMAGE)
+    v = bundle.manifest.llm.vision      # calibrated on the tiles and global views the runtime makes
+    assert v.calibration.startswith("20 views (tiles of 2x2 + the global views"), v.calibration
+    assert "the prompt's image block as the runtime writes it" in v.decoder_image_calibration
 
 
 @pytest.mark.parametrize("names", [("coffee",), ("coffee", "chelsea")])

@@ -77,9 +77,11 @@ class LLM:
         return self.generator.generate(prompt, config, chat=chat, on_text=on_text, **_norm(options))
 
     def stream(self, prompt: str | Sequence[dict] | Sequence[int], config: GenerationConfig | None = None, *,
-               chat: bool = False, **options: Any) -> TokenStream:
-        """An iterator of text pieces; `.result` (text, token ids, stats) once it is exhausted."""
-        return self.generator.stream(prompt, config, chat=chat, **_norm(options))
+               chat: bool = False, on_prefill: Callable[[int, int], None] | None = None, **options: Any) -> TokenStream:
+        """An iterator of text pieces; `.result` (text, token ids, stats) once it is exhausted.
+        `on_prefill(done, total)`: the prompt's progress chunk by chunk (backends whose sessions run chunks)."""
+        extra = {"on_prefill": on_prefill} if on_prefill else {}
+        return self.generator.stream(prompt, config, chat=chat, **extra, **_norm(options))
 
     def chat(self, system: str | None = None) -> ChatSession:
         return self.generator.chat(system)

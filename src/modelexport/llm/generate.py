@@ -58,9 +58,9 @@ class DecoderSession(Protocol):
     def rewind(self, position: int) -> None:
         """Forget everything from `position` on (entries there are overwritten later)."""
 
-    def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def feed(self, token_ids: Sequence[int], on_chunk: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """Run `token_ids` at `position` (in as many chunks as the backend needs); the logits
-        of the last one, shape [vocab]."""
+        of the last one, shape [vocab]. `on_chunk(done, total)`: before the first chunk and after each."""
 
 
 class StaticGraphSession:
@@ -96,8 +96,8 @@ class StaticGraphSession:
             raise ValueError(f"cannot rewind to {position} from {self.runner.past_len}")
         self.runner.past_len = position  # later slots are masked out and overwritten
 
-    def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
-        return self.runner.feed(token_ids)[-1]
+    def feed(self, token_ids: Sequence[int], on_chunk: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        return self.runner.feed(token_ids, on_chunk)[-1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,10 +260,12 @@ class Generator:
                              "shorten the prompt, or rebuild the model with a larger --max-seq-len")
 
     def stream(self, prompt: str | Sequence[Message] | Sequence[int], config: GenerationConfig | None = None, *,
-               chat: bool = False, reuse_cache: bool = False, **overrides: Any) -> TokenStream:
+               chat: bool = False, reuse_cache: bool = False, on_prefill: Callable[[int, int], None] | None = None,
+               **overrides: Any) -> TokenStream:
         """Generate, yielding text pieces as they are decoded. `prompt` is text, chat messages or
         token ids. With `reuse_cache`, the tokens already in the cache that the new prompt starts
-        with are not run again (multi-turn chat)."""
+        with are not run again (multi-turn chat). `on_prefill(done, total)`: the prompt's tokens run
+        so far, before its first chunk and after each (a long prefill on the simulator takes minutes)."""
         config = _config_with(config, overrides)
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int):
             prompt_ids = [int(t) for t in prompt]
@@ -275,7 +277,8 @@ class Generator:
             raise InputError(f"token id {bad[0]} is outside the model's vocabulary ({self.session.vocab_size})",
                              "the tokenizer does not belong to this model")
         state: dict[str, Any] = {}
-        return TokenStream(self._run(prompt_ids, config, reuse_cache, state), lambda: self._finish(prompt_ids, state))
+        return TokenStream(self._run(prompt_ids, config, reuse_cache, state, on_prefill),
+                           lambda: self._finish(prompt_ids, state))
 
     def generate(self, prompt: str | Sequence[Message] | Sequence[int], config: GenerationConfig | None = None, *,
                  chat: bool = False, reuse_cache: bool = False, on_text: Callable[[str], None] | None = None,
@@ -290,7 +293,8 @@ class Generator:
         return ChatSession(self, system)
 
     # ---------------------------------------------------------------------------------------
-    def _prefill(self, ids: Sequence[int], reuse_cache: bool) -> tuple[torch.Tensor, int]:
+    def _prefill(self, ids: Sequence[int], reuse_cache: bool,
+                 on_prefill: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, int]:
         """Logits after the prompt, and how many prompt tokens were actually run."""
         s = self.session
         keep = 0
@@ -303,7 +307,7 @@ class Generator:
         else:
             s.reset()
         self.history = list(ids[:keep])
-        logits = s.feed(ids[keep:])
+        logits = s.feed(ids[keep:], on_prefill) if on_prefill else s.feed(ids[keep:])
         self.history = list(ids)
         return logits, len(ids) - keep
 
@@ -317,13 +321,14 @@ class Generator:
         self.history = list(tail)
         return logits
 
-    def _run(self, prompt_ids: list[int], config: GenerationConfig, reuse_cache: bool, state: dict) -> Iterator[str]:
+    def _run(self, prompt_ids: list[int], config: GenerationConfig, reuse_cache: bool, state: dict,
+             on_prefill: Callable[[int, int], None] | None = None) -> Iterator[str]:
         sampler = Sampler(config.sampling)
         state.update(sampler_seed=sampler.seed, new=[], text=[], stop=None, shifts=0,
                      sample_s=0.0, prefill_run=0)
         t0 = time.perf_counter()
         state["t0"] = t0
-        logits, state["prefill_run"] = self._prefill(prompt_ids, reuse_cache)
+        logits, state["prefill_run"] = self._prefill(prompt_ids, reuse_cache, on_prefill)
         state["t_prefill"] = time.perf_counter()
         context = list(prompt_ids)  # what the repetition penalty looks at (prompt + generated)
         decoder = self.tokenizer.stream_decoder(prompt_ids)

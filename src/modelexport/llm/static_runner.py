@@ -23,6 +23,7 @@ from .static_decoder import (
     DEFAULT_MASK_VALUE, DecoderSpec, StaticDecoder, StaticDecoderConfig, make_attention_mask, make_position_ids)
 
 Graph = Callable[..., Sequence[torch.Tensor]]
+ChunkProgress = Callable[[int, int], None]   # (tokens done, tokens to feed): a long prefill's progress
 
 
 @dataclass
@@ -106,8 +107,9 @@ class StaticRunner:
         self.chunks.append(n_tokens)
         return logits[0, :n].detach().clone()
 
-    def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Feed tokens (prefill or more), in chunks of the largest graphs; logits of each [len, vocab]."""
+    def feed(self, token_ids: Sequence[int], on_chunk: ChunkProgress | None = None) -> torch.Tensor:
+        """Feed tokens (prefill or more), in chunks of the largest graphs; logits of each [len, vocab].
+        `on_chunk(done, total)`: before the first chunk (done = 0) and after each one."""
         token_ids = list(token_ids)
         if not token_ids:
             raise InputError("nothing to feed: the token list is empty")
@@ -115,17 +117,21 @@ class StaticRunner:
             raise InputError(f"{len(token_ids)} tokens do not fit after {self.past_len} of {self.max_seq_len} positions",
                              "use a shorter prompt or a larger max_seq_len")
         out, i = [], 0
+        if on_chunk is not None:
+            on_chunk(0, len(token_ids))
         while i < len(token_ids):
             n_graph = self._pick_n(len(token_ids) - i)
             chunk = token_ids[i:i + n_graph]
             out.append(self.run_chunk(chunk, n_graph))
             i += len(chunk)
+            if on_chunk is not None:
+                on_chunk(i, len(token_ids))
         return torch.cat(out, dim=0)
 
-    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def prefill(self, token_ids: Sequence[int], on_chunk: ChunkProgress | None = None) -> torch.Tensor:
         """Start a new sequence; returns the logits of the last prompt token [vocab]."""
         self.reset()
-        return self.feed(token_ids)[-1]
+        return self.feed(token_ids, on_chunk)[-1]
 
     def decode_step(self, token_id: int) -> torch.Tensor:
         """One token through the smallest graph; its logits [vocab]."""

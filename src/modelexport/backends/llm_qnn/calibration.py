@@ -23,43 +23,78 @@ from ...llm.static_decoder import new_key, new_value, past_key, past_value
 
 
 class ImageRows:
-    """A VLM's vision rows for the decoder's calibration (`compile VLM_FOLDER`): windows 1, 3, 5, ... of
-    the text get one image's rows at image tokens after their first token, as the runtime places them
-    (window 0 stays text: a walk that stops in its first window calibrates as text alone did)
-    (llm/vision_inputs.image_prompt_ids), so the image positions' activations and the caches they
-    leave are in the ranges. `rows` [n_images, tokens_per_image, hidden]: the float vision part's
-    output on the calibration photos."""
+    """A VLM's images for the decoder's calibration (`compile VLM_FOLDER`, backends/llm_qnn/vlm_calibration.py):
+    windows 1, 3, 5, ... of the text get image (w // 2) mod n after their first token, as the runtime places
+    an image (window 0 stays text: a walk that stops in its first window calibrates as text alone did): its
+    `blocks[i]` of prompt ids (the tiles' markers and image tokens, or the family's wrap ids around them)
+    with `rows[i]` [k, hidden] (the float vision part's rows of what the runtime shows the vision part) at
+    its k image tokens, so the image positions' activations and the caches they leave are in the ranges.
+    `grid`: (grid_thw, merge) of an M-RoPE family: an image window's positions are its M-RoPE grid
+    positions (llm/mrope.rope_index), as at run time; text windows keep text positions."""
 
-    def __init__(self, image_token_id: int, rows: np.ndarray):
+    def __init__(self, image_token_id: int, blocks: list[list[int]], rows: list[np.ndarray],
+                 grid: tuple[tuple[int, int, int], int] | None = None):
         self.token = int(image_token_id)
-        self.rows = np.asarray(rows, np.float32)
-        self.window, self.k = -1, 0
+        self.blocks = [list(map(int, b)) for b in blocks]
+        self.rows = [np.asarray(r, np.float32) for r in rows]
+        for b, r in zip(self.blocks, self.rows):
+            if b.count(self.token) != len(r):
+                raise CalibrationError(f"an image calibration block holds {b.count(self.token)} image tokens for "
+                                       f"{len(r)} rows", "compile the VLM folder again")
+        self.grid = grid
+        self.windows: list[list[int]] = []
+        self.window, self.k, self._rope = -1, 0, None
+
+    @classmethod
+    def load(cls, path) -> "ImageRows":
+        """From vlm_calibration.write_image_rows's .npz."""
+        z = np.load(path)
+        n = int(z["images"])
+        grid = (tuple(int(x) for x in z["grid_thw"]), int(z["spatial_merge_size"])) if "grid_thw" in z.files else None
+        return cls(int(z["image_token_id"]), [z[f"ids_{i}"].tolist() for i in range(n)], [z[f"rows_{i}"] for i in range(n)], grid)
+
+    def image_of(self, window: int) -> int | None:
+        """The image in window `window` (None: a text window)."""
+        return (window // 2) % len(self.blocks) if window % 2 == 1 else None
 
     def stream(self, token_ids: list[int], max_seq_len: int) -> list[int]:
         """The calibration ids with an image block in windows 1, 3, 5, ... (each window still max_seq_len long)."""
-        t = self.rows.shape[1]
-        out, i, w = [], 0, 0
+        self.windows = []
+        i, w = 0, 0
         while i < len(token_ids):
-            if w % 2 == 1:
-                chunk = token_ids[i:i + max_seq_len - t]
-                out += chunk[:1] + [self.token] * t + chunk[1:]
-                i += max_seq_len - t
+            img = self.image_of(w)
+            if img is not None:
+                block = self.blocks[img]
+                chunk = token_ids[i:i + max_seq_len - len(block)]
+                self.windows.append(chunk[:1] + block + chunk[1:])
+                i += max_seq_len - len(block)
             else:
-                out += token_ids[i:i + max_seq_len]
+                self.windows.append(token_ids[i:i + max_seq_len])
                 i += max_seq_len
             w += 1
-        return out
+        return [t for window in self.windows for t in window]
 
-    def place(self, ids, position_ids, embeds):
-        """`embeds` [1, N, hidden] of one call's `ids` with the image tokens' rows put in, in order;
-        a call at position 0 starts a new window."""
-        import torch
+    def start_call(self, position_ids) -> None:
+        """A call at position 0 starts the next window."""
         if int(position_ids.min()) == 0:
-            self.window, self.k = self.window + 1, 0
+            self.window, self.k, self._rope = self.window + 1, 0, None
+
+    def rope_positions(self):
+        """The current window's M-RoPE positions: its image's grid positions, text positions elsewhere."""
+        from ...llm.mrope import RopePositions, rope_index
+        if self._rope is None:
+            image = self.grid is not None and self.image_of(self.window) is not None
+            self._rope = rope_index(self.windows[self.window], self.token, *self.grid) if image else RopePositions.text()
+        return self._rope
+
+    def place(self, ids, embeds):
+        """`embeds` [1, N, hidden] of one call's `ids` with the image tokens' rows put in, in order."""
+        import torch
         hits = (ids[0] == self.token).nonzero().flatten().tolist()
-        if not hits:
+        img = self.image_of(self.window)
+        if not hits or img is None:
             return embeds
-        rows = self.rows[(self.window // 2) % len(self.rows)]   # windows 1, 3, 5 → images 0, 1, 2
+        rows = self.rows[img]
         out = embeds.clone()
         for j in hits:
             out[0, j] = torch.from_numpy(rows[self.k]).to(out.dtype)
@@ -99,13 +134,15 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     def graph(*inputs):
         n = recording["n"]
-        slots = inputs[1]                     # the runner's (input_ids, position_ids, mask, *caches)
-        inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: text positions on every axis (llm/mrope.py)
+        if images is not None:
+            images.start_call(inputs[1])     # the runner's (input_ids, position_ids, mask, *caches)
+            dec.rope_positions = images.rope_positions()
+        inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: the window's positions on three axes (llm/mrope.py)
         named = dict(zip(names, inputs))
         if images is not None:
             placed.pop("embeds", None)
             with torch.inference_mode():
-                placed["embeds"] = images.place(named["input_ids"], slots, dec.lookup(named["input_ids"]))
+                placed["embeds"] = images.place(named["input_ids"], dec.lookup(named["input_ids"]))
         if len(out[n]) < samples_per_variant:
             out[n].append({k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in zip(names, inputs)})
             if images is not None:

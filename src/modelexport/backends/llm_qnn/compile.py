@@ -52,7 +52,9 @@ EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied a
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_CALIBRATION_SAMPLES = 8
-IMAGE_ROWS_VERSION = "image-rows-2"   # cache key: how calibration.ImageRows places a VLM's rows (windows 1, 3, 5, ...)
+# cache key: how calibration.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
+# (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)
+IMAGE_ROWS_VERSION = "image-rows-3"
 
 
 def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
@@ -158,12 +160,10 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         report(f"calibrating on {text.path.name} through the float decoder")
         images = None
         if image_calibration and mode.name == "embeddings":   # `both` feeds rows beside ids: not calibrated so here
-            import numpy as np
-
             from .calibration import ImageRows
-            npz = np.load(image_calibration)
-            images = ImageRows(int(npz["image_token_id"]), npz["rows"])
-            report(f"calibrating with {len(npz['rows'])} images' vision rows at image tokens in every other window")
+            images = ImageRows.load(image_calibration)
+            report(f"calibrating with {len(images.rows)} images' vision rows at image tokens in every other window"
+                   + (" (at their M-RoPE grid positions)" if images.grid else ""))
         samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges, images)
         if max_seq_len in variants:      # the full-context graph: whole windows, no cache
             samples[max_seq_len] = full_context_samples(ids, max_seq_len, n_samples)

@@ -130,10 +130,11 @@ def image_rope_positions(v, ids: list[int]):
 
 
 def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim", max_new_tokens: int = 32,
-                        raw: bool = False, image_splitting: bool | None = None) -> dict:
+                        raw: bool = False, image_splitting: bool | None = None, on_prefill=None) -> dict:
     """Greedy generation from an image (or a list of them, in prompt order) and a prompt → {"text",
     "token_ids", "prompt_ids", "notes", "first_logits" (the logits after the prompt), "stage"}.
-    `image_splitting=False` turns a tiling bundle's splitting off (one tile per image)."""
+    `image_splitting=False` turns a tiling bundle's splitting off (one tile per image); `on_prefill(done, total)`:
+    the prompt's progress through the decoder, chunk by chunk."""
     import torch
 
     from ...contract.bundle import open_bundle
@@ -187,7 +188,7 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
         f.no_token_id = bundle.manifest.llm.no_token_id
         f.rope_positions = rope
     runner = StaticRunner(graphs, spec, seq)
-    first = runner.prefill(ids)
+    first = runner.prefill(ids, on_prefill)
     out = [int(torch.argmax(first))]
     eos = set(tok.eos_ids)
     while len(out) < max_new_tokens and out[-1] not in eos and runner.past_len < seq:

@@ -28,6 +28,7 @@ import numpy as np
 from ...core.errors import InputError, ModelExportError
 from ...core.vocab import Role
 from ..spec import DEFAULT_MAX_SEQ_LEN
+from .vlm_calibration import calibration_images, image_blocks, write_image_rows, write_vision_calibration
 
 DEFAULT_VISION_PRECISION = "16a8w"
 VISION_PRECISIONS = ("8a8w", "16a8w")
@@ -36,23 +37,6 @@ VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in
 # Measured at the default 8 samples per variant (docs/llm_export.md, bench/results/vlm_image_calibration.json):
 # tiny Idefics3 +3 to +6 dB on the first step's logits vs the float VLM, tiny LLaVA unchanged (+-0.03 dB).
 CALIBRATE_IMAGE_POSITIONS = True
-
-
-def vision_calibration(facts, dest: Path) -> tuple[Path, str]:
-    """Calibration pixels from the real photos that ship offline (zoo/assets.py), each also mirrored:
-    preprocessed as the runtime will (llm/vision_inputs.load_pixels) → (.npz, what it is)."""
-    from PIL import Image, ImageOps
-
-    from ...llm.vision_inputs import load_pixels
-    from ...zoo.assets import sample_images
-    samples = []
-    for path in sample_images().values():
-        img = Image.open(path).convert("RGB")
-        for im in (img, ImageOps.mirror(img)):
-            x, _ = load_pixels(im, facts.image_size, facts.mean, facts.std, facts.rescale_factor)
-            samples.append(x)
-    np.savez(dest, pixel_values=np.stack(samples))
-    return dest, f"{len(samples)} real photos (skimage chelsea, coffee, and their mirror images)"
 
 
 def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
@@ -89,9 +73,14 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         model, family, facts = load_vlm(folder, **sizing)
         text_folder = write_text_folder(model, family, folder, work / "text")
         vision_onnx = export_vision_part(VisionPart(model, family, facts), work / "vision" / "vision.onnx")
-        calib, calib_what = vision_calibration(facts, work / "vision_calibration.npz")
         del model
-        rows = _image_rows(vision_onnx, calib, facts, work / "image_rows.npz") if CALIBRATE_IMAGE_POSITIONS else None
+        photos = calibration_images(facts, tiling)   # as the runtime shows them: tiles + global views, or resized
+        calib, calib_what = write_vision_calibration(photos, work / "vision_calibration.npz")
+        rows = None
+        if CALIBRATE_IMAGE_POSITIONS:
+            from ...llm.tokenizers import load_tokenizer
+            blocks = image_blocks(photos, facts, tiling, load_tokenizer(text_folder), sizing["max_seq_len"])
+            rows = write_image_rows(vision_onnx, photos, blocks, facts, work / "image_rows.npz")
         text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
                                         max_seq_len=sizing["max_seq_len"],
                                         image_calibration=str(rows) if rows else None)
@@ -102,8 +91,10 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         m = text_bundle.manifest
         m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what, tiling)
         if rows:
-            m.llm.vision.decoder_image_calibration = (f"the float vision part's rows of the {calib_what} at "
-                                                      "image tokens after the first token, in every other window of the text")
+            m.llm.vision.decoder_image_calibration = (
+                f"the float vision part's rows of the {calib_what} at image tokens after the first token "
+                f"(the prompt's image block as the runtime writes it{', at M-RoPE grid positions' if facts.position_rule == 'mrope_grid' else ''}), "
+                "in every other window of the text")
         m.placement[VISION_PART] = _placement(vision_bundle)
         from ...frontends.source_hash import source_sha256
         m.source = m.source.model_copy(update={   # the VLM folder, not the text folder made from it
@@ -127,17 +118,6 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         return bundle
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _image_rows(vision_onnx: Path, calib: Path, facts, dest: Path) -> Path:
-    """The float vision part's rows on the calibration photos → .npz (rows, image_token_id) for the
-    text decoder's calibration."""
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(vision_onnx), providers=["CPUExecutionProvider"])
-    pixels = np.load(calib)["pixel_values"]
-    rows = np.concatenate([sess.run(None, {"pixel_values": x})[0] for x in pixels])   # each [1, 3, S, S]
-    np.savez(dest, rows=rows.astype(np.float32), image_token_id=np.int64(facts.image_token_id))
-    return dest
 
 
 def _write_pipelines(w, text_bundle, m) -> dict[str, str]:

@@ -94,7 +94,8 @@ def generate(
         templated = prompt_mode(model_, raw)
         if not json_out and not quiet:
             err_console.print(f"[dim]{PROMPT_MODE_NOTES[templated]}[/]", highlight=False, soft_wrap=True)
-        result = _run_one(model_, prompt, options, chat=templated, json_out=json_out, quiet=quiet)
+        with _PrefillProgress(backend, enabled=not json_out and sys.stderr.isatty()) as on_prefill:
+            result = _run_one(model_, prompt, options, chat=templated, json_out=json_out, quiet=quiet, on_prefill=on_prefill)
         if not quiet and not json_out:
             _say_why_empty(result, templated, bool(model_.tokenizer.chat_template))
         if json_out:
@@ -112,8 +113,9 @@ def generate(
             continue
         if not text.strip():
             continue
-        stream = session.stream(text, **options)
-        result = _consume(stream, json_out=json_out, quiet=quiet)
+        with _PrefillProgress(backend, enabled=not json_out and sys.stderr.isatty()) as on_prefill:
+            stream = session.stream(text, **options, **({"on_prefill": on_prefill} if on_prefill else {}))
+            result = _consume(stream, json_out=json_out, quiet=quiet)
         turns.append({"user": text, **result.to_dict()})
     if json_out:
         emit_json({"turns": turns, "model": info})
@@ -128,8 +130,9 @@ def _generate_with_image(model, images: list[Path], prompt: str, backend: str, m
     if source_kind(Path(model)) != "bundle":
         raise InputError(f"--image needs a compiled vision-language bundle; {model} is not a bundle",
                          "compile the VLM folder first: modelexport compile SMOLVLM_FOLDER -o BUNDLE")
-    res = generate_with_image(Path(model), list(images), prompt, backend=backend, max_new_tokens=max_new_tokens, raw=raw,
-                              image_splitting=image_splitting)
+    with _PrefillProgress(backend, enabled=not json_out and sys.stderr.isatty()) as on_prefill:
+        res = generate_with_image(Path(model), list(images), prompt, backend=backend, max_new_tokens=max_new_tokens,
+                                  raw=raw, image_splitting=image_splitting, on_prefill=on_prefill)
     if json_out:
         emit_json({k: v for k, v in res.items() if k != "first_logits"})
         return
@@ -189,8 +192,50 @@ def _more_messages(first: list[str], interactive: bool):
         yield line
 
 
-def _run_one(model_, prompt, options, *, chat, json_out, quiet):
-    return _consume(model_.stream(prompt, chat=chat, **options), json_out=json_out, quiet=quiet)
+def _run_one(model_, prompt, options, *, chat, json_out, quiet, on_prefill=None):
+    return _consume(model_.stream(prompt, chat=chat, on_prefill=on_prefill, **options), json_out=json_out, quiet=quiet)
+
+
+# Backends whose prefill can take minutes (the simulator runs each chunk's graph): "prefill 32/480 tokens"
+# while it runs; on a log a line at the start, at most one per PREFILL_LINE_S after, and one at the end.
+PREFILL_PROGRESS_BACKENDS = frozenset({"htp-sim"})
+PREFILL_LINE_S = 10.0
+
+
+class _PrefillProgress:
+    """The prompt's progress through the graphs, chunk by chunk (Generator.stream's `on_prefill`): a bar on
+    a terminal, throttled stage lines on a log (cli.app.progress), gone before the first token prints."""
+
+    def __init__(self, backend: str, enabled: bool):
+        self.on = backend in PREFILL_PROGRESS_BACKENDS
+        self.enabled = enabled
+        self._cm = self._bar = None
+        self._shown = 0.0
+
+    def __enter__(self):
+        return self if self.on else None
+
+    def __call__(self, done: int, total: int) -> None:
+        import time
+
+        from ..app import err_console, progress
+        now = time.perf_counter()
+        text = f"prefill {done}/{total} tokens"
+        if self._bar is None:
+            if done >= total:
+                return
+            self._cm = progress(text, enabled=self.enabled, total=total)
+            self._bar, self._shown = self._cm.__enter__(), now
+        elif done >= total or err_console.is_terminal or now - self._shown >= PREFILL_LINE_S:
+            self._bar.update(description=text, completed=done)
+            self._shown = now
+        if done >= total:
+            self.__exit__(None, None, None)
+
+    def __exit__(self, *exc) -> None:
+        cm, self._cm, self._bar = self._cm, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
 
 
 def _consume(stream, *, json_out: bool, quiet: bool):

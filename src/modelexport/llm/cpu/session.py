@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -170,7 +170,7 @@ class ExecuTorchSession:
         self.position += len(ids)
         return out[0]
 
-    def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def feed(self, token_ids: Sequence[int], on_chunk: Callable[[int, int], None] | None = None) -> torch.Tensor:
         ids = list(token_ids)
         if not ids:
             raise InputError("nothing to feed: the token list is empty")
@@ -178,8 +178,12 @@ class ExecuTorchSession:
             raise InputError(f"{len(ids)} tokens do not fit after {self.position} of {self.max_seq_len} positions",
                              "use a shorter prompt, or rebuild with a larger --max-seq-len")
         logits = None
+        if on_chunk is not None:
+            on_chunk(0, len(ids))
         for i in range(0, len(ids), self.prefill_chunk):
             logits = self._forward(ids[i:i + self.prefill_chunk])
+            if on_chunk is not None:
+                on_chunk(min(i + self.prefill_chunk, len(ids)), len(ids))
         # a copy of our own (the output buffer is reused by the next call), made by numpy:
         # a single-threaded memcpy, where torch's clone would wake ATen's OpenMP pool
         return torch.from_numpy(logits.numpy().reshape(-1).copy())
