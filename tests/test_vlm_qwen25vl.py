@@ -15,7 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vlm_tiny import (IMAGE_TOKEN, QWEN2_VL_IDS, QWEN25_VL_SIZE, QWEN25_VL_TOKENS, QWEN25_VL_WINDOWS,  # noqa: E402
-                      hf_qwen_pixels, image_runner, write_tiny_vlm_folder)
+                      assert_every_node_on_the_htp, hf_qwen_first_logits, hf_qwen_pixels, image_runner,
+                      write_tiny_vlm_folder)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 START, END = QWEN2_VL_IDS["vision_start_token_id"], QWEN2_VL_IDS["vision_end_token_id"]
@@ -93,12 +94,10 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     x, _ = load_pixels(sample_images()["coffee"], facts.image_size, facts.mean, facts.std, facts.rescale_factor)
     ids = _prompt()
     assert ids[1:3 + QWEN25_VL_TOKENS] == [START, *[IMAGE_TOKEN] * QWEN25_VL_TOKENS, END]
+    ref = hf_qwen_first_logits(model, ids, x, GRID)
     with torch.no_grad():
         rows = VisionPart(model, family, facts)(torch.from_numpy(x)).numpy()
-        t = torch.tensor([ids])
-        ref = model(input_ids=t, pixel_values=hf_qwen_pixels(torch.from_numpy(x)), image_grid_thw=torch.tensor([GRID]),
-                    mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
-        without_image = model(input_ids=t).logits[0, -1].numpy()
+        without_image = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
     dec = build_static_decoder(text_decoder(model, family), StaticDecoderConfig(16, SEQ), inputs="embeddings")
     dec.rope_positions = rope_index(ids, IMAGE_TOKEN, GRID, 2)
     where = [i for i, tok in enumerate(ids) if tok == IMAGE_TOKEN]
@@ -128,11 +127,7 @@ def test_every_node_on_the_htp_and_the_vision_entry(bundle):
             assert "rope_position_ids" in {t.name for t in g.inputs}, g.name
     print(f"vision part vs float on the simulator: {v.check['SM8650'].sqnr_db} dB; HTP nodes:",
           {graph: per_target["SM8650"]["htp_nodes"] for graph, per_target in m.placement.items()})
-    assert m.placement["vision"]["SM8650"]["cpu_nodes"] == []
-    for graph, per_target in m.placement.items():
-        cpu = per_target["SM8650"]["cpu_nodes"]
-        assert per_target["SM8650"]["htp_nodes"] > 0, graph
-        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
+    assert_every_node_on_the_htp(m)
     assert "rope_position_ids" in m.llm.genie["SM8650"].dialog_note   # Genie's M-RoPE limit, as for Qwen2-VL
 
 
@@ -143,11 +138,7 @@ def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
     from modelexport.llm.vision_inputs import load_pixels
     _, f = read_vision_facts(folder, max_seq_len=SEQ)
     x, _ = load_pixels(image, f.image_size, f.mean, f.std, f.rescale_factor)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
-    t = torch.tensor([ids])
-    with torch.no_grad():
-        return model(input_ids=t, pixel_values=hf_qwen_pixels(torch.from_numpy(x)), image_grid_thw=torch.tensor([GRID]),
-                     mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
+    return hf_qwen_first_logits(Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval(), ids, x, GRID)
 
 
 def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
@@ -169,3 +160,19 @@ def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):
         print(f"{backend}: first-step logits {sqnr:.2f} dB vs the float Qwen2.5-VL; the image's effect {effect:.2f} dB")
         assert sqnr > 30 and ref.argmax() == r["first_logits"].argmax(), (backend, sqnr)
         assert effect > 6, (backend, effect)
+
+
+def test_generate_cli_with_an_image(bundle, cli_here):
+    """`generate BUNDLE --image X --prompt ...` on both backends (chat template: the tiny tokenizer has none, so
+    the prompt is plain): exit 0, the resize note, the image's block after the first token, two new tokens."""
+    import json
+
+    from modelexport.zoo.assets import sample_images
+    for backend in ("cpu", "htp-sim"):
+        proc = cli_here("generate", str(bundle.path), "--image", str(sample_images()["chelsea"]), "--prompt", "What is it?",
+                        "--backend", backend, "-n", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["notes"] == [f"image of 451x300 resized to {QWEN25_VL_SIZE}x{QWEN25_VL_SIZE} (the vision part's size)"]
+        assert out["prompt_ids"][1:3 + QWEN25_VL_TOKENS] == [START, *[IMAGE_TOKEN] * QWEN25_VL_TOKENS, END]
+        assert len(out["token_ids"]) == 2, (backend, out)

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vlm_tiny import (IMAGE_TOKEN, MEAN, MROPE_SECTION, QWEN2_VL_IDS, QWEN2_VL_SIZE, QWEN2_VL_TOKENS, STD,  # noqa: E402
-                      hf_qwen_pixels, image_runner, write_tiny_vlm_folder)
+                      hf_qwen_first_logits, hf_qwen_pixels, image_runner, write_tiny_vlm_folder)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 START, END = QWEN2_VL_IDS["vision_start_token_id"], QWEN2_VL_IDS["vision_end_token_id"]
@@ -162,12 +162,10 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     ids = _prompt()
     assert ids[1:3 + QWEN2_VL_TOKENS] == [START, *[IMAGE_TOKEN] * QWEN2_VL_TOKENS, END]
     lm = text_decoder(model, family)
+    ref = hf_qwen_first_logits(model, ids, x, GRID)
     with torch.no_grad():
         rows = VisionPart(model, family, facts)(torch.from_numpy(x)).numpy()
-        t = torch.tensor([ids])
-        ref = model(input_ids=t, pixel_values=hf_qwen_pixels(torch.from_numpy(x)), image_grid_thw=torch.tensor([GRID]),
-                    mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
-        without_image = model(input_ids=t).logits[0, -1].numpy()
+        without_image = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
     dec = build_static_decoder(lm, StaticDecoderConfig(4, 32), inputs="embeddings")
     dec.rope_positions = rope_index(ids, IMAGE_TOKEN, GRID, 2)
     where = [i for i, tok in enumerate(ids) if tok == IMAGE_TOKEN]

@@ -217,3 +217,22 @@ def image_runner(dec, rows_at: dict, variants=(1, 4)):
             first = place_rows_at_positions({"inputs_embeds": dec.lookup(ids).numpy()}, pos, rows_at, None)
             return dec(*dec.graph_inputs((torch.from_numpy(first["inputs_embeds"]), pos, mask, *caches)))
     return StaticRunner({n: graph for n in variants}, dec.spec, dec.cfg.max_seq_len)
+
+
+def hf_qwen_first_logits(model, ids: list[int], x, grid) -> "np.ndarray":
+    """A transformers Qwen2-VL / Qwen2.5-VL model's logits after `ids` holding one image's tokens, the image
+    given as normalized pixels x [1, 3, S, S] (its own patches, image_grid_thw, mm_token_type_ids)."""
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        return model(input_ids=t, pixel_values=hf_qwen_pixels(torch.as_tensor(x)), image_grid_thw=torch.tensor([list(grid)]),
+                     mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
+
+
+def assert_every_node_on_the_htp(manifest, target: str = "SM8650") -> None:
+    """As the QNN EP reported it: the vision part wholly on the HTP, and in every graph only the float IO's
+    Quantize / Dequantize on the CPU."""
+    assert manifest.placement["vision"][target]["cpu_nodes"] == []
+    for graph, per_target in manifest.placement.items():
+        cpu = per_target[target]["cpu_nodes"]
+        assert per_target[target]["htp_nodes"] > 0, graph
+        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
