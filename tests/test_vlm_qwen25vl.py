@@ -3,7 +3,8 @@ windowed ViT, block 1 full attention; patch 14, merge 2 and window 112 kept: a 2
 64 image tokens; the Qwen2 + M-RoPE text model of the Qwen2-VL tests). In float: the vision part (windows as
 constants) against transformers' get_image_features, the whole pipeline against
 Qwen2_5_VLForConditionalGeneration. Compiled (one tiny compile, ~1 min): every node on the HTP, and
-`generate --image` on the CPU (QDQ) and the simulator against the float model."""
+`generate --image` on the CPU (QDQ) and the simulator against the float model. Heavy (`make test-heavy`): a tower
+of the real 3B width at 448 px, all on the HTP."""
 from __future__ import annotations
 
 import sys
@@ -176,3 +177,35 @@ def test_generate_cli_with_an_image(bundle, cli_here):
         assert out["notes"] == [f"image of 451x300 resized to {QWEN25_VL_SIZE}x{QWEN25_VL_SIZE} (the vision part's size)"]
         assert out["prompt_ids"][1:3 + QWEN25_VL_TOKENS] == [START, *[IMAGE_TOKEN] * QWEN25_VL_TOKENS, END]
         assert len(out["token_ids"]) == 2, (backend, out)
+
+
+@pytest.mark.heavy
+def test_a_tower_of_the_real_width_is_all_on_the_htp(tmp_path):
+    """Qwen2.5-VL-3B's tower sizes (width 1280, 16 heads of 80, gated MLP 3420) with 2 blocks (block 1 full), random
+    weights, at 448 px (16 windows, 256 image tokens), with the tiny text model: every vision node on the HTP and
+    the simulator near the float vision part (~4 min)."""
+    import copy
+    import json
+
+    import modelexport
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from llm_tiny import CALIBRATION_TEXT, tiny_tokenizer
+    from vlm_tiny import PREPROCESSORS, QWEN25_VL_3B_CONFIG, tiny_qwen25_vl_config
+    cfg = dict(tiny_qwen25_vl_config(), max_position_embeddings=1024)      # room for C = 512
+    cfg["vision_config"] = dict(copy.deepcopy(QWEN25_VL_3B_CONFIG["vision_config"]), depth=2, fullatt_block_indexes=[1],
+                                out_hidden_size=cfg["hidden_size"])
+    torch.manual_seed(0)
+    folder = tmp_path / "wide"
+    Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**cfg)).save_pretrained(folder)
+    tiny_tokenizer().save(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSORS["qwen2_vl"], "max_pixels": 448 * 448}))
+    (tmp_path / "calib.txt").write_text(CALIBRATION_TEXT)
+    b = modelexport.compile(str(folder), output=tmp_path / "out", target="SM8650", precision="16a8w", max_seq_len=512,
+                            variants="ar1,ar32", calibration=str(tmp_path / "calib.txt"), calibration_samples=2)
+    v = b.manifest.llm.vision
+    assert (v.image_size, v.tokens_per_image) == (448, 256)
+    assert_every_node_on_the_htp(b.manifest)
+    print(f"real-width tower, 448 px: vision {b.manifest.placement['vision']['SM8650']['htp_nodes']} nodes on the HTP, "
+          f"{v.check['SM8650'].sqnr_db} dB on the simulator vs float")
+    assert v.check["SM8650"].sqnr_db > 25
