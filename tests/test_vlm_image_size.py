@@ -9,7 +9,7 @@ from modelexport.core.errors import InputError
 from modelexport.frontends.vlm_families import read_vision_facts
 
 from conftest import assert_clean_error
-from vlm_tiny import PREPROCESSORS, write_tiny_vlm_folder
+from vlm_tiny import PREPROCESSORS, QWEN25_VL_3B_CONFIG, QWEN25_VL_3B_PIXELS, write_tiny_vlm_folder
 
 # Qwen2-VL-2B-Instruct's preprocessor_config.json numbers: 3,584-pixel square at max_pixels = 16,384 tokens.
 REAL_2B_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
@@ -23,7 +23,11 @@ def folders(tmp_path_factory):
     real.mkdir()
     shutil.copy(qwen / "config.json", real / "config.json")
     (real / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSORS["qwen2_vl"], **REAL_2B_PIXELS}))
-    return {"qwen2_vl": qwen, "real_2b": real, "idefics3": write_tiny_vlm_folder(root, "idefics3")}
+    real_3b = root / "qwen25_3b"                       # Qwen2.5-VL-3B's own config.json (flat, hub form)
+    real_3b.mkdir()
+    (real_3b / "config.json").write_text(json.dumps(QWEN25_VL_3B_CONFIG))
+    (real_3b / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSORS["qwen2_vl"], **QWEN25_VL_3B_PIXELS}))
+    return {"qwen2_vl": qwen, "real_2b": real, "idefics3": write_tiny_vlm_folder(root, "idefics3"), "real_3b": real_3b}
 
 
 @pytest.mark.parametrize("max_seq_len,size,tokens", [(512, 448, 256), (2048, 896, 1024), (4096, 1260, 2025)])
@@ -54,6 +58,32 @@ def test_qwen2_vl_image_size_refused_names_the_nearest(folders, asked, hint):
         read_vision_facts(folders["real_2b"], image_size=asked)
     assert f"--image-size {asked}" in str(e.value) and "multiple of 28" in str(e.value)
     assert e.value.fix.endswith(f"--image-size {hint}")
+
+
+@pytest.mark.parametrize("max_seq_len,size,tokens", [(512, 448, 256), (2048, 896, 1024), (4096, 1232, 1936), (None, 3584, 16384)])
+def test_qwen25_vl_takes_whole_windows(folders, max_seq_len, size, tokens):
+    """Qwen2.5-VL-3B's config: the tower's windows are 112 pixels (4 x 4 image tokens), so its sizes are multiples
+    of 112 (at 4096, 1232 where Qwen2-VL takes 1260); the flat hub config and its unnamed tower are read."""
+    family, facts = read_vision_facts(folders["real_3b"], max_seq_len=max_seq_len)
+    assert (family.model_type, facts.text_model_type, facts.image_wrap_ids) == ("qwen2_5_vl", "qwen2", (151652, 151653))
+    assert (facts.image_size, facts.tokens_per_image, facts.grid_thw) == (size, tokens, (1, size // 14, size // 14))
+
+
+@pytest.mark.parametrize("asked,hint", [(476, "448 or 560"), (56, "112"), (1260, "1232 or 1344")])
+def test_qwen25_vl_image_size_not_whole_windows_is_refused(folders, asked, hint):
+    assert read_vision_facts(folders["real_3b"], image_size=560)[1].tokens_per_image == 400
+    with pytest.raises(InputError) as e:
+        read_vision_facts(folders["real_3b"], image_size=asked)
+    assert f"--image-size {asked}" in str(e.value) and "multiple of 112" in str(e.value)
+    assert "window_size 112" in str(e.value) and e.value.fix.endswith(f"--image-size {hint}")
+
+
+def test_max_pixels_below_one_window_is_refused(folders, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_VL_3B_CONFIG))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSORS["qwen2_vl"], "max_pixels": 100 * 100}))
+    with pytest.raises(InputError) as e:
+        read_vision_facts(tmp_path, max_seq_len=512)
+    assert "max_pixels 10000" in str(e.value) and "112 x 112" in str(e.value) and "at least 12544" in e.value.fix
 
 
 def test_fixed_tower_takes_only_its_own_size(folders):

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from vlm_tiny import (IMAGE_TOKEN, MEAN, MROPE_SECTION, QWEN2_VL_IDS, QWEN2_VL_SIZE, QWEN2_VL_TOKENS, STD,  # noqa: E402
-                      write_tiny_vlm_folder)
+                      hf_qwen_first_logits, hf_qwen_pixels, image_runner, write_tiny_vlm_folder)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 START, END = QWEN2_VL_IDS["vision_start_token_id"], QWEN2_VL_IDS["vision_end_token_id"]
@@ -81,20 +81,6 @@ def _hf_logits(model, embeds: torch.Tensor, rope: np.ndarray) -> np.ndarray:
         return model.lm_head(h)[0].numpy()
 
 
-def _image_runner(dec, rows_at: dict):
-    """The runtime's loop in eager float: ids looked up by the decoder's own table, the rows put at their
-    absolute positions (place_rows_at_positions, as the bundle's ChainedForward does), the decoder's
-    M-RoPE positions from `dec.rope_positions`; ar4 chunks and ar1 steps."""
-    from modelexport.llm.static_runner import StaticRunner
-    from modelexport.llm.vision_inputs import place_rows_at_positions
-
-    def graph(ids, pos, mask, *caches):
-        with torch.inference_mode():
-            first = place_rows_at_positions({"inputs_embeds": dec.lookup(ids).numpy()}, pos, rows_at, None)
-            return dec(*dec.graph_inputs((torch.from_numpy(first["inputs_embeds"]), pos, mask, *caches)))
-    return StaticRunner({1: graph, 4: graph}, dec.spec, dec.cfg.max_seq_len)
-
-
 def test_static_decoder_with_mrope_positions_is_the_language_model(loaded):
     """The embeddings-in static decoder (float) fed random embeddings at the prompt's M-RoPE positions,
     in ar4 chunks and ar1 steps, gives transformers' logits at every position to 1e-4."""
@@ -108,13 +94,13 @@ def test_static_decoder_with_mrope_positions_is_the_language_model(loaded):
     dec = build_static_decoder(text_decoder(model, family), StaticDecoderConfig(4, 32), inputs="embeddings")
     assert dec.mrope and dec.input_names()[:3] == ["inputs_embeds", "rope_position_ids", "attention_mask"]
     dec.rope_positions = rope
-    runner = _image_runner(dec, {p: embeds[0, p].numpy() for p in range(len(ids))})
+    runner = image_runner(dec, {p: embeds[0, p].numpy() for p in range(len(ids))})
     got = np.concatenate([runner.feed(ids[:8]).numpy(), *[runner.feed([t]).numpy() for t in ids[8:]]])
     assert runner.chunks == [4, 4] + [1] * (len(ids) - 8)
     ref = _hf_logits(model, embeds, rope(np.arange(len(ids))[None]))
     np.testing.assert_allclose(got, ref, atol=1e-4)
     dec.rope_positions = RopePositions.text()     # the same inputs at text positions: the check can fail
-    assert np.abs(_image_runner(dec, {p: embeds[0, p].numpy() for p in range(len(ids))}).feed(ids).numpy() - ref).max() > 5e-4
+    assert np.abs(image_runner(dec, {p: embeds[0, p].numpy() for p in range(len(ids))}).feed(ids).numpy() - ref).max() > 5e-4
 
 
 def test_text_only_mrope_is_plain_rope(loaded):
@@ -151,20 +137,13 @@ def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     part = VisionPart(model, family, facts)
     x = torch.randn(1, 3, QWEN2_VL_SIZE, QWEN2_VL_SIZE, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref = model.model.get_image_features(_hf_pixels(x), torch.tensor([GRID])).pooler_output[0]
+        ref = model.model.get_image_features(hf_qwen_pixels(x), torch.tensor([GRID])).pooler_output[0]
         got = part(x)[0]
     assert got.shape == (QWEN2_VL_TOKENS, 64)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     out = ort.InferenceSession(str(export_vision_part(part, tmp_path / "vision.onnx")),
                                providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x.numpy()})[0]
     np.testing.assert_allclose(out[0], ref.numpy(), atol=1e-5)
-
-
-def _hf_pixels(x: torch.Tensor) -> torch.Tensor:
-    """transformers' own flattened patches of normalized pixels [1, 3, S, S] (its image processor's patchify)."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    patches, _, _ = Qwen2VLImageProcessorPil().patchify(x[0].numpy(), patch_size=14, merge_size=2, temporal_patch_size=2)
-    return torch.from_numpy(np.ascontiguousarray(patches))
 
 
 def test_float_pipeline_first_logits_are_the_full_model(loaded):
@@ -183,16 +162,14 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     ids = _prompt()
     assert ids[1:3 + QWEN2_VL_TOKENS] == [START, *[IMAGE_TOKEN] * QWEN2_VL_TOKENS, END]
     lm = text_decoder(model, family)
+    ref = hf_qwen_first_logits(model, ids, x, GRID)
     with torch.no_grad():
         rows = VisionPart(model, family, facts)(torch.from_numpy(x)).numpy()
-        t = torch.tensor([ids])
-        ref = model(input_ids=t, pixel_values=_hf_pixels(torch.from_numpy(x)), image_grid_thw=torch.tensor([GRID]),
-                    mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
-        without_image = model(input_ids=t).logits[0, -1].numpy()
+        without_image = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
     dec = build_static_decoder(lm, StaticDecoderConfig(4, 32), inputs="embeddings")
     dec.rope_positions = rope_index(ids, IMAGE_TOKEN, GRID, 2)
     where = [i for i, tok in enumerate(ids) if tok == IMAGE_TOKEN]
-    got = _image_runner(dec, dict(zip(where, rows[0]))).prefill(ids).numpy()
+    got = image_runner(dec, dict(zip(where, rows[0]))).prefill(ids).numpy()
     np.testing.assert_allclose(got, ref, atol=1e-4)
     assert np.abs(without_image - ref).max() > 1e-2     # the image and its positions matter: the check can fail
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vlm_tiny import IMAGE_TOKEN, QWEN2_VL_IDS, QWEN2_VL_SIZE, QWEN2_VL_TOKENS, write_tiny_vlm_folder  # noqa: E402
+from vlm_tiny import (IMAGE_TOKEN, QWEN2_VL_IDS, QWEN2_VL_SIZE, QWEN2_VL_TOKENS, assert_every_node_on_the_htp,  # noqa: E402
+                      hf_qwen_first_logits, write_tiny_vlm_folder)
 
 SEQ = 32
 GRID = [1, QWEN2_VL_SIZE // 14, QWEN2_VL_SIZE // 14]
@@ -52,27 +52,17 @@ def test_every_node_on_the_htp_and_the_vision_entry(bundle):
         assert {"inputs_embeds", "rope_position_ids"} <= names and "position_ids" not in names, g.name
     print(f"vision part vs float on the simulator: {v.check['SM8650'].sqnr_db} dB; HTP nodes:",
           {graph: per_target["SM8650"]["htp_nodes"] for graph, per_target in m.placement.items()})
-    assert m.placement["vision"]["SM8650"]["cpu_nodes"] == []
-    for graph, per_target in m.placement.items():
-        cpu = per_target["SM8650"]["cpu_nodes"]
-        assert per_target["SM8650"]["htp_nodes"] > 0, graph
-        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)
+    assert_every_node_on_the_htp(m)
 
 
 def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
     from transformers import Qwen2VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from modelexport.frontends.vlm_families import read_vision_facts
     from modelexport.llm.vision_inputs import load_pixels
     _, f = read_vision_facts(folder)
     x, _ = load_pixels(image, f.image_size, f.mean, f.std, f.rescale_factor)
-    patches, _, _ = Qwen2VLImageProcessorPil().patchify(x[0], patch_size=14, merge_size=2, temporal_patch_size=2)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(folder).eval()
-    t = torch.tensor([ids])
-    with torch.no_grad():
-        return model(input_ids=t, pixel_values=torch.from_numpy(np.ascontiguousarray(patches)), image_grid_thw=torch.tensor([GRID]),
-                     mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
+    return hf_qwen_first_logits(Qwen2VLForConditionalGeneration.from_pretrained(folder).eval(), ids, x, GRID)
 
 
 def test_generate_with_an_image_gives_the_float_model_logits(bundle, work):

@@ -3,7 +3,8 @@ folders with the tiny tokenizer and a preprocessor config: an Idefics3 (SmolVLM'
 2-layer vision tower on 32x32 images, patches of 8: 16 patches, pixel shuffle 2: 4 image tokens), a
 LLaVA (a 3-layer CLIP tower on the same images, features of layer -2 without CLS: 16 image tokens) and
 a Qwen2-VL (a 2-layer ViT on 56x56 images, patches of 14 merged 2 x 2: 4 image tokens; its text model
-has the tiny Llama's sizes with Qwen2's biases and M-RoPE)."""
+has the tiny Llama's sizes with Qwen2's biases and M-RoPE) and a Qwen2.5-VL (the same text model, a 2-block
+windowed ViT on 224x224 images: 4 windows, 64 image tokens)."""
 from __future__ import annotations
 
 import json
@@ -86,11 +87,62 @@ def tiny_qwen2_vl(seed: int = 0):
     return model
 
 
-BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava, "qwen2_vl": tiny_qwen2_vl}
-TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE, "qwen2_vl": QWEN2_VL_TOKENS}
+# Qwen/Qwen2.5-VL-3B-Instruct's config.json as the hub has it (flat: text fields at the top level, the tower
+# without a model_type, rope_scaling {"type": "mrope"}), and its preprocessor's pixel bounds.
+QWEN25_VL_3B_CONFIG = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+    "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 128000, "max_window_layers": 70,
+    "model_type": "qwen2_5_vl", "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+    "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                      "in_chans": 3, "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+                      "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                      "tokens_per_second": 2, "temporal_patch_size": 2},
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 151936}
+QWEN25_VL_3B_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
+# Cut down: the tiny Llama's text sizes (head_dim 16: M-RoPE sections [2, 3, 3] in the ratio of [16, 24, 24]) and
+# the tiny vocabulary; a 2-block tower of width 32 whose block 1 is the full-attention one (the real: every 8th,
+# the last too); patch 14, merge 2 and window 112 kept, so a 224 x 224 image (the preprocessor's max_pixels) is
+# 16 x 16 patches in 2 x 2 windows of 8 x 8 patches: 64 image tokens.
+QWEN25_VL_SIZE, QWEN25_VL_TOKENS, QWEN25_VL_WINDOWS = 224, 64, 4
+
+
+def tiny_qwen25_vl_config() -> dict:
+    """Qwen2.5-VL-3B's config.json (flat, as on the hub) cut down to the tiny sizes."""
+    import copy
+    cfg = copy.deepcopy(QWEN25_VL_3B_CONFIG)
+    text = {k: v for k, v in TINY_CONFIG.items() if k not in ("tie_word_embeddings", "rope_parameters")}
+    cfg.update(text, vocab_size=QWEN2_VL_VOCAB, max_position_embeddings=256, rope_theta=10000.0,
+               rope_scaling={"type": "mrope", "mrope_section": list(MROPE_SECTION)}, torch_dtype="float32",
+               **QWEN2_VL_IDS)
+    cfg.pop("vision_token_id")
+    cfg["vision_config"].update(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1],
+                                out_hidden_size=TINY_CONFIG["hidden_size"])
+    return cfg
+
+
+def tiny_qwen25_vl(seed: int = 0):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**tiny_qwen25_vl_config())).eval()
+    with torch.no_grad():   # attention that is not near uniform (else windows and full attention barely differ),
+        model.model.language_model.embed_tokens.weight.mul_(8.0)      # rows of the text embeddings' scale
+        for blk in model.model.visual.blocks:
+            blk.attn.qkv.weight.mul_(8.0)
+        model.model.visual.merger.mlp[2].weight.mul_(4.0)
+    return model
+
+
+BUILDERS = {"idefics3": tiny_vlm, "llava": tiny_llava, "qwen2_vl": tiny_qwen2_vl, "qwen2_5_vl": tiny_qwen25_vl}
+TOKENS = {"idefics3": TOKENS_PER_IMAGE, "llava": LLAVA_TOKENS_PER_IMAGE, "qwen2_vl": QWEN2_VL_TOKENS,
+          "qwen2_5_vl": QWEN25_VL_TOKENS}
 PREPROCESSORS = {"qwen2_vl": {"image_processor_type": "Qwen2VLImageProcessor", "image_mean": MEAN, "image_std": STD,
                               "rescale_factor": 1 / 255, "min_pixels": 28 * 28, "max_pixels": QWEN2_VL_SIZE ** 2,
                               "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}}
+PREPROCESSORS["qwen2_5_vl"] = {**PREPROCESSORS["qwen2_vl"], "max_pixels": QWEN25_VL_SIZE ** 2}
 
 
 def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
@@ -140,3 +192,47 @@ def write_tiny_tiling_folder(root) -> Path:
     (folder / "preprocessor_config.json").write_text(json.dumps(TILING_PREPROCESSOR))
     (root / "calib.txt").write_text(CALIBRATION_TEXT)
     return folder
+
+
+# What the Qwen2-VL and Qwen2.5-VL float tests share: transformers' own patches of an image, and the runtime's
+# decoding loop in eager float with image rows placed.
+def hf_qwen_pixels(x: torch.Tensor) -> torch.Tensor:
+    """transformers' own flattened patches of normalized pixels [1, 3, S, S] (its image processor's patchify;
+    Qwen2.5-VL's processor is Qwen2-VL's)."""
+    import numpy as np
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    patches, _, _ = Qwen2VLImageProcessorPil().patchify(x[0].numpy(), patch_size=14, merge_size=2, temporal_patch_size=2)
+    return torch.from_numpy(np.ascontiguousarray(patches))
+
+
+def image_runner(dec, rows_at: dict, variants=(1, 4)):
+    """The runtime's loop in eager float: ids looked up by the decoder's own table, the rows put at their
+    absolute positions (place_rows_at_positions, as the bundle's ChainedForward does), the decoder's
+    M-RoPE positions from `dec.rope_positions`; arN chunks and ar1 steps."""
+    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.vision_inputs import place_rows_at_positions
+
+    def graph(ids, pos, mask, *caches):
+        with torch.inference_mode():
+            first = place_rows_at_positions({"inputs_embeds": dec.lookup(ids).numpy()}, pos, rows_at, None)
+            return dec(*dec.graph_inputs((torch.from_numpy(first["inputs_embeds"]), pos, mask, *caches)))
+    return StaticRunner({n: graph for n in variants}, dec.spec, dec.cfg.max_seq_len)
+
+
+def hf_qwen_first_logits(model, ids: list[int], x, grid) -> "np.ndarray":
+    """A transformers Qwen2-VL / Qwen2.5-VL model's logits after `ids` holding one image's tokens, the image
+    given as normalized pixels x [1, 3, S, S] (its own patches, image_grid_thw, mm_token_type_ids)."""
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        return model(input_ids=t, pixel_values=hf_qwen_pixels(torch.as_tensor(x)), image_grid_thw=torch.tensor([list(grid)]),
+                     mm_token_type_ids=(t == IMAGE_TOKEN).int()).logits[0, -1].numpy()
+
+
+def assert_every_node_on_the_htp(manifest, target: str = "SM8650") -> None:
+    """As the QNN EP reported it: the vision part wholly on the HTP, and in every graph only the float IO's
+    Quantize / Dequantize on the CPU."""
+    assert manifest.placement["vision"][target]["cpu_nodes"] == []
+    for graph, per_target in manifest.placement.items():
+        cpu = per_target[target]["cpu_nodes"]
+        assert per_target[target]["htp_nodes"] > 0, graph
+        assert all("QuantizeLinear" in n or "DequantizeLinear" in n for n in cpu), (graph, cpu)

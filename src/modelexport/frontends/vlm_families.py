@@ -28,6 +28,9 @@ TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches", "merged_grid")
 # within min/max pixels), the graph here is static, so one size is fixed: --image-size when given (a multiple
 # of patch x merge within min/max pixels), else the largest such square whose image tokens take at most half
 # of --max-seq-len (the rest is for text); a real 2B folder's max_pixels square (3,584) is 16,384 tokens.
+# A tower with attention windows (VLMFamily.window_field: Qwen2.5-VL) takes only whole windows: the multiple is
+# then one window (112 pixels in the real models), so every window has the same size and the vision part
+# reshapes to windows (transformers pads the grid to whole windows and drops the padding: smaller edge windows).
 IMAGE_SIZE_RULES = ("vision_config", "processor_max_pixels")
 # What positions the image tokens take: "text" (one per token, as any text), "mrope_grid" (M-RoPE: the
 # merged grid's (t, row, column), the text after it from the image's largest position + 1: llm/mrope.py).
@@ -39,9 +42,11 @@ PLACEMENT_RULES = ("replace_in_order",)
 # A folder without preprocessor_config.json: the image processor's own defaults (transformers).
 _CLIP_NORMALIZATION = ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
 DEFAULT_NORMALIZATION = {"idefics3": ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]), "llava": _CLIP_NORMALIZATION,
-                         "qwen2_vl": _CLIP_NORMALIZATION}
+                         "qwen2_vl": _CLIP_NORMALIZATION, "qwen2_5_vl": _CLIP_NORMALIZATION}
 # transformers' Qwen2VLImageProcessor defaults (a preprocessor_config.json may set others)
 QWEN2_VL_MAX_PIXELS = 28 * 28 * 1280
+# transformers' Qwen2_5_VLVisionConfig.window_size default (pixels; the real 3B / 7B / 72B configs say 112 too)
+QWEN2_5_VL_WINDOW = 112
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class VLMFamily:
     # the decoder row the text model is built as when its own model_type is not a row ("qwen2_vl_text" is
     # qwen2 with M-RoPE: the same weights under Qwen2ForCausalLM's names)
     text_family: str | None = None
+    # the vision_config field of the tower's attention window side in pixels (Qwen2.5-VL: "window_size"):
+    # the image must be whole windows (IMAGE_SIZE_RULES)
+    window_field: str | None = None
 
     def facts(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +96,15 @@ VLM_FAMILIES: tuple[VLMFamily, ...] = (
               lm_head="lm_head", vision_model_types=("qwen2_vl_vision", "qwen2_vl"), token_count="merged_grid",
               image_size_rule="processor_max_pixels", position_rule="mrope_grid",
               image_wrap_fields=("vision_start_token_id", "vision_end_token_id"), text_family="qwen2"),
+    # Qwen2.5-VL: Qwen2-VL's layout (patches, 2 x 2 merge, M-RoPE text model) with a tower of RMSNorm and gated
+    # MLPs whose blocks attend within windows of window_size pixels except fullatt_block_indexes (all patches).
+    # Hub folders are flat and name the tower "qwen2_5_vl" or nothing.
+    VLMFamily("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLForConditionalGeneration",
+              vision_tower="model.visual", projector="model.visual.merger", text_model="model.language_model",
+              lm_head="lm_head", vision_model_types=("qwen2_5_vl_vision", "qwen2_5_vl"), token_count="merged_grid",
+              image_size_rule="processor_max_pixels", position_rule="mrope_grid",
+              image_wrap_fields=("vision_start_token_id", "vision_end_token_id"), text_family="qwen2",
+              window_field="window_size"),
 )
 VLM_BY_MODEL_TYPE = {f.model_type: f for f in VLM_FAMILIES}
 
@@ -155,13 +172,26 @@ def _tokens_per_image(family: VLMFamily, raw: dict, vision: dict, image_size: in
     return int(count())
 
 
-def _pixel_bounds(vision: dict, pre: dict) -> tuple[int, int, int]:
-    """(factor, min_pixels, max_pixels) of a processor_max_pixels family: sizes are multiples of factor."""
+def _size_step(family: VLMFamily, vision: dict) -> tuple[int, str]:
+    """(factor, why) of a processor_max_pixels family: its sizes are multiples of factor. One image token is
+    patch x merge pixels; a windowed tower (window_field) takes whole windows of window // (patch x merge)
+    tokens per side, as transformers' get_vision_window_index counts them."""
     factor = int(vision["patch_size"]) * int(vision.get("spatial_merge_size", 2))
+    if not family.window_field:
+        return factor, "patch_size x merge_size"
+    window = int(vision.get(family.window_field, QWEN2_5_VL_WINDOW))
+    per_window = max(1, window // factor)
+    return factor * per_window, (f"whole attention windows: {family.window_field} {window} = {per_window} x {per_window} "
+                                 f"image tokens of {factor} pixels")
+
+
+def _pixel_bounds(family: VLMFamily, vision: dict, pre: dict) -> tuple[int, str, int, int]:
+    """(factor, why, min_pixels, max_pixels) of a processor_max_pixels family: sizes are multiples of factor."""
+    factor, why = _size_step(family, vision)
     size = pre.get("size") or {}
     max_pixels = int(pre.get("max_pixels") or size.get("longest_edge") or size.get("max_pixels") or QWEN2_VL_MAX_PIXELS)
     min_pixels = int(pre.get("min_pixels") or size.get("shortest_edge") or size.get("min_pixels") or factor * factor)
-    return factor, min_pixels, max_pixels
+    return factor, why, min_pixels, max_pixels
 
 
 def _image_size(family: VLMFamily, raw: dict, vision: dict, pre: dict, image_size: int | None,
@@ -175,16 +205,21 @@ def _image_size(family: VLMFamily, raw: dict, vision: dict, pre: dict, image_siz
             raise InputError(f"--image-size {image_size}: the {family.label} vision tower is built for {fixed} pixels "
                              "(vision_config.image_size)", f"leave --image-size out or pass --image-size {fixed}")
         return fixed
-    factor, min_pixels, max_pixels = _pixel_bounds(vision, pre)
+    factor, why, min_pixels, max_pixels = _pixel_bounds(family, vision, pre)
     lo = max(factor, -(-int(min_pixels ** 0.5) // factor) * factor)
     lo += factor if lo * lo < min_pixels else 0
     hi = int(max_pixels ** 0.5) // factor * factor
+    if hi < lo:
+        raise InputError(f"{where}: no {family.label} image size is within max_pixels {max_pixels}: the smallest "
+                         f"takes {lo} x {lo} pixels (a multiple of {factor}: {why})",
+                         f"set max_pixels to at least {lo * lo} in preprocessor_config.json (the model's original "
+                         "file has a larger one)")
     if image_size is not None:
         if image_size % factor or not lo <= image_size <= hi:
             near = sorted({min(max(lo, image_size // factor * factor), hi),
                            min(max(lo, -(-image_size // factor) * factor), hi)})
             raise InputError(f"--image-size {image_size}: {family.label} takes a multiple of {factor} "
-                             f"(patch_size x merge_size) between {lo} and {hi} (min_pixels {min_pixels}, "
+                             f"({why}) between {lo} and {hi} (min_pixels {min_pixels}, "
                              f"max_pixels {max_pixels})",
                              f"use --image-size {' or '.join(str(n) for n in near)}")
         return image_size

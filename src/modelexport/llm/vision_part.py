@@ -101,8 +101,7 @@ class Qwen2VLVisionPart(nn.Module):
         self.register_buffer("sin", sin[:, None, :].float(), persistent=False)
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:      # x [N, heads, head_dim]
-        half = x.shape[-1] // 2
-        return x * self.cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * self.sin
+        return _rotate(x, self.cos, self.sin)
 
     def _block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
         attn, n = blk.attn, x.shape[0]
@@ -121,7 +120,67 @@ class Qwen2VLVisionPart(nn.Module):
         return self.projector(x).unsqueeze(0)                                   # [1, g*g / m^2, hidden]
 
 
-VISION_BUILDERS = {"idefics3": Idefics3VisionPart, "llava": LlavaVisionPart, "qwen2_vl": Qwen2VLVisionPart}
+class Qwen25VLVisionPart(Qwen2VLVisionPart):
+    """Qwen2.5-VL: `Qwen2_5_VLModel.get_image_features` for one image of the fixed size.
+
+    Qwen2-VL's patches, merge blocks and 2-D RoPE; the blocks' RMSNorms and gated MLPs are their own modules,
+    called as they are. transformers reorders the merge blocks window by window (get_vision_window_index), runs
+    every block on that order (window blocks attend within each window, fullatt_block_indexes to all rows) and
+    puts the merger's rows back with the inverse order. For the one grid both orders are constants (one
+    Gather each); the image is whole windows (vlm_families.IMAGE_SIZE_RULES), so every window has the same
+    length L and a window block is attention batched over [windows, heads, L, L]: no mask (an additive
+    mask's -inf would stretch the 16-bit range of the scores it is added to), and the full blocks are the
+    same code with one window of all rows."""
+
+    def __init__(self, tower: nn.Module, projector: nn.Module, config, facts: VisionFacts):
+        super().__init__(tower, projector, config, facts)
+        from transformers.vision_utils import get_vision_window_index
+
+        from ..core.errors import InputError
+        g, m = self.grid, self.merge
+        window_index, cu = get_vision_window_index(torch.tensor([facts.grid_thw]), m, int(tower.window_size),
+                                                   int(tower.patch_size))
+        lengths = sorted(set((cu[1:] - cu[:-1]).tolist()))
+        if len(lengths) != 1:
+            window = int(tower.window_size)
+            raise InputError(f"an image of {facts.image_size} pixels is not whole attention windows of {window} pixels "
+                             f"(windows of {lengths} patches)", f"use an image size that is a multiple of {window}")
+        self.windows, self.full_blocks = len(cu) - 1, set(int(i) for i in tower.fullatt_block_indexes)
+        # row-major patch ids of each merge block (block row, block column; row, column inside), in window order
+        blocks = torch.arange(g * g).reshape(g // m, m, g // m, m).transpose(1, 2).reshape(-1, m * m)
+        self.register_buffer("order", blocks[window_index].reshape(-1), persistent=False)
+        self.register_buffer("reverse", torch.argsort(window_index), persistent=False)   # merged rows back in place
+        n, units = g * g, window_index.numel()
+        for name in ("cos", "sin"):   # the parent's [N, 1, head_dim] in merge-block order → window order, per layout
+            table = getattr(self, name).reshape(units, m * m, -1)[window_index].reshape(n, -1)
+            self.register_buffer(f"{name}_windows", table.reshape(self.windows, 1, n // self.windows, -1), persistent=False)
+            self.register_buffer(f"{name}_all", table.reshape(1, 1, n, -1), persistent=False)
+
+    def _attention(self, attn: nn.Module, x: torch.Tensor, windows: int) -> torch.Tensor:
+        """Attention within `windows` equal runs of rows (1: all rows): x [N, D] → [N, D]."""
+        n = x.shape[0]
+        q, k, v = attn.qkv(x).reshape(windows, n // windows, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        cos, sin = (self.cos_all, self.sin_all) if windows == 1 else (self.cos_windows, self.sin_windows)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)                                # [W, H, L, hd]
+        probs = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * attn.scaling, dim=-1)
+        return attn.proj(torch.matmul(probs, v).transpose(1, 2).reshape(n, -1))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = patchify_linear(pixel_values, self.patch)[0][self.order]              # [g*g, D] in window order
+        for i, blk in enumerate(self.tower.blocks):
+            x = x + self._attention(blk.attn, blk.norm1(x), 1 if i in self.full_blocks else self.windows)
+            x = x + blk.mlp(blk.norm2(x))
+        return self.projector(x)[self.reverse].unsqueeze(0)                      # [1, g*g / m^2, hidden]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last dim (rotate_half form)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+VISION_BUILDERS = {"idefics3": Idefics3VisionPart, "llava": LlavaVisionPart, "qwen2_vl": Qwen2VLVisionPart,
+                   "qwen2_5_vl": Qwen25VLVisionPart}
 
 
 class VisionPart(nn.Module):

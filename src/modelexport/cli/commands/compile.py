@@ -128,7 +128,8 @@ def compile_cmd(
     vision_precision: Optional[str] = typer.Option(None, "--vision-precision", help="Vision-language folders (SmolVLM / "
                                                    "Idefics3): the vision part's precision: 16a8w (default) or 8a8w."),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="Vision-language folders: the square (pixels) the vision "
-                                             "part is built for. Qwen2-VL: a multiple of 28 within the preprocessor's min/max_pixels; "
+                                             "part is built for. Qwen2-VL: a multiple of 28 within the preprocessor's min/max_pixels "
+                                             "(Qwen2.5-VL: of 112, whole attention windows); "
                                              "default the largest whose image tokens take at most half of --max-seq-len. "
                                              "Idefics3 / LLaVA: fixed by vision_config.image_size."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
