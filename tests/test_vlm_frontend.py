@@ -127,14 +127,17 @@ def test_decoder_calibration_places_the_image_rows_as_the_runtime_does():
     window's image rows in order, across calls, and a call at position 0 starts the next window."""
     from modelexport.backends.llm_qnn.calibration import ImageRows
     rows = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + 1   # 2 images, 3 tokens each, hidden 4
-    img = ImageRows(99, rows)
+    img = ImageRows(99, [[99] * 3, [99] * 3], list(rows))   # each image's block: its 3 bare image tokens
     text = list(range(10, 40))
     ids = img.stream(text, 8)
     assert ids[:8] == list(range(10, 18)) and ids[8:16] == [18, 99, 99, 99, 19, 20, 21, 22]
     assert ids[16:24] == list(range(23, 31)) and ids[24:32] == [31, 99, 99, 99, 32, 33, 34, 35]
     for start, expect_image in ((0, None), (8, 0), (16, None), (24, 1)):   # the walk goes window by window
         window = torch.tensor([ids[start:start + 8]])
-        got = [img.place(window[:, i:i + 4], torch.arange(i, i + 4)[None], torch.zeros(1, 4, 4)) for i in (0, 4)]
+        got = []
+        for i in (0, 4):
+            img.start_call(torch.arange(i, i + 4)[None])
+            got.append(img.place(window[:, i:i + 4], torch.zeros(1, 4, 4)))
         got = torch.cat(got, 1)[0]
         if expect_image is None:
             assert not got.any()
