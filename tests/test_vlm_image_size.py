@@ -116,3 +116,24 @@ def test_image_size_on_a_text_model_is_refused(tmp_path):
     with pytest.raises(InputError, match="--image-size is for vision-language folders"):
         modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path / "b", target="SM8650", image_size=448)
     assert not (tmp_path / "b").exists()
+
+
+def test_inspect_shows_a_vlm_folder_and_its_image_size_per_context(folders):
+    """`inspect VLM_FOLDER` (it said 'not supported' before: it looked only at the decoder table)."""
+    from modelexport.frontends.hf_inspect import inspect_hf_folder
+    qwen = inspect_hf_folder(folders["real_2b"])
+    assert qwen["supported"] and qwen["family"]["model_type"] == "qwen2" and qwen["n_layers"] == 2
+    v = qwen["vlm"]
+    assert (v["family"], v["position_rule"], v["max_image_size"]) == ("qwen2_vl", "mrope_grid", 3584)
+    assert v["by_max_seq_len"] == {"512": {"image_size": 448, "tokens_per_image": 256},
+                                   "2048": {"image_size": 896, "tokens_per_image": 1024},
+                                   "4096": {"image_size": 1260, "tokens_per_image": 2025}}
+    fixed = inspect_hf_folder(folders["idefics3"])["vlm"]
+    assert "by_max_seq_len" not in fixed and fixed["image_size"] == 32 and fixed["family"] == "idefics3"
+    bad = folders["real_2b"].parent / "bad_tower"
+    bad.mkdir(exist_ok=True)
+    cfg = json.loads((folders["real_2b"] / "config.json").read_text())
+    cfg["vision_config"]["model_type"] = "siglip_vision_model"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    refused = inspect_hf_folder(bad)
+    assert not refused["supported"] and "siglip_vision_model" in refused["problem"]

@@ -122,6 +122,16 @@ def _render_hf_folder(info: dict) -> None:
     console.print(f"  layers {info['n_layers']}   hidden {info['hidden_size']}   intermediate {info['intermediate_size']}"
                   f"   heads {info['n_heads']} / {info['n_kv_heads']} KV, head dim {info['head_dim']}"
                   f"   vocab {info['vocab_size']:,}   context {info['context_length']}")
+    vlm = info.get("vlm")
+    if vlm:
+        image = (f"image {vlm['image_size']} px -> {vlm['tokens_per_image']} image tokens" if "image_size" in vlm else
+                 f"image size by --max-seq-len (below; --image-size up to {vlm['max_image_size']} px)")
+        console.print(f"  vision       [bold]{vlm['label']}[/] ({vlm['family']}): {image} (id {vlm['image_token_id']}), "
+                      f"patch {vlm['patch_size']}, positions {vlm['position_rule']}, placement {vlm['placement']}")
+        for n, size in vlm.get("by_max_seq_len", {}).items():
+            console.print(f"  --max-seq-len {n:<5} " + (f"image {size['image_size']} px, {size['tokens_per_image']} tokens"
+                                                       if "image_size" in size else f"[red]{size['problem']}[/]"))
+        console.print("  text model   (the decoder below)")
     fam = info["family"]
     console.print(f"  family       {_family_line(fam)}")
     for i, layer in enumerate(fam["layers"]):
