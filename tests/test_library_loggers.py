@@ -42,3 +42,22 @@ def test_the_mrope_section_note_is_dropped_and_other_rope_warnings_are_not(monke
             logger.removeFilter(f)
         for f in saved:
             logger.addFilter(f)
+
+
+def test_library_future_warnings_are_dropped_and_ours_are_not(monkeypatch):
+    """ExecuTorch's FutureWarnings about its own calls (printed in the middle of `generate`'s CPU build)."""
+    import warnings
+    monkeypatch.delenv("MODELEXPORT_DEBUG", raising=False)
+
+    def raised(category, message, module):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_library_loggers()
+            warnings.warn_explicit(message, category, f"/x/{module.replace('.', '/')}.py", 1, module=module)
+        return [str(w.message) for w in seen]
+
+    assert raised(FutureWarning, "_check_is_size will be removed", "executorch.extension.llm.custom_ops.custom_ops") == []
+    assert raised(FutureWarning, "`isinstance(treespec, LeafSpec)` is deprecated", "copyreg") == []
+    assert raised(UserWarning, "Mutation on a buffer in the model is detected.", "executorch.exir.emit._emitter") == []
+    assert raised(FutureWarning, "something else", "modelexport.llm.generate") == ["something else"]
+    assert raised(UserWarning, "another note", "executorch.exir.emit._emitter") == ["another note"]

@@ -1,16 +1,28 @@
 """Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
 kernels that cannot load on this CPU host, torch's pytree deprecation notes, transformers' note on
-the `mrope_section` a Qwen2-VL text model keeps in its Qwen2 config on purpose (MODELEXPORT_DEBUG=1
-shows them again). Quieted in every process that imports them: the CLI's, and a sweep's workers.
+the `mrope_section` a Qwen2-VL text model keeps in its Qwen2 config on purpose, and ExecuTorch's and
+torch's FutureWarnings about their own calls while a CPU program is built (MODELEXPORT_DEBUG=1 shows
+them again). Quieted in every process that imports them: the CLI's, and a sweep's workers.
 Its own module, without imports, because the CLI calls it on every start."""
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 # (logger, text of the one message dropped): the frontends write these fields knowingly
 DROPPED_MESSAGES = (("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`"),)
+
+
+# Python warnings libraries raise inside a build the user asked for and cannot act on (FutureWarnings
+# of ExecuTorch's and torch's own calls; ExecuTorch's note on the KV cache buffers it is told to treat as
+# mutable): (category, message regex, module regex) for warnings.filterwarnings
+DROPPED_WARNINGS = (
+    (FutureWarning, "", r"(executorch|torch)(\..*)?$"),
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", ""),
+    (UserWarning, "Mutation on a buffer in the model is detected", r"executorch\..*"),
+)
 
 
 class _DropMessage(logging.Filter):
@@ -27,6 +39,8 @@ def quiet_library_loggers() -> None:
         return
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for category, message, module in DROPPED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for name, text in DROPPED_MESSAGES:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessage) and f.text == text for f in logger.filters):
