@@ -106,3 +106,21 @@ def random_graph_feed(model, rng) -> dict:
     if "attention_mask" in feed:
         feed["attention_mask"] = np.where(rng.random(feed["attention_mask"].shape) < 0.5, 0.0, -1e4).astype(np.float32)
     return feed
+
+
+def save_smollm2_layers(gguf, folder, n_layers: int = 2):
+    """The real SmolLM2-135M weights of `gguf`, cut to their first `n_layers`, saved with the tokenizer as
+    an HF folder at `folder` (a real model's numbers at a compile of about a minute)."""
+    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+
+    llm = load_gguf_causal_lm(gguf)
+    model = copy.deepcopy(llm.model)
+    model.model.layers = model.model.layers[:n_layers]
+    model.config.num_hidden_layers = n_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:n_layers]
+    model.hf_quantizer = None                       # the GGUF load marks the model as quantized
+    model.config.__dict__.pop("quantization_config", None)
+    model.save_pretrained(folder, safe_serialization=True)
+    llm.tokenizer.save_pretrained(folder)
+    return folder

@@ -5,8 +5,6 @@ generation are not (`make test-heavy`). Checks the simulator against the QDQ gra
 (25.5 dB before the RoPE lookup fix, ~45 dB after) and the weight-shared binary."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
@@ -15,19 +13,9 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, smollm2_gguf):
     import modelexport
-    from modelexport.frontends.gguf_file import load_gguf_causal_lm
+    from llm_tiny import save_smollm2_layers
 
-    llm = load_gguf_causal_lm(smollm2_gguf)
-    model = copy.deepcopy(llm.model)
-    model.model.layers = model.model.layers[:2]
-    model.config.num_hidden_layers = 2
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:2]
-    model.hf_quantizer = None                       # the GGUF load marks the model as quantized
-    model.config.__dict__.pop("quantization_config", None)
-    folder = tmp_path_factory.mktemp("smol2") / "hf"
-    model.save_pretrained(folder, safe_serialization=True)
-    llm.tokenizer.save_pretrained(folder)
+    folder = save_smollm2_layers(smollm2_gguf, tmp_path_factory.mktemp("smol2") / "hf", 2)
     # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))

@@ -201,7 +201,7 @@ def test_bad_vlm_compile_options_are_refused_before_loading(work, tmp_path):
         assert all(w in str(e.value) + e.value.fix for w in words), e.value
     assert not (tmp_path / "out").exists()
     from llm_tiny import write_tiny_llm_folder   # a text model has no vision part to give a precision to
-    with pytest.raises(InputError, match="--vision-precision is for vision-language folders"):
+    with pytest.raises(InputError, match="--vision-precision is for vision-language models"):
         modelexport.compile(str(write_tiny_llm_folder(tmp_path) / "tiny_hf"), output=tmp_path / "out", target="SM8650",
                             vision_precision="8a8w")
 

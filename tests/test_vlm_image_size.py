@@ -113,7 +113,7 @@ def test_image_size_on_a_text_model_is_refused(tmp_path):
     import modelexport
     from modelexport.core.errors import InputError
     from modelexport.zoo.assets import asset_path
-    with pytest.raises(InputError, match="--image-size is for vision-language folders"):
+    with pytest.raises(InputError, match="--image-size is for vision-language models"):
         modelexport.compile(str(asset_path("smollm2_gguf")), output=tmp_path / "b", target="SM8650", image_size=448)
     assert not (tmp_path / "b").exists()
 

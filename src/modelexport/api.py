@@ -119,7 +119,9 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
     PyTorch models also block_size, rewrites, fallback, dynamic_shapes, strict_numerics; LLMs (GGUF / HF folder) also
     block_size, variants, max_seq_len, context_limit_mb, host_chunk_mb, calibration_samples, rounding, max_ppl_ratio,
-    inputs (tokens | embeddings | both), embedder_precision. An option another
+    inputs (tokens | embeddings | both), embedder_precision; vision-language models also vision_precision,
+    image_size, and with a text LLM vision_encoder (your encoder .onnx), image_token, image_mean, image_std.
+    An option another
     format takes, or none does, is an InputError."""
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]

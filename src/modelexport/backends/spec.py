@@ -66,6 +66,10 @@ class LlmCompileOptions(CompileOptions):
     vision_precision: str | None = None                  # a VLM folder's vision part: 16a8w (default) | 8a8w
     image_size: int | None = None                        # a VLM folder's vision part: the square it is built for
     image_calibration: str | None = None                 # VLM text decoders: .npz of vision rows to calibrate image positions on
+    vision_encoder: str | None = None                    # the user's vision encoder ONNX beside a text LLM (a VLM bundle)
+    image_token: str | None = None                       # --vision-encoder: the prompt token its rows replace (text or id)
+    image_mean: Any = None                               # --vision-encoder: "R,G,B" normalization (default ImageNet's)
+    image_std: Any = None
 
 
 # Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.

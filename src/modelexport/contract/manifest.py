@@ -355,10 +355,12 @@ class ImageTiling(_Recorded):
 
 
 class VisionEntry(_Recorded):
-    """The vision part of a VLM bundle (`compile VLM_FOLDER`): vision tower + projector as one graph,
+    """The vision part of a VLM bundle (`compile VLM_FOLDER`, or `compile TEXT_LLM --vision-encoder enc.onnx`):
+    vision tower + projector as one graph,
     pixel_values [1, 3, S, S] in, image_embeds [1, tokens_per_image, hidden] out; the runtime resizes
     and normalizes an image as recorded here and puts the rows at the image tokens (`placement`)."""
-    family: str                          # frontends/vlm_families.py row
+    family: str                          # frontends/vlm_families.py row, or "onnx_encoder" (the user's encoder)
+    encoder: SourceModel | None = None   # the user's encoder ONNX (compile --vision-encoder), as given
     graphs: list[GraphSpec] = Field(default_factory=list)   # per target, with its EPContext model
     model: BundlePath                    # the float ONNX graph
     quantized_model: BundlePath | None = None   # the QDQ graph it was compiled from (fake-quant on the CPU)

@@ -474,12 +474,15 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         raise InputError("one LLM per bundle", "compile each model into its own bundle")
     spec = parts[0]
     from ...frontends.vlm_folder import is_vlm_folder
-    if is_vlm_folder(spec.model):   # a vision part beside the text decoder (backends/llm_qnn/vlm.py)
+    if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
         from .vlm import compile_vlm
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
-    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size)):
+    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size),
+                        ("--image-token", opts.image_token), ("--image-mean", opts.image_mean),
+                        ("--image-std", opts.image_std)):
         if value is not None:
-            raise InputError(f"{flag} is for vision-language folders; this model has no vision part", f"leave {flag} out")
+            raise InputError(f"{flag} is for vision-language models; this model has no vision part",
+                             f"leave {flag} out, or add --vision-encoder ENCODER.onnx to give it one")
     r = _resolve(spec, opts)
     requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
     socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb

@@ -11,7 +11,9 @@ Vision precision: 16a8w by default. The rows are not requantized on their way in
 decoder's inputs_embeds (its residual stream is fp16 on the HTP), so the vision part's output error is
 the error of every image position; a ViT's activations (softmax outputs, GELU, post-norm features)
 span ranges that 8-bit activations cut coarsely (tiny tower on two real photos: see
-docs/llm_export.md, "Vision-language models"). 8a8w is there for a smaller, faster encoder.
+docs/llm_export.md, "Vision-language models"). 8a8w is there for a smaller, faster encoder; fp16 for an
+encoder whose weights 8 bits cut too coarsely (the real MobileNetV2 trunk: 20 dB at 16a8w, 43 dB in fp16 on
+the simulator, tests/test_vlm_vision_encoder.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ..spec import DEFAULT_MAX_SEQ_LEN
 from .vlm_calibration import calibration_images, image_blocks, write_image_rows, write_vision_calibration
 
 DEFAULT_VISION_PRECISION = "16a8w"
-VISION_PRECISIONS = ("8a8w", "16a8w")
+VISION_PRECISIONS = ("8a8w", "16a8w", "fp16")
 VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in the bundle
 # The text decoder is calibrated on the float vision part's rows at image tokens too (calibration.ImageRows).
 # Measured at the default 8 samples per variant (docs/llm_export.md, bench/results/vlm_image_calibration.json):
@@ -39,28 +41,75 @@ VISION_PART = "vision"   # the ONNX part's name: its files land under vision/ in
 CALIBRATE_IMAGE_POSITIONS = True
 
 
-def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
-    """The VLM bundle at `out` → the opened Bundle. `compile_text(spec, out, opts, force, progress)` is
-    the LLM compile for the text folder."""
-    from ...contract.bundle import BundleWriter, open_bundle
-    from ...core.atomic import check_output
+@dataclasses.dataclass
+class VisionSide:
+    """Where a VLM bundle's vision part and text model come from, checked before any weight is read:
+    a Hugging Face VLM folder (a row of frontends/vlm_families.py) or the user's own encoder ONNX beside a
+    text LLM (frontends/vision_encoder_onnx.py). `build(work)` → (the text model to compile, the float
+    vision graph: pixel_values [1, 3, S, S] → image_embeds [1, N, hidden])."""
+    family: str                  # manifest llm.vision.family
+    label: str
+    facts: Any                   # frontends.vlm_families.VisionFacts
+    tiling: dict | None
+    build: Callable[[Path], tuple[Path, Path]]
+    source: Path | None = None   # the bundle's source when it is not the text model (a VLM folder)
+
+
+def folder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends.vlm_families import read_vision_facts
     from ...frontends.vlm_folder import load_vlm, read_image_tiling, write_text_folder
-    from ...llm.input_modes import get_input_mode
     from ...llm.vision_part import VisionPart, export_vision_part
-
     folder = Path(spec.model)
-    # the context the default image size leaves room in; handed to the text compile so both agree
-    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN))
+    if opts.vision_encoder is not None:
+        raise InputError(f"--vision-encoder: {folder} is a vision-language folder, its vision part is its own",
+                         "leave --vision-encoder out, or give a text-only LLM (GGUF or HF folder) with it")
     family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
+
+    def build(work: Path) -> tuple[Path, Path]:
+        model, fam, f = load_vlm(folder, **sizing)
+        text_folder = write_text_folder(model, fam, folder, work / "text")
+        return text_folder, export_vision_part(VisionPart(model, fam, f), work / "vision" / "vision.onnx")
+    return VisionSide(family.model_type, family.label, facts, tiling, build, source=folder)
+
+
+def encoder_side(spec, opts, sizing: dict) -> VisionSide:
+    from ...frontends import vision_encoder_onnx as enc_onnx
+    from ...llm.tokenizers import load_tokenizer
+    from .source import check_source
+    if opts.image_token is None:
+        raise InputError("--vision-encoder needs --image-token: the token whose places in the prompt the image's "
+                         "rows take", "add --image-token TOKEN (a special or reserved token of the text model's "
+                         "tokenizer, or its id)")
+    enc = enc_onnx.read_encoder(opts.vision_encoder, opts.image_size)
+    text = check_source(spec.model, sizing["max_seq_len"])       # the text model's shape: no weight read
+    enc_onnx.check_rows_fit(enc, int(text.shape["hidden_size"]), sizing["max_seq_len"], str(spec.model))
+    token = enc_onnx.image_token_id(load_tokenizer(spec.model), opts.image_token, str(spec.model))
+    mean = enc_onnx.parse_triple(opts.image_mean, "--image-mean", enc_onnx.IMAGENET_MEAN)
+    std = enc_onnx.parse_triple(opts.image_std, "--image-std", enc_onnx.IMAGENET_STD)
+    facts = enc_onnx.encoder_facts(enc, token, mean, std, text.architecture)
+    return VisionSide(enc_onnx.ENCODER_FAMILY, enc_onnx.ENCODER_LABEL, facts, None,
+                      lambda work: (Path(spec.model), enc_onnx.write_vision_graph(enc, work / "vision" / "vision.onnx")))
+
+
+def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
+    """The VLM bundle at `out` → the opened Bundle: from a VLM folder, or from a text LLM with
+    `opts.vision_encoder`. `compile_text(spec, out, opts, force, progress)` is the LLM compile."""
+    from ...contract.bundle import BundleWriter, open_bundle
+    from ...core.atomic import check_output
+    from ...llm.input_modes import get_input_mode
+
+    # the context the default image size leaves room in; handed to the text compile so both agree
+    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN))
+    side = (encoder_side if opts.vision_encoder is not None else folder_side)(spec, opts, sizing)
+    facts, tiling = side.facts, side.tiling
     mode = get_input_mode(opts.inputs or "embeddings")
     if not mode.takes_embeddings:
         raise InputError(f"--inputs {mode.name}: a vision-language model's image rows enter the decoder as embeddings",
                          "leave --inputs out (a VLM compiles with --inputs embeddings) or use --inputs both")
     if facts.position_rule != "text" and {"full", "bert"} & set(re.findall(r"[a-z0-9]+", str(opts.variants or "").lower())):
         # the full-context graph's calibration windows are built with position_ids (compile.FULL_CONTEXT_NAMES)
-        raise InputError(f"--variants full: a full-context graph with {family.label}'s M-RoPE positions is not built",
+        raise InputError(f"--variants full: a full-context graph with {side.label}'s M-RoPE positions is not built",
                          "leave full out of --variants (e.g. --variants ar1,ar32)")
     vprec = (opts.vision_precision or DEFAULT_VISION_PRECISION).strip().lower()
     if vprec not in VISION_PRECISIONS:
@@ -69,37 +118,45 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     check_output(out, force)
     work = Path(tempfile.mkdtemp(prefix=".vlm-", dir=out.parent if out.parent.is_dir() else None))
     try:
-        say(f"loading the {family.label} folder", 0, 4)
-        model, family, facts = load_vlm(folder, **sizing)
-        text_folder = write_text_folder(model, family, folder, work / "text")
-        vision_onnx = export_vision_part(VisionPart(model, family, facts), work / "vision" / "vision.onnx")
-        del model
+        say(f"loading the {side.label}" + (" folder" if side.source else ""), 0, 4)
+        text_model, vision_onnx = side.build(work)
         photos = calibration_images(facts, tiling)   # as the runtime shows them: tiles + global views, or resized
         calib, calib_what = write_vision_calibration(photos, work / "vision_calibration.npz")
         rows = None
         if CALIBRATE_IMAGE_POSITIONS:
             from ...llm.tokenizers import load_tokenizer
-            blocks = image_blocks(photos, facts, tiling, load_tokenizer(text_folder), sizing["max_seq_len"])
+            blocks = image_blocks(photos, facts, tiling, load_tokenizer(text_model), sizing["max_seq_len"])
             rows = write_image_rows(vision_onnx, photos, blocks, facts, work / "image_rows.npz")
         text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
-                                        max_seq_len=sizing["max_seq_len"],
+                                        max_seq_len=sizing["max_seq_len"], vision_encoder=None, image_token=None,
+                                        image_mean=None, image_std=None,
                                         image_calibration=str(rows) if rows else None)
-        compile_text(dataclasses.replace(spec, model=str(text_folder)), work / "text_bundle", text_opts, True, say)
+        compile_text(dataclasses.replace(spec, model=str(text_model)), work / "text_bundle", text_opts, True, say)
         say("compiling the vision part", 3, 4)
         vision_bundle = _compile_vision(vision_onnx, calib, vprec, opts, work / "vision_bundle")
         text_bundle = open_bundle(work / "text_bundle")
         m = text_bundle.manifest
-        m.llm.vision = _vision_entry(vision_bundle, family, facts, vprec, calib_what, tiling)
+        m.llm.vision = _vision_entry(vision_bundle, side.family, facts, vprec, calib_what, tiling)
         if rows:
             m.llm.vision.decoder_image_calibration = (
                 f"the float vision part's rows of the {calib_what} at image tokens after the first token "
                 f"(the prompt's image block as the runtime writes it{', at M-RoPE grid positions' if facts.position_rule == 'mrope_grid' else ''}), "
                 "in every other window of the text")
         m.placement[VISION_PART] = _placement(vision_bundle)
-        from ...frontends.source_hash import source_sha256
-        m.source = m.source.model_copy(update={   # the VLM folder, not the text folder made from it
-            "path": str(folder.resolve()), "sha256": source_sha256(folder),
-            "description": f"{family.label} ({facts.text_model_type} text model, {m.source.description})"})
+        if side.source is not None:
+            from ...frontends.source_hash import source_sha256
+            m.source = m.source.model_copy(update={   # the VLM folder, not the text folder made from it
+                "path": str(side.source.resolve()), "sha256": source_sha256(side.source),
+                "description": f"{side.label} ({facts.text_model_type} text model, {m.source.description})"})
+        else:
+            from ...core.file_hash import file_sha256
+            from ...contract.manifest import SourceModel
+            m.llm.vision.encoder = SourceModel(path=str(Path(opts.vision_encoder).resolve()), format="onnx",
+                                               sha256=file_sha256(Path(opts.vision_encoder)),
+                                               description=f"{facts.tokens_per_image} rows of {facts.text_hidden_size} per "
+                                                           f"{facts.image_size}x{facts.image_size} image")
+            m.source = m.source.model_copy(update={
+                "description": f"{m.source.description} + {side.label} {Path(opts.vision_encoder).name}"})
         m.options = {**m.options, "inputs": mode.name, "vision_precision": vprec}
         with BundleWriter(out, force, manifest=m) as w:
             for f in m.files:
@@ -168,12 +225,12 @@ def _placement(vision_bundle) -> dict:
     return out
 
 
-def _vision_entry(vision_bundle, family, facts, precision: str, calib_what: str, tiling: dict | None):
+def _vision_entry(vision_bundle, family: str, facts, precision: str, calib_what: str, tiling: dict | None):
     from ...contract.manifest import ImageTiling, VisionEntry
     vm = vision_bundle.manifest
     files = {f.path for f in vm.files}
     qdq = f"{VISION_PART}/model.qdq.onnx"
-    return VisionEntry(family=family.model_type, graphs=[g for g in vm.graphs], model=f"{VISION_PART}/model.onnx",
+    return VisionEntry(family=family, graphs=[g for g in vm.graphs], model=f"{VISION_PART}/model.onnx",
                        quantized_model=qdq if qdq in files else None, precision=precision,
                        image_size=facts.image_size, mean=list(facts.mean), std=list(facts.std),
                        rescale_factor=facts.rescale_factor, image_token_id=facts.image_token_id,

@@ -125,13 +125,27 @@ def compile_cmd(
                                          "text up) or both (ids looked up + inputs_embeds added; an id >= vocab_size looks nothing up)."),
     embedder_precision: Optional[str] = typer.Option(None, "--embedder-precision", help="LLMs, --inputs embeddings: the "
                                                      "embedder's table: fp16 (default) or 8bit (one scale per table)."),
-    vision_precision: Optional[str] = typer.Option(None, "--vision-precision", help="Vision-language folders (SmolVLM / "
-                                                   "Idefics3): the vision part's precision: 16a8w (default) or 8a8w."),
+    vision_precision: Optional[str] = typer.Option(None, "--vision-precision", help="Vision-language models: "
+                                                   "the vision part's precision: 16a8w (default), 8a8w (smaller) or fp16 "
+                                                   "(an encoder that 8-bit weights hurt, e.g. a CNN trunk)."),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="Vision-language folders: the square (pixels) the vision "
                                              "part is built for. Qwen2-VL: a multiple of 28 within the preprocessor's min/max_pixels "
                                              "(Qwen2.5-VL: of 112, whole attention windows); "
                                              "default the largest whose image tokens take at most half of --max-seq-len. "
-                                             "Idefics3 / LLaVA: fixed by vision_config.image_size."),
+                                             "Idefics3 / LLaVA: fixed by vision_config.image_size. "
+                                             "--vision-encoder: the square a dynamic-size encoder is compiled for."),
+    vision_encoder: Optional[Path] = typer.Option(None, "--vision-encoder", help="LLMs: your own vision encoder as ONNX "
+                                                  "(one image [1, 3, S, S] in, rows [1, N, hidden] out, its projector "
+                                                  "inside, hidden = the text model's) makes a vision-language bundle with "
+                                                  "the text model: generate --image puts the N rows at the prompt's "
+                                                  "--image-token places. Needs --image-token."),
+    image_token: Optional[str] = typer.Option(None, "--image-token", help="--vision-encoder: the token (a special or "
+                                              "reserved token of the tokenizer, or its id) whose places in the prompt "
+                                              "the image's rows take; N of them are put before the text."),
+    image_mean: Optional[str] = typer.Option(None, "--image-mean", help="--vision-encoder: R,G,B mean the pixels (0-1) are "
+                                             "normalized with (default ImageNet's 0.485,0.456,0.406)."),
+    image_std: Optional[str] = typer.Option(None, "--image-std", help="--vision-encoder: R,G,B std (default ImageNet's "
+                                            "0.229,0.224,0.225)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     host_chunk_mb: Optional[float] = typer.Option(None, "--host-chunk-mb", help="LLMs: float32 weights exported and quantized at a time "
@@ -175,7 +189,9 @@ def compile_cmd(
                       fallback=fallback, variants=variants, max_seq_len=max_seq_len, context_limit_mb=context_limit_mb,
                       calibration_samples=calibration_samples, input_values=input_value, host_chunk_mb=host_chunk_mb,
                       rounding=rounding, max_ppl_ratio=max_ppl_ratio, inputs=inputs, embedder_precision=embedder_precision,
-                      vision_precision=vision_precision, image_size=image_size, strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
+                      vision_precision=vision_precision, image_size=image_size,
+                      vision_encoder=str(vision_encoder) if vision_encoder else None, image_token=image_token,
+                      image_mean=image_mean, image_std=image_std, strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
