@@ -15,6 +15,9 @@ What the wheel's libGenie does with our bundle (measured on the host twins, x86 
   in it (`std::stoi`). An encoder has neither tensor, and the QNN EP names every graph
   `QNNExecutionProvider_QNNExecutionProvider_<h>_1_0` with a 19-20 digit model hash `<h>`, beyond
   an int. The refusal is recorded in the manifest (`llm.genie[target].pipeline`), not a failed build.
+  Past the name (measured with the digits overwritten, an experiment): an output named `image_features`
+  makes it an image encoder, then Genie refuses `pixel_values` against `vision-param` for every layout tried
+  (docs/llm_export.md, "What comes after the name").
 - so `generate --image --backend genie` runs the vision part itself (its EPContext model on the
   simulator) and hands the rows to the generator's own embedding input
   (`GENIE_NODE_TEXT_GENERATOR_EMBEDDING_INPUT`) between the two text-encoder calls: every row the
