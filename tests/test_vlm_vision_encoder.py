@@ -119,6 +119,21 @@ def test_generate_cli_reads_the_image(built, cli_here):
     assert "resized to 224x224" in proc.stderr + proc.stdout
 
 
+def test_verify_compares_the_vision_part_with_its_float_graph(built, cli_here):
+    import json
+
+    from modelexport.zoo.assets import sample_images
+    _, _, bundle = built
+    proc = cli_here("verify", str(bundle.path), "--json", check=True)
+    g, = json.loads(proc.stdout)["graphs"]
+    assert (g["part"], g["target"], g["samples"], g["inputs"]) == ("vision", "SM8650", 4, "stored photos")
+    assert g["outputs"][0]["sqnr_db"] > 38 and g["passed"]              # 43.5 dB when written
+    proc = cli_here("verify", str(bundle.path), "-i", str(sample_images()["chelsea"]), "--json", check=True)
+    assert json.loads(proc.stdout)["graphs"][0]["inputs"] == "given images"
+    assert_clean_error(cli_here("verify", str(bundle.path), "--part", "prompt_ar32_cl128_1_of_1"),
+                       "compares its vision part only", "--per-layer")
+
+
 # --- bad input: refused before any weight is read, one message each -------------------------------------
 
 @pytest.fixture(scope="module")

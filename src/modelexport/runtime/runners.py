@@ -76,14 +76,11 @@ def _llm_pte_refuse(verb: str):
     return refuse
 
 
-def _llm_ctx_verify(path, *a, **k):
-    """An LLM context-binary bundle has no one float graph to set beside its compiled ones."""
-    from ..core.errors import UnsupportedError
-    raise UnsupportedError(f"{path} is an LLM bundle: its graphs run in a generation loop over a KV cache, so plain "
-                           "`verify` (one graph against its float model) does not apply",
-                           "compare it with float with `modelexport verify BUNDLE --per-layer` (every decoder module "
-                           "and the logits on the calibration text) or `modelexport eval BUNDLE --stages "
-                           "float,fake-quant,htp-sim` (perplexity per stage)")
+def _llm_ctx_verify(*a, **k):
+    """An LLM context-binary bundle has no one float graph to set beside its decoders; a vision-language
+    bundle's vision part has one, and is what plain `verify` compares (else a refusal naming the ways)."""
+    from ..backends.llm_qnn.vision_verify import verify_vision_part
+    return verify_vision_part(*a, **k)
 
 
 def kind_key(fmt: str, kind: str) -> str:
