@@ -134,6 +134,31 @@ def test_verify_compares_the_vision_part_with_its_float_graph(built, cli_here):
                        "compares its vision part only", "--per-layer")
 
 
+def test_inspect_reports_the_pipeline_and_genie_refuses_only_what_it_cannot_take(built, cli_here):
+    """inspect read the pipeline file with Genie's dialog parser ("Missing dialog field"); Genie's pipeline
+    refuses prompts above context - 32 + 1 = 97 tokens here (measured), now said before it runs."""
+    from modelexport.zoo.assets import sample_images
+    _, _, bundle = built
+    photo = str(sample_images()["coffee"])
+    proc = cli_here("inspect", str(bundle.path), check=True)
+    assert "pipeline built by libGenie at compile time" in proc.stdout and "Missing dialog field" not in proc.stdout
+    assert_clean_error(cli_here("generate", str(bundle.path), "--image", photo, "-p", "word " * 20, "--backend",
+                                "genie"), "at most 97", "--backend htp-sim")
+    assert_clean_error(cli_here("generate", str(bundle.path), "--image", photo, "-p", "word " * 200, "--backend", "cpu"),
+                       "with the image's 49", "--max-seq-len")
+
+
+@pytest.mark.heavy
+def test_genie_is_asked_for_no_more_tokens_than_the_context_holds(built, cli_here):
+    """Genie counts the context's end as an error ("Context Size was exceeded"): --max-new-tokens past it
+    failed the whole run; the request is now capped at the room left (49 image tokens + 36 of text leave 43;
+    ~90 s of Genie decoding on the simulator)."""
+    from modelexport.zoo.assets import sample_images
+    _, _, bundle = built
+    cli_here("generate", str(bundle.path), "--image", str(sample_images()["coffee"]), "-p", "word " * 5,
+             "--backend", "genie", "--max-new-tokens", "200", check=True)
+
+
 # --- bad input: refused before any weight is read, one message each -------------------------------------
 
 @pytest.fixture(scope="module")

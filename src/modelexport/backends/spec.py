@@ -9,6 +9,17 @@ from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL, vtcm_whole_mb
 DEFAULT_MAX_SEQ_LEN = 512   # an LLM's context when --max-seq-len is not given (every LLM backend)
 
 
+def max_seq_len_of(value) -> int:
+    """--max-seq-len checked (None: the default); 0 or less is refused, never taken for "not given"."""
+    if value is None:
+        return DEFAULT_MAX_SEQ_LEN
+    if int(value) < 2:
+        from ..core.errors import InputError
+        raise InputError(f"--max-seq-len {value}: the context must hold at least 2 tokens",
+                         f"leave it out (default {DEFAULT_MAX_SEQ_LEN}) or pass e.g. --max-seq-len 512")
+    return int(value)
+
+
 @dataclass
 class PartSpec:
     """One model of a bundle (seed 003: a vision encoder, a token embedder, a decoder ...)."""

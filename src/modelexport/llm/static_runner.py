@@ -114,8 +114,9 @@ class StaticRunner:
         if not token_ids:
             raise InputError("nothing to feed: the token list is empty")
         if self.past_len + len(token_ids) > self.max_seq_len:
-            raise InputError(f"{len(token_ids)} tokens do not fit after {self.past_len} of {self.max_seq_len} positions",
-                             "use a shorter prompt or a larger max_seq_len")
+            raise InputError(f"{len(token_ids)} tokens do not fit after {self.past_len} of {self.max_seq_len} positions "
+                             f"(the bundle's context is {self.max_seq_len} tokens)",
+                             "use a shorter prompt, or compile the bundle again with a larger --max-seq-len")
         out, i = [], 0
         if on_chunk is not None:
             on_chunk(0, len(token_ids))

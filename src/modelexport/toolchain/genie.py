@@ -220,7 +220,7 @@ step("token_callback", lib.GenieNode_setTokenCallback(nodes[gen], out_io, cb))
 keep = []
 for i, (name, io, kind, value) in enumerate(job["inputs"]):   # in prompt order: each encoder appends its rows
     data = value.encode() if kind == "text" else open(value, "rb").read()
-    buf = ctypes.create_string_buffer(data, len(data))
+    buf = ctypes.create_string_buffer(data)   # NUL-terminated: Genie reads text as a C string
     keep.append(buf)
     step("set:%d:%s" % (i, name), lib.GenieNode_setData(nodes[name], io, buf, len(data), None))
 step("execute", lib.GeniePipeline_execute(pipe, None))

@@ -21,7 +21,7 @@ from ...llm.pte_numerics import manifest_numerics
 from ...quant.llm_pt2e import (LLM_PTE_PRECISIONS, MAX_ROPE_GATHER, check_pte_request, llm_quant_plan, quantize_methods,
                                save_converted)
 from .. import backend
-from ..spec import DEFAULT_MAX_SEQ_LEN, LlmCompileOptions, PartSpec
+from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of
 
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -141,7 +141,15 @@ def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, st
         raise UnsupportedError("the .pte path builds token-input arN methods only (no --inputs embeddings/both, "
                                "no full-context variant, no embedder part)",
                                "leave --format pte out: the context-binary path (the default) builds them")
-    max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
+    from ...frontends.vlm_folder import is_vlm_folder
+    vision = [f for f, v in (("--vision-encoder", opts.vision_encoder), ("--image-token", opts.image_token),
+                             ("--image-size", opts.image_size), ("--vision-precision", opts.vision_precision),
+                             ("--image-mean", opts.image_mean), ("--image-std", opts.image_std)) if v is not None]
+    if vision or is_vlm_folder(spec.model):
+        raise UnsupportedError("the .pte path builds text LLMs only: no vision part"
+                               + (f" ({', '.join(vision)} given)" if vision else f" ({spec.model} is a vision-language folder)"),
+                               "leave --format pte out: the context-binary path (the default) builds vision-language bundles")
+    max_seq_len = max_seq_len_of(opts.max_seq_len)
     socs = list(dict.fromkeys(get_target(t) for t in opts.targets or ["SM8650"]))
     check_pte_request(precision, variants, max_seq_len, socs, len(parts), spec.calibration)
     return spec, precision, variants, max_seq_len, socs

@@ -22,8 +22,9 @@ BACKEND_STAGES = {"htp-sim": "htp-sim", "cpu": "fake-quant", "genie": "htp-sim"}
 def vision_entry(bundle):
     v = bundle.manifest.llm.vision if bundle.manifest.llm is not None else None
     if v is None:
-        raise InputError(f"{bundle.path} has no vision part: --image needs a bundle compiled from a vision-language "
-                         "folder", "compile the VLM's Hugging Face folder (modelexport compile SMOLVLM_FOLDER -o BUNDLE), "
+        raise InputError(f"{bundle.path} has no vision part: --image needs a vision-language bundle",
+                         "compile a VLM's Hugging Face folder (modelexport compile SMOLVLM_FOLDER -o BUNDLE), or this "
+                         "LLM with your vision encoder (compile MODEL --vision-encoder enc.onnx --image-token TOKEN), "
                          "or leave --image out")
     return v
 
@@ -166,6 +167,11 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
         text_ids = list(tok.encode(prompt)) if raw or not tok.chat_template else list(
             tok.encode_chat([{"role": "user", "content": prompt}], add_generation_prompt=True))
         ids = image_prompt_ids(text_ids, v.image_token_id, v.tokens_per_image, tuple(v.image_wrap_ids))
+        seq = bundle.manifest.llm.max_seq_len
+        if len(ids) >= seq:   # before the vision run: the image's tokens are part of the prompt
+            raise InputError(f"the prompt is {len(ids)} tokens with the image's {v.tokens_per_image}; the bundle's "
+                             f"context holds {seq}", f"shorten the prompt by at least {len(ids) - seq + 1} tokens, or compile "
+                             "with a larger --max-seq-len")
         rows, notes = image_rows(bundle, images[0], stage)
     if backend == "genie":
         if v.position_rule != "text":
@@ -174,10 +180,19 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
                              "taking position_ids_cos / _sin: not built)", "use --backend htp-sim or --backend cpu")
         from .genie_dialog import sampler_block
         from .genie_pipeline import genie_image_tokens
-        if len(ids) >= bundle.manifest.llm.max_seq_len:
-            raise InputError(f"the prompt is {len(ids)} tokens with the image; the bundle's context holds "
-                             f"{bundle.manifest.llm.max_seq_len}", "shorten the prompt")
-        out, _ = genie_image_tokens(bundle, bundle.manifest.targets[0], tok, ids, rows, max_new_tokens, sampler_block())
+        llm = bundle.manifest.llm
+        # measured: Genie's pipeline refuses ("Context Size was exceeded") a prompt longer than the context
+        # minus its largest arN plus one, however few tokens are asked for (128 - 32 + 1 = 97 here)
+        longest = llm.max_seq_len - max(n for n in llm.variants if n < llm.max_seq_len) + 1
+        if len(ids) > longest:
+            raise InputError(f"the prompt is {len(ids)} tokens with the image; Genie's pipeline takes at most "
+                             f"{longest} on this bundle (context {llm.max_seq_len} less its largest arN, plus one)",
+                             f"shorten the prompt by {len(ids) - longest} tokens, use --backend htp-sim (the same "
+                             "binaries, our loop), or compile with a larger --max-seq-len")
+        # the context's end stops our loop; Genie counts it as an error ("Context Size was exceeded")
+        room = bundle.manifest.llm.max_seq_len - len(ids)
+        out, _ = genie_image_tokens(bundle, bundle.manifest.targets[0], tok, ids, rows, min(max_new_tokens, room),
+                                    sampler_block())
         return {"text": tok.decode(out), "token_ids": out, "prompt_ids": ids, "notes": notes, "first_logits": None,
                 "stage": "genie"}
     graphs, spec, seq = open_forwards(bundle, stage)

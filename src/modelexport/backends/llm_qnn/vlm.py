@@ -29,7 +29,7 @@ import numpy as np
 
 from ...core.errors import InputError, ModelExportError
 from ...core.vocab import Role
-from ..spec import DEFAULT_MAX_SEQ_LEN
+from ..spec import max_seq_len_of
 from .vlm_calibration import calibration_images, image_blocks, write_image_rows, write_vision_calibration
 
 DEFAULT_VISION_PRECISION = "16a8w"
@@ -60,9 +60,6 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends.vlm_folder import load_vlm, read_image_tiling, write_text_folder
     from ...llm.vision_part import VisionPart, export_vision_part
     folder = Path(spec.model)
-    if opts.vision_encoder is not None:
-        raise InputError(f"--vision-encoder: {folder} is a vision-language folder, its vision part is its own",
-                         "leave --vision-encoder out, or give a text-only LLM (GGUF or HF folder) with it")
     family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
 
@@ -76,7 +73,11 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
 def encoder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends import vision_encoder_onnx as enc_onnx
     from ...llm.tokenizers import load_tokenizer
+    from ...frontends.vlm_folder import is_vlm_folder
     from .source import check_source
+    if is_vlm_folder(spec.model):
+        raise InputError(f"--vision-encoder: {spec.model} is a vision-language folder, its vision part is its own",
+                         "leave --vision-encoder out, or give a text-only LLM (GGUF or HF folder) with it")
     if opts.image_token is None:
         raise InputError("--vision-encoder needs --image-token: the token whose places in the prompt the image's "
                          "rows take", "add --image-token TOKEN (a special or reserved token of the text model's "
@@ -100,7 +101,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     from ...llm.input_modes import get_input_mode
 
     # the context the default image size leaves room in; handed to the text compile so both agree
-    sizing = dict(image_size=opts.image_size, max_seq_len=int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN))
+    sizing = dict(image_size=opts.image_size, max_seq_len=max_seq_len_of(opts.max_seq_len))
     side = (encoder_side if opts.vision_encoder is not None else folder_side)(spec, opts, sizing)
     facts, tiling = side.facts, side.tiling
     mode = get_input_mode(opts.inputs or "embeddings")

@@ -129,7 +129,8 @@ def _generate_with_image(model, images: list[Path], prompt: str, backend: str, m
         raise InputError("--image answers one prompt; --chat is not offered with it", "drop --chat")
     if source_kind(Path(model)) != "bundle":
         raise InputError(f"--image needs a compiled vision-language bundle; {model} is not a bundle",
-                         "compile the VLM folder first: modelexport compile SMOLVLM_FOLDER -o BUNDLE")
+                         "compile a VLM folder first (modelexport compile SMOLVLM_FOLDER -o BUNDLE), or this LLM with "
+                         "your vision encoder (modelexport compile MODEL --vision-encoder enc.onnx --image-token TOKEN -o BUNDLE)")
     with _PrefillProgress(backend, enabled=not json_out and sys.stderr.isatty()) as on_prefill:
         res = generate_with_image(Path(model), list(images), prompt, backend=backend, max_new_tokens=max_new_tokens,
                                   raw=raw, image_splitting=image_splitting, on_prefill=on_prefill)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ...core.errors import InputError, IntegrityError
@@ -33,7 +34,9 @@ def _render_bundle(info: dict) -> None:
     console.print(table)
     _render_deployment(info.get("deployment") or {})
     for file, verdict in (info.get("genie_config_check") or {}).items():
-        if verdict.get("accepted"):
+        if verdict.get("pipeline"):
+            console.print(f"Genie {file}: {escape(verdict['message'])}", highlight=False, soft_wrap=True)
+        elif verdict.get("accepted"):
             console.print(f"[green]Genie accepts[/] {file} (GenieDialogConfig_createFromJson, libGenie.so on this host)")
         elif verdict.get("accepted") is False:
             console.print(f"[bold red]{verdict.get('message')}[/]", highlight=False, soft_wrap=True)
