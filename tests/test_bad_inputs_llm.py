@@ -98,6 +98,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_llm_bad_input(case, world, capfd):
     cid, argv, needles, absent = case
+    world = {**world, "out": str(Path(world["d"]) / "out" / cid)}    # its own: one case's leftovers cannot fail another
     args = [a.format(**world) for a in (argv.split() if isinstance(argv, str) else argv)]
     capfd.readouterr()
     rc, crash = invoke(args)
