@@ -113,3 +113,53 @@ def test_llm_bad_input(case, world, capfd):
         assert word not in flat, (word, out)
     assert not Path(world["out"]).exists(), "nothing may be written for a refused input"
     assert (Path(world["exists"]) / "keep.txt").read_text() == "mine"
+
+
+# ---- --image files: what the vision part is fed (llm/vision_inputs.open_rgb, the one reader) ----------
+
+def _image(tmp_path: Path, kind: str) -> Path:
+    import numpy as np
+    from PIL import Image
+    ramp = np.arange(40 * 40).reshape(40, 40)
+    made = {"not-an-image": lambda p: p.write_text("hello"),
+            "float-pixels": lambda p: Image.fromarray(np.ones((8, 8), np.float32)).save(p)}
+    path = tmp_path / {"not-an-image": "x.png", "float-pixels": "x.tif"}.get(kind, "x.png")
+    if kind in made:
+        made[kind](path)
+    elif kind == "16-bit":
+        Image.fromarray((ramp * 40).astype(np.uint16)).save(path)      # 0 .. 63960
+    elif kind == "grayscale":
+        Image.fromarray((ramp % 256).astype(np.uint8), "L").save(path)
+    return path
+
+
+@pytest.mark.parametrize("kind,needle", [("not-an-image", "is not an image PIL can read"),
+                                         ("float-pixels", "floating-point pixels")])
+def test_image_refused(tmp_path, kind, needle):
+    from modelexport.core.errors import InputError
+    from modelexport.llm.vision_inputs import open_rgb
+    with pytest.raises(InputError, match=needle) as e:
+        open_rgb(_image(tmp_path, kind))
+    assert "--image" in e.value.fix
+
+
+def test_16bit_image_keeps_its_brightness(tmp_path):
+    """A 16-bit PNG is scaled to 8 bits, not clipped at 255 (PIL's own convert makes it nearly white)."""
+    import numpy as np
+    from PIL import Image
+    from modelexport.llm.vision_inputs import open_rgb
+    path = _image(tmp_path, "16-bit")
+    rgb, notes = open_rgb(path)
+    want = np.asarray(Image.open(path), dtype=np.float64) / 257
+    got = np.asarray(rgb, dtype=np.float64)
+    assert rgb.mode == "RGB" and any("16-bit" in n for n in notes)
+    assert np.abs(got[..., 0] - want).max() <= 0.5 and abs(got.mean() - want.mean()) < 0.5
+
+
+def test_grayscale_image_converted_with_a_note(tmp_path):
+    import numpy as np
+    from modelexport.llm.vision_inputs import open_rgb
+    rgb, notes = open_rgb(_image(tmp_path, "grayscale"))
+    x = np.asarray(rgb)
+    assert rgb.mode == "RGB" and notes == ["image mode L converted to RGB"]
+    assert (x[..., 0] == x[..., 1]).all() and x.max() == 255
