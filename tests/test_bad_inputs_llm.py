@@ -24,6 +24,8 @@ def world(tmp_path_factory) -> dict[str, str]:
     write_tiny_llm_folder(root / "llm")
     write_tiny_vlm_folder(root / "vlm")
     gguf = write_tiny_gguf(root / "tiny.gguf")
+    write_tiny_gguf(root / "gpt2.gguf", arch="gpt2")           # an architecture the family table lacks
+    write_tiny_gguf(root / "qwen2.gguf", arch="qwen2")         # Llama tensors labelled qwen2: no q/k/v biases
     data = gguf.read_bytes()
     (root / "truncated.gguf").write_bytes(data[: len(data) // 2])    # a download cut mid-tensor
     notok = root / "notok"
@@ -75,6 +77,11 @@ CASES = [
     ("max-ppl-ratio-below-1", _H + " --max-ppl-ratio 0.5", ["--max-ppl-ratio", "above 1"], []),
     # sources and outputs
     ("gguf-truncated", "compile {truncated} -o {out} --variants ar1 --max-seq-len 64", ["truncated or corrupt"], []),
+    ("gguf-unknown-architecture", "compile {d}/gpt2.gguf -o {out} --max-seq-len 64", ["architecture 'gpt2' is not supported", "llama"], []),
+    ("gguf-unknown-architecture-generate", "generate {d}/gpt2.gguf -p hi", ["architecture 'gpt2' is not supported"], []),
+    ("gguf-tensors-unlike-architecture", "compile {d}/qwen2.gguf -o {out} --variants ar1 --max-seq-len 64",
+     ["lack attn_q.bias, attn_k.bias, attn_v.bias", "qwen2"], []),
+    ("gguf-tensors-unlike-architecture-generate", "generate {d}/qwen2.gguf -p hi --no-cache", ["lack attn_q.bias"], []),
     ("hf-no-tokenizer", "compile {notok} -o {out} --variants ar1 --max-seq-len 64", ["has no tokenizer", "save_pretrained"], []),
     ("output-exists", _H.replace("{out}", "{exists}"), ["already exists", "--force"], []),
     ("output-is-a-file", _H.replace("{out}", "{gguf}"), ["already exists"], []),
