@@ -294,6 +294,12 @@ def check_rope_scaling(where: str, problem: str | None, rope_scaling: dict | Non
         check_static_context(family, {"rope_parameters": rope_scaling}, max_seq_len)
 
 
+# Per-layer tensors an architecture always has beyond the common ones (llama.cpp's names): a file
+# without them is another architecture under this label.
+LAYER_TENSORS_OF_ARCH = {"qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+                         "qwen3": ("attn_q_norm.weight", "attn_k_norm.weight")}
+
+
 def check_gguf_tensors(info: GgufInfo) -> None:
     """The tensor table against what the header states, before any weight is read: transformers
     would fill a layer or a tensor the file lacks with random values and carry on (a model that
@@ -322,6 +328,10 @@ def check_gguf_tensors(info: GgufInfo) -> None:
             k = odd[0]
             raise InputError(f"{where}: blk.{i}.{k} is {list(tensors[k])}, blk.{min(layers)}.{k} is "
                              f"{list(layers[min(layers)][k])}: the layers do not agree", fix)
+    needed = [k for k in LAYER_TENSORS_OF_ARCH.get(info.architecture, ()) if layers and k not in kinds]
+    if needed:   # transformers would give them random values and carry on
+        raise InputError(f"{where}: its layers lack {', '.join(needed)}, which every {info.architecture} layer has "
+                         "(a file of another architecture labelled as this one?)", fix)
     emb = next((t for t in info.tensors if t.name == "token_embd.weight"), None)
     if emb is None:
         raise InputError(f"{where} has no token_embd.weight (the token embedding)", fix)

@@ -40,7 +40,7 @@ __all__ = ["load", "LLM", "LoadOptions", "LLM_BACKENDS", "Generator", "Generatio
 @dataclass
 class LoadOptions:
     quant: str = "8da4w"            # CPU program weights: 8da4w | 8da8w | fp32
-    max_seq_len: int = 2048         # context of a CPU program built here
+    max_seq_len: int | None = None  # context of a CPU program built here (None: 2048, or the model's own if smaller)
     gguf_blocks: bool = True        # from a GGUF: keep its blocks as stored where our kernels can (False: re-quantize)
     tokenizer: str | Path | None = None   # override the model's own tokenizer
     threads: int | None = None      # CPU threads (default: all cores)

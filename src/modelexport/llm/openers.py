@@ -56,6 +56,23 @@ def open_llm_bundle(path: Path):
 
 
 # --------------------------------------------------------------------------------------------
+DEFAULT_CPU_CONTEXT = 2048
+
+
+def _cpu_context(path: Path, kind: str, asked: int | None) -> int:
+    """--max-seq-len as given; unset: 2048, capped at the model's own context (a small model's default
+    must not be refused as "beyond the model's context" for a flag the user never gave)."""
+    if asked is not None:
+        return asked
+    if kind == "gguf":
+        from ..frontends.gguf_file import read_gguf_info
+        own = read_gguf_info(path).context_length
+    else:
+        from ..frontends.hf_folder import read_hf_config
+        own = getattr(read_hf_config(path), "max_position_embeddings", None)
+    return min(DEFAULT_CPU_CONTEXT, int(own)) if own else DEFAULT_CPU_CONTEXT
+
+
 @LLM_BACKENDS.register("cpu")
 def open_cpu(path: Path, opts: LoadOptions) -> LLM:
     from .cpu.session import ExecuTorchSession, default_threads
@@ -80,7 +97,8 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
                          "leave --requantize-gguf out")
     if kind in ("gguf", "hf"):
         t0 = time.perf_counter()
-        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=opts.max_seq_len, gguf_blocks=opts.gguf_blocks)
+        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=_cpu_context(path, kind, opts.max_seq_len),
+                                 gguf_blocks=opts.gguf_blocks)
         entry, meta, hit = build_cached(path, eopts, progress=opts.progress, use_cache=opts.use_cache,
                                         cache_dir=opts.cache_dir)
         info.update(pte=str(entry / meta["pte"]), cache_hit=hit, build_s=round(time.perf_counter() - t0, 2),

@@ -25,10 +25,21 @@ def open_rgb(image):
             image.load()
         except (UnidentifiedImageError, OSError) as e:
             raise InputError(f"{p} is not an image PIL can read ({e})", "pass --image a JPEG or PNG file") from None
+    if image.mode in _SIXTEEN_BIT:   # PIL's convert("RGB") clips these at 255: a mostly white image, silently
+        pixels = np.asarray(image, dtype=np.float64) / 257.0
+        image = Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8), "L")
+        notes.append("16-bit image scaled to 8 bits")
+    elif image.mode == "F":
+        raise InputError(f"{getattr(image, 'filename', None) or 'the image'} holds floating-point pixels (mode F): "
+                         "their range is not known", "save it as an 8- or 16-bit PNG or a JPEG and pass that to --image")
     if image.mode != "RGB":
         notes.append(f"image mode {image.mode} converted to RGB")
         image = image.convert("RGB")
     return image, notes
+
+
+# The modes PIL opens 16-bit greyscale PNG / TIFF as; 65535 / 257 = 255.
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 
 
 def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.ndarray, list[str]]:

@@ -327,6 +327,16 @@ def _ranges(indices: list[int]) -> str:
 
 
 
+def _refuse_vision_flags(opts: LlmCompileOptions) -> None:
+    """A text LLM without --vision-encoder: the vision flags would be silently ignored."""
+    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size),
+                        ("--image-token", opts.image_token), ("--image-mean", opts.image_mean),
+                        ("--image-std", opts.image_std)):
+        if value is not None:
+            raise InputError(f"{flag} is for vision-language models; this model has no vision part",
+                             f"leave {flag} out, or add --vision-encoder ENCODER.onnx to give it one")
+
+
 def _resolve(spec: PartSpec, opts: LlmCompileOptions):
     """Every option checked and given its default, and the source's facts: no weights loaded."""
     from types import SimpleNamespace
@@ -344,6 +354,11 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
     if precision not in LLM_PRECISIONS:
         raise InputError(f"precision {precision} is not offered for LLMs",
                          f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
+    from ...core.arguments import at_least
+    # checked before the `or default` below: 0 would otherwise silently become the default
+    at_least("--max-seq-len", opts.max_seq_len, 2, str(DEFAULT_MAX_SEQ_LEN))
+    at_least("--calibration-samples", opts.calibration_samples, 1, str(DEFAULT_CALIBRATION_SAMPLES))
+    at_least("--context-limit-mb", opts.context_limit_mb, 0.001, f"{DEFAULT_CONTEXT_LIMIT_MB:g}")
     variants = parse_variants(opts.variants)
     max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
     full = FULL in variants
@@ -352,7 +367,9 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
         raise InputError("--variants full alone: the full-context graph scores a whole context but cannot generate "
                          "(it keeps no KV cache)", "add an arN graph beside it, e.g. --variants ar1,full")
     if max_seq_len <= max(variants):
-        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})")
+        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})",
+                         f"raise --max-seq-len above {max(variants)}, or choose smaller variants "
+                         f"(e.g. --variants ar1,ar{min(32, max_seq_len // 2) or 1})")
     if full:   # N = C: the first (largest) variant
         variants = [max_seq_len, *variants]
     from ...llm.input_modes import get_input_mode
@@ -439,7 +456,13 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
     from ...core.cache import cache_root
     known = {f.name for f in fields(LlmCompileOptions)}
     opts = LlmCompileOptions(**{k: v for k, v in options.items() if k in known and v not in (None, [], ())})
-    r = _resolve(PartSpec(model=str(model), precision=precision or "16a4w_block"), opts)
+    from ...frontends.vlm_folder import is_vlm_folder
+    if is_vlm_folder(model) or opts.vision_encoder is not None:
+        raise InputError(f"{model}: --dry-run plans text LLMs; this is a vision-language model",
+                         "leave --dry-run out to compile it")
+    _refuse_vision_flags(opts)
+    r = _resolve(PartSpec(model=str(model), precision=precision or "16a4w_block",
+                          calibration=options.get("calibration")), opts)
     est, jobs_note = _fitted_estimate(r, Cache(enabled=False), quantized=False)
     if est is None:
         raise InputError(f"{model}: its config names no decoder shape (hidden_size, num_hidden_layers, ...)",
@@ -477,12 +500,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
         from .vlm import compile_vlm
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
-    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size),
-                        ("--image-token", opts.image_token), ("--image-mean", opts.image_mean),
-                        ("--image-std", opts.image_std)):
-        if value is not None:
-            raise InputError(f"{flag} is for vision-language models; this model has no vision part",
-                             f"leave {flag} out, or add --vision-encoder ENCODER.onnx to give it one")
+    _refuse_vision_flags(opts)
     r = _resolve(spec, opts)
     requested, block_size, precision, variants, max_seq_len = r.requested, r.block_size, r.precision, r.variants, r.max_seq_len
     socs, overrides, facts, text, n_samples, limit_mb = r.socs, r.overrides, r.facts, r.text, r.n_samples, r.limit_mb

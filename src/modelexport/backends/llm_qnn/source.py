@@ -53,7 +53,7 @@ def _gguf_facts(p: Path, sha: str):
         return {"architecture": info.architecture, "context_length": info.context_length, "shape": shape,
                 "rope_scaling_type": info.rope_scaling_type, "rope_scaling": info.rope_scaling}
 
-    entry, _ = Cache().get_or_create("gguf-facts-5", sha, check)   # 5: the RoPE scaling's parameters too
+    entry, _ = Cache().get_or_create("gguf-facts-6", sha, check)   # 5: the RoPE scaling's parameters too; 6: per-architecture layer tensors
     meta = Cache.meta(entry)
     family = family_of_gguf(meta["architecture"], meta.get("rope_scaling_type"), str(p))   # the table may have changed since
     return meta["architecture"], meta["context_length"], meta["shape"], family, meta.get("rope_scaling")

@@ -179,7 +179,11 @@ def compile_cmd(
         from .llm_plan import print_llm_plan
         print_llm_plan(models, json_out, targets=target, precision=precision, calibration=calibration, block_size=block_size,
                        overrides=override, jobs=jobs, variants=variants, max_seq_len=max_seq_len, inputs=inputs,
-                       context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, host_chunk_mb=host_chunk_mb)
+                       context_limit_mb=context_limit_mb, calibration_samples=calibration_samples, host_chunk_mb=host_chunk_mb,
+                       rounding=rounding, max_ppl_ratio=max_ppl_ratio, embedder_precision=embedder_precision,
+                       vision_precision=vision_precision, image_size=image_size,
+                       vision_encoder=str(vision_encoder) if vision_encoder else None, image_token=image_token,
+                       image_mean=image_mean, image_std=image_std)   # the same checks as the compile it plans
         return
     if output is None:
         from ...core.errors import InputError

@@ -29,7 +29,8 @@ def generate(
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
-    max_seq_len: int = typer.Option(2048, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model "
+                                              "(default 2048, or the model's own context if smaller)."),
     requantize_gguf: bool = typer.Option(False, "--requantize-gguf", help="Re-quantize a GGUF's Q4_0/Q4_1/Q8_0 weights to our own 4-bit instead of keeping its blocks as stored (the default, which computes what llama.cpp computes from the file)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Use this tokenizer (tokenizer.json, SentencePiece .model or .gguf) instead of the model's."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all cores)."),
@@ -168,7 +169,7 @@ def _say_why_empty(result, templated: bool, has_template: bool) -> None:
                       f"{result.stats.generated_tokens} token(s)): {hint}", highlight=False, soft_wrap=True)
 
 
-def _check_numbers(max_seq_len: int, threads: int | None, quant: str) -> None:
+def _check_numbers(max_seq_len: int | None, threads: int | None, quant: str) -> None:
     """Before the model is opened (minutes for a first build): the flags that cannot work."""
     from ...core.arguments import at_least, one_of
     from ...llm.cpu import QUANT_MODES
