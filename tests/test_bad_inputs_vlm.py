@@ -24,7 +24,7 @@ def test_a_context_of_zero_is_refused_not_taken_for_the_default(folders, cli_her
     root, vlm = folders
     out = root / f"ctx_{value}"
     assert_clean_error(cli_here("compile", str(vlm), "--max-seq-len", value, "-o", str(out)),
-                       f"--max-seq-len {value}", "at least 2 tokens")
+                       f"--max-seq-len must be at least 2, got {value}")
     assert not out.exists()
 
 

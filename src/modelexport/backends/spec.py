@@ -11,13 +11,9 @@ DEFAULT_MAX_SEQ_LEN = 512   # an LLM's context when --max-seq-len is not given (
 
 def max_seq_len_of(value) -> int:
     """--max-seq-len checked (None: the default); 0 or less is refused, never taken for "not given"."""
-    if value is None:
-        return DEFAULT_MAX_SEQ_LEN
-    if int(value) < 2:
-        from ..core.errors import InputError
-        raise InputError(f"--max-seq-len {value}: the context must hold at least 2 tokens",
-                         f"leave it out (default {DEFAULT_MAX_SEQ_LEN}) or pass e.g. --max-seq-len 512")
-    return int(value)
+    from ..core.arguments import at_least
+    at_least("--max-seq-len", value, 2, str(DEFAULT_MAX_SEQ_LEN))
+    return DEFAULT_MAX_SEQ_LEN if value is None else int(value)
 
 
 @dataclass

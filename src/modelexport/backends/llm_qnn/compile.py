@@ -36,7 +36,7 @@ from ...contract.manifest import (GRAPH_NAMING, CacheInfo, DecoderShape, GenieCh
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from .. import backend
 from ...toolchain.htp_options import check_knobs, compile_provider_options, host_twin_provider_options
-from ..spec import DEFAULT_MAX_SEQ_LEN, LlmCompileOptions, PartSpec
+from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
 from ...quant.precision import check_block_size, get_precision
@@ -356,11 +356,10 @@ def _resolve(spec: PartSpec, opts: LlmCompileOptions):
                          f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
     from ...core.arguments import at_least
     # checked before the `or default` below: 0 would otherwise silently become the default
-    at_least("--max-seq-len", opts.max_seq_len, 2, str(DEFAULT_MAX_SEQ_LEN))
     at_least("--calibration-samples", opts.calibration_samples, 1, str(DEFAULT_CALIBRATION_SAMPLES))
     at_least("--context-limit-mb", opts.context_limit_mb, 0.001, f"{DEFAULT_CONTEXT_LIMIT_MB:g}")
     variants = parse_variants(opts.variants)
-    max_seq_len = int(opts.max_seq_len or DEFAULT_MAX_SEQ_LEN)
+    max_seq_len = max_seq_len_of(opts.max_seq_len)   # 0 is refused, not taken for the default
     full = FULL in variants
     variants = [n for n in variants if n != FULL]
     if not variants:
