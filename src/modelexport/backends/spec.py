@@ -79,6 +79,15 @@ class LlmCompileOptions(CompileOptions):
     image_std: Any = None
 
 
+# The options that only a vision-language compile reads (a text LLM or a .pte refuses them by these names).
+VISION_FLAGS = {"vision_encoder": "--vision-encoder", "image_token": "--image-token", "image_size": "--image-size",
+                "vision_precision": "--vision-precision", "image_mean": "--image-mean", "image_std": "--image-std"}
+
+
+def vision_flags_given(opts: LlmCompileOptions) -> list[str]:
+    return [flag for name, flag in VISION_FLAGS.items() if getattr(opts, name) is not None]
+
+
 # Which kinds of model take an option outside CompileOptions: named in the error when it is given to another kind.
 OPTION_OWNERS = {TorchCompileOptions: "PyTorch models", LlmCompileOptions: "LLMs (a GGUF file or HF folder)"}
 

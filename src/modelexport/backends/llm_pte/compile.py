@@ -142,9 +142,8 @@ def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, st
                                "no full-context variant, no embedder part)",
                                "leave --format pte out: the context-binary path (the default) builds them")
     from ...frontends.vlm_folder import is_vlm_folder
-    vision = [f for f, v in (("--vision-encoder", opts.vision_encoder), ("--image-token", opts.image_token),
-                             ("--image-size", opts.image_size), ("--vision-precision", opts.vision_precision),
-                             ("--image-mean", opts.image_mean), ("--image-std", opts.image_std)) if v is not None]
+    from ..spec import vision_flags_given
+    vision = vision_flags_given(opts)
     if vision or is_vlm_folder(spec.model):
         raise UnsupportedError("the .pte path builds text LLMs only: no vision part"
                                + (f" ({', '.join(vision)} given)" if vision else f" ({spec.model} is a vision-language folder)"),

@@ -329,12 +329,10 @@ def _ranges(indices: list[int]) -> str:
 
 def _refuse_vision_flags(opts: LlmCompileOptions) -> None:
     """A text LLM without --vision-encoder: the vision flags would be silently ignored."""
-    for flag, value in (("--vision-precision", opts.vision_precision), ("--image-size", opts.image_size),
-                        ("--image-token", opts.image_token), ("--image-mean", opts.image_mean),
-                        ("--image-std", opts.image_std)):
-        if value is not None:
-            raise InputError(f"{flag} is for vision-language models; this model has no vision part",
-                             f"leave {flag} out, or add --vision-encoder ENCODER.onnx to give it one")
+    from ..spec import vision_flags_given
+    for flag in vision_flags_given(opts):   # --vision-encoder itself makes it a VLM compile before this
+        raise InputError(f"{flag} is for vision-language models; this model has no vision part",
+                         f"leave {flag} out, or add --vision-encoder ENCODER.onnx to give it one")
 
 
 def _resolve(spec: PartSpec, opts: LlmCompileOptions):
