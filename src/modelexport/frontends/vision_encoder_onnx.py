@@ -59,7 +59,7 @@ def read_encoder(path: str | Path, image_size: int | None = None) -> EncoderGrap
     if x.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
         raise InputError(f"--vision-encoder {p}: its input {x.name!r} is "
                          f"{onnx.TensorProto.DataType.Name(x.type.tensor_type.elem_type)}, not float32 pixels",
-                         "export the float32 encoder (modelexport quantizes it)")
+                         "export the float32 encoder (the compile quantizes it)")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in x.type.tensor_type.shape.dim]
     size = _image_size(p, x.name, dims, image_size)
     tokens, hidden = _row_shape(p, size)
