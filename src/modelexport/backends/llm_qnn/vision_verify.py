@@ -28,8 +28,8 @@ def vision_samples(bundle, v, inputs, max_samples: int | None) -> tuple[list[np.
     if not any(f.path == stored for f in bundle.manifest.files):
         raise InputError(f"{bundle.path} keeps no stored photos for its vision part",
                          "pass images to compare on: verify BUNDLE --input photo.jpg")
-    with np.load(bundle.file(stored), allow_pickle=False) as z:
-        xs = [z[k] for k in sorted(z.files, key=lambda k: int(k.rpartition("__")[2]))]
+    from ..ort_qnn.verify import read_samples
+    xs = [s["pixel_values"] for s in read_samples(bundle.file(stored))]
     return xs[:max_samples] if max_samples else xs, "stored photos"
 
 

@@ -52,7 +52,8 @@ class VisionSide:
     facts: Any                   # frontends.vlm_families.VisionFacts
     tiling: dict | None
     build: Callable[[Path], tuple[Path, Path]]
-    source: Path | None = None   # the bundle's source when it is not the text model (a VLM folder)
+    record: Callable[[Any], None]   # writes where the bundle came from into the text compile's manifest
+    source: Path | None = None   # a VLM folder (the bundle's source instead of the text folder made from it)
 
 
 def folder_side(spec, opts, sizing: dict) -> VisionSide:
@@ -67,7 +68,13 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
         model, fam, f = load_vlm(folder, **sizing)
         text_folder = write_text_folder(model, fam, folder, work / "text")
         return text_folder, export_vision_part(VisionPart(model, fam, f), work / "vision" / "vision.onnx")
-    return VisionSide(family.model_type, family.label, facts, tiling, build, source=folder)
+
+    def record(m) -> None:
+        from ...frontends.source_hash import source_sha256
+        m.source = m.source.model_copy(update={
+            "path": str(folder.resolve()), "sha256": source_sha256(folder),
+            "description": f"{family.label} ({facts.text_model_type} text model, {m.source.description})"})
+    return VisionSide(family.model_type, family.label, facts, tiling, build, record, source=folder)
 
 
 def encoder_side(spec, opts, sizing: dict) -> VisionSide:
@@ -89,8 +96,18 @@ def encoder_side(spec, opts, sizing: dict) -> VisionSide:
     mean = enc_onnx.parse_triple(opts.image_mean, "--image-mean", enc_onnx.IMAGENET_MEAN)
     std = enc_onnx.parse_triple(opts.image_std, "--image-std", enc_onnx.IMAGENET_STD)
     facts = enc_onnx.encoder_facts(enc, token, mean, std, text.architecture)
+
+    def record(m) -> None:   # the text model stays the bundle's source; the encoder is recorded beside it
+        from ...contract.manifest import SourceModel
+        from ...core.file_hash import file_sha256
+        m.llm.vision.encoder = SourceModel(path=str(enc.path.resolve()), format="onnx", sha256=file_sha256(enc.path),
+                                           description=f"{enc.tokens} rows of {enc.hidden} per "
+                                                       f"{enc.image_size}x{enc.image_size} image")
+        m.source = m.source.model_copy(update={"description": f"{m.source.description} + {enc_onnx.ENCODER_LABEL} "
+                                                              f"{enc.path.name}"})
     return VisionSide(enc_onnx.ENCODER_FAMILY, enc_onnx.ENCODER_LABEL, facts, None,
-                      lambda work: (Path(spec.model), enc_onnx.write_vision_graph(enc, work / "vision" / "vision.onnx")))
+                      lambda work: (Path(spec.model), enc_onnx.write_vision_graph(enc, work / "vision" / "vision.onnx")),
+                      record)
 
 
 def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
@@ -144,20 +161,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
                 f"(the prompt's image block as the runtime writes it{', at M-RoPE grid positions' if facts.position_rule == 'mrope_grid' else ''}), "
                 "in every other window of the text")
         m.placement[VISION_PART] = _placement(vision_bundle)
-        if side.source is not None:
-            from ...frontends.source_hash import source_sha256
-            m.source = m.source.model_copy(update={   # the VLM folder, not the text folder made from it
-                "path": str(side.source.resolve()), "sha256": source_sha256(side.source),
-                "description": f"{side.label} ({facts.text_model_type} text model, {m.source.description})"})
-        else:
-            from ...core.file_hash import file_sha256
-            from ...contract.manifest import SourceModel
-            m.llm.vision.encoder = SourceModel(path=str(Path(opts.vision_encoder).resolve()), format="onnx",
-                                               sha256=file_sha256(Path(opts.vision_encoder)),
-                                               description=f"{facts.tokens_per_image} rows of {facts.text_hidden_size} per "
-                                                           f"{facts.image_size}x{facts.image_size} image")
-            m.source = m.source.model_copy(update={
-                "description": f"{m.source.description} + {side.label} {Path(opts.vision_encoder).name}"})
+        side.record(m)
         m.options = {**m.options, "inputs": mode.name, "vision_precision": vprec}
         with BundleWriter(out, force, manifest=m) as w:
             for f in m.files:

@@ -100,10 +100,13 @@ class VerifyReport:
 def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:
     pm = bundle.manifest.part(part)
     rel = pm.files.verify_inputs if pm else None
-    if not rel:
-        return []
+    return read_samples(bundle.file(rel)) if rel else []
+
+
+def read_samples(npz: Path) -> list[dict[str, np.ndarray]]:
+    """A verify-inputs file (`NAME__I` arrays) → one {input name: array} per sample, in order."""
     samples: dict[int, dict[str, np.ndarray]] = {}
-    with np.load(bundle.file(rel), allow_pickle=False) as z:
+    with np.load(npz, allow_pickle=False) as z:
         for key in z.files:
             name, _, idx = key.rpartition("__")
             samples.setdefault(int(idx), {})[name] = z[key]
