@@ -24,20 +24,6 @@ IMAGE_TOKEN = "<file_sep>"   # a SmolLM2 special token prompts never hold (id 5)
 HIDDEN = 576
 
 
-class MobileNetRows(nn.Module):
-    """MobileNetV2's feature map [1, 1280, h, w] → h*w rows [1, h*w, hidden] through a linear projector."""
-
-    def __init__(self, hidden: int, weights="imagenet"):
-        super().__init__()
-        from modelexport.zoo.mobilenet_v2 import mobilenet_v2
-        self.features = mobilenet_v2(weights).features
-        torch.manual_seed(0)
-        self.proj = nn.Linear(1280, hidden)
-
-    def forward(self, x):
-        return self.proj(self.features(x).flatten(2).transpose(1, 2))
-
-
 def export_encoder(module: nn.Module, path, size: int = 224, dynamic: bool = False, names=("image", "rows")):
     import warnings
     with warnings.catch_warnings(), torch.no_grad():
@@ -55,6 +41,7 @@ def built(tmp_path_factory, smollm2_gguf):
 
     root = tmp_path_factory.mktemp("byo_encoder")
     folder = save_smollm2_layers(smollm2_gguf, root / "smol2", 2)
+    from modelexport.zoo.mobilenet_v2 import MobileNetRows
     enc = export_encoder(MobileNetRows(HIDDEN), root / "mobilenet_rows.onnx")
     with pytest.MonkeyPatch.context() as mp:   # module fixtures run before the per-test cache isolation
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))

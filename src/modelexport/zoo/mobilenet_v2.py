@@ -71,3 +71,18 @@ def export_onnx(out: str | Path, weights: str | Path | None = "imagenet", opset:
         torch.onnx.export(model, (torch.zeros(1, 3, 224, 224),), str(out), input_names=["image"],
                           output_names=["logits"], opset_version=opset, dynamo=False)
     return out
+
+
+class MobileNetRows(nn.Module):
+    """MobileNetV2's feature map [1, 1280, h, w] as h*w rows [1, h*w, hidden] through a linear projector: a
+    real vision trunk in the shape `compile --vision-encoder` takes (the projector random, seeded, unless
+    trained by the user: no trained one ships)."""
+
+    def __init__(self, hidden: int, weights: str | Path | None = "imagenet", seed: int = 0):
+        super().__init__()
+        self.features = mobilenet_v2(weights).features
+        torch.manual_seed(seed)
+        self.proj = nn.Linear(1280, hidden)
+
+    def forward(self, x):
+        return self.proj(self.features(x).flatten(2).transpose(1, 2))
