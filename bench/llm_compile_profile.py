@@ -1,6 +1,6 @@
 """Where a cold SmolLM2 compile's time goes, by stage and by process (issue 17: toward 2 minutes).
 
-    python bench/llm_compile_profile.py [--work DIR] [--tag NAME]         # run a cold compile and profile it
+    python bench/llm_compile_profile.py [--work DIR] [--tag NAME] [--model smollm2|gemma3]   # a cold compile, profiled
     python bench/llm_compile_profile.py --from STDERR PROCS MANIFEST       # profile a run made elsewhere
 
 The compile runs as a user runs it (`python -m modelexport compile GGUF --target SM8650 --variants ar1,ar32
@@ -53,9 +53,14 @@ def profile(stderr: str, procs: dict, manifest: dict, offset_s: float) -> dict:
             "weight_rounding": (manifest.get("llm") or {}).get("weight_rounding")}
 
 
-def run(work: Path) -> tuple[str, dict, dict, float]:
-    import llm_sizes
-    src = llm_sizes.smollm2_gguf()
+# --model: the real GGUFs the compile is profiled on (zoo/assets.py names)
+MODELS = {"smollm2": ("smollm2_gguf", "SmolLM2-135M Q4_1 GGUF"),
+          "gemma3": ("gemma3_270m_gguf", "Gemma 3 270M (base) Q4_K_M GGUF, 262,144-token vocabulary")}
+
+
+def run(work: Path, model: str) -> tuple[str, dict, dict, float]:
+    from modelexport.zoo.assets import asset_path
+    src = asset_path(MODELS[model][0])
     env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(work / f"cache_{int(time.time())}"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
     out = work / "bundle"
@@ -78,7 +83,8 @@ def run(work: Path) -> tuple[str, dict, dict, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default=None)
-    ap.add_argument("--tag", default="smollm2")
+    ap.add_argument("--tag", default=None, help="the result's name (default: the model's)")
+    ap.add_argument("--model", default="smollm2", choices=sorted(MODELS))
     ap.add_argument("--from", dest="given", nargs=3, metavar=("STDERR", "PROCS", "MANIFEST"))
     ap.add_argument("--offset", type=float, default=0.0, help="with --from: the sampler's start on the compile's clock")
     a = ap.parse_args()
@@ -90,13 +96,13 @@ def main() -> None:
     else:
         work = Path(a.work or tempfile.mkdtemp(prefix="llm_profile_"))
         work.mkdir(parents=True, exist_ok=True)
-        err, procs, manifest, offset = run(work)
-    entry = {"options": "SmolLM2-135M Q4_1 GGUF, SM8650, ar1 + ar32, cl 512, 16a4w_block (gptq), 2 workers",
+        err, procs, manifest, offset = run(work, a.model)
+    entry = {"options": f"{MODELS[a.model][1]}, SM8650, ar1 + ar32, cl 512, 16a4w_block (gptq), 2 workers",
              "host": {"cpus": os.cpu_count(), "load_avg_at_start": load_before,
                       "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]},
              **profile(err, procs, manifest, offset)}
     results = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    results[a.tag] = entry
+    results[a.tag or a.model] = entry
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(results, indent=2))
     print(json.dumps(entry, indent=2))

@@ -86,6 +86,16 @@ def smollm2_gguf() -> Path:
     return asset_path("smollm2_gguf")
 
 
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF (Google's base model), assembled once per session from its
+    chunk packages (`make setup`) into a session cache."""
+    from modelexport.zoo.assets import asset_path
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "assets-cache"))
+        return asset_path("gemma3_270m_gguf")
+
+
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """A user's mistake: non-zero exit, a message naming it, and no Python traceback."""
     assert proc.returncode != 0, proc.stdout

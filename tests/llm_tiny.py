@@ -108,8 +108,8 @@ def random_graph_feed(model, rng) -> dict:
     return feed
 
 
-def save_smollm2_layers(gguf, folder, n_layers: int = 2):
-    """The real SmolLM2-135M weights of `gguf`, cut to their first `n_layers`, saved with the tokenizer as
+def save_real_layers(gguf, folder, n_layers: int = 2):
+    """The real weights of `gguf` (SmolLM2, Gemma 3), cut to their first `n_layers`, saved with the tokenizer as
     an HF folder at `folder` (a real model's numbers at a compile of about a minute)."""
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
 

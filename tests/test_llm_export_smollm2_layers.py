@@ -13,9 +13,9 @@ pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, smollm2_gguf):
     import modelexport
-    from llm_tiny import save_smollm2_layers
+    from llm_tiny import save_real_layers
 
-    folder = save_smollm2_layers(smollm2_gguf, tmp_path_factory.mktemp("smol2") / "hf", 2)
+    folder = save_real_layers(smollm2_gguf, tmp_path_factory.mktemp("smol2") / "hf", 2)
     # module-scoped fixtures run before the function-scoped cache isolation: isolate here too
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))

@@ -37,10 +37,10 @@ def export_encoder(module: nn.Module, path, size: int = 224, dynamic: bool = Fal
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, smollm2_gguf):
     import modelexport
-    from llm_tiny import save_smollm2_layers
+    from llm_tiny import save_real_layers
 
     root = tmp_path_factory.mktemp("byo_encoder")
-    folder = save_smollm2_layers(smollm2_gguf, root / "smol2", 2)
+    folder = save_real_layers(smollm2_gguf, root / "smol2", 2)
     from modelexport.zoo.mobilenet_v2 import MobileNetRows
     enc = export_encoder(MobileNetRows(HIDDEN), root / "mobilenet_rows.onnx")
     with pytest.MonkeyPatch.context() as mp:   # module fixtures run before the per-test cache isolation

@@ -410,6 +410,7 @@ class LlmSection(_Recorded):
     embedder: EmbedderPart | None = None  # `embeddings`: the part that looks text up
     full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants
     vision: VisionEntry | None = None    # a VLM bundle's vision part (pixels → the rows of the image tokens)
+    residual_scale: float = 1.0          # the graphs carry the residual stream at 1/this (llm/residual_scale.py)
 
 
 # ---------------------------------------------------------------------------------------------

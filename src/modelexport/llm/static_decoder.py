@@ -466,26 +466,45 @@ class StaticDecoderLayer(nn.Module):
     normed too before they join the residual, and the MLP's input norm is `pre_feedforward_layernorm`."""
 
     def __init__(self, hf_layer: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
-                 norm: functools.partial, activation: str, scaling: float, softcap: float | None):
+                 norm: functools.partial, stream_norm: functools.partial, residual_scale: float, activation: str,
+                 scaling: float, softcap: float | None):
         super().__init__()
-        self.input_layernorm = norm(hf_layer.input_layernorm.weight)
-        self.self_attn = StaticAttention(hf_layer.self_attn, family, spec, plan, norm, scaling, softcap)
-        self.post_attention_layernorm = norm(hf_layer.post_attention_layernorm.weight)
         self.sandwich = family.sandwich_norms
+        self.input_layernorm = stream_norm(hf_layer.input_layernorm.weight)
+        self.self_attn = StaticAttention(hf_layer.self_attn, family, spec, plan, norm, scaling, softcap)
+        # Llama's post-attention norm reads the stream; Gemma's norms the attention output
+        self.post_attention_layernorm = (norm if self.sandwich else stream_norm)(hf_layer.post_attention_layernorm.weight)
         if self.sandwich:
-            self.pre_feedforward_layernorm = norm(hf_layer.pre_feedforward_layernorm.weight)
+            self.pre_feedforward_layernorm = stream_norm(hf_layer.pre_feedforward_layernorm.weight)
             self.post_feedforward_layernorm = norm(hf_layer.post_feedforward_layernorm.weight)
         self.mlp = StaticMLP(hf_layer.mlp, family, activation)
+        self.residual_scale = ResidualScale(residual_scale)
 
     def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
         h, k_new, v_new = self.self_attn(self.input_layernorm(x), rope, window_bias, mask, k_cache, v_cache)
+        into = self.residual_scale
         if self.sandwich:
-            x = x + self.post_attention_layernorm(h)
-            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            x = x + into(self.post_attention_layernorm(h))
+            x = x + into(self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))))
         else:
-            x = x + h
-            x = x + self.mlp(self.post_attention_layernorm(x))
+            x = x + into(h)
+            x = x + into(self.mlp(self.post_attention_layernorm(x)))
         return x, k_new, v_new
+
+
+class ResidualScale(nn.Module):
+    """Multiplies what enters the residual stream by 1/s (s a power of two; nothing at s = 1): the
+    stream is carried at 1/s of its size, so that a family's massive activations stay inside fp16 on
+    the HTP (Gemma 3 270M reaches |x| ~ 103,000; fp16's maximum is 65,504 and the HTP clamps there).
+    Every reader of the stream is an RMSNorm, which takes eps / s² (`StaticBackbone`): the same function
+    in exact arithmetic. Its ops stay float by name (quant/llm_graphs.FLOAT_NODES)."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.inv = 1.0 / float(scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.inv if self.inv != 1.0 else x
 
 
 class TokenEmbedding(nn.Module):
@@ -551,10 +570,14 @@ class StaticBackbone(nn.Module):
     """Holds what HF's `model.model` holds, under the same names."""
 
     def __init__(self, hf_inner: nn.Module, family: LLMFamily, hf_cfg, spec: DecoderSpec,
-                 cfg: StaticDecoderConfig, rms_norm: str):
+                 cfg: StaticDecoderConfig, rms_norm: str, residual_scale: float = 1.0):
         super().__init__()
         norm = functools.partial(_norm, eps=hf_cfg.rms_norm_eps, form=rms_norm,
                                  offset=NORM_WEIGHT_OFFSET[family.norm])
+        # the norms reading the residual stream (carried at 1/s: ResidualScale) take eps / s²
+        stream_norm = functools.partial(_norm, eps=hf_cfg.rms_norm_eps / residual_scale ** 2, form=rms_norm,
+                                        offset=NORM_WEIGHT_OFFSET[family.norm])
+        self.residual_scale = ResidualScale(residual_scale)
         scale = hf_cfg.hidden_size ** 0.5 if family.embedding_scale == "sqrt_hidden" else 1.0
         self.embed_tokens = TokenEmbedding(hf_inner.embed_tokens.weight, scale)
         self.embed_join = EmbedJoin(hf_inner.embed_tokens.weight.shape[0])     # the `both` input mode's
@@ -566,9 +589,10 @@ class StaticBackbone(nn.Module):
         softcap = getattr(hf_cfg, family.attn_softcap_field, None) if family.attn_softcap_field else None
         activation = getattr(hf_cfg, family.activation_field, None) or "silu"
         self.layers = nn.ModuleList(
-            StaticDecoderLayer(layer, family, spec, plan, norm, activation, query_scalar ** -0.5, softcap)
+            StaticDecoderLayer(layer, family, spec, plan, norm, stream_norm, residual_scale, activation,
+                               query_scalar ** -0.5, softcap)
             for layer, plan in zip(hf_inner.layers, plans))
-        self.norm = norm(hf_inner.norm.weight)
+        self.norm = stream_norm(hf_inner.norm.weight)
         tables = [RotaryTables(*_rope_frequencies(hf_inner.rotary_emb, name, spec.head_dim), spec.max_seq_len)
                   for name in slot_names]
         sections = mrope_sections(family, hf_cfg)
@@ -606,7 +630,7 @@ class StaticDecoder(nn.Module):
     """See the module docstring for inputs, outputs and layout. Build with `build_static_decoder`."""
 
     def __init__(self, hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
-                 inputs: str = DEFAULT_INPUT_MODE):
+                 inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0):
         super().__init__()
         if rms_norm not in RMS_NORM_FORMS:
             raise InputError(f"unknown rms_norm form {rms_norm!r}", f"use one of {', '.join(RMS_NORM_FORMS)}")
@@ -623,7 +647,8 @@ class StaticDecoder(nn.Module):
         self.rms_norm_form = rms_norm
         self.model_type = hf_cfg.model_type
         self.family = family
-        self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm)
+        self.residual_scale = float(residual_scale)
+        self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm, self.residual_scale)
         self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] for positions
         self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/mrope.py)
         cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
@@ -650,8 +675,8 @@ class StaticDecoder(nn.Module):
         return (logits,) if self.cfg.full else (logits, *new_k, *new_v)
 
     def embed(self, *first: torch.Tensor) -> torch.Tensor:
-        """The embeddings entering layer 0 from the input mode's first inputs."""
-        return EMBED_INPUTS[self.input_mode.name](self.model, *first)
+        """The residual stream entering layer 0 from the input mode's first inputs (at 1/residual_scale)."""
+        return self.model.residual_scale(EMBED_INPUTS[self.input_mode.name](self.model, *first))
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids → the embeddings entering layer 0 (the family's scale applied): the embedder part."""
@@ -684,14 +709,15 @@ def decoder_config(n_tokens: int, max_seq_len: int) -> StaticDecoderConfig:
 
 
 def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
-                         inputs: str = DEFAULT_INPUT_MODE) -> StaticDecoder:
+                         inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0) -> StaticDecoder:
     """A `StaticDecoder` sharing `hf_model`'s weights (no copy), in eval mode; `inputs` is its input
-    mode (llm/input_modes.py: tokens, embeddings, both).
+    mode (llm/input_modes.py: tokens, embeddings, both); the residual stream is carried at
+    1/`residual_scale` (ResidualScale; llm/residual_scale.py picks it from text).
 
     Two decoders built from the same HF model (e.g. AR-1 and AR-32) share every parameter,
     which is what a weight-sharing export of both graphs wants.
     """
-    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm, inputs=inputs).eval()
+    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm, inputs=inputs, residual_scale=residual_scale).eval()
 
 
 def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> LLMFamily:

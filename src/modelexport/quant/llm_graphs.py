@@ -43,15 +43,23 @@ DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
 # what the QDQ quantizer here makes of a decoder; 16a4w_block is 16a4w whose 4-bit MatMul weights are
 # then rewritten in blocks (see quantize_decoder)
 LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
+# A layer's norms on the residual stream, by their HF module names: every family's input and
+# post-attention norms, and the sandwich norms of Gemma 2 / 3 (the norm before the MLP reads the
+# residual stream; the one after it writes into it). Quantized, the pre-MLP norm put one uint16 scale
+# on the stream (a step of ~0.8 at Gemma 3 270M's |x| ~ 27,000) and the HTP's fixed-point norm
+# departed from the QDQ graph: the real model cut to 6 layers gave 24.4 dB simulator vs QDQ (logits),
+# 2 layers' worth below the bar (tests/test_llm_real_gemma3.py).
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 # node names (TorchScript exporter: the module path, then the op) that stay float: the residual adds
 # of each layer (`/layers.3/Add`, `/layers.3/Add_1`), the layer norms and the final norm, and the
 # RoPE table lookups (`/rotary_emb/Gather`, `/rotary_emb/Unsqueeze`). Quantized, the tables' Gather
 # gave wrong rows on the HTP simulator for the chunk's tokens 16-31 (SmolLM2 cut to 2 layers, real
 # text: the new keys at 6 dB vs the QDQ graph on the CPU, 65 dB with the tables float); see
 # docs/llm_export.md. The `both` input mode's join of looked-up rows and given embeddings
-# (`/embed_join/`) starts the residual stream: float too.
-FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/(input|post_attention)_layernorm/|^/norm/"
-                         r"|^/rotary_emb/|^/embed_join/")
+# (`/embed_join/`) starts the residual stream: float too; so does what scales the stream's inputs
+# (static_decoder.ResidualScale: `/residual_scale/`, `/layers.3/residual_scale/`).
+FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/" + f"({'|'.join(LAYER_NORMS)})/" + r"|^/norm/"
+                         r"|^/rotary_emb/|^/embed_join/|(^|/)residual_scale/")
 
 
 def parse_overrides(items: list[str], base_precision: str) -> list[Override]:

@@ -104,7 +104,7 @@ class ImageRows:
 
 def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max_seq_len: int,
                         samples_per_variant: int, kv_ranges: dict[str, list[float]] | None = None,
-                        images: ImageRows | None = None) -> dict[int, list[dict[str, np.ndarray]]]:
+                        images: ImageRows | None = None, stream_peak: dict | None = None) -> dict[int, list[dict[str, np.ndarray]]]:
     """{N: [flat input dict of the full decoder]} recorded from the float decoder on real text.
 
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
@@ -112,7 +112,8 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     `kv_ranges`, when given, is filled with one [min, max] per layer's keys and per layer's values,
     over every cache the text produced (inputs and outputs of every variant), under both names.
     `images`: the text is first given image blocks (ImageRows.stream) and each sample records the
-    `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them)."""
+    `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them). `stream_peak`,
+    when given, gets the residual stream's largest |x| as "max" (llm/residual_scale.py)."""
     import torch
 
     from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
@@ -153,8 +154,10 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
             _widen(kv_ranges, outputs[1:], dec.spec.n_layers)
         return outputs
 
+    from ...llm.residual_scale import watching_peak
     try:
-        with float32_per_module(dec):   # a bf16-held model runs one float32 layer at a time
+        with float32_per_module(dec), watching_peak(dec.model, stream_peak if stream_peak is not None else {}):
+            # a bf16-held model runs one float32 layer at a time
             _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len), token_ids, variants, max_seq_len,
                   samples_per_variant, out, recording)
     finally:

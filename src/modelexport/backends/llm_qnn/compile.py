@@ -46,9 +46,9 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, DEFAULT_HOST_CHUNK_MB, host_chunk_
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 7   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
-#                      parts, weight rounding; 7: the static decoder built from the family table (bump on
-#                      any change to the decoder)
+EXPORT_VERSION = 8   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+#                      parts, weight rounding; 7: the static decoder built from the family table; 8: Gemma's
+#                      sandwich norms float (bump on any change to the decoder or to what stays float)
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_CALIBRATION_SAMPLES = 8
@@ -156,6 +156,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     no_token = no_token_id(mode, model.get_input_embeddings().weight.shape[0],
                            model.get_output_embeddings().weight.shape[0], tok.vocab_size)
     ar_variants = [n for n in variants if n != max_seq_len]
+    stream_peak: dict = {}
     if len(done) < len(keys):
         report(f"calibrating on {text.path.name} through the float decoder")
         images = None
@@ -164,10 +165,11 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             images = ImageRows.load(image_calibration)
             report(f"calibrating with {len(images.rows)} images' vision rows at image tokens in every other window"
                    + (" (at their M-RoPE grid positions)" if images.grid else ""))
-        samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges, images)
+        samples = calibration_samples(model, ids, ar_variants, max_seq_len, n_samples, kv_ranges, images, stream_peak)
         if max_seq_len in variants:      # the full-context graph: whole windows, no cache
             samples[max_seq_len] = full_context_samples(ids, max_seq_len, n_samples)
     calib_s = round(time.perf_counter() - t1, 2)
+    residual_scale = _residual_scale(stream_peak, [cache.get(PART_NAMESPACE, keys[c]) for c in sorted(done)], report)
     graphs = [{"name": names[(n, p.index)], "n_tokens": n, "part": p.index, "n_parts": p.count,
                "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{names[(n, p.index)]}.onnx",
                "memory_estimate": mem[n][p.index - 1].to_dict()} for n in variants for p in parts]
@@ -191,7 +193,8 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
         ends_job = None
         one_ends_chunk = any(not (c.is_first or c.is_last) for cs in chunks.values() for c in cs)
         for n in variants:
-            dec = build_static_decoder(model, decoder_config(n, max_seq_len), rms_norm=ONNX_RMS_NORM, inputs=mode.name)
+            dec = build_static_decoder(model, decoder_config(n, max_seq_len), rms_norm=ONNX_RMS_NORM, inputs=mode.name,
+                                       residual_scale=residual_scale)
             with torch.inference_mode(), in_float32([dec.model.embed_tokens]):
                 samples[n] = with_input_mode(samples[n], mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
                                              dec.spec.hidden_size)
@@ -212,6 +215,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
                     t3 = t3 or time.perf_counter()
                     job = pool.submit(quantize_part, {
                         "name": name, "key": keys[name], "cache_root": str(cache.root), "cache_enabled": cache.enabled,
+                        "residual_scale": residual_scale,
                         "quantize": {"float_path": str(fpath), "precision": precision, "overrides": overrides,
                                      "samples": ps, "source": str(text.path), "block_size": block_size,
                                      "tied_ranges": kv_ranges,
@@ -262,12 +266,25 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
             "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids), "context_length": ctx,
             "quantization": quant_info, "calibration": {"text": str(text.path), "sha256": text.sha256,
                                                           "tokens": len(ids), "samples_per_variant": samples_per_variant},
-            "inputs": mode.name, "embedder": embedder, "no_token_id": no_token,
+            "inputs": mode.name, "embedder": embedder, "no_token_id": no_token, "residual_scale": residual_scale,
             "resumed_graphs": sorted(done), "weights_held_as": "bfloat16" if held_bf16 else "float32",
             "weight_rounding": weights.plan.rounding if weights.plan else None,
             "quality_recipe": weights.plan.recipe if weights.plan else None,
             "timings": {"load_s": load_s, "calibration_s": calib_s, "export_s": round(export_s, 2),
                         "quantize_s": round(quant_s, 2), **weights.timings}}
+
+
+def _residual_scale(stream_peak: dict, done_entries: list, report) -> float:
+    """The residual stream's scale (llm/residual_scale.py): from this calibration's peak, or, when every
+    graph was quantized before (no calibration ran), the one those graphs were exported with."""
+    from ...llm.residual_scale import residual_scale_for
+    if "max" not in stream_peak:
+        return float(next((Cache.meta(e).get("residual_scale", 1.0) for e in done_entries if e), 1.0))
+    scale = residual_scale_for(stream_peak["max"])
+    if scale != 1.0:
+        report(f"carrying the residual stream at 1/{scale:g} in the graphs: it peaks at {stream_peak['max']:,.0f} on "
+               "the calibration text, beyond what fp16 on the HTP holds with room to spare")
+    return scale
 
 
 class _Weights:
@@ -849,6 +866,7 @@ def _write_bundle(out, force, facts, socs, variants, max_seq_len, precision, ove
             bos_id=qmeta["bos_id"], eos_ids=qmeta["eos_ids"], rope_theta=qmeta["rope_theta"],
             graph_naming=GRAPH_NAMING, weight_sharing=weight_sharing, genie=genie, quantization=qmeta["quantization"],
             memory_limit_mb=limit_mb, weight_rounding=qmeta.get("weight_rounding"), quality_recipe=qmeta.get("quality_recipe"),
+            residual_scale=qmeta.get("residual_scale", 1.0),
             **_input_facts(qmeta, spec, variants, max_seq_len, embedder.get("part")))
         m.timings = Timings.model_validate({**qmeta["timings"], **timings})
         m.cache = CacheInfo(enabled=cache.enabled, quantize_hit=qhit, resumed_graphs=qmeta.get("resumed_graphs") or None,

@@ -32,7 +32,8 @@ def quantize_part(job: dict) -> dict:
     name = job["name"]
 
     def build(tmp: Path) -> dict:
-        return {"name": name, "quantization": quantize_job({**job["quantize"], "out_path": str(tmp / f"{name}.onnx")})}
+        return {"name": name, "residual_scale": job.get("residual_scale", 1.0),
+                "quantization": quantize_job({**job["quantize"], "out_path": str(tmp / f"{name}.onnx")})}
     try:
         entry, hit = cache.get_or_create(PART_NAMESPACE, job["key"], build)
     finally:

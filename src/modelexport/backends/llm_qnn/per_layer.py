@@ -64,7 +64,8 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     ids = tokenize(tok, text.text, seq * (k + 3))
     held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
     mode = get_input_mode(info.inputs)
-    dec = build_static_decoder(llm.model, decoder_config(n, seq), rms_norm=ONNX_RMS_NORM, inputs=mode.name)
+    dec = build_static_decoder(llm.model, decoder_config(n, seq), rms_norm=ONNX_RMS_NORM, inputs=mode.name,
+                               residual_scale=info.residual_scale)
     samples = (full_context_samples(held_out, seq, k) if n == seq
                else calibration_samples(llm.model, held_out, [n], seq, k)[n])
     with torch.inference_mode():
