@@ -54,6 +54,10 @@ CASES = [
     ("max-seq-len-0", "compile {hf} --dry-run --max-seq-len 0", ["--max-seq-len must be at least 2, got 0"], ["is beyond the model"]),
     ("max-seq-len-negative", "compile {hf} -o {out} --max-seq-len -5", ["--max-seq-len must be at least 2, got -5"], []),
     ("max-seq-len-beyond-model", "compile {hf} --dry-run --max-seq-len 100000", ["beyond the model's context (256", "256 or less"], []),
+    ("max-seq-len-beyond-model-pte", "compile {hf} --format pte -o {out} --max-seq-len 100000", ["beyond the model's context (256"], []),
+    ("max-seq-len-beyond-model-generate", "generate {hf} -p hi --max-seq-len 100000", ["beyond the model's context (256"], []),
+    ("max-seq-len-beyond-model-eval", "eval {hf} --max-seq-len 100000", ["beyond the model's context (256", "256 or less"], []),
+    ("max-seq-len-beyond-model-eval-cpu", "eval {gguf} --stages cpu --max-seq-len 100000", ["beyond the model's context"], []),
     # flags that belong to another mode or model
     ("inputs-foo", _DRY + " --inputs foo", ["--inputs 'foo' is not an input mode", "tokens, embeddings, both"], []),
     ("embedder-precision-without-embeddings", _H + " --embedder-precision fp16", ["--inputs embeddings"], []),

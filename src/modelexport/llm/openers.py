@@ -59,18 +59,36 @@ def open_llm_bundle(path: Path):
 DEFAULT_CPU_CONTEXT = 2048
 
 
-def _cpu_context(path: Path, kind: str, asked: int | None) -> int:
-    """--max-seq-len as given; unset: 2048, capped at the model's own context (a small model's default
-    must not be refused as "beyond the model's context" for a flag the user never gave)."""
-    if asked is not None:
-        return asked
+def model_context(path: Path) -> int | None:
+    """The context a GGUF file or HF folder was trained for, from its header or config.json (no weight read)."""
+    kind = source_kind(path)
     if kind == "gguf":
         from ..frontends.gguf_file import read_gguf_info
         own = read_gguf_info(path).context_length
-    else:
+    elif kind == "hf":
         from ..frontends.hf_folder import read_hf_config
         own = getattr(read_hf_config(path), "max_position_embeddings", None)
-    return min(DEFAULT_CPU_CONTEXT, int(own)) if own else DEFAULT_CPU_CONTEXT
+    else:
+        own = None
+    return int(own) if own else None
+
+
+def require_context(path: Path, max_seq_len: int) -> None:
+    """Refuse a --max-seq-len beyond the model's own context before any weight is loaded."""
+    own = model_context(path)
+    if own and max_seq_len > own:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({own} tokens)",
+                         f"use --max-seq-len {own} or less")
+
+
+def _cpu_context(path: Path, asked: int | None) -> int:
+    """--max-seq-len as given (checked); unset: 2048, capped at the model's own context (a small model's
+    default must not be refused as "beyond the model's context" for a flag the user never gave)."""
+    if asked is not None:
+        require_context(path, asked)
+        return asked
+    own = model_context(path)
+    return min(DEFAULT_CPU_CONTEXT, own) if own else DEFAULT_CPU_CONTEXT
 
 
 @LLM_BACKENDS.register("cpu")
@@ -97,7 +115,7 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
                          "leave --requantize-gguf out")
     if kind in ("gguf", "hf"):
         t0 = time.perf_counter()
-        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=_cpu_context(path, kind, opts.max_seq_len),
+        eopts = CpuExportOptions(quant=opts.quant, max_seq_len=_cpu_context(path, opts.max_seq_len),
                                  gguf_blocks=opts.gguf_blocks)
         entry, meta, hit = build_cached(path, eopts, progress=opts.progress, use_cache=opts.use_cache,
                                         cache_dir=opts.cache_dir)

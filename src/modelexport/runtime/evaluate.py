@@ -196,6 +196,9 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         stages = stages or list(BUNDLE_STAGES)
     else:
         _check_llm_source(src)
+        if max_seq_len:
+            from ..llm.openers import require_context
+            require_context(src, max_seq_len)    # before any weight is loaded
         seq = max_seq_len or window
         variants = [32, 1] if seq > 32 else [1]
         source = src

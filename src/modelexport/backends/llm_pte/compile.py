@@ -187,6 +187,7 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     import tempfile
 
     from ...frontends import find_frontend
+    from ...llm.openers import require_context
     from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from ...llm.text import tokenize
     from ...llm.tokenizers import from_transformers
@@ -196,11 +197,8 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     say("loading the model", 0, 5)
+    require_context(src, max_seq_len)
     llm = find_frontend(str(src)).load(str(src))
-    ctx = getattr(llm.config, "max_position_embeddings", None)
-    if ctx and max_seq_len > ctx:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
-                         f"use --max-seq-len {ctx} or less")
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     tok_dir = Path(tempfile.mkdtemp(prefix="llm_pte_tok_"))
     tok.save(tok_dir)
