@@ -3,6 +3,7 @@ tiny static decoder graph calibrated with real-looking inputs; and quantizing wi
 same QDQ model as ONNX Runtime's `quantize()` calibrating by itself."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -171,6 +172,39 @@ def test_4bit_packing_equals_onnxruntime(n):
 
     src = np.random.default_rng(n).integers(-8, 8, n).astype(np.int8).tobytes()
     assert ours(src) == theirs(src)
+
+
+def _edit_a_graph(fast: bool) -> list:
+    """Input replacements between the edits the quantizer makes elsewhere: a direct input edit, a node
+    removed, a node appended, the node list rebuilt."""
+    from onnx import helper
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    from modelexport.quant.ort_fast_paths import fast_quantizer
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="a"), helper.make_node("Add", ["x", "x"], ["b"], name="b"),
+             helper.make_node("Relu", ["b"], ["c"], name="c"), helper.make_node("Mul", ["a", "x"], ["d"], name="d")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("d", onnx.TensorProto.FLOAT, [1])])
+    with fast_quantizer() if fast else contextlib.nullcontext():
+        m = ONNXModel(helper.make_model(graph))
+        g = m.model.graph
+        m.replace_input_of_all_nodes("x", "x1")
+        ONNXModel.replace_node_input(g.node[2], "b", "x1")      # a node gains x1 behind the index's back
+        m.replace_input_of_all_nodes("x1", "x2")
+        m.remove_node(g.node[0])
+        m.add_node(helper.make_node("Neg", ["x2"], ["e"], name="e"))
+        m.replace_input_of_all_nodes("x2", "x3")
+        kept = list(g.node)
+        g.ClearField("node")
+        g.node.extend(kept[::-1])
+        m.replace_input_of_all_nodes("x3", "x4")
+        m.replace_input_of_all_nodes("a", "a1")
+    return [(n.name, list(n.input)) for n in m.model.graph.node]
+
+
+def test_consumer_index_follows_the_graph_through_other_edits():
+    assert _edit_a_graph(fast=True) == _edit_a_graph(fast=False)
+    assert ("c", ["x4"]) in _edit_a_graph(fast=True)
 
 
 def _all_tensors(model) -> dict:

@@ -4,8 +4,8 @@ computes (the tests compare whole quantized models byte for byte); the quantizat
 Runtime's. Measured with cProfile on SmolLM2's ar1 decoder (16a4w, 113 s per graph before):
 
 | loop (ONNX Runtime)                                   | cost per graph | replaced by                 |
-| `ONNXModel.replace_input_of_all_nodes`: every input   | ~21 s          | a membership test per node  |
-|   of every node, per quantized tensor                 |                |                             |
+| `ONNXModel.replace_input_of_all_nodes`: every input   | ~21 s          | an index of each tensor's   |
+|   of every node, per quantized tensor                 |                |   consumers                 |
 | per-channel scale/zero point: one Python call per     | ~23 s          | one reduction per weight    |
 |   output channel (204,672 calls)                      |                |                             |
 | per-channel quantization of a weight, channel by      | ~10 s          | one broadcast division      |
@@ -25,11 +25,53 @@ _INT_TYPES = (TensorProto.INT4, TensorProto.UINT4, TensorProto.INT8, TensorProto
               TensorProto.UINT16)
 
 
+# Bumped by every input edit made outside `_replace_input_of_all_nodes` (ONNX Runtime's static
+# `replace_node_input`): the consumer index below is then rebuilt before it is used again.
+_EDITS_ELSEWHERE = [0]
+
+
+def _consumers(model) -> dict[str, list]:
+    """{tensor: nodes reading it} of an ONNXModel, kept on it while the quantizer runs. The quantizer
+    only appends nodes between two replacements, so new nodes are indexed as they appear; anything
+    else (a node removed, the list rebuilt, an input edited elsewhere) shows as a changed last node,
+    a shorter list or a bumped edit count, and the index is built again from the graph."""
+    nodes = model.model.graph.node
+    state = model.__dict__.get("_modelexport_consumers")
+    stale = (state is None or state["edits"] != _EDITS_ELSEWHERE[0] or len(nodes) < state["seen"]
+             or (state["seen"] and nodes[state["seen"] - 1] is not state["last"]))
+    if stale:
+        state = {"index": {}, "seen": 0, "last": None, "edits": _EDITS_ELSEWHERE[0]}
+        model.__dict__["_modelexport_consumers"] = state
+    index = state["index"]
+    for i in range(state["seen"], len(nodes)):
+        node = nodes[i]
+        for name in node.input:
+            index.setdefault(name, []).append(node)
+    state["seen"] = len(nodes)
+    state["last"] = nodes[len(nodes) - 1] if len(nodes) else None
+    return index
+
+
 def _replace_input_of_all_nodes(self, old_input_name, new_input_name):
-    from onnxruntime.quantization.onnx_model import ONNXModel
-    for node in self.model.graph.node:
-        if old_input_name in node.input:     # C-level test; the original walks every input in Python
-            ONNXModel.replace_node_input(node, old_input_name, new_input_name)
+    """ONNX Runtime's loop visits every input of every node for each quantized tensor (935 tensors x
+    ~10,000 nodes per SmolLM2 chunk: 5-8 s); here the nodes come from the consumer index."""
+    index = _consumers(self)
+    moved = []
+    for node in index.pop(old_input_name, []):
+        if old_input_name in node.input:     # an entry may be out of date: the graph is the truth
+            for j, name in enumerate(node.input):
+                if name == old_input_name:
+                    node.input[j] = new_input_name
+            moved.append(node)
+    if moved:
+        index.setdefault(new_input_name, []).extend(moved)
+
+
+def _make_replace_node_input(original: Callable) -> Callable:
+    def replace_node_input(node, old_input_name, new_input_name):
+        _EDITS_ELSEWHERE[0] += 1
+        return original(node, old_input_name, new_input_name)
+    return staticmethod(replace_node_input)
 
 
 def pack_bytes_to_4bit(src_8bit: bytes) -> bytearray:
@@ -168,6 +210,7 @@ def _patches() -> list[tuple[Any, str, Callable[[Callable], Callable]]]:
     from onnxruntime.quantization.onnx_model import ONNXModel
     return [
         (ONNXModel, "replace_input_of_all_nodes", lambda orig: _replace_input_of_all_nodes),
+        (ONNXModel, "replace_node_input", _make_replace_node_input),
         (quant_utils, "pack_bytes_to_4bit", lambda orig: pack_bytes_to_4bit),
         (base_quantizer, "pack_bytes_to_4bit", lambda orig: pack_bytes_to_4bit),
         (qdq_quantizer, "quantize_onnx_initializer", _make_quantize_onnx_initializer),
@@ -181,9 +224,9 @@ def fast_quantizer():
     saved = []
     try:
         for owner, attr, make in _patches():
-            original = getattr(owner, attr)
-            saved.append((owner, attr, original))
-            setattr(owner, attr, make(original))
+            # put back as it was defined: a class's staticmethod must not come back a plain function
+            saved.append((owner, attr, vars(owner)[attr]))
+            setattr(owner, attr, make(getattr(owner, attr)))
         yield
     finally:
         for owner, attr, original in reversed(saved):
