@@ -131,9 +131,8 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     caches), so every graph that names them gets the same encoding. `rounded_path` (the file of
     `llm/weight_quality.py`) gives the 4-bit weights as a data-aware rounding chose them."""
     import onnx
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
     from .minmax_ranges import minmax_ranges, quantize_with_ranges
+    from .ort_qnn import qnn_quantization
 
     prec = get_precision(precision)
     act, weight = prec.quant_types()
@@ -154,8 +153,9 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = get_qnn_qdq_config(str(float_path), calibration.reader(), activation_type=act, weight_type=weight,
-                                        per_channel=True, init_overrides=tq, nodes_to_exclude=float_nodes)
+            config = qnn_quantization().get_qnn_qdq_config(str(float_path), calibration.reader(), activation_type=act,
+                                                           weight_type=weight, per_channel=True, init_overrides=tq,
+                                                           nodes_to_exclude=float_nodes)
             config.use_external_data_format = True
             try:
                 t1 = time.perf_counter()

@@ -18,7 +18,9 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                   per_channel: bool = True, overrides: list[str] | None = None) -> dict:
     """Write the QDQ model to `out_path`; returns what was done (for the manifest)."""
     from onnxruntime.quantization import quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    from .ort_qnn import qnn_quantization
+    qnn = qnn_quantization()
     act, weight = precision.quant_types()
     pre = out_path.with_name(out_path.stem + ".pre.onnx")
     root = logging.getLogger()
@@ -27,7 +29,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            changed = qnn_preprocess_model(str(float_path), str(pre))
+            changed = qnn.qnn_preprocess_model(str(float_path), str(pre))
             src = pre if changed else float_path
             init_overrides, matched = None, {}
             if overrides:
@@ -37,7 +39,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                 parsed = parse_onnx_overrides(overrides, precision)
                 init_overrides, matched = tensor_overrides(onnx.load(str(src), load_external_data=False), parsed,
                                                            precision, per_channel)
-            config = get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
+            config = qnn.get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
                                         per_channel=per_channel, init_overrides=init_overrides)
             try:
                 quantize(str(src), str(out_path), config)
