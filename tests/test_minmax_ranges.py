@@ -263,3 +263,12 @@ def test_quantizing_a_weight_by_rows_equals_quantizing_it_at_once(axis):
     once = np.clip((w / scale).round() + zero, 0, 255).astype(np.uint8)
     for step in (1, 5, 37):
         np.testing.assert_array_equal(_quantize_rows(w, scale, zero, 0, 255, np.uint8, step), once)
+
+
+def test_the_qnn_quantization_helpers_come_without_torch():
+    """A quantization worker imports ONNX Runtime's QNN helpers, not torch (quant/ort_qnn.py)."""
+    import subprocess
+    code = ("import sys; from modelexport.quant.ort_qnn import qnn_quantization; q = qnn_quantization(); "
+            "assert callable(q.get_qnn_qdq_config) and callable(q.qnn_preprocess_model); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
