@@ -70,7 +70,7 @@ def test_the_features_are_read_from_the_rows():
     assert [layer.self_attn.plan.rope_slot for layer in gemma3.model.layers] == [1, 0]   # per layer type
     assert gemma3.model.norm.offset == 1.0 and gemma3.model.embed_tokens.scale == pytest.approx(8.0)
     gemma2 = build_static_decoder(tiny_family_model("gemma2"), StaticDecoderConfig(1, MAX_SEQ))
-    assert gemma2.lm_head.cap == 3.0 and gemma2.model.layers[0].self_attn.softcap == 5.0
+    assert gemma2.lm_head.cap == 3.0 and gemma2.model.layers[0].self_attn.core.softcap == 5.0
     assert BY_MODEL_TYPE["qwen3"].qk_norm and BY_MODEL_TYPE["qwen3"].cpu
 
 

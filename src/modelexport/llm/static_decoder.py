@@ -379,6 +379,22 @@ class LayerPlan:
     window_bias: int | None    # the window whose bias this layer adds to the mask; None = the global mask
 
 
+class AttentionCore(nn.Module):
+    """softmax(q.k^T * scaling (soft-capped) + mask) . v, heads joined: its own module so the compiled
+    graphs can keep it float (`/self_attn/core/`, quant/llm_graphs.FLOAT_NODES). The HTP takes the
+    second input of a MatMul of two 16-bit activations at 8 bits (bench/htp_matmul_precision.py)."""
+    def __init__(self, scaling: float, softcap: float | None):
+        super().__init__()
+        self.scaling = float(scaling)
+        self.softcap = softcap
+
+    def forward(self, q, keys, values, mask):
+        b, _, n, _ = q.shape
+        scores = soft_cap(torch.matmul(q, keys) * self.scaling, self.softcap) + mask      # [B, H, N, C]
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, values).transpose(1, 2).reshape(b, n, q.shape[1] * q.shape[3])
+
+
 class StaticAttention(nn.Module):
     def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
                  norm: functools.partial, scaling: float, softcap: float | None):
@@ -395,8 +411,7 @@ class StaticAttention(nn.Module):
         self.qk_norm = family.qk_norm
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.n_rep = spec.n_heads // spec.n_kv_heads
-        self.scaling = float(scaling)
-        self.softcap = softcap
+        self.core = AttentionCore(scaling, softcap)
         self.plan = plan
 
     def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
@@ -419,10 +434,7 @@ class StaticAttention(nn.Module):
             values = repeat_kv(torch.cat([v_cache, v], dim=2), self.n_rep)               # [B, H, C, D]
         if self.plan.window_bias is not None:
             mask = mask + window_bias[self.plan.window_bias]
-        scores = soft_cap(torch.matmul(q, keys) * self.scaling, self.softcap) + mask      # [B, H, N, C]
-        probs = torch.softmax(scores, dim=-1)
-        y = torch.matmul(probs, values).transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
-        return self.o_proj(y), k_new, v
+        return self.o_proj(self.core(q, keys, values, mask)), k_new, v
 
 
 class StaticMLP(nn.Module):

@@ -46,10 +46,10 @@ from .memory import DEFAULT_CONTEXT_LIMIT_MB, DEFAULT_HOST_CHUNK_MB, host_chunk_
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 
-EXPORT_VERSION = 8   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+EXPORT_VERSION = 9   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
 #                      parts, weight rounding; 7: the static decoder built from the family table; 8: the residual
 #                      stream carried at 1/s (llm/residual_scale.py), Gemma's sandwich norms float (bump on any
-#                      change to the decoder or to what stays float)
+#                      change to the decoder or to what stays float); 9: attention's core float (fp16 on the HTP)
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 DEFAULT_VARIANTS = (1, 32)
 DEFAULT_CALIBRATION_SAMPLES = 8
