@@ -297,6 +297,13 @@ def check_model_config(cfg, where: str) -> LLMFamily:
     return family
 
 
+def check_model_context(max_seq_len: int, context_length: int | None) -> None:
+    """Refuse a --max-seq-len beyond the context the model was trained for (its GGUF header or config)."""
+    if context_length and max_seq_len > context_length:
+        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({context_length} tokens)",
+                         f"use --max-seq-len {context_length} or less")
+
+
 def check_static_context(family: LLMFamily, cfg, max_seq_len: int) -> None:
     """What a static graph of `max_seq_len` positions cannot follow. longrope switches to its long
     factor for calls longer than the original context (at run time, in HF); a static RoPE table

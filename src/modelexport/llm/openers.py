@@ -75,10 +75,8 @@ def model_context(path: Path) -> int | None:
 
 def require_context(path: Path, max_seq_len: int) -> None:
     """Refuse a --max-seq-len beyond the model's own context before any weight is loaded."""
-    own = model_context(path)
-    if own and max_seq_len > own:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({own} tokens)",
-                         f"use --max-seq-len {own} or less")
+    from ..frontends.llm_families import check_model_context
+    check_model_context(max_seq_len, model_context(path))
 
 
 def _cpu_context(path: Path, asked: int | None) -> int:

@@ -4,7 +4,8 @@ fp16 and clamps at 65,504; a quarter leaves room for text that peaks higher than
 
 Measured: SmolLM2-135M peaks at 24,904 → 2 (under fp16's maximum, but not by 4x: an exact halving in
 fp16); Gemma 3 270M near 103,000 in its middle layers on news text → 8. The static decoder applies it
-(static_decoder.ResidualScale) and the manifest records it (`llm.residual_scale`) for whatever rebuilds the float graph (verify --per-layer).
+(static_decoder.ResidualScale) and the manifest records it (`llm.residual_scale`) for whatever rebuilds
+the float graph (verify --per-layer).
 """
 from __future__ import annotations
 

@@ -130,10 +130,7 @@ def _build_qdq(tmp: Path, src_path: Path, variants: list[int], max_seq_len: int,
     model, cfg = llm.model, llm.config
     held_bf16 = store_bf16(model, weights_dtype)   # a weight source between the parts' float32 moments
     load_s = round(time.perf_counter() - t0, 2)
-    ctx = getattr(cfg, "max_position_embeddings", None)
-    if ctx and max_seq_len > ctx:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx} tokens)",
-                         f"use --max-seq-len {ctx} or less")
+    ctx = getattr(cfg, "max_position_embeddings", None)    # checked against --max-seq-len before loading (source.py)
     prec = get_precision(precision)
     embed_bits, head_bits = _embed_head_bits(overrides, prec.weight_bits)
     parts, mem = plan_parts(cfg, variants, max_seq_len, prec.weight_bits, prec.activation_bits, limit_mb,

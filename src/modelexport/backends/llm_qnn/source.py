@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import InputError
-from ...frontends.llm_families import check_static_context, family_of, family_of_gguf
+from ...frontends.llm_families import check_model_context, check_static_context, family_of, family_of_gguf
 from ...frontends.source_hash import source_sha256
 
 
@@ -79,9 +79,7 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
                             _hf_shape(cfg), dtype)
-    if facts.context_length and max_seq_len > facts.context_length:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({facts.context_length} tokens)",
-                         f"use --max-seq-len {facts.context_length} or less")
+    check_model_context(max_seq_len, facts.context_length)
     return facts
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.errors import InputError, UnsupportedError
+from ...core.errors import UnsupportedError
 from ...frontends.llm_families import (
     BY_MODEL_TYPE,
     FAMILIES,
     NORM_WEIGHT_OFFSET,
     LLMFamily,
+    check_model_context,
     check_static_context,
     rope_slots,
 )
@@ -108,10 +109,7 @@ def check_cpu_config(config, max_seq_len: int) -> LLMFamily:
     if act not in ACTIVATIONS:
         raise UnsupportedError(f"activation {family.activation_field}={act!r} is not supported by the CPU export "
                                f"(it has {', '.join(ACTIVATIONS)})", RUN_ON_THE_NPU)
-    ctx = getattr(config, "max_position_embeddings", None)
-    if ctx and max_seq_len > ctx:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({ctx})",
-                         f"use --max-seq-len {ctx} or less")
+    check_model_context(max_seq_len, getattr(config, "max_position_embeddings", None))
     check_static_context(family, config, max_seq_len)   # longrope: the short factor's table only
     return family
 
