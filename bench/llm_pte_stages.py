@@ -19,6 +19,26 @@ ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_pte_stages.json"
 PROFILE: dict = {}     # {"stage": substring of the stage names to cProfile}
 SPLIT_ROPE = {"on": True}   # --rope-one-gather: the RoPE lookup as one gather (before the split)
+MATMUL_8BIT = {"kind": None}  # --matmul-8bit sym|asym: attention's MatMuls take their second input at 8 bits
+
+
+def attention_matmuls_8bit(gm) -> None:
+    """A QnnQuantizer custom annotation (tried, not adopted): the second input of attention's two
+    MatMuls (keys, values) at 8 bits, as the HTP takes it (bench/htp_matmul_precision.py); `sym`:
+    ExecuTorch's `custom_annotate_matmul_16a8w` spec (uint8 symmetric, min-max), `asym`: uint8 affine."""
+    import torch
+    from executorch.backends.qualcomm.quantizer.qconfig import get_8a8w_qnn_ptq_config, get_16a8w_qnn_ptq_config
+    from executorch.backends.qualcomm.quantizer.rules import Q_ANNOTATION_KEY
+    from torchao.quantization.pt2e import MinMaxObserver
+
+    from modelexport.frontends.module_paths import fx_module_path
+    spec = (get_16a8w_qnn_ptq_config().weight if MATMUL_8BIT["kind"] == "sym" else
+            get_8a8w_qnn_ptq_config(act_observer=MinMaxObserver).input_activation)
+    for node in gm.graph.nodes:
+        ann = node.meta.get(Q_ANNOTATION_KEY)
+        if node.target == torch.ops.aten.matmul.default and ann is not None and \
+                (fx_module_path(node) or "").endswith(".self_attn.core"):
+            ann.input_qspec_map[node.args[1]] = spec
 
 
 def _rss_mb() -> float:
@@ -98,7 +118,10 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
         with timed(rows, f"{m} export"):
             ep = torch.export.export(dec, inputs[m], strict=True)
         with timed(rows, f"{m} prepare"):
-            prepared = prepare_pt2e(ep.module(), build_quantizer(plan, soc))
+            quantizer = build_quantizer(plan, soc)
+            if MATMUL_8BIT["kind"]:
+                quantizer.add_custom_quant_annotations((attention_matmuls_8bit,))
+            prepared = prepare_pt2e(ep.module(), quantizer)
         calib = [tuple(torch.from_numpy(s[k]) for k in names_in) for s in samples[dec.cfg.n_tokens]]
         with timed(rows, f"{m} calibrate ({len(calib)} samples)"), torch.no_grad():
             for s in calib:
@@ -188,12 +211,16 @@ def main() -> None:
     ap.add_argument("--mode", default="after", choices=("before", "after", "after-keep-provenance", "after-no-edge-cuts"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--rope-one-gather", action="store_true", help="one RoPE-table gather per method (before the split)")
+    ap.add_argument("--matmul-8bit", choices=("sym", "asym"), default=None,
+                    help="attention's MatMuls with their second input at 8 bits (default: 16x16, as compile does)")
     a = ap.parse_args()
     PROFILE["stage"] = a.profile
     SPLIT_ROPE["on"] = not a.rope_one_gather
+    MATMUL_8BIT["kind"] = a.matmul_8bit
     for n in a.layers:
         r = run(n, a.samples, [1, a.prefill], a.seq, a.profile, a.mode)
-        r["host"] = {"cpus": os.cpu_count(), "shared": "2 cores shared with another helper and the coordinator"}
+        r["host"] = {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}
+        r["attention_matmuls"] = f"second input 8-bit ({a.matmul_8bit})" if a.matmul_8bit else "16x16"
         results = json.loads(RESULT.read_text()) if RESULT.is_file() else {}    # read late: runs may overlap
         results[f"{n}_layers_{a.mode}{('_' + a.tag) if a.tag else ''}"] = r
         RESULT.parent.mkdir(exist_ok=True)
