@@ -1,6 +1,6 @@
-"""4-bit weight quality on the real SmolLM2-135M-Instruct (Q4_1 GGUF; the only LLM with real
-weights offline here, so no second family is measured): each rounding technique and the
---max-ppl-ratio recipe, SM8650, ar1 + ar32, max-seq-len 512.
+"""4-bit weight quality on the real SmolLM2-135M-Instruct (Q4_1 GGUF; the second real family, Gemma 3
+270M, is measured by bench/llm_compile_profile.py --model gemma3 and `eval`: results/llm_eval_gemma3.json):
+each rounding technique and the --max-ppl-ratio recipe, SM8650, ar1 + ar32, max-seq-len 512.
 
 Two kinds of rows, each named for what it measures:
 - `weights_only`: the float model with its 4-bit linears replaced by the rounded weights (exactly
@@ -144,15 +144,17 @@ def main() -> None:
     a = ap.parse_args()
     out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     out.update({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "target": "SM8650", "variants": ["ar1", "ar32"], "max_seq_len": 512,
-                "second_family": "none measured: SmolLM2 is the only LLM with real weights offline here",
-                "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
-                         "note": "shared with up to 5 other jobs: seconds are inflated and noisy"}})
+                "second_family": "Gemma 3 270M: bench/results/llm_eval_gemma3.json, llm_compile_profile.json",
+                "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}})
     if a.weights_only:
         weights_only(out, a.weights_only.split(","), {a.precision: PRECISIONS[a.precision]} if a.only_precision else PRECISIONS)
     for r in filter(None, a.compile.split(",")):
         compiled(out, f"{a.precision}/{r}", ["--rounding", r], a.precision)
     if a.recipe:
         compiled(out, f"{a.precision}/recipe-{a.recipe:g}", ["--max-ppl-ratio", str(a.recipe)], a.precision)
+    out["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    RESULT.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
