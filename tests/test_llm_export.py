@@ -308,7 +308,7 @@ def test_eval_three_stages(bundle, cli, work):
     res = json.loads(proc.stdout)
     assert set(res["stages"]) == {"float", "fake-quant", "htp-sim"}
     assert all(np.isfinite(r["perplexity"]) for r in res["stages"].values())
-    assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] > 25
+    assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] >= 35     # issue 17's bar (measured 46.5)
 
 
 def test_plain_verify_of_an_llm_bundle_points_to_per_layer_and_eval(bundle):

@@ -1,11 +1,11 @@
 """The family table (frontends/llm_families.py) and what reads it: for every family beside
 Llama/Mistral/Qwen2 a tiny random model built here (tests/llm_tiny_families.py), its static decoder
 against transformers in float, one compile per family on the HTP simulator with every node on the
-HTP, and the bad inputs the table refuses before any weight is loaded."""
+HTP and its logits >= 35 dB from its QDQ graph's, and the bad inputs the table refuses before any
+weight is loaded."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -179,24 +179,19 @@ def test_inspect_hf_folder_shows_the_family_row(folders, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# one compile per family on the HTP simulator: every decoder node on the HTP
-
-# Gemma 3 has the most features (sandwich and q/k norms, GeGLU, per-type RoPE, a window shorter
-# than the context): one graph of it stays in the default suite. Each family with two graphs (ar1 +
-# ar4: Genie then checks that every cache tensor is quantized alike in both) takes ~1.5 min: heavy.
-HEAVY = [pytest.mark.heavy, pytest.mark.skipif(not os.environ.get("MODELEXPORT_HEAVY_TESTS"),
-                                                reason="minutes-long: make test-heavy")]
-COMPILED = [pytest.param("gemma3_text", "ar1", id="gemma3_text-ar1")] + [
-    pytest.param(f, "ar1,ar4", id=f"{f}-ar1,ar4", marks=HEAVY) for f in NEW_FAMILIES]
+# one compile per family on the HTP simulator: every decoder node on the HTP, and the simulator
+# as near its QDQ graph as issue 17 asks (>= 35 dB on the logits). Two graphs (ar1 + ar4): Genie then
+# checks that every cache tensor is quantized alike in both. ~20 s a family (compile 10 s, eval 8 s).
+MIN_SIM_VS_QDQ_DB = 35.0
 
 
-@pytest.mark.parametrize("model_type,variants", COMPILED)
-def test_compiles_with_every_node_on_the_htp(cli_here, tmp_path, model_type, variants, monkeypatch):
+@pytest.mark.parametrize("model_type", NEW_FAMILIES)
+def test_compiles_with_every_node_on_the_htp(cli_here, tmp_path, model_type, monkeypatch):
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "hf"
     save_tiny_family_folder(model_type, src)
     out = tmp_path / "out"
-    proc = cli_here("compile", str(src), "--target", "SM8650", "--variants", variants, "--max-seq-len", str(MAX_SEQ),
+    proc = cli_here("compile", str(src), "--target", "SM8650", "--variants", "ar1,ar4", "--max-seq-len", str(MAX_SEQ),
                     "--precision", "16a8w", "-o", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
@@ -210,3 +205,9 @@ def test_compiles_with_every_node_on_the_htp(cli_here, tmp_path, model_type, var
         outside = [n for n in placed["cpu_nodes"] if not n.endswith(("QuantizeLinear", "DequantizeLinear"))]
         assert outside == [], placed["cpu_nodes"]
         assert len(placed["cpu_nodes"]) <= 2 + 4 * n_layers
+    # measured 36.0 (phi3) to 37.6 dB (gemma3_text) on 16 tokens of the reference text
+    proc = cli_here("eval", str(out), "--tokens", str(MAX_SEQ), "--window", str(MAX_SEQ), "--sim-tokens", "16",
+                    "--sim-window", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sqnr = json.loads(proc.stdout)["sqnr"]["fake-quant vs htp-sim"]
+    assert sqnr["sqnr_db"] >= MIN_SIM_VS_QDQ_DB and sqnr["top1_agreement"] == 1.0, sqnr
