@@ -19,7 +19,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 RESULT = Path(__file__).parent / "results" / "htp_matmul_precision.json"
-HTP = {"soc_model": "57", "htp_graph_finalization_optimization_mode": "1", "enable_htp_fp16_precision": "1"}
 
 
 def _qparams(x: np.ndarray, bits: int):
@@ -65,7 +64,10 @@ def main() -> int:
 
     import onnxruntime as ort
 
+    from modelexport.core.targets import get_target
+    from modelexport.toolchain.htp_options import compile_provider_options
     from modelexport.toolchain.ort_qnn import SessionPlan, create_session
+    options = compile_provider_options(get_target("SM8650"), None, 1)     # the compile's options, level 1
     rng = np.random.default_rng(0)
     a = rng.normal(0, 2, (1, 3, 32, 64)).astype(np.float32)
     b = rng.normal(0, 2, (1, 3, 64, 128)).astype(np.float32)
@@ -76,7 +78,7 @@ def main() -> int:
             path = _model(a, b, a_bits, b_bits, out_bits, Path(d) / f"m{a_bits}_{b_bits}_{out_bits}.onnx")
             feed = {"a": a, "b": b}
             cpu = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-            htp = create_session(path, SessionPlan(provider_options=HTP)).run(None, feed)[0]
+            htp = create_session(path, SessionPlan(provider_options=options)).run(None, feed)[0]
             rows.append({"a_bits": a_bits, "b_bits": b_bits, "output": f"uint{out_bits}" if out_bits else "float",
                          "cpu_qdq_vs_float_db": _sqnr(ref, cpu), "htp_vs_float_db": _sqnr(ref, htp),
                          "htp_vs_cpu_qdq_db": _sqnr(cpu, htp)})
