@@ -6,7 +6,7 @@ model's real input where the package ships one (a photo), else random inputs (re
 Writes bench/results/real_models.json: compiled or not (with the audit's named nodes and fixes
 when not), share of nodes on the HTP, SQNR, compile time, the repairs that ran.
 
-usage: python bench/real_models.py [--only NAME ...] [--precisions fp16,8a8w]
+usage: python bench/real_models.py [--only NAME ...] [--precisions fp16,8a8w] [--out PATH]
 """
 from __future__ import annotations
 
@@ -86,15 +86,16 @@ def one(name: str, precision: str, work: Path) -> dict:
 def _write(rows: list[dict], args) -> dict:
     precisions = args.precisions.split(",")
     done = {"target": TARGET, "machine": {"cpus": os.cpu_count()}, "rows": rows}
-    if args.only and RESULT.exists():             # a partial run updates its rows only
+    out = Path(args.out)
+    if args.only and out.exists():                # a partial run updates its rows only
         mine = {(r["model"], r["precision"]) for r in rows}
-        done["rows"] = [r for r in json.loads(RESULT.read_text()).get("rows", []) if (r["model"], r["precision"]) not in mine] + rows
+        done["rows"] = [r for r in json.loads(out.read_text()).get("rows", []) if (r["model"], r["precision"]) not in mine] + rows
     done["summary"] = {p: {"models": sum(1 for r in done["rows"] if r["precision"] == p),
                            "compiled": sum(1 for r in done["rows"] if r["precision"] == p and r.get("compiled")),
                            "tracebacks": sum(1 for r in done["rows"] if r["precision"] == p and r.get("traceback"))}
                        for p in precisions}
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(done, indent=1, default=str))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(done, indent=1, default=str))
     return done
 
 
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--precisions", default="fp16,8a8w")
     ap.add_argument("--one", nargs=2, metavar=("NAME", "PRECISION"))
+    ap.add_argument("--out", default=str(RESULT), help="the results file (default bench/results/real_models.json)")
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory(prefix="bench-real-") as work:

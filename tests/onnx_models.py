@@ -41,3 +41,101 @@ def conv_det(path: Path) -> Path:
     onnx.checker.check_model(m)
     onnx.save(m, str(path))
     return path
+
+
+def _save(nodes, name: str, inputs, outputs, inits, path: Path) -> Path:
+    import onnx
+    from onnx import helper
+    g = helper.make_graph(nodes, name, inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+def log_power(path: Path) -> Path:
+    """A spectrogram's normalised log, as basic-pitch's front end has it: conv → square → sum over
+    the filter's pair → log(power + 1e-10). The power spans far below float16's smallest value,
+    and the epsilon is 0 in float16: an fp16 compile takes log(0)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 1, 1, 16)) * 0.02).astype(np.float32), "w")
+    eps = numpy_helper.from_array(np.array(1e-10, np.float32), "eps")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="/cqt/conv/Conv", strides=[1, 8]),
+             helper.make_node("Mul", ["c", "c"], ["p"], name="/cqt/square/Mul"),
+             helper.make_node("Add", ["p", "eps"], ["pe"], name="/log/add/Add"),
+             helper.make_node("Log", ["pe"], ["y"], name="/log/log/Log")]
+    return _save(nodes, "log_power", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1, 256])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 1, 31])], [w, eps], path)
+
+
+def sum_of_squares(path: Path) -> Path:
+    """A vector norm through its square: sqrt(sum(x·x)). The sum passes float16's largest value
+    (65,504) for inputs of a few hundred, though the norm itself fits."""
+    from onnx import TensorProto, helper, numpy_helper
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="/norm/square/Mul"),
+             helper.make_node("ReduceSum", ["sq", "axes"], ["s"], name="/norm/sum/ReduceSum", keepdims=1),
+             helper.make_node("Sqrt", ["s"], ["n"], name="/norm/sqrt/Sqrt"),
+             helper.make_node("Div", ["x", "n"], ["y"], name="/norm/div/Div")]
+    return _save(nodes, "sum_of_squares", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], [axes], path)
+
+
+def token_embedding(path: Path, vocab: int = 54) -> Path:
+    """int64 token ids → Cast → Gather over a 54-row embedding table → MatMul: random ids of 0..99
+    are out of the table's bounds (a tokenizer-fed text model's first layer)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((vocab, 16)).astype(np.float32), "table")
+    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32) * 0.2, "w")
+    nodes = [helper.make_node("Cast", ["ids"], ["ids32"], name="/embed/cast/Cast", to=TensorProto.INT32),
+             helper.make_node("Gather", ["table", "ids32"], ["e"], name="/embed/tokens/Gather"),
+             helper.make_node("MatMul", ["e", "w"], ["y"], name="/head/proj/MatMul")]
+    return _save(nodes, "token_embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 32])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8])], [table, w], path)
+
+
+def prequantized_qdq(path: Path) -> Path:
+    """A model that ships already quantized (ONNX Runtime's static QDQ format): int8 weights behind a
+    DequantizeLinear, activations through QuantizeLinear → DequantizeLinear pairs."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    ws = np.float32(np.abs(w).max() / 127)
+    t = [numpy_helper.from_array(np.round(w / ws).astype(np.int8), "w_q"),
+         numpy_helper.from_array(np.array(ws, np.float32), "w_scale"),
+         numpy_helper.from_array(np.array(0, np.int8), "w_zp"),
+         numpy_helper.from_array(np.array(4.0 / 255, np.float32), "x_scale"),
+         numpy_helper.from_array(np.array(128, np.uint8), "x_zp"),
+         numpy_helper.from_array(np.array(6.0 / 255, np.float32), "y_scale"),
+         numpy_helper.from_array(np.array(0, np.uint8), "y_zp")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"], name="x_QuantizeLinear"),
+             helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"], name="x_DequantizeLinear"),
+             helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["wd"], name="w_DequantizeLinear"),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="/block/conv/Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="/block/act/Relu"),
+             helper.make_node("QuantizeLinear", ["r", "y_scale", "y_zp"], ["rq"], name="r_QuantizeLinear"),
+             helper.make_node("DequantizeLinear", ["rq", "y_scale", "y_zp"], ["y"], name="r_DequantizeLinear")]
+    return _save(nodes, "prequantized_qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], t, path)
+
+
+def dynamic_quantized(path: Path) -> Path:
+    """ONNX Runtime's dynamic quantization of a MatMul: DynamicQuantizeLinear → MatMulInteger → Cast →
+    Mul by the scales (what `quantize_dynamic` writes, common in models shipped on PyPI)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 8)) * 0.3).astype(np.float32)
+    ws = np.float32(np.abs(w).max() / 127)
+    t = [numpy_helper.from_array(np.round(w / ws).astype(np.int8), "w_q"),
+         numpy_helper.from_array(np.array(ws, np.float32), "w_scale"),
+         numpy_helper.from_array(np.array(0, np.int8), "w_zp")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zp"], name="x_DynamicQuantizeLinear"),
+             helper.make_node("MatMulInteger", ["xq", "w_q", "x_zp", "w_zp"], ["mi"], name="/proj/MatMul_quant"),
+             helper.make_node("Cast", ["mi"], ["mf"], name="/proj/MatMul_quant_output_cast", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x_scale", "w_scale"], ["s"], name="/proj/MatMul_quant_scales_mul"),
+             helper.make_node("Mul", ["mf", "s"], ["y"], name="/proj/MatMul_quant_output_scale_mul")]
+    return _save(nodes, "dynamic_quantized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], t, path)

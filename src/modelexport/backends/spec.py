@@ -47,6 +47,12 @@ class CompileOptions:
 
 
 @dataclass
+class OnnxCompileOptions(CompileOptions):
+    """ONNX → context binaries / EPContext models / DLC."""
+    strict_numerics: bool = False                        # compile's own numerics below the pass mark: exit 7, nothing written
+
+
+@dataclass
 class TorchCompileOptions(CompileOptions):
     """PyTorch → ExecuTorch (.pte)."""
     output_format: str = "pte"

@@ -7,9 +7,12 @@ import numpy as np
 def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float:
     """10·log10(signal power / error power); +inf when identical."""
     ref = np.asarray(ref, dtype=np.float64).ravel()
-    err = ref - np.asarray(got, dtype=np.float64).ravel()
-    noise = float(np.sum(err * err))
-    signal = float(np.sum(ref * ref))
+    with np.errstate(all="ignore"):             # inf - inf is NaN: counted as no match below
+        err = ref - np.asarray(got, dtype=np.float64).ravel()
+        noise = float(np.sum(err * err))
+        signal = float(np.sum(ref * ref))
+    if not np.isfinite(noise):                  # inf or NaN in the compiled output: nothing matches
+        return float("-inf")
     if noise == 0.0:
         return float("inf")
     if signal == 0.0:
@@ -26,7 +29,10 @@ def cosine(ref: np.ndarray, got: np.ndarray) -> float | None:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0:
         return 1.0 if na == nb else 0.0
-    return float(np.dot(a, b) / (na * nb))
+    if not (np.isfinite(na) and np.isfinite(nb)):
+        return None                             # inf or NaN: not defined
+    with np.errstate(all="ignore"):
+        return float(np.dot(a, b) / (na * nb))
 
 
 def max_abs(ref: np.ndarray, got: np.ndarray) -> float:

@@ -3,6 +3,8 @@ for a failure that fits the precision (calibration and more bits mean nothing fo
 Duck-typed over the verify report (backends/ort_qnn/verify.py: GraphCheck, OutputCheck)."""
 from __future__ import annotations
 
+from typing import Any
+
 # An output is "nearly constant" when its spread is below this share of its largest value, or when
 # every value is below it (a detector's scores on noise): SQNR then divides by a tiny signal and
 # measures the compiled graph's noise floor, not the model.
@@ -19,6 +21,8 @@ def graph_warnings(g) -> list[str]:
     out = []
     random = "random" in (g.inputs_kind or "")
     for o in g.outputs:
+        if getattr(o, "note", None):
+            out.append(f"{g.part}:{o.name}: {o.note}")
         if random and near_constant(o):
             out.append(f"{g.part}:{o.name}: the float output is nearly constant on these random inputs (std "
                        f"{o.ref_std:.3g}, max |x| {o.ref_abs_max:.3g}), so its SQNR measures noise, not the model: "
@@ -57,3 +61,41 @@ def numerics_failures(numerics: dict) -> list[str]:
     return [f"{o['name']} {o['sqnr_db'] if o['sqnr_db'] is not None else float('-inf'):.1f} dB < "
             f"{numerics.get('threshold_db', 0):g}" for o in numerics.get("outputs", [])
             if o.get("sqnr_db") is None or o["sqnr_db"] < numerics.get("threshold_db", 0)]
+
+
+def numerics_line(num: dict[str, Any]) -> str:
+    """One line for the user: the outputs' dB against the pass mark, and where and why it falls."""
+    outs = num.get("outputs", [])
+    worst = min(outs, key=lambda o: o["sqnr_db"] if o["sqnr_db"] is not None else float("-inf"), default=None)
+    if worst is None:
+        return "no outputs to compare"
+    head = (f"{num.get('part')}@{num.get('target')}: worst output {worst['name']} {_db(worst['sqnr_db'])} dB "
+            f"(pass mark {num.get('threshold_db'):g}, {num.get('samples')} {num.get('inputs')} sample(s))")
+    bad = num.get("first_bad_layer")
+    if num.get("passed") or not bad:
+        return head
+    if "error" in bad:
+        return f"{head}; {bad['error']}"
+    where = f"; first layer below it: {bad['layer']} ({bad['op_type']}, {_db(bad['sqnr_db'])} dB against {bad['measured_against']})"
+    return head + where + (f": {bad['cause']}" if bad.get("cause") else "")
+
+
+def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
+    """The fix that fits what the localisation found."""
+    bad = num.get("first_bad_layer") or {}
+    random = "random" in str(num.get("inputs", ""))
+    if quantized:
+        return numerics_fix(True, random, bad.get("suggested_override"))
+    cause = bad.get("cause") or ""
+    if "past float16's largest" in cause:
+        return ("compile at --precision 16a16w (calibrated 16-bit activations carry this range), or scale the values "
+                f"down in the model before {bad.get('layer')}")
+    if "below float16's smallest" in cause:
+        return (f"the values feeding {bad.get('layer')} span more than float16 holds, and no 8- or 16-bit integer "
+                "precision holds them either: run the model's layers up to and including it on the CPU (in your own "
+                "code, before the model) and compile the rest")
+    return numerics_fix(False, random)
+
+
+def _db(v) -> str:
+    return "-inf" if v is None or v == float("-inf") else ("inf" if v == float("inf") else f"{v:.1f}")

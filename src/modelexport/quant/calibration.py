@@ -189,8 +189,11 @@ def _from_folder(folder: Path, expected) -> list[dict[str, np.ndarray]]:
     return samples
 
 
-def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0,
+                   limits: dict[str, int] | None = None) -> list[dict[str, np.ndarray]]:
+    """Random inputs; an integer input that indexes a table (`limits`, from the graph) stays below its size."""
     rng = np.random.default_rng(seed)
+    limits = limits or {}
     out = []
     for _ in range(n):
         s = {}
@@ -202,13 +205,15 @@ def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0) -> li
             elif "mask" in name.lower():   # an integer attention mask: "attend everywhere" (random ints
                 s[name] = np.ones(shape, dtype)   # overflow a transformer's additive mask into NaN)
             else:
-                s[name] = rng.integers(0, 100, shape).astype(dtype)
+                s[name] = rng.integers(0, limits.get(name, 100), shape).astype(dtype)
         out.append(s)
     return out
 
 
-def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RANDOM_SAMPLES) -> CalibrationSet:
-    """Read calibration data for a model with `inputs` (IOSpec list, static shapes)."""
+def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RANDOM_SAMPLES,
+                     limits: dict[str, int] | None = None) -> CalibrationSet:
+    """Read calibration data for a model with `inputs` (IOSpec list, static shapes); `limits` bound
+    random integer inputs that index a table (frontends.onnx_index_inputs)."""
     inputs = list(inputs)
     expected = _expect(inputs)
     if spec is None:
@@ -216,7 +221,7 @@ def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RAND
                                "pass --calibration DIR|list.txt|file.npz with real inputs, or --calibration random "
                                "(quick, but the manifest will say the ranges are not representative)")
     if isinstance(spec, str) and spec.strip().lower() == RANDOM:
-        return CalibrationSet(random_samples(inputs, num_random), "random", RANDOM, representative=False)
+        return CalibrationSet(random_samples(inputs, num_random, limits=limits), "random", RANDOM, representative=False)
     if kind_of(spec) is not None:
         got = read_source(spec, inputs)
         return CalibrationSet(got.samples, got.kind.value, got.source, notes=got.notes)

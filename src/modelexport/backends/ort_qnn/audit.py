@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError, ToolchainError, clip
+from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
@@ -115,8 +116,9 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
             options["enable_htp_fp16_precision"] = "1"
         elif prec.quantized:
             from ...quant.onnx_qdq import quantize_onnx
-            calib = (load_calibration(calibration, loaded.inputs) if calibration is not None else
-                     CalibrationSet(random_samples(loaded.inputs, 2), "random", "random", representative=False))
+            limits = index_limits(loaded.model)
+            calib = (load_calibration(calibration, loaded.inputs, limits=limits) if calibration is not None else
+                     CalibrationSet(random_samples(loaded.inputs, 2, limits=limits), "random", "random", representative=False))
             qdq = work / "qdq.onnx"
             info = quantize_onnx(float_path, qdq, prec, calib)
             probe_path = qdq
@@ -143,6 +145,16 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _dynamic_shape_fix(loaded) -> str:
+    dyn = loaded.dynamic_inputs
+    if dyn:
+        shown = " ".join(f"--input-shape {i.name}={','.join(str(d) if isinstance(d, int) else 'N' for d in i.shape)}"
+                         for i in dyn)
+        return f"give the dynamic inputs their sizes: {shown} (N: the size you will run)"
+    return ("the inputs are static but the model computes a shape at run time: fix the inputs you feed it with "
+            "--input-value NAME=VALUE where an input sets a size, or re-export the model with static shapes")
+
+
 def _refused_report(loaded, probe_path, options, work, log_text, error, soc, prec, build, notes, log_path,
                     timeout) -> AuditReport:
     """The session failed: name the node(s) QNN refused (from the log, else by bisection), or
@@ -156,6 +168,9 @@ def _refused_report(loaded, probe_path, options, work, log_text, error, soc, pre
                                  (f"the model is at opset {opset} and per-channel Q/DQ needs 13: re-export it at "
                                   "opset 13 or later, or " if 0 < opset < 13 else "")
                                  + "audit and compile it at --precision fp16 (no Q/DQ)")
+        if "Dynamic shape is not supported" in error:
+            raise InputError(f"the QNN EP needs every tensor's shape fixed, and one is not: {clip(error, 300)}",
+                             _dynamic_shape_fix(loaded))
         raise ToolchainError(f"ONNX Runtime could not open the model with the QNN EP: {clip(error, 600)}",
                              "the model itself is invalid for ONNX Runtime: check it with `onnx.checker.check_model` "
                              "and fix or re-export it; `modelexport audit --log FILE` keeps the EP's log")

@@ -26,6 +26,7 @@ from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, Sou
 from ...core.vocab import BundleKind, Format, Role
 from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
+from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
@@ -37,7 +38,7 @@ from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
 from .formats import OUTPUT_FORMATS, output_format
 from .repair import load_repaired
-from ..spec import CompileOptions, PartSpec, part_name
+from ..spec import OnnxCompileOptions, PartSpec, part_name
 
 VERIFY_SAMPLES = 4
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -54,7 +55,7 @@ class _Part:
     work: dict[str, Any] = field(default_factory=dict)
 
 
-def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC]) -> list[_Part]:
+def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[SoC]) -> list[_Part]:
     """Everything that can be wrong with the inputs is found here, before any heavy work."""
     parts, taken = [], set()
     for spec in specs:
@@ -65,18 +66,20 @@ def _prepare_parts(specs: list[PartSpec], opts: CompileOptions, socs: list[SoC])
         loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
+        limits = index_limits(loaded.model)
         if prec.quantized:
-            calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples)
+            calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits)
             verify = calib
         elif spec.calibration is not None:
-            verify = load_calibration(spec.calibration, loaded.inputs, opts.random_samples)
+            verify = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits)
         else:
-            verify = CalibrationSet(random_samples(loaded.inputs, 2, seed=1), "random", "random", representative=False)
+            verify = CalibrationSet(random_samples(loaded.inputs, 2, seed=1, limits=limits), "random", "random",
+                                    representative=False)
         parts.append(_Part(spec, name, loaded, prec, calib, verify))
     return parts
 
 
-def _quantize_stage(part: _Part, opts: CompileOptions, cache: Cache) -> tuple[Path, Path | None, dict, bool]:
+def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tuple[Path, Path | None, dict, bool]:
     """(float model path, qdq path or None, quantization info, cache hit) via the 'qdq' cache."""
     import onnxruntime
     float_bytes = part.loaded.to_bytes()
@@ -178,11 +181,11 @@ def _node_rows(job, result, by_part) -> list[dict]:
 
 
 @backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries",
-         formats=tuple(OUTPUT_FORMATS), precisions=ONNX_PRECISIONS)
-def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions | None = None, force: bool = False,
+         formats=tuple(OUTPUT_FORMATS), precisions=ONNX_PRECISIONS, options=OnnxCompileOptions)
+def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOptions | None = None, force: bool = False,
                  progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every part for every target into one bundle at `out`; returns the opened Bundle."""
-    opts = options or CompileOptions()
+    opts = options or OnnxCompileOptions()
     report = progress or (lambda msg, done, total: None)
     t_start = time.perf_counter()
     out = Path(out)
@@ -245,7 +248,11 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
     temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
         results = raise_first_error(outcomes)
-        return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start)
+        numerics = _self_check(prepared, jobs, results, fmt, report, timings) if fmt.runs_here else []
+        if getattr(opts, "strict_numerics", False):   # the VLM's vision part passes plain CompileOptions
+            _refuse_bad_numerics(numerics, by_name={p.name: p for p in prepared})
+        return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start,
+                             numerics)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
@@ -255,7 +262,32 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: CompileOptions
                     shutil.rmtree(p.work["qdq_entry"], ignore_errors=True)
 
 
-def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start):
+def _self_check(prepared, jobs, results, fmt, report, timings) -> list[dict]:
+    """Compile's own numerics: every compiled graph on the simulator against the float model."""
+    from .self_check import check_part
+    by_part = {p.name: p for p in prepared}
+    t0 = time.perf_counter()
+    out = []
+    for job, r in zip(jobs, results):
+        report(f"checking {job['part']}@{job['target']} on the HTP simulator against the float model", len(out), len(jobs))
+        out.append(check_part(by_part[job["part"]], Path(r["entry"]) / r["meta"]["files"]["epcontext"], job["target"]))
+    timings["numerics_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def _refuse_bad_numerics(numerics: list[dict], by_name: dict) -> None:
+    """--strict-numerics: exit 7 and write nothing when a graph is below its pass mark."""
+    from ...core.errors import StrictNumericsError
+    from ...core.numerics_advice import numerics_fix_for, numerics_line
+    bad = [n for n in numerics if not n["passed"]]
+    if bad:
+        raise StrictNumericsError("--strict-numerics: the compiled graph differs from the float model on compile's own "
+                                  "check: " + "; ".join(numerics_line(n) for n in bad),
+                                  numerics_fix_for(bad[0], by_name[bad[0]["part"]].precision.quantized)
+                                  + "; or drop --strict-numerics to keep the bundle and check it yourself")
+
+
+def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start, numerics):
     by_part = {p.name: p for p in prepared}
     # strictness and placement, before anything is written
     placement: dict[str, dict] = {}
@@ -328,6 +360,12 @@ def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, c
                             hits=sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
                             misses=sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"]))
         m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
+        if numerics:              # the first failing graph (else the first), and a line per graph
+            first = next((n for n in numerics if not n["passed"]), numerics[0])
+            m.numerics = first | {"graphs": [{"part": n["part"], "target": n["target"], "passed": n["passed"]}
+                                             for n in numerics]}
+        else:
+            m.numerics = {"not_checked": f"a {fmt.name} cannot run on this host's HTP simulator"}
         if fmt.note:              # the one format that cannot run here says what it is for
             m.dlc_note = fmt.note
     return open_bundle(out)

@@ -30,17 +30,46 @@ class OutputCheck:
     passed: bool
     ref_std: float | None = None     # spread of the float output: near 0, SQNR measures noise
     ref_abs_max: float | None = None
+    note: str | None = None          # what could not be compared (outputs whose shape follows the input)
 
 
 def check_output(name: str, refs: list, gots: list, threshold: float) -> OutputCheck:
-    """One output's numbers over all samples (float reference vs compiled)."""
-    r, g = np.stack(refs), np.stack(gots)
+    """One output's numbers over all samples (float reference vs compiled). Where a sample's float and
+    compiled shapes differ (an output whose length follows the input's values, a static graph's
+    fixed one), their common leading part is compared, and the note says so."""
+    pairs = [_common(np.asarray(r), np.asarray(g)) for r, g in zip(refs, gots)]
+    cropped = [p for p in pairs if p[2]]
+    note = None
+    if cropped:
+        _, _, (rs, gs) = cropped[0]
+        note = (f"{len(cropped)} of {len(pairs)} sample(s) compared on their common part only: the float model "
+                f"gives shape {rs}, the compiled graph {gs} (this output's shape follows the input)")
+    pairs = [(r, g) for r, g, _ in pairs if r is not None]
+    if not pairs:
+        return OutputCheck(name, float("-inf"), None, float("inf"), None, False, None, None,
+                           (note or "") + "; the shapes have different ranks: nothing could be compared")
+    if len({r.shape for r, _ in pairs}) == 1:
+        r, g = np.stack([r for r, _ in pairs]), np.stack([g for _, g in pairs])
+    else:
+        r, g = np.concatenate([r.ravel() for r, _ in pairs]), np.concatenate([g.ravel() for _, g in pairs])
     c = compare(r, g)
     agree = None
     if r.ndim >= 2 and r.shape[-1] > 1:
         agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
     return OutputCheck(name, float(c["sqnr_db"]), c["cosine"], float(c["max_abs_error"]), agree,
-                       bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"])
+                       bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"], note)
+
+
+def _common(r: np.ndarray, g: np.ndarray):
+    """(r, g, None) when the shapes agree; else both cut to their common leading part and the two
+    shapes; (None, None, shapes) when the ranks differ."""
+    if r.shape == g.shape:
+        return r, g, None
+    shapes = (list(r.shape), list(g.shape))
+    if r.ndim != g.ndim:
+        return None, None, shapes
+    cut = tuple(slice(0, min(a, b)) for a, b in zip(r.shape, g.shape))
+    return r[cut], g[cut], shapes
 
 
 @dataclass

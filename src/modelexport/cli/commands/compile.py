@@ -53,16 +53,28 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
                       ("[red]" + escape(", ".join(f"{x['name']} ({x['op_type']})" for x in fb[:4])) + "[/]") if fb else "[green]none[/]",
                       "yes" if hit else "no")
     console.print(table)
+    for p in m.get("parts", []):
+        for r in p.get("repairs") or []:
+            if r.get("name") == "dequantize":
+                console.print(f"[yellow]note[/]: {p['name']} shipped quantized ({r['weights_dequantized'] + r['dynamic_matmuls']} "
+                              f"int8 weight(s), {r['activation_pairs_dropped']} activation encoding(s)): compiled from its "
+                              f"float equivalent at {p.get('precision')}; its own encodings are not kept"
+                              + (f" (left as they are: {', '.join(r['left_quantized'])})" if r.get("left_quantized") else ""))
     for part, cal in m.get("calibration", {}).items():
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
     num = m.get("numerics") or {}
-    if num.get("passed") is False:
-        from ...core.numerics_advice import numerics_failures
-        console.print(f"[yellow]warning[/]: compile's own numerics check failed ({num.get('part')}@{num.get('target')}, "
-                      f"{num.get('samples')} {escape(str(num.get('inputs')))} sample(s): "
-                      f"{escape(', '.join(numerics_failures(num)))}); the bundle is written: check it on real inputs "
-                      "with `modelexport verify BUNDLE --input FILE`, or compile with --strict-numerics to refuse it (exit 7)")
+    if num.get("outputs"):
+        from ...core.numerics_advice import numerics_fix_for, numerics_line
+        if num.get("passed") is False:
+            quantized = parts.get(num.get("part"), {}).get("precision", m.get("precision")) != "fp16"
+            console.print(f"[yellow]warning[/]: numerics below the pass mark: {escape(numerics_line(num))}; "
+                          "the bundle is written (--strict-numerics refuses it, exit 7)")
+            console.print(f"  fix: {escape(numerics_fix_for(num, quantized))}")
+        else:
+            console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
+    elif num.get("not_checked"):
+        console.print(f"numerics: not checked ({escape(num['not_checked'])})")
     took = "copied from the bundle memo" if memo_hit else f"{m.get('timings', {}).get('total_s')} s"
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
@@ -114,7 +126,7 @@ def compile_cmd(
     vtcm_size: Optional[str] = typer.Option(None, "--vtcm-size", "--vtcm_size", help=VTCM_SIZE_HELP),
     optimization_level: int = typer.Option(3, "--optimization-level", "-O", help=OPTIMIZATION_LEVEL_HELP),
     strict: bool = typer.Option(False, "--strict", help="Refuse (exit 3, nothing written) if any node falls back to the CPU."),
-    strict_numerics: bool = typer.Option(False, "--strict-numerics", help="PyTorch models: refuse (exit 7, nothing written) "
+    strict_numerics: bool = typer.Option(False, "--strict-numerics", help="ONNX and PyTorch models: refuse (exit 7, nothing written) "
                                          "if compile's own check of the compiled graph against the float model is below "
                                          "the precision's pass mark (otherwise a warning)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),

@@ -1,0 +1,118 @@
+"""Compile's own numerics check of an ONNX part, before the bundle is written.
+
+The compiled EPContext model runs on the HTP simulator beside the float model on the CPU EP, on
+the part's verify samples; each output is scored as `verify` scores it. Below the precision's pass
+mark the first layer that falls below is found on the CPU: against the QDQ model for a quantized
+compile, against the fp16 twin (quant/fp16_twin.py) for fp16, with why its values do not fit
+float16. The result is manifest.numerics; `--strict-numerics` refuses the bundle on it (exit 7).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...core.errors import ModelExportError
+from .run import CompiledGraph, SimulatorSession
+from .verify import check_output
+
+NUMERICS_SAMPLES = 4
+WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
+
+
+def check_part(part, epcontext: Path, target: str) -> dict[str, Any]:
+    """→ manifest.numerics for one compiled part on one target."""
+    import onnxruntime as ort
+    threshold = part.precision.min_sqnr_db
+    samples = part.verify_inputs.samples[:NUMERICS_SAMPLES]
+    ref = ort.InferenceSession(str(part.work["float"]), providers=["CPUExecutionProvider"])
+    sim = SimulatorSession(CompiledGraph(None, part.name, target, epcontext, None, part.precision.name))
+    names = [o.name for o in ref.get_outputs()]
+    refs: dict[str, list] = {n: [] for n in names}
+    gots: dict[str, list] = {n: [] for n in names}
+    for s in samples:
+        for n, r in zip(names, ref.run(names, s)):
+            refs[n].append(r)
+        got, _ = sim.run(s)
+        for n in names:
+            gots[n].append(np.asarray(got[n], dtype=np.float32))
+    checks = [check_output(n, refs[n], gots[n], threshold) for n in names]
+    num: dict[str, Any] = {
+        "outputs": [_row(c) for c in checks], "threshold_db": threshold, "samples": len(samples),
+        "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
+        "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
+    if not num["passed"]:
+        num["first_bad_layer"] = first_bad_layer(part, samples, threshold)
+    return num
+
+
+def _row(c) -> dict[str, Any]:
+    sq = c.sqnr_db if np.isfinite(c.sqnr_db) else (999.0 if c.sqnr_db > 0 else None)
+    return {"name": c.name, "sqnr_db": sq, "cosine": c.cosine, "max_abs_error": c.max_abs_error,
+            **({"argmax_agreement": c.argmax_agreement} if c.argmax_agreement is not None else {}),
+            **({"note": c.note} if c.note else {})}
+
+
+def first_bad_layer(part, samples: list[dict], threshold: float) -> dict[str, Any] | None:
+    """The first layer below the pass mark on the CPU (QDQ or fp16 twin vs float) and why; None when
+    none is (the loss is the HTP's own, past what the CPU emulates) or it cannot be measured."""
+    try:
+        return _first_bad(part, samples, threshold)
+    except (ModelExportError, ValueError, RuntimeError) as e:      # onnxruntime's Fail is a RuntimeError
+        return {"error": f"per-layer localisation failed: {str(e)[:300]}"}
+
+
+def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
+    import tempfile
+
+    import onnx
+
+    from ...quant.fp16_twin import fp16_twin
+    from ...quant.per_layer import per_layer
+    float_path = Path(part.work["float"])
+    with tempfile.TemporaryDirectory() as tmp:
+        if part.work.get("qdq"):
+            other, against = Path(part.work["qdq"]), "the QDQ (fake-quant) model on the CPU EP"
+        else:
+            other, against = Path(tmp) / "fp16_twin.onnx", "the fp16 twin (float16 storage emulated on the CPU EP)"
+            onnx.save(fp16_twin(onnx.load(str(float_path))), str(other))
+        wider = WIDER.get(part.precision.name)
+        rep = per_layer(float_path, other, samples, threshold, part.precision.name, part.name, wider or "16a16w")
+    if not wider:
+        rep.suggestion = None
+    if rep.first_bad_layer is None:
+        return None
+    bad = next(x for x in rep.layers if x.name == rep.first_bad_layer)
+    out: dict[str, Any] = {"layer": bad.name, "node": bad.node, "op_type": bad.op_type, "sqnr_db": bad.sqnr_db,
+                           "measured_against": against}
+    if part.precision.quantized:
+        out["suggested_override"] = rep.suggestion
+    else:
+        out["cause"] = _fp16_cause(float_path, bad.node, samples)
+    return out
+
+
+def _fp16_cause(float_path: Path, node_name: str, samples: list[dict]) -> str:
+    """Why the node's output or inputs do not survive float16, from their float values."""
+    import onnx
+
+    from ...quant.fp16_twin import fp16_cause
+    from ...quant.per_layer import _session, _with_outputs
+    m = onnx.load(str(float_path))
+    node = next((n for n in m.graph.node if n.name == node_name), None)
+    if node is None:
+        return ""
+    inits = {t.name for t in m.graph.initializer}
+    tensors = [t for t in [*node.output, *node.input] if t and t not in inits]
+    sess = _session(_with_outputs(m, tensors))
+    values: dict[str, list] = {t: [] for t in tensors}
+    for s in samples:
+        for t, v in zip(tensors, sess.run(tensors, s)):
+            if np.issubdtype(np.asarray(v).dtype, np.floating):
+                values[t].append(v)
+    for t in tensors:                       # its own output first, then what feeds it
+        why = fp16_cause(values[t], node.op_type) if values[t] else ""
+        if why:
+            return f"{'its output' if t in node.output else 'its input ' + t}: {why}"
+    return ""

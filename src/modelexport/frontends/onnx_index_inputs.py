@@ -1,0 +1,64 @@
+"""Integer inputs that index a table: the range a model accepts for them, read from the graph.
+
+A token-id or byte input reaches a Gather over an embedding table (or a OneHot of a fixed depth)
+through casts and reshapes; random calibration and verify data must stay below the table's size, or
+the float model refuses to run (`indices element out of data bounds`). The limit is the smallest
+table an input reaches.
+"""
+from __future__ import annotations
+
+# ops a value passes through unchanged in range
+_PASS = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "Slice", "Expand", "Tile"}
+
+
+def index_limits(model) -> dict[str, int]:
+    """{integer graph input: the number of entries of the smallest table it indexes}."""
+    from onnx import numpy_helper
+    g = model.graph
+    shapes = {t.name: list(t.dims) for t in g.initializer}
+    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    shapes.update({k: list(v.shape) for k, v in consts.items()})
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i, t in enumerate(n.input):
+            consumers.setdefault(t, []).append((n, i))
+    inits = {t.name for t in g.initializer}
+    out: dict[str, int] = {}
+    for inp in g.input:
+        if inp.name in inits or inp.type.tensor_type.elem_type not in _INT_TYPES:
+            continue
+        limit = _reach(inp.name, consumers, shapes, consts)
+        if limit:
+            out[inp.name] = limit
+    return out
+
+
+_INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}      # uint8, int8, uint16, int16, int32, int64, uint32, uint64
+
+
+def _reach(name: str, consumers, shapes, consts) -> int | None:
+    best, seen, stack = None, set(), [name]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for node, idx in consumers.get(t, []):
+            size = _table_size(node, idx, shapes, consts)
+            if size:
+                best = size if best is None else min(best, size)
+            elif node.op_type in _PASS and idx == 0:
+                stack.extend(o for o in node.output if o)
+    return best
+
+
+def _table_size(node, idx: int, shapes, consts) -> int | None:
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "Gather" and idx == 1 and node.input[0] in shapes:
+        axis = attrs["axis"].i if "axis" in attrs else 0
+        dims = shapes[node.input[0]]
+        return int(dims[axis]) if dims else None
+    if node.op_type == "OneHot" and idx == 0 and node.input[1] in consts:
+        return int(consts[node.input[1]].reshape(-1)[0])
+    return None

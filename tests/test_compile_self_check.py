@@ -1,0 +1,131 @@
+"""Compile checks its own numerics (issue 41): every ONNX compile runs the compiled graph on the HTP
+simulator against the float model, records it, warns below the pass mark naming the first layer
+that falls below and why, and `--strict-numerics` refuses the bundle (exit 7, nothing written).
+
+The fp16 failure classes are small graphs that reproduce real models' faults: a log of a power
+spectrum whose epsilon is 0 in float16 (basic-pitch's front end), and a sum of squares past 65,504."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import modelexport
+from onnx_models import (conv_relu, dynamic_quantized, log_power, prequantized_qdq, sum_of_squares,
+                         token_embedding)
+
+
+def _samples(tmp_path, name, make, n=4):
+    rng = np.random.default_rng(1)
+    d = tmp_path / f"{name}_cal"
+    d.mkdir()
+    for i in range(n):
+        np.savez(d / f"{i}.npz", x=make(rng))
+    return d
+
+
+def _log_input(rng):
+    return (rng.standard_normal((1, 1, 1, 256)) * np.logspace(-5, 0, 256)).astype(np.float32)
+
+
+def _big_input(rng):
+    return (rng.standard_normal((1, 16, 64)) * 200).astype(np.float32)
+
+
+def test_healthy_fp16_compile_records_and_prints_its_numerics(tmp_path, cli):
+    model = conv_relu(tmp_path / "m.onnx")
+    r = cli("compile", str(model), "-t", "SM8650", "--precision", "fp16", "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "numerics: pass" in r.stdout and "worst output y" in r.stdout
+    num = json.loads((tmp_path / "b" / "manifest.json").read_text())["numerics"]
+    assert num["passed"] and num["outputs"][0]["sqnr_db"] >= 35
+    assert num["runtime"].startswith("the HTP simulator")
+
+
+def test_fp16_log_of_tiny_power_is_named_with_its_cause(tmp_path):
+    cal = _samples(tmp_path, "log", _log_input)
+    b = modelexport.compile(str(log_power(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(cal))
+    num = b.manifest.numerics
+    assert num["passed"] is False and num["outputs"][0]["sqnr_db"] < 30
+    bad = num["first_bad_layer"]
+    assert bad["node"] == "/log/log/Log" and "below float16's smallest" in bad["cause"] and "input pe" in bad["cause"]
+
+
+def test_the_log_fix_says_no_integer_precision_holds_it_and_that_is_measured(tmp_path):
+    """The fix text for this class does not send the user to 16-bit integers: they fail here too."""
+    from modelexport.core.numerics_advice import numerics_fix_for
+    cal = _samples(tmp_path, "log", _log_input)
+    model = log_power(tmp_path / "m.onnx")
+    fp16 = modelexport.compile(str(model), output=tmp_path / "f", target="SM8650", precision="fp16", calibration=str(cal))
+    assert "no 8- or 16-bit integer precision" in numerics_fix_for(fp16.manifest.numerics, False)
+    q = modelexport.compile(str(model), output=tmp_path / "q", target="SM8650", precision="16a16w", calibration=str(cal))
+    assert q.manifest.numerics["passed"] is False
+
+
+def test_fp16_overflow_is_named_and_the_fix_given_works(tmp_path):
+    from modelexport.core.numerics_advice import numerics_fix_for
+    cal = _samples(tmp_path, "big", _big_input)
+    model = sum_of_squares(tmp_path / "m.onnx")
+    fp16 = modelexport.compile(str(model), output=tmp_path / "f", target="SM8650", precision="fp16", calibration=str(cal))
+    num = fp16.manifest.numerics
+    assert num["passed"] is False
+    assert num["first_bad_layer"]["node"] == "/norm/square/Mul"
+    assert "past float16's largest" in num["first_bad_layer"]["cause"]
+    fix = numerics_fix_for(num, False)
+    assert "--precision 16a16w" in fix
+    q = modelexport.compile(str(model), output=tmp_path / "q", target="SM8650", precision="16a16w", calibration=str(cal))
+    assert q.manifest.numerics["passed"] is True          # what the fix says, measured
+
+
+def test_strict_numerics_exits_7_and_writes_nothing(tmp_path, cli):
+    cal = _samples(tmp_path, "big", _big_input)
+    model = sum_of_squares(tmp_path / "m.onnx")
+    out = tmp_path / "b"
+    args = ["compile", str(model), "-t", "SM8650", "--precision", "fp16", "--calibration", str(cal), "-o", str(out)]
+    r = cli(*args, "--strict-numerics")
+    text = r.stdout + r.stderr
+    assert r.returncode == 7, text
+    assert "--strict-numerics" in text and "norm.square" in text and "Traceback" not in text
+    assert not out.exists()
+    r = cli(*args)
+    assert r.returncode == 0 and "warning: numerics below the pass mark" in r.stdout + r.stderr and out.is_dir()
+
+
+def test_verify_compares_outputs_whose_shape_follows_the_input():
+    """A float model whose output length depends on the input against a static compiled graph:
+    the common part is compared and the note says so (no crash on np.stack)."""
+    from modelexport.backends.ort_qnn.verify import check_output
+    refs = [np.arange(10, dtype=np.float32), np.arange(7, dtype=np.float32)]
+    gots = [np.arange(10, dtype=np.float32), np.arange(10, dtype=np.float32)]
+    c = check_output("wav", refs, gots, 30.0)
+    assert c.passed and "1 of 2 sample(s) compared on their common part" in c.note
+    c = check_output("wav", [np.zeros((2, 3))], [np.zeros(6)], 30.0)
+    assert not c.passed and "nothing could be compared" in c.note
+
+
+def test_random_calibration_keeps_token_ids_inside_the_embedding(tmp_path):
+    """Random calibration of a model whose integer input indexes a 54-row table: ids stay below 54
+    (the float model ran out of bounds on 0..99 before), for the compile and its own check."""
+    from onnx import load
+
+    from modelexport.frontends.onnx_index_inputs import index_limits
+    model = token_embedding(tmp_path / "m.onnx")
+    assert index_limits(load(str(model))) == {"ids": 54}
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random")
+    assert b.manifest.numerics["outputs"] and b.manifest.numerics["passed"]
+
+
+@pytest.mark.parametrize("make", [prequantized_qdq, dynamic_quantized])
+@pytest.mark.parametrize("precision", ["fp16", "8a8w"])
+def test_a_model_shipped_quantized_is_compiled_from_its_float_equivalent(tmp_path, make, precision):
+    """QDQ and dynamic-int8 models: before, 8a8w failed (`two nodes with same node name`, a bare
+    `'x_scale'`) and fp16 ran the shipped int8 graph; now both compile from the float equivalent,
+    say so in the manifest and pass their own check."""
+    b = modelexport.compile(str(make(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650", precision=precision,
+                            calibration="random")
+    rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "dequantize")
+    assert "encodings not kept" in rec["note"] and "left_quantized" not in rec
+    assert rec["weights_dequantized"] + rec["dynamic_matmuls"] >= 1
+    assert b.manifest.numerics["passed"], b.manifest.numerics
