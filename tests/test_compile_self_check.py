@@ -129,3 +129,14 @@ def test_a_model_shipped_quantized_is_compiled_from_its_float_equivalent(tmp_pat
     assert "encodings not kept" in rec["note"] and "left_quantized" not in rec
     assert rec["weights_dequantized"] + rec["dynamic_matmuls"] >= 1
     assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
+def test_a_split_compile_says_its_cpu_share_and_shows_one_row_per_graph(tmp_path, cli):
+    """Conv → Det (no QNN op) → Relu: the HTP part is split in two around the CPU node. The table
+    shows one row for the binary (with its graph count), and one line says the share and the bytes."""
+    from onnx_models import conv_det
+    r = cli("compile", str(conv_det(tmp_path / "m.onnx")), "-t", "SM8650", "-p", "fp16", "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert out.count("_ctx_qnn.bin") == 1 and "(2 graphs)" in out
+    assert "20% of the nodes run on the CPU (1 of 5)" in out and "split into 2 graph(s)" in out

@@ -28,6 +28,25 @@ CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt 
               "(labelled not representative in the manifest).")
 
 
+SPLIT_SHARE = 0.10          # a CPU share of the nodes from which compile says so
+
+
+def _split_warnings(m: dict, rows: dict, sizes: dict) -> list[str]:
+    """One line per part and target that leaves much on the CPU or splits into several HTP graphs."""
+    out = []
+    for (part, target, _), gs in rows.items():
+        pl = m.get("placement", {}).get(part, {}).get(target or "", {})
+        on, cpu = pl.get("htp_nodes") or 0, len(pl.get("cpu_fallbacks", []))
+        share = cpu / max(1, on + cpu)
+        if share < SPLIT_SHARE and len(gs) <= 1:
+            continue
+        shipped = sum(v for k, v in sizes.items() if k.startswith(f"{part}/{target}/"))
+        out.append(f"{part}@{target}: {share:.0%} of the nodes run on the CPU ({cpu} of {on + cpu}), the HTP part is "
+                   f"split into {len(gs)} graph(s), {shipped / 1e6:.1f} MB to ship for this target; each split costs a "
+                   "round trip between the CPU and the HTP: `modelexport audit MODEL` names each CPU node and its fix")
+    return out
+
+
 def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
     m = bundle.data          # plain JSON (schema 2): a memo hit prints without loading the manifest models
     if json_out:
@@ -41,18 +60,24 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
                   header_style="bold")
     parts = {p["name"]: p for p in m.get("parts", [])}
     memo_hit = (m.get("cache") or {}).get("bundle_memo", False)
+    rows: dict[tuple, list] = {}                 # one row per part, target and file: a split graph's pieces together
     for g in m.get("graphs", []):
-        part = g.get("part", g["name"])
-        target = g.get("target")
+        rows.setdefault((g.get("part", g["name"]), g.get("target"), g.get("file") or ""), []).append(g)
+    for (part, target, file), gs in rows.items():
+        g = gs[0]
         pl = m.get("placement", {}).get(part, {}).get(target or "", {})
         fb = pl.get("cpu_fallbacks", [])
         hit = memo_hit or parts.get(part, {}).get("cache_hit", {}).get(target or m["targets"][0])
         table.add_row(part, target or "-", f"V{g['htp_arch']}" if g.get("htp_arch") else "-",
-                      parts.get(part, {}).get("precision", m.get("precision")), g.get("file") or "",
-                      f"{sizes.get(g.get('file'), 0):,}", str(pl.get("htp_nodes", "")),
-                      ("[red]" + escape(", ".join(f"{x['name']} ({x['op_type']})" for x in fb[:4])) + "[/]") if fb else "[green]none[/]",
+                      parts.get(part, {}).get("precision", m.get("precision")),
+                      file + (f" ({len(gs)} graphs)" if len(gs) > 1 else ""),
+                      f"{sizes.get(file, 0):,}", str(pl.get("htp_nodes", "")),
+                      ("[red]" + escape(", ".join(f"{x['name']} ({x['op_type']})" for x in fb[:4])) + "[/]"
+                       + (f" +{len(fb) - 4} more" if len(fb) > 4 else "")) if fb else "[green]none[/]",
                       "yes" if hit else "no")
     console.print(table)
+    for line in _split_warnings(m, rows, sizes):
+        console.print(f"[yellow]warning[/]: {escape(line)}")
     for p in m.get("parts", []):
         for r in p.get("repairs") or []:
             if r.get("name") == "dequantize":
