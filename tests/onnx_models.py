@@ -139,3 +139,38 @@ def dynamic_quantized(path: Path) -> Path:
              helper.make_node("Mul", ["mf", "s"], ["y"], name="/proj/MatMul_quant_output_scale_mul")]
     return _save(nodes, "dynamic_quantized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])], t, path)
+
+
+def jax_softmax(path: Path) -> Path:
+    """JAX's softmax as jax2tf writes it: logits - max(-inf, reduce_max(logits)), exp, / sum."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((32, 16)) * 0.5).astype(np.float32), "w")
+    ninf = numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="/Dense_0/MatMul"),
+             helper.make_node("ReduceMax", ["z"], ["m"], name="/softmax/ReduceMax", axes=[-1], keepdims=1),
+             helper.make_node("Max", ["ninf", "m"], ["mm"], name="/softmax/Maximum"),
+             helper.make_node("Sub", ["z", "mm"], ["d"], name="/softmax/Sub"),
+             helper.make_node("Exp", ["d"], ["e"], name="/softmax/Exp"),
+             helper.make_node("ReduceSum", ["e", "axes"], ["s"], name="/softmax/Sum", keepdims=1),
+             helper.make_node("Div", ["e", "s"], ["y"], name="/softmax/truediv")]
+    return _save(nodes, "jax_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w, ninf, axes], path)
+
+
+def rsqrt_scale(path: Path) -> Path:
+    """tf2onnx's Rsqrt (Sqrt → Reciprocal) of a variance, scaling a normalised row, as a decomposed
+    LayerNorm has it: the HTP's quantized Reciprocal departs from the QDQ model here."""
+    from onnx import TensorProto, helper, numpy_helper
+    eps = numpy_helper.from_array(np.array(1e-6, np.float32), "eps")
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], name="/LayerNorm_0/Mean", axes=[-1], keepdims=1),
+             helper.make_node("Sub", ["x", "mu"], ["d"], name="/LayerNorm_0/Sub"),
+             helper.make_node("Mul", ["d", "d"], ["d2"], name="/LayerNorm_0/Square"),
+             helper.make_node("ReduceMean", ["d2"], ["var"], name="/LayerNorm_0/Var", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="/LayerNorm_0/AddV2"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="/LayerNorm_0/Rsqrt"),
+             helper.make_node("Reciprocal", ["sd"], ["inv"], name="/LayerNorm_0/Rsqrt__1"),
+             helper.make_node("Mul", ["d", "inv"], ["y"], name="/LayerNorm_0/Mul")]
+    return _save(nodes, "rsqrt_scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32])], [eps], path)

@@ -55,7 +55,8 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["dequantize", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "drop-empty-optional-inputs"]
+    assert names == ["dequantize", "infinite-bounds", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade",
+                     "drop-empty-optional-inputs", "reciprocal-as-div"]
 
 
 def test_metadata_props_detached_and_attached_back():

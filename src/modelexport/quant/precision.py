@@ -41,7 +41,7 @@ class Precision:
 
 
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
-    Precision("fp16", 16, 16, None, None, 30.0, "fp16", "float graph run in float16 on the HTP"),
+    Precision("fp16", 16, 16, None, None, 35.0, "fp16", "float graph run in float16 on the HTP"),
     Precision("8a8w", 8, 8, "QUInt8", "QUInt8", 15.0, None, "uint8 activations, uint8 per-channel weights"),
     Precision("16a8w", 16, 8, "QUInt16", "QUInt8", 18.0, None, "uint16 activations, uint8 per-channel weights"),
     Precision("16a16w", 16, 16, "QUInt16", "QInt16", 25.0, None, "uint16 activations, int16 symmetric weights"),

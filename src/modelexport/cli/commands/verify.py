@@ -18,7 +18,7 @@ def verify_cmd(
     input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="Inputs to compare on (default: the calibration samples stored in the bundle)."),
     part: Optional[str] = typer.Option(None, "--part", help="Only this model of a multi-model bundle."),
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target."),
-    min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 30, 8a8w 15, "
+    min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 35, 8a8w 15, "
                                              "16a8w 18, 16a16w 25, 16a4w 5)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import GraphEdit
 
 _KNOWN = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger"}
 
@@ -22,7 +23,7 @@ _KNOWN = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMul
 def dequantize(model, ctx: RepairContext) -> dict | None:
     if not {n.op_type for n in model.graph.node} & _KNOWN:
         return None
-    g = _Graph(model)
+    g = _Dequantize(model)
     dynamic = g.fold_dynamic_matmuls()
     weights = g.fold_weight_dequantize()
     pairs = g.drop_activation_pairs()
@@ -34,28 +35,8 @@ def dequantize(model, ctx: RepairContext) -> dict | None:
             "note": "the model shipped quantized: compiled from its float equivalent, its own encodings not kept"}
 
 
-class _Graph:
-    """The model's nodes with producer/consumer lookups; edits are collected and written by commit()."""
-
-    def __init__(self, model):
-        from onnx import numpy_helper
-        self.model = model
-        self.nodes = list(model.graph.node)
-        self.inits = {t.name: t for t in model.graph.initializer}
-        self.arrays = {k: numpy_helper.to_array(t) for k, t in self.inits.items()}
-        self.outputs = {o.name for o in model.graph.output}
-        self.dead: set[int] = set()
-        self.new_inits: dict[str, np.ndarray] = {}
-        self.rename: dict[str, str] = {}
-
-    def producer(self, t: str):
-        return next((n for n in self.nodes if t in n.output and id(n) not in self.dead), None)
-
-    def consumers(self, t: str) -> list:
-        return [n for n in self.nodes if t in n.input and id(n) not in self.dead]
-
-    def const(self, t: str) -> np.ndarray | None:
-        return self.new_inits.get(t, self.arrays.get(t))
+class _Dequantize(GraphEdit):
+    """The folds of this repair over the graph's nodes."""
 
     def fold_weight_dequantize(self) -> int:
         count = 0
@@ -134,32 +115,3 @@ class _Graph:
             return None
         w_scale = next((self.const(i) for i in s.input if self.const(i) is not None), None)
         return (casts[0], muls[0], w_scale) if w_scale is not None else None
-
-    def commit(self) -> None:
-        from onnx import helper, numpy_helper
-        g = self.model.graph
-        keep = [n for n in self.nodes if id(n) not in self.dead]
-        for n in keep:
-            for i, t in enumerate(n.input):
-                n.input[i] = self._resolve(t)
-        extra = []
-        for out in self.outputs:               # a graph output that was a dropped DQ: an Identity keeps its name
-            src = self._resolve(out)
-            if src != out:
-                extra.append(helper.make_node("Identity", [src], [out], name=f"{out}_dequantized"))
-            elif out in self.new_inits:
-                extra.append(helper.make_node("Identity", [out + "_w"], [out], name=f"{out}_dequantized"))
-                self.new_inits[out + "_w"] = self.new_inits.pop(out)
-        del g.node[:]
-        g.node.extend(keep + extra)
-        used = {t for n in g.node for t in n.input}
-        kept = [t for t in g.initializer if t.name in used and t.name not in self.new_inits]
-        del g.initializer[:]
-        g.initializer.extend(kept + [numpy_helper.from_array(a, k) for k, a in self.new_inits.items() if k in used])
-
-    def _resolve(self, t: str) -> str:
-        seen = set()
-        while t in self.rename and t not in seen:
-            seen.add(t)
-            t = self.rename[t]
-        return t

@@ -1,0 +1,59 @@
+"""Small in-place edits of an ONNX graph for the repairs: producer and consumer lookups, nodes
+marked dead, tensors renamed to others, new float initializers; `commit()` writes them back (a graph
+output that was renamed away keeps its name through an Identity)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class GraphEdit:
+    """The model's nodes with producer/consumer lookups; edits are collected and written by commit()."""
+
+    def __init__(self, model):
+        from onnx import numpy_helper
+        self.model = model
+        self.nodes = list(model.graph.node)
+        self.inits = {t.name: t for t in model.graph.initializer}
+        self.arrays = {k: numpy_helper.to_array(t) for k, t in self.inits.items()}
+        self.outputs = {o.name for o in model.graph.output}
+        self.dead: set[int] = set()
+        self.new_inits: dict[str, np.ndarray] = {}
+        self.rename: dict[str, str] = {}
+
+    def producer(self, t: str):
+        return next((n for n in self.nodes if t in n.output and id(n) not in self.dead), None)
+
+    def consumers(self, t: str) -> list:
+        return [n for n in self.nodes if t in n.input and id(n) not in self.dead]
+
+    def const(self, t: str) -> np.ndarray | None:
+        return self.new_inits.get(t, self.arrays.get(t))
+
+    def commit(self) -> None:
+        from onnx import helper, numpy_helper
+        g = self.model.graph
+        keep = [n for n in self.nodes if id(n) not in self.dead]
+        for n in keep:
+            for i, t in enumerate(n.input):
+                n.input[i] = self._resolve(t)
+        extra = []
+        for out in self.outputs:               # a graph output that was a dropped DQ: an Identity keeps its name
+            src = self._resolve(out)
+            if src != out:
+                extra.append(helper.make_node("Identity", [src], [out], name=f"{out}_dequantized"))
+            elif out in self.new_inits:
+                extra.append(helper.make_node("Identity", [out + "_w"], [out], name=f"{out}_dequantized"))
+                self.new_inits[out + "_w"] = self.new_inits.pop(out)
+        del g.node[:]
+        g.node.extend(keep + extra)
+        used = {t for n in g.node for t in n.input}
+        kept = [t for t in g.initializer if t.name in used and t.name not in self.new_inits]
+        del g.initializer[:]
+        g.initializer.extend(kept + [numpy_helper.from_array(a, k) for k, a in self.new_inits.items() if k in used])
+
+    def _resolve(self, t: str) -> str:
+        seen = set()
+        while t in self.rename and t not in seen:
+            seen.add(t)
+            t = self.rename[t]
+        return t
