@@ -164,6 +164,9 @@ def test_quantized_reciprocal_runs_as_a_div(tmp_path, monkeypatch, repaired):
     b = modelexport.compile(str(rsqrt_scale(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
                             precision="16a8w", calibration=str(cal), use_cache=False)
     assert b.manifest.numerics["passed"] is repaired, b.manifest.numerics["outputs"]
+    if not repaired:     # the QDQ model is right on the CPU: bisection on the simulator names the node
+        bad = b.manifest.numerics["first_bad_layer"]
+        assert bad["htp_departure"] and bad["node"] == "/LayerNorm_0/Rsqrt__1" and bad["op_type"] == "Reciprocal"
 
 
 @pytest.mark.parametrize("repaired", [False, True])

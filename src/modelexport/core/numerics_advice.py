@@ -84,6 +84,10 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     """The fix that fits what the localisation found."""
     bad = num.get("first_bad_layer") or {}
     random = "random" in str(num.get("inputs", ""))
+    if bad.get("htp_departure"):
+        return (f"the HTP computes {bad.get('op_type')} at {bad.get('node')} differently from ONNX Runtime on the CPU "
+                "(the same graph matches the float model there): compile at --precision fp16"
+                + (", which does not quantize it" if quantized else " is what ran: check the input ranges"))
     if quantized:
         return numerics_fix(True, random, bad.get("suggested_override"))
     cause = bad.get("cause") or ""

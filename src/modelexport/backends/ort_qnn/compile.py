@@ -270,7 +270,8 @@ def _self_check(prepared, jobs, results, fmt, report, timings) -> list[dict]:
     out = []
     for job, r in zip(jobs, results):
         report(f"checking {job['part']}@{job['target']} on the HTP simulator against the float model", len(out), len(jobs))
-        out.append(check_part(by_part[job["part"]], Path(r["entry"]) / r["meta"]["files"]["epcontext"], job["target"]))
+        out.append(check_part(by_part[job["part"]], Path(r["entry"]) / r["meta"]["files"]["epcontext"], job["target"],
+                              job["provider_options"]))
     timings["numerics_s"] = round(time.perf_counter() - t0, 3)
     return out
 

@@ -21,7 +21,7 @@ NUMERICS_SAMPLES = 4
 WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
 
 
-def check_part(part, epcontext: Path, target: str) -> dict[str, Any]:
+def check_part(part, epcontext: Path, target: str, provider_options: dict | None = None) -> dict[str, Any]:
     """→ manifest.numerics for one compiled part on one target."""
     import onnxruntime as ort
     threshold = part.precision.min_sqnr_db
@@ -43,7 +43,7 @@ def check_part(part, epcontext: Path, target: str) -> dict[str, Any]:
         "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
         "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
     if not num["passed"]:
-        num["first_bad_layer"] = first_bad_layer(part, samples, threshold)
+        num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options)
     return num
 
 
@@ -54,11 +54,16 @@ def _row(c) -> dict[str, Any]:
             **({"note": c.note} if c.note else {})}
 
 
-def first_bad_layer(part, samples: list[dict], threshold: float) -> dict[str, Any] | None:
-    """The first layer below the pass mark on the CPU (QDQ or fp16 twin vs float) and why; None when
-    none is (the loss is the HTP's own, past what the CPU emulates) or it cannot be measured."""
+def first_bad_layer(part, samples: list[dict], threshold: float, provider_options: dict | None = None
+                    ) -> dict[str, Any] | None:
+    """The first layer below the pass mark on the CPU (QDQ or fp16 twin vs float) and why; when the
+    CPU finds none, the first layer where the HTP simulator departs from the CPU (bisection, one
+    compile per probe); None when neither can name one."""
     try:
-        return _first_bad(part, samples, threshold)
+        found = _first_bad(part, samples, threshold)
+        if found is None and provider_options is not None:
+            found = htp_departure(part, samples[:1], threshold, provider_options)
+        return found
     except (ModelExportError, ValueError, RuntimeError) as e:      # onnxruntime's Fail is a RuntimeError
         return {"error": f"per-layer localisation failed: {str(e)[:300]}"}
 
@@ -116,3 +121,58 @@ def _fp16_cause(float_path: Path, node_name: str, samples: list[dict]) -> str:
         if why:
             return f"{'its output' if t in node.output else 'its input ' + t}: {why}"
     return ""
+
+
+MAX_PROBES = 10
+
+
+def htp_departure(part, samples: list[dict], threshold: float, provider_options: dict) -> dict[str, Any] | None:
+    """Bisect the layers for the first whose value on the HTP simulator (the layer made a graph
+    output, the graph compiled again) falls below the pass mark against the same graph on the CPU
+    EP: where the HTP computes an op differently from ONNX Runtime."""
+    import onnx
+
+    from ...quant.per_layer import _session, _with_outputs, layer_plan
+    graph_path = Path(part.work.get("qdq") or part.work["float"])
+    model = onnx.load(str(graph_path))
+    plan = layer_plan(onnx.load(str(part.work["float"])), model, lambda n: n.name or n.output[0])   # node by node
+    if not plan:
+        return None
+    tensors = [t for _, _, t in plan]
+    cpu = dict(zip(tensors, _session(_with_outputs(model, tensors)).run(tensors, samples[0])))
+    usable = [i for i, t in enumerate(tensors) if np.issubdtype(np.asarray(cpu[t]).dtype, np.floating)]
+    lo, hi, probes, found = 0, len(usable) - 1, 0, None
+    while lo <= hi and probes < MAX_PROBES:
+        mid = (lo + hi) // 2
+        i = usable[mid]
+        db = _htp_db(graph_path, tensors[i], cpu[tensors[i]], samples[0], provider_options)
+        probes += 1
+        if db < threshold:
+            found, hi = (i, db), mid - 1
+        else:
+            lo = mid + 1
+    if found is None:
+        return None
+    i, db = found
+    name, node, _ = plan[i]
+    return {"layer": name, "node": node.name, "op_type": node.op_type, "sqnr_db": db, "htp_departure": True,
+            "probes": probes, "measured_against": f"the same graph on the CPU EP, the layer made an output of the graph "
+                                                  f"compiled again for the simulator ({probes} probes)"}
+
+
+def _htp_db(graph_path: Path, tensor: str, cpu_value, sample: dict, provider_options: dict) -> float:
+    import tempfile
+
+    import onnx
+    from onnx import helper
+
+    from ...core.numerics import sqnr_db
+    from ...toolchain.ort_qnn import SessionPlan, create_session
+    m = onnx.load(str(graph_path))
+    if tensor not in {o.name for o in m.graph.output}:
+        m.graph.output.append(helper.make_empty_tensor_value_info(tensor))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.onnx"
+        onnx.save(m, str(path))
+        got = create_session(str(path), SessionPlan(provider_options=provider_options)).run([tensor], sample)[0]
+    return sqnr_db(cpu_value, np.asarray(got, dtype=np.float32))
