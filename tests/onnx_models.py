@@ -174,3 +174,56 @@ def rsqrt_scale(path: Path) -> Path:
              helper.make_node("Mul", ["d", "inv"], ["y"], name="/LayerNorm_0/Mul")]
     return _save(nodes, "rsqrt_scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 32])], [eps], path)
+
+
+def outlier_channels(path: Path) -> Path:
+    """Conv → a per-channel scale spanning 10^4 (one outlier channel, as LLM-style activations have)
+    → Conv mixing the channels → Conv. At 8 bits the small channels after the scale vanish; 16-bit
+    activations on the scaled block keep them."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w1")
+    s = np.full((1, 8, 1, 1), 0.02, np.float32)
+    s[0, 0] = 200.0
+    scale = numpy_helper.from_array(s, "scale")
+    w2 = numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) / np.concatenate([[100.0], np.full(7, 0.01)])
+                                  .reshape(1, 8, 1, 1) * 0.1).astype(np.float32), "w2")
+    w3 = numpy_helper.from_array((rng.standard_normal((4, 8, 3, 3)) * 0.3).astype(np.float32), "w3")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="/stem/conv/Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c1", "scale"], ["m"], name="/outlier/scale/Mul"),
+             helper.make_node("Conv", ["m", "w2"], ["c2"], name="/outlier/mix/Conv"),
+             helper.make_node("Relu", ["c2"], ["r"], name="/head/act/Relu"),
+             helper.make_node("Conv", ["r", "w3"], ["y"], name="/head/conv/Conv", pads=[1, 1, 1, 1])]
+    return _save(nodes, "outlier_channels", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w1, scale, w2, w3], path)
+
+
+def flax_layer_norm(path: Path) -> Path:
+    """Flax's LayerNorm as jax2tf writes it (magika's classifier): mean and mean of squares by
+    ReduceSum · 1/n, var = max(mean(x²) − mean², 0), Rsqrt as Sqrt → Reciprocal, then γ and β,
+    on activations whose squares sum past float16's 65,504."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = {"axes": np.array([-1], np.int64), "inv_n": np.array(1 / 64, np.float32), "zero": np.array(0, np.float32),
+         "eps": np.array(1e-6, np.float32), "gamma": rng.uniform(0.5, 2, 64).astype(np.float32),
+         "beta": (rng.standard_normal(64) * 0.1).astype(np.float32),
+         "w": (rng.standard_normal((64, 8)) * 0.2).astype(np.float32)}
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], name="/LayerNorm_0/Sum", keepdims=1),
+             helper.make_node("Mul", ["s", "inv_n"], ["mean"], name="/LayerNorm_0/truediv"),
+             helper.make_node("Mul", ["x", "x"], ["xx"], name="/LayerNorm_0/Square"),
+             helper.make_node("ReduceSum", ["xx", "axes"], ["s2"], name="/LayerNorm_0/Sum_1", keepdims=1),
+             helper.make_node("Mul", ["s2", "inv_n"], ["mean2"], name="/LayerNorm_0/truediv_1"),
+             helper.make_node("Mul", ["mean", "mean"], ["msq"], name="/LayerNorm_0/Square_1"),
+             helper.make_node("Sub", ["mean2", "msq"], ["var0"], name="/LayerNorm_0/Sub"),
+             helper.make_node("Max", ["zero", "var0"], ["var"], name="/LayerNorm_0/Maximum"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="/LayerNorm_0/AddV2"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="/LayerNorm_0/Rsqrt"),
+             helper.make_node("Reciprocal", ["sd"], ["inv"], name="/LayerNorm_0/Rsqrt__1"),
+             helper.make_node("Mul", ["inv", "gamma"], ["ig"], name="/LayerNorm_0/Mul"),
+             helper.make_node("Sub", ["x", "mean"], ["d"], name="/LayerNorm_0/Sub_1"),
+             helper.make_node("Mul", ["d", "ig"], ["n"], name="/LayerNorm_0/Mul_1"),
+             helper.make_node("Add", ["n", "beta"], ["ln"], name="/LayerNorm_0/AddV2_1"),
+             helper.make_node("MatMul", ["ln", "w"], ["y"], name="/Dense_0/MatMul")]
+    inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
+    return _save(nodes, "flax_layer_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])], inits, path)

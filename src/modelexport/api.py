@@ -196,14 +196,27 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     if input_values and kind != "onnx":
         raise InputError("--input-value applies to ONNX models", "leave it out for this model")
     be = backend_for_kind(kind, backend, options.get("output_format"))
+    _check_auto(parts, kind)
     check_offered(be, kind, options.get("output_format"),
-                  [p.precision for p in parts] + _override_precisions(options.get("overrides")))
+                  [p.precision for p in parts if p.precision != "auto"] + _override_precisions(options.get("overrides")))
     for p in parts:
         if p.precision is None:
             p.precision = be.default_precision
     opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
                                       "output_format": options.get("output_format") or be.default_format})
+    if any(p.precision == "auto" for p in parts):
+        from .sweeping.auto_precision import search_precision
+        return search_precision(parts, output, opts, force, be.compile, progress)
     return be.compile(parts, output, opts, force=force, progress=progress)
+
+
+def _check_auto(parts, kind: str) -> None:
+    """--precision auto searches ONNX models (backends/ort_qnn/auto_precision.py)."""
+    if any(p.precision == "auto" for p in parts) and kind != "onnx":
+        from .core.errors import UnsupportedError
+        raise UnsupportedError(f"--precision auto searches ONNX models' precisions; this is a {kind} model",
+                               "give a precision (see `modelexport compile --help`), or export the model to ONNX and "
+                               "compile that with --precision auto")
 
 
 @_public

@@ -50,6 +50,8 @@ class CompileOptions:
 class OnnxCompileOptions(CompileOptions):
     """ONNX → context binaries / EPContext models / DLC."""
     strict_numerics: bool = False                        # compile's own numerics below the pass mark: exit 7, nothing written
+    min_sqnr: Any = None                                 # the pass mark (dB), or --precision auto's budget (also NAME=DB)
+    self_check: bool = True                              # run compile's own numerics check (--precision auto's candidates: no)
 
 
 @dataclass

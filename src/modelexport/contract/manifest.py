@@ -498,6 +498,7 @@ class Manifest(BaseModel):
     files: list[FileEntry] = Field(default_factory=list)
     placement: dict[str, Any] = Field(default_factory=dict)
     numerics: dict[str, Any] = Field(default_factory=dict)
+    precision_search: dict[str, Any] = Field(default_factory=dict)   # --precision auto: every candidate and the choice
     parts: list[PartEntry] = Field(default_factory=list)      # model bundles
     llm: LlmSection | None = None                             # LLM bundles
     parameters: int | None = None                             # LLM bundles: the source model's

@@ -21,6 +21,7 @@ from ..core.errors import InputError
 from ..core.numerics import compare
 
 SQNR_CAP_DB = 200.0      # identical tensors: reported as this rather than +inf (JSON has no inf)
+NEAR_MARK_DB = 10.0      # a culprit is sought among layers within this of the pass mark
 
 
 @dataclass
@@ -197,6 +198,10 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
         # an override can change (a RoPE table or a reshape has no weights to give more bits)
         can = overridable or (lambda name: True)
         candidates = [i for i in range(bad_i + 1) if can(rep.layers[i].name)]
+        # among them, those already near the mark: a first layer's drop from an exact input (a one-hot,
+        # the 200 dB cap) is the quantization every layer has, not the loss that brought the mark down
+        near = [i for i in candidates if rep.layers[i].sqnr_db < threshold_db + NEAR_MARK_DB]
+        candidates = near or candidates
         if candidates:
             culprit = rep.layers[max(candidates, key=lambda i: drops[i])]
             rep.culprit_layer = culprit.name

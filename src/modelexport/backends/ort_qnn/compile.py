@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...contract import BundleWriter, open_bundle
+from ...core.arguments import finite
 from ...core.atomic import check_output
 from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, SourceModel, TensorSpec, Timings
 from ...core.vocab import BundleKind, Format, Role
@@ -248,7 +249,8 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
         results = raise_first_error(outcomes)
-        numerics = _self_check(prepared, jobs, results, fmt, report, timings) if fmt.runs_here else []
+        numerics = _self_check(prepared, jobs, results, report, timings, _pass_mark(opts)) \
+            if fmt.runs_here and getattr(opts, "self_check", True) else []
         if getattr(opts, "strict_numerics", False):   # the VLM's vision part passes plain CompileOptions
             _refuse_bad_numerics(numerics, by_name={p.name: p for p in prepared})
         return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start,
@@ -262,7 +264,21 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
                     shutil.rmtree(p.work["qdq_entry"], ignore_errors=True)
 
 
-def _self_check(prepared, jobs, results, fmt, report, timings) -> list[dict]:
+def _pass_mark(opts) -> float | None:
+    """--min-sqnr DB as compile's own pass mark (None: each precision's)."""
+    value = getattr(opts, "min_sqnr", None)
+    if value is None:
+        return None
+    try:
+        db = float(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
+    except (TypeError, ValueError):
+        raise InputError(f"--min-sqnr {value!r}: one number of dB here (NAME=DB per output is for --precision auto)",
+                         "write --min-sqnr 25") from None
+    finite("--min-sqnr", db, "25")
+    return db
+
+
+def _self_check(prepared, jobs, results, report, timings, threshold: float | None) -> list[dict]:
     """Compile's own numerics: every compiled graph on the simulator against the float model."""
     from .self_check import check_part
     by_part = {p.name: p for p in prepared}
@@ -271,7 +287,7 @@ def _self_check(prepared, jobs, results, fmt, report, timings) -> list[dict]:
     for job, r in zip(jobs, results):
         report(f"checking {job['part']}@{job['target']} on the HTP simulator against the float model", len(out), len(jobs))
         out.append(check_part(by_part[job["part"]], Path(r["entry"]) / r["meta"]["files"]["epcontext"], job["target"],
-                              job["provider_options"]))
+                              job["provider_options"], threshold))
     timings["numerics_s"] = round(time.perf_counter() - t0, 3)
     return out
 

@@ -21,13 +21,27 @@ NUMERICS_SAMPLES = 4
 WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
 
 
-def check_part(part, epcontext: Path, target: str, provider_options: dict | None = None) -> dict[str, Any]:
-    """→ manifest.numerics for one compiled part on one target."""
-    import onnxruntime as ort
-    threshold = part.precision.min_sqnr_db
+def check_part(part, epcontext: Path, target: str, provider_options: dict | None = None,
+               threshold: float | None = None) -> dict[str, Any]:
+    """→ manifest.numerics for one compiled part on one target (pass mark: `threshold`, else the precision's)."""
+    threshold = part.precision.min_sqnr_db if threshold is None else threshold
     samples = part.verify_inputs.samples[:NUMERICS_SAMPLES]
-    ref = ort.InferenceSession(str(part.work["float"]), providers=["CPUExecutionProvider"])
-    sim = SimulatorSession(CompiledGraph(None, part.name, target, epcontext, None, part.precision.name))
+    checks = measure(Path(part.work["float"]), epcontext, target, samples, lambda name: threshold)
+    num: dict[str, Any] = {
+        "outputs": [_row(c) for c in checks], "threshold_db": threshold, "samples": len(samples),
+        "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
+        "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
+    if not num["passed"]:
+        num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options)
+    return num
+
+
+def measure(float_path: Path, epcontext: Path, target: str, samples: list[dict], threshold_of) -> list:
+    """Each output of the compiled graph on the simulator against the float model on the CPU EP
+    (verify's OutputCheck per output; `threshold_of(output name)` is its pass mark)."""
+    import onnxruntime as ort
+    ref = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
+    sim = SimulatorSession(CompiledGraph(None, "", target, epcontext, None, ""))
     names = [o.name for o in ref.get_outputs()]
     refs: dict[str, list] = {n: [] for n in names}
     gots: dict[str, list] = {n: [] for n in names}
@@ -37,14 +51,7 @@ def check_part(part, epcontext: Path, target: str, provider_options: dict | None
         got, _ = sim.run(s)
         for n in names:
             gots[n].append(np.asarray(got[n], dtype=np.float32))
-    checks = [check_output(n, refs[n], gots[n], threshold) for n in names]
-    num: dict[str, Any] = {
-        "outputs": [_row(c) for c in checks], "threshold_db": threshold, "samples": len(samples),
-        "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
-        "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
-    if not num["passed"]:
-        num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options)
-    return num
+    return [check_output(n, refs[n], gots[n], threshold_of(n)) for n in names]
 
 
 def _row(c) -> dict[str, Any]:

@@ -14,7 +14,9 @@ FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per tar
                "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
                "pte (ExecuTorch program with the QNN delegate) for PyTorch models. Default: the model kind's own.")
 PRECISION_HELP = ("fp16, 8a8w, 16a8w, 16a16w or 16a4w (activations a, weights w; default 8a8w); PyTorch models also "
-                  "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+).")
+                  "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+). ONNX models: auto "
+                  "finds the plan with the fewest simulator cycles whose outputs meet --min-sqnr on held-out samples, "
+                  "with no node added to the CPU, and prints the --override flags that reproduce it.")
 OVERRIDE_HELP = ("'REGEX=PRECISION' gives the modules whose path matches REGEX (e.g. 'layers\\.0\\.mlp'; ONNX: the "
                  "exporter's module path such as 'features\\.3\\.conv', or the node name) another quantized precision "
                  "(repeatable; first match wins). `verify --per-layer` suggests one.")
@@ -45,6 +47,20 @@ def _split_warnings(m: dict, rows: dict, sizes: dict) -> list[str]:
                    f"split into {len(gs)} graph(s), {shipped / 1e6:.1f} MB to ship for this target; each split costs a "
                    "round trip between the CPU and the HTP: `modelexport audit MODEL` names each CPU node and its fix")
     return out
+
+
+def _search_summary(search: dict) -> None:
+    """--precision auto: every candidate, and the flags of the chosen one."""
+    table = Table("#", "flags", "worst dB", "cycles", "CPU nodes", "", header_style="bold")
+    for i, c in enumerate(search["candidates"]):
+        mark = "[green]chosen[/]" if i == search["chosen"] else ("[red]" + escape(c["refused"]) + "[/]" if c.get("refused")
+                                                                else ("pass" if c["passed"] else "below budget"))
+        table.add_row(str(i + 1), escape(c["flags"]), "-inf" if c["worst_sqnr_db"] is None else f"{c['worst_sqnr_db']:.1f}",
+                      f"{c['cycles']:,.0f}" if c.get("cycles") else "-", str(c["cpu_nodes"]), mark)
+    console.print(table)
+    ratio = search.get("cycles_vs_8a8w")
+    console.print(f"precision auto: {escape(search['flags'])}" + (f"  ({ratio:.2f}x the cycles of plain 8a8w)" if ratio else "")
+                  + f"  on {search['held_out_samples']} held-out sample(s)")
 
 
 def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
@@ -100,6 +116,9 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
             console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
     elif num.get("not_checked"):
         console.print(f"numerics: not checked ({escape(num['not_checked'])})")
+    search = m.get("precision_search") or {}
+    if search:
+        _search_summary(search)
     took = "copied from the bundle memo" if memo_hit else f"{m.get('timings', {}).get('total_s')} s"
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.get('qairt_build')}, {took})")
     for line in (extra or {}).get("also_written", []):
@@ -154,6 +173,9 @@ def compile_cmd(
     strict_numerics: bool = typer.Option(False, "--strict-numerics", help="ONNX and PyTorch models: refuse (exit 7, nothing written) "
                                          "if compile's own check of the compiled graph against the float model is below "
                                          "the precision's pass mark (otherwise a warning)."),
+    min_sqnr: Optional[List[str]] = typer.Option(None, "--min-sqnr", help="ONNX models: the pass mark of compile's own check in "
+                                                 "dB (default per precision); with --precision auto the budget every output "
+                                                 "must meet (default 25), or NAME=DB for one output (repeatable)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
     variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32); `full` (seed 003's `bert`) adds the full-context graph: N = --max-seq-len, no KV cache."),
@@ -232,7 +254,8 @@ def compile_cmd(
                       rounding=rounding, max_ppl_ratio=max_ppl_ratio, inputs=inputs, embedder_precision=embedder_precision,
                       vision_precision=vision_precision, image_size=image_size,
                       vision_encoder=str(vision_encoder) if vision_encoder else None, image_token=image_token,
-                      image_mean=image_mean, image_std=image_std, strict_numerics=strict_numerics or None)   # unset unless given: other formats refuse it
+                      image_mean=image_mean, image_std=image_std, strict_numerics=strict_numerics or None,   # unset unless given: other formats refuse it
+                      min_sqnr=min_sqnr or None)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)

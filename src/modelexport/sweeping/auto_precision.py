@@ -1,0 +1,237 @@
+"""`compile --precision auto [--min-sqnr DB]`: the cheapest precision plan that meets an accuracy
+budget with no node added to the CPU.
+
+Start from 8a8w. While an output is below its budget on held-out samples (a quarter of the
+calibration samples, never calibrated on), find the layer group that loses the most on the way to
+the first bad layer (float vs QDQ on the CPU EP; where the QDQ model is right, the first node where
+the simulator departs from it) and promote that group one step (8a8w → 16a8w → 16a16w) with an
+`--override`. Whole-model 16a8w, 16a16w and fp16 are candidates too. Every candidate is compiled,
+scored on the simulator, and costed in simulator cycles (`profile --level detailed`); one with more
+CPU nodes than plain 8a8w is refused. The chosen candidate is the bundle; the search (every candidate,
+its dB, cycles and the flags that reproduce it) is its manifest's `precision_search`.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..backends.ort_qnn.repair import load_repaired
+from ..backends.ort_qnn.self_check import htp_departure, measure
+from ..backends.spec import OnnxCompileOptions, PartSpec
+from ..contract import open_bundle
+from ..contract.bundle import refresh_report, save_manifest
+from ..core.atomic import check_output
+from ..core.errors import InputError, UnsupportedError, VerificationError
+from ..frontends.onnx_index_inputs import index_limits
+from ..profiling.ort_profile import profile_ort
+from ..quant import load_calibration
+from ..quant.per_layer import per_layer, suggest_module
+
+AUTO = "auto"
+DEFAULT_BUDGET_DB = 25.0
+LADDER = ("8a8w", "16a8w", "16a16w")          # one layer group's promotions
+WHOLE = ("16a8w", "16a16w", "fp16")            # whole-model candidates beside the grown plan
+MAX_ROUNDS = 6
+
+
+@dataclass
+class Candidate:
+    precision: str
+    overrides: list[str]
+    path: Path
+    outputs: list[dict] = field(default_factory=list)
+    passed: bool = False
+    cycles: float | None = None
+    cpu_nodes: int = 0
+    refused: str | None = None
+
+    @property
+    def worst_db(self) -> float:
+        return min((o["sqnr_db"] if o["sqnr_db"] is not None else float("-inf") for o in self.outputs), default=float("-inf"))
+
+    def flags(self) -> str:
+        return " ".join([f"--precision {self.precision}", *(f"--override '{o}'" for o in self.overrides)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"precision": self.precision, "overrides": self.overrides, "flags": self.flags(), "passed": self.passed,
+                "worst_sqnr_db": None if self.worst_db == float("-inf") else round(self.worst_db, 2),
+                "outputs": self.outputs, "cycles": self.cycles, "cpu_nodes": self.cpu_nodes, "refused": self.refused}
+
+
+def parse_budget(spec: Any) -> dict[str, float]:
+    """--min-sqnr DB, or NAME=DB per output (repeatable) → {output or '*': dB}."""
+    items = spec if isinstance(spec, (list, tuple)) else ([] if spec is None else [spec])
+    out: dict[str, float] = {"*": DEFAULT_BUDGET_DB}
+    for item in items:
+        name, sep, value = str(item).rpartition("=")
+        try:
+            db = float(value)
+        except ValueError:
+            raise InputError(f"--min-sqnr {item!r} is not a number of dB", "write --min-sqnr 25, or NAME=30 for one output") from None
+        out[name if sep else "*"] = db
+    return out
+
+
+def search_precision(parts: list[PartSpec], out: str | Path, opts: OnnxCompileOptions, force: bool,
+                     compile_fn: Callable[..., Any], progress: Callable[[str, float, float], None] | None = None):
+    """Compile every candidate into a scratch folder beside `out`, keep the chosen one as `out`."""
+    say = progress or (lambda msg, done, total: None)
+    out = Path(out)
+    check_output(out, force)
+    if len(parts) != 1:
+        raise UnsupportedError("--precision auto searches one model at a time", "compile each model with --precision auto on its own")
+    if opts.overrides:
+        raise InputError("--precision auto chooses the overrides itself", "leave --override out, or give a precision")
+    spec, budget = parts[0], parse_budget(opts.min_sqnr)
+    calib, held_out = _split_samples(spec, opts)
+    scratch = out.parent / f".{out.name}.auto"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    t0 = time.perf_counter()
+    try:
+        cands = _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say)
+        chosen = _choose(cands)
+        _keep(chosen, cands, out, force, budget, len(held_out), time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    bundle = open_bundle(out)
+    if not chosen.passed:
+        raise VerificationError(
+            f"--precision auto: no candidate meets --min-sqnr {_budget_text(budget)} on {len(held_out)} held-out sample(s); "
+            f"the best, {chosen.flags()}, reaches {chosen.worst_db:.1f} dB (kept in {out})",
+            "calibrate on more representative data, lower the budget (--min-sqnr), or compile with the flags above "
+            "and look at `modelexport verify BUNDLE --per-layer`")
+    return bundle
+
+
+def _split_samples(spec: PartSpec, opts) -> tuple[list[dict], list[dict]]:
+    """(calibration samples, held-out samples): the last quarter of the samples is held out."""
+    loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=True)
+    if spec.calibration is None:
+        raise InputError("--precision auto needs calibration data to measure candidates on",
+                         "pass --calibration DIR|list.txt|file.npz with real inputs, or --calibration random")
+    samples = load_calibration(spec.calibration, loaded.inputs, max(opts.random_samples, 8), index_limits(loaded.model)).samples
+    if len(samples) < 2:
+        return samples, samples
+    k = max(2 if len(samples) >= 4 else 1, len(samples) // 4)
+    return samples[:-k], samples[-k:]
+
+
+def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say) -> list[Candidate]:
+    levels: dict[str, str] = {}                  # layer group → its promoted precision
+    base = _candidate(spec, "8a8w", [], calib, held_out, budget, opts, compile_fn, scratch, 0, say)
+    cands, cur = [base], base
+    for _ in range(MAX_ROUNDS):
+        if cur.passed or cur.refused:
+            break
+        group = _culprit_group(cur, held_out, budget)
+        if group is None or levels.get(group) == LADDER[-1]:
+            break
+        levels[group] = LADDER[LADDER.index(levels.get(group, LADDER[0])) + 1]
+        overrides = [f"{re.escape(g)}={p}" for g, p in levels.items()]
+        cur = _candidate(spec, "8a8w", overrides, calib, held_out, budget, opts, compile_fn, scratch, len(cands), say)
+        _refuse_new_cpu(cur, base)
+        cands.append(cur)
+    for p in WHOLE:
+        c = _candidate(spec, p, [], calib, held_out, budget, opts, compile_fn, scratch, len(cands), say)
+        _refuse_new_cpu(c, base)
+        cands.append(c)
+    return cands
+
+
+def _candidate(spec, precision, overrides, calib, held_out, budget, opts, compile_fn, scratch, i, say) -> Candidate:
+    c = Candidate(precision, overrides, scratch / f"c{i}")
+    say(f"candidate {i + 1}: {c.flags()}", i, i + 1)
+    part = replace(spec, precision=precision, calibration=calib)
+    b = compile_fn([part], c.path, replace(opts, overrides=list(overrides), self_check=False, min_sqnr=None), True, None)
+    pl = next(iter(b.manifest.placement[b.manifest.parts[0].name].values()))
+    c.cpu_nodes = len(pl["cpu_fallbacks"])
+    c.outputs, c.passed = _score(b, held_out, budget)
+    c.cycles = profile_ort(b.path, runs=1, level="detailed").totals.get("qnn_accelerator_cycles_median")
+    say(f"candidate {i + 1}: worst {c.worst_db:.1f} dB, {c.cycles or 0:,.0f} cycles", i + 1, i + 1)
+    return c
+
+
+def _score(bundle, samples: list[dict], budget: dict[str, float]) -> tuple[list[dict], bool]:
+    graph = bundle.manifest.graphs[0]
+    pm = bundle.manifest.parts[0]
+    checks = measure(bundle.file(pm.files.float_model), bundle.file(graph.epcontext_model), graph.target, samples,
+                     lambda name: budget.get(name, budget["*"]))
+    rows = [{"name": c.name, "sqnr_db": c.sqnr_db if c.sqnr_db > float("-inf") else None, "budget_db": budget.get(c.name, budget["*"]),
+             "passed": c.passed} for c in checks]
+    return rows, all(c.passed for c in checks)
+
+
+def _culprit_group(c: Candidate, samples, budget) -> str | None:
+    """The layer group to promote: the culprit of float vs QDQ on the CPU, else the node where the
+    simulator departs from the QDQ model."""
+    b = open_bundle(c.path)
+    pm = b.manifest.parts[0]
+    if not pm.files.quantized_model:
+        return None
+    thr = min(budget.values())
+    rep = per_layer(b.file(pm.files.float_model), b.file(pm.files.quantized_model), samples, thr, c.precision, pm.name)
+    if rep.culprit_layer:
+        return _group(rep.culprit_layer)
+    work = {"qdq": b.file(pm.files.quantized_model), "float": b.file(pm.files.float_model)}
+    popts = b.manifest.options["provider_options"][b.manifest.targets[0]]
+    found = htp_departure(_PartView(pm.name, work), samples[:1], thr, popts)
+    return _group(found["node"]) if found else None
+
+
+@dataclass
+class _PartView:
+    name: str
+    work: dict
+
+
+def _group(layer: str) -> str:
+    """A layer's group: its parent scope for a scoped name (`a/b/LayerNorm_0/Sub` → `a/b/LayerNorm_0`),
+    its block for a module path (`features.3.conv.0.0` → `features.3.conv`)."""
+    name = layer.strip("/")
+    if "/" in name:
+        return name.rsplit("/", 1)[0]
+    return suggest_module(layer)
+
+
+def _refuse_new_cpu(c: Candidate, base: Candidate) -> None:
+    if c.cpu_nodes > base.cpu_nodes:
+        c.refused = f"{c.cpu_nodes - base.cpu_nodes} more node(s) on the CPU than 8a8w"
+        c.passed = False
+
+
+def _choose(cands: list[Candidate]) -> Candidate:
+    ok = [c for c in cands if c.passed]
+    if ok:
+        return min(ok, key=lambda c: (c.cycles if c.cycles is not None else float("inf"), len(c.overrides)))
+    return max((c for c in cands if not c.refused), key=lambda c: c.worst_db, default=cands[0])
+
+
+def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, budget, held: int, seconds: float) -> None:
+    tmp = out.parent / f".{out.name}.auto-chosen"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(chosen.path, tmp)
+    if out.exists():
+        shutil.rmtree(out)            # check_output allowed it (--force)
+    tmp.replace(out)
+    b = open_bundle(out)
+    base_cycles = cands[0].cycles
+    b.manifest.precision_search = {
+        "budget_db": budget, "held_out_samples": held, "seconds": round(seconds, 1),
+        "chosen": cands.index(chosen), "flags": chosen.flags(), "passed": chosen.passed,
+        "cycles_vs_8a8w": round(chosen.cycles / base_cycles, 3) if chosen.cycles and base_cycles else None,
+        "candidates": [c.to_dict() for c in cands]}
+    b.manifest.numerics = {"outputs": [{"name": o["name"], "sqnr_db": o["sqnr_db"]} for o in chosen.outputs],
+                           "threshold_db": min(budget.values()), "samples": held, "inputs": "held-out calibration",
+                           "passed": chosen.passed, "part": b.manifest.parts[0].name, "target": b.manifest.targets[0],
+                           "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
+    save_manifest(b)
+    refresh_report(b)
+
+
+def _budget_text(budget: dict[str, float]) -> str:
+    return ", ".join(f"{v:g}" if k == "*" else f"{k}={v:g}" for k, v in budget.items())
