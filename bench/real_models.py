@@ -6,7 +6,9 @@ model's real input where the package ships one (a photo), else random inputs (re
 Writes bench/results/real_models.json: compiled or not (with the audit's named nodes and fixes
 when not), share of nodes on the HTP, SQNR, compile time, the repairs that ran.
 
-usage: python bench/real_models.py [--only NAME ...] [--precisions fp16,8a8w] [--out PATH]
+--precisions may name `auto` (--precision auto --min-sqnr 25; the search's candidates are recorded).
+
+usage: python bench/real_models.py [--only NAME ...] [--precisions fp16,8a8w,auto] [--out PATH]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "real_models.json"
 TARGET = "SM8650"
+AUTO_BUDGET_DB = 25
 
 
 def one(name: str, precision: str, work: Path) -> dict:
@@ -58,16 +61,29 @@ def one(name: str, precision: str, work: Path) -> dict:
     except ModelExportError as e:
         row["audit"] = {"error": e.problem, "fix": e.fix}
     t0 = time.perf_counter()
+    auto = {"min_sqnr": [str(AUTO_BUDGET_DB)]} if precision == "auto" else {}
     try:
         b = modelexport.compile(str(path), output=work / f"{name}_{precision}", target=TARGET, precision=precision,
                                 calibration=calib if precision != "fp16" or sample is not None else None,
-                                input_shapes=shapes or None, input_values=values, force=True, use_cache=False)
+                                input_shapes=shapes or None, input_values=values, force=True, use_cache=False, **auto)
     except ModelExportError as e:
-        return row | {"stage": "compile", "compiled": False, "error": e.problem, "fix": e.fix,
-                      "compile_s": round(time.perf_counter() - t0, 1)}
+        row |= {"stage": "compile", "compiled": False, "error": e.problem, "fix": e.fix,
+                "compile_s": round(time.perf_counter() - t0, 1)}
+        if not (auto and (work / f"{name}_{precision}" / "manifest.json").is_file()):
+            return row
+        from modelexport.contract import open_bundle
+        b = open_bundle(work / f"{name}_{precision}")     # auto keeps its best candidate when none meets the budget
     row["compile_s"] = round(time.perf_counter() - t0, 1)
-    row["compiled"] = True
+    row["compiled"] = row.get("stage") != "compile"
     man = b.manifest
+    num = man.numerics or {}
+    row["self_check"] = {"passed": num.get("passed"), "outputs": [o.get("sqnr_db") for o in num.get("outputs", [])],
+                         "first_bad_layer": num.get("first_bad_layer")}
+    if man.precision_search:
+        s = man.precision_search
+        row["auto"] = {"flags": s["flags"], "passed": s["passed"], "cycles_vs_8a8w": s["cycles_vs_8a8w"],
+                       "candidates": [{k: c[k] for k in ("flags", "worst_sqnr_db", "cycles", "cpu_nodes", "refused")}
+                                      for c in s["candidates"]]}
     pl = man.placement[man.parts[0].name][TARGET]
     on, cpu = pl["htp_nodes"], len(pl["cpu_fallbacks"])
     row["htp_share"] = round(on / max(1, on + cpu), 4)

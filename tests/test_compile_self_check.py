@@ -225,6 +225,8 @@ def test_precision_auto_keeps_8a8w_when_it_meets_the_budget(tmp_path, cli):
     assert search["flags"] == "--precision 8a8w" and search["cycles_vs_8a8w"] == 1.0
     assert all(c["cycles"] for c in search["candidates"]) and search["held_out_samples"] >= 2
     assert "precision auto: --precision 8a8w" in r.stdout
+    page = (out / "report.html").read_text()
+    assert "Precision search" in page and "dB against cycles per candidate" in page
 
 
 def test_precision_auto_promotes_past_a_failing_8a8w(tmp_path):

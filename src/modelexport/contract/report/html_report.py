@@ -122,10 +122,11 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
         return Section("numerics", "Numerics", missing="No numerics are recorded for this bundle: run "
                        "`modelexport verify BUNDLE` (and `--per-layer`) to compare it with the float model.")
     thr = num.get("threshold_db")
-    rows = [[o["name"], f"{o['sqnr_db']:.2f}", _cos(o.get('cosine')), f"{o.get('max_abs_error', float('nan')):.4g}"]
+    rows = [[o["name"], _db(o["sqnr_db"]), _cos(o.get('cosine')), f"{o.get('max_abs_error', float('nan')):.4g}"]
             for o in outs]
     out = _table(["output", "SQNR (dB)", "cosine", "max abs error"], rows)
-    out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in outs], [o["sqnr_db"] for o in outs], "SQNR per output", "dB", thr)}">'
+    drawn = [o for o in outs if o["sqnr_db"] is not None]          # -inf (nothing matches) is in the table only
+    out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in drawn], [o["sqnr_db"] for o in drawn], "SQNR per output", "dB", thr)}">'
     layers = num.get("per_layer") or []
     stages = num.get("stages") or {}      # LLM .pte bundles: every stage pair per method, instead of layers
     if stages:
@@ -175,6 +176,32 @@ def section_sizes(m: Manifest, folder: Path) -> Section:
     return Section("sizes", "Sizes", text + _table(["file", "role", "bytes"], rows))
 
 
+def _db(v) -> str:
+    return "-inf" if v is None else f"{v:.2f}"
+
+
+def section_precision_search(m: Manifest, folder: Path) -> Section | None:
+    """--precision auto: each candidate's worst output against its simulator cycles."""
+    from . import plots
+    s = m.precision_search or {}
+    cands = s.get("candidates") or []
+    if not cands:
+        return None
+    budget = min((s.get("budget_db") or {"*": 0}).values())
+    shown = [(i, c) for i, c in enumerate(cands) if c.get("cycles") and c.get("worst_sqnr_db") is not None]
+    out = f"<p>Chosen: <code>{html.escape(s.get('flags', ''))}</code> on {s.get('held_out_samples')} held-out sample(s).</p>"
+    if shown:
+        chosen = next((k for k, (i, _) in enumerate(shown) if i == s.get("chosen")), None)
+        src = plots.scatter([(c["cycles"], c["worst_sqnr_db"]) for _, c in shown], [c["flags"] for _, c in shown],
+                            "Worst output against simulator cycles, per candidate", "simulator cycles", "dB", budget, chosen)
+        out += f'<img alt="dB against cycles per candidate" src="{src}">'
+    out += _table(["#", "flags", "worst dB", "cycles", "CPU nodes", ""],
+                  [[i + 1, c["flags"], _db(c.get("worst_sqnr_db")), f"{c['cycles']:,.0f}" if c.get("cycles") else "-",
+                    c.get("cpu_nodes", 0), "chosen" if i == s.get("chosen") else (c.get("refused") or ("pass" if c["passed"] else "below"))]
+                   for i, c in enumerate(cands)])
+    return Section("precision-search", "Precision search (--precision auto)", out)
+
+
 def section_llm_ceiling(m: Manifest, folder: Path) -> Section | None:
     if m.kind != BundleKind.LLM:
         return None
@@ -189,7 +216,8 @@ def section_llm_ceiling(m: Manifest, folder: Path) -> Section | None:
 
 
 SECTIONS: list[Callable[[Manifest, Path], Section | None]] = [
-    section_overview, section_deployment, section_placement, section_audit, section_numerics, section_sizes, section_llm_ceiling,
+    section_overview, section_deployment, section_placement, section_audit, section_numerics, section_precision_search,
+    section_sizes, section_llm_ceiling,
 ]
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True)

@@ -109,3 +109,36 @@ def line(labels: list[str], values: list[float], title: str, ylabel: str, thresh
                           f'transform="rotate(-45 {x(i):.1f} {h - bottom + 12})"', 9))
     body.append(_text(14, top + (h - top - bottom) / 2, ylabel, "middle", f'transform="rotate(-90 14 {top + (h - top - bottom) / 2})"'))
     return _svg(w, h, body)
+
+
+def scatter(points: list[tuple[float, float]], labels: list[str], title: str, xlabel: str, ylabel: str,
+            threshold: float | None = None, chosen: int | None = None) -> str:
+    """(x, y) points (e.g. a candidate's cycles and dB), the chosen one ringed, the threshold dashed."""
+    w, h, left, right, top, bottom = 820, 320, 70, 20, 30, 50
+    xs, ys = [p[0] for p in points] or [0.0], [p[1] for p in points] or [0.0]
+    ypool = [*ys, *([threshold] if threshold is not None else [])]
+    xlo, xhi = 0.0, max(xs) * 1.05 or 1.0
+    ylo, yhi = min(ypool), max(ypool)
+    ylo, yhi = (ylo - 1, yhi + 1) if yhi == ylo else (ylo - 0.05 * (yhi - ylo), yhi + 0.05 * (yhi - ylo))
+    x = lambda v: left + (v - xlo) / (xhi - xlo) * (w - left - right)    # noqa: E731
+    y = lambda v: top + (yhi - v) / (yhi - ylo) * (h - top - bottom)      # noqa: E731
+    body = [_text(w / 2, 18, title, "middle", 'font-weight="bold"', 13)]
+    for t in _ticks(ylo, yhi):
+        body.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{w - right}" y2="{y(t):.1f}" stroke="#ddd"/>')
+        body.append(_text(left - 6, y(t) + 4, f"{t:g}", "end"))
+    for t in _ticks(xlo, xhi):
+        body.append(_text(x(t), h - bottom + 16, f"{t:.3g}", "middle"))
+    if threshold is not None:
+        body.append(f'<line x1="{left}" y1="{y(threshold):.1f}" x2="{w - right}" y2="{y(threshold):.1f}" '
+                    f'stroke="{CPU_COLOR}" stroke-dasharray="5 3"/>')
+        body.append(_text(w - right, y(threshold) - 4, f"budget {threshold:g} dB", "end"))
+    for i, ((px, py), lab) in enumerate(zip(points, labels)):
+        ok = threshold is None or py >= threshold
+        body.append(f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="5" fill="{HTP_COLOR if ok else CPU_COLOR}">'
+                    f'<title>{escape(lab)}: {py:.1f} dB, {px:,.0f}</title></circle>')
+        body.append(_text(x(px) + 8, y(py) + 4, str(i + 1), size=10))
+        if i == chosen:
+            body.append(f'<circle cx="{x(px):.1f}" cy="{y(py):.1f}" r="9" fill="none" stroke="black" stroke-width="1.5"/>')
+    body.append(_text(left + (w - left - right) / 2, h - 8, xlabel, "middle"))
+    body.append(_text(14, top + (h - top - bottom) / 2, ylabel, "middle", f'transform="rotate(-90 14 {top + (h - top - bottom) / 2})"'))
+    return _svg(w, h, body)
