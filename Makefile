@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-heavy test-wip setup bench clean browser
+.PHONY: demo test test-heavy test-wip setup bench clean browser speech
 
 setup: $(STAMP)
 
@@ -28,7 +28,11 @@ demo: $(STAMP)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "[setup] chromium not installed (needs root): the browser test will be skipped"; }
 
-test: $(STAMP) browser
+# Real speech for the audio calibration test (Debian's espeak-ng).
+speech:
+	@command -v espeak-ng >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq espeak-ng >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null; }; } || echo "[setup] espeak-ng not installed (needs root): the speech calibration test will be skipped"; }
+
+test: $(STAMP) browser speech
 	$(BIN)/python scripts/check_layout.py
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests
 

@@ -252,3 +252,55 @@ def test_precision_auto_with_a_budget_nothing_meets_exits_5_and_says_the_best(tm
     assert r.returncode == 5, text
     assert "no candidate meets --min-sqnr 30" in text and "the best, --precision" in text and "Traceback" not in text
     assert (out / "manifest.json").is_file()        # the best is kept, and says so
+
+
+def test_a_folder_of_photos_calibrates_an_image_model(tmp_path, cli):
+    """--calibration photos/: each photo resized to the input, normalized with --image-mean/--image-std."""
+    from modelexport.zoo.assets import photo_folder
+    photos = photo_folder(tmp_path / "photos", 6)
+    out = tmp_path / "b"
+    r = cli("compile", str(conv_relu(tmp_path / "m.onnx")), "-t", "SM8650", "-p", "8a8w", "--calibration", str(photos),
+            "--image-mean", "0.5,0.5,0.5", "--image-std", "0.25,0.25,0.25", "-o", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["calibration"]["m"]["kind"] == "media folder" and m["numerics"]["passed"]
+    from modelexport.backends.ort_qnn.verify import read_samples
+    x = read_samples(out / "m" / "verify_inputs.npz")[0]["x"]
+    assert x.shape == (1, 3, 16, 16) and -2.01 <= x.min() < 0 < x.max() <= 2.01     # (p - 0.5) / 0.25 for p in 0..1
+
+
+def test_photos_for_a_model_whose_input_is_not_an_image_say_what_it_takes(tmp_path, cli):
+    from conftest import assert_clean_error
+    from modelexport.zoo.assets import photo_folder
+    r = cli("compile", str(token_embedding(tmp_path / "m.onnx")), "-t", "SM8650", "-p", "8a8w", "--calibration",
+            str(photo_folder(tmp_path / "photos", 2)), "-o", str(tmp_path / "b"))
+    assert_clean_error(r, "is an image, but input 'ids' is not: it takes int64 [1, 32]")
+    assert r.returncode == 2 and not (tmp_path / "b").exists()
+
+
+def test_wav_recordings_calibrate_a_waveform_model(tmp_path):
+    """Real speech from espeak-ng (installed by `make test`), cut or padded to the waveform input."""
+    import shutil
+    import subprocess
+
+    from modelexport.quant import load_calibration
+    from modelexport.frontends.onnx_model import load_onnx
+    if not shutil.which("espeak-ng"):
+        pytest.skip("espeak-ng not installed (make test installs it)")
+    d = tmp_path / "speech"
+    d.mkdir()
+    for i, text in enumerate(["The quick brown fox jumps over the lazy dog.", "Compiled means correct."]):
+        subprocess.run(["espeak-ng", "-w", str(d / f"{i}.wav"), text], check=True)
+    loaded = load_onnx(str(_waveform_model(tmp_path / "m.onnx")), None)
+    cal = load_calibration(str(d), loaded.inputs)
+    x = cal.samples[0]["audio"]
+    assert cal.kind == "media folder" and x.shape == (1, 16000) and 0.01 < float(np.abs(x).max()) <= 1.0
+
+
+def _waveform_model(path):
+    from onnx import TensorProto, helper
+
+    from onnx_models import _save
+    nodes = [helper.make_node("Abs", ["audio"], ["y"], name="/env/Abs")]
+    return _save(nodes, "waveform", [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 16000])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16000])], [], path)

@@ -24,6 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..core.errors import CalibrationError
+from .media_calibration import MEDIA_EXTS, MediaOptions, is_media, media_sample
 from .calibration_sources import ACCEPTED, check_finite, kind_of, read_source
 
 RANDOM = "random"
@@ -165,14 +166,20 @@ def _from_input_list(path: Path, expected) -> list[dict[str, np.ndarray]]:
     return samples
 
 
-def _from_folder(folder: Path, expected) -> list[dict[str, np.ndarray]]:
+def _from_folder(folder: Path, expected, media: MediaOptions | None = None) -> list[dict[str, np.ndarray]]:
     names = list(expected)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in (".npy", ".raw", ".npz"))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in (".npy", ".raw", ".npz", *MEDIA_EXTS))
     subdirs = sorted(p for p in folder.iterdir() if p.is_dir())
     samples: list[dict[str, np.ndarray]] = []
     for f in files:
         if f.suffix.lower() == ".npz":
             samples += _from_npz(f, expected, allow_batch=False)
+        elif is_media(f):
+            if len(names) != 1:
+                raise CalibrationError(f"{f.name}: a photo or recording feeds a model with one input; this one has "
+                                       f"{len(names)} ({', '.join(names)})", _names_fix(expected))
+            shape, dtype = expected[names[0]]
+            samples.append({names[0]: media_sample(f, names[0], shape, dtype, media or MediaOptions())})
         elif len(names) == 1:
             samples.append({names[0]: _read_array(f, names[0], expected)})
         else:
@@ -211,7 +218,7 @@ def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0,
 
 
 def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RANDOM_SAMPLES,
-                     limits: dict[str, int] | None = None) -> CalibrationSet:
+                     limits: dict[str, int] | None = None, media: MediaOptions | None = None) -> CalibrationSet:
     """Read calibration data for a model with `inputs` (IOSpec list, static shapes); `limits` bound
     random integer inputs that index a table (frontends.onnx_index_inputs)."""
     inputs = list(inputs)
@@ -230,9 +237,15 @@ def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RAND
     path = Path(spec)
     if not path.exists():
         raise CalibrationError(f"calibration data {path} does not exist",
-                               "give a folder of .npy/.npz/.raw files, an input list .txt, a .npz, or `random`")
+                               "give a folder of .npy/.npz/.raw files (or photos, or .wav files), an input list .txt, a .npz, "
+                               "or `random`")
     if path.is_dir():
-        samples, kind = _from_folder(path, expected), "folder"
+        samples, kind = _from_folder(path, expected, media), "folder"
+        if any(is_media(p) for p in path.iterdir()):
+            kind = "media folder"
+    elif is_media(path) and len(expected) == 1:
+        name = next(iter(expected))
+        samples, kind = [{name: media_sample(path, name, *expected[name], media or MediaOptions())}], "media file"
     elif path.suffix.lower() == ".npz":
         samples, kind = _from_npz(path, expected, allow_batch=True), "npz"
     elif path.suffix.lower() in (".txt", ".lst", ".list"):
@@ -243,6 +256,7 @@ def load_calibration(spec: Any, inputs: Iterable, num_random: int = DEFAULT_RAND
         raise CalibrationError(f"{path} is not a calibration format modelexport reads",
                                "give a folder of .npy/.npz/.raw files, an input list .txt, a .npz, or `random`")
     if not samples:
-        raise CalibrationError(f"{path} holds no calibration samples", "add at least one sample (more give better ranges)")
+        raise CalibrationError(f"{path} holds no calibration samples", "add at least one sample (more give better ranges): "
+                               ".npy/.npz/.raw arrays, or photos (.png/.jpg) for an image input, .wav for an audio input")
     check_finite(samples, str(path))
     return CalibrationSet(samples, kind, str(path))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ..backends.ort_qnn.compile import media_options
 from ..backends.ort_qnn.repair import load_repaired
 from ..backends.ort_qnn.self_check import htp_departure, measure
 from ..backends.spec import OnnxCompileOptions, PartSpec
@@ -114,7 +115,8 @@ def _split_samples(spec: PartSpec, opts) -> tuple[list[dict], list[dict]]:
     if spec.calibration is None:
         raise InputError("--precision auto needs calibration data to measure candidates on",
                          "pass --calibration DIR|list.txt|file.npz with real inputs, or --calibration random")
-    samples = load_calibration(spec.calibration, loaded.inputs, max(opts.random_samples, 8), index_limits(loaded.model)).samples
+    samples = load_calibration(spec.calibration, loaded.inputs, max(opts.random_samples, 8), index_limits(loaded.model),
+                               media_options(opts)).samples
     if len(samples) < 2:
         return samples, samples
     k = max(2 if len(samples) >= 4 else 1, len(samples) // 4)

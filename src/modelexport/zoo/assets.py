@@ -83,3 +83,19 @@ def package_file(dist: str, suffix: str, what: str) -> Path:
 
 def sample_images() -> dict[str, Path]:
     return {n: asset_path(n) for n in ("chelsea", "coffee")}
+
+
+# scikit-image's colour photos (public domain / CC0), for calibrating image models: `photo_folder`
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "motorcycle_right.png",
+          "hubble_deep_field.jpg", "retina.jpg", "color.png", "ihc.png", "logo.png", "page.png", "text.png",
+          "camera.png", "coins.png", "moon.png", "horse.png", "grass.png", "gravel.png", "brick.png")
+
+
+def photo_folder(dest: str | Path, count: int | None = None) -> Path:
+    """A folder of scikit-image's photos (copied), ready for `--calibration DIR` of an image model."""
+    import shutil
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PHOTOS[:count]:
+        shutil.copyfile(package_file("scikit-image", f"skimage/data/{name}", "scikit-image's sample photos"), dest / name)
+    return dest

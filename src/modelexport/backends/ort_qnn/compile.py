@@ -29,8 +29,10 @@ from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
+from ...frontends.vision_encoder_onnx import parse_triple
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
+from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
 from .. import backend
@@ -67,17 +69,23 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
         loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
-        limits = index_limits(loaded.model)
+        limits, media = index_limits(loaded.model), media_options(opts)
         if prec.quantized:
-            calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits)
+            calib = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits, media)
             verify = calib
         elif spec.calibration is not None:
-            verify = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits)
+            verify = load_calibration(spec.calibration, loaded.inputs, opts.random_samples, limits, media)
         else:
             verify = CalibrationSet(random_samples(loaded.inputs, 2, seed=1, limits=limits), "random", "random",
                                     representative=False)
         parts.append(_Part(spec, name, loaded, prec, calib, verify))
     return parts
+
+
+def media_options(opts) -> MediaOptions:
+    """--image-mean / --image-std for a calibration folder of photos (0..1 pixels, unnormalized by default)."""
+    return MediaOptions(parse_triple(getattr(opts, "image_mean", None), "--image-mean", (0.0, 0.0, 0.0)),
+                        parse_triple(getattr(opts, "image_std", None), "--image-std", (1.0, 1.0, 1.0)))
 
 
 def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tuple[Path, Path | None, dict, bool]:

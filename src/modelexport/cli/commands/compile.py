@@ -27,7 +27,9 @@ VTCM_SIZE_HELP = "The seeds' spelling: VTCM in bytes (--vtcm_size 1048576), or w
 OPTIMIZATION_LEVEL_HELP = ("HTP graph finalization (1, 2, 3). 3: QNN's most optimized graph, the slowest to prepare; "
                            "1: quick iterations (SmolLM2's weight-shared pair: 160 s at 3, 113 s at 2, 69 s at 1).")
 CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
-              "(labelled not representative in the manifest).")
+              "(labelled not representative in the manifest). ONNX models with one input: a folder of photos "
+              "(.png/.jpg, resized to the image input; --image-mean/--image-std) or of .wav recordings (cut or padded "
+              "to the waveform input).")
 
 
 SPLIT_SHARE = 0.10          # a CPU share of the nodes from which compile says so
@@ -202,9 +204,10 @@ def compile_cmd(
                                               "reserved token of the tokenizer, or its id) whose places in the prompt "
                                               "the image's rows take; N of them are put before the text."),
     image_mean: Optional[str] = typer.Option(None, "--image-mean", help="--vision-encoder: R,G,B mean the pixels (0-1) are "
-                                             "normalized with (default ImageNet's 0.485,0.456,0.406)."),
+                                             "normalized with (default ImageNet's 0.485,0.456,0.406). ONNX models calibrated on "
+                                             "a folder of photos: the same, default 0 (pixels 0-1 as they are)."),
     image_std: Optional[str] = typer.Option(None, "--image-std", help="--vision-encoder: R,G,B std (default ImageNet's "
-                                            "0.229,0.224,0.225)."),
+                                            "0.229,0.224,0.225). ONNX models calibrated on photos: default 1."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="LLMs: the context (KV cache + chunk) of every graph (default 512)."),
     context_limit_mb: Optional[float] = typer.Option(None, "--context-limit-mb", help="LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048)."),
     host_chunk_mb: Optional[float] = typer.Option(None, "--host-chunk-mb", help="LLMs: float32 weights exported and quantized at a time "
