@@ -176,12 +176,18 @@ def _culprit_group(c: Candidate, samples, budget) -> str | None:
     if not pm.files.quantized_model:
         return None
     thr = min(budget.values())
-    rep = per_layer(b.file(pm.files.float_model), b.file(pm.files.quantized_model), samples, thr, c.precision, pm.name)
+    try:
+        rep = per_layer(b.file(pm.files.float_model), b.file(pm.files.quantized_model), samples, thr, c.precision, pm.name)
+    except Exception:          # a graph the CPU EP cannot run layer by layer: the whole-model candidates remain
+        return None
     if rep.culprit_layer:
         return _group(rep.culprit_layer)
     work = {"qdq": b.file(pm.files.quantized_model), "float": b.file(pm.files.float_model)}
     popts = b.manifest.options["provider_options"][b.manifest.targets[0]]
-    found = htp_departure(_PartView(pm.name, work), samples[:1], thr, popts)
+    try:
+        found = htp_departure(_PartView(pm.name, work), samples[:1], thr, popts)
+    except Exception:
+        return None
     return _group(found["node"]) if found else None
 
 
