@@ -26,7 +26,7 @@ from ..backends.spec import OnnxCompileOptions, PartSpec
 from ..contract import open_bundle
 from ..contract.bundle import refresh_report, save_manifest
 from ..core.atomic import check_output
-from ..core.errors import InputError, UnsupportedError, VerificationError
+from ..core.errors import InputError, ModelExportError, UnsupportedError, VerificationError
 from ..frontends.onnx_index_inputs import index_limits
 from ..profiling.ort_profile import profile_ort
 from ..quant import load_calibration
@@ -96,6 +96,9 @@ def search_precision(parts: list[PartSpec], out: str | Path, opts: OnnxCompileOp
     try:
         cands = _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say)
         chosen = _choose(cands)
+        if not (chosen.path / "manifest.json").is_file():
+            raise UnsupportedError(f"--precision auto: no candidate compiles ({'; '.join(c.flags() + ': ' + str(c.refused) for c in cands)[:600]})",
+                                   "compile with one precision to see its error and fix, e.g. --precision 8a8w")
         _keep(chosen, cands, out, force, budget, len(held_out), time.perf_counter() - t0)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -149,7 +152,11 @@ def _candidate(spec, precision, overrides, calib, held_out, budget, opts, compil
     c = Candidate(precision, overrides, scratch / f"c{i}")
     say(f"candidate {i + 1}: {c.flags()}", i, i + 1)
     part = replace(spec, precision=precision, calibration=calib)
-    b = compile_fn([part], c.path, replace(opts, overrides=list(overrides), self_check=False, min_sqnr=None), True, None)
+    try:
+        b = compile_fn([part], c.path, replace(opts, overrides=list(overrides), self_check=False, min_sqnr=None), True, None)
+    except ModelExportError as e:             # this candidate does not compile: said in the table, the search goes on
+        c.refused = f"does not compile: {e.problem[:200]}"
+        return c
     pl = next(iter(b.manifest.placement[b.manifest.parts[0].name].values()))
     c.cpu_nodes = len(pl["cpu_fallbacks"])
     c.outputs, c.passed = _score(b, held_out, budget)
@@ -207,7 +214,7 @@ def _group(layer: str) -> str:
 
 
 def _refuse_new_cpu(c: Candidate, base: Candidate) -> None:
-    if c.cpu_nodes > base.cpu_nodes:
+    if not c.refused and c.cpu_nodes > base.cpu_nodes:
         c.refused = f"{c.cpu_nodes - base.cpu_nodes} more node(s) on the CPU than 8a8w"
         c.passed = False
 
@@ -223,9 +230,11 @@ def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, bud
     tmp = out.parent / f".{out.name}.auto-chosen"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(chosen.path, tmp)
-    if out.exists():
-        shutil.rmtree(out)            # check_output allowed it (--force)
+    old = out.parent / f".{out.name}.auto-replaced"
+    if out.exists():                  # check_output allowed it (--force): moved aside, then removed
+        out.replace(old)
     tmp.replace(out)
+    shutil.rmtree(old, ignore_errors=True)
     b = open_bundle(out)
     base_cycles = cands[0].cycles
     b.manifest.precision_search = {
