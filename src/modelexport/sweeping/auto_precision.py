@@ -7,7 +7,8 @@ the first bad layer (float vs QDQ on the CPU EP; where the QDQ model is right, t
 the simulator departs from it) and promote that group one step (8a8w → 16a8w → 16a16w) with an
 `--override`. Whole-model 16a8w, 16a16w and fp16 are candidates too. Every candidate is compiled,
 scored on the simulator, and costed in simulator cycles (`profile --level detailed`); one with more
-CPU nodes than plain 8a8w is refused. The chosen candidate is the bundle; the search (every candidate,
+CPU nodes than plain 8a8w is refused, and of those that pass the one with the fewest CPU nodes, then
+the fewest cycles, is chosen (a CPU node's time is not in the cycles). The chosen candidate is the bundle; the search (every candidate,
 its dB, cycles and the flags that reproduce it) is its manifest's `precision_search`.
 """
 from __future__ import annotations
@@ -221,8 +222,8 @@ def _refuse_new_cpu(c: Candidate, base: Candidate) -> None:
 
 def _choose(cands: list[Candidate]) -> Candidate:
     ok = [c for c in cands if c.passed]
-    if ok:
-        return min(ok, key=lambda c: (c.cycles if c.cycles is not None else float("inf"), len(c.overrides)))
+    if ok:   # the fewest nodes on the CPU first (their time is not in the simulator's cycles), then cycles
+        return min(ok, key=lambda c: (c.cpu_nodes, c.cycles if c.cycles is not None else float("inf"), len(c.overrides)))
     return max((c for c in cands if not c.refused), key=lambda c: c.worst_db, default=cands[0])
 
 
