@@ -227,3 +227,21 @@ def flax_layer_norm(path: Path) -> Path:
     inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
     return _save(nodes, "flax_layer_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])], inits, path)
+
+
+def masked_softmax(path: Path) -> Path:
+    """An attention mask as torch's masked_fill writes it: Where(~mask, -inf, 0) added to the scores,
+    then Softmax (khmer_segmenter's attention). A quantized -inf is refused by QNN (error 6007)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.3).astype(np.float32), "w")
+    ninf = numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")
+    zero = numpy_helper.from_array(np.zeros((1, 16), np.float32), "zero")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="/attn/scores/MatMul"),
+             helper.make_node("Not", ["keep"], ["drop"], name="/attn/mask/Not"),
+             helper.make_node("Where", ["drop", "ninf", "zero"], ["masked_fill"], name="/attn/mask/Where"),
+             helper.make_node("Add", ["s", "masked_fill"], ["sm"], name="/attn/mask/Add"),
+             helper.make_node("Softmax", ["sm"], ["y"], name="/attn/softmax/Softmax", axis=-1)]
+    return _save(nodes, "masked_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
+                                           helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 16])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], [w, ninf, zero], path)

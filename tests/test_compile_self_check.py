@@ -304,3 +304,24 @@ def _waveform_model(path):
     nodes = [helper.make_node("Abs", ["audio"], ["y"], name="/env/Abs")]
     return _save(nodes, "waveform", [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 16000])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16000])], [], path)
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_an_infinite_attention_mask_compiles_quantized(tmp_path, monkeypatch, repaired):
+    """masked_fill(mask, -inf) at 8a8w: QNN refuses the graph at the mask's Quantize (error 6007;
+    khmer_segmenter). Unrepaired, compile's error names that node (from the audit of the EP's log,
+    not the EP's bare `Failed to compose Qnn graph`); repaired (-inf → -100), it compiles and passes."""
+    from modelexport.core.errors import ToolchainError
+    from onnx_models import masked_softmax
+    if not repaired:
+        _without(monkeypatch, "finite-masks")
+    model = masked_softmax(tmp_path / "m.onnx")
+    if not repaired:
+        with pytest.raises(ToolchainError) as e:
+            modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random",
+                                use_cache=False)
+        assert "masked_fill_QuantizeLinear" in e.value.problem and "6007" in e.value.problem
+        return
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random",
+                            use_cache=False)
+    assert b.manifest.numerics["passed"]

@@ -256,7 +256,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     timings["compile_s"] = round(time.perf_counter() - t0, 3)
     temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
-        results = raise_first_error(outcomes)
+        results = raise_first_error(_name_refused_nodes(outcomes, jobs, prepared, opts))
         numerics = _self_check(prepared, jobs, results, report, timings, _pass_mark(opts)) \
             if fmt.runs_here and getattr(opts, "self_check", True) else []
         if getattr(opts, "strict_numerics", False):   # the VLM's vision part passes plain CompileOptions
@@ -270,6 +270,29 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
             for p in prepared:
                 if p.work.get("qdq_entry"):
                     shutil.rmtree(p.work["qdq_entry"], ignore_errors=True)
+
+
+def _name_refused_nodes(outcomes: list, jobs: list[dict], prepared: list[_Part], opts) -> list:
+    """A graph QNN refused to build (`Failed to compose Qnn graph`): the audit names the node from the EP's
+    log, and its message replaces the EP's bare one."""
+    from ...toolchain.ort_qnn_log import is_graph_refusal
+    from .audit import audit_onnx
+    by_part = {p.name: p for p in prepared}
+    out = []
+    for job, r in zip(jobs, outcomes):
+        if isinstance(r, ToolchainError) and is_graph_refusal(r.problem):
+            p = by_part[job["part"]]
+            try:
+                rep = audit_onnx(p.loaded.model, job["target"], p.precision.name,
+                                 calibration=[dict(s) for s in p.calibration.samples] if p.calibration else None)
+            except Exception:     # best effort: the EP's own message stands
+                rep = None
+            blocked = [n for n in (rep.nodes if rep else []) if n.backend == "blocks"]
+            if blocked:
+                r = ToolchainError(f"QNN refused to build {p.name} for {job['target']} at " + "; ".join(
+                    f"{n.name} ({n.op_type}): {n.reason}" for n in blocked[:3]), blocked[0].fix)
+        out.append(r)
+    return out
 
 
 def _pass_mark(opts) -> float | None:
