@@ -3,12 +3,16 @@
 A token-id or byte input reaches a Gather over an embedding table (or a OneHot of a fixed depth)
 through casts and reshapes; random calibration and verify data must stay below the table's size, or
 the float model refuses to run (`indices element out of data bounds`). The limit is the smallest
-table an input reaches.
+table an input reaches. A table that ships quantized is an initializer behind a Cast, a
+DequantizeLinear or a Mul by its scale (minilm_l6_int8's word embeddings: int8 → Cast → Mul); its
+size is the initializer's.
 """
 from __future__ import annotations
 
 # ops a value passes through unchanged in range
 _PASS = {"Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "Slice", "Expand", "Tile"}
+# ops between a quantized table and its Gather that keep its shape (the other inputs: scale, zero point)
+_DEQUANT = {"Cast", "Identity", "DequantizeLinear", "Mul", "Div"}
 
 
 def index_limits(model) -> dict[str, int]:
@@ -19,6 +23,7 @@ def index_limits(model) -> dict[str, int]:
     consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
               if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
     shapes.update({k: list(v.shape) for k, v in consts.items()})
+    _add_dequantized_tables(g, shapes)
     consumers: dict[str, list] = {}
     for n in g.node:
         for i, t in enumerate(n.input):
@@ -62,3 +67,31 @@ def _table_size(node, idx: int, shapes, consts) -> int | None:
     if node.op_type == "OneHot" and idx == 0 and node.input[1] in consts:
         return int(consts[node.input[1]].reshape(-1)[0])
     return None
+
+
+def _add_dequantized_tables(g, shapes: dict[str, list]) -> None:
+    """Give a Gather's data that is a Cast / DequantizeLinear / Mul-by-scale chain over constants their shape."""
+    producers = {o: n for n in g.node for o in n.output if o}
+    for n in g.node:
+        if n.op_type == "Gather" and n.input[0] not in shapes:
+            shape = _dequantized_shape(n.input[0], shapes, producers, 0)
+            if shape is not None:
+                shapes[n.input[0]] = shape
+
+
+def _dequantized_shape(t: str, shapes, producers, depth: int) -> list | None:
+    if t in shapes:
+        return shapes[t]
+    p = producers.get(t)
+    if p is None or p.op_type not in _DEQUANT or depth > 8:
+        return None
+    if p.op_type in ("Mul", "Div"):            # table times its scale: both sides constant, the broadcast shape
+        sides = [_dequantized_shape(i, shapes, producers, depth + 1) for i in p.input]
+        if any(side is None for side in sides):
+            return None
+        import numpy as np
+        try:
+            return list(np.broadcast_shapes(*(tuple(side) for side in sides)))
+        except ValueError:
+            return None
+    return _dequantized_shape(p.input[0], shapes, producers, depth + 1)

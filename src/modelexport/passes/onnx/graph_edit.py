@@ -1,6 +1,7 @@
 """Small in-place edits of an ONNX graph for the repairs: producer and consumer lookups, nodes
 marked dead, tensors renamed to others, new float initializers; `commit()` writes them back (a graph
-output that was renamed away keeps its name through an Identity)."""
+output that was renamed away keeps its name through an Identity; the value_info of tensors gone or
+retyped goes with them)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,6 +20,7 @@ class GraphEdit:
         self.dead: set[int] = set()
         self.new_inits: dict[str, np.ndarray] = {}
         self.rename: dict[str, str] = {}
+        self.retyped: set[str] = set()         # tensors whose element type an edit changed: their value_info goes
 
     def producer(self, t: str):
         return next((n for n in self.nodes if t in n.output and id(n) not in self.dead), None)
@@ -46,6 +48,10 @@ class GraphEdit:
                 self.new_inits[out + "_w"] = self.new_inits.pop(out)
         del g.node[:]
         g.node.extend(keep + extra)
+        produced = {o for n in g.node for o in n.output}
+        stale = [v for v in g.value_info if v.name in self.retyped or v.name not in produced]
+        for v in stale:
+            g.value_info.remove(v)
         used = {t for n in g.node for t in n.input}
         kept = [t for t in g.initializer if t.name in used and t.name not in self.new_inits]
         del g.initializer[:]
