@@ -5,16 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _save(nodes, name: str, inputs, outputs, inits, path: Path) -> Path:
-    import onnx
-    from onnx import helper
-    g = helper.make_graph(nodes, name, inputs, outputs, inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    onnx.checker.check_model(m)
-    onnx.save(m, str(path))
-    return path
+from onnx_models import _save
 
 
 def shared_bias_suffix_clash(path: Path) -> Path:
