@@ -83,6 +83,18 @@ def sum_of_squares(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], [axes], path)
 
 
+def input_sensitive(path: Path) -> Path:
+    """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
+    as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model
+    alone says so."""
+    from onnx import TensorProto, helper, numpy_helper
+    k = numpy_helper.from_array(np.array(1e4, np.float32), "k")
+    nodes = [helper.make_node("Mul", ["x", "k"], ["xk"], name="/freq/Mul"),
+             helper.make_node("Sin", ["xk"], ["y"], name="/freq/Sin")]
+    return _save(nodes, "input_sensitive", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [k], path)
+
+
 def token_embedding(path: Path, vocab: int = 54) -> Path:
     """int64 token ids → Cast → Gather over a 54-row embedding table → MatMul: random ids of 0..99
     are out of the table's bounds (a tokenizer-fed text model's first layer)."""

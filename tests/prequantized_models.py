@@ -42,10 +42,10 @@ def _int8(w: np.ndarray, per_channel: bool):
     return np.ascontiguousarray(q.transpose(0, 2, 1)), scale, np.zeros(scale.shape, np.int8)
 
 
-def _io(directions: int):
+def _io(directions: int, steps: int = STEPS):
     from onnx import TensorProto, helper
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [STEPS, 1, FEATURES])]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [STEPS, directions, 1, HIDDEN]),
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, FEATURES])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, directions, 1, HIDDEN]),
                helper.make_tensor_value_info("h", TensorProto.FLOAT, [directions, 1, HIDDEN])]
     return inputs, outputs
 
@@ -60,7 +60,7 @@ def float_lstm(path: Path, directions: int = 1) -> Path:
     return _save([node], "float_lstm", *_io(directions), inits, path)
 
 
-def dynamic_quantized_lstm(path: Path, directions: int = 1, per_channel: bool = False) -> Path:
+def dynamic_quantized_lstm(path: Path, directions: int = 1, per_channel: bool = False, steps: int = STEPS) -> Path:
     """com.microsoft DynamicQuantizeLSTM as ONNX Runtime's quantize_dynamic writes it: int8 W [D, in, 4H]
     and R [D, H, 4H], scales per direction (or per channel), float bias. No QNN op: it stays on the CPU."""
     from onnx import helper, numpy_helper
@@ -73,7 +73,7 @@ def dynamic_quantized_lstm(path: Path, directions: int = 1, per_channel: bool = 
                                                     "W_scale", "W_zero_point", "R_scale", "R_zero_point"], ["y", "h"],
                             name="/rnn/LSTM_quant", domain="com.microsoft", hidden_size=HIDDEN,
                             direction="bidirectional" if directions == 2 else "forward")
-    return _save([node], "dynamic_quantized_lstm", *_io(directions), inits, path, (("", 17), ("com.microsoft", 1)))
+    return _save([node], "dynamic_quantized_lstm", *_io(directions, steps), inits, path, (("", 17), ("com.microsoft", 1)))
 
 
 def dynamic_quantized_conv(path: Path) -> Path:

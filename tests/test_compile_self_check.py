@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import modelexport
-from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, jax_softmax, log_power, prequantized_qdq,
-                         rsqrt_scale, sum_of_squares, token_embedding)
+from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, log_power,
+                         prequantized_qdq, rsqrt_scale, sum_of_squares, token_embedding)
 
 
 def _samples(tmp_path, name, make, n=4):
@@ -77,6 +77,18 @@ def test_fp16_overflow_is_named_and_the_fix_given_works(tmp_path):
     assert "--precision 16a16w" in fix
     q = modelexport.compile(str(model), output=tmp_path / "q", target="SM8650", precision="16a16w", calibration=str(cal))
     assert q.manifest.numerics["passed"] is True          # what the fix says, measured
+
+
+def test_a_model_unstable_on_its_inputs_is_said_to_be_so_not_blamed_on_a_layer(tmp_path):
+    """When the float model alone falls below the mark with its inputs rounded to float16, no compile
+    passes: the check says so (and which inputs it used) instead of naming a layer."""
+    from modelexport.core.numerics_advice import numerics_fix_for, numerics_line
+    b = modelexport.compile(str(input_sensitive(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration="random")
+    num = b.manifest.numerics
+    assert num["passed"] is False and num["input_floor_db"] < 10 and "first_bad_layer" not in num
+    assert "the float model alone falls to" in numerics_line(num)
+    assert "these samples are random" in numerics_fix_for(num, False)
 
 
 def test_strict_numerics_exits_7_and_writes_nothing(tmp_path, cli):

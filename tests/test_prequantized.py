@@ -10,7 +10,7 @@ import pytest
 
 import modelexport
 from modelexport.passes.onnx import RepairContext, apply_repairs
-from modelexport.passes.onnx.dequantize import dequantize
+from modelexport.passes.onnx.dequantize import MAX_LSTM_STEPS, dequantize
 from prequantized_models import (FEATURES, STEPS, composed_opsets, dynamic_quantized_conv, dynamic_quantized_lstm,
                                  float_lstm, int8_table_gather, scaled_int8_table)
 
@@ -65,6 +65,19 @@ def test_dynamic_quantize_lstm_runs_on_the_htp(tmp_path, precision):
     assert _repair(b, "dequantize")["dynamic_lstms"] == 1
     assert _cpu_fallbacks(b) == []
     assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
+def test_a_long_int8_lstm_stays_as_shipped_on_the_cpu_and_audit_says_why(tmp_path):
+    """QNN unrolls an LSTM into one cell per step: over MAX_LSTM_STEPS steps (both directions counted)
+    the compile took minutes on real models, so the int8 LSTM stays on the CPU as shipped; the record
+    says so, and audit's fix for it is about the LSTM, not "give static shapes" (every shape is fixed)."""
+    path = dynamic_quantized_lstm(tmp_path / "m.onnx", directions=2, steps=MAX_LSTM_STEPS // 2 + 1)
+    m = onnx.load(str(path))
+    assert dequantize(m, RepairContext()) is None          # nothing else to fold: the model is left as it is
+    assert [n.op_type for n in m.graph.node] == ["DynamicQuantizeLSTM"]
+    report = modelexport.audit(str(path), target=TARGET, precision="fp16")
+    (row,) = [n for n in report.nodes if n.backend == "CPU"]
+    assert row.op_type == "DynamicQuantizeLSTM" and "time steps" in row.fix and "static shapes" not in row.fix
 
 
 def test_conv_integer_with_its_int32_bias_compiles_at_8a8w(tmp_path):

@@ -46,8 +46,13 @@ ET_RULES: tuple[FixRule, ...] = (
 )
 
 RULES: tuple[FixRule, ...] = ET_RULES + (
+    FixRule("ONNX Runtime's int8 LSTM has no QNN op: modelexport gives the HTP a float LSTM when the model's LSTMs "
+            "take at most 64 time steps in all (QNN unrolls one cell per step and direction); otherwise they run on "
+            "the CPU as shipped. To put them on the HTP, compile a shorter window if the time axis is an input "
+            "(--input-shape NAME=1,16,40) and run the model over the sequence window by window",
+            op_types=("DynamicQuantizeLSTM",)),
     FixRule("give static shapes: --input-shape NAME=1,3,224,224 for every dynamic input (the HTP runs static graphs only)",
-            reason=r"cannot get shape|dynamic|shape must be static|unknown (rank|dim)"),
+            reason=r"cannot get shape|dynamic (shape|dim|input)|shape must be static|unknown (rank|dim)"),
     FixRule("data-dependent output size: move it into CPU post-processing, or use a fixed-size mask (Where / Greater) instead",
             op_types=("NonZero", "Unique", "NonMaxSuppression", "Compress")),
     FixRule("compile with a precision (the default compile flow runs qnn_preprocess_model, which fuses the Erf-based GELU "

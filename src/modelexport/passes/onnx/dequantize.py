@@ -27,6 +27,10 @@ _KNOWN = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMul
 _MOVE = {"Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Expand", "Tile"}
 # what a folded integer op leaves behind unread: the quantizer, its scale products, the int32 bias chain
 _LEFTOVER = {"DynamicQuantizeLinear", "Mul", "Div", "Floor", "Cast", "Reshape"}
+# QNN unrolls an LSTM into one cell per time step and direction: ddddocr's 40 steps compile in 19 s,
+# voicefilter's 3 × 80 steps took 337-501 s and lost 8 dB at 8a8w. Above this many steps in the
+# whole model the int8 LSTMs stay as shipped (DynamicQuantizeLSTM, on the CPU).
+MAX_LSTM_STEPS = 64
 
 
 @onnx_repair("dequantize", 5, "a model shipped quantized (QDQ or dynamic int8) is taken back to float; its encodings are dropped")
@@ -37,7 +41,9 @@ def dequantize(model, ctx: RepairContext) -> dict | None:
     weight_only = g.fold_weight_only()
     dynamic = g.fold_dynamic_matmuls()
     convs = g.fold_dynamic_matmuls(op="ConvInteger")
-    lstms = g.fold_dynamic_lstms()
+    steps = _lstm_steps(model)
+    lstms = g.fold_dynamic_lstms() if steps is not None and steps <= MAX_LSTM_STEPS else 0
+    kept = 0 if lstms else sum(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
     g.drop_unread()
     weights = g.fold_weight_dequantize()
     tables = g.fold_table_dequantize()
@@ -45,13 +51,59 @@ def dequantize(model, ctx: RepairContext) -> dict | None:
     if not weight_only + dynamic + convs + lstms + weights + tables + pairs:
         return None                     # nothing it knows how to fold (a second round finds nothing new)
     g.commit()
+    note = "the model shipped quantized: compiled from its float equivalent, its own encodings not kept"
+    extra_lstm = {}
+    if kept:
+        note += f"; its {kept} int8 LSTM(s) stay as shipped, on the CPU"
+        extra_lstm = {"lstms_kept_int8": kept, "lstm_steps": steps,
+                      "lstm_why": f"QNN unrolls an LSTM into one cell per time step ({steps or 'an unknown number'} "
+                                  f"here, more than {MAX_LSTM_STEPS}): minutes to compile, and 8-bit state drifts"}
     left = sorted({n.op_type for n in model.graph.node if n.op_type in _KNOWN or n.op_type.startswith(("QLinear", "DynamicQuantize"))
                    or n.op_type.endswith("Integer")})
     extra = {k: v for k, v in (("weight_only_int8", weight_only), ("dynamic_convs", convs), ("dynamic_lstms", lstms),
                                ("tables_dequantized", tables)) if v}
     return {"weights_dequantized": weights, "activation_pairs_dropped": pairs, "dynamic_matmuls": dynamic, **extra,
-            **({"left_quantized": left} if left else {}),
-            "note": "the model shipped quantized: compiled from its float equivalent, its own encodings not kept"}
+            **extra_lstm, **({"left_quantized": left} if left else {}), "note": note}
+
+
+def _lstm_steps(model) -> int | None:
+    """Time steps × directions summed over the model's DynamicQuantizeLSTMs; None when a length is
+    not known. On the way, each one's outputs get their value_info (ONNX does not infer com.microsoft
+    ops): without them nothing after an LSTM kept on the CPU had a type, and the quantizer found no
+    range for it (tashkeel: `Unable to get valid quantization scale for input 'gemm_input_reshape_arg'`)."""
+    total = 0
+    for n in [n for n in model.graph.node if n.op_type == "DynamicQuantizeLSTM"]:
+        x = _inferred_shape(model, n.input[0])
+        hidden = next((a.i for a in n.attribute if a.name == "hidden_size"), 0)
+        both = 2 if any(a.name == "direction" and a.s == b"bidirectional" for a in n.attribute) else 1
+        if x is None or len(x) != 3 or not all(isinstance(d, int) for d in x[:2]) or not hidden:
+            return None
+        _add_value_info(model, n.output, [[x[0], both, x[1], hidden], [both, x[1], hidden], [both, x[1], hidden]])
+        total += x[0] * both
+    return total
+
+
+def _inferred_shape(model, tensor: str) -> list | None:
+    import onnx
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:              # noqa: BLE001 - shapes are a hint here; unknown keeps the LSTMs as shipped
+        return None
+    for v in list(graph.value_info) + list(graph.input):
+        if v.name == tensor and v.type.tensor_type.HasField("shape"):
+            return [d.dim_value or d.dim_param or None for d in v.type.tensor_type.shape.dim]
+    return None
+
+
+def _add_value_info(model, outputs, shapes) -> None:
+    """Typed outputs (replacing the exporter's symbolic ones: the input shapes are fixed by now)."""
+    from onnx import TensorProto, helper
+    names = {o for o in outputs if o} - {o.name for o in model.graph.output}
+    for v in [v for v in model.graph.value_info if v.name in names]:
+        model.graph.value_info.remove(v)
+    for name, shape in zip(outputs, shapes):
+        if name in names:
+            model.graph.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
 
 
 def _weight_only(model) -> bool:
