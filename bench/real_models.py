@@ -78,7 +78,7 @@ def one(name: str, precision: str, work: Path) -> dict:
     man = b.manifest
     num = man.numerics or {}
     row["self_check"] = {"passed": num.get("passed"), "outputs": [o.get("sqnr_db") for o in num.get("outputs", [])],
-                         "first_bad_layer": num.get("first_bad_layer")}
+                         "first_bad_layer": num.get("first_bad_layer"), "input_floor_db": num.get("input_floor_db")}
     if man.precision_search:
         s = man.precision_search
         row["auto"] = {"flags": s["flags"], "passed": s["passed"], "cycles_vs_8a8w": s["cycles_vs_8a8w"],

@@ -309,6 +309,31 @@ def test_eval_three_stages(bundle, cli, work):
     assert set(res["stages"]) == {"float", "fake-quant", "htp-sim"}
     assert all(np.isfinite(r["perplexity"]) for r in res["stages"].values())
     assert res["sqnr"]["fake-quant vs htp-sim"]["sqnr_db"] >= 35     # issue 17's bar (measured 46.5)
+    # scored after the tokens compile calibrated on, and says so
+    rounding = bundle.manifest.llm.weight_rounding
+    read = max(bundle.manifest.calibration["llm"]["tokens"], rounding.tokens if rounding else 0)
+    assert res["text_span"]["first_token"] == read and res["text_span"]["held_out"], res["text_span"]
+
+
+def test_eval_scores_the_calibration_text_after_what_compile_read():
+    """A bundle calibrated on the default essay is scored on its tokens after the calibration samples,
+    the 4-bit rounding's moments and the quality recipe's held-out span; another text from its start."""
+    from types import SimpleNamespace
+
+    from modelexport.llm.text import read_text
+    from modelexport.runtime.evaluate import held_out_span
+    txt = read_text(None)
+    llm = SimpleNamespace(weight_rounding=None, quality_recipe=None)
+    bundle = SimpleNamespace(manifest=SimpleNamespace(calibration={"llm": {"sha256": txt.sha256, "tokens": 5000}}, llm=llm))
+    assert held_out_span(bundle, txt) == {"first_token": 5000, "held_out": True,
+                                          "note": "the bundle's calibration text, after the first 5000 tokens compile read"}
+    bundle.manifest.calibration["llm"]["tokens"] = 600
+    llm.weight_rounding = SimpleNamespace(tokens=2048)
+    assert held_out_span(bundle, txt)["first_token"] == 2048
+    llm.quality_recipe = SimpleNamespace()
+    assert held_out_span(bundle, txt)["first_token"] == 3072          # ROUNDING_TOKENS + HELD_OUT_TOKENS
+    bundle.manifest.calibration["llm"]["sha256"] = "0" * 64
+    assert held_out_span(bundle, txt)["first_token"] == 0
 
 
 def test_plain_verify_of_an_llm_bundle_points_to_per_layer_and_eval(bundle):

@@ -73,7 +73,8 @@ def test_a_long_int8_lstm_stays_as_shipped_on_the_cpu_and_audit_says_why(tmp_pat
     says so, and audit's fix for it is about the LSTM, not "give static shapes" (every shape is fixed)."""
     path = dynamic_quantized_lstm(tmp_path / "m.onnx", directions=2, steps=MAX_LSTM_STEPS // 2 + 1)
     m = onnx.load(str(path))
-    assert dequantize(m, RepairContext()) is None          # nothing else to fold: the model is left as it is
+    rec = dequantize(m, RepairContext())
+    assert rec["lstms_kept_int8"] == 1 and rec["lstm_steps"] == MAX_LSTM_STEPS + 2 and "compiled from" not in rec["note"]
     assert [n.op_type for n in m.graph.node] == ["DynamicQuantizeLSTM"]
     report = modelexport.audit(str(path), target=TARGET, precision="fp16")
     (row,) = [n for n in report.nodes if n.backend == "CPU"]

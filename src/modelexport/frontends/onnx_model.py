@@ -204,16 +204,27 @@ def _apply_shapes(model, shapes: dict[str, list[int]], inputs: list[IOSpec]) -> 
         del shape.dim[:]
         for d in dims:
             shape.dim.add().dim_value = d
-    # Stale symbolic shapes of intermediate values and outputs would contradict the fixed inputs.
+    # Stale symbolic shapes of intermediate values and outputs would contradict the fixed inputs; the
+    # static ones of ops ONNX cannot infer (com.microsoft: a repair typed them) are kept.
+    custom = {o for n in model.graph.node if n.domain not in ("", "ai.onnx") for o in n.output}
+    kept = [v for v in model.graph.value_info if v.name in custom and v.type.tensor_type.HasField("shape")
+            and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)]
     del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    symbolic = {}
     for o in model.graph.output:
         if o.type.tensor_type.HasField("shape") and any(not d.HasField("dim_value") for d in o.type.tensor_type.shape.dim):
+            symbolic[o.name] = onnx.TensorShapeProto()
+            symbolic[o.name].CopyFrom(o.type.tensor_type.shape)
             o.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as e:
         raise InputError(f"the fixed shapes do not fit the model: {str(e).splitlines()[0][:200]}",
                          "check the --input-shape values against the model's inputs") from None
+    for o in inferred.graph.output:      # not inferred (after an op ONNX does not know): the exporter's shape again
+        if o.name in symbolic and not o.type.tensor_type.HasField("shape"):
+            o.type.tensor_type.shape.CopyFrom(symbolic[o.name])
     model.CopyFrom(inferred)
 
 

@@ -242,9 +242,16 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
         if window > cpu.max_seq_len:
             raise InputError(f"--window {window} is longer than the CPU program's context {cpu.max_seq_len}",
                              f"use --window {cpu.max_seq_len} or less")
-    ids = tokenize(tok, txt.text, max_tokens)
+    span = held_out_span(bundle, txt)
+    ids = tokenize(tok, txt.text, span["first_token"] + max_tokens)[span["first_token"]:]
+    if len(ids) < 2:                  # compile read the whole text: it is all there is to score
+        span = {"first_token": 0, "held_out": False,
+                "note": "the calibration text itself, all of which compile read: give another with --perplexity FILE"}
+        ids = tokenize(tok, txt.text, max_tokens)
+    span["last_token"] = span["first_token"] + len(ids)
     short = ids[:sim_tokens]
     out: dict[str, Any] = {"model": str(src), "text": str(txt.path), "text_sha256": txt.sha256, "tokens": len(ids),
+                           "text_span": span,
                            "window": window, "max_seq_len": seq, "stages": {}, "short": {"tokens": len(short), "window": sim_window}}
     short_logits: dict[str, list[np.ndarray]] = {}
     n_short = -(-max(1, len(short) - 1) // sim_window)
@@ -293,6 +300,27 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             out["sqnr"][f"{a} vs {b}"] = {"sqnr_db": round(float(c["sqnr_db"]), 3), "cosine": None if c["cosine"] is None else round(c["cosine"], 6),
                                           "max_abs_error": round(c["max_abs_error"], 4), "top1_agreement": round(agree, 4)}
     return out
+
+
+def held_out_span(bundle, txt) -> dict[str, Any]:
+    """Where in the text scoring starts: after every token compile read (its calibration samples; the
+    4-bit rounding's input moments; the quality recipe's held-out span after those) when the text is
+    the bundle's calibration text; from its start otherwise."""
+    from ..llm.weight_quality import HELD_OUT_TOKENS
+    from ..quant.weight_rounding import ROUNDING_TOKENS
+    if bundle is None:
+        return {"first_token": 0, "held_out": True, "note": "nothing calibrated on it (a model, not a bundle)"}
+    cal = (bundle.manifest.calibration or {}).get("llm", {})
+    if cal.get("sha256") != txt.sha256:
+        return {"first_token": 0, "held_out": True, "note": "a text the bundle was not calibrated on"}
+    llm = getattr(bundle.manifest, "llm", None)
+    rounding = getattr(llm, "weight_rounding", None)
+    read = [int(cal.get("tokens") or 0), int(getattr(rounding, "tokens", 0) or 0)]
+    if getattr(llm, "quality_recipe", None) is not None:
+        read.append(ROUNDING_TOKENS + HELD_OUT_TOKENS)
+    start = max(read)
+    return {"first_token": start, "held_out": True,
+            "note": f"the bundle's calibration text, after the first {start} tokens compile read"}
 
 
 def _ppl_from_logits(logits: list[np.ndarray], ids: list[int], window: int) -> float:

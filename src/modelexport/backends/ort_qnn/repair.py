@@ -50,10 +50,9 @@ def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = Non
     done = apply_repairs(model, ctx)
     loaded = load_onnx(model, input_shapes, allow_dynamic=True)
     again = apply_repairs(loaded.model, RepairContext(quantized=quantized))
-    if again:
+    if again:          # shapes inferred again from the fixed inputs through what the second round changed
         shapes = loaded.fixed_shapes
-        loaded = load_onnx(loaded.model, None, allow_dynamic=True)
-        loaded.fixed_shapes = shapes
+        loaded = load_onnx(loaded.model, shapes or None, allow_dynamic=True)
     loaded.path, loaded.sha256 = first.path, first.sha256
     loaded.repairs, loaded.detached_metadata = _merge(done + again), ctx.detached_metadata
     if not allow_control_flow and (cf := control_flow_fix(loaded.model)):

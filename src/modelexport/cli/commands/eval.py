@@ -15,7 +15,7 @@ def eval_cmd(
     model: Path = typer.Argument(..., help="An LLM bundle (float, fake-quant, htp-sim), a .gguf / Hugging Face folder (float, cpu) or an ExecuTorch LLM .pte (cpu)."),
     perplexity: Optional[Path] = typer.Option(None, "--perplexity", help="Plain-text file to score (default: lee_background.cor)."),
     window: int = typer.Option(512, "--window", help="Tokens per window for float and fake-quant (at most the bundle's max_seq_len)."),
-    max_tokens: int = typer.Option(2048, "--tokens", help="Score the first N tokens of the text (float, fake-quant)."),
+    max_tokens: int = typer.Option(2048, "--tokens", help="Score N tokens of the text (float, fake-quant): of the bundle's calibration text, those after what compile calibrated on."),
     sim_window: int = typer.Option(64, "--sim-window", help="Tokens per window on the HTP simulator (slow: keep it short)."),
     sim_tokens: int = typer.Option(64, "--sim-tokens", help="Tokens scored on the simulator (also the span the SQNR compares)."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim, cpu (the CPU runtime's program that `generate` runs; default: float, fake-quant, htp-sim for a bundle, float for a model)."),
@@ -48,5 +48,8 @@ def eval_cmd(
         t.add_row(k, str(r["tokens"]), str(r["window"]), f"{r['perplexity']:.3f}",
                   f"{res['short']['perplexity'].get(k, float('nan')):.3f}", f"{r['seconds']:.1f}")
     console.print(t)
+    span = res["text_span"]
+    console.print(f"  text: tokens {span['first_token']:,}-{span['last_token']:,} of {Path(res['text']).name} "
+                  f"({span['note']})")
     for pair, c in res["sqnr"].items():
         console.print(f"  logits {pair}: SQNR {c['sqnr_db']:.2f} dB, cosine {'n/a' if c['cosine'] is None else format(c['cosine'], '.5f')}, top-1 agreement {c['top1_agreement']:.2%}")

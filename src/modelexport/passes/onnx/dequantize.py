@@ -43,27 +43,38 @@ def dequantize(model, ctx: RepairContext) -> dict | None:
     convs = g.fold_dynamic_matmuls(op="ConvInteger")
     steps = _lstm_steps(model)
     lstms = g.fold_dynamic_lstms() if steps is not None and steps <= MAX_LSTM_STEPS else 0
-    kept = 0 if lstms else sum(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
+    # unknown steps (the first round, before the input shapes are fixed): decided in the second round
+    kept = 0 if lstms or steps is None else sum(n.op_type == "DynamicQuantizeLSTM" for n in model.graph.node)
     g.drop_unread()
     weights = g.fold_weight_dequantize()
     tables = g.fold_table_dequantize()
     pairs = g.drop_activation_pairs()
-    if not weight_only + dynamic + convs + lstms + weights + tables + pairs:
+    folded = weight_only + dynamic + convs + lstms + weights + tables + pairs
+    if not folded and not kept:
         return None                     # nothing it knows how to fold (a second round finds nothing new)
     g.commit()
-    note = "the model shipped quantized: compiled from its float equivalent, its own encodings not kept"
-    extra_lstm = {}
-    if kept:
-        note += f"; its {kept} int8 LSTM(s) stay as shipped, on the CPU"
-        extra_lstm = {"lstms_kept_int8": kept, "lstm_steps": steps,
-                      "lstm_why": f"QNN unrolls an LSTM into one cell per time step ({steps or 'an unknown number'} "
-                                  f"here, more than {MAX_LSTM_STEPS}): minutes to compile, and 8-bit state drifts"}
     left = sorted({n.op_type for n in model.graph.node if n.op_type in _KNOWN or n.op_type.startswith(("QLinear", "DynamicQuantize"))
                    or n.op_type.endswith("Integer")})
     extra = {k: v for k, v in (("weight_only_int8", weight_only), ("dynamic_convs", convs), ("dynamic_lstms", lstms),
                                ("tables_dequantized", tables)) if v}
     return {"weights_dequantized": weights, "activation_pairs_dropped": pairs, "dynamic_matmuls": dynamic, **extra,
-            **extra_lstm, **({"left_quantized": left} if left else {}), "note": note}
+            **_kept_lstms(kept, steps), **({"left_quantized": left} if left else {}), "note": _note(folded, kept)}
+
+
+def _note(folded: int, kept: int) -> str:
+    lstm = f"its {kept} int8 LSTM(s) stay as shipped, on the CPU" if kept else ""
+    if not folded:
+        return "the model shipped quantized: " + lstm
+    return ("the model shipped quantized: compiled from its float equivalent, its own encodings not kept"
+            + (f"; {lstm}" if lstm else ""))
+
+
+def _kept_lstms(kept: int, steps: int | None) -> dict:
+    if not kept:
+        return {}
+    return {"lstms_kept_int8": kept, "lstm_steps": steps,
+            "lstm_why": f"QNN unrolls an LSTM into one cell per time step ({steps} here, more than {MAX_LSTM_STEPS}): "
+                        "minutes to compile, and 8-bit state drifts"}
 
 
 def _lstm_steps(model) -> int | None:
@@ -86,7 +97,7 @@ def _lstm_steps(model) -> int | None:
 def _inferred_shape(model, tensor: str) -> list | None:
     import onnx
     try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
+        graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
     except Exception:              # noqa: BLE001 - shapes are a hint here; unknown keeps the LSTMs as shipped
         return None
     for v in list(graph.value_info) + list(graph.input):

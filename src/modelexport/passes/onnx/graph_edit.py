@@ -1,7 +1,7 @@
 """Small in-place edits of an ONNX graph for the repairs: producer and consumer lookups, nodes
 marked dead, tensors renamed to others, new float initializers; `commit()` writes them back (a graph
 output that was renamed away keeps its name through an Identity; the value_info of tensors gone or
-retyped goes with them)."""
+retyped goes with them, as does any without a shape)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +49,9 @@ class GraphEdit:
         del g.node[:]
         g.node.extend(keep + extra)
         produced = {o for n in g.node for o in n.output}
-        stale = [v for v in g.value_info if v.name in self.retyped or v.name not in produced]
+        # and those with a type but no shape (inferred past an op ONNX does not know): the checker refuses them
+        stale = [v for v in g.value_info if v.name in self.retyped or v.name not in produced
+                 or (v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape"))]
         for v in stale:
             g.value_info.remove(v)
         used = {t for n in g.node for t in n.input}
