@@ -255,6 +255,42 @@ def test_precision_auto_promotes_past_a_failing_8a8w(tmp_path):
     assert b.manifest.numerics["inputs"] == "held-out calibration"
 
 
+def _norm_error_metric(seed: int = 7):
+    """The user's metric: minus the largest error of the unit vectors against numpy's, on their own data."""
+    xs = [_big_input(np.random.default_rng(seed + i)) / 4 for i in range(3)]     # inside the calibrated range
+
+    def metric(predict) -> float:
+        return -max(float(np.abs(predict({"x": x})["y"] - x / np.linalg.norm(x, axis=-1, keepdims=True)).max())
+                    for x in xs)
+    return metric
+
+
+def test_precision_auto_with_max_drop_holds_the_users_metric(tmp_path):
+    """--max-drop 0.002 of a metric the user computes: 8a8w's unit vectors are off by more than that;
+    the search promotes until the metric holds, and records float's value and each candidate's drop."""
+    cal = _samples(tmp_path, "big", _big_input, n=8)
+    b = modelexport.compile(str(sum_of_squares(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="auto", calibration=str(cal), max_drop=0.002, eval_fn=_norm_error_metric())
+    s = b.manifest.precision_search
+    chosen = s["candidates"][s["chosen"]]
+    assert s["metric"]["max_drop"] == 0.002 and s["metric"]["float"] > -1e-4
+    assert s["candidates"][0]["drop"] > 0.002 and not s["candidates"][0]["passed"]
+    assert s["passed"] and chosen["drop"] <= 0.002 and chosen["flags"] != "--precision 8a8w"
+
+
+def test_max_drop_needs_precision_auto_and_an_eval_fn(tmp_path, cli):
+    from conftest import assert_clean_error
+    model = str(conv_relu(tmp_path / "m.onnx"))
+    r = cli("compile", model, "-t", "SM8650", "-p", "8a8w", "--calibration", "random", "--max-drop", "0.01", "-o",
+            str(tmp_path / "b"))
+    assert_clean_error(r, "--max-drop and --eval-fn are the budget of --precision auto's search")
+    (tmp_path / "ev.py").write_text("def accuracy(predict):\n    return 1.0\n")
+    r = cli("compile", model, "-t", "SM8650", "-p", "auto", "--calibration", "random", "--eval-fn",
+            f"{tmp_path / 'ev.py'}:top1", "--max-drop", "0.01", "-o", str(tmp_path / "b"))
+    assert_clean_error(r, "has no function 'top1'")
+    assert not (tmp_path / "b").exists()
+
+
 def test_precision_auto_with_a_budget_nothing_meets_exits_5_and_says_the_best(tmp_path, cli):
     cal = _samples(tmp_path, "log", _log_input, n=8)
     out = tmp_path / "b"

@@ -117,6 +117,8 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
+    ONNX models also strict_numerics, min_sqnr, image_mean, image_std and, with precision="auto", max_drop and
+    eval_fn (metric(predict) -> float, or "FILE.py:FUNCTION");
     PyTorch models also block_size, rewrites, fallback, dynamic_shapes, strict_numerics; LLMs (GGUF / HF folder) also
     block_size, variants, max_seq_len, context_limit_mb, host_chunk_mb, calibration_samples, rounding, max_ppl_ratio,
     inputs (tokens | embeddings | both), embedder_precision; vision-language models also vision_precision,
@@ -204,6 +206,9 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
             p.precision = be.default_precision
     opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
                                       "output_format": options.get("output_format") or be.default_format})
+    if not any(p.precision == "auto" for p in parts) and (options.get("max_drop") is not None or options.get("eval_fn")):
+        raise InputError("--max-drop and --eval-fn are the budget of --precision auto's search",
+                         "add --precision auto, or leave them out")
     if any(p.precision == "auto" for p in parts):
         from .sweeping.auto_precision import search_precision
         return search_precision(parts, output, opts, force, be.compile, progress)

@@ -51,6 +51,8 @@ class OnnxCompileOptions(CompileOptions):
     """ONNX → context binaries / EPContext models / DLC."""
     strict_numerics: bool = False                        # compile's own numerics below the pass mark: exit 7, nothing written
     min_sqnr: Any = None                                 # the pass mark (dB), or --precision auto's budget (also NAME=DB)
+    max_drop: float | None = None                        # --precision auto: the task metric may fall this much below float's
+    eval_fn: Any = None                                  # its metric: metric(predict) -> float, a callable or "FILE.py:FUNCTION"
     self_check: bool = True                              # run compile's own numerics check (--precision auto's candidates: no)
     image_mean: Any = None                               # --calibration photos/: "R,G,B" on 0..1 pixels (default 0)
     image_std: Any = None                                # (default 1)

@@ -72,8 +72,8 @@ def numerics_line(num: dict[str, Any]) -> str:
     head = (f"{num.get('part')}@{num.get('target')}: worst output {worst['name']} {_db(worst['sqnr_db'])} dB "
             f"(pass mark {num.get('threshold_db'):g}, {num.get('samples')} {num.get('inputs')} sample(s))")
     if not num.get("passed") and num.get("input_floor_db") is not None:
-        return (f"{head}; the float model alone falls to {_db(num['input_floor_db'])} dB when its inputs are rounded "
-                "to float16 (on the CPU, nothing compiled): it is unstable on these inputs, so no compile can pass")
+        return (f"{head}; the float model alone falls to {_db(num['input_floor_db'])} dB when only its inputs are "
+                "rounded to float16 (on the CPU, nothing compiled): no compile can pass this mark on these inputs")
     bad = num.get("first_bad_layer")
     if num.get("passed") or not bad:
         return head
@@ -89,8 +89,9 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     random = "random" in str(num.get("inputs", ""))
     if num.get("input_floor_db") is not None:
         return ("check on inputs the model really runs on (compile --calibration DIR, verify BUNDLE --input FILE)"
-                + (": these samples are random" if random else "") + "; if it is as unstable on those, no NPU precision "
-                "holds it (the HTP takes float16 inputs at best): run it on the CPU")
+                + (": these samples are random" if random else "") + "; if it is as sensitive on those, no NPU "
+                "precision holds it (the HTP takes float16 inputs at best): accept the lower mark (verify --min-sqnr "
+                "DB) or run the model on the CPU")
     if bad.get("htp_departure"):
         return (f"the HTP computes {bad.get('op_type')} at {bad.get('node')} differently from ONNX Runtime on the CPU "
                 "(the same graph matches the float model there): compile at --precision fp16"

@@ -7,16 +7,14 @@ each node's `nn_module_stack`, which the audit reads.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..core.errors import InputError
-from .user_code import call_user
+from .user_code import call_user, user_function
 
 
 @dataclass
@@ -97,21 +95,8 @@ def from_module(module: Any, example_inputs: Any, source: str = "<nn.Module>") -
 
 def load_factory(spec: str) -> LoadedModule:
     """`path/to/model.py:factory` → call factory() in a fresh module namespace."""
-    file_part, _, func = spec.rpartition(":")
-    path = Path(file_part)
-    if not file_part or not func:
-        raise InputError(f"{spec!r} is not FILE.py:FACTORY", "name a Python file and a function in it, e.g. model.py:build")
-    if not path.is_file():
-        raise InputError(f"{path} does not exist", "check the path of the Python file")
-    mod_name = f"_modelexport_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
-    spec_obj = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec_obj)
-    sys.modules[mod_name] = module
-    call_user(spec_obj.loader.exec_module, f"importing {path.name}", path, module)
-    factory = getattr(module, func, None)
-    if not callable(factory):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise InputError(f"{path} has no function {func!r}", f"functions defined there: {', '.join(names) or 'none'}")
+    factory, path = user_function(spec)
+    func = spec.rpartition(":")[2]
     made = call_user(factory, f"{path.name}:{func}", path)
     inputs = None
     if isinstance(made, tuple) and len(made) == 2:

@@ -3,7 +3,10 @@ exception there is the user's to fix, so it becomes an InputError naming the fun
 and showing only the user's frames — none of modelexport's, the standard library's or a package's."""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import linecache
+import sys
 import sysconfig
 import traceback
 from pathlib import Path
@@ -49,3 +52,23 @@ def call_user(fn: Callable[..., Any], what: str, path: Path, *args: Any) -> Any:
         return fn(*args)
     except (Exception, SystemExit) as e:   # whatever the user's code raises (even sys.exit) is the user's to fix
         raise user_code_error(e, what, path) from None
+
+
+def user_function(spec: str, example: str = "model.py:build") -> tuple[Callable[..., Any], Path]:
+    """`path/to/file.py:function` → (the function, the file), the file imported in a fresh module."""
+    file_part, _, func = str(spec).rpartition(":")
+    path = Path(file_part)
+    if not file_part or not func:
+        raise InputError(f"{spec!r} is not FILE.py:FUNCTION", f"name a Python file and a function in it, e.g. {example}")
+    if not path.is_file():
+        raise InputError(f"{path} does not exist", "check the path of the Python file")
+    mod_name = f"_modelexport_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
+    spec_obj = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec_obj)
+    sys.modules[mod_name] = module
+    call_user(spec_obj.loader.exec_module, f"importing {path.name}", path, module)
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise InputError(f"{path} has no function {func!r}", f"functions defined there: {', '.join(names) or 'none'}")
+    return fn, path

@@ -10,6 +10,11 @@ scored on the simulator, and costed in simulator cycles (`profile --level detail
 CPU nodes than plain 8a8w is refused, and of those that pass the one with the fewest CPU nodes, then
 the fewest cycles, is chosen (a CPU node's time is not in the cycles). The chosen candidate is the bundle; the search (every candidate,
 its dB, cycles and the flags that reproduce it) is its manifest's `precision_search`.
+
+With `--max-drop D --eval-fn FILE.py:FUNCTION` a candidate must also hold the user's task metric:
+FUNCTION(predict) -> float (higher is better) is called with `predict(inputs) -> {output: array}`
+running the float model on the CPU once, then each candidate on the simulator; a candidate passes
+when float's value minus its value is at most D (and, if --min-sqnr is given too, the dB budget).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Any, Callable
 
 from ..backends.ort_qnn.compile import media_options
 from ..backends.ort_qnn.repair import load_repaired
+from ..backends.ort_qnn.run import CompiledGraph, SimulatorSession
 from ..backends.ort_qnn.self_check import htp_departure, measure
 from ..backends.spec import OnnxCompileOptions, PartSpec
 from ..contract import open_bundle
@@ -29,6 +35,7 @@ from ..contract.bundle import refresh_report, save_manifest
 from ..core.atomic import check_output
 from ..core.errors import InputError, ModelExportError, UnsupportedError, VerificationError
 from ..frontends.onnx_index_inputs import index_limits
+from ..frontends.user_code import call_user, user_function
 from ..profiling.ort_profile import profile_ort
 from ..quant import load_calibration
 from ..quant.per_layer import per_layer, suggest_module
@@ -50,6 +57,8 @@ class Candidate:
     cycles: float | None = None
     cpu_nodes: int = 0
     refused: str | None = None
+    metric: float | None = None          # the user's task metric on the simulator (--eval-fn)
+    drop: float | None = None            # float's metric minus this one
 
     @property
     def worst_db(self) -> float:
@@ -61,7 +70,54 @@ class Candidate:
     def to_dict(self) -> dict[str, Any]:
         return {"precision": self.precision, "overrides": self.overrides, "flags": self.flags(), "passed": self.passed,
                 "worst_sqnr_db": None if self.worst_db == float("-inf") else round(self.worst_db, 2),
-                "outputs": self.outputs, "cycles": self.cycles, "cpu_nodes": self.cpu_nodes, "refused": self.refused}
+                "outputs": self.outputs, "cycles": self.cycles, "cpu_nodes": self.cpu_nodes, "refused": self.refused,
+                **({"metric": self.metric, "drop": self.drop} if self.metric is not None else {})}
+
+
+@dataclass
+class TaskMetric:
+    """The user's metric(predict) and the most it may drop below float's value."""
+    fn: Callable[[Callable], float]
+    name: str
+    max_drop: float
+    float_value: float | None = None
+
+    def value(self, predict: Callable) -> float:
+        v = call_user(self.fn, self.name, Path(self.name.partition(":")[0]), predict)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            raise InputError(f"{self.name} returned {type(v).__name__} {str(v)[:60]!r}, not a number",
+                             "return one float from the metric (higher is better)") from None
+
+    def score(self, c: "Candidate", bundle) -> None:
+        if self.float_value is None:
+            import onnxruntime as ort
+            pm = bundle.manifest.parts[0]
+            ref = ort.InferenceSession(str(bundle.file(pm.files.float_model)), providers=["CPUExecutionProvider"])
+            names = [o.name for o in ref.get_outputs()]
+            self.float_value = self.value(lambda feed: dict(zip(names, ref.run(names, feed))))
+        g = bundle.manifest.graphs[0]
+        sim = SimulatorSession(CompiledGraph(None, "", g.target, bundle.file(g.epcontext_model), None, ""))
+        c.metric = self.value(lambda feed: sim.run(feed)[0])
+        c.drop = self.float_value - c.metric
+        c.passed = c.passed and c.drop <= self.max_drop
+
+
+def task_metric(opts) -> TaskMetric | None:
+    """--max-drop with --eval-fn (both or neither), as a TaskMetric."""
+    if opts.max_drop is None and opts.eval_fn is None:
+        return None
+    if opts.max_drop is None or opts.eval_fn is None:
+        raise InputError("--max-drop and --eval-fn go together: the drop is measured by the evaluation function",
+                         "give both, e.g. --max-drop 0.01 --eval-fn eval.py:accuracy (accuracy(predict) -> float)")
+    fn, name = opts.eval_fn, getattr(opts.eval_fn, "__name__", "the evaluation function")
+    if isinstance(fn, (str, Path)):
+        fn, path = user_function(str(fn), "eval.py:accuracy")
+        name = f"{path}:{str(opts.eval_fn).rpartition(':')[2]}"
+    elif not callable(fn):
+        raise InputError(f"eval_fn is a {type(fn).__name__}, not a function", "pass metric(predict) -> float or 'FILE.py:FUNCTION'")
+    return TaskMetric(fn, name, float(opts.max_drop))
 
 
 def parse_budget(spec: Any) -> dict[str, float]:
@@ -89,25 +145,29 @@ def search_precision(parts: list[PartSpec], out: str | Path, opts: OnnxCompileOp
     if opts.overrides:
         raise InputError("--precision auto chooses the overrides itself", "leave --override out, or give a precision")
     spec, budget = parts[0], parse_budget(opts.min_sqnr)
+    metric = task_metric(opts)
+    if metric is not None and opts.min_sqnr is None:
+        budget = {"*": float("-inf")}          # the task metric alone decides; the dB are still recorded
     calib, held_out = _split_samples(spec, opts)
     scratch = out.parent / f".{out.name}.auto"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     t0 = time.perf_counter()
     try:
-        cands = _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say)
+        cands = _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metric)
         chosen = _choose(cands)
         if not (chosen.path / "manifest.json").is_file():
             raise UnsupportedError(f"--precision auto: no candidate compiles ({'; '.join(c.flags() + ': ' + str(c.refused) for c in cands)[:600]})",
                                    "compile with one precision to see its error and fix, e.g. --precision 8a8w")
-        _keep(chosen, cands, out, force, budget, len(held_out), time.perf_counter() - t0)
+        _keep(chosen, cands, out, force, budget, len(held_out), time.perf_counter() - t0, metric)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     bundle = open_bundle(out)
     if not chosen.passed:
+        reach = f"{chosen.worst_db:.1f} dB" + (f", a drop of {chosen.drop:.4g}" if chosen.drop is not None else "")
         raise VerificationError(
-            f"--precision auto: no candidate meets --min-sqnr {_budget_text(budget)} on {len(held_out)} held-out sample(s); "
-            f"the best, {chosen.flags()}, reaches {chosen.worst_db:.1f} dB (kept in {out})",
+            f"--precision auto: no candidate meets {_budget_text(budget, metric)} on {len(held_out)} held-out sample(s); "
+            f"the best, {chosen.flags()}, reaches {reach} (kept in {out})",
             "calibrate on more representative data, lower the budget (--min-sqnr), or compile with the flags above "
             "and look at `modelexport verify BUNDLE --per-layer`")
     return bundle
@@ -127,29 +187,30 @@ def _split_samples(spec: PartSpec, opts) -> tuple[list[dict], list[dict]]:
     return samples[:-k], samples[-k:]
 
 
-def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say) -> list[Candidate]:
+def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metric=None) -> list[Candidate]:
     levels: dict[str, str] = {}                  # layer group → its promoted precision
-    base = _candidate(spec, "8a8w", [], calib, held_out, budget, opts, compile_fn, scratch, 0, say)
+    run = (spec, calib, held_out, budget, opts, compile_fn, scratch, say, metric)
+    base = _candidate(*run, "8a8w", [], 0)
     cands, cur = [base], base
     for _ in range(MAX_ROUNDS):
         if cur.passed or cur.refused:
             break
-        group = _culprit_group(cur, held_out, budget)
+        group = _culprit_group(cur, held_out, budget if min(budget.values()) > float("-inf") else {"*": DEFAULT_BUDGET_DB})
         if group is None or levels.get(group) == LADDER[-1]:
             break
         levels[group] = LADDER[LADDER.index(levels.get(group, LADDER[0])) + 1]
         overrides = [f"{re.escape(g)}={p}" for g, p in levels.items()]
-        cur = _candidate(spec, "8a8w", overrides, calib, held_out, budget, opts, compile_fn, scratch, len(cands), say)
+        cur = _candidate(*run, "8a8w", overrides, len(cands))
         _refuse_new_cpu(cur, base)
         cands.append(cur)
     for p in WHOLE:
-        c = _candidate(spec, p, [], calib, held_out, budget, opts, compile_fn, scratch, len(cands), say)
+        c = _candidate(*run, p, [], len(cands))
         _refuse_new_cpu(c, base)
         cands.append(c)
     return cands
 
 
-def _candidate(spec, precision, overrides, calib, held_out, budget, opts, compile_fn, scratch, i, say) -> Candidate:
+def _candidate(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metric, precision, overrides, i) -> Candidate:
     c = Candidate(precision, overrides, scratch / f"c{i}")
     say(f"candidate {i + 1}: {c.flags()}", i, i + 1)
     part = replace(spec, precision=precision, calibration=calib)
@@ -161,8 +222,11 @@ def _candidate(spec, precision, overrides, calib, held_out, budget, opts, compil
     pl = next(iter(b.manifest.placement[b.manifest.parts[0].name].values()))
     c.cpu_nodes = len(pl["cpu_fallbacks"])
     c.outputs, c.passed = _score(b, held_out, budget)
+    if metric is not None:
+        metric.score(c, b)
     c.cycles = profile_ort(b.path, runs=1, level="detailed").totals.get("qnn_accelerator_cycles_median")
-    say(f"candidate {i + 1}: worst {c.worst_db:.1f} dB, {c.cycles or 0:,.0f} cycles", i + 1, i + 1)
+    task = f", metric {c.metric:.4g} (drop {c.drop:.4g})" if c.metric is not None else ""
+    say(f"candidate {i + 1}: worst {c.worst_db:.1f} dB{task}, {c.cycles or 0:,.0f} cycles", i + 1, i + 1)
     return c
 
 
@@ -227,7 +291,8 @@ def _choose(cands: list[Candidate]) -> Candidate:
     return max((c for c in cands if not c.refused), key=lambda c: c.worst_db, default=cands[0])
 
 
-def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, budget, held: int, seconds: float) -> None:
+def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, budget, held: int, seconds: float,
+          metric: TaskMetric | None = None) -> None:
     tmp = out.parent / f".{out.name}.auto-chosen"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(chosen.path, tmp)
@@ -239,17 +304,21 @@ def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, bud
     b = open_bundle(out)
     base_cycles = cands[0].cycles
     b.manifest.precision_search = {
-        "budget_db": budget, "held_out_samples": held, "seconds": round(seconds, 1),
+        "budget_db": {k: v for k, v in budget.items() if v > float("-inf")}, "held_out_samples": held, "seconds": round(seconds, 1),
+        **({"metric": {"function": metric.name, "max_drop": metric.max_drop, "float": metric.float_value}} if metric else {}),
         "chosen": cands.index(chosen), "flags": chosen.flags(), "passed": chosen.passed,
         "cycles_vs_8a8w": round(chosen.cycles / base_cycles, 3) if chosen.cycles and base_cycles else None,
         "candidates": [c.to_dict() for c in cands]}
     b.manifest.numerics = {"outputs": [{"name": o["name"], "sqnr_db": o["sqnr_db"]} for o in chosen.outputs],
-                           "threshold_db": min(budget.values()), "samples": held, "inputs": "held-out calibration",
+                           "threshold_db": max(min(budget.values()), -999.0), "samples": held, "inputs": "held-out calibration",
                            "passed": chosen.passed, "part": b.manifest.parts[0].name, "target": b.manifest.targets[0],
                            "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
     save_manifest(b)
     refresh_report(b)
 
 
-def _budget_text(budget: dict[str, float]) -> str:
-    return ", ".join(f"{v:g}" if k == "*" else f"{k}={v:g}" for k, v in budget.items())
+def _budget_text(budget: dict[str, float], metric: TaskMetric | None = None) -> str:
+    parts = [f"--min-sqnr {', '.join(f'{v:g}' if k == '*' else f'{k}={v:g}' for k, v in budget.items() if v > float('-inf'))}"]
+    if metric is not None:
+        parts = [p for p in parts if p != "--min-sqnr "] + [f"--max-drop {metric.max_drop:g} of {metric.name}"]
+    return " and ".join(parts)

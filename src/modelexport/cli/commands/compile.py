@@ -178,6 +178,11 @@ def compile_cmd(
     min_sqnr: Optional[List[str]] = typer.Option(None, "--min-sqnr", help="ONNX models: the pass mark of compile's own check in "
                                                  "dB (default per precision); with --precision auto the budget every output "
                                                  "must meet (default 25), or NAME=DB for one output (repeatable)."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="ONNX models, --precision auto: the most the task metric "
+                                             "of --eval-fn may fall below the float model's (e.g. 0.01 of top-1 accuracy)."),
+    eval_fn: Optional[str] = typer.Option(None, "--eval-fn", help="ONNX models, --precision auto: FILE.py:FUNCTION, called as "
+                                          "FUNCTION(predict) -> float (higher is better) where predict({input: array}) "
+                                          "returns {output: array}; it runs your evaluation data through the model."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
     variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32); `full` (seed 003's `bert`) adds the full-context graph: N = --max-seq-len, no KV cache."),
@@ -258,7 +263,7 @@ def compile_cmd(
                       vision_precision=vision_precision, image_size=image_size,
                       vision_encoder=str(vision_encoder) if vision_encoder else None, image_token=image_token,
                       image_mean=image_mean, image_std=image_std, strict_numerics=strict_numerics or None,   # unset unless given: other formats refuse it
-                      min_sqnr=min_sqnr or None)
+                      min_sqnr=min_sqnr or None, max_drop=max_drop, eval_fn=eval_fn)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
