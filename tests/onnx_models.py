@@ -83,6 +83,18 @@ def sum_of_squares(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], [axes], path)
 
 
+def probability_head(path: Path) -> Path:
+    """A linear score through Sigmoid as the graph's output: the probability a VAD or a classifier
+    gives (silero-vad on silence: 0.0011)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array((np.random.default_rng(0).standard_normal((16, 4)) * 0.5).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["score"], name="/head/MatMul"),
+             helper.make_node("Sigmoid", ["score"], ["p"], name="/head/Sigmoid"),
+             helper.make_node("Flatten", ["p"], ["prob"], name="/head/Flatten")]
+    return _save(nodes, "probability_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                 [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])], [w], path)
+
+
 def input_sensitive(path: Path) -> Path:
     """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
     as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model

@@ -13,7 +13,7 @@ import pytest
 
 import modelexport
 from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, log_power,
-                         prequantized_qdq, rsqrt_scale, sum_of_squares, token_embedding)
+                         prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding)
 
 
 def _samples(tmp_path, name, make, n=4):
@@ -223,6 +223,31 @@ def test_flax_layer_norm_is_fused_and_fp16_holds(tmp_path, monkeypatch, repaired
         ref, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, x)[0]
                     for p in (model, b.file(b.manifest.parts[0].files.float_model)))
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def _low_scores(rng):
+    """Inputs whose scores sit between -12 and -5: probabilities of 6e-6 to 7e-3, as on silence."""
+    w = np.random.default_rng(0).standard_normal((16, 4)) * 0.5
+    target = rng.uniform(-12, -5, (1, 4))
+    return (target @ np.linalg.pinv(w)).astype(np.float32)
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_a_small_probability_output_survives_fp16(tmp_path, monkeypatch, repaired):
+    """The HTP's fp16 Sigmoid resolves 2.4e-4 absolute: small probabilities came back as 0 or double
+    (silero-vad 0.0 dB). Through Exp they keep fp16's relative precision."""
+    if not repaired:
+        _without(monkeypatch, "output-sigmoid")
+    cal = _samples(tmp_path, "low", _low_scores)
+    b = modelexport.compile(str(probability_head(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(cal), use_cache=False)
+    num = b.manifest.numerics
+    assert num["passed"] is repaired, num["outputs"]
+    if repaired:
+        assert num["outputs"][0]["sqnr_db"] >= 45, num["outputs"]
+        assert next(r for r in b.manifest.parts[0].repairs if r["name"] == "output-sigmoid")["count"] == 1
+    else:
+        assert num["outputs"][0]["sqnr_db"] < 20, num["outputs"]
 
 
 def test_precision_auto_keeps_8a8w_when_it_meets_the_budget(tmp_path, cli):
