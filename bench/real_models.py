@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp16,8a8w")
     ap.add_argument("--one", nargs=2, metavar=("NAME", "PRECISION"))
     ap.add_argument("--out", default=str(RESULT), help="the results file (default bench/results/real_models.json)")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds one model at one precision may take")
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory(prefix="bench-real-") as work:
@@ -133,8 +134,11 @@ def main() -> None:
             continue
         for prec in args.precisions.split(","):
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, __file__, "--one", m.name, prec], capture_output=True, text=True,
-                                  env=dict(os.environ))
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--one", m.name, prec], capture_output=True, text=True,
+                                      env=dict(os.environ), timeout=args.timeout)
+            except subprocess.TimeoutExpired as e:
+                proc = subprocess.CompletedProcess(e.cmd, -9, "", f"timed out after {args.timeout:g} s")
             out = proc.stdout.rpartition("@@ROW@@")[2].strip()
             row = json.loads(out) if out else {"model": m.name, "precision": prec, "compiled": False,
                                                  "error": f"process died (exit {proc.returncode})", "stderr": proc.stderr[-800:]}
