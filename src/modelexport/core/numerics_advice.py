@@ -65,6 +65,9 @@ def numerics_failures(numerics: dict) -> list[str]:
 
 def numerics_line(num: dict[str, Any]) -> str:
     """One line for the user: the outputs' dB against the pass mark, and where and why it falls."""
+    if num.get("run_error"):
+        return (f"{num.get('part')}@{num.get('target')}: the compiled graph fails to run on the HTP simulator "
+                f"({num['run_error']})")
     outs = num.get("outputs", [])
     worst = min(outs, key=lambda o: o["sqnr_db"] if o["sqnr_db"] is not None else float("-inf"), default=None)
     if worst is None:
@@ -87,6 +90,12 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     """The fix that fits what the localisation found."""
     bad = num.get("first_bad_layer") or {}
     random = "random" in str(num.get("inputs", ""))
+    if num.get("run_error"):
+        return ("the HTP stops on an input the CPU takes, most often an index past its table (a float input cast "
+                "to an index takes any value when random): "
+                + ("these samples are random: compile with real inputs (--calibration DIR), or fix such inputs "
+                   "with --input-value NAME=VALUE" if random else "check the samples' index-like inputs against "
+                   "the tables they index"))
     if num.get("input_floor_db") is not None:
         return ("check on inputs the model really runs on (compile --calibration DIR, verify BUNDLE --input FILE)"
                 + (": these samples are random" if random else "") + "; if it is as sensitive on those, no NPU "

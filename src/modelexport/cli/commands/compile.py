@@ -107,11 +107,12 @@ def _summary(bundle, json_out: bool, extra: dict | None = None) -> None:
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
     num = m.get("numerics") or {}
-    if num.get("outputs"):
+    if num.get("outputs") or num.get("run_error"):
         from ...core.numerics_advice import numerics_fix_for, numerics_line
         if num.get("passed") is False:
             quantized = parts.get(num.get("part"), {}).get("precision", m.get("precision")) != "fp16"
-            console.print(f"[yellow]warning[/]: numerics below the pass mark: {escape(numerics_line(num))}; "
+            what = "numerics not checked" if num.get("run_error") else "numerics below the pass mark"
+            console.print(f"[yellow]warning[/]: {what}: {escape(numerics_line(num))}; "
                           "the bundle is written (--strict-numerics refuses it, exit 7)")
             console.print(f"  fix: {escape(numerics_fix_for(num, quantized))}")
         else:
