@@ -173,9 +173,11 @@ def _check_llm_source(src: Path) -> None:
 
 def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[str] | None = None, window: int = 512,
              max_tokens: int = 2048, sim_window: int = 64, sim_tokens: int = 64, max_seq_len: int | None = None,
-             cpu_quant: str = "8da4w", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             cpu_quant: str = "8da4w", progress: Callable[[str], None] | None = None,
+             from_token: int | None = None) -> dict[str, Any]:
     """Perplexity per stage (+ SQNR between stages). `model`: an LLM bundle, a GGUF / HF folder
-    (float and cpu stages) or an ExecuTorch LLM `.pte` (cpu)."""
+    (float and cpu stages) or an ExecuTorch LLM `.pte` (cpu). Scoring starts at `from_token` of the
+    text, by default after every token compile read of it (held_out_span)."""
     from ..contract.bundle import open_bundle
     from ..llm.text import read_text, tokenize
     say = progress or (lambda m: None)
@@ -243,6 +245,10 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             raise InputError(f"--window {window} is longer than the CPU program's context {cpu.max_seq_len}",
                              f"use --window {cpu.max_seq_len} or less")
     span = held_out_span(bundle, txt)
+    if from_token is not None:
+        held = span["held_out"] and from_token >= span["first_token"]
+        span = {"first_token": int(from_token), "held_out": held,
+                "note": f"from token {from_token}, as asked" + ("" if held else ": text compile calibrated on")}
     ids = tokenize(tok, txt.text, span["first_token"] + max_tokens)[span["first_token"]:]
     if len(ids) < 2:                  # compile read the whole text: it is all there is to score
         span = {"first_token": 0, "held_out": False,

@@ -21,6 +21,7 @@ def eval_cmd(
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim, cpu (the CPU runtime's program that `generate` runs; default: float, fake-quant, htp-sim for a bundle, float for a model)."),
     quant: str = typer.Option("8da4w", "--quant", help="The cpu stage's program weights: 8da4w, 8da8w or fp32 (built once and cached, as by generate)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="GGUF / HF input: the context of the float decoder (default: --window)."),
+    from_token: Optional[int] = typer.Option(None, "--from-token", help="Score from this token of the text (default: of the bundle's calibration text, after the tokens compile read; of another text, 0)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Perplexity on a text at the float, fake-quant (QDQ on the CPU) and compiled (HTP simulator)
@@ -33,13 +34,14 @@ def eval_cmd(
     for flag, value in (("--window", window), ("--sim-window", sim_window), ("--tokens", max_tokens),
                         ("--sim-tokens", sim_tokens), ("--max-seq-len", max_seq_len)):
         at_least(flag, value, 2, "64")
+    at_least("--from-token", from_token, 0, "0")
     one_of("--quant", quant, QUANT_MODES)
 
     def say(msg: str) -> None:
         if not json_out:
             err_console.print(f"[dim]{msg}[/]", highlight=False)
     res = evaluate(model, perplexity, stages=st, window=window, max_tokens=max_tokens, sim_window=sim_window,
-                   sim_tokens=sim_tokens, max_seq_len=max_seq_len, cpu_quant=quant, progress=say)
+                   sim_tokens=sim_tokens, max_seq_len=max_seq_len, cpu_quant=quant, progress=say, from_token=from_token)
     if json_out:
         emit_json(res)
         return
