@@ -40,3 +40,31 @@ def shared_bias_suffix_clash(path: Path) -> Path:
                  [helper.make_tensor_value_info("imag", TensorProto.FLOAT, [1, 7, 4]),
                   helper.make_tensor_value_info("real", TensorProto.FLOAT, [1, 7, 4])],
                  [w_re, w_im, b, shape], path)
+
+
+def keras_conv_relu_batchnorm(path: Path, seed: int = 0) -> Path:
+    """openwakeword's speech embedding head as tf2onnx writes Keras' Conv2D → ReLU → BatchNormalization:
+    an NHWC input with one channel, zero Pad, Reshape to NCHW, Conv, Relu, then the BatchNorm that
+    no Conv absorbs (its scale and shift in the model's ranges), then LeakyRelu."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    c = 24
+    scale, shift = rng.uniform(0.6, 3.5, c), rng.uniform(-2.1, 3.2, c)      # the real model's ranges
+    mean, var = rng.uniform(0.16, 0.69, c), rng.uniform(0.07, 1.29, c)
+    gamma, beta = scale * np.sqrt(var + 1e-3), shift + mean * scale
+    t = [numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 2, 0], np.int64), "pad_const__6"),
+         numpy_helper.from_array(np.array([1, 1, 76, 34], np.int64), "new_shape__315"),
+         numpy_helper.from_array((rng.standard_normal((c, 1, 3, 3)) * 0.57).astype(np.float32), "Conv2D/ReadVariableOp:0"),
+         *(numpy_helper.from_array(a.astype(np.float32), n) for a, n in ((gamma, "bn/gamma"), (beta, "bn/beta"),
+                                                                          (mean, "bn/mean"), (var, "bn/var")))]
+    nodes = [helper.make_node("Pad", ["input_1", "pad_const__6"], ["pad"], name="model/zero_padding2d/Pad"),
+             helper.make_node("Reshape", ["pad", "new_shape__315"], ["nchw"], name="model/conv2d/Conv2D__7"),
+             helper.make_node("Conv", ["nchw", "Conv2D/ReadVariableOp:0"], ["conv"], name="model/conv2d/Conv2D",
+                              kernel_shape=[3, 3]),
+             helper.make_node("Relu", ["conv"], ["relu"], name="model/conv2d/Relu"),
+             helper.make_node("BatchNormalization", ["relu", "bn/gamma", "bn/beta", "bn/mean", "bn/var"], ["bn"],
+                              name="model/batch_normalization/FusedBatchNormV3", epsilon=1e-3),
+             helper.make_node("LeakyRelu", ["bn"], ["y"], name="model/leaky_re_lu/LeakyRelu", alpha=0.2)]
+    return _save(nodes, "keras_conv_relu_batchnorm",
+                 [helper.make_tensor_value_info("input_1", TensorProto.FLOAT, [1, 76, 32, 1])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 74, 32])], t, path)
