@@ -43,8 +43,9 @@ def test_standalone_per_channel_dq_is_taken_back_to_float(tmp_path):
 
 
 def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path, cli_here):
-    """A detector whose scores are ~0 on noise (sigmoid of a large negative bias), fp16: verify fails
-    on the stored random samples; it says why the number means little and leads to --input."""
+    """A detector whose scores are ~0 on noise (sigmoid of a large negative bias), fp16: verify says why
+    the number means little and leads to --input. (It failed at 0 dB while the HTP's fp16 Sigmoid
+    returned such scores as 0; the output-sigmoid repair computes them through Exp: it passes.)"""
     import onnx
     from onnx import TensorProto as T
     from onnx import helper as h
@@ -60,5 +61,6 @@ def test_verify_warns_when_random_samples_give_a_nearly_constant_output(tmp_path
     onnx.save(m, str(tmp_path / "det.onnx"))
     cli_here("compile", str(tmp_path / "det.onnx"), "-p", "fp16", "-o", str(tmp_path / "out"), check=True)
     proc = cli_here("verify", str(tmp_path / "out"))
-    assert_clean_error(proc, "nearly constant on these random inputs", "fix: verify on real inputs")
-    assert proc.returncode == 5 and "calibrate" not in proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "nearly constant on these random inputs" in out and "verify on real data with --input FILE" in out
