@@ -22,7 +22,7 @@ time limit; a failure is recorded with its first line.
     .venv/bin/python bench/quant_engines.py [--only ppocr_det mtcnn_onet] [--engines ort_minmax,aimet_tf]
         [--precisions 8a8w,16a8w] [--aimet-python /tmp/aimet-venv/bin/python] [--out PATH]
 
-The AIMET venv:
+The AIMET venv (bench/quant_engines.md has the results and the reading):
     python3.11 -m venv /tmp/aimet-venv
     /tmp/aimet-venv/bin/pip install aimet-onnx==2.42.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6 torch==2.13.0
 """
