@@ -380,20 +380,8 @@ def float_ops_on_htp(log_text: str) -> dict[str, str]:
 
 def photo_array(m, photo: Path, input_name: str) -> dict:
     """zoo.real_onnx.real_input's preprocessing, for any photo."""
-    import numpy as np
-    from PIL import Image
-    im = m.image
-    img = Image.open(photo).convert("RGB")
-    if im.crop:
-        top, left, bottom, right = im.crop
-        img = img.crop((left, top, right, bottom))
-    x = np.asarray(img.resize((im.size[1], im.size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
-    if im.bgr:
-        x = x[..., ::-1]
-    x = (x - np.array(im.mean, np.float32)) / np.array(im.std, np.float32)
-    if im.layout == "NCHW":
-        x = x.transpose(2, 0, 1)
-    return {input_name: np.ascontiguousarray(x[None], dtype=np.float32)}
+    from modelexport.zoo.real_onnx import photo_input
+    return photo_input(m, photo, input_name)
 
 
 def prepare(name: str, work: Path, photos: Path) -> dict:

@@ -188,13 +188,19 @@ def real_input(m: RealOnnx, input_name: str) -> dict[str, np.ndarray] | None:
     """{input_name: array} made from the row's photo, or None when the row has none."""
     if m.image is None:
         return None
+    return photo_input(m, package_file("scikit-image", f"skimage/data/{m.image.asset}", "a scikit-image sample photo"),
+                       input_name)
+
+
+def photo_input(m: RealOnnx, photo: Path, input_name: str) -> dict[str, np.ndarray]:
+    """{input_name: array}: any photo preprocessed as the row's ImageInput says."""
     from PIL import Image
     im = m.image
-    photo = Image.open(package_file("scikit-image", f"skimage/data/{im.asset}", "a scikit-image sample photo")).convert("RGB")
+    img = Image.open(photo).convert("RGB")
     if im.crop:
         top, left, bottom, right = im.crop
-        photo = photo.crop((left, top, right, bottom))
-    x = np.asarray(photo.resize((im.size[1], im.size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
+        img = img.crop((left, top, right, bottom))
+    x = np.asarray(img.resize((im.size[1], im.size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
     if im.bgr:
         x = x[..., ::-1]
     x = (x - np.array(im.mean, np.float32)) / np.array(im.std, np.float32)
