@@ -95,6 +95,17 @@ def probability_head(path: Path) -> Path:
                  [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 4])], [w], path)
 
 
+def wide_logit_map(path: Path) -> Path:
+    """A segmentation map's logits, spread to ±160, through Sigmoid as the output (ppocr_det's DBNet
+    head: logits down to -153)."""
+    from onnx import TensorProto, helper, numpy_helper
+    k = numpy_helper.from_array(np.array(40.0, np.float32), "k")
+    nodes = [helper.make_node("Mul", ["x", "k"], ["logit"], name="/head/Mul"),
+             helper.make_node("Sigmoid", ["logit"], ["map"], name="/head/Sigmoid")]
+    return _save(nodes, "wide_logit_map", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                 [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 256])], [k], path)
+
+
 def input_sensitive(path: Path) -> Path:
     """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
     as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model

@@ -13,7 +13,8 @@ import pytest
 
 import modelexport
 from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, log_power,
-                         prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding)
+                         prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding,
+                         wide_logit_map)
 
 
 def _samples(tmp_path, name, make, n=4):
@@ -267,6 +268,25 @@ def test_a_small_probability_output_survives_fp16(tmp_path, monkeypatch, repaire
         assert next(r for r in b.manifest.parts[0].repairs if r["name"] == "output-sigmoid")["count"] == 1
     else:
         assert num["outputs"][0]["sqnr_db"] < 20, num["outputs"]
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_exp_below_minus_88_is_floored_in_fp16(tmp_path, monkeypatch, repaired):
+    """The HTP's fp16 Exp returns garbage below about -88 (exp(-91.7) as -131,008): through the
+    output-sigmoid Exp form a logit map down to -160 fell to 14 dB (ppocr_det 45.6 → 14.1 dB).
+    Max(x, -64) first changes no float16 value."""
+    if not repaired:
+        _without(monkeypatch, "exp-input-floor")
+    cal = _samples(tmp_path, "wide", lambda rng: rng.uniform(-4, 4, (1, 256)).astype(np.float32))
+    b = modelexport.compile(str(wide_logit_map(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(cal), use_cache=False)
+    num = b.manifest.numerics
+    assert num["passed"] is repaired, num["outputs"]
+    if repaired:
+        assert num["outputs"][0]["sqnr_db"] >= 60, num["outputs"]
+        assert next(r for r in b.manifest.parts[0].repairs if r["name"] == "exp-input-floor")["count"] == 1
+    else:
+        assert num["outputs"][0]["sqnr_db"] < 30, num["outputs"]
 
 
 def test_precision_auto_keeps_8a8w_when_it_meets_the_budget(tmp_path, cli):
