@@ -233,6 +233,25 @@ def outlier_channels(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w1, scale, w2, w3], path)
 
 
+def t5_rms_norm(path: Path) -> Path:
+    """T5's RMSNorm as torch.onnx writes it: Pow(x, 2) → ReduceMean → Add ε → Sqrt → Div(1, ·) → Mul x
+    → Mul γ, on activations whose squares pass float16's 65,504 (T5 reaches 5.6e5)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = {"two": np.array(2, np.float32), "eps": np.array(1e-6, np.float32), "one": np.array(1, np.float32),
+         "gamma": rng.uniform(0.05, 0.15, 64).astype(np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"], name="/layer_norm/Pow"),
+             helper.make_node("ReduceMean", ["sq"], ["var"], name="/layer_norm/ReduceMean", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="/layer_norm/Add"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="/layer_norm/Sqrt"),
+             helper.make_node("Div", ["one", "sd"], ["inv"], name="/layer_norm/Div"),
+             helper.make_node("Mul", ["x", "inv"], ["n"], name="/layer_norm/Mul"),
+             helper.make_node("Mul", ["gamma", "n"], ["y"], name="/layer_norm/Mul_1")]
+    inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
+    return _save(nodes, "t5_rms_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 64])], inits, path)
+
+
 def flax_layer_norm(path: Path) -> Path:
     """Flax's LayerNorm as jax2tf writes it (magika's classifier): mean and mean of squares by
     ReduceSum · 1/n, var = max(mean(x²) − mean², 0), Rsqrt as Sqrt → Reciprocal, then γ and β,
