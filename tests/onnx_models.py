@@ -106,6 +106,21 @@ def wide_logit_map(path: Path) -> Path:
                  [helper.make_tensor_value_info("map", TensorProto.FLOAT, [1, 256])], [k], path)
 
 
+def upsample_by_constant(path: Path) -> Path:
+    """A feature-pyramid step as paddle2onnx writes it: Resize(nearest) with its scales from a Constant
+    node, added to a map of the upsampled size (layout_cdla, ppocr_det)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array((np.random.default_rng(0).standard_normal((8, 4, 1, 1)) * 0.5).astype(np.float32), "w")
+    nodes = [helper.make_node("Constant", [], ["scales"], value=numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32))),
+             helper.make_node("Resize", ["x", "", "scales"], ["up"], name="/fpn/Resize", mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("Conv", ["skip", "w"], ["lat"], name="/fpn/Conv"),
+             helper.make_node("Add", ["up", "lat"], ["y"], name="/fpn/Add")]
+    return _save(nodes, "upsample_by_constant", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 19, 19]),
+                                                 helper.make_tensor_value_info("skip", TensorProto.FLOAT, [1, 4, 38, 38])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 38, 38])], [w], path)
+
+
 def input_sensitive(path: Path) -> Path:
     """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
     as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model

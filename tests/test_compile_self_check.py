@@ -458,3 +458,22 @@ def test_an_infinite_attention_mask_compiles_quantized(tmp_path, monkeypatch, re
     b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random",
                             use_cache=False)
     assert b.manifest.numerics["passed"]
+
+
+def test_resize_scales_from_a_constant_stay_float(tmp_path):
+    """A Constant node's output got a Q/DQ pair of its own: Resize scales [1, 1, 2, 2] came back as
+    1.0039 / 2.0000001 and the map one row short ('C: 255 kernel channels: 256'; layout_cdla, ppocr_det).
+    The QDQ model runs on the CPU EP and 8a8w verifies."""
+    import onnx
+    import onnxruntime as ort
+    from onnx_models import upsample_by_constant
+    rng = np.random.default_rng(0)
+    cal = [{"x": rng.standard_normal((1, 8, 19, 19)).astype(np.float32),
+            "skip": rng.standard_normal((1, 4, 38, 38)).astype(np.float32)} for _ in range(4)]
+    b = modelexport.compile(str(upsample_by_constant(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="8a8w", calibration=cal, use_cache=False)
+    qdq = b.file(b.manifest.parts[0].files.quantized_model)
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] == "scales" for n in onnx.load(str(qdq)).graph.node)
+    got = ort.InferenceSession(str(qdq), providers=["CPUExecutionProvider"]).run(None, cal[0])[0]
+    assert got.shape == (1, 8, 38, 38)
+    assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]

@@ -41,6 +41,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                                                            precision, per_channel)
             config = qnn.get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
                                         per_channel=per_channel, init_overrides=init_overrides)
+            keep_constants_float(config)
             try:
                 quantize(str(src), str(out_path), config)
             except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
@@ -63,3 +64,14 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             "calibration_method": "MinMax",
             **({"overrides": [{"regex": k, "nodes": v} | {"precision": spec.rpartition("=")[2]}
                               for (k, v), spec in zip(matched.items(), overrides)]} if overrides else {})}
+
+
+def keep_constants_float(config) -> None:
+    """Constant nodes are not quantized as ops of their own: a consumer quantizes what it reads.
+
+    get_qnn_qdq_config lists every op type of the model, Constant included, and a Constant's output
+    then gets a Q/DQ pair for every consumer, also for inputs that are not activations: a Resize's
+    scales [1, 1, 2, 2] came back as 1.0039 and 2.0000001 and the upsampled map one row or channel
+    short (layout_cdla: 'C: 255 kernel channels: 256'; ppocr_det: 'broadcast 95 by 96').
+    """
+    config.op_types_to_quantize = [t for t in config.op_types_to_quantize if t != "Constant"]
