@@ -31,7 +31,7 @@ def one(name: str, precision: str, work: Path) -> dict:
     """audit → compile → verify of one model at one precision, in this process."""
     import modelexport
     from modelexport.core.errors import ModelExportError
-    from modelexport.zoo.real_onnx import get, model_path, real_input
+    from modelexport.zoo.real_onnx import get, input_label, model_path, real_inputs
     m = get(name)
     path = model_path(m)
     shapes = {k: v for k, v in m.input_shapes.items()}
@@ -42,11 +42,11 @@ def one(name: str, precision: str, work: Path) -> dict:
         from modelexport.backends.ort_qnn.repair import load_repaired
         loaded = load_repaired(path, shapes or None, values)
         first = loaded.inputs[0].name
-        sample = real_input(m, first)
-        if sample is not None and len(loaded.inputs) > 1:
-            sample = None                    # a photo feeds single-input models only
-        calib = [sample] if sample is not None else "random"
-        row["input"] = f"real ({m.image.asset})" if sample is not None else "random"
+        samples = real_inputs(m, first, work / "speech")
+        if samples is not None and len(loaded.inputs) > 1:
+            samples = None                   # a photo or a sentence feeds single-input models only
+        calib = samples or "random"
+        row["input"] = input_label(m) if samples else "random"
         row["repairs"] = loaded.repairs
     except ModelExportError as e:
         return row | {"stage": "load", "compiled": False, "error": e.problem, "fix": e.fix}
@@ -64,7 +64,7 @@ def one(name: str, precision: str, work: Path) -> dict:
     auto = {"min_sqnr": [str(AUTO_BUDGET_DB)]} if precision == "auto" else {}
     try:
         b = modelexport.compile(str(path), output=work / f"{name}_{precision}", target=TARGET, precision=precision,
-                                calibration=calib if precision != "fp16" or sample is not None else None,
+                                calibration=calib if precision != "fp16" or samples else None,
                                 input_shapes=shapes or None, input_values=values, force=True, use_cache=False, **auto)
     except ModelExportError as e:
         row |= {"stage": "compile", "compiled": False, "error": e.problem, "fix": e.fix,

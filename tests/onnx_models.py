@@ -56,7 +56,7 @@ def _save(nodes, name: str, inputs, outputs, inits, path: Path) -> Path:
 
 def log_power(path: Path) -> Path:
     """A spectrogram's normalised log, as basic-pitch's front end has it: conv → square → sum over
-    the filter's pair → log(power + 1e-10). The power spans far below float16's smallest value,
+    the filter's pair → log(power + 1e-10) → scaled. The power spans far below float16's smallest value,
     and the epsilon is 0 in float16: an fp16 compile takes log(0)."""
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
@@ -65,9 +65,11 @@ def log_power(path: Path) -> Path:
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="/cqt/conv/Conv", strides=[1, 8]),
              helper.make_node("Mul", ["c", "c"], ["p"], name="/cqt/square/Mul"),
              helper.make_node("Add", ["p", "eps"], ["pe"], name="/log/add/Add"),
-             helper.make_node("Log", ["pe"], ["y"], name="/log/log/Log")]
+             helper.make_node("Log", ["pe"], ["lg"], name="/log/log/Log"),
+             helper.make_node("Mul", ["lg", "k"], ["y"], name="/log/scale/Mul")]
+    k = numpy_helper.from_array(np.array(0.05, np.float32), "k")
     return _save(nodes, "log_power", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1, 256])],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 1, 31])], [w, eps], path)
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 1, 31])], [w, eps, k], path)
 
 
 def sum_of_squares(path: Path) -> Path:

@@ -60,9 +60,27 @@ def test_the_log_fix_says_no_integer_precision_holds_it_and_that_is_measured(tmp
     cal = _samples(tmp_path, "log", _log_input)
     model = log_power(tmp_path / "m.onnx")
     fp16 = modelexport.compile(str(model), output=tmp_path / "f", target="SM8650", precision="fp16", calibration=str(cal))
-    assert "no 8- or 16-bit integer precision" in numerics_fix_for(fp16.manifest.numerics, False)
+    fix = numerics_fix_for(fp16.manifest.numerics, False)
+    assert "no 8- or 16-bit integer precision" in fix
     q = modelexport.compile(str(model), output=tmp_path / "q", target="SM8650", precision="16a16w", calibration=str(cal))
     assert q.manifest.numerics["passed"] is False
+    # what the fix says, done: the layers up to the Log on the CPU, the rest compiled at fp16
+    import onnx
+    import onnx.utils
+    import onnxruntime as ort
+    tensor = fp16.manifest.numerics["first_bad_layer"]["tensor"]
+    assert repr(tensor) in fix
+    inputs = [i.name for i in onnx.load(str(model)).graph.input]
+    outputs = [o.name for o in onnx.load(str(model)).graph.output]
+    onnx.utils.extract_model(str(model), str(tmp_path / "rest.onnx"), [tensor, *inputs], outputs)
+    full = onnx.load(str(model))
+    full.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    front = ort.InferenceSession(full.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = [dict(np.load(f)) for f in sorted(cal.glob("*.npz"))]
+    rest_cal = [{tensor: front.run([tensor], x)[0], **x} for x in feeds]
+    rest = modelexport.compile(str(tmp_path / "rest.onnx"), output=tmp_path / "r", target="SM8650", precision="fp16",
+                               calibration=rest_cal)
+    assert rest.manifest.numerics["passed"] is True, rest.manifest.numerics["outputs"]
 
 
 def test_fp16_overflow_is_named_and_the_fix_given_works(tmp_path):

@@ -28,3 +28,19 @@ def test_spoken_sentences_give_log_mel_windows():
     feats = speech_features(LogMel(), Path(tempfile.mkdtemp()), count=2)
     assert [f.shape for f in feats] == [(1, 80, 40)] * 2
     assert all(-10.5 < f.min() and f.max() < 3.0 and f.std() > 0.5 for f in feats)
+
+
+@pytest.mark.parametrize("name, shape", [("basic_pitch", (1, 43844, 1)), ("voicefilter_embedder", (1, 80, 40))])
+def test_corpus_rows_with_speech_get_one_sample_per_sentence(tmp_path, name, shape):
+    """Audio rows of the corpus calibrate and verify on spoken sentences: a waveform at the model's
+    rate, cut or padded to its window, or log-mel frames."""
+    if not shutil.which("espeak-ng"):
+        pytest.skip("espeak-ng not installed (make test installs it)")
+    from modelexport.zoo.real_onnx import get, input_label, real_inputs
+    from modelexport.zoo.speech import SENTENCES
+    m = get(name)
+    samples = real_inputs(m, "x", tmp_path)
+    assert len(samples) == len(SENTENCES) and all(s["x"].shape == shape and s["x"].dtype == np.float32 for s in samples)
+    assert all(np.abs(s["x"]).max() > 0.05 for s in samples) and "espeak-ng" in input_label(m)
+    if name == "basic_pitch":
+        assert all(np.abs(s["x"]).max() <= 1.0 for s in samples)

