@@ -123,6 +123,28 @@ def upsample_by_constant(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 38, 38])], [w], path)
 
 
+def shape_buckets(path: Path) -> Path:
+    """T5's relative-position buckets in miniature: positions from Shape → Range, a float Log of them
+    (-inf at 0) → bucket ids → rows of a bias table added to the input. Constant once the shapes are fixed."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = {"one_i": np.array(1, np.int64), "zero_i": np.array(0, np.int64), "zero": np.array(0.0, np.float32),
+         "four": np.array(4.0, np.float32), "table": (rng.standard_normal((16, 8)) * 0.5).astype(np.float32)}
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="/pos/Shape"),
+             helper.make_node("Gather", ["shape", "one_i"], ["n"], name="/pos/Gather", axis=0),
+             helper.make_node("Range", ["zero_i", "n", "one_i"], ["pos"], name="/pos/Range"),
+             helper.make_node("Cast", ["pos"], ["posf"], name="/pos/Cast", to=TensorProto.FLOAT),
+             helper.make_node("Log", ["posf"], ["lg"], name="/pos/Log"),              # log(0) = -inf, as in T5
+             helper.make_node("Max", ["lg", "zero"], ["lg0"], name="/pos/Max"),
+             helper.make_node("Mul", ["lg0", "four"], ["scaled"], name="/pos/Mul"),
+             helper.make_node("Cast", ["scaled"], ["bucket"], name="/pos/Cast_1", to=TensorProto.INT64),
+             helper.make_node("Gather", ["table", "bucket"], ["bias"], name="/pos/bias/Gather", axis=0),
+             helper.make_node("Add", ["x", "bias"], ["y"], name="/attn/Add")]
+    inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
+    return _save(nodes, "shape_buckets", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])], inits, path)
+
+
 def input_sensitive(path: Path) -> Path:
     """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
     as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model

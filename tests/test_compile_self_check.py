@@ -495,3 +495,28 @@ def test_resize_scales_from_a_constant_stay_float(tmp_path):
     got = ort.InferenceSession(str(qdq), providers=["CPUExecutionProvider"]).run(None, cal[0])[0]
     assert got.shape == (1, 8, 38, 38)
     assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_shape_computations_are_folded_before_quantizing(tmp_path, monkeypatch, repaired):
+    """A float Log of positions computed from Shape got Q/DQ pairs and reached QNN as a quantized Log
+    (t5_span_encoder_int8 8a8w: refused at .../SelfAttention/Log). Folded first, it compiles and verifies."""
+    from onnx_models import shape_buckets
+
+    from modelexport.core.errors import ModelExportError
+    if not repaired:
+        _without(monkeypatch, "fold-constants")
+    cal = _samples(tmp_path, "x", lambda rng: rng.standard_normal((1, 16, 8)).astype(np.float32))
+    model = shape_buckets(tmp_path / "m.onnx")
+    try:
+        b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="8a8w",
+                                calibration=str(cal), use_cache=False)
+    except ModelExportError as e:
+        assert not repaired, e
+        return
+    rec = next((r for r in b.manifest.parts[0].repairs or [] if r["name"] == "fold-constants"), None)
+    assert (rec is not None) is repaired
+    if repaired:
+        assert rec["ops"]["Log"] == 1 and b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+    else:
+        assert not b.manifest.numerics["passed"], b.manifest.numerics["outputs"]

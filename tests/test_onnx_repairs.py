@@ -55,7 +55,7 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade",
+    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
