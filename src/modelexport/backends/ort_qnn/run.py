@@ -132,7 +132,16 @@ class SimulatorSession:
     def run(self, feed: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         names = [o.name for o in self.session.get_outputs()]
         t0 = time.perf_counter()
-        outs = self.session.run(names, self.check_feed(feed))
+        try:
+            outs = self.session.run(names, self.check_feed(feed))
+        except Exception as e:      # noqa: BLE001 - onnxruntime's own errors (EPFail, Fail) are not RuntimeErrors
+            if "QNN graph execute error" not in str(e):
+                raise
+            raise ToolchainError(f"the HTP simulator stopped while executing {self.cg.part} on these inputs "
+                                 "(QNN graph execute error; the library's log line above names the op)",
+                                 "most often an index past its table: a Gather's indices from an input (give real "
+                                 "inputs: --input FILE, or fix it with --input-value NAME=VALUE at compile) or "
+                                 "computed in float16 inside the graph (compile at --precision 16a16w)") from None
         return dict(zip(names, outs)), time.perf_counter() - t0
 
 
