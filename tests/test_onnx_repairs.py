@@ -57,7 +57,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -183,3 +183,23 @@ def test_default_rnn_activations_spelled_out_are_dropped_and_the_lstm_goes_to_th
             onnx.save(m, f"{d}/m.onnx")
             rep = modelexport.audit(f"{d}/m.onnx", target="SM8650", precision="fp16")
         assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes]
+
+
+def test_a_clip_with_a_computed_min_becomes_max_and_goes_to_the_htp(tmp_path):
+    """Clip(x, ReduceMax(x) - 80) (openWakeWord's mel front end): QNN's Clip takes constant bounds only
+    and the node stayed on the CPU. As Max it means the same and the HTP takes it."""
+    import modelexport
+    c = [numpy_helper.from_array(np.array(80.0, np.float32), "range"), numpy_helper.from_array(np.array(5.0, np.float32), "hi")]
+    nodes = [helper.make_node("ReduceMax", ["x"], ["top"], name="/db/ReduceMax", keepdims=0),
+             helper.make_node("Sub", ["top", "range"], ["lo"], name="/db/Sub"),
+             helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="/db/Clip")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 16])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 16])], c)
+    x = {"x": (np.random.default_rng(0).standard_normal((1, 32, 16)) * 60).astype(np.float32)}
+    ref = _run(m, x)[0]
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    rec = apply_repairs(m, RepairContext())
+    assert next(r for r in rec if r["name"] == "computed-clip-bounds")["count"] == 1
+    np.testing.assert_array_equal(_run(m, x)[0], ref)
+    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
+    assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
