@@ -203,3 +203,32 @@ def test_a_clip_with_a_computed_min_becomes_max_and_goes_to_the_htp(tmp_path):
     np.testing.assert_array_equal(_run(m, x)[0], ref)
     rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
     assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+
+
+def test_an_if_on_what_the_model_computes_gets_the_split_not_an_input_value(tmp_path):
+    """openWakeWord's head runs a verifier branch when its own score passes 0.5: no --input-value folds
+    that. The message says so and gives the split, which compiles."""
+    import onnx.utils
+
+    import modelexport
+    w = numpy_helper.from_array(np.full((8, 1), 0.1, np.float32), "w")
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    then_g = helper.make_graph([helper.make_node("Mul", ["score", "two"], ["out_t"])], "then", [],
+                               [helper.make_tensor_value_info("out_t", TensorProto.FLOAT, [1, 1])])
+    else_g = helper.make_graph([helper.make_node("Identity", ["score"], ["out_e"])], "else", [],
+                               [helper.make_tensor_value_info("out_e", TensorProto.FLOAT, [1, 1])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["score"], name="/head/MatMul"),
+             helper.make_node("ReduceMax", ["score"], ["top"], name="/head/ReduceMax", keepdims=0),
+             helper.make_node("GreaterOrEqual", ["top", "half"], ["cond"], name="/head/GreaterOrEqual"),
+             helper.make_node("If", ["cond"], ["y"], name="/verifier/If", then_branch=then_g, else_branch=else_g)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [w, half, two])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    with pytest.raises(InputError) as e:
+        load_repaired(str(tmp_path / "m.onnx"))
+    assert "no fixed input value folds it" in e.value.problem and "--input-value" not in e.value.fix
+    assert "extract_model(MODEL, 'head.onnx', ['x'], ['cond']" in e.value.fix
+    onnx.utils.extract_model(str(tmp_path / "m.onnx"), str(tmp_path / "head.onnx"), ["x"], ["cond", "score"])
+    b = modelexport.compile(str(tmp_path / "head.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16")
+    assert b.manifest.numerics["passed"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ...core.errors import InputError, Setting
 from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_values
 from ...passes.onnx import RepairContext, apply_repairs
@@ -21,9 +23,33 @@ def control_flow_fix(model) -> InputError | None:
         return None
     names = sorted({i for ins in open_on.values() for i in ins})
     nodes = ", ".join(f"{n} (on {', '.join(ins)})" for n, ins in list(open_on.items())[:4])
+    data = _data_inputs(model)
+    if all(n in data for n in names):
+        conds = _conditions(model, open_on)
+        return InputError(f"control flow depends on what the model computes from its input(s) {', '.join(names)}: "
+                          f"{nodes}; the HTP runs static graphs without If/Loop, and no fixed input value folds it",
+                          "compile the graph up to the condition and run the branch in your own code: "
+                          f"onnx.utils.extract_model(MODEL, 'head.onnx', {names!r}, {conds!r} + the branch's inputs)")
     return InputError(f"control flow depends on the input(s) {', '.join(names)}: {nodes}; the HTP runs static graphs "
                       "without If/Loop", "fix the value you will run with, and the branch is folded at compile time: "
                       "{setting}", Setting("input_values", {n: "VALUE" for n in names}))
+
+
+def _data_inputs(model) -> set[str]:
+    """Float inputs of more than one value: data (audio, embeddings), not a flag or a rate to fix."""
+    out = set()
+    for i in model.graph.input:
+        t = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        if t.elem_type in (1, 10, 11) and (not dims or 0 in dims or int(np.prod(dims)) > 1):
+            out.add(i.name)
+    return out
+
+
+def _conditions(model, open_on: dict[str, list[str]]) -> list[str]:
+    """The condition tensors of the control-flow nodes named in `open_on`."""
+    by_name = {n.name: n for n in model.graph.node}
+    return [by_name[k].input[0] for k in open_on if k in by_name and by_name[k].input]
 
 
 def _merge(records: list[dict]) -> list[dict]:
