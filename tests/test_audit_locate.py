@@ -3,9 +3,10 @@
 The case is real behaviour: a Resize whose `roi` is an empty Constant, quantized 8a8w, gets a
 Q/DQ pair on the empty tensor and QNN refuses to compose the graph (error 7004). The repair
 `drop-empty-optional-inputs` removes a roi Constant that feeds the Resize directly; here it passes
-through an Identity first (as exporters write it), so the repair does not see it and QNN refuses.
-The EP's log names the DequantizeLinear; bisection over prefixes of the QDQ graph (the path taken
-when the log names no node) ends at the Resize it feeds.
+through an Identity first (as exporters write it). The `fold-constants` repair now folds that
+Identity for users; these tests turn it off to keep a graph QNN refuses. The EP's log names the
+DequantizeLinear; bisection over prefixes of the QDQ graph (the path taken when the log names no
+node) ends at the node carrying the Q/DQ pair (the Identity) or the Resize it feeds.
 """
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def resize_empty_roi(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _unfolded(monkeypatch):
+    import modelexport.passes.onnx as repairs
+    every = repairs.all_repairs
+    monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "fold-constants"])
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     return resize_empty_roi(tmp_path_factory.mktemp("locate") / "resize_roi.onnx")
@@ -78,7 +86,7 @@ def test_bisection_finds_the_op_when_the_log_names_none(model, tmp_path):
     result = json.loads(out.rpartition("@@RESULT@@")[2])
     assert result["ok"], result
     b = result["blocker"]
-    assert b["node"] == "resize" and b["how"] == "bisect"
+    assert b["node"] in ("resize", "roi_identity") and b["how"] == "bisect"
     assert "7004" in b["error"]
 
 
@@ -99,3 +107,11 @@ def test_log_parser_blames_the_node_being_built(tmp_path):
             "\x1b[1;31m2026 [E:onnxruntime:, qnn_model_wrapper.cc:1 X] Something went wrong error code: 1\x1b[m\n")
     [b] = blockers_from_log(text)
     assert b.node == "b" and "Something went wrong" in b.error
+
+
+def test_with_fold_constants_the_same_graph_runs_whole_on_the_htp(model, monkeypatch):
+    """For users the Identity is folded, the empty roi dropped, and nothing is refused at 8a8w."""
+    import modelexport
+    monkeypatch.undo()                          # fold-constants back on
+    rep = modelexport.audit(model, precision="8a8w")
+    assert rep.ok and not rep.refused, rep.blockers

@@ -57,7 +57,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -232,3 +232,26 @@ def test_an_if_on_what_the_model_computes_gets_the_split_not_an_input_value(tmp_
     onnx.utils.extract_model(str(tmp_path / "m.onnx"), str(tmp_path / "head.onnx"), ["x"], ["cond", "score"])
     b = modelexport.compile(str(tmp_path / "head.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16")
     assert b.manifest.numerics["passed"]
+
+
+def test_a_gathernd_over_constant_indices_becomes_a_gather_on_the_htp(tmp_path):
+    """torch.export's mask broadcast (minilm_l6_int8): GatherND of a [1, 16] bool mask by constant
+    indices [[0, j]] → [1, 1, 1, 16]; the HTP validator rejected it (3110) and it stayed on the CPU."""
+    import modelexport
+    idx = np.stack(np.meshgrid([0], np.arange(16), indexing="ij"), -1).reshape(1, 1, 1, 16, 2).astype(np.int64)
+    nodes = [helper.make_node("Cast", ["mask"], ["b"], name="/mask/Cast", to=TensorProto.BOOL),
+             helper.make_node("GatherND", ["b", "idx"], ["g"], name="/mask/GatherND"),
+             helper.make_node("Cast", ["g"], ["gf"], name="/mask/Cast_1", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x", "gf"], ["y"], name="/mask/Mul")]
+    m = _model(nodes, [helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 16]),
+                       helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 16])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 16])], [numpy_helper.from_array(idx, "idx")])
+    feeds = {"mask": np.random.default_rng(0).integers(0, 2, (1, 16)).astype(np.int64),
+             "x": np.random.default_rng(1).standard_normal((1, 1, 4, 16)).astype(np.float32)}
+    ref = _run(m, feeds)[0]
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    rec = apply_repairs(m, RepairContext())
+    assert next(r for r in rec if r["name"] == "gathernd-as-gather")["count"] == 1
+    np.testing.assert_array_equal(_run(m, feeds)[0], ref)
+    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
+    assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]

@@ -1,4 +1,4 @@
-"""`fold-constants`: in a quantized compile, what the fixed input shapes make constant is computed once.
+"""`fold-constants`: what the fixed input shapes make constant is computed once.
 
 Exporters compute shapes, position buckets and masks in the graph from Shape nodes. With the input
 shapes fixed these are constants, and ONNX Runtime folds them when it loads a float model. The
@@ -6,7 +6,8 @@ quantizer sees them before that and gives their float steps Q/DQ pairs: T5's rel
 buckets (Shape → Range → Sub → Abs → Div → Log → ...) became a quantized Log that QNN refuses to
 build (t5_span_encoder_int8 at 8a8w: error at /enc/block.0/layer.0/SelfAttention/Log). Folded
 first, by onnxscript's constant folder (the one torch.onnx uses), no such step is left to quantize.
-fp16 compiles keep the graph as it is: ONNX Runtime folds it the same way when it loads it.
+In fp16 ONNX Runtime folds the same nodes when it loads the model; folded here first, the repairs
+after this one see the constants too (a GatherND over indices computed from Shape: gathernd-as-gather).
 """
 from __future__ import annotations
 
@@ -16,11 +17,9 @@ from collections import Counter
 from . import RepairContext, onnx_repair
 
 
-@onnx_repair("fold-constants", 42, "quantized compiles: nodes that only compute constants once the input shapes are "
-             "fixed (shapes, position buckets) are folded (onnxscript's constant folder)")
+@onnx_repair("fold-constants", 42, "nodes that only compute constants once the input shapes are fixed (shapes, "
+             "position buckets) are folded (onnxscript's constant folder)")
 def fold_constants(model, ctx: RepairContext) -> dict | None:
-    if not ctx.quantized:
-        return None
     import onnx_ir as ir
     from onnxscript import optimizer
     before = Counter(n.op_type for n in model.graph.node)
