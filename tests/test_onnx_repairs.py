@@ -57,7 +57,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -255,3 +255,23 @@ def test_a_gathernd_over_constant_indices_becomes_a_gather_on_the_htp(tmp_path):
     np.testing.assert_array_equal(_run(m, feeds)[0], ref)
     rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
     assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+
+
+@pytest.mark.parametrize("steps, kept", [(20, False), (300, True)])
+def test_a_long_float_lstm_stays_on_the_cpu_and_says_why(steps, kept):
+    """QNN unrolls one cell per step: brainmaze's 2 × 599-step LSTM did not compile in 900 s."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((1, 32, 6)) * 0.3).astype(np.float32), "W")
+    r = numpy_helper.from_array((rng.standard_normal((1, 32, 8)) * 0.3).astype(np.float32), "R")
+    m = _model([helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="/lstm/LSTM", hidden_size=8)],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, 6])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 1, 1, 8])], [w, r])
+    x = {"x": rng.standard_normal((steps, 1, 6)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    rec = {r["name"]: r for r in apply_repairs(m, RepairContext())}
+    assert ("long-rnn-on-cpu" in rec) is kept
+    np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-6)
+    if kept:
+        assert rec["long-rnn-on-cpu"]["nodes"] == [{"node": "/lstm/LSTM", "steps": 300}]
+        assert "--input-shape" in rec["long-rnn-on-cpu"]["why"]
+        assert not apply_repairs(m, RepairContext())          # a second round leaves it as it is

@@ -51,6 +51,11 @@ RULES: tuple[FixRule, ...] = ET_RULES + (
             "the CPU as shipped. To put them on the HTP, compile a shorter window if the time axis is an input "
             "(--input-shape NAME=1,16,40) and run the model over the sequence window by window",
             op_types=("DynamicQuantizeLSTM",)),
+    FixRule("the QNN EP takes recurrent nodes with ONNX's default activations only. modelexport drops activations "
+            "that spell out the defaults, and keeps a recurrent node of more than 256 time steps × directions on the "
+            "CPU on purpose (QNN unrolls one cell per step; the audit's notes say which): to put it on the HTP, "
+            "compile a shorter window if the time axis is an input (--input-shape NAME=64,1,FEATURES) and run the "
+            "model over the sequence window by window", op_types=("LSTM", "GRU", "RNN"), reason=r"non-default activations"),
     FixRule("give static shapes: --input-shape NAME=1,3,224,224 for every dynamic input (the HTP runs static graphs only)",
             reason=r"cannot get shape|dynamic (shape|dim|input)|shape must be static|unknown (rank|dim)"),
     FixRule("data-dependent output size: move it into CPU post-processing, or use a fixed-size mask (Where / Greater) instead",
