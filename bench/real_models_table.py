@@ -53,6 +53,19 @@ def auto_cell(r: dict | None) -> str:
     return f"`{a['flags']}` {best if best is not None else '?'} dB{ratio}" + ("" if a["passed"] else " ✗")
 
 
+def summary(now: dict, models: list[str]) -> list[str]:
+    """One line per precision: how many of the corpus's models compile and meet the pass mark."""
+    out = []
+    for p, mark in (("fp16", PASS["fp16"]), ("8a8w", PASS["8a8w"]), ("auto", 25.0)):
+        rows = [now[(m, p)] for m in models if (m, p) in now]
+        if not rows:
+            continue
+        ok = sum(1 for r in rows if r.get("compiled") and (_worst(r) or float("-inf")) >= mark)
+        full = sum(1 for r in rows if r.get("compiled") and r.get("htp_share") == 1.0)
+        out.append(f"- **{p}**: {ok} of {len(rows)} models verify at ≥ {mark:g} dB; {full} run wholly on the HTP.")
+    return out
+
+
 def main() -> None:
     now, before = _rows(NOW) | _rows(AUTO), _rows(BEFORE)
     models = list(dict.fromkeys(m for m, _ in [*now, *before]))
@@ -63,11 +76,15 @@ def main() -> None:
              "numerics fixes of issue 41). dB: the worst output of `verify` (simulator vs float, the model's stored "
              "samples); ✗ below the pass mark (fp16 35 dB, 8a8w 15 dB). `auto`: `--precision auto --min-sqnr 25`. "
              "`-`: not measured in this run; `process died (exit -15)`: the run was stopped there.", "",
-             "| model | kind | fp16 before | fp16 now | 8a8w before | 8a8w now | auto |", "|---|---|---|---|---|---|---|"]
+             *summary(now, models), "",
+             "| model | kind | input | fp16 before | fp16 now | 8a8w before | 8a8w now | auto |",
+             "|---|---|---|---|---|---|---|---|"]
     for m in models:
         kind = next((r.get("kind", "") for r in (now.get((m, "fp16")), before.get((m, "fp16"))) if r), "")
-        lines.append(f"| {m} | {kind[:50]} | {cell(before.get((m, 'fp16')), 'fp16')} | {cell(now.get((m, 'fp16')), 'fp16')} | "
-                     f"{cell(before.get((m, '8a8w')), '8a8w')} | {cell(now.get((m, '8a8w')), '8a8w')} | {auto_cell(now.get((m, 'auto')))} |")
+        given = next((r.get("input", "") for r in (now.get((m, "fp16")), now.get((m, "8a8w"))) if r), "")
+        lines.append(f"| {m} | {kind[:50]} | {given} | {cell(before.get((m, 'fp16')), 'fp16')} | "
+                     f"{cell(now.get((m, 'fp16')), 'fp16')} | {cell(before.get((m, '8a8w')), '8a8w')} | "
+                     f"{cell(now.get((m, '8a8w')), '8a8w')} | {auto_cell(now.get((m, 'auto')))} |")
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT} ({len(models)} models)")
 

@@ -231,7 +231,7 @@ def hf_qwen_first_logits(model, ids: list[int], x, grid) -> "np.ndarray":
 def assert_every_node_on_the_htp(manifest, target: str = "SM8650") -> None:
     """As the QNN EP reported it: the vision part wholly on the HTP, and in every graph only the float IO's
     Quantize / Dequantize on the CPU."""
-    assert manifest.placement["vision"][target]["cpu_nodes"] == []
+    assert manifest.placement["vision"][target]["cpu_nodes"] == [], manifest.placement["vision"][target]["cpu_nodes"]
     for graph, per_target in manifest.placement.items():
         cpu = per_target[target]["cpu_nodes"]
         assert per_target[target]["htp_nodes"] > 0, graph
