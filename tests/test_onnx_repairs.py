@@ -57,7 +57,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -275,3 +275,30 @@ def test_a_long_float_lstm_stays_on_the_cpu_and_says_why(steps, kept):
         assert rec["long-rnn-on-cpu"]["nodes"] == [{"node": "/lstm/LSTM", "steps": 300}]
         assert "--input-shape" in rec["long-rnn-on-cpu"]["why"]
         assert not apply_repairs(m, RepairContext())          # a second round leaves it as it is
+
+
+def test_a_batch_norm_after_a_conv_is_folded_into_it_for_quantized_compiles(tmp_path):
+    """paddle2onnx's Conv (no bias) → BatchNormalization, the parameters as Constant nodes: quantized as
+    two ops the HTP departed at the BatchNormalization (ppocr_cls 16a16w -0.8 dB). Folded: exact on the
+    CPU, one Conv, and the 16a16w compile verifies."""
+    import modelexport
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    const = lambda name, a: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(a.astype(np.float32)))  # noqa: E731
+    nodes = [const("g", rng.uniform(0.5, 3, 8)), const("b", rng.standard_normal(8)), const("mu", rng.standard_normal(8)),
+             const("var", rng.uniform(1e-3, 2, 8)),
+             helper.make_node("Conv", ["x", "w"], ["c"], name="p2o.Conv.0", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["bn"], name="p2o.BatchNormalization.0"),
+             helper.make_node("Relu", ["bn"], ["y"], name="p2o.Relu.0")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w])
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    assert not any(r["name"] == "fold-conv-batch-norm" for r in apply_repairs(m, RepairContext()))   # float: left
+    rec = {r["name"]: r for r in apply_repairs(m, RepairContext(quantized=True))}
+    assert rec["fold-conv-batch-norm"]["count"] == 1 and [n.op_type for n in m.graph.node] == ["Conv", "Relu"]
+    np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-4, atol=1e-4)
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="16a16w",
+                            calibration=[x], use_cache=False)
+    assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
