@@ -99,3 +99,10 @@ def test_report_renders_in_headless_chromium(tmp_path):
     keep = __import__("os").environ.get("MODELEXPORT_KEEP_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+def test_an_exact_output_of_inf_db_plots():
+    """minilm_l3's exact outputs (inf dB) made the report's SQNR plot raise OverflowError."""
+    from modelexport.contract.report.plots import bars
+    svg = bars(["ids", "logits", "nan"], [float("inf"), 12.0, float("nan")], "SQNR per output", "dB", 35.0)
+    assert svg.startswith("data:image/svg+xml;base64,")

@@ -75,8 +75,13 @@ def placement_by_op(by_op: dict[str, dict[str, int]]) -> str:
 
 
 def bars(labels: list[str], values: list[float], title: str, xlabel: str, threshold: float | None = None) -> str:
-    """One bar per label; red where below the threshold."""
-    segs = [[(v, HTP_COLOR if threshold is None or v >= threshold else CPU_COLOR)] for v in values]
+    """One bar per label; red where below the threshold. An exact output (inf dB) draws at the largest
+    finite value shown (at least twice the threshold), a NaN at 0."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    cap = max([*finite, 2 * (threshold or 0.0), 1.0])
+    drawn = [v if v is not None and math.isfinite(v) else (cap if v is not None and v > 0 else 0.0) for v in values]
+    segs = [[(d, HTP_COLOR if threshold is None or (v is not None and v >= threshold) else CPU_COLOR)]
+            for v, d in zip(values, drawn)]
     return _hbars(labels, segs, title, xlabel, threshold)
 
 
