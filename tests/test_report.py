@@ -106,3 +106,10 @@ def test_an_exact_output_of_inf_db_plots():
     from modelexport.contract.report.plots import bars
     svg = bars(["ids", "logits", "nan"], [float("inf"), 12.0, float("nan")], "SQNR per output", "dB", 35.0)
     assert svg.startswith("data:image/svg+xml;base64,")
+
+
+def test_a_search_or_per_layer_plot_with_an_exact_candidate_draws():
+    """tashkeel's auto search: a candidate at inf dB made the scatter's ticks raise OverflowError."""
+    from modelexport.contract.report.plots import line, scatter
+    assert scatter([(1e6, float("inf")), (2e6, 30.0)], ["a", "b"], "t", "cycles", "dB", 25.0, 0).startswith("data:")
+    assert line(["x", "y"], [float("inf"), 20.0], "t", "dB", 25.0).startswith("data:")

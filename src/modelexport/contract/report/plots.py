@@ -25,6 +25,15 @@ def _text(x: float, y: float, s: str, anchor: str = "start", extra: str = "", si
             f'{escape(str(s))}</text>')
 
 
+def _drawable(values: list, threshold: float | None = None) -> list[float]:
+    """The values as drawn: +inf (an output verified exactly) at the largest finite one (at least twice
+    the threshold), -inf at the smallest, NaN or None at 0."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    top, low = max([*finite, 2 * (threshold or 0.0), 1.0]), min([*finite, 0.0])
+    return [v if v is not None and math.isfinite(v) else 0.0 if v is None or math.isnan(v) else (top if v > 0 else low)
+            for v in values]
+
+
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """Round tick values (1, 2, 2.5, 5 × 10^k apart) covering [lo, hi]."""
     raw = ((hi - lo) or 1.0) / n
@@ -77,9 +86,7 @@ def placement_by_op(by_op: dict[str, dict[str, int]]) -> str:
 def bars(labels: list[str], values: list[float], title: str, xlabel: str, threshold: float | None = None) -> str:
     """One bar per label; red where below the threshold. An exact output (inf dB) draws at the largest
     finite value shown (at least twice the threshold), a NaN at 0."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    cap = max([*finite, 2 * (threshold or 0.0), 1.0])
-    drawn = [v if v is not None and math.isfinite(v) else (cap if v is not None and v > 0 else 0.0) for v in values]
+    drawn = _drawable(values, threshold)
     segs = [[(d, HTP_COLOR if threshold is None or (v is not None and v >= threshold) else CPU_COLOR)]
             for v, d in zip(values, drawn)]
     return _hbars(labels, segs, title, xlabel, threshold)
@@ -88,6 +95,7 @@ def bars(labels: list[str], values: list[float], title: str, xlabel: str, thresh
 def line(labels: list[str], values: list[float], title: str, ylabel: str, threshold: float | None = None) -> str:
     """Values in order (e.g. SQNR per layer) with the threshold as a dashed line; points below it red."""
     w, h, left, right, top, bottom = 820, 300, 60, 20, 30, 90
+    values = _drawable(values, threshold)
     pool = [*values, *([threshold] if threshold is not None else [])] or [0.0]
     lo, hi = min(pool), max(pool)
     lo, hi = (lo - 1, hi + 1) if hi == lo else (lo, hi)
@@ -120,7 +128,8 @@ def scatter(points: list[tuple[float, float]], labels: list[str], title: str, xl
             threshold: float | None = None, chosen: int | None = None) -> str:
     """(x, y) points (e.g. a candidate's cycles and dB), the chosen one ringed, the threshold dashed."""
     w, h, left, right, top, bottom = 820, 320, 70, 20, 30, 50
-    xs, ys = [p[0] for p in points] or [0.0], [p[1] for p in points] or [0.0]
+    xs, ys = _drawable([p[0] for p in points]) or [0.0], _drawable([p[1] for p in points], threshold) or [0.0]
+    points = list(zip(xs, ys))
     ypool = [*ys, *([threshold] if threshold is not None else [])]
     xlo, xhi = 0.0, max(xs) * 1.05 or 1.0
     ylo, yhi = min(ypool), max(ypool)
