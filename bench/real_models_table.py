@@ -75,7 +75,7 @@ def main() -> None:
              f"{meta.get('target', 'SM8650')}; `auto` from `real_models_auto.json`) and `bench/results/real_models_before.json` (the same corpus before the "
              "numerics fixes of issue 41). dB: the worst output of `verify` (simulator vs float, the model's stored "
              "samples); ✗ below the pass mark (fp16 35 dB, 8a8w 15 dB). `auto`: `--precision auto --min-sqnr 25`. "
-             "`-`: not measured in this run; `process died (exit -15)`: the run was stopped there.", "",
+             "`-`: not measured in this run; `process died (exit -9)`: stopped at the run's time limit (900 s fp16/8a8w, 300–420 s auto); inputs: `real` where the package ships one or the corpus speaks it, else random.", "",
              *summary(now, models), "",
              "| model | kind | input | fp16 before | fp16 now | 8a8w before | 8a8w now | auto |",
              "|---|---|---|---|---|---|---|---|"]
