@@ -62,7 +62,7 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants",
+    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants", "constants-as-initializers",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
@@ -303,3 +303,61 @@ def test_a_batch_norm_after_a_conv_is_folded_into_it_for_quantized_compiles(tmp_
     b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="16a16w",
                             calibration=[x], use_cache=False)
     assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+
+
+def _depthwise_with_constant_weights():
+    """paddle2onnx's depthwise Conv: weight and bias as Constant nodes, channels 1000× apart in size."""
+    rng = np.random.default_rng(0)
+    mag = np.geomspace(1e-3, 1, 8).astype(np.float32)[:, None, None, None]
+    w = (rng.standard_normal((8, 1, 3, 3)) * mag).astype(np.float32)
+    b = (rng.standard_normal(8) * mag[:, 0, 0, 0]).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w)),
+             helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(b)),
+             helper.make_node("Conv", ["x", "w", "b"], ["y"], name="p2o.Conv.0", group=8, pads=[1, 1, 1, 1])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])])
+
+
+def _weight_and_bias_dq(qdq_path):
+    """The Conv's weight scale shape and its bias's quantized dtype (None: the bias stays float)."""
+    q = onnx.load(str(qdq_path))
+    prod = {o: n for n in q.graph.node for o in n.output}
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    conv = next(n for n in q.graph.node if n.op_type == "Conv")
+    w_dq, b_dq = prod.get(conv.input[1]), prod.get(conv.input[2])
+    w_scale = inits.get(w_dq.input[1]) if w_dq is not None else None
+    return (None if w_scale is None else w_scale.shape,
+            None if b_dq is None or b_dq.op_type != "DequantizeLinear" else inits[b_dq.input[0]].dtype)
+
+
+@pytest.mark.parametrize("repaired", [True, False])
+def test_constant_node_weights_are_quantized_per_channel(tmp_path, monkeypatch, repaired):
+    """Weights written as Constant nodes were quantized as activations: one scale for all 8 channels
+    (from the calibration range) and the bias left in float. As initializers they get per-channel
+    scales and an int32 bias, and the compile verifies."""
+    import modelexport
+    import modelexport.passes.onnx as repairs
+    if not repaired:
+        every = repairs.all_repairs
+        monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "constants-as-initializers"])
+    onnx.save(_depthwise_with_constant_weights(), str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(1)
+    calib = [{"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="8a8w",
+                            calibration=calib, use_cache=False)
+    w_scale, bias = _weight_and_bias_dq(next((tmp_path / "b").rglob("model.qdq.onnx")))
+    if repaired:
+        assert (w_scale, bias) == ((8,), np.int32)
+        assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+    else:
+        assert w_scale == () and bias is None
+
+
+def test_constants_become_initializers_with_the_same_values():
+    m = _depthwise_with_constant_weights()
+    x = {"x": np.random.default_rng(2).standard_normal((1, 8, 16, 16)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    rec = {r["name"]: r for r in apply_repairs(m, RepairContext(quantized=True))}
+    assert rec["constants-as-initializers"]["count"] == 2
+    assert [n.op_type for n in m.graph.node] == ["Conv"] and {i.name for i in m.graph.initializer} == {"w", "b"}
+    np.testing.assert_array_equal(_run(m, x)[0], ref)

@@ -8,6 +8,7 @@ build (t5_span_encoder_int8 at 8a8w: error at /enc/block.0/layer.0/SelfAttention
 first, by onnxscript's constant folder (the one torch.onnx uses), no such step is left to quantize.
 In fp16 ONNX Runtime folds the same nodes when it loads the model; folded here first, the repairs
 after this one see the constants too (a GatherND over indices computed from Shape: gathernd-as-gather).
+The folder writes its values as Constant nodes; `constants-as-initializers` (next) makes them initializers.
 """
 from __future__ import annotations
 
@@ -36,21 +37,6 @@ def fold_constants(model, ctx: RepairContext) -> dict | None:
     gone = {op: k - after.get(op, 0) for op, k in before.items() if op != "Constant" and k > after.get(op, 0)}
     if not gone:
         return None
-    _constants_as_initializers(out)
     model.CopyFrom(out)
     return {"nodes": sum(gone.values()), "ops": dict(sorted(gone.items(), key=lambda kv: -kv[1])[:12])}
 
-
-def _constants_as_initializers(model) -> None:
-    """The folder writes its values as Constant nodes; ONNX Runtime's fusions (qnn_preprocess_model's
-    Erf-GELU among them) read constants from initializers only, so they become initializers."""
-    from onnx import numpy_helper
-    g = model.graph
-    keep = []
-    for n in g.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 and n.attribute[0].name == "value":
-            g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(n.attribute[0].t), n.output[0]))
-        else:
-            keep.append(n)
-    del g.node[:]
-    g.node.extend(keep)
