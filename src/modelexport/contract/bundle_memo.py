@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core.atomic import check_output, replace_path, sibling_temp
 from ..core.files import MANIFEST_NAME, sha256_file
-from ..core.cache import Cache, cache_key
+from ..core.cache import Cache, cache_key, code_fingerprint
 
 NAMESPACE = "bundle"
 ENTRY_BUNDLE = "bundle"
@@ -110,15 +110,6 @@ def _toolchain_fingerprint() -> list[str]:
     return out
 
 
-def _code_fingerprint() -> str:
-    root = Path(__file__).resolve().parents[1]   # the whole package
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        st = f.stat()
-        h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
 class BundleMemo:
     """`memo = BundleMemo.for_compile(...)`; `memo.restore(out, force)` or, after a real compile,
     `memo.store(bundle_path)`. `for_compile` returns None when the inputs are not memoizable."""
@@ -137,7 +128,7 @@ class BundleMemo:
             return None
         opts = {k: v for k, v in sorted(options.items())         # unset (None, []) and given-as-unset hash alike
                 if k not in ("use_cache", "jobs", "force", "progress") and v not in (None, [], ())}
-        key = cache_key(NAMESPACE, fingerprints, calib, opts, _toolchain_fingerprint(), _code_fingerprint())
+        key = cache_key(NAMESPACE, fingerprints, calib, opts, _toolchain_fingerprint(), code_fingerprint())
         return cls(key, Cache())
 
     def restore(self, output: Path, force: bool) -> Path | None:

@@ -37,6 +37,17 @@ def cache_key(*parts: Any) -> str:
     return h.hexdigest()
 
 
+def code_fingerprint() -> str:
+    """Names, sizes and modification times of the package's own sources: an entry made by other
+    code (an upgrade, an edit) is not reused."""
+    root = Path(__file__).resolve().parents[1]   # the whole package
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        st = f.stat()
+        h.update(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 _SWEPT: set[Path] = set()
 
 

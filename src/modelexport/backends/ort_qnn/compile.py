@@ -25,7 +25,7 @@ from ...core.arguments import finite
 from ...core.atomic import check_output
 from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, SourceModel, TensorSpec, Timings
 from ...core.vocab import BundleKind, Format, Role
-from ...core.cache import Cache, cache_key
+from ...core.cache import Cache, cache_key, code_fingerprint
 from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
@@ -93,7 +93,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
     import onnxruntime
     float_bytes = part.loaded.to_bytes()
     key = cache_key("qdq", float_bytes, part.precision.to_dict(), opts.per_channel,
-                    part.calibration.digest() if part.calibration else None, onnxruntime.__version__,
+                    part.calibration.digest() if part.calibration else None, onnxruntime.__version__, code_fingerprint(),
                     *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []),
                     *([["metadata", part.loaded.detached_metadata]] if part.loaded.detached_metadata else []))
 
