@@ -24,8 +24,8 @@ REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization
 VTCM_MB_HELP = ("VTCM to compile for (QNN EP option vtcm_mb): MB, or a size with a unit (1MB, 1048576B); "
                 "whole MB only (the EP's limit), at most the target's (`modelexport targets`).")
 VTCM_SIZE_HELP = "The seeds' spelling: VTCM in bytes (--vtcm_size 1048576), or with a unit; same rules as --vtcm-mb."
-OPTIMIZATION_LEVEL_HELP = ("HTP graph finalization (1, 2, 3). 3: QNN's most optimized graph, the slowest to prepare; "
-                           "1: quick iterations (SmolLM2's weight-shared pair: 160 s at 3, 113 s at 2, 69 s at 1).")
+OPTIMIZATION_LEVEL_HELP = ("HTP graph finalization level: 3 (default) prepares QNN's most optimized graph and takes "
+                           "longest; 1 prepares fastest, for quick iterations; 2 is between.")
 CALIB_HELP = ("Calibration data: a folder of .npy/.npz/.raw, an input list .txt (one line per sample), a .npz, or `random` "
               "(labelled not representative in the manifest). ONNX models with one input: a folder of photos "
               "(.png/.jpg, resized to the image input; --image-mean/--image-std) or of .wav recordings (cut or padded "
@@ -186,7 +186,7 @@ def compile_cmd(
                                           "returns {output: array}; it runs your evaluation data through the model."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
-    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (the seeds' --variant ar1 --variant ar32); `full` (seed 003's `bert`) adds the full-context graph: N = --max-seq-len, no KV cache."),
+    variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (--variant ar1 --variant ar32 is the same); `full` adds the full-context graph: N = --max-seq-len, no KV cache."),
     inputs: Optional[str] = typer.Option(None, "--inputs", help="LLMs: the decoder's first input: tokens (default: input_ids), "
                                          "embeddings (inputs_embeds [1, N, hidden]; the bundle gets an embedder part that looks "
                                          "text up) or both (ids looked up + inputs_embeds added; an id >= vocab_size looks nothing up)."),

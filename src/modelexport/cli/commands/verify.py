@@ -20,7 +20,7 @@ def verify_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target."),
     min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 35, 8a8w 15, "
                                              "16a8w 18, 16a16w 25, 16a4w 5)."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples (default: all of them)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --report file."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
