@@ -66,3 +66,25 @@ def test_a_16_bit_override_inside_an_8_bit_graph_converts_both_ways(tmp_path, mo
         assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
     else:
         assert mixed == ["stem.scale"]
+
+
+def test_a_promoted_prelu_takes_its_slope_at_its_own_width(tmp_path):
+    """A PRelu promoted to 16 bits read its slope at the default 8 bits: mixed inputs, a float op."""
+    rng = np.random.default_rng(0)
+    arr = lambda a, n: numpy_helper.from_array(a.astype(np.float32), n)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("PRelu", ["c", "slope"], ["p"], name="act"),
+             helper.make_node("Conv", ["p", "w2"], ["y"], name="head")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+                                            [arr(rng.standard_normal((8, 3, 3, 3)) * 0.3, "w"),
+                                             arr(rng.uniform(0.1, 0.3, (8, 1, 1)), "slope"),
+                                             arr(rng.standard_normal((8, 8, 1, 1)) * 0.3, "w2")]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    calib = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="8a8w",
+                            calibration=calib, overrides=["^act$=16a8w"], use_cache=False)
+    assert _mixed_ops(next((tmp_path / "b").rglob("model.qdq.onnx"))) == []
+    assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
