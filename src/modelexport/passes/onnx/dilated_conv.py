@@ -59,10 +59,21 @@ def dilated_conv_as_taps(model, ctx: RepairContext) -> dict | None:
             g.node.insert(at + k, m)
         done.append({"node": base, "dilation": d})
     if done:
-        used = {t for m in g.node for t in m.input}
+        used = _read(g)
         for t in [t for t in g.initializer if t.name not in used]:
             g.initializer.remove(t)
     return {"nodes": done[:20], "count": len(done)} if done else None
+
+
+def _read(graph) -> set[str]:
+    """Every tensor name a node reads, inside If/Loop bodies too (they may read outer initializers)."""
+    out = set()
+    for n in graph.node:
+        out.update(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out |= _read(sub)
+    return out
 
 
 def _lengths(graph) -> dict[str, int]:
