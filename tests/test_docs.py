@@ -72,7 +72,8 @@ def test_results_page_builds_from_the_bench_json():
 # --- every path a doc names exists -------------------------------------------------------------
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs" / "guide").glob("*.md")),
-        *sorted((REPO / "docs" / "design").glob("*.md")), REPO / "docs" / "reference" / "README.md"]
+        *sorted((REPO / "docs" / "design").glob("*.md")), REPO / "docs" / "reference" / "README.md",
+        REPO / "docs" / "llm_export.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\s]+)`")
 
@@ -113,6 +114,15 @@ def test_a_missing_path_is_found():
     text = ("see `src/modelexport/llm/htp_runtime.py`, [x](../nothere.md), `bench/results/*.json`, "
             "`src/modelexport/api.py`, `tests/nope_*.py` and `examples/pytorch_pte.py:build`")
     assert missing(text, doc) == ["../nothere.md", "src/modelexport/llm/htp_runtime.py", "tests/nope_*.py"]
+
+
+STALE = ("llm/export/backend.py", "llm/htp_runtime.py", "llm/evaluate.py", "tests/test_llm_chunks.py", "llm/native/")
+
+
+def test_no_doc_names_a_file_that_moved():
+    for doc in [*DOCS, *sorted((REPO / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        assert not [s for s in STALE if s in text], doc.name
 
 
 def test_the_guide_holds_no_history():
