@@ -34,7 +34,7 @@ def audit(
     calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help="PyTorch models: calibration data for a quantized "
                                               "--precision (default random: placement does not depend on the values)."),
     override: Optional[List[str]] = typer.Option(None, "--override", help="PyTorch models: 'REGEX=PRECISION' per-module precision (repeatable)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="PyTorch models, 16a4w_block: input channels per scale."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="PyTorch models, 16a4w_block: input channels per scale (default 64)."),
     rewrite: Optional[List[str]] = typer.Option(None, "--rewrite", help="PyTorch models: apply an opt-in rewrite pass first (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:

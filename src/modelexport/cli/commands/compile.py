@@ -22,7 +22,7 @@ OVERRIDE_HELP = ("'REGEX=PRECISION' gives the modules whose path matches REGEX (
                  "(repeatable; first match wins). `verify --per-layer` suggests one.")
 REWRITE_HELP = "PyTorch models: apply an opt-in rewrite pass before quantization (repeatable; `modelexport audit` names them)."
 VTCM_MB_HELP = ("VTCM to compile for (QNN EP option vtcm_mb): MB, or a size with a unit (1MB, 1048576B); "
-                "whole MB only (the EP's limit), at most the target's (`modelexport targets`).")
+                "whole MB only (the EP's limit), at most the target's (`modelexport targets`). Default: not set, QNN chooses.")
 VTCM_SIZE_HELP = "The seeds' spelling: VTCM in bytes (--vtcm_size 1048576), or with a unit; same rules as --vtcm-mb."
 OPTIMIZATION_LEVEL_HELP = ("HTP graph finalization level: 3 (default) prepares QNN's most optimized graph and takes "
                            "longest; 1 prepares fastest, for quick iterations; 2 is between.")

@@ -45,7 +45,7 @@ def sweep_cmd(
     ray: Optional[str] = typer.Option(None, "--ray", help="Run each cell as a Ray task on this cluster: HOST:PORT of "
                                       "its head, ray://HOST:10001, or auto (the cluster `ray start` made on this machine). "
                                       "Every node needs modelexport, the model paths, OUT and the cache "
-                                      "(MODELEXPORT_CACHE_DIR) at the same paths."),
+                                      "(MODELEXPORT_CACHE_DIR) at the same paths. Default: not set, cells run in local processes."),
     json_out: bool = typer.Option(False, "--json", help="Print the results (as in results.json) as JSON."),
 ) -> None:
     """Compile a matrix of models × SoCs × precisions: one bundle per cell (the same compile as

@@ -16,8 +16,8 @@ from ..app import app, console, emit_json, progress
 def verify_cmd(
     bundle: Path = typer.Argument(..., help="A bundle written by `modelexport compile`."),
     input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="Inputs to compare on (default: the calibration samples stored in the bundle)."),
-    part: Optional[str] = typer.Option(None, "--part", help="Only this model of a multi-model bundle."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target."),
+    part: Optional[str] = typer.Option(None, "--part", help="Only this model of a multi-model bundle (default: every model)."),
+    target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target (default: every target)."),
     min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 35, 8a8w 15, "
                                              "16a8w 18, 16a16w 25, 16a4w 5)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples (default: all of them)."),
