@@ -111,10 +111,10 @@ REPO = Path(__file__).resolve().parents[1]
 # The files that take longest, longest first (measured with `--durations`): under `--dist loadfile`
 # a worker takes whole files in collection order, so starting with these packs the two workers
 # evenly instead of leaving one to finish a long file alone at the end.
-SLOW_FILES = ("test_llm_generate_smollm2.py", "test_examples.py", "test_llm_real_gemma3.py", "test_llm_generate_cpu.py", "test_llm_export_smollm2_layers.py",
+SLOW_FILES = ("test_llm_generate_smollm2.py", "test_llm_real_gemma3.py", "test_llm_generate_cpu.py", "test_llm_export_smollm2_layers.py",
               "test_llm_export.py", "test_sweep.py", "test_et_mobilenet.py", "test_real_torch.py", "test_et_audit.py",
               "test_et_inputs.py", "test_llm_families.py", "test_verify_per_layer.py", "test_et_locate.py",
-              "test_llm_cpu_families.py", "test_gguf_kquants.py")
+              "test_llm_cpu_families.py", "test_gguf_kquants.py", "test_examples.py")
 
 
 def pytest_collection_modifyitems(items):
