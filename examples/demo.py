@@ -24,7 +24,7 @@ from modelexport.cli.main import main
 OUT = Path("demo-out")
 LLM_PRECISION = "16a4w_block"   # the LLM default: 4-bit weights in blocks of 32
 # the float model leads with "The" by only 0.08 logits on "What is the capital of France?", and this
-# Q4_1 file answers "L'Étoile, ..." to it in llama.cpp as in our program (README, issue 20); on this
+# Q4_1 file answers "L'Étoile, ..." to it in llama.cpp as in our program (CHANGELOG, issue 20); on this
 # wording its lead is 0.73, and the answer is Paris
 QUESTION = "Name the capital city of France."
 
