@@ -138,3 +138,67 @@ def test_the_readme_is_short_and_has_its_recipes():
     for needle in ("make demo", "make test", "--precision 8a8w --calibration", "modelexport verify OUT",
                    "modelexport run", "genie-t2t-run -c genie_config.json", "| 5 |", "docs/results.md"):
         assert needle in text, needle
+
+
+# --- every command a page shows exists with the flags it uses ---------------------------------
+
+FENCE = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+
+
+def shown_commands(text: str) -> list[list[str]]:
+    """The `modelexport VERB ...` lines of a page's shell blocks, continuations joined, comments cut."""
+    import shlex
+    out = []
+    for block in FENCE.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if "modelexport " not in line:
+                continue
+            line = line[line.index("modelexport "):]
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                continue
+            if words[0] == "modelexport" and len(words) > 1:
+                out.append(words[1:])
+    return out
+
+
+def unknown_flags(commands: list[list[str]]) -> list[str]:
+    import click
+    import typer
+
+    from modelexport.cli.app import app
+    from modelexport.cli.main import _load_commands
+    _load_commands()
+    root = typer.main.get_command(app)
+    ctx = click.Context(root)
+    bad = []
+    for words in commands:
+        cmd = root.get_command(ctx, words[0])
+        if cmd is None:
+            bad.append(f"modelexport {words[0]}: no such verb")
+            continue
+        names = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+        for w in words[1:]:
+            if w.startswith("-") and len(w) > 1 and not w[1].isdigit():
+                flag = w.split("=", 1)[0]
+                if flag not in names:
+                    bad.append(f"modelexport {words[0]} {flag}")
+    return bad
+
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guide").glob("*.md")), *sorted((REPO / "examples").glob("*.sh"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_shown_exists(page):
+    text = page.read_text()
+    if page.suffix == ".sh":
+        text = f"```bash\n{text.replace(chr(34) + '$ME' + chr(34), 'modelexport')}```"
+    assert not unknown_flags(shown_commands(text)), page.name
+
+
+def test_an_invented_flag_is_found():
+    text = "```bash\nmodelexport compile m.onnx --targte SM8650 -o OUT   # typo\nmodelexport frobnicate x\n```"
+    assert unknown_flags(shown_commands(text)) == ["modelexport compile --targte", "modelexport frobnicate: no such verb"]
