@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-heavy test-wip setup bench clean browser speech
+.PHONY: demo test test-heavy test-wip setup bench clean browser speech docs
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ test-wip: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m compileall -q src >/dev/null
 	$(BIN)/python bench/run_all.py
+
+# Regenerate the generated docs: docs/reference/ from the code, docs/results.md from bench/results/*.json.
+docs: $(STAMP)
+	$(BIN)/python scripts/reference_docs.py
+	$(BIN)/python scripts/results_page.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
