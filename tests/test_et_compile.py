@@ -51,6 +51,8 @@ def test_run_and_verify_on_the_host_match_eager(topk_fp16, cli_here):
     x = torch.randn(1, 16, 32)
     got = modelexport.run(bundle.path, {"x": x.numpy()}).outputs["output_0"]
     np.testing.assert_allclose(got, model(x).detach().numpy(), atol=2e-2)
+    one = modelexport.run(bundle.path, inputs=x.numpy()).outputs["output_0"]   # one array for a one-input model
+    np.testing.assert_array_equal(one, got)
     res = modelexport.run(bundle.path, random=True, repeat=2)
     assert res.outputs["output_0"].shape == (1, 4, 32) and len(res.run_seconds) == 2
     rep = json.loads(cli_here("verify", str(bundle.path), "--json", check=True).stdout)

@@ -148,6 +148,12 @@ class SimulatorSession:
 def given_feed(inputs, session) -> dict[str, np.ndarray]:
     """The user's inputs — --input files, or arrays by name from the Python API — checked against
     the inputs of a session (any with `inputs` and `input_specs`: run, verify and profile, per format)."""
+    if isinstance(inputs, np.ndarray):
+        names = list(session.inputs)
+        if len(names) != 1:
+            raise InputError(f"one array was given for a model with {len(names)} inputs ({', '.join(names)})",
+                             "pass a dict of arrays by input name: inputs={" + ", ".join(f"'{n}': ..." for n in names) + "}")
+        inputs = {names[0]: inputs}
     feed = dict(inputs) if isinstance(inputs, dict) else read_input_files(list(inputs or []), list(session.inputs))
     return check_feed(feed, session.input_specs)
 
@@ -155,7 +161,7 @@ def given_feed(inputs, session) -> dict[str, np.ndarray]:
 def run_repeated(session, inputs, random: bool, seed: int, repeat: int) -> tuple[dict[str, np.ndarray], list[float]]:
     """`run`'s loop for any session with `inputs`, `random_feed` and `run` (the QNN simulator's
     or an ExecuTorch program's): the feed from files, arrays or random data, run `repeat` times."""
-    if inputs is None or inputs == []:
+    if inputs is None or (isinstance(inputs, (list, tuple)) and not inputs):
         if not random:
             raise InputError("no inputs given", "pass --input x.npy (or NAME=x.npy), or --random for random data")
         feed = session.random_feed(seed)
