@@ -1,5 +1,5 @@
 """4-bit weight quality on the real SmolLM2-135M-Instruct (Q4_1 GGUF; the second real family, Gemma 3
-270M, is measured by bench/llm_compile_profile.py --model gemma3 and `eval`: results/llm_eval_gemma3.json):
+270M, is measured by bench/experiments/llm_compile_profile.py --model gemma3 and `eval`: results/llm_eval_gemma3.json):
 each rounding technique and the --max-ppl-ratio recipe, SM8650, ar1 + ar32, max-seq-len 512.
 
 Two kinds of rows, each named for what it measures:

@@ -3,6 +3,9 @@
     python bench/run_all.py            # the quick ones (minutes each)
     python bench/run_all.py --all      # also the SmolLM2 exports (tens of minutes, several GB)
     python bench/run_all.py onnx_compile profile_cost    # by name
+
+The other goal benchmarks in bench/ run by hand (each says how in its docstring); concluded one-off
+experiments are in bench/experiments/ (README.md there), and none of them runs here.
 """
 from __future__ import annotations
 

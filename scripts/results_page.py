@@ -81,9 +81,10 @@ def provenance(path: Path, d) -> str:
     git_date = _git("log", "-1", "--format=%cs", "--", rel)
     git_commit = _git("log", "-1", "--format=%h", "--", rel)
     parts = [f"`{rel}`"]
-    script = ROOT / "bench" / f"{path.stem}.py"
-    if script.exists():
-        parts.append(f"written by `bench/{script.name}`")
+    script = next((s for s in (ROOT / "bench" / f"{path.stem}.py", ROOT / "bench" / "experiments" / f"{path.stem}.py")
+                   if s.exists()), None)       # a benchmark, or a concluded experiment (bench/experiments/)
+    if script:
+        parts.append(f"written by `{script.relative_to(ROOT).as_posix()}`")
     if date or commit:
         parts.append(f"date {date or 'not recorded'}, commit {commit or 'not recorded'} (from the JSON)")
     elif git_date:

@@ -65,7 +65,7 @@ def bundle(tmp_path_factory, cut):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
         # one graph, finalized at level 1: where nodes run and what they compute do not depend on
-        # either (the weight-shared ar1 + ar32 pair at level 3 is the full model's, bench/llm_compile_profile.py)
+        # either (the weight-shared ar1 + ar32 pair at level 3 is the full model's, bench/experiments/llm_compile_profile.py)
         return modelexport.compile(str(cut), output=cut.parent / "bundle", target="SM8650",
                                    variants="ar32", max_seq_len=MAX_SEQ, optimization_level=1)
 
@@ -86,7 +86,7 @@ def test_simulator_adds_nothing_to_what_quantization_costs(bundle):
     the stream at 1/4, attention's core in fp16), first 32 tokens: float vs QDQ 20.5 dB, float vs
     simulator 20.5 dB, QDQ vs simulator 35.2 dB (over 128 tokens: 18.4 / 18.4 / 35.6). With the core
     quantized, the HTP took each 16x16 activation MatMul's second input at 8 bits: QDQ vs simulator
-    25.6 dB (bench/htp_matmul_precision.py, quant/llm_graphs.FLOAT_NODES)."""
+    25.6 dB (bench/experiments/htp_matmul_precision.py, quant/llm_graphs.FLOAT_NODES)."""
     from modelexport.runtime.evaluate import evaluate
     res = evaluate(bundle.path, stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=32,
                    sim_window=32, sim_tokens=32, from_token=0)      # the span measured above

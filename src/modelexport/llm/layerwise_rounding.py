@@ -39,7 +39,7 @@ def rounding_bytes(shape: dict) -> int | None:
     phase): the moments held (and as much again: the layer's float32 lift, the hooks' inputs, the
     error statistics), GPTQ's batch of one shape (3 float32 copies), and the float32 work on the
     widest H (the reversed copy, its Cholesky factor, the flipped inverse: 3 copies at the most, a
-    1B down_proj's 8192^2 0.8 GB; 1.6 GB in float64 before). Fit to bench/llm_rounding.py on
+    1B down_proj's 8192^2 0.8 GB; 1.6 GB in float64 before). Fit to bench/experiments/llm_rounding.py on
     SmolLM2 and the Llama-3.2-1B shape (docs/llm_export.md, "4-bit weights"); the float32 term is
     counted, not yet measured."""
     from ..quant.gptq import BATCH_ELEMENTS

@@ -382,7 +382,7 @@ class LayerPlan:
 class AttentionCore(nn.Module):
     """softmax(q.k^T * scaling (soft-capped) + mask) . v, heads joined: its own module so the compiled
     graphs can keep it float (`/self_attn/core/`, quant/llm_graphs.FLOAT_NODES). The HTP takes the
-    second input of a MatMul of two 16-bit activations at 8 bits (bench/htp_matmul_precision.py)."""
+    second input of a MatMul of two 16-bit activations at 8 bits (bench/experiments/htp_matmul_precision.py)."""
     def __init__(self, scaling: float, softcap: float | None):
         super().__init__()
         self.scaling = float(scaling)

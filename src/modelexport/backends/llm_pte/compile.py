@@ -78,7 +78,7 @@ def edge_program(graphs: dict[str, Any], inputs: dict[str, tuple], specs: list, 
     exported, QNN's export passes, to_edge keeping the ops QNN wants whole, QNN's to-edge passes.
     Its cost is per node and per pass: some 34 whole-graph re-traces per method through fake tensors
     (3 decompositions, ExecuTorch's edge passes, QNN's), ~450 recompiles of the graph's Python source,
-    linear in layers (bench/llm_pte_stages.py --profile). Two parts add nothing to the program and are cut
+    linear in layers (bench/experiments/llm_pte_stages.py --profile). Two parts add nothing to the program and are cut
     (`EDGE_CUTS`): the re-export is non-strict (the graph is already an exported, quantized aten graph:
     dynamo has nothing to capture; a third of the export's time), and `from_node` provenance is dropped
     between phases too (each pass deep-copies every node's chain, one link longer per pass)."""
@@ -113,7 +113,7 @@ def edge_program(graphs: dict[str, Any], inputs: dict[str, tuple], specs: list, 
     return edge
 
 
-EDGE_CUTS = {"on": True}    # bench/llm_pte_stages.py --mode after-no-edge-cuts: the code before them
+EDGE_CUTS = {"on": True}    # bench/experiments/llm_pte_stages.py --mode after-no-edge-cuts: the code before them
 
 
 def _drop_provenance(gm) -> None:

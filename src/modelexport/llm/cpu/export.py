@@ -19,14 +19,14 @@ checkpoint file, Hydra, and for SmolLM2 torchtune plus a hub download:
    does with `use_sdpa_with_kv_cache`); by default (`attention="native"`) each layer then gets
    one fused q|k|v projection and attends with our kernel `modelexport::sdpa`
    (`llm/native/sdpa.cpp`, compiled on first use) instead of `llama::custom_sdpa`: a decode
-   step is ~20% shorter at 60 positions and ~40% at 500 (`bench/cpu_kernels.py --option attention`);
+   step is ~20% shorter at 60 positions and ~40% at 500 (`bench/experiments/cpu_kernels.py --option attention`);
 3. weights are quantized (`8da4w`: int8 dynamic activations, symmetric int4 weights in groups
    of 32; `8da8w`: int8 per-channel weights; embeddings 4-bit in groups of 32 through
    ExecuTorch's embedding quantizer), or kept fp32. By default (`linear="auto"`) 8da4w linears
    run on our kernels (`llm/native/linear_q4.cpp`, activations in int8 per block of 32): one
    call for q|k|v with the RMSNorm before it, one for o with the residual add after it, one for
    gate|up with the norm and SwiGLU, one for down with the residual (`fuse_blocks`), so only
-   RoPE is left to XNNPACK in a layer (`bench/cpu_kernels.py --option linear`); otherwise they
+   RoPE is left to XNNPACK in a layer (`bench/experiments/cpu_kernels.py --option linear`); otherwise they
    are written with the `quantized_decomposed` ops XNNPACK matches (see `DynamicQuantLinear` for
    why not torchao's affine ops). From a GGUF, with our kernels, every weight the file stores as
    Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K or Q8_0 keeps its blocks as stored instead (`gguf_blocks.py`;
@@ -81,7 +81,7 @@ class CpuExportOptions:
                                          # static one-token program (prompt fed token by token)
     fast_lowering: bool = True           # skip lowering work that provably changes nothing
     attention: str = "native"            # native: our AVX2 kernel (llm/native/sdpa.cpp) | executorch:
-                                         # llama::custom_sdpa (see bench/cpu_kernels.py --option attention)
+                                         # llama::custom_sdpa (see bench/experiments/cpu_kernels.py --option attention)
     linear: str = "auto"                 # native: our 4-bit kernel (llm/native/linear_q4.cpp) | xnnpack |
                                          # auto: native for 8da4w in groups of 32, else xnnpack
     gguf_blocks: bool = True             # from a GGUF, with the native kernel: keep its blocks as stored

@@ -22,7 +22,7 @@
 // every weight to 16 bits and was ~70% of a SmolLM2 decode step, and it has no per-block min nor
 // per-block 8-bit weights. With one token the work is reading the weights: here two blocks (64
 // weights) cost one load, two byte-wise multiply-adds (maddubs) and a few more instructions, the
-// next rows are prefetched, and the step is memory-bound (bench/cpu_kernels.py --option linear).
+// next rows are prefetched, and the step is memory-bound (bench/experiments/cpu_kernels.py --option linear).
 #include "kernel_common.h"
 
 namespace modelexport_native {
@@ -315,7 +315,7 @@ static void rows_avx2_t(const uint8_t* w, const BlockScales& s, int64_t blocks, 
 
 // Rows one after the other: the weights are then read as one sequential stream. Four rows at once
 // (four streams a row apart) made the same work slower in a decode step, by perf's samples in one
-// process (bench/llm_cpu_profile.py; load-independent, the parts compared with each other): the
+// process (bench/experiments/llm_cpu_profile.py; load-independent, the parts compared with each other): the
 // Q8_0 head's share fell from 0.68x the Q4_1 layers' to 0.35x (llama.cpp's: 0.32x), and the
 // layers' own time by ~14% against attention's.
 constexpr int kRowsAtOnce = 1;

@@ -7,7 +7,7 @@
 //   out [1, n, H, D].
 // Why our own: llama::custom_sdpa calls a BLAS gemv per head and a scalar exp per score; on an
 // AVX2 host without Intel's BLAS paths a SmolLM2 decode step spent ~15% of its time there at
-// 60 positions and half of it at 400 (bench/cpu_kernels.py --option attention). Here the q heads
+// 60 positions and half of it at 400 (bench/experiments/cpu_kernels.py --option attention). Here the q heads
 // that share a KV head are done one after the other on cached rows, the head size is a
 // compile-time constant (q and the output accumulator stay in AVX2 registers), and exp is a
 // polynomial on 8 lanes.

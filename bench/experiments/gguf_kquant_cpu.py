@@ -9,7 +9,7 @@ kernels held Q4_K / Q5_x). Perplexity on the first --tokens tokens of lee_backgr
 dequantized), both programs, and llama.cpp on the same file (llama-cpp-python from
 `bench/llm_cpu_decode.py`'s venv under bench/.work/, if it is there).
 
-    .venv/bin/python bench/gguf_kquant_cpu.py FILE.gguf [--tokens 1024] [--window 512]
+    .venv/bin/python bench/experiments/gguf_kquant_cpu.py FILE.gguf [--tokens 1024] [--window 512]
                                               [--llamacpp-python PATH] [--out FILE]
 writes bench/results/gguf_kquant_cpu.json
 """
@@ -19,12 +19,15 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "gguf_kquant_cpu.json"
+BENCH = HERE.parent           # bench/: results/, .work/ and the sibling llm_cpu_decode.py
+sys.path.insert(0, str(BENCH))
+RESULTS = BENCH / "results" / "gguf_kquant_cpu.json"
 THREADS = 2
 
 
@@ -59,7 +62,7 @@ def main() -> None:
     ap.add_argument("gguf", type=Path)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--llamacpp-python", type=Path, default=HERE / ".work" / "llamacpp-venv" / "bin" / "python")
+    ap.add_argument("--llamacpp-python", type=Path, default=BENCH / ".work" / "llamacpp-venv" / "bin" / "python")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--skip-requantized", action="store_true",
                     help="skip the program that re-quantizes every weight (its build is the slow part)")
@@ -73,7 +76,7 @@ def main() -> None:
 
     info = read_gguf_info(a.gguf)
     load_before = os.getloadavg()
-    cache = HERE / ".work" / "cache"
+    cache = BENCH / ".work" / "cache"
     result = {"gguf": a.gguf.name, "bytes": a.gguf.stat().st_size, "file_types": dict(info.quant_types),
               "text": "lee_background.cor", "tokens": a.tokens, "window": a.window}
     if not a.only_kept:

@@ -4,7 +4,7 @@ as the encoder (49 rows through a seeded random projector to 576; `zoo.mobilenet
 as the CLI runs, cold cache. Then the same with `--vision-precision fp16` (the text part cached), `verify`
 of the vision part, and `generate --image` on the CPU (QDQ) and on the simulator (1 token).
 
-    .venv/bin/python bench/vlm_vision_encoder.py     # → bench/results/vlm_vision_encoder.json (quiet host)
+    .venv/bin/python bench/experiments/vlm_vision_encoder.py     # → bench/results/vlm_vision_encoder.json (quiet host)
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/: the sibling cli_measure.py
 from cli_measure import measured_cli  # noqa: E402
 
-OUT = Path(__file__).parent / "results" / "vlm_vision_encoder.json"
+OUT = Path(__file__).resolve().parents[1] / "results" / "vlm_vision_encoder.json"
 
 
 def main() -> None:

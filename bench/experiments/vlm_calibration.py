@@ -13,7 +13,7 @@ rocket; calibration uses chelsea and coffee, also listed): the vision part on th
 graph (every view's rows), and the first-step logits ("What is it?", raw) vs the float HF model fed the
 processor's inputs, on the CPU (QDQ graphs) and the simulator. SQNR in dB.
 
-usage: PYTHONPATH=src python bench/vlm_calibration.py [--only tiling|qwen2_vl]
+usage: PYTHONPATH=src python bench/experiments/vlm_calibration.py [--only tiling|qwen2_vl]
 Adds its runs to bench/results/vlm_image_calibration.json under "runtime_views".
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/
 RESULT = ROOT / "results" / "vlm_image_calibration.json"
 sys.path.insert(0, str(ROOT.parent / "tests"))
 
@@ -159,7 +159,7 @@ def main() -> None:
         "what": "calibrating the VLM parts on what they see at run time: SQNR dB on the held-out photos astronaut and "
                 "rocket (chelsea and coffee are the calibration photos); vision = the vision part on the simulator vs "
                 "its float graph, every view; logits = first-step logits vs the float HF VLM on the processor's inputs",
-        "script": "bench/vlm_calibration.py", "calibration_samples": 8, "precision": "16a8w", "target": "SM8650"})
+        "script": "bench/experiments/vlm_calibration.py", "calibration_samples": 8, "precision": "16a8w", "target": "SM8650"})
     with tempfile.TemporaryDirectory(prefix="vlm-calib-") as tmp:
         for key, only, run in (("tiny_idefics3_tiling (ar1+ar16, C=128)", "tiling", tiling_runs),
                                ("tiny_qwen2_vl (ar1+ar4, C=32)", "qwen2_vl", qwen2_vl_runs)):

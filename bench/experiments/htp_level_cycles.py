@@ -5,7 +5,7 @@ For each HTP graph-finalization level (1, 2, 3) the QDQ graph is prepared by the
 with QNN profiling at `detailed` ("Accelerator (execute) time (cycles)" per run). The simulator's
 cycles are its model of the HTP, not a phone measurement; they compare levels on one graph.
 
-    python bench/htp_level_cycles.py BUNDLE/qdq/token_ar1_cl512_1_of_1.onnx [--runs 3]
+    python bench/experiments/htp_level_cycles.py BUNDLE/qdq/token_ar1_cl512_1_of_1.onnx [--runs 3]
 
 Writes bench/results/htp_level_cycles.json (with the load average: this machine is shared).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/
 RESULT = ROOT / "results" / "htp_level_cycles.json"
 sys.path.insert(0, str(ROOT.parent / "src"))
 

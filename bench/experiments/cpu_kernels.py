@@ -2,16 +2,16 @@
 SmolLM2-135M 8da4w programs that differ only in that op:
 
 - `--option attention`: our `modelexport::sdpa` (llm/native/sdpa.cpp) vs ExecuTorch's
-  `llama::custom_sdpa` → results/attention_kernel.json;
+  `llama::custom_sdpa` → bench/results/attention_kernel.json;
 - `--option linear`: our `modelexport::linear_q4` (llm/native/linear_q4.cpp) vs XNNPACK's
-  block-4-bit GEMM (qd8-f32-qb4w) → results/linear_kernel.json.
+  block-4-bit GEMM (qd8-f32-qb4w) → bench/results/linear_kernel.json.
 
 For each cache position P: prefill to P, then time 32 decode steps at P..P+31; 3 rounds,
 programs interleaved, median step time per program, and the ratio. Also the greedy tokens of
 both programs for the decode bench's prompt (8da4w SmolLM2 is chaotic under float rounding:
 they part early even for the same arithmetic; perplexity is left to `llm_cpu_decode.py`).
 
-    .venv/bin/python bench/cpu_kernels.py --option attention|linear [--positions 32,128,512,1024,2000] [--out FILE]
+    .venv/bin/python bench/experiments/cpu_kernels.py --option attention|linear [--positions 32,128,512,1024,2000] [--out FILE]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent           # bench/: results/ and the sibling llm_cpu_decode.py
 # option → (ours, theirs, results file)
 OPTIONS = {"attention": ("native", "executorch", "attention_kernel.json"),
            "linear": ("native", "xnnpack", "linear_kernel.json")}
@@ -52,10 +53,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     ours, theirs, results_name = OPTIONS[a.option]
-    out_path = a.out or HERE / "results" / results_name
+    out_path = a.out or BENCH / "results" / results_name
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sys
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(BENCH))
     from llm_cpu_decode import CACHE, GGUF, PROMPT, THREADS
 
     import modelexport.llm as llm

@@ -1,14 +1,14 @@
 """The linear kernels' weight streaming outside any program, this revision against another.
 
 One decode step's worth of SmolLM2-135M Q4_1 projections (30 layers) and its Q8_0 head (96 MB of
-blocks, random values, from DRAM) through `linear_q4.cpp`'s row functions (bench/native/
+blocks, random values, from DRAM) through `linear_q4.cpp`'s row functions (bench/experiments/native/
 linear_stream.cpp), built with the kernels' own flags against this checkout's source and against
 `--ref`'s; one thread and ExecuTorch's pool (2 threads here); plus the roof: the same bytes
 loaded with nothing computed. Programs interleaved, `--rounds` rounds, best of 20 steps each,
 median over rounds. The host's load average is recorded: on a shared host the absolute numbers
 move, the ratios within a round less so.
 
-    .venv/bin/python bench/linear_kernel_stream.py [--ref 8f6da3d] [--rounds 5] [--out FILE]
+    .venv/bin/python bench/experiments/linear_kernel_stream.py [--ref 8f6da3d] [--rounds 5] [--out FILE]
 writes bench/results/linear_kernel_stream.json
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]        # the repository
 KERNEL = "src/modelexport/llm/cpu/kernels/linear_q4.cpp"
 HEADER = "src/modelexport/llm/cpu/kernels/kernel_common.h"
 PARTS = {"layers_q4_1": 1, "head_q8_0": 2, "roof_read_only": 3}
@@ -59,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ref", default="8f6da3d", help="the revision to compare with (its linear_q4.cpp)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "linear_kernel_stream.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "linear_kernel_stream.json")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)

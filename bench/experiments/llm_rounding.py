@@ -2,8 +2,8 @@
 gptq`, 16a4w_block blocks of 32): its seconds and the process's peak RSS while it runs, on the
 real SmolLM2-135M GGUF or on a Llama-3.2-1B-shaped random bf16 model (bench/llm_sizes.py builds it).
 
-    python bench/llm_rounding.py --model smollm2 [--ppl] [--save W.npz] [--compare W.npz]
-    python bench/llm_rounding.py --model llama-1b --work /tmp/w [--layers 2]
+    python bench/experiments/llm_rounding.py --model smollm2 [--ppl] [--save W.npz] [--compare W.npz]
+    python bench/experiments/llm_rounding.py --model llama-1b --work /tmp/w [--layers 2]
 
 The model is loaded as a compile loads it (a bf16 folder held in bf16); the RSS is sampled every
 0.1 s during the step, and reported beside the RSS just before it (the model and Python). With
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/: the sibling llm_sizes.py
 
 
 def _rss() -> int:

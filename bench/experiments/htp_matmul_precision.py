@@ -1,6 +1,6 @@
 """What precision the HTP gives a MatMul of two 16-bit activations (attention's q.k^T and p.v).
 
-    python bench/htp_matmul_precision.py        # → bench/results/htp_matmul_precision.json
+    python bench/experiments/htp_matmul_precision.py        # → bench/results/htp_matmul_precision.json
 
 One QDQ MatMul of SmolLM2's attention shapes (q [1,3,32,64] . k^T [1,3,64,128], random normal
 activations), each input and the output quantized as the LLM graphs quantize activations (uint16,
@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-RESULT = Path(__file__).parent / "results" / "htp_matmul_precision.json"
+RESULT = Path(__file__).resolve().parent.parent / "results" / "htp_matmul_precision.json"
 
 
 def _qparams(x: np.ndarray, bits: int):

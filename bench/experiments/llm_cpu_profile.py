@@ -8,7 +8,7 @@ Shares of samples, not times: on a shared host the wall time moves with the load
 one process's CPU time much less. Needs `perf` (linux-tools) and the llama.cpp venv of
 bench/llm_cpu_decode.py.
 
-    .venv/bin/python bench/llm_cpu_profile.py [--pte model.pte] [--threads 1 2] [--steps 200]
+    .venv/bin/python bench/experiments/llm_cpu_profile.py [--pte model.pte] [--threads 1 2] [--steps 200]
 writes bench/results/llm_cpu_profile.json
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]    # bench/: results/ and the sibling llm_cpu_decode.py
 sys.path.insert(0, str(HERE))
 from llm_cpu_decode import CACHE, GGUF, LLAMACPP_PY, PROMPT  # noqa: E402
 

@@ -8,7 +8,7 @@ process's RSS after each step and its peak during it (VmHWM, reset before each s
                     pinned 4-bit linears a float copy per method), as the compile did before
     --mode after    they are dropped right after conversion (`quantize_methods`), as it does now
 
-usage: python bench/llm_pte_memory.py --layers 4 --mode before|after [--rounding nearest]
+usage: python bench/experiments/llm_pte_memory.py --layers 4 --mode before|after [--rounding nearest]
 Writes bench/results/llm_pte_memory.json (merged per layer count and mode)."""
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent            # bench/
 RESULT = ROOT / "results" / "llm_pte_memory.json"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))   # the sibling llm_pte_stages.py
 
 
 def _status_mb(key: str) -> float:

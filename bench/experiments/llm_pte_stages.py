@@ -3,7 +3,7 @@ layers, every stage of `backends/llm_pte/compile.py` timed on its own (wall and 
 export + QnnQuantizer prepare / calibrate / convert per method, each lowering (weight-shared and
 host twin) split into the QNN export passes, to_edge + partition + QnnBackend preprocess, and
 to_executorch, then the numerics check on the twin.
-usage: python bench/llm_pte_stages.py --layers 2 [--layers 4 ...] [--mode before|after] [--samples 8] [--profile STAGE]
+usage: python bench/experiments/llm_pte_stages.py --layers 2 [--layers 4 ...] [--mode before|after] [--samples 8] [--profile STAGE]
 Writes bench/results/llm_pte_stages.json (merged per layer count)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/
 RESULT = ROOT / "results" / "llm_pte_stages.json"
 PROFILE: dict = {}     # {"stage": substring of the stage names to cProfile}
 SPLIT_ROPE = {"on": True}   # --rope-one-gather: the RoPE lookup as one gather (before the split)
@@ -24,7 +24,7 @@ MATMUL_8BIT = {"kind": None}  # --matmul-8bit sym|asym: attention's MatMuls take
 
 def attention_matmuls_8bit(gm) -> None:
     """A QnnQuantizer custom annotation (tried, not adopted): the second input of attention's two
-    MatMuls (keys, values) at 8 bits, as the HTP takes it (bench/htp_matmul_precision.py); `sym`:
+    MatMuls (keys, values) at 8 bits, as the HTP takes it (bench/experiments/htp_matmul_precision.py); `sym`:
     ExecuTorch's `custom_annotate_matmul_16a8w` spec (uint8 symmetric, min-max), `asym`: uint8 affine."""
     import torch
     from executorch.backends.qualcomm.quantizer.qconfig import get_8a8w_qnn_ptq_config, get_16a8w_qnn_ptq_config

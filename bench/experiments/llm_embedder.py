@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/
 RESULT = ROOT / "results" / "llm_embedder.json"
 VARIANTS = [32, 1]
 SEQ = 512

@@ -1,7 +1,7 @@
 """Where a cold SmolLM2 compile's time goes, by stage and by process (issue 17: toward 2 minutes).
 
-    python bench/llm_compile_profile.py [--work DIR] [--tag NAME] [--model smollm2|gemma3]   # a cold compile, profiled
-    python bench/llm_compile_profile.py --from STDERR PROCS MANIFEST       # profile a run made elsewhere
+    python bench/experiments/llm_compile_profile.py [--work DIR] [--tag NAME] [--model smollm2|gemma3]   # a cold compile, profiled
+    python bench/experiments/llm_compile_profile.py --from STDERR PROCS MANIFEST       # profile a run made elsewhere
 
 The compile runs as a user runs it (`python -m modelexport compile GGUF --target SM8650 --variants ar1,ar32
 --max-seq-len 512 --precision 16a4w_block`, a fresh cache); bench/process_cpu_sampler.py samples its
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/: results/ and process_cpu_sampler.py
 RESULT = ROOT / "results" / "llm_compile_profile.json"
 STAMP = re.compile(r"^\[\s*([\d.]+) s\] (.*)$")
 

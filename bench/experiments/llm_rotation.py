@@ -10,7 +10,7 @@ The embedding stays as stored and tied to the head: the stream is rotated once a
 and back before the final norm (two small [hidden, hidden] MatMuls a token, which the HTP takes).
 The point: Q spreads a few large input channels over all of them, so 4-bit blocks lose less.
 
-    python bench/llm_rotation.py [--roundings nearest,gptq] [--seeds 0,1]
+    python bench/experiments/llm_rotation.py [--roundings nearest,gptq] [--seeds 0,1]
 Writes bench/results/llm_rotation.json.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import platform
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]    # bench/
 RESULT = ROOT / "results" / "llm_rotation.json"
 BLOCK = 32                                  # 16a4w_block's blocks
 

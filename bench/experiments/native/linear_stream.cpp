@@ -1,6 +1,6 @@
 // One decode step's weight reads through modelexport::linear_q4 / linear_q8's row functions,
 // outside any program: SmolLM2-135M's Q4_1 projections (30 layers) and its Q8_0 head, random
-// blocks, one token, from DRAM (96 MB, more than the L3). Built by bench/linear_kernel_stream.py
+// blocks, one token, from DRAM (96 MB, more than the L3). Built by bench/experiments/linear_kernel_stream.py
 // against one revision of linear_q4.cpp (KERNEL_SOURCE).
 #include KERNEL_SOURCE
 #include <chrono>

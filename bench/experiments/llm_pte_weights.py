@@ -10,8 +10,8 @@ convert, no lowering), logits SQNR vs the float static decoder per method (ar1 `
                       min-max, or the ONNX path's rounding pinned (`llm_pt2e.pin_rounded_weights`);
                       and with the KV ranges not tied (each observer its own min-max)
 
-usage: python bench/llm_pte_weights.py --layers 2 [--layers 6] [--samples 8] [--eval 4]
-       python bench/llm_pte_weights.py --layers 30 --ppl min-max,gptq   (fake-quant perplexity, as `eval`)
+usage: python bench/experiments/llm_pte_weights.py --layers 2 [--layers 6] [--samples 8] [--eval 4]
+       python bench/experiments/llm_pte_weights.py --layers 30 --ppl min-max,gptq   (fake-quant perplexity, as `eval`)
 Writes bench/results/llm_pte_weights.json (merged per layer count)."""
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent            # bench/
 RESULT = ROOT / "results" / "llm_pte_weights.json"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))   # the sibling llm_pte_stages.py
 
 
 def qnn_min_max_block(w, block: int):
