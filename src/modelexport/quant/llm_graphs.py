@@ -59,7 +59,7 @@ LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_l
 # (`/embed_join/`) starts the residual stream: float too; so does what scales the stream's inputs
 # (static_decoder.ResidualScale: `/residual_scale/`, `/layers.3/residual_scale/`). Attention's core
 # (static_decoder.AttentionCore: q.k^T, scale, mask, softmax, p.v) runs in fp16 on the HTP: quantized,
-# the HTP takes the second input of each 16x16 activation MatMul at 8 bits (bench/htp_matmul_precision.py:
+# the HTP takes the second input of each 16x16 activation MatMul at 8 bits (bench/experiments/htp_matmul_precision.py:
 # 40 dB where the fake-quant graph claims 84); Gemma 3 cut to 6 layers, simulator vs QDQ 26.9 -> 36.0 dB,
 # top-1 vs float 77% -> 84%, for ~14% more simulator cycles (SmolLM2's ar32 cut, docs/llm_export.md).
 FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/" + f"({'|'.join(LAYER_NORMS)})/" + r"|^/norm/"

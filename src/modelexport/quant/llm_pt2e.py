@@ -7,7 +7,7 @@ the quantizer's per-module configs, matched on the HF module paths the static de
 The 4-bit weights are the ONNX path's, not the quantizer's block min-max: the rounding the ONNX
 path computes (llm/weight_quality.py: GPTQ by default, nearest where it falls back) is pinned into
 each block observer before conversion (`pin_rounded_weights`), so both formats' integers and block
-scales are the same (SmolLM2 cut to 2 layers: bench/llm_pte_weights.py, docs/llm_export.md).
+scales are the same (SmolLM2 cut to 2 layers: bench/experiments/llm_pte_weights.py, docs/llm_export.md).
 
 KV-cache encodings are tied as the ONNX path ties them (`llm_graphs._tied_tensors`): a layer's
 past-KV input and its new-KV output carry one range, the same in every method, so a runtime may
