@@ -43,7 +43,7 @@ def _mixed_ops(qdq_path) -> list[str]:
     for n in q.graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
-        ins = n.input[:1] if n.op_type in ("Conv", "ConvTranspose", "Gemm") else n.input   # not weights, bias
+        ins = n.input[:1] if n.op_type in onnx_overrides._OWN_PARAMS else n.input   # not weights, bias
         dqs = [prod[t] for t in ins if t in prod and prod[t].op_type == "DequantizeLinear"]
         types = {inits[d.input[2]].data_type for d in dqs if len(d.input) > 2 and d.input[2] in inits}
         if len(types) > 1:
@@ -87,4 +87,31 @@ def test_a_promoted_prelu_takes_its_slope_at_its_own_width(tmp_path):
     b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="8a8w",
                             calibration=calib, overrides=["^act$=16a8w"], use_cache=False)
     assert _mixed_ops(next((tmp_path / "b").rglob("model.qdq.onnx"))) == []
+    assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+
+
+def test_a_promoted_layer_norm_keeps_its_scale_and_bias_types(tmp_path):
+    """A LayerNorm promoted to 16 bits keeps its scale at the weight width and its bias int32, as the
+    quantizer types them in a 16a8w graph: given 16-bit scale and bias, the HTP ran it in float."""
+    rng = np.random.default_rng(0)
+    arr = lambda a, n: numpy_helper.from_array(a.astype(np.float32), n)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="proj"),
+             helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], name="norm", axis=-1),
+             helper.make_node("MatMul", ["n", "w2"], ["y"], name="out")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
+                                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])],
+                                            [arr(rng.standard_normal((32, 32)) * 0.2, "w1"), arr(rng.uniform(0.5, 1.5, 32), "g"),
+                                             arr(rng.standard_normal(32) * 0.1, "b"), arr(rng.standard_normal((32, 32)) * 0.2, "w2")]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    calib = [{"x": rng.standard_normal((1, 16, 32)).astype(np.float32)} for _ in range(4)]
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="8a8w",
+                            calibration=calib, overrides=["^norm$=16a8w"], use_cache=False)
+    q = onnx.load(str(next((tmp_path / "b").rglob("model.qdq.onnx"))))
+    prod = {o: n for n in q.graph.node for o in n.output}
+    inits = {t.name: t.data_type for t in q.graph.initializer}
+    norm = next(n for n in q.graph.node if n.op_type == "LayerNormalization")
+    types = [inits[prod[t].input[2] if len(prod[t].input) > 2 else prod[t].input[0]] for t in norm.input]
+    assert types == [TensorProto.UINT16, TensorProto.UINT8, TensorProto.INT32]
     assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]

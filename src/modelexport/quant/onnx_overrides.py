@@ -17,6 +17,10 @@ from .precision import ONNX_PRECISIONS, Precision
 
 _WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 _CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
+# ops whose constant inputs are weights and biases, typed by the quantizer itself (a LayerNorm's scale
+# at the weight width, its bias int32): given the activation width, the HTP ran the LayerNorm in float
+_OWN_PARAMS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "LayerNormalization", "InstanceNormalization",
+               "BatchNormalization", "GroupNormalization")
 
 
 def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
@@ -114,7 +118,7 @@ def _constant_inputs(model, out: dict, promoted: dict, inits: dict) -> None:
         act = promoted.get(node.name)
         if act is None:
             continue
-        slots = node.input[:1] if node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") else node.input
+        slots = node.input[:1] if node.op_type in _OWN_PARAMS else node.input
         for t in slots:
             if (t in inits and t not in out and inits[t].data_type == TensorProto.FLOAT
                     and all(promoted.get(r) == act for r in readers[t])):
