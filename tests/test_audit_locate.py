@@ -4,8 +4,8 @@ The case is real behaviour: a Resize whose `roi` is an empty Constant, quantized
 Q/DQ pair on the empty tensor and QNN refuses to compose the graph (error 7004). The repair
 `drop-empty-optional-inputs` removes a roi Constant that feeds the Resize directly; here it passes
 through an Identity first (as exporters write it). The `fold-constants` repair now folds that
-Identity for users; these tests turn it off to keep a graph QNN refuses. The EP's log names the
-DequantizeLinear; bisection over prefixes of the QDQ graph (the path taken when the log names no
+Identity for users; these tests turn it (and `constants-as-initializers`) off to keep a graph QNN
+refuses. The EP's log names the DequantizeLinear; bisection over prefixes of the QDQ graph (the path taken when the log names no
 node) ends at the node carrying the Q/DQ pair (the Identity) or the Resize it feeds.
 """
 from __future__ import annotations
@@ -49,7 +49,8 @@ def resize_empty_roi(path: Path) -> Path:
 def _unfolded(monkeypatch):
     import modelexport.passes.onnx as repairs
     every = repairs.all_repairs
-    monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "fold-constants"])
+    monkeypatch.setattr(repairs, "all_repairs",
+                        lambda: [r for r in every() if r.name not in ("fold-constants", "constants-as-initializers")])
 
 
 @pytest.fixture(scope="module")
