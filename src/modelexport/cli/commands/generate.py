@@ -25,7 +25,7 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set holding this much probability (1 = off)."),
     repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 1 discourages repeating tokens already in the context."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text); default: a fresh random seed, printed in the stats."),
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),

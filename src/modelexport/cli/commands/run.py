@@ -18,7 +18,7 @@ def run_cmd(
     target: Optional[str] = typer.Option(None, "--target", "-t", help="Which target's binary (bundles with several)."),
     perf_profile: Optional[str] = typer.Option(None, "--perf-profile", help="HTP performance mode (htp_performance_mode): burst, "
                                                "sustained_high_performance, high_performance, balanced, power_saver, ... "
-                                               "(on the x86 simulator it is accepted but does not change timings)."),
+                                               "(on the x86 simulator it is accepted but does not change timings). Default: not set (the QNN EP's own 'default' mode)."),
     repeat: int = typer.Option(1, "--repeat", help="Run this many times (timings per run)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write each output as NAME.npy (atomically)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
