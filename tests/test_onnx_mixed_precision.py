@@ -115,3 +115,23 @@ def test_a_promoted_layer_norm_keeps_its_scale_and_bias_types(tmp_path):
     types = [inits[prod[t].input[2] if len(prod[t].input) > 2 else prod[t].input[0]] for t in norm.input]
     assert types == [TensorProto.UINT16, TensorProto.UINT8, TensorProto.INT32]
     assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+
+
+def test_the_quantized_model_cache_is_keyed_by_the_code(tmp_path, monkeypatch):
+    """A QDQ model cached by other code (an upgrade, an edit of the quantizer) is not reused: the
+    mixed-precision fix above was first measured on the entry the code before it had left."""
+    from modelexport.backends.ort_qnn import compile as onnx_compile
+    monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
+    _conv_mul_conv(tmp_path / "m.onnx")
+    rng = np.random.default_rng(3)
+    calib = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(2)]
+
+    def quantize_hit(out: str) -> bool:
+        b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / out, target="SM8650", precision="8a8w",
+                                calibration=calib)
+        return b.manifest.parts[0].cache_hit["quantize"]
+    monkeypatch.setattr(onnx_compile, "code_fingerprint", lambda: "code A")
+    assert quantize_hit("a") is False
+    assert quantize_hit("b") is True                       # same code: the entry is reused
+    monkeypatch.setattr(onnx_compile, "code_fingerprint", lambda: "code B")
+    assert quantize_hit("c") is False
