@@ -18,9 +18,7 @@ def gathernd_as_gather(model, ctx: RepairContext) -> dict | None:
     import onnx
     from onnx import helper, numpy_helper
     g = model.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    consts |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
-               if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}   # Constant nodes are initializers by now
     nodes = [n for n in g.node if n.op_type == "GatherND" and n.input[1] in consts
              and not any(a.name == "batch_dims" and a.i for a in n.attribute)]
     if not nodes:

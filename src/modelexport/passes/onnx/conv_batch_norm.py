@@ -21,9 +21,7 @@ def fold_conv_batch_norm(model, ctx: RepairContext) -> dict | None:
         return None
     from onnx import numpy_helper
     g = model.graph
-    arrays = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    arrays |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node      # paddle2onnx: Constant nodes
-               if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    arrays = {t.name: numpy_helper.to_array(t) for t in g.initializer}   # Constant nodes are initializers by now
     producer = {o: n for n in g.node for o in n.output}
     readers: dict[str, int] = {}
     for n in g.node:
@@ -55,8 +53,6 @@ def fold_conv_batch_norm(model, ctx: RepairContext) -> dict | None:
     if not folded:
         return None
     used = {t for n in g.node for t in n.input}
-    for n in [n for n in g.node if n.op_type == "Constant" and n.output[0] in touched and n.output[0] not in used]:
-        g.node.remove(n)
     kept = [t for t in g.initializer if t.name in used or t.name not in touched]
     del g.initializer[:]
     g.initializer.extend(kept)
