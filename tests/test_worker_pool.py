@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
 from modelexport.core.errors import InputError, ToolchainError
+from modelexport.toolchain import worker_pool
 from modelexport.toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
 
 
@@ -83,3 +85,25 @@ def test_wait_returns_once_that_job_ended_and_its_outcome_is_kept():
     with WorkerPool("a test stage", 1, in_process=True) as pool:
         pool.wait(pool.submit(double, 3))         # nothing runs before outcomes() in process
         assert pool.results() == [6]
+
+
+def test_an_interrupt_while_a_worker_starts_is_taken_once_it_has_started():
+    """A signal that arrives while submit starts a worker is not lost and does not cut the start
+    short (the child would print an EOFError traceback): it is raised right after."""
+    taken: list[str] = []
+
+    def on_term(signum, frame):
+        taken.append("raised")
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with worker_pool._signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                taken.append("started")
+        assert taken == ["started", "raised"]
+        assert signal.getsignal(signal.SIGTERM) is on_term
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -21,10 +21,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import process as _process_module
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..core.errors import Interrupted, ModelExportError, ToolchainError
 
@@ -72,6 +75,28 @@ def _run_job(fn: Callable[[Any], Any], job: Any) -> Any:
         _in_job = False
 
 
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a worker is being started, then act on them. Starting one forks
+    a child and then writes it the job's setup through a pipe; an interrupt raised between the two
+    closes the pipe early, and the child prints multiprocessing's `EOFError` traceback to the user's
+    terminal. Held here, the signal is taken a moment later, once the child is in the pool's list of
+    workers that an interrupt stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(got):
+            signal.raise_signal(s)
+
+
 class WorkerPool:
     """Up to `workers` spawned processes for the jobs of one `stage` (said when a worker dies),
     each job submitted as soon as it is ready. `in_process` runs the jobs here, one by one, with
@@ -96,11 +121,13 @@ class WorkerPool:
             for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
                 proc.terminate()
             self._pool.shutdown(wait=False, cancel_futures=True)
-            # let the pool's manager thread close its wakeup pipe before the interpreter exits: Python
-            # 3.11's exit hook may write to it while it closes ("Exception ignored ... Bad file descriptor")
+            # the pool's manager thread closes its wakeup pipe as it ends, and Python 3.11's exit hook
+            # writes to that pipe without a lock: it may find it half closed and print an OSError
+            # traceback. The manager is already woken by shutdown; the hook has nothing left to do.
             manager = getattr(self._pool, "_executor_manager_thread", None)
             if manager is not None:
                 manager.join(timeout=5)
+                _process_module._threads_wakeups.pop(manager, None)
             return
         self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
@@ -110,7 +137,8 @@ class WorkerPool:
             self._submitted.append((fn, job))
             return len(self._submitted) - 1
         try:
-            self._submitted.append(self._pool.submit(_run_job, fn, job))
+            with _signals_held():          # submit may start a worker
+                self._submitted.append(self._pool.submit(_run_job, fn, job))
         except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
             failed: Future = Future()
             failed.set_exception(e)
