@@ -62,7 +62,7 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "opset-upgrade", "fold-constants", "constants-as-initializers",
+    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "fold-constants", "constants-as-initializers",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
@@ -208,26 +208,49 @@ def test_a_clip_with_a_computed_min_becomes_max_and_goes_to_the_htp(tmp_path):
     assert not _cpu_nodes(tmp_path / "m.onnx")
 
 
-def test_an_if_on_what_the_model_computes_gets_the_split_not_an_input_value(tmp_path):
-    """openWakeWord's head runs a verifier branch when its own score passes 0.5: no --input-value folds
-    that. The message says so and gives the split, which compiles."""
-    import onnx.utils
-
-    import modelexport
+def _verifier_if(else_shape=(1, 1)):
+    """y = score * 2 when the score passes 0.5, else the score: openWakeWord's head runs a verifier
+    branch so, on its own output (no --input-value folds that)."""
     w = numpy_helper.from_array(np.full((8, 1), 0.1, np.float32), "w")
     half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
     two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
     then_g = helper.make_graph([helper.make_node("Mul", ["score", "two"], ["out_t"])], "then", [],
                                [helper.make_tensor_value_info("out_t", TensorProto.FLOAT, [1, 1])])
-    else_g = helper.make_graph([helper.make_node("Identity", ["score"], ["out_e"])], "else", [],
-                               [helper.make_tensor_value_info("out_e", TensorProto.FLOAT, [1, 1])])
+    shape = numpy_helper.from_array(np.array(else_shape, np.int64), "else_shape")
+    else_g = helper.make_graph([helper.make_node("Reshape", ["score", "else_shape"], ["out_e"])], "else", [],
+                               [helper.make_tensor_value_info("out_e", TensorProto.FLOAT, list(else_shape))], [shape])
     nodes = [helper.make_node("MatMul", ["x", "w"], ["score"], name="/head/MatMul"),
              helper.make_node("ReduceMax", ["score"], ["top"], name="/head/ReduceMax", keepdims=0),
              helper.make_node("GreaterOrEqual", ["top", "half"], ["cond"], name="/head/GreaterOrEqual"),
              helper.make_node("If", ["cond"], ["y"], name="/verifier/If", then_branch=then_g, else_branch=else_g)]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [w, half, two])
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [w, half, two])
+
+
+def test_an_if_on_what_the_model_computes_becomes_both_branches_and_a_where(tmp_path):
+    """Both branches are computed and a Where picks: the same numbers on either side of the
+    condition, and every node on the HTP."""
+    import modelexport
+    m = _verifier_if()
     onnx.save(m, str(tmp_path / "m.onnx"))
+    loaded = load_repaired(str(tmp_path / "m.onnx"))
+    assert next(r for r in loaded.repairs if r["name"] == "if-as-where")["nodes"] == ["/verifier/If"]
+    assert not any(n.op_type == "If" for n in loaded.model.graph.node)
+    for scale in (0.1, 1.0):               # score 0.08 (else) and 0.8 (then)
+        x = {"x": np.full((1, 8), scale, np.float32)}
+        np.testing.assert_array_equal(_run(loaded.model, x)[0], _run(m, x)[0])
+    assert _run(m, {"x": np.full((1, 8), 1.0, np.float32)})[0].item() == pytest.approx(1.6)
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16")
+    assert b.manifest.numerics["passed"] and not _cpu_nodes(tmp_path / "m.onnx")
+
+
+def test_an_if_whose_branches_differ_in_rank_gets_the_split_not_an_input_value(tmp_path):
+    """Branches that cannot be selected between by a Where: the message says no input value folds
+    it and gives the split, which compiles."""
+    import onnx.utils
+
+    import modelexport
+    onnx.save(_verifier_if(else_shape=(1,)), str(tmp_path / "m.onnx"))
     with pytest.raises(InputError) as e:
         load_repaired(str(tmp_path / "m.onnx"))
     assert "no fixed input value folds it" in e.value.problem and "--input-value" not in e.value.fix

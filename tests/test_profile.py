@@ -126,3 +126,20 @@ def test_keep_naming_a_file_is_refused(det_bundle, cli_here, tmp_path):
     f.write_text("mine")
     assert_clean_error(cli_here("profile", str(det_bundle), "--keep", str(f)), "--keep", "is a file")
     assert f.read_text() == "mine"
+
+
+def test_a_graph_qnn_cannot_profile_in_detail_gets_the_level_that_works(tmp_path, cli_here):
+    """openWakeWord's hey_jarvis at fp16 (its If computed as both branches + Where): QNN's detailed
+    profile refuses the graph (QNN_GRAPH_ERROR_SET_PROFILE); the error says so and names --level basic,
+    which runs."""
+    ow = pytest.importorskip("openwakeword")
+    from pathlib import Path
+
+    import modelexport
+    model = Path(ow.__file__).parent / "resources" / "models" / "hey_jarvis_v0.1.onnx"
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16")
+    assert b.manifest.numerics["passed"]
+    r = cli_here("profile", str(tmp_path / "b"), "--level", "detailed")
+    assert_clean_error(r, "QNN could not profile this graph at level detailed")
+    assert "--level basic" in r.stderr
+    cli_here("profile", str(tmp_path / "b"), "--level", "basic", check=True)

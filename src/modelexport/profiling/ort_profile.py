@@ -54,7 +54,19 @@ def _session(cg, level: str, work: Path):
     except Exception as e:
         raise ToolchainError(f"the HTP simulator could not load {cg.epcontext}: {clip(str(e), 1000)}",
                              "check the bundle with `modelexport inspect`; recompile it if it came from another QAIRT") from None
+    sess.disable_fallback()            # a failed run raises the QNN EP's error, not the CPU EP's retry
     return sess, csv_path
+
+
+def _profiled_run(sess, feed, level: str) -> None:
+    """One run; QNN's refusal to profile the graph at this level is said with the level that works."""
+    try:
+        sess.run(None, feed)
+    except Exception as e:
+        if "SET_PROFILE" not in str(e):
+            raise
+        raise ToolchainError(f"QNN could not profile this graph at level {level} (QNN_GRAPH_ERROR_SET_PROFILE, 6006)",
+                             "profile it with --level basic (times per graph, no per-op cycles)") from None
 
 
 def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]:
@@ -133,7 +145,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
         wall = []
         for _ in range(runs + 1):            # run 0 is the warm-up
             t0 = time.perf_counter()
-            sess.run(None, feed)
+            _profiled_run(sess, feed, level)
             wall.append(time.perf_counter() - t0)
         ort_json = Path(sess.end_profiling())
         del sess

@@ -33,7 +33,7 @@ from ..backends.spec import OnnxCompileOptions, PartSpec
 from ..contract import open_bundle
 from ..contract.bundle import refresh_report, save_manifest
 from ..core.atomic import check_output
-from ..core.errors import InputError, ModelExportError, UnsupportedError, VerificationError
+from ..core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
 from ..frontends.onnx_index_inputs import index_limits
 from ..frontends.user_code import call_user, user_function
 from ..profiling.ort_profile import profile_ort
@@ -224,7 +224,10 @@ def _candidate(spec, calib, held_out, budget, opts, compile_fn, scratch, say, me
     c.outputs, c.passed = _score(b, held_out, budget)
     if metric is not None:
         metric.score(c, b)
-    c.cycles = profile_ort(b.path, runs=1, level="detailed").totals.get("qnn_accelerator_cycles_median")
+    try:
+        c.cycles = profile_ort(b.path, runs=1, level="detailed").totals.get("qnn_accelerator_cycles_median")
+    except ToolchainError as e:               # not costed: ranked after every candidate that is
+        say(f"candidate {i + 1}: cycles not measured: {e.problem[:160]}", i, i + 1)
     task = f", metric {c.metric:.4g} (drop {c.drop:.4g})" if c.metric is not None else ""
     say(f"candidate {i + 1}: worst {c.worst_db:.1f} dB{task}, {c.cycles or 0:,.0f} cycles", i + 1, i + 1)
     return c

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
 from ...core.errors import InputError, Setting
 from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_values
 from ...passes.onnx import RepairContext, apply_repairs
-from ...passes.onnx.control_flow import control_flow_on_inputs
+from ...passes.onnx.control_flow import control_flow_on_inputs, data_inputs
 
 
 def control_flow_fix(model) -> InputError | None:
@@ -23,7 +22,7 @@ def control_flow_fix(model) -> InputError | None:
         return None
     names = sorted({i for ins in open_on.values() for i in ins})
     nodes = ", ".join(f"{n} (on {', '.join(ins)})" for n, ins in list(open_on.items())[:4])
-    data = _data_inputs(model)
+    data = data_inputs(model)
     if all(n in data for n in names):
         conds = _conditions(model, open_on)
         return InputError(f"control flow depends on what the model computes from its input(s) {', '.join(names)}: "
@@ -33,17 +32,6 @@ def control_flow_fix(model) -> InputError | None:
     return InputError(f"control flow depends on the input(s) {', '.join(names)}: {nodes}; the HTP runs static graphs "
                       "without If/Loop", "fix the value you will run with, and the branch is folded at compile time: "
                       "{setting}", Setting("input_values", {n: "VALUE" for n in names}))
-
-
-def _data_inputs(model) -> set[str]:
-    """Float inputs of more than one value: data (audio, embeddings), not a flag or a rate to fix."""
-    out = set()
-    for i in model.graph.input:
-        t = i.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
-        if t.elem_type in (1, 10, 11) and (not dims or 0 in dims or int(np.prod(dims)) > 1):
-            out.add(i.name)
-    return out
 
 
 def _conditions(model, open_on: dict[str, list[str]]) -> list[str]:

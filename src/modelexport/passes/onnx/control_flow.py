@@ -7,6 +7,7 @@ brings), run until the graph stops shrinking. What is left on an input is named 
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
@@ -41,6 +42,17 @@ def control_flow_on_inputs(model) -> dict[str, list[str]]:
                 stack.extend(x for x in producer[name].input if x)
         if hit:
             out[n.name or f"{n.op_type}_{i}"] = sorted(hit)
+    return out
+
+
+def data_inputs(model) -> set[str]:
+    """Float inputs of more than one value: data (audio, embeddings), not a flag or a rate to fix."""
+    out = set()
+    for i in model.graph.input:
+        t = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        if t.elem_type in (1, 10, 11) and (not dims or 0 in dims or math.prod(dims) > 1):
+            out.add(i.name)
     return out
 
 
