@@ -54,14 +54,16 @@ def _save(nodes, name: str, inputs, outputs, inits, path: Path) -> Path:
     return path
 
 
-def log_power(path: Path) -> Path:
+def log_power(path: Path, eps: float = 1e-10) -> Path:
     """A spectrogram's normalised log, as basic-pitch's front end has it: conv → square → sum over
-    the filter's pair → log(power + 1e-10) → scaled. The power spans far below float16's smallest value,
-    and the epsilon is 0 in float16: an fp16 compile takes log(0)."""
+    the filter's pair → log(power + eps) → scaled. The power spans far below float16's smallest value,
+    and the epsilon is 0 in float16: an fp16 compile takes log(0) unless the power is rescaled
+    (passes/onnx/log_power_scale.py); with eps=1e-30 the logs that matter span more than any scale
+    brings into float16's range."""
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((8, 1, 1, 16)) * 0.02).astype(np.float32), "w")
-    eps = numpy_helper.from_array(np.array(1e-10, np.float32), "eps")
+    eps = numpy_helper.from_array(np.array(eps, np.float32), "eps")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="/cqt/conv/Conv", strides=[1, 8]),
              helper.make_node("Mul", ["c", "c"], ["p"], name="/cqt/square/Mul"),
              helper.make_node("Add", ["p", "eps"], ["pe"], name="/log/add/Add"),

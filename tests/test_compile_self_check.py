@@ -44,21 +44,48 @@ def test_healthy_fp16_compile_records_and_prints_its_numerics(tmp_path, cli):
     assert num["runtime"].startswith("the HTP simulator")
 
 
+def test_fp16_log_of_tiny_power_is_rescaled_into_float16s_range(tmp_path):
+    """With the user's samples, the power a Log reads is scaled by a power of two (and log(2**k) taken
+    off after): the float model computes the same, the fp16 compile verifies. Random samples say
+    nothing of the ranges: no rescale."""
+    import onnx
+    import onnxruntime as ort
+
+    from modelexport.passes.onnx.log_power_scale import log_power_scale
+    cal = _samples(tmp_path, "log", _log_input)
+    model = log_power(tmp_path / "m.onnx")
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16", calibration=str(cal))
+    num = b.manifest.numerics
+    assert num["passed"] and num["outputs"][0]["sqnr_db"] >= 35, num
+    [rec] = [r for r in b.manifest.parts[0].repairs if r["name"] == "log-power-scale"]
+    assert rec["nodes"] == ["/log/log/Log"] and rec["chains"][0]["scale_log2"] > 0
+    feeds = [dict(np.load(f)) for f in sorted(cal.glob("*.npz"))]
+    m = onnx.load(str(model))
+    before = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert log_power_scale(m, feeds) is not None
+    after = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in feeds:
+        np.testing.assert_allclose(after.run(None, x)[0], before.run(None, x)[0], rtol=1e-5, atol=1e-5)
+    r = modelexport.compile(str(model), output=tmp_path / "r", target="SM8650", precision="fp16", calibration="random")
+    assert not any(x["name"] == "log-power-scale" for x in r.manifest.parts[0].repairs or [])
+
+
 def test_fp16_log_of_tiny_power_is_named_with_its_cause(tmp_path):
     cal = _samples(tmp_path, "log", _log_input)
-    b = modelexport.compile(str(log_power(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+    b = modelexport.compile(str(log_power(tmp_path / "m.onnx", eps=1e-30)), output=tmp_path / "b", target="SM8650",
                             precision="fp16", calibration=str(cal))
     num = b.manifest.numerics
     assert num["passed"] is False and num["outputs"][0]["sqnr_db"] < 30
     bad = num["first_bad_layer"]
-    assert bad["node"] == "/log/log/Log" and "below float16's smallest" in bad["cause"] and "input pe" in bad["cause"]
+    assert bad["node"].startswith("/log/log/Log") and "below float16's smallest" in bad["cause"], bad
+    assert "input pe" in bad["cause"], bad
 
 
 def test_the_log_fix_says_no_integer_precision_holds_it_and_that_is_measured(tmp_path):
     """The fix text for this class does not send the user to 16-bit integers: they fail here too."""
     from modelexport.core.numerics_advice import numerics_fix_for
     cal = _samples(tmp_path, "log", _log_input)
-    model = log_power(tmp_path / "m.onnx")
+    model = log_power(tmp_path / "m.onnx", eps=1e-30)
     fp16 = modelexport.compile(str(model), output=tmp_path / "f", target="SM8650", precision="fp16", calibration=str(cal))
     fix = numerics_fix_for(fp16.manifest.numerics, False)
     assert "no 8- or 16-bit integer precision" in fix
@@ -415,7 +442,7 @@ def test_max_drop_needs_precision_auto_and_an_eval_fn(tmp_path, cli):
 def test_precision_auto_with_a_budget_nothing_meets_exits_5_and_says_the_best(tmp_path, cli):
     cal = _samples(tmp_path, "log", _log_input, n=8)
     out = tmp_path / "b"
-    r = cli("compile", str(log_power(tmp_path / "m.onnx")), "-t", "SM8650", "-p", "auto", "--calibration", str(cal),
+    r = cli("compile", str(log_power(tmp_path / "m.onnx", eps=1e-30)), "-t", "SM8650", "-p", "auto", "--calibration", str(cal),
             "--min-sqnr", "30", "-o", str(out))
     text = " ".join((r.stdout + r.stderr).split())
     assert r.returncode == 5, text
@@ -538,3 +565,31 @@ def test_shape_computations_are_folded_before_quantizing(tmp_path, monkeypatch, 
         assert rec["ops"]["Log"] == 1 and b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
     else:
         assert not b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+
+
+def test_precision_auto_takes_the_cheaper_precision_when_cycles_are_within_their_noise():
+    """The simulator's cycles of one graph vary about 20 % from run to run: a 16a16w candidate measured
+    5 % below 8a8w is not cheaper; one measured at half is; CPU nodes come first; uncosted come last."""
+    from pathlib import Path
+
+    from modelexport.sweeping.auto_precision import Candidate, _choose
+
+    def cand(p, cycles, cpu=0, passed=True):
+        return Candidate(p, [], Path(p), passed=passed, cycles=cycles, cpu_nodes=cpu)
+    assert _choose([cand("8a8w", 100), cand("16a16w", 95)]).precision == "8a8w"
+    assert _choose([cand("8a8w", 100), cand("16a16w", 50)]).precision == "16a16w"
+    assert _choose([cand("8a8w", 50, cpu=1), cand("16a16w", 100)]).precision == "16a16w"
+    assert _choose([cand("8a8w", 100, passed=False), cand("16a8w", None), cand("fp16", 300)]).precision == "fp16"
+    assert _choose([cand("16a8w", None), cand("fp16", None)]).precision == "16a8w"
+
+
+def test_a_log_power_model_checked_on_random_samples_is_sent_to_real_ones():
+    """Random samples leave the power un-rescaled: the fix names --calibration with real inputs (with
+    which test_fp16_log_of_tiny_power_is_rescaled_into_float16s_range verifies)."""
+    from modelexport.core.numerics_advice import numerics_fix_for
+    num = {"passed": False, "inputs": "random", "outputs": [{"name": "y", "sqnr_db": 12.0}],
+           "first_bad_layer": {"layer": "/log/log/Log", "node": "/log/log/Log", "op_type": "Log", "tensor": "lg",
+                               "cause": "its input pe: 50% of its nonzero float values are below float16's smallest"}}
+    fix = numerics_fix_for(num, False)
+    assert "--calibration DIR" in fix and "log-power-scale" in fix
+    assert "extract_model" in numerics_fix_for({**num, "inputs": "npz folder"}, False)

@@ -62,7 +62,7 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "fold-constants", "constants-as-initializers",
+    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
@@ -428,3 +428,23 @@ def test_a_quantized_wide_dilation_that_qnn_refused_compiles_as_taps(tmp_path, m
     else:
         with pytest.raises(ModelExportError, match="tcn.11"):
             run()
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18])
+def test_reduce_sum_square_becomes_mul_and_reduce_sum_with_the_same_numbers_on_the_htp(tmp_path, opset):
+    """onnx-asr's log-mel front ends sum the STFT's square with ReduceSumSquare, which the QNN EP
+    does not take; as Mul + ReduceSum the node runs on the HTP."""
+    x = np.random.default_rng(0).standard_normal((1, 8, 16)).astype(np.float32)
+    if opset >= 18:
+        axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+        node, inits = helper.make_node("ReduceSumSquare", ["x", "axes"], ["y"], name="power", keepdims=1), [axes]
+    else:
+        node, inits = helper.make_node("ReduceSumSquare", ["x"], ["y"], name="power", axes=[1], keepdims=1), []
+    m = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 16])], inits, opset=opset)
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    ref = _run(m, {"x": x})[0]
+    assert [r["name"] for r in apply_repairs(m, RepairContext()) if r["name"] == "reduce-sum-square-as-mul"]
+    onnx.checker.check_model(m)
+    np.testing.assert_allclose(_run(m, {"x": x})[0], ref, rtol=1e-6)
+    assert not _cpu_nodes(tmp_path / "m.onnx")

@@ -259,6 +259,19 @@ def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str
 
 
 @_public
+def profile(bundle: str | Path, runs: int = 5, level: str = "basic", inputs=None, part: str | None = None,
+            target: str | None = None, trace: str | Path | None = None, keep: str | Path | None = None,
+            force: bool = False):
+    """Per-op times of the compiled graph on the HTP simulator (`modelexport profile`) → ProfileReport;
+    level "detailed" gives cycles per QNN node."""
+    from .core.atomic import check_output
+    from .runtime.runners import profile_bundle
+    if trace is not None:
+        check_output(trace, force)
+    return profile_bundle(bundle, runs, level, part, target, inputs, trace, keep)
+
+
+@_public
 def inspect(path: str | Path) -> dict:
     from .inspection import inspect_path
     return inspect_path(path)

@@ -111,6 +111,10 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     if "past float16's largest" in cause:
         return ("compile at --precision 16a16w (calibrated 16-bit activations carry this range), or scale the values "
                 f"down in the model before {bad.get('layer')}")
+    if "below float16's smallest" in cause and random and bad.get("op_type") == "Log":
+        return ("compile with real inputs (--calibration DIR): from their ranges an fp16 compile scales the power "
+                f"that {bad.get('layer')} reads into float16's range (the log-power-scale repair); random samples say "
+                "nothing of those ranges")
     if "below float16's smallest" in cause:
         return (f"the values feeding {bad.get('layer')} span more than float16 holds, and no 8- or 16-bit integer "
                 "precision holds them either (16a16w measured lower still on a log-power front end): run the layers "

@@ -287,11 +287,22 @@ def _refuse_new_cpu(c: Candidate, base: Candidate) -> None:
         c.passed = False
 
 
+CYCLES_NOISE = 0.2      # the simulator's cycles of one graph vary this much from run to run
+
+
 def _choose(cands: list[Candidate]) -> Candidate:
+    """The fewest nodes on the CPU (their time is not in the simulator's cycles), then the first in search
+    order (the cheapest precision, the fewest overrides) among those within the cycles' noise of the
+    fewest cycles."""
     ok = [c for c in cands if c.passed]
-    if ok:   # the fewest nodes on the CPU first (their time is not in the simulator's cycles), then cycles
-        return min(ok, key=lambda c: (c.cpu_nodes, c.cycles if c.cycles is not None else float("inf"), len(c.overrides)))
-    return max((c for c in cands if not c.refused), key=lambda c: c.worst_db, default=cands[0])
+    if not ok:
+        return max((c for c in cands if not c.refused), key=lambda c: c.worst_db, default=cands[0])
+    fewest_cpu = min(c.cpu_nodes for c in ok)
+    ok = [c for c in ok if c.cpu_nodes == fewest_cpu]
+    costed = [c.cycles for c in ok if c.cycles is not None]
+    if not costed:
+        return ok[0]
+    return next(c for c in ok if c.cycles is not None and c.cycles <= min(costed) * (1 + CYCLES_NOISE))
 
 
 def _keep(chosen: Candidate, cands: list[Candidate], out: Path, force: bool, budget, held: int, seconds: float,

@@ -221,6 +221,18 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "OCR text recognition (PP-OCRv2, CRNN with BiLSTM)", {"x": [1, 3, 32, 320]},
              image=ImageInput("text.png", (32, 320), crop=(0, 0, 60, 448), **_PPOCR),
              quirk="paddle2onnx at opset 12; every Conv/MatMul weight is a Constant node", small=False),
+    # Fifth growth: log-mel front ends, as ASR toolkits ship them for ONNX Runtime (onnx-asr)
+    RealOnnx("asr_whisper80_mel", "onnx-asr", "onnx_asr/preprocessors/data/whisper80_conv.onnx",
+             "speech: Whisper's 80-bin log-mel front end (Conv STFT, ReduceSumSquare, mel MatMul, log10, "
+             "clamp at max - 8) on 2 s of 16 kHz audio", {"waveforms": [1, 32000]}, {"waveforms_lens": [32000]},
+             speech=SpeechInput((1, 32000), samples=32000),
+             quirk="the power of quiet frames is below float16's smallest value (94 % of the Log's input at fp16); "
+                   "a lengths input fixed with --input-value", small=False),
+    RealOnnx("asr_gigaam_v3_mel", "onnx-asr", "onnx_asr/preprocessors/data/gigaam_v3_conv.onnx",
+             "speech: GigaAM v3's 64-bin log-mel front end (Conv STFT, ReduceSumSquare, mel MatMul, clamped log) "
+             "on 2 s of 16 kHz audio", {"waveforms": [1, 32000]}, {"waveforms_lens": [32000]},
+             speech=SpeechInput((1, 32000), samples=32000),
+             quirk="log(clip(power, 1e-9)): the floor is below float16's smallest value", small=False),
 )
 
 

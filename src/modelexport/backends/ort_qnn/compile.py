@@ -30,6 +30,7 @@ from ...core.errors import InputError, StrictFallbackError, ToolchainError
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...frontends.vision_encoder_onnx import parse_triple
+from ...passes.onnx.log_power_scale import log_power_scale
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...quant.media_calibration import MediaOptions
@@ -78,6 +79,9 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
         else:
             verify = CalibrationSet(random_samples(loaded.inputs, 2, seed=1, limits=limits), "random", "random",
                                     representative=False)
+        # fp16: a Log's power spectrum moved into float16's range, by the ranges of the user's samples
+        if not prec.quantized and verify.representative and (scaled := log_power_scale(loaded.model, verify.samples)):
+            loaded.repairs = [*loaded.repairs, {"name": "log-power-scale", **scaled}]
         parts.append(_Part(spec, name, loaded, prec, calib, verify))
     return parts
 

@@ -133,8 +133,8 @@ def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
     if rep.first_bad_layer is None:
         return None
     bad = next(x for x in rep.layers if x.name == rep.first_bad_layer)
-    out: dict[str, Any] = {"layer": bad.name, "node": bad.node, "op_type": bad.op_type, "tensor": bad.tensor,
-                           "sqnr_db": bad.sqnr_db, "measured_against": against}
+    out: dict[str, Any] = {"layer": bad.name, "node": bad.node, "op_type": bad.op_type,
+                           "tensor": _user_tensor(part, bad.tensor), "sqnr_db": bad.sqnr_db, "measured_against": against}
     if part.precision.quantized:
         out["suggested_override"] = rep.suggestion
     else:
@@ -142,8 +142,18 @@ def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
     return out
 
 
+def _user_tensor(part, tensor: str) -> str:
+    """The tensor of the user's model that a repair's own tensor computes (`stands_for` in its record)."""
+    loaded = getattr(part, "loaded", None)
+    for r in getattr(loaded, "repairs", None) or []:
+        tensor = (r.get("stands_for") or {}).get(tensor, tensor)
+    return tensor
+
+
 def _fp16_cause(float_path: Path, node_name: str, samples: list[dict]) -> str:
-    """Why the node's output or inputs do not survive float16, from their float values."""
+    """Why the node's output or inputs do not survive float16, from their float values; when its own
+    tensors are in range, those of the ops feeding it, up to CAUSE_DEPTH ops back (a repair's Where
+    or Sub after a Log: the Log's input is the cause)."""
     import onnx
 
     from ...quant.fp16_twin import fp16_cause
@@ -153,20 +163,28 @@ def _fp16_cause(float_path: Path, node_name: str, samples: list[dict]) -> str:
     if node is None:
         return ""
     inits = {t.name for t in m.graph.initializer}
-    tensors = [t for t in [*node.output, *node.input] if t and t not in inits]
+    producer = {o: n for n in m.graph.node for o in n.output}
+    nodes, frontier = [node], [node]
+    for _ in range(CAUSE_DEPTH):
+        frontier = [producer[t] for n in frontier for t in n.input if t in producer and producer[t] not in nodes]
+        nodes += frontier
+    pairs = [(n, t) for n in nodes for t in [*n.output, *n.input] if t and t not in inits]
+    tensors = list(dict.fromkeys(t for _, t in pairs))
     sess = _session(_with_outputs(m, tensors))
     values: dict[str, list] = {t: [] for t in tensors}
     for s in samples:
         for t, v in zip(tensors, sess.run(tensors, s)):
             if np.issubdtype(np.asarray(v).dtype, np.floating):
                 values[t].append(v)
-    for t in tensors:                       # its own output first, then what feeds it
-        why = fp16_cause(values[t], node.op_type) if values[t] else ""
+    for n, t in pairs:                      # its own output first, then what feeds it
+        why = fp16_cause(values[t], n.op_type) if values[t] else ""
         if why:
-            return f"{'its output' if t in node.output else 'its input ' + t}: {why}"
+            whose = "its" if n is node else f"{n.name}'s"
+            return f"{whose} {'output' if t in n.output else 'input ' + t}: {why}"
     return ""
 
 
+CAUSE_DEPTH = 2
 MAX_PROBES = 10
 PROBE_BUDGET_S = 120.0       # a large model's probes stop here, with the range narrowed so far
 PROBE_LEVEL = "1"            # probes are prepared at optimization level 1: quicker, the same numerics

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from . import RepairContext, onnx_repair
 from .control_flow import control_flow_on_inputs, data_inputs
+from .graph_edit import topological_order
 
 
 def _branch(n, name: str):
@@ -62,23 +63,6 @@ def _rewrite(model, n) -> int:
     return added
 
 
-def _sorted(model) -> None:
-    """Nodes in an order where each one comes after its inputs' producers (the Where went last)."""
-    g = model.graph
-    known = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    pending, order = list(g.node), []
-    while pending:
-        ready = [m for m in pending if all(t in known for t in m.input)]
-        if not ready:
-            return                                  # a cycle or a dangling input: leave the order as it was
-        for m in ready:
-            order.append(m)
-            known.update(m.output)
-        pending = [m for m in pending if all(m is not r for r in ready)]
-    del g.node[:]
-    g.node.extend(order)
-
-
 @onnx_repair("if-as-where", 31, "an If on what the model computes from a data input becomes both branches + Where "
              "(the HTP has no If; the branch not taken is computed too)")
 def if_as_where(model, ctx: RepairContext) -> dict | None:
@@ -89,5 +73,5 @@ def if_as_where(model, ctx: RepairContext) -> dict | None:
     if not picked:
         return None
     added = sum(_rewrite(model, n) for n in picked)
-    _sorted(model)
+    topological_order(model)
     return {"nodes": [n.name for n in picked][:20], "count": len(picked), "branch_nodes": added}
