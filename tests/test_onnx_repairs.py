@@ -476,3 +476,20 @@ def test_reduce_sum_square_becomes_mul_and_reduce_sum_with_the_same_numbers_on_t
     onnx.checker.check_model(m)
     np.testing.assert_allclose(_run(m, {"x": x})[0], ref, rtol=1e-6)
     assert not _cpu_nodes(tmp_path / "m.onnx")
+
+
+def test_an_input_given_both_a_shape_and_a_value_takes_its_value(tmp_path):
+    """onnx-asr's front ends take waveforms and their lengths: --input-shape for both and --input-value
+    for the lengths is what a user writes; the value fixes that input, and a shape that disagrees
+    with it is one clear error."""
+    nodes = [helper.make_node("Cast", ["lens"], ["lf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x", "lf"], ["y"], name="scale")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"]),
+                       helper.make_tensor_value_info("lens", TensorProto.INT64, ["b"])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    loaded = load_repaired(str(tmp_path / "m.onnx"), {"x": [1, 4], "lens": [1]}, {"lens": [4]})
+    assert [i.name for i in loaded.inputs] == ["x"] and loaded.inputs[0].shape == [1, 4]
+    with pytest.raises(InputError) as e:
+        load_repaired(str(tmp_path / "m.onnx"), {"x": [1, 4], "lens": [2]}, {"lens": [4]})
+    assert "does not match the shape [1] of its --input-value" in e.value.problem

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 
 from ...core.errors import InputError, Setting
-from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_values
+from ...frontends.onnx_model import LoadedOnnx, load_onnx, parse_input_shapes, parse_input_values
 from ...passes.onnx import RepairContext, apply_repairs
 from ...passes.onnx.control_flow import control_flow_on_inputs, data_inputs
 
@@ -40,6 +41,16 @@ def _conditions(model, open_on: dict[str, list[str]]) -> list[str]:
     return [by_name[k].input[0] for k in open_on if k in by_name and by_name[k].input]
 
 
+def _shapes_left(input_shapes: Any, values: dict[str, Any]) -> dict[str, list[int]] | None:
+    """--input-shape without the inputs that --input-value made constants (their value gives the shape)."""
+    shapes = parse_input_shapes(input_shapes)
+    for name, v in values.items():
+        if name in shapes and [int(d) for d in np.shape(v)] != shapes[name]:
+            raise InputError(f"--input-shape {name}={','.join(map(str, shapes[name]))} does not match the shape "
+                             f"{list(np.shape(v))} of its --input-value", f"give one of the two for {name}")
+    return {k: v for k, v in shapes.items() if k not in values} or None
+
+
 def _merge(records: list[dict]) -> list[dict]:
     """One record per repair: a repair that ran in both rounds keeps its first arguments and last counts."""
     out: dict[str, dict] = {}
@@ -62,7 +73,7 @@ def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = Non
     # If whose dead branch no longer type-checks with the fixed shapes), and again after, when the
     # Shape → Equal conditions of the inlined branches have become constants.
     done = apply_repairs(model, ctx)
-    loaded = load_onnx(model, input_shapes, allow_dynamic=True)
+    loaded = load_onnx(model, _shapes_left(input_shapes, ctx.input_values), allow_dynamic=True)
     again = apply_repairs(loaded.model, RepairContext(quantized=quantized))
     if again:          # shapes inferred again from the fixed inputs through what the second round changed
         shapes = loaded.fixed_shapes
