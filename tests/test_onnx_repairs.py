@@ -305,7 +305,6 @@ def test_a_batch_norm_after_a_conv_is_folded_into_it_for_quantized_compiles(tmp_
     """paddle2onnx's Conv (no bias) → BatchNormalization, the parameters as Constant nodes: quantized as
     two ops the HTP departed at the BatchNormalization (ppocr_cls 16a16w -0.8 dB). Folded: exact on the
     CPU, one Conv, and the 16a16w compile verifies."""
-    import modelexport
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "w")
     const = lambda name, a: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(a.astype(np.float32)))  # noqa: E731
@@ -320,12 +319,7 @@ def test_a_batch_norm_after_a_conv_is_folded_into_it_for_quantized_compiles(tmp_
     ref = _run(m, x)[0]
     onnx.save(m, str(tmp_path / "m.onnx"))
     assert not any(r["name"] == "fold-conv-batch-norm" for r in apply_repairs(m, RepairContext()))   # float: left
-    rec = {r["name"]: r for r in apply_repairs(m, RepairContext(quantized=True))}
-    assert rec["fold-conv-batch-norm"]["count"] == 1 and [n.op_type for n in m.graph.node] == ["Conv", "Relu"]
-    np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-4, atol=1e-4)
-    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="16a16w",
-                            calibration=[x], use_cache=False)
-    assert b.manifest.numerics["passed"], b.manifest.numerics["outputs"]
+    _assert_folded_then_verified(m, x, ref, ["Conv", "Relu"], tmp_path)
 
 
 def test_dbnets_conv_transpose_add_batch_norm_is_folded_into_the_conv_transpose(tmp_path):
@@ -333,7 +327,6 @@ def test_dbnets_conv_transpose_add_batch_norm_is_folded_into_the_conv_transpose(
     → Relu: ppocr_det at 16a16w fell to 18.3 dB on the simulator there (59.2 dB as QDQ on the CPU); folded
     into the ConvTranspose (output channels on the weight's axis 1) it computes the same, and compiles
     verified."""
-    import modelexport
     rng = np.random.default_rng(1)
     inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in [
         ("w", rng.standard_normal((8, 6, 2, 2)) * 0.3), ("bias", rng.standard_normal((1, 6, 1, 1))),
@@ -348,8 +341,15 @@ def test_dbnets_conv_transpose_add_batch_norm_is_folded_into_the_conv_transpose(
     onnx.save(m, str(tmp_path / "m.onnx"))
     x = {"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)}
     ref = _run(m, x)[0]
+    _assert_folded_then_verified(m, x, ref, ["ConvTranspose", "Relu"], tmp_path)
+
+
+def _assert_folded_then_verified(m, x: dict, ref, ops: list[str], tmp_path) -> None:
+    """One BatchNormalization folded (the graph left is `ops`), the same numbers on the CPU, and the
+    16a16w compile of the model saved at tmp_path/m.onnx verifies."""
+    import modelexport
     rec = {r["name"]: r for r in apply_repairs(m, RepairContext(quantized=True))}
-    assert rec["fold-conv-batch-norm"]["count"] == 1 and [n.op_type for n in m.graph.node] == ["ConvTranspose", "Relu"]
+    assert rec["fold-conv-batch-norm"]["count"] == 1 and [n.op_type for n in m.graph.node] == ops
     np.testing.assert_allclose(_run(m, x)[0], ref, rtol=1e-4, atol=1e-4)
     b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="16a16w",
                             calibration=[x], use_cache=False)

@@ -9,6 +9,7 @@ below it, `opset-upgrade` converts the model first.
 from __future__ import annotations
 
 from . import RepairContext, onnx_repair
+from .graph_edit import default_opset
 
 # (op type, input index) → first opset where the input is optional
 OPTIONAL_INPUTS: dict[tuple[str, int], int] = {
@@ -40,7 +41,7 @@ def needed_opset(model) -> int | None:
 
 @onnx_repair("drop-empty-optional-inputs", 50, "empty optional inputs (Resize roi / scales) become absent")
 def drop_empty_optional_inputs(model, ctx: RepairContext) -> dict | None:
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = default_opset(model)
     hits = [(n, i) for n, i in empty_optional_inputs(model) if opset >= OPTIONAL_INPUTS[(n.op_type, i)]]
     if not hits:
         return None

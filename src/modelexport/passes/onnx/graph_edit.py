@@ -84,3 +84,8 @@ def topological_order(model) -> None:
         pending = [n for n in pending if id(n) not in ids]
     del g.node[:]
     g.node.extend(order)
+
+
+def default_opset(model) -> int:
+    """The model's default-domain opset version (0 when it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

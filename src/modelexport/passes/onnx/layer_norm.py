@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import default_opset
 
 _NOOP = {"Reshape", "Expand", "Squeeze", "Unsqueeze", "Identity"}
 LN_OPSET = 17
@@ -49,7 +50,7 @@ def fuse_layer_norm(model, ctx: RepairContext) -> dict | None:
     matches = [m for m in _find(model) if not (m.rms and ctx.quantized)]
     if not matches:
         return None
-    have = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    have = default_opset(model)
     need = RMS_OPSET if any(m.rms for m in matches) else LN_OPSET
     candidate = _copy(model)
     if have < need:

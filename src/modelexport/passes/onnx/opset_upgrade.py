@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from . import RepairContext, onnx_repair
 from .empty_inputs import needed_opset
+from .graph_edit import default_opset
 
 QDQ_OPSET = 13          # per-channel DequantizeLinear (axis)
 
 
 @onnx_repair("opset-upgrade", 40, "upgrade the default-domain opset when a later repair needs it (onnx.version_converter)")
 def upgrade_opset(model, ctx: RepairContext) -> dict | None:
-    have = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    have = default_opset(model)
     reasons = {}
     if (empty := needed_opset(model)) is not None:
         reasons[empty] = "empty optional inputs that are optional only from this opset"

@@ -9,10 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
-
-
-def _opset(model) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+from .graph_edit import default_opset
 
 
 @onnx_repair("reduce-sum-square-as-mul", 44, "ReduceSumSquare(x) → ReduceSum(Mul(x, x)) (the QNN EP has no "
@@ -23,7 +20,7 @@ def reduce_sum_square_as_mul(model, ctx: RepairContext) -> dict | None:
     nodes = [n for n in g.node if n.op_type == "ReduceSumSquare" and n.domain in ("", "ai.onnx")]
     if not nodes:
         return None
-    opset = _opset(model)
+    opset = default_opset(model)
     for n in nodes:
         label = n.name or n.output[0]
         square = f"{label}/square"
