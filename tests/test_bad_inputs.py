@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -769,17 +770,42 @@ def _wait_for(pred: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-def _ctrl_c_compile(world: World, d: Path, args: list[str]) -> None:
+class _Output:
+    """A child's stdout and stderr, read as they come (so a test can act on a progress line)."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.chunks: list[bytes] = []
+        self.readers = [threading.Thread(target=self._read, args=(f,), daemon=True) for f in (p.stdout, p.stderr)]
+        for t in self.readers:
+            t.start()
+
+    def _read(self, f) -> None:
+        for line in iter(f.readline, b""):
+            self.chunks.append(line)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode()
+
+    def close(self) -> str:
+        for t in self.readers:
+            t.join(timeout=120)
+        return self.text()
+
+
+def _ctrl_c_compile(world: World, d: Path, args: list[str], at_line: str | None = None) -> None:
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once the compile has
-    made its partial bundle: the message, exit 130, no partial and no bundle left."""
+    made its partial bundle, or once it prints the progress line `at_line` (a stage long enough to
+    land in): the message, exit 130, no partial and no bundle left."""
     out = d / "out"
     for _attempt in range(3):   # the partial can be renamed into place just as the signal is sent: try again
         p = _spawn(["compile", *args, "-o", str(out), "--no-cache"], d)
-        _wait_for(lambda: bool(list(d.glob(".out.partial-*"))) or p.poll() is not None, 120)
+        output = _Output(p)
+        started = ((lambda: at_line in output.text()) if at_line else (lambda: bool(list(d.glob(".out.partial-*")))))
+        _wait_for(lambda: started() or p.poll() is not None, 120)
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGINT)
-        stdout, stderr = p.communicate(timeout=120)
-        text = stdout.decode() + stderr.decode()
+        p.wait(timeout=120)
+        text = output.close()
         if p.returncode != 0:
             break
         shutil.rmtree(out, ignore_errors=True)   # finished before the signal landed
@@ -794,7 +820,8 @@ def _ctrl_c_onnx(world: World, d: Path) -> None:
 
 
 def _ctrl_c_torch(world: World, d: Path) -> None:
-    _ctrl_c_compile(world, d, [world.paths["mlp"], "-p", "8a8w", "--calibration", "random"])
+    """The .pte's bundle folder lives for a tenth of a second: interrupt during the QNN lowering."""
+    _ctrl_c_compile(world, d, [world.paths["mlp"], "-p", "8a8w", "--calibration", "random"], at_line="lowering to QNN")
 
 
 def _kill9_then_next_use_cleans(world: World, d: Path) -> None:
