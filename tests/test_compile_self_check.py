@@ -399,6 +399,7 @@ def test_precision_auto_promotes_past_a_failing_8a8w(tmp_path):
     chosen = s["candidates"][s["chosen"]]
     assert s["passed"] and chosen["precision"] != "8a8w" or chosen["overrides"]
     assert not s["candidates"][0]["passed"] and chosen["worst_sqnr_db"] >= 35
+    assert s["candidates"][1]["calibration_method"] == "percentile"       # tried before any promotion
     assert not next(c for c in s["candidates"] if c["precision"] == "fp16")["passed"]
     assert b.manifest.numerics["inputs"] == "held-out calibration"
 

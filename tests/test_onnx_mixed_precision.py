@@ -135,3 +135,27 @@ def test_the_quantized_model_cache_is_keyed_by_the_code(tmp_path, monkeypatch):
     assert quantize_hit("b") is True                       # same code: the entry is reused
     monkeypatch.setattr(onnx_compile, "code_fingerprint", lambda: "code B")
     assert quantize_hit("c") is False
+
+
+def test_an_fp16_island_inside_an_8_bit_graph_runs_on_the_htp(tmp_path):
+    """`--override REGEX=fp16`: the matched nodes stay float between a DequantizeLinear and a
+    QuantizeLinear and the HTP runs them in float16. outlier_channels' scale spans 10^4: at 8 bits the
+    small channels vanish; with the scale and the mix as an fp16 island they come back, and no node
+    goes to the CPU."""
+    from onnx_models import outlier_channels
+    outlier_channels(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    calib = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]
+    plain = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "plain", target="SM8650", precision="8a8w",
+                                calibration=calib, use_cache=False)
+    island = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "island", target="SM8650",
+                                 precision="8a8w", calibration=calib, overrides=["outlier=fp16"], use_cache=False)
+    q = onnx.load(str(next((tmp_path / "island").rglob("model.qdq.onnx"))))
+    float_ops = {n.name: n.op_type for n in q.graph.node if "outlier" in n.name}
+    assert float_ops == {"/outlier/scale/Mul": "Mul", "/outlier/mix/Conv": "Conv"}      # left float, no Q/DQ of their own
+    assert not any(t.name.startswith("w2") and t.data_type != TensorProto.FLOAT for t in q.graph.initializer)
+    pl = next(iter(island.manifest.placement[island.manifest.parts[0].name].values()))
+    assert pl["cpu_fallbacks"] == []
+    db = lambda b: min(o["sqnr_db"] for o in b.manifest.numerics["outputs"])  # noqa: E731
+    assert db(plain) < 15 < 30 < db(island), (db(plain), db(island))
+    assert island.manifest.parts[0].quantization["fp16_nodes"] == 2

@@ -62,7 +62,8 @@ def test_every_path_parses_into_the_one_override_type_with_its_own_checks():
     assert pt2e_qnn.QuantPlan(q8, [], 16).key()["block_size"] is None
     assert parse_onnx_overrides(["fc=16a8w"], q8) == [Override("fc", PRECISIONS["16a8w"])]
     assert "unknown precision" in _refused(lambda: parse_onnx_overrides(["fc=lpbq"], q8)).problem
-    assert "fp16 island" in _refused(lambda: parse_onnx_overrides(["fc=fp16"], q8)).problem
+    assert parse_onnx_overrides(["fc=fp16"], q8) == [Override("fc", PRECISIONS["fp16"])]     # an fp16 island
+    assert "needs a quantized --precision" in _refused(lambda: parse_onnx_overrides(["fc=16a8w"], PRECISIONS["fp16"])).problem
     assert "a fp16 override" in _refused(lambda: pt2e_qnn.parse_overrides(["fc=fp16"], q8)).problem
     llm = llm_graphs.parse_overrides(["lm_head=16a8w"], "16a4w")
     assert llm == [Override("lm_head", PRECISIONS["16a8w"])]

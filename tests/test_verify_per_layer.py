@@ -44,8 +44,8 @@ def test_fp16_bundle_and_bad_override_are_clean_errors(tmp_path, cli_here):
     assert_clean_error(cli_here("verify", str(b), "--per-layer"), "no quantized model")
     assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
                                 "--override", "nothing\\.here=16a8w"), "matches no node")
-    assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
-                                "--override", "block=fp16"), "fp16")
+    assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--precision", "fp16",
+                                "--override", "block=16a8w"), "needs a quantized --precision")
     assert_clean_error(cli_here("compile", str(model), "-o", str(tmp_path / "x"), "--calibration", "random",
                                 "--override", "block(=16a8w"), "regular expression")
     assert not (tmp_path / "x").exists()

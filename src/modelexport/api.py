@@ -117,7 +117,8 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
 
     `options` are the format's own, with the CLI's names (modelexport.backends.spec): every format takes
     output_format, vtcm_mb, optimization_level, per_channel, strict, use_cache, jobs, overrides;
-    ONNX models also strict_numerics, min_sqnr, image_mean, image_std and, with precision="auto", max_drop and
+    ONNX models also strict_numerics, min_sqnr, image_mean, image_std, calibration_method (minmax | percentile)
+    and, with precision="auto", max_drop and
     eval_fn (metric(predict) -> float, or "FILE.py:FUNCTION");
     PyTorch models also block_size, rewrites, fallback, dynamic_shapes, strict_numerics; LLMs (GGUF / HF folder) also
     block_size, variants, max_seq_len, context_limit_mb, host_chunk_mb, calibration_samples, rounding, max_ppl_ratio,

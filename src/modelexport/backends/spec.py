@@ -56,6 +56,7 @@ class OnnxCompileOptions(CompileOptions):
     self_check: bool = True                              # run compile's own numerics check (--precision auto's candidates: no)
     image_mean: Any = None                               # --calibration photos/: "R,G,B" on 0..1 pixels (default 0)
     image_std: Any = None                                # (default 1)
+    calibration_method: str = "minmax"                   # activation ranges: minmax | percentile (quant/onnx_qdq.RANGE_METHODS)
 
 
 @dataclass

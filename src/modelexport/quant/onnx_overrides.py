@@ -2,7 +2,10 @@
 
 REGEX is searched in each node's module path (from the exporter's node names, e.g.
 `features.3.conv.0.0` for `/features/features.3/conv/conv.0/conv.0.0/Conv`) and in its node name;
-first match wins. A matched node gets the override's weight width (signed, symmetric: what the HTP
+first match wins. `=fp16` makes the matched nodes an fp16 island: the quantizer leaves them float
+(`nodes_to_exclude`), with a DequantizeLinear before and a QuantizeLinear after, and the HTP runs them
+in float16 inside the quantized graph (a log-power front end, a layer whose range 8 or 16 bits cannot
+hold). Any other matched node gets the override's weight width (signed, symmetric: what the HTP
 takes per channel) on its weight initializers
 (per-channel on axis 0 for Conv, axis 1 for ConvTranspose, when the compile is per-channel) and,
 when the override's activation type differs from the default, on its outputs. They reach ONNX
@@ -25,17 +28,14 @@ _OWN_PARAMS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "LayerNormalization", 
 
 def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
     def check(spec: str, p: Precision) -> None:
-        if not p.quantized:
-            raise InputError(f"--override {spec!r}: an fp16 island inside a quantized ONNX graph is not offered",
-                             "override with a quantized precision (16a8w, 16a16w, 8a8w), or compile the whole model as fp16")
         if not default.quantized:
             raise InputError(f"--override {spec!r} needs a quantized --precision (the model is compiled as {default.name})",
                              "give --precision 8a8w/16a8w/16a4w/... and override the modules that need another one")
     return parse_override_specs(specs, "features\\.3\\.conv=16a8w", check, ONNX_PRECISIONS)
 
 
-def tensor_overrides(model, overrides: list[Override], default: Precision, per_channel: bool) -> tuple[dict, dict]:
-    """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count})."""
+def tensor_overrides(model, overrides: list[Override], default: Precision, per_channel: bool) -> tuple[dict, dict, list[str]]:
+    """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count}, the fp16 island's node names)."""
     from onnxruntime.quantization import QuantType
 
     from ..frontends.module_paths import onnx_module_path
@@ -43,11 +43,19 @@ def tensor_overrides(model, overrides: list[Override], default: Precision, per_c
     out: dict[str, list[dict]] = {}
     matched = {o.pattern: 0 for o in overrides}
     promoted: dict[str, object] = {}                 # node name → its activation type, where it differs
+    island: list[str] = []
     for node in model.graph.node:
         hit = next((o for o in overrides if o.matches(onnx_module_path(node), node.name)), None)
         if hit is None:
             continue
         matched[hit.pattern] += 1
+        if not hit.precision.quantized:
+            if not node.name:
+                raise InputError(f"--override {hit.pattern!r}=fp16 matches a node without a name ({node.op_type} "
+                                 f"writing {node.output[0]!r}): the quantizer excludes nodes by name",
+                                 "give the model's nodes names (onnx.helper / onnx-ir), or override with 16a16w")
+            island.append(node.name)
+            continue
         act, weight = hit.precision.quant_types()
         widx = _WEIGHT_INPUT.get(node.op_type)
         if widx is not None and len(node.input) > widx and node.input[widx] in inits:
@@ -69,7 +77,7 @@ def tensor_overrides(model, overrides: list[Override], default: Precision, per_c
         if not matched[o.pattern]:
             raise InputError(f"--override {o.pattern!r} matches no node (module paths look like 'features.3.conv.0.0')",
                              "run `modelexport audit MODEL` to see module paths, or `verify --per-layer` for a suggestion")
-    return out, matched
+    return out, matched, island
 
 
 def _convert_inputs(node, out: dict, inits: dict, default_act, act) -> None:

@@ -33,6 +33,7 @@ class LayerNumerics:
     sqnr_db: float
     cosine: float | None             # None for a single value
     max_abs_error: float
+    drop_db: float = 0.0             # the dB lost against the worst measured layer feeding it
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -188,6 +189,7 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
         feeding = [by_node[u] for u in upstream[i] if u in by_node]
         drop = min(x.sqnr_db for x in feeding) - lay.sqnr_db if feeding else 0.0
         drops.append(drop)
+        lay.drop_db = round(float(drop), 3)
         if feeding and (rep.worst_drop is None or drop > rep.worst_drop["drop_db"]):
             rep.worst_drop = {"layer": name, "drop_db": round(drop, 3), "from_db": round(drop + lay.sqnr_db, 3),
                               "to_db": round(lay.sqnr_db, 3)}

@@ -33,6 +33,7 @@ from ...frontends.vision_encoder_onnx import parse_triple
 from ...passes.onnx.log_power_scale import log_power_scale
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
+from ...quant.onnx_qdq import RANGE_METHODS
 from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
@@ -99,6 +100,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
     key = cache_key("qdq", float_bytes, part.precision.to_dict(), opts.per_channel,
                     part.calibration.digest() if part.calibration else None, onnxruntime.__version__, code_fingerprint(),
                     *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []),
+                    *([["ranges", opts.calibration_method]] if opts.calibration_method != "minmax" else []),
                     *([["metadata", part.loaded.detached_metadata]] if part.loaded.detached_metadata else []))
 
     def build(tmp: Path) -> dict:
@@ -114,7 +116,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
         from ...quant.onnx_qdq import quantize_onnx
         t0 = time.perf_counter()
         info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel,
-                             overrides=list(opts.overrides) or None)
+                             overrides=list(opts.overrides) or None, method=opts.calibration_method)
         pre = Path(info.pop("preprocessed_model"))
         if pre.name != "model.onnx" and pre.exists():
             pre.unlink()
@@ -212,6 +214,9 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
         if soc not in socs:
             socs.append(soc)
     check_knobs(socs, opts.vtcm_mb, opts.optimization_level)
+    if opts.calibration_method not in RANGE_METHODS:
+        raise InputError(f"--calibration-method {opts.calibration_method!r} is not one this compile offers",
+                         f"choose one of: {', '.join(RANGE_METHODS)}")
     if not parts:
         raise InputError("no model given", "pass one or more .onnx files")
     prepared = _prepare_parts(parts, opts, socs)

@@ -184,6 +184,10 @@ def compile_cmd(
     eval_fn: Optional[str] = typer.Option(None, "--eval-fn", help="ONNX models, --precision auto: FILE.py:FUNCTION, called as "
                                           "FUNCTION(predict) -> float (higher is better) where predict({input: array}) "
                                           "returns {output: array}; it runs your evaluation data through the model."),
+    calibration_method: Optional[str] = typer.Option(None, "--calibration-method", help="ONNX models, quantized: how activation "
+                                                     "ranges are set from the calibration data: minmax (default: every value "
+                                                     "fits) or percentile (each range clipped to the 99.99th percentile of its "
+                                                     "values: more steps for the bulk of them at 8 bits). --precision auto tries both."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile processes (default: the number of cores)."),
     variants: Optional[List[str]] = typer.Option(None, "--variants", "--variant", help="LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (--variant ar1 --variant ar32 is the same); `full` adds the full-context graph: N = --max-seq-len, no KV cache."),
@@ -264,7 +268,7 @@ def compile_cmd(
                       vision_precision=vision_precision, image_size=image_size,
                       vision_encoder=str(vision_encoder) if vision_encoder else None, image_token=image_token,
                       image_mean=image_mean, image_std=image_std, strict_numerics=strict_numerics or None,   # unset unless given: other formats refuse it
-                      min_sqnr=min_sqnr or None, max_drop=max_drop, eval_fn=eval_fn)
+                      min_sqnr=min_sqnr or None, max_drop=max_drop, eval_fn=eval_fn, calibration_method=calibration_method)
     if bundle.data.get("kind") == BundleKind.LLM:
         from .llm_summary import llm_summary
         llm_summary(bundle, json_out)

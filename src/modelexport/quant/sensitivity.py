@@ -1,0 +1,130 @@
+"""Which layers' quantization costs the outputs the most: each layer measured by taking it out.
+
+A layer's drop against the layers feeding it (quant/per_layer.py) says where the numbers fall, not
+what fixing it gives back: a LayerNorm or a residual Add can show the drop of the 8-bit tensors it
+reads, and giving the Add 16 bits then changes nothing (MiniLM-L3's embedding Add: 13.2 dB at 8a8w,
+13.3 dB with it at 16a8w). Here each candidate layer is measured instead, in the QDQ (fake-quant)
+model on the CPU EP: its nodes read their activations unquantized and the nodes after them read
+its outputs unquantized (the Q/DQ pairs around it bypassed), and the outputs' worst SQNR against the
+float model is what 16-bit activations on that layer can give back, at most. This is AIMET's
+per-layer sensitivity analysis (QuantAnalyzer), on ONNX Runtime's own QDQ graph.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.numerics import sqnr_db
+from .per_layer import _session
+
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def _dq_of(model) -> tuple[dict[str, str], dict[str, str]]:
+    """({float tensor: the DequantizeLinear output that stands for it}, the reverse), for activations:
+    a tensor → QuantizeLinear → DequantizeLinear chain (weights' DequantizeLinears read initializers)."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+    fwd: dict[str, str] = {}
+    for n in model.graph.node:
+        if n.op_type != "QuantizeLinear":
+            continue
+        dq = next((d for d in consumers.get(n.output[0], []) if d.op_type == "DequantizeLinear"), None)
+        if dq is not None:
+            fwd[n.input[0]] = dq.output[0]
+    return fwd, {v: k for k, v in fwd.items()}
+
+
+def _float_weights(model, float_model) -> dict[str, str]:
+    """{a weight's DequantizeLinear output: the float initializer it stands for}: ONNX Runtime's
+    quantizer names a weight's quantized copy `<name>_quantized`."""
+    inits = {t.name for t in model.graph.initializer}
+    floats = {t.name for t in float_model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits:
+            base = n.input[0].removesuffix("_quantized")
+            if base in floats:
+                out[n.output[0]] = base
+    return out
+
+
+def bypassed(model, nodes: set[str], fwd: dict[str, str], back: dict[str, str], weights: dict[str, Any] | None = None):
+    """A copy of the QDQ `model` in which `nodes` read their activation inputs unquantized, every
+    reader of their outputs reads them unquantized and, given `weights` ({DequantizeLinear output:
+    float initializer}), they read their weights in float too."""
+    m = copy.deepcopy(model)
+    outs = {t for n in m.graph.node if n.name in nodes for t in n.output}
+    swap = {fwd[t]: t for t in outs if t in fwd}
+    graph_outputs = {o.name for o in m.graph.output}
+    have = {t.name for t in m.graph.initializer}
+    for n in m.graph.node:
+        for i, t in enumerate(n.input):
+            if n.name in nodes and t in back:
+                n.input[i] = back[t]
+            elif n.name in nodes and weights and t in weights:
+                name = weights[t].name + "__float"      # the QDQ model may use the float name for another tensor
+                if name not in have:
+                    w = copy.deepcopy(weights[t])
+                    w.name = name
+                    m.graph.initializer.append(w)
+                    have.add(name)
+                n.input[i] = name
+            elif t in swap and n.op_type not in QDQ:
+                n.input[i] = swap[t]
+    for dq_out, t in swap.items():            # a graph output read through its Q/DQ: the float value instead
+        if dq_out in graph_outputs:
+            from onnx import helper
+            for n in m.graph.node:
+                if dq_out in n.output:
+                    n.output[list(n.output).index(dq_out)] = dq_out + "__bypassed"
+            m.graph.node.append(helper.make_node("Identity", [t], [dq_out]))
+    return m
+
+
+def layer_gains(float_path, qdq_path, samples: list[dict[str, np.ndarray]], layers: list[str],
+                nodes_of: Callable[[Any], list[str]], max_seconds: float | None = None,
+                with_weights: bool = False) -> dict[str, float]:
+    """{layer: the dB the outputs' worst SQNR (over all samples) gains with that layer taken out of the
+    quantization}, layer by layer in the order given until `max_seconds` have passed; `nodes_of(layer)`
+    names its nodes in the QDQ model; `with_weights`: their weights in float too (what 16-bit weights
+    can give back)."""
+    import time
+
+    import onnx
+    fm, qm = onnx.load(str(float_path)), onnx.load(str(qdq_path))
+    names = [o.name for o in fm.graph.output]
+    fs = _session(fm)
+    refs = [fs.run(names, s) for s in samples]
+    fwd, back = _dq_of(qm)
+    weights = None
+    if with_weights:
+        floats = {t.name: t for t in fm.graph.initializer}
+        weights = {dq: floats[name] for dq, name in _float_weights(qm, fm).items()}
+    qs = _session(qm)
+    base = worst_sqnr(refs, [qs.run(names, s) for s in samples])
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for layer in layers:
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+            break
+        nodes = set(nodes_of(layer))
+        if nodes:
+            sess = _session(bypassed(qm, nodes, fwd, back, weights))
+            out[layer] = worst_sqnr(refs, [sess.run(names, s) for s in samples]) - base
+    return out
+
+
+def worst_sqnr(refs: list[list], gots: list[list]) -> float:
+    """The worst float output's SQNR, each output over all samples."""
+    worst = float("inf")
+    for i in range(len(refs[0]) if refs else 0):
+        r = [np.asarray(x[i]) for x in refs]
+        g = [np.asarray(x[i]) for x in gots]
+        if np.issubdtype(r[0].dtype, np.floating) and all(a.shape == b.shape for a, b in zip(r, g)):
+            worst = min(worst, sqnr_db(np.concatenate([a.ravel() for a in r]), np.concatenate([b.ravel() for b in g])))
+    return worst
