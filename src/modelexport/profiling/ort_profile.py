@@ -242,6 +242,7 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
               "qnn_accelerator_us_median": median([x for x in qnn_totals["accelerator_us"] if x is not None]),
               "qnn_accelerator_cycles_median": median(qnn_totals["accelerator_cycles"]) or None,
               "qnn_accelerator_cycles_min": min(qnn_totals["accelerator_cycles"], default=None),
+              "qnn_accelerator_cycles_runs": qnn_totals["accelerator_cycles"],
               "qnn_load": qprof.load, "cpu_fallback_share": round(sum(r.share for r in rows if r.backend == "CPU fallback"), 4),
               "htp_nodes_profiled": sum(1 for r in rows if r.backend == "HTP"),
               "placement": {ep: len(v) for ep, v in placement.items()}}
@@ -254,11 +255,11 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
 
 
 def steady_cycles(bundle_path: str | Path, runs: int = 5) -> float | None:
-    """The compiled graph's accelerator cycles on the simulator as one number that repeats: its
-    threads held on one host core, the fewest over `runs` runs. Left free, the simulator's threads
-    share the host's cores with everything else and its cycle count moves with them (one 8a8w graph:
-    1.3 M to 3.8 M cycles per run on a quiet 2-core host; held on one core, 1.24 M to 1.29 M after the
-    first one or two runs, which can read up to twice that)."""
+    """The compiled graph's accelerator cycles on the simulator, read as steadily as this host allows:
+    its threads held on one host core, the fewest over `runs` runs. Left free, the simulator's threads
+    share the host's cores with everything else and its cycle count moves with them: mtcnn_pnet at
+    8a8w read 1.28 M to 2.67 M cycles per run on a quiet 2-core host, held on one core 1.29 M to
+    1.81 M between processes (bench/results/sim_cycles_noise.json)."""
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})        # this thread only; the simulator's threads inherit it
     try:

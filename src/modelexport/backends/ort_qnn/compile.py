@@ -93,14 +93,20 @@ def media_options(opts) -> MediaOptions:
                         parse_triple(getattr(opts, "image_std", None), "--image-std", (1.0, 1.0, 1.0)))
 
 
+def _range_method(opts) -> str:
+    """--calibration-method; the VLM's vision part passes plain CompileOptions (min-max)."""
+    return getattr(opts, "calibration_method", "minmax")
+
+
 def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tuple[Path, Path | None, dict, bool]:
     """(float model path, qdq path or None, quantization info, cache hit) via the 'qdq' cache."""
     import onnxruntime
+    method = _range_method(opts)
     float_bytes = part.loaded.to_bytes()
     key = cache_key("qdq", float_bytes, part.precision.to_dict(), opts.per_channel,
                     part.calibration.digest() if part.calibration else None, onnxruntime.__version__, code_fingerprint(),
                     *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []),
-                    *([["ranges", opts.calibration_method]] if opts.calibration_method != "minmax" else []),
+                    *([["ranges", method]] if method != "minmax" else []),
                     *([["metadata", part.loaded.detached_metadata]] if part.loaded.detached_metadata else []))
 
     def build(tmp: Path) -> dict:
@@ -116,7 +122,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
         from ...quant.onnx_qdq import quantize_onnx
         t0 = time.perf_counter()
         info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel,
-                             overrides=list(opts.overrides) or None, method=opts.calibration_method)
+                             overrides=list(opts.overrides) or None, method=method)
         pre = Path(info.pop("preprocessed_model"))
         if pre.name != "model.onnx" and pre.exists():
             pre.unlink()
@@ -214,8 +220,8 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
         if soc not in socs:
             socs.append(soc)
     check_knobs(socs, opts.vtcm_mb, opts.optimization_level)
-    if opts.calibration_method not in RANGE_METHODS:
-        raise InputError(f"--calibration-method {opts.calibration_method!r} is not one this compile offers",
+    if _range_method(opts) not in RANGE_METHODS:
+        raise InputError(f"--calibration-method {_range_method(opts)!r} is not one this compile offers",
                          f"choose one of: {', '.join(RANGE_METHODS)}")
     if not parts:
         raise InputError("no model given", "pass one or more .onnx files")
