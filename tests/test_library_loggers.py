@@ -61,3 +61,42 @@ def test_library_future_warnings_are_dropped_and_ours_are_not(monkeypatch):
     assert raised(UserWarning, "Mutation on a buffer in the model is detected.", "executorch.exir.emit._emitter") == []
     assert raised(FutureWarning, "something else", "modelexport.llm.generate") == ["something else"]
     assert raised(UserWarning, "another note", "executorch.exir.emit._emitter") == ["another note"]
+
+
+def test_the_constant_folders_split_note_is_dropped(monkeypatch):
+    """onnxscript's folder (the `fold-constants` repair) says it leaves a constant Split unfolded."""
+    import onnx
+    from onnx import TensorProto, helper
+    from onnxscript import optimizer
+    import onnx_ir as ir
+    monkeypatch.delenv("MODELEXPORT_DEBUG", raising=False)
+    name = "onnxscript.optimizer._constant_folding"
+    c = helper.make_tensor("c", TensorProto.FLOAT, [4], [1, 2, 3, 4])
+    nodes = [helper.make_node("Split", ["c"], ["a", "b"], axis=0, num_outputs=2),
+             helper.make_node("Add", ["x", "a"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])], [c])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    logger = logging.getLogger(name)
+    saved = list(logger.filters)
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    logger.addHandler(handler)
+    try:
+        for f in saved:
+            logger.removeFilter(f)
+        optimizer.fold_constants(ir.serde.deserialize_model(model))
+        assert "Skipping constant folding for op Split" in buf.getvalue()     # said unless quieted
+        buf.seek(0)
+        buf.truncate(0)
+        quiet_library_loggers()
+        optimizer.fold_constants(ir.serde.deserialize_model(model))
+        logger.warning("Evaluation failed: something")                       # its other warnings still show
+        assert buf.getvalue().strip() == "Evaluation failed: something"
+    finally:
+        logger.removeHandler(handler)
+        for f in list(logger.filters):
+            logger.removeFilter(f)
+        for f in saved:
+            logger.addFilter(f)

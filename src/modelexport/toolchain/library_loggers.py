@@ -1,6 +1,8 @@
 """Start-up chatter of libraries we import, not meant for our users: torchao's optional CUDA
 kernels that cannot load on this CPU host, torch's pytree deprecation notes, transformers' note on
-the `mrope_section` a Qwen2-VL text model keeps in its Qwen2 config on purpose, and ExecuTorch's and
+the `mrope_section` a Qwen2-VL text model keeps in its Qwen2 config on purpose, onnxscript's
+constant folder saying it leaves a multi-output node (a Split) unfolded (ONNX Runtime computes it
+when the graph runs: nothing is lost but a fold), and ExecuTorch's and
 torch's FutureWarnings about their own calls while a CPU program is built (MODELEXPORT_DEBUG=1 shows
 them again). Quieted in every process that imports them: the CLI's, and a sweep's workers.
 Its own module, without imports, because the CLI calls it on every start."""
@@ -12,7 +14,8 @@ import warnings
 
 QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
 # (logger, text of the one message dropped): the frontends write these fields knowingly
-DROPPED_MESSAGES = (("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`"),)
+DROPPED_MESSAGES = (("transformers.modeling_rope_utils", "Unrecognized keys in `rope_parameters`"),
+                    ("onnxscript.optimizer._constant_folding", "Skipping constant folding for op"))
 
 
 # Python warnings libraries raise inside a build the user asked for and cannot act on (FutureWarnings
