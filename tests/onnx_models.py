@@ -361,3 +361,18 @@ def masked_softmax(path: Path) -> Path:
     return _save(nodes, "masked_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
                                            helper.make_tensor_value_info("keep", TensorProto.BOOL, [1, 16])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], [w, ninf, zero], path)
+
+
+def peak_map(path: Path, size: int = 128) -> Path:
+    """Local maxima of a blurred map, kept by comparing it with its own MaxPool (the NMS map of afis's
+    LEADER fingerprint model, a tf2onnx export)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.full((1, 1, 3, 3), 1 / 9, np.float32) + np.eye(3, dtype=np.float32)[None, None] * 0.05,
+                                "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["blur"], pads=[1, 1, 1, 1], name="/nms/blur"),
+             helper.make_node("MaxPool", ["blur"], ["pooled"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="/nms/pool"),
+             helper.make_node("Equal", ["blur", "pooled"], ["is_peak"], name="/nms/Equal"),
+             helper.make_node("Cast", ["is_peak"], ["keep"], to=TensorProto.FLOAT, name="/nms/Cast"),
+             helper.make_node("Mul", ["blur", "keep"], ["peaks"], name="/nms/Mul")]
+    return _save(nodes, "peak_map", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, size, size])],
+                 [helper.make_tensor_value_info("peaks", TensorProto.FLOAT, [1, 1, size, size])], [w], path)

@@ -14,7 +14,7 @@ import pytest
 import modelexport
 from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, log_power,
                          prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding,
-                         t5_rms_norm, wide_logit_map)
+                         peak_map, t5_rms_norm, wide_logit_map)
 
 
 def _samples(tmp_path, name, make, n=4):
@@ -207,7 +207,7 @@ def test_ids_given_as_floats_get_whole_random_values_inside_the_table(tmp_path):
     assert index_limits(load(str(model))) == {"ids": 178}
     from modelexport.frontends.onnx_model import load_onnx
     s = random_samples(load_onnx(str(model)).inputs, 2, limits={"ids": 178})[0]["ids"]
-    assert s.dtype == np.float32 and np.all(s == np.round(s)) and 0 <= s.min() and s.max() < 178
+    assert s.dtype == np.float32 and np.all(s == np.round(s)) and s.min() >= 0 and s.max() < 178
     b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16", calibration="random")
     assert b.manifest.numerics["passed"], b.manifest.numerics
 
@@ -397,7 +397,7 @@ def test_precision_auto_promotes_past_a_failing_8a8w(tmp_path):
                             precision="auto", calibration=str(cal), min_sqnr=["35"])
     s = b.manifest.precision_search
     chosen = s["candidates"][s["chosen"]]
-    assert s["passed"] and chosen["precision"] != "8a8w" or chosen["overrides"]
+    assert (s["passed"] and chosen["precision"] != "8a8w") or chosen["overrides"]
     assert not s["candidates"][0]["passed"] and chosen["worst_sqnr_db"] >= 35
     assert s["candidates"][1]["calibration_method"] == "percentile"       # tried before any promotion
     assert not next(c for c in s["candidates"] if c["precision"] == "fp16")["passed"]
@@ -594,3 +594,49 @@ def test_a_log_power_model_checked_on_random_samples_is_sent_to_real_ones():
     fix = numerics_fix_for(num, False)
     assert "--calibration DIR" in fix and "log-power-scale" in fix
     assert "extract_model" in numerics_fix_for({**num, "inputs": "npz folder"}, False)
+
+
+def _spike_pairs(rng, size=128, pairs=3):
+    """Faint noise and pairs of neighbouring spikes 3e-5 apart: one peak in float32, a tie in float16."""
+    x = (rng.standard_normal((1, 1, size, size)) * 1e-4).astype(np.float32)
+    for k in range(pairs):
+        r, c = 10 + 18 * k, 20 + 15 * k
+        x[0, 0, r, c], x[0, 0, r, c + 1] = 1.0, 1.00003
+    return x
+
+
+def test_an_output_the_model_decides_is_scored_without_its_ties(tmp_path):
+    """A peak map (Equal(blur, MaxPool(blur))): fp16 ties a few neighbours that float32 told apart,
+    and both become peaks. Those values are counted and left out; the rest is scored."""
+    cal = _samples(tmp_path, "spikes", _spike_pairs, n=2)
+    b = modelexport.compile(str(peak_map(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(cal), use_cache=False)
+    row = b.manifest.numerics["outputs"][0]
+    assert b.manifest.numerics["passed"], row
+    assert 1 <= row["flipped"] <= 30 and "took the other branch of a decision" in row["note"], row
+    assert "Equal" in row["note"] and row["sqnr_db"] >= 35
+
+
+def test_flips_are_left_out_only_when_rare_and_only_for_decided_outputs():
+    from modelexport.backends.ort_qnn.verify import check_output
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(20000).astype(np.float32)
+    got = ref + rng.standard_normal(20000).astype(np.float32) * 1e-3
+    got[:5] += 2 * np.pi                                           # five angles wrapped
+    assert not check_output("angle", [ref], [got], 35.0).passed     # no decision in the graph: all values count
+    c = check_output("angle", [ref], [got], 35.0, ["Sign"])
+    assert c.passed and c.flipped == 5 and c.sqnr_db > 50, c
+    got[:400] += 2 * np.pi                                         # 2 %: not ties, the numerics
+    c = check_output("angle", [ref], [got], 35.0, ["Sign"])
+    assert not c.passed and c.flipped is None
+
+
+def test_decision_ops_finds_the_models_own_comparisons_not_ours(tmp_path):
+    import onnx
+    from modelexport.backends.ort_qnn.decisions import decision_ops
+    from modelexport.backends.ort_qnn.repair import load_repaired
+    assert decision_ops(onnx.load(str(peak_map(tmp_path / "p.onnx")))) == {"peaks": ["Equal"]}
+    # output-sigmoid's Less (a repair) decides nothing: the probability head has no decision
+    m = load_repaired(str(probability_head(tmp_path / "s.onnx"))).model
+    assert any(n.op_type == "Less" for n in m.graph.node)
+    assert decision_ops(m) == {}

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .run import CompiledGraph, SimulatorSession
-from .verify import check_output
+from .verify import check_output, decided_outputs
 
 NUMERICS_SAMPLES = 4
 WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
@@ -88,14 +88,15 @@ def measure(float_path: Path, epcontext: Path, target: str, samples: list[dict],
         got, _ = sim.run(s)
         for n in names:
             gots[n].append(np.asarray(got[n], dtype=np.float32))
-    return [check_output(n, refs[n], gots[n], threshold_of(n)) for n in names]
+    decided = decided_outputs(float_path)
+    return [check_output(n, refs[n], gots[n], threshold_of(n), decided.get(n)) for n in names]
 
 
 def _row(c) -> dict[str, Any]:
     sq = c.sqnr_db if np.isfinite(c.sqnr_db) else (999.0 if c.sqnr_db > 0 else None)
     return {"name": c.name, "sqnr_db": sq, "cosine": c.cosine, "max_abs_error": c.max_abs_error,
             **({"argmax_agreement": c.argmax_agreement} if c.argmax_agreement is not None else {}),
-            **({"note": c.note} if c.note else {})}
+            **({"note": c.note} if c.note else {}), **({"flipped": c.flipped} if c.flipped else {})}
 
 
 def first_bad_layer(part, samples: list[dict], threshold: float, provider_options: dict | None = None

@@ -17,6 +17,7 @@ from ...contract import open_bundle
 from ...core.errors import InputError
 from ...quant import get_precision
 from ...core.numerics import compare
+from .decisions import FLIP_SIZE, MAX_FLIP_SHARE, decision_ops
 from .run import SimulatorSession, check_runtime, given_feed, select_graphs
 
 
@@ -31,12 +32,16 @@ class OutputCheck:
     ref_std: float | None = None     # spread of the float output: near 0, SQNR measures noise
     ref_abs_max: float | None = None
     note: str | None = None          # what could not be compared (outputs whose shape follows the input)
+    flipped: int | None = None       # values that took the other branch of a decision (decisions.py), left out
 
 
-def check_output(name: str, refs: list, gots: list, threshold: float) -> OutputCheck:
+def check_output(name: str, refs: list, gots: list, threshold: float, decided_by: list[str] | None = None
+                 ) -> OutputCheck:
     """One output's numbers over all samples (float reference vs compiled). Where a sample's float and
     compiled shapes differ (an output whose length follows the input's values, a static graph's
-    fixed one), their common leading part is compared, and the note says so."""
+    fixed one), their common leading part is compared, and the note says so. An output the model
+    decides (`decided_by`: its ops from decisions.decision_ops) that fails only on a few values that
+    took the other branch is scored on the others, and the note says how many (decisions.py)."""
     pairs = [_common(np.asarray(r), np.asarray(g)) for r, g in zip(refs, gots)]
     cropped = [p for p in pairs if p[2]]
     note = None
@@ -53,11 +58,42 @@ def check_output(name: str, refs: list, gots: list, threshold: float) -> OutputC
     else:
         r, g = np.concatenate([r.ravel() for r, _ in pairs]), np.concatenate([g.ravel() for _, g in pairs])
     c = compare(r, g)
+    flipped = None
+    if decided_by and c["sqnr_db"] < threshold:
+        mask = flips(r, g)
+        if mask is not None:
+            flipped, kept = int(mask.sum()), compare(r[~mask], g[~mask])
+            note = "; ".join(filter(None, [note, _flip_note(flipped, r.size, decided_by, c["sqnr_db"])]))
+            c = kept
     agree = None
     if r.ndim >= 2 and r.shape[-1] > 1:
         agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
     return OutputCheck(name, float(c["sqnr_db"]), c["cosine"], float(c["max_abs_error"]), agree,
-                       bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"], note)
+                       bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"], note,
+                       flipped)
+
+
+def decided_outputs(float_path) -> dict[str, list[str]]:
+    """decisions.decision_ops of the float model at `float_path`."""
+    import onnx
+    return decision_ops(onnx.load(str(float_path), load_external_data=False))
+
+
+def flips(r: np.ndarray, g: np.ndarray) -> np.ndarray | None:
+    """The values of `g` off by more than FLIP_SIZE of the output's largest magnitude, when they are
+    at most MAX_FLIP_SHARE of all; None when there are none or too many to be ties."""
+    scale = float(np.max(np.abs(r))) if r.size else 0.0
+    if not np.isfinite(scale) or scale == 0.0:
+        return None
+    mask = ~(np.abs(g.astype(np.float64) - r) <= FLIP_SIZE * scale)       # NaN counts as off
+    k = int(mask.sum())
+    return mask if 0 < k <= MAX_FLIP_SHARE * r.size else None
+
+
+def _flip_note(k: int, n: int, ops: list[str], all_db: float) -> str:
+    return (f"{k} of {n} values ({100 * k / n:.3f}%) took the other branch of a decision the model makes on its own "
+            f"values ({', '.join(ops)}): ties the compiled precision breaks the other way; scored on the other values "
+            f"(all values: {all_db:.1f} dB)")
 
 
 def _common(r: np.ndarray, g: np.ndarray):
@@ -194,8 +230,9 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
             float_rel = pm.files.float_model if pm else None
             if not float_rel:
                 raise InputError(f"{bundle.path} keeps no float model for {cg.part}", "recompile the bundle with this modelexport")
-            float_sessions[cg.part] = ort.InferenceSession(str(bundle.file(float_rel)), providers=["CPUExecutionProvider"])
-        ref_sess = float_sessions[cg.part]
+            float_sessions[cg.part] = (ort.InferenceSession(str(bundle.file(float_rel)), providers=["CPUExecutionProvider"]),
+                                       decided_outputs(bundle.file(float_rel)))
+        ref_sess, decided = float_sessions[cg.part]
         names = [o.name for o in ref_sess.get_outputs()]
         refs = {n: [] for n in names}
         gots = {n: [] for n in names}
@@ -208,7 +245,7 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
         prec = cg.precision
         threshold = min_sqnr if min_sqnr is not None else get_precision(prec).min_sqnr_db
         gc = GraphCheck(cg.part, cg.target, prec, threshold, len(samples), kind)
-        gc.outputs = [check_output(n, refs[n], gots[n], threshold) for n in names]
+        gc.outputs = [check_output(n, refs[n], gots[n], threshold, decided.get(n)) for n in names]
         report.graphs.append(gc)
     if record:
         record_numerics(bundle_path, report)

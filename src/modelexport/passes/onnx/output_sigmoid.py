@@ -49,7 +49,8 @@ def _exp_form(helper, name: str, x: str, y: str) -> list:
             helper.make_node("Add", [f"{t}/s", _ONE], [f"{t}/d"], name=f"{t}/Add"),
             helper.make_node("Div", [f"{t}/s", f"{t}/d"], [f"{t}/low"], name=f"{t}/DivLow"),
             helper.make_node("Div", [_ONE, f"{t}/d"], [f"{t}/high"], name=f"{t}/DivHigh"),
-            helper.make_node("Less", [x, _ZERO], [f"{t}/negative"], name=f"{t}/Less"),
+            helper.make_node("Less", [x, _ZERO], [f"{t}/negative"], name=f"{t}/Less",
+                             doc_string="modelexport: picks between two forms equal at 0, decides nothing"),
             helper.make_node("Where", [f"{t}/negative", f"{t}/low", f"{t}/high"], [y], name=f"{t}/Where")]
 
 
