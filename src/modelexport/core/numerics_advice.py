@@ -65,6 +65,9 @@ def numerics_failures(numerics: dict) -> list[str]:
 
 def numerics_line(num: dict[str, Any]) -> str:
     """One line for the user: the outputs' dB against the pass mark, and where and why it falls."""
+    if num.get("run_error") and num.get("run_error_on") == "cpu":
+        return (f"{num.get('part')}@{num.get('target')}: the float model itself fails on these samples on the CPU "
+                f"({num['run_error']})")
     if num.get("run_error"):
         return (f"{num.get('part')}@{num.get('target')}: the compiled graph fails to run on the HTP simulator "
                 f"({num['run_error']})")
@@ -90,6 +93,11 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     """The fix that fits what the localisation found."""
     bad = num.get("first_bad_layer") or {}
     random = "random" in str(num.get("inputs", ""))
+    if num.get("run_error") and num.get("run_error_on") == "cpu":
+        return ("give the model inputs it accepts, most often ids inside the table they index: "
+                + ("these samples are random: compile with real inputs (--calibration DIR), or fix such inputs "
+                   "with --input-value NAME=VALUE" if random else "check the samples' index-like inputs against "
+                   "the tables they index"))
     if num.get("run_error"):
         return ("the HTP stops on an input the CPU takes, most often an index past its table (a float input cast "
                 "to an index takes any value when random): "

@@ -36,8 +36,7 @@ def index_limits(model) -> dict[str, int]:
         if inp.name in inits or kind not in _INT_TYPES and kind not in _FLOAT_TYPES:
             continue
         starts = [inp.name] if kind in _INT_TYPES else _cast_to_int(inp.name, consumers)
-        loose = kind not in _INT_TYPES
-        limit = min((x for x in (_reach(t, consumers, shapes, consts, loose) for t in starts) if x), default=None)
+        limit = min((x for x in (_reach(t, consumers, shapes, consts) for t in starts) if x), default=None)
         if limit:
             out[inp.name] = limit
     return out
@@ -54,12 +53,12 @@ def _cast_to_int(name: str, consumers) -> list[str]:
             and any(a.name == "to" and a.i in _INT_TYPES for a in n.attribute)]
 
 
-# after a float input's Cast to an index: the elementwise steps tf2onnx writes a negative-index wrap
-# with (SelectV2 as cond·(i + n) + (1 − cond)·i, the condition by Cast → Less)
+# the elementwise steps tf2onnx writes a negative-index wrap with (SelectV2 as cond·(i + n) + (1 − cond)·i,
+# the condition by Cast → Less), after integer ids (slovorez's int32 characters) or a float input's Cast
 _WRAP = {"Add", "Sub", "Mul", "Where", "Less", "Greater", "Not", "And", "Or", "Equal", "Max", "Min", "Abs", "Neg"}
 
 
-def _reach(name: str, consumers, shapes, consts, loose: bool = False) -> int | None:
+def _reach(name: str, consumers, shapes, consts) -> int | None:
     best, seen, stack = None, set(), [name]
     while stack:
         t = stack.pop()
@@ -70,7 +69,7 @@ def _reach(name: str, consumers, shapes, consts, loose: bool = False) -> int | N
             size = _table_size(node, idx, shapes, consts)
             if size:
                 best = size if best is None else min(best, size)
-            elif node.op_type in _PASS and idx == 0 or loose and (node.op_type in _WRAP or node.op_type in _PASS):
+            elif node.op_type in _PASS or node.op_type in _WRAP:
                 stack.extend(o for o in node.output if o)
     return best
 

@@ -31,7 +31,7 @@ def check_part(part, epcontext: Path, target: str, provider_options: dict | None
     except Exception as e:      # noqa: BLE001 - onnxruntime's own errors (Fail, NotImplemented) are not RuntimeErrors
         return {"outputs": [], "threshold_db": threshold, "samples": len(samples), "passed": False,
                 "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
-                "run_error": _run_error(e)}
+                "run_error": _run_error(e), "run_error_on": "cpu" if isinstance(e, FloatModelError) else "htp"}
     num: dict[str, Any] = {
         "outputs": [_row(c) for c in checks], "threshold_db": threshold, "samples": len(samples),
         "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
@@ -43,6 +43,10 @@ def check_part(part, epcontext: Path, target: str, provider_options: dict | None
         else:
             num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options)
     return num
+
+
+class FloatModelError(RuntimeError):
+    """The float model itself fails on the samples, on the CPU EP."""
 
 
 def _run_error(e: Exception) -> str:
@@ -83,7 +87,11 @@ def measure(float_path: Path, epcontext: Path, target: str, samples: list[dict],
     refs: dict[str, list] = {n: [] for n in names}
     gots: dict[str, list] = {n: [] for n in names}
     for s in samples:
-        for n, r in zip(names, ref.run(names, s)):
+        try:
+            ran = ref.run(names, s)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are not RuntimeErrors
+            raise FloatModelError(str(e)) from e
+        for n, r in zip(names, ran):
             refs[n].append(r)
         got, _ = sim.run(s)
         for n in names:
