@@ -378,3 +378,18 @@ def peak_map(path: Path, size: int = 128) -> Path:
              helper.make_node("Mul", ["blur", "keep"], ["peaks"], name="/nms/Mul")]
     return _save(nodes, "peak_map", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, size, size])],
                  [helper.make_tensor_value_info("peaks", TensorProto.FLOAT, [1, 1, size, size])], [w], path)
+
+
+def float16_inside(path: Path, float16_output: bool = False) -> Path:
+    """A Keras mixed-precision export (slovorez, tf2onnx): float32 in and out, Convs in float16 between
+    Casts (`float16_output`: the last Cast left out, the output float16)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array((np.random.default_rng(0).standard_normal((8, 4, 3)) * 0.3).astype(np.float16), "w")
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16, name="/cast_in"),
+             helper.make_node("Conv", ["h", "w"], ["c"], pads=[1, 1], name="/conv"),
+             helper.make_node("Relu", ["c"], ["y" if float16_output else "r"], name="/relu")]
+    if not float16_output:
+        nodes.append(helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT, name="/cast_out"))
+    out = TensorProto.FLOAT16 if float16_output else TensorProto.FLOAT
+    return _save(nodes, "float16_inside", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32])],
+                 [helper.make_tensor_value_info("y", out, [1, 8, 32])], [w], path)

@@ -493,3 +493,19 @@ def test_an_input_given_both_a_shape_and_a_value_takes_its_value(tmp_path):
     with pytest.raises(InputError) as e:
         load_repaired(str(tmp_path / "m.onnx"), {"x": [1, 4], "lens": [2]}, {"lens": [4]})
     assert "does not match the shape [1] of its --input-value" in e.value.problem
+
+
+@pytest.mark.parametrize("float16_output", [False, True])
+def test_float16_weights_inside_a_quantized_compile_are_widened(tmp_path, float16_output):
+    """A Keras mixed-precision export: the QDQ model had float16 weight scales, which a DequantizeLinear
+    below opset 19 refuses ("tensor(float16) of input parameter (w_scale) ... is invalid")."""
+    import modelexport
+    from onnx_models import float16_inside
+    path = float16_inside(tmp_path / "m.onnx", float16_output)
+    b = modelexport.compile(str(path), output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random")
+    rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "float16-as-float32")
+    assert rec["initializers"] == 1 and rec["casts"] == 1
+    assert rec.get("boundary_casts", []) == (["y"] if float16_output else [])
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+    m = load_repaired(str(path)).model                      # fp16 compiles keep the model as it is
+    assert any(t.data_type == TensorProto.FLOAT16 for t in m.graph.initializer)

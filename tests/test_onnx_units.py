@@ -100,3 +100,19 @@ def test_cache_builds_once_under_concurrency(tmp_path):
         t.join()
     assert len(calls) == 1 and sum(1 for _, hit in results if not hit) == 1
     assert (results[0][0] / "out.bin").read_bytes() == b"x" * 1000
+
+
+def test_a_stale_static_output_shape_follows_the_fixed_input(tmp_path):
+    """ppocr_v2_rec (paddle2onnx) declares 25 output steps while its 320-wide input gives 80: ONNX
+    Runtime warned about it on every session. Fixing the input shape re-infers the outputs too."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from modelexport.frontends.onnx_model import load_onnx
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 25])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    m = load_onnx(str(path), {"x": [1, 80]}).model
+    assert [d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim] == [1, 80]

@@ -87,6 +87,18 @@ def test_percentile_ranges_are_an_option_and_recorded(tmp_path):
     assert b.manifest.parts[0].quantization["calibration_method"] == "MinMax"
 
 
+def test_percentile_ranges_of_float16_activations(tmp_path):
+    """A model with float16 activations inside (slovorez, a Keras mixed-precision export): ONNX Runtime's
+    histogram of a float16 tensor failed ("Too many bins for data range"); it is binned as float32."""
+    from onnx_models import float16_inside
+    rng = np.random.default_rng(0)
+    cal = [{"x": rng.standard_normal((1, 4, 32)).astype(np.float32)} for _ in range(4)]
+    b = modelexport.compile(str(float16_inside(tmp_path / "m.onnx")), output=tmp_path / "p", target="SM8650",
+                            precision="8a8w", calibration=cal, calibration_method="percentile", use_cache=False)
+    assert b.manifest.parts[0].quantization["calibration_method"] == "Percentile"
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
 def test_a_wrong_calibration_method_and_one_given_to_auto_are_clean_errors(tmp_path, cli):
     model = str(conv_relu(tmp_path / "m.onnx"))
     r = cli("compile", model, "-p", "8a8w", "--calibration", "random", "--calibration-method", "entropy",

@@ -211,11 +211,11 @@ def _apply_shapes(model, shapes: dict[str, list[int]], inputs: list[IOSpec]) -> 
             and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)]
     del model.graph.value_info[:]
     model.graph.value_info.extend(kept)
-    symbolic = {}
-    for o in model.graph.output:
-        if o.type.tensor_type.HasField("shape") and any(not d.HasField("dim_value") for d in o.type.tensor_type.shape.dim):
-            symbolic[o.name] = onnx.TensorShapeProto()
-            symbolic[o.name].CopyFrom(o.type.tensor_type.shape)
+    declared = {}     # every output's shape: symbolic ones, and static ones the exporter wrote for another input
+    for o in model.graph.output:  # size (ppocr_v2_rec declares 25 steps for its 320-wide input's 80)
+        if o.type.tensor_type.HasField("shape"):
+            declared[o.name] = onnx.TensorShapeProto()
+            declared[o.name].CopyFrom(o.type.tensor_type.shape)
             o.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -223,8 +223,8 @@ def _apply_shapes(model, shapes: dict[str, list[int]], inputs: list[IOSpec]) -> 
         raise InputError(f"the fixed shapes do not fit the model: {str(e).splitlines()[0][:200]}",
                          "check the --input-shape values against the model's inputs") from None
     for o in inferred.graph.output:      # not inferred (after an op ONNX does not know): the exporter's shape again
-        if o.name in symbolic and not o.type.tensor_type.HasField("shape"):
-            o.type.tensor_type.shape.CopyFrom(symbolic[o.name])
+        if o.name in declared and not o.type.tensor_type.HasField("shape"):
+            o.type.tensor_type.shape.CopyFrom(declared[o.name])
     model.CopyFrom(inferred)
 
 

@@ -5,9 +5,13 @@ get_qnn_qdq_config (the QNN quantization rules for each op) → quantize with th
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 from ..core.errors import CalibrationError, InputError, clip
 from .calibration import CalibrationSet
@@ -18,6 +22,29 @@ from .precision import Precision
 # of the values more of the 256 steps at 8 bits (the HTP at 8a8w: +4.2 dB median over min-max on four
 # corpus models, bench/quant_engines.md), at the cost of a histogram per tensor.
 RANGE_METHODS = {"minmax": ("MinMax", {}), "percentile": ("Percentile", {"CalibPercentile": 99.99})}
+
+
+@contextlib.contextmanager
+def float32_histograms() -> Iterator[None]:
+    """ONNX Runtime's percentile collector bins a tensor's values in the tensor's own type: a float16
+    activation (a Keras mixed-precision export: slovorez) cannot hold 2048 distinct bin edges over its
+    range (numpy: "Too many bins for data range"). While this runs, such values are binned as float32."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+    original = HistogramCollector.collect_absolute_value
+
+    def collect(self, name_to_arr):
+        return original(self, {k: _as_float32(v) for k, v in name_to_arr.items()})
+    HistogramCollector.collect_absolute_value = collect
+    try:
+        yield
+    finally:
+        HistogramCollector.collect_absolute_value = original
+
+
+def _as_float32(v):
+    if isinstance(v, list):
+        return [_as_float32(a) for a in v]
+    return v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float16 else v
 
 
 def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibration: CalibrationSet,
@@ -54,7 +81,8 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             config.extra_options.update(calib_extra)
             keep_constants_float(config)
             try:
-                quantize(str(src), str(out_path), config)
+                with float32_histograms():
+                    quantize(str(src), str(out_path), config)
             except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
                 msg = clip(str(e), 1000)
                 if "feed" in msg.lower() or "invalid_argument" in msg.lower() or "input" in msg.lower():
