@@ -233,6 +233,18 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "on 2 s of 16 kHz audio", {"waveforms": [1, 32000]}, {"waveforms_lens": [32000]},
              speech=SpeechInput((1, 32000), samples=32000),
              quirk="log(clip(power, 1e-9)): the floor is below float16's smallest value", small=False),
+    # Sixth growth: models whose outputs a comparison decides (backends/ort_qnn/decisions.py), not tried before
+    RealOnnx("slovorez_morphemes", "slovorez", "slovorez/models/slovorez-test/slovorez-test.onnx",
+             "text: Russian morpheme segmentation (Keras char CNN, 27 BIES tags), 8 words of 16 characters",
+             {"input_layer": [8, 16]},
+             quirk="tf2onnx export of a Keras mixed-precision model: float16 Convs and a float16 output inside a "
+                   "float32 graph; int32 character ids (49-entry table) Cast to float, negative ones wrapped by "
+                   "Less/Not and a select spelled as Cast/Mul/Add (a decision on integer-valued floats: no ties); "
+                   "dynamic batch and length", small=False),
+    RealOnnx("orinet_doc_orientation", "occular-deskew", "occular_deskew/weights/orientation_orinet_fp32.onnx",
+             "document orientation classifier (OriNet CNN, 0/90/180/270)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="plain Conv/Relu/MaxPool/Gemm; no decision op (tried for decisions, none found)", small=False),
 )
 
 
