@@ -1,5 +1,6 @@
 # Two commands: `make demo` and `make test`. Each sets up .venv from the pinned files first;
 # a second run reuses it when nothing changed (the stamp is newer than the pin files).
+# `make check` is the inner loop: ruff, the layout check and the fast tier of the tests (under 2 minutes).
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,7 +8,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-heavy test-wip setup bench clean browser speech docs
+.PHONY: demo test check lint test-heavy test-wip setup bench clean browser speech docs
 
 setup: $(STAMP)
 
@@ -32,9 +33,19 @@ browser:
 speech:
 	@command -v espeak-ng >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq espeak-ng >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null; }; } || echo "[setup] espeak-ng not installed (needs root): the speech calibration test will be skipped"; }
 
-test: $(STAMP) browser speech
+lint: $(STAMP)
+	$(BIN)/ruff check --quiet .
 	$(BIN)/python scripts/check_layout.py
+
+test: $(STAMP) browser speech lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25 tests
+
+# The fast tier: every test not marked slow / smollm2 / gemma3 / heavy, minus the files listed in
+# tests/slow_tier.txt (measured above the tier's budget). No browser or espeak-ng setup: those tests skip.
+FAST_MARKERS := not slow and not smollm2 and not gemma3 and not heavy
+FAST_IGNORE  := $(addprefix --ignore=,$(shell sed -e 's/\#.*//' tests/slow_tier.txt))
+check: $(STAMP) lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -q -m "$(FAST_MARKERS)" $(FAST_IGNORE) --durations=10 tests
 
 # The SmolLM2 16a4w and 16a8w compile tests (about 8 minutes each, cold, on 2 quiet cores); not part of `make test`.
 test-heavy: $(STAMP)

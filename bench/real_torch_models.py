@@ -26,7 +26,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "real_torch_models.json"

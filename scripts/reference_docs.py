@@ -60,7 +60,12 @@ def cli() -> str:
             lines += [f"| `{p.human_readable_name}` | {'yes' if p.required else 'no'} |" for p in args]
             lines.append("")
         lines += ["| option | takes | default | what it does |", "| --- | --- | --- | --- |"]
-        for p in opts:
+        panel_of = {p.name: getattr(p, "rich_help_panel", None) for p in opts}   # `compile --help`'s groups
+        order, last = list(dict.fromkeys(panel_of.values())), None
+        for p in sorted(opts, key=lambda p: order.index(panel_of[p.name])):
+            if panel_of[p.name] and panel_of[p.name] != last:
+                lines.append(f"| **{panel_of[p.name]}** |  |  |  |")
+            last = panel_of[p.name]
             spell = ", ".join(f"`{o}`" for o in [*p.opts, *p.secondary_opts])
             takes = "" if p.is_flag else f"`{p.type.name.upper()}`"
             if p.multiple:

@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -741,7 +742,7 @@ def test_api(case_id: str, world: World, tmp_path, monkeypatch):
         assert n.lower() in str(e).lower(), str(e)
     assert snapshot(world.root) == before
     assert not partials(d, world.root, _cache_dir())
-    assert not [p for p in d.iterdir() if p.name != "o"] and not (d / "o").exists() or case_id == "api-compile-existing"
+    assert (not [p for p in d.iterdir() if p.name != "o"] and not (d / "o").exists()) or case_id == "api-compile-existing"
 
 
 def test_corpus_size():

@@ -21,7 +21,7 @@ def _feeds(path, rng):
 def test_joined_chunks_compute_the_chunks_one_after_the_other(tmp_path):
     import onnxruntime as ort
 
-    from modelexport.backends.llm_qnn.onnx_export import export_part, part_input_names, part_output_names
+    from modelexport.llm.export.onnx_export import export_part, part_input_names, part_output_names
     from modelexport.llm.parts import Chunk, PartRange
     from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from modelexport.quant.calibration import CalibrationSet

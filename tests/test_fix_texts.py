@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from modelexport.core.formats import FORMATS
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "modelexport"
 REPO = SRC.parents[1]
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
@@ -106,7 +108,7 @@ def api_keywords() -> set[str]:
     import modelexport.api as api
     from modelexport.backends.spec import TorchCompileOptions
     keywords = {k for f in (api.compile, api.audit) for k in inspect.signature(f).parameters}
-    keywords |= {k for _, f in api.AUDITORS for k in getattr(f, "options", ())}
+    keywords |= {k for row in FORMATS for k in row.audit_options}
     return keywords | set(TorchCompileOptions.__dataclass_fields__)
 
 

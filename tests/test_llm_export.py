@@ -582,7 +582,7 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
 def test_seed_variant_spellings(cli_here, work, tmp_path):
     """Seed 003: `--variant bert` is the full-context graph (`full`), which needs an arN beside it to
     generate (the message says so); `--variant` is `--variants`."""
-    from modelexport.backends.llm_qnn.compile import FULL, parse_variants
+    from modelexport.llm.export.plan import FULL, parse_variants
     assert parse_variants(["ar1", "ar32"]) == [32, 1] == parse_variants(["ar32,ar1"])
     assert parse_variants(["ar1", "bert"]) == [1, FULL] == parse_variants("full,ar1")
     out = tmp_path / "out"

@@ -200,7 +200,7 @@ def test_a_phi3_gguf_refuses_yarn_its_row_lacks():
 def test_a_longrope_gguf_past_its_original_context_is_refused_before_weights(scaled_gguf, tmp_path, monkeypatch):
     """The static RoPE table holds the short factors: a --max-seq-len past the original context
     (128 here, 4096 for Phi-3.5) is refused from the header, for the NPU compile and the CPU export."""
-    from modelexport.backends.llm_qnn.source import check_source
+    from modelexport.llm.export.source import check_source
     from modelexport.llm.cpu.export import _check_source_family
     monkeypatch.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path / "cache"))
     _, path = scaled_gguf("phi3")

@@ -146,14 +146,14 @@ def test_rope_lookups_split_in_gathers_of_16():
 def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     """The .pte path's 4-bit weights are the ONNX path's: the converted graph of a method folds, for
     every block-quantized linear, exactly the integers and block scales of the rounding the compile
-    computes for the ONNX path (`_round_weights` → `llm_qnn.compile._plan_weights`, the npz its workers
+    computes for the ONNX path (`_round_weights` → `llm.export.weights.plan_weights`, the npz its workers
     write into DequantizeLinear; nearest: `quantize_blocks`, what those workers compute), and the
     fake-quant logits sit near the float decoder with those very weights substituted."""
     import numpy as np
 
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.backends.llm_pte.compile import _round_weights
-    from modelexport.backends.llm_qnn.compile import _quality_options
+    from modelexport.llm.export.plan import quality_options
     from modelexport.backends.spec import LlmCompileOptions
     from modelexport.core.numerics import compare
     from modelexport.core.targets import get_target
@@ -167,7 +167,7 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     tok = tiny_tokenizer()
     opts = LlmCompileOptions(rounding=rounding)
     plan = llm_quant_plan("16a4w_block", None, None)
-    quality = _quality_options(opts, "16a4w_block", {})
+    quality = quality_options(opts, "16a4w_block", {})
     rounded, record, plan = _round_weights(model, tok, read_text(str(tmp_path / "calib.txt")), 16, plan, quality,
                                            opts, lambda *a: None)
     assert record["rounding"]["method"] == rounding and len(rounded) == 7        # q/k/v/o, gate/up/down
@@ -276,15 +276,19 @@ def test_llm_pte_bundles_get_their_own_runner(tmp_path):
     profile (one graph's feed) say what to use instead."""
     import json
 
+    from modelexport.backends.executorch_qnn.run import verify_pte
+    from modelexport.backends.llm_pte.verify import verify_llm_pte
     from modelexport.runtime.runners import runner_for
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "llm"}))
     r = runner_for(tmp_path)
-    assert r.verify.__name__ == "_llm_pte_verify"
+    assert r.verify is verify_llm_pte
     from modelexport.core.errors import UnsupportedError
     with pytest.raises(UnsupportedError, match="generate BUNDLE --backend htp-sim"):
         r.run(tmp_path)
+    with pytest.raises(UnsupportedError, match="`modelexport profile` feeds one graph"):
+        r.profile(tmp_path, 5, "basic", None, None, None, None, None)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "model"}))
-    assert runner_for(tmp_path).verify.__name__ == "_pte_verify"
+    assert runner_for(tmp_path).verify is verify_pte
 
 
 # ---- end to end (heavy) -----------------------------------------------------------------------

@@ -45,7 +45,7 @@ def _sha(path: Path) -> str:
 
 
 def test_default_parts_split_a_3b_model_and_keep_a_1b_one_in_few():
-    from modelexport.backends.llm_qnn.memory import plan_parts
+    from modelexport.llm.export.memory import plan_parts
     parts3, _ = plan_parts(SimpleNamespace(**LLAMA_3B), [1, 32], 512, 4, 16, 2048)
     parts1, _ = plan_parts(SimpleNamespace(**LLAMA_1B), [1, 32], 512, 4, 16, 2048)
     assert len(parts3) > 1 and len(parts1) > 1
@@ -63,7 +63,7 @@ def test_exported_part_computes_the_float_part_with_weights_in_its_data_file(tmp
     import onnxruntime as ort
     import torch
 
-    from modelexport.backends.llm_qnn.onnx_export import DecoderPart, export_part
+    from modelexport.llm.export.onnx_export import DecoderPart, export_part
     from modelexport.llm.parts import split_layers
     from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     model = tiny_llama(n_layers=2)
@@ -92,8 +92,8 @@ def test_bf16_held_model_exports_and_calibrates_as_float32(tiny_bf16, tmp_path):
     import torch
     from onnx import numpy_helper
 
-    from modelexport.backends.llm_qnn.calibration import calibration_samples
-    from modelexport.backends.llm_qnn.onnx_export import export_part
+    from modelexport.llm.export.calibrate import calibration_samples
+    from modelexport.llm.export.onnx_export import export_part
     from modelexport.llm.parts import split_layers
     from modelexport.llm.static_decoder import (
         ONNX_RMS_NORM,
@@ -122,9 +122,9 @@ def test_bf16_held_model_exports_and_calibrates_as_float32(tiny_bf16, tmp_path):
 def test_part_entry_is_whole_or_absent_and_reused(tmp_path):
     """The unit a resume counts on: a graph's entry exists only once it is quantized (a failing job
     leaves none), and the same key later is a hit that needs no float part any more."""
-    from modelexport.backends.llm_qnn.calibration import part_samples
-    from modelexport.backends.llm_qnn.onnx_export import export_part
-    from modelexport.backends.llm_qnn.part_stage import PART_NAMESPACE, quantize_part
+    from modelexport.llm.export.calibrate import part_samples
+    from modelexport.llm.export.onnx_export import export_part
+    from modelexport.llm.export.part_stage import PART_NAMESPACE, quantize_part
     from modelexport.core.cache import Cache
     from modelexport.llm.parts import split_layers
     from modelexport.llm.static_decoder import (
@@ -161,21 +161,22 @@ def test_part_entry_is_whole_or_absent_and_reused(tmp_path):
 def test_qdq_stage_resumes_from_finished_graphs(tiny_bf16, tmp_path):
     """Stage 1 alone, twice: the second run reuses the graphs the first finished (one is deleted
     as if the first run had been killed before it) and makes the missing one again, the same."""
-    from modelexport.backends.llm_qnn.compile import _build_qdq
-    from modelexport.backends.llm_qnn.part_stage import PART_NAMESPACE, part_key
+    from modelexport.backends.spec import LlmCompileOptions, PartSpec, max_seq_len_of
     from modelexport.core.cache import Cache
-    from modelexport.llm.text import read_text
-    from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides
+    from modelexport.llm.export.graphs import QdqJob, build_qdq
+    from modelexport.llm.export.part_stage import PART_NAMESPACE, part_key
+    from modelexport.llm.export.plan import resolve_plan
 
     cache = Cache(tmp_path / "cache")
-    text = read_text(str(tiny_bf16 / "calib.txt"))
-    overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w")))
     said: list[str] = []
+    plan = resolve_plan(PartSpec(model=str(tiny_bf16 / "tiny_bf16"), precision="16a4w",
+                                 calibration=str(tiny_bf16 / "calib.txt")),
+                        LlmCompileOptions(variants="ar4", max_seq_len=SEQ, calibration_samples=2, context_limit_mb=0.06,
+                                          jobs=1, rounding="nearest"), max_seq_len_of)
 
     def run(tmp: Path) -> dict:
         tmp.mkdir()
-        return _build_qdq(tmp, tiny_bf16 / "tiny_bf16", [4], SEQ, "16a4w", overrides, text, 2, 0.06, said.append, 1,
-                          cache=cache, stage_key="test-stage", weights_dtype="bfloat16")
+        return build_qdq(QdqJob(plan, tmp, cache, "test-stage", said.append))
     first = run(tmp_path / "first")
     names = [g["name"] for g in first["graphs"]]
     assert names == ["prompt_ar4_cl64_1_of_2", "prompt_ar4_cl64_2_of_2"] and first["resumed_graphs"] == []
@@ -239,12 +240,12 @@ def test_one_worker_when_two_do_not_fit_but_one_does(tiny_bf16, monkeypatch):
     is all the plan reads), where the workers weigh in the estimate."""
     import dataclasses
 
-    from modelexport.backends.llm_qnn import source
     from modelexport.backends.llm_qnn.compile import plan_llm
-    real = source.check_source
+    from modelexport.llm.export import plan
+    real = plan.check_source
     shape_1b = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                     intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)
-    monkeypatch.setattr(source, "check_source", lambda *a, **k: dataclasses.replace(real(*a, **k), shape=shape_1b))
+    monkeypatch.setattr(plan, "check_source", lambda *a, **k: dataclasses.replace(real(*a, **k), shape=shape_1b))
     args = dict(variants="ar1,ar32", max_seq_len=128)
     monkeypatch.setenv("MODELEXPORT_MEMORY_AVAILABLE_MB", "64000")
     # the 1B plan wants ~10 GB of disk: the CI machine may have less free, and disk is not what this tests

@@ -17,7 +17,7 @@ from llm_tiny import random_graph_feed, tiny_llama  # noqa: E402
 
 @pytest.fixture(scope="module")
 def decoder_graph(tmp_path_factory):
-    from modelexport.backends.llm_qnn.onnx_export import export_part, split_layers
+    from modelexport.llm.export.onnx_export import export_part, split_layers
     from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
 
     root = tmp_path_factory.mktemp("ranges")
@@ -113,7 +113,7 @@ def _quantize_llm_style(path, samples, out, fast: bool, monkeypatch):
     calls = []
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(ort_fast_paths, "_patches", lambda: [])
+            m.setattr(ort_fast_paths, "_patches", list)
         original = qdq_quantizer.compute_data_quant_params
         m.setattr(qdq_quantizer, "compute_data_quant_params", lambda *a, **k: calls.append(1) or original(*a, **k))
         out.parent.mkdir(parents=True)

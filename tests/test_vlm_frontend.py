@@ -125,7 +125,7 @@ def test_decoder_calibration_places_the_image_rows_as_the_runtime_does():
     """ImageRows (the text decoder's calibration of a VLM): windows 1, 3, ... of the text get an
     image block after their first token, each window still C long; a call's image tokens get that
     window's image rows in order, across calls, and a call at position 0 starts the next window."""
-    from modelexport.backends.llm_qnn.calibration import ImageRows
+    from modelexport.llm.export.calibrate import ImageRows
     rows = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) + 1   # 2 images, 3 tokens each, hidden 4
     img = ImageRows(99, [[99] * 3, [99] * 3], list(rows))   # each image's block: its 3 bare image tokens
     text = list(range(10, 40))

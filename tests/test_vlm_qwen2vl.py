@@ -179,7 +179,7 @@ def test_calibration_image_windows_take_the_grid_positions(loaded):
     block (<|vision_start|>, the image tokens, <|vision_end|>) after its first token, its samples carry the
     image rows in `inputs_embeds` and the M-RoPE grid positions the runtime gives them (rope_index); text
     windows keep text positions."""
-    from modelexport.backends.llm_qnn.calibration import ImageRows, calibration_samples
+    from modelexport.llm.export.calibrate import ImageRows, calibration_samples
     from modelexport.frontends.vlm_folder import text_decoder
     from modelexport.llm.mrope import rope_index
     model, family, facts = loaded

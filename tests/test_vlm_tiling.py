@@ -117,7 +117,7 @@ def test_calibration_sees_what_the_runtime_shows(work, processor, photos):
     """The vision part is calibrated on each calibration photo's tiles and global view (the processor's pixels),
     the decoder's image windows on the photo's block of prompt ids (the processor's) with those views' rows at
     its image tokens; thinned to the sample budget, every global view stays."""
-    from modelexport.backends.llm_qnn.calibration import ImageRows
+    from modelexport.llm.export.calibrate import ImageRows
     from modelexport.backends.llm_qnn.vlm_calibration import (calibration_images, image_blocks, vision_samples,
                                                               write_image_rows, write_vision_calibration)
     from modelexport.frontends.vlm_families import read_vision_facts

@@ -55,7 +55,7 @@ def test_data_aware_rounding_lowers_the_layer_output_error(tiny, name, block):
         bw = r.round_one(w, mom.get(name), blk)
         assert bw.q.min() >= -8 and bw.q.max() <= 7 and bw.q.shape == w.shape
         if blk < w.shape[0]:
-            assert 1 <= bw.block_scales.min() and bw.block_scales.max() <= 15
+            assert bw.block_scales.min() >= 1 and bw.block_scales.max() <= 15
         err[method] = _true_output_error(model, name, inputs[name], bw, blk)
     assert err["gptq"] < 0.9 * err["nearest"], err
     assert err["gptq"] < err["imatrix"] <= err["nearest"] * 1.01, err
@@ -341,36 +341,38 @@ def test_recipe_on_smollm2_raises_the_fewest_modules(smollm2_gguf, tmp_path):
 def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(tiny, tmp_path):
     """The default needs the calibration text's activations; a text too short for them is no error
     (nearest, said in the record), unlike a data-aware rounding asked for by name."""
-    from modelexport.backends.llm_qnn.compile import _plan_weights, _quality_options
+    from modelexport.llm.export.plan import quality_options
+    from modelexport.llm.export.weights import WeightRequest, plan_weights
     from modelexport.backends.spec import LlmCompileOptions
     from modelexport.llm.text import TextSource
     from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides
     from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
     model = tiny[0]
     overrides = list(reversed(parse_overrides(list(DEFAULT_OVERRIDES), "16a4w_block")))
-    quality = _quality_options(LlmCompileOptions(), "16a4w_block", {})
-    assert quality["rounding"] == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
-    assert _quality_options(LlmCompileOptions(rounding="nearest"), "16a4w_block", {})["rounding_why"] == "asked for"
+    quality = quality_options(LlmCompileOptions(), "16a4w_block", {})
+    assert quality.rounding == DEFAULT_ROUNDING and ROUNDINGS[DEFAULT_ROUNDING].needs_activations
+    assert quality_options(LlmCompileOptions(rounding="nearest"), "16a4w_block", {}).rounding_why == "asked for"
     # a model whose GPTQ would take tens of minutes (Llama-3.2-1B's shape, ~42x SmolLM2's work) defaults to
     # nearest, saying why; asked for by name it gets GPTQ (one layer's moments at a time)
     llama_1b = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                 "head_dim": 64, "intermediate_size": 8192}
-    big = _quality_options(LlmCompileOptions(), "16a4w_block", llama_1b)
-    assert big["rounding"] == "nearest" and "~42x SmolLM2-135M" in big["rounding_why"]
-    assert "--rounding gptq" in big["rounding_why"]
-    assert _quality_options(LlmCompileOptions(rounding="gptq"), "16a4w_block", llama_1b)["rounding"] == "gptq"
+    big = quality_options(LlmCompileOptions(), "16a4w_block", llama_1b)
+    assert big.rounding == "nearest" and "~42x SmolLM2-135M" in big.rounding_why
+    assert "--rounding gptq" in big.rounding_why
+    assert quality_options(LlmCompileOptions(rounding="gptq"), "16a4w_block", llama_1b).rounding == "gptq"
     smollm2 = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
                "intermediate_size": 1536}
-    assert _quality_options(LlmCompileOptions(), "16a4w_block", smollm2)["rounding"] == DEFAULT_ROUNDING
+    assert quality_options(LlmCompileOptions(), "16a4w_block", smollm2).rounding == DEFAULT_ROUNDING
     said = []
-    short = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), 128,
-                          "16a4w_block", overrides, 32, tmp_path / "s", quality, said.append)
-    assert short.plan.rounding["method"] == "nearest" and short.graph_file is None
-    assert "needs 512+ calibration tokens" in short.plan.rounding["what"] and any("nearest" in m for m in said)
-    full = _plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), 128,
-                         "16a4w_block", overrides, 32, tmp_path / "t", quality, said.append)
-    assert full.plan.rounding["method"] == DEFAULT_ROUNDING and full.plan.rounding["tokens"] >= 512
-    assert full.plan.rounding["why"] == "the default" and full.plan.rounding["layer_by_layer"]
+    request = WeightRequest("16a4w_block", overrides, 32, 128, quality)
+    short = plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "s.txt", "The quick brown fox. " * 10), request,
+                         tmp_path / "s", said.append)
+    assert short.rounding["method"] == "nearest" and short.graph_file is None
+    assert "needs 512+ calibration tokens" in short.rounding["what"] and any("nearest" in m for m in said)
+    full = plan_weights(model, tiny_tokenizer(), TextSource(tmp_path / "t.txt", TEXT), request, tmp_path / "t",
+                        said.append)
+    assert full.rounding["method"] == DEFAULT_ROUNDING and full.rounding["tokens"] >= 512
+    assert full.rounding["why"] == "the default" and full.rounding["layer_by_layer"]
     assert full.graph_file and Path(full.graph_file).is_file()
 
 

@@ -216,10 +216,10 @@ def image_runner(dec, rows_at: dict, variants=(1, 4)):
         with torch.inference_mode():
             first = place_rows_at_positions({"inputs_embeds": dec.lookup(ids).numpy()}, pos, rows_at, None)
             return dec(*dec.graph_inputs((torch.from_numpy(first["inputs_embeds"]), pos, mask, *caches)))
-    return StaticRunner({n: graph for n in variants}, dec.spec, dec.cfg.max_seq_len)
+    return StaticRunner(dict.fromkeys(variants, graph), dec.spec, dec.cfg.max_seq_len)
 
 
-def hf_qwen_first_logits(model, ids: list[int], x, grid) -> "np.ndarray":
+def hf_qwen_first_logits(model, ids: list[int], x, grid) -> np.ndarray:
     """A transformers Qwen2-VL / Qwen2.5-VL model's logits after `ids` holding one image's tokens, the image
     given as normalized pixels x [1, 3, S, S] (its own patches, image_grid_thw, mm_token_type_ids)."""
     t = torch.tensor([ids])

@@ -190,7 +190,7 @@ def lower_detailed(graphs, inputs, soc, shared, consts, block_wise, rows, label)
             aten[m] = pm.transform_for_export_pipeline(ep)
             passes[m] = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=block_wise)
     with timed(rows, f"lower {label}: to_edge + partition + QnnBackend preprocess"), \
-            QnnManagerContext({m: specs for m in graphs}):
+            QnnManagerContext(dict.fromkeys(graphs, specs)):
         edge = to_edge_transform_and_lower(aten, transform_passes=passes,
                                            partitioner={m: [QnnPartitioner(specs)] for m in graphs},
                                            constant_methods=consts, compile_config=qnn_edge_config())

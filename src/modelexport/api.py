@@ -12,8 +12,10 @@ import inspect as _signature
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .backends import BACKENDS, backend_for_kind, check_offered
 from .core.errors import InputError, ModelExportError
-from .core.registry import Registry
+from .core.formats import FORMATS, BundleFormat
+from .core.targets import SoC, get_target
 
 
 def _public(fn):
@@ -34,26 +36,13 @@ def _public(fn):
             raise
     return checked
 
-# kind → audit function (model, target=, precision=, input_shapes=, calibration=, log_path=)
-AUDITORS: Registry[Callable[..., Any]] = Registry("auditor")
 
-
-def _onnx_audit(*a, **k):
-    from .backends.ort_qnn.audit import audit_onnx
-    return audit_onnx(*a, **k)
-
-
-_onnx_audit.options = ("input_values", "timeout")  # type: ignore[attr-defined]
-AUDITORS.register("onnx")(_onnx_audit)
-
-
-def _torch_audit(*a, **k):
-    from .backends.executorch_qnn.audit import audit_torch
-    return audit_torch(*a, **k)
-
-
-_torch_audit.options = ("example_inputs", "overrides", "block_size", "rewrites", "dynamic_shapes")  # type: ignore[attr-defined]
-AUDITORS.register("torch")(_torch_audit)
+def _auditor(kind: str) -> BundleFormat:
+    """The format whose audit takes `kind` models (core/formats.py: a row naming an `audit`)."""
+    rows = {k: row for row in FORMATS if row.audit for k in BACKENDS.get(row.backend).kinds}
+    if kind not in rows:
+        raise InputError(f"unknown auditor {kind!r}", f"choose one of: {', '.join(sorted(rows))}")
+    return rows[kind]
 
 
 @_public
@@ -72,15 +61,14 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
         options["example_inputs"] = example_inputs
     if input_values:
         options["input_values"] = input_values
-    auditor = AUDITORS.get(kind)
-    from .backends import backend_for_kind, check_offered
+    row = _auditor(kind)
     check_offered(backend_for_kind(kind), kind, None, [precision] + _override_precisions(options.get("overrides")))
-    unknown = sorted(set(options) - set(getattr(auditor, "options", ())))
+    unknown = sorted(set(options) - set(row.audit_options))
     if unknown:
         raise InputError(f"option(s) {', '.join(unknown)} do not apply to auditing {kind} models",
                          f"{kind} audits take: target, precision, input_shapes, calibration, log_path")
-    return auditor(model, target=target, precision=precision, input_shapes=input_shapes,
-                   calibration=calibration, log_path=log_path, **options)
+    return row.entry("audit")(model, target=get_target(target), precision=_precision_value(precision),
+                              input_shapes=input_shapes, calibration=calibration, log_path=log_path, **options)
 
 
 _DEFAULT_TARGET = "SM8650"
@@ -169,7 +157,6 @@ def _override_precisions(overrides) -> list[str]:
 
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
                  input_shapes, backend, options: dict[str, Any], input_values: Any = None):
-    from .backends import backend_for_kind, check_offered
     from .backends.spec import PartSpec, build_options
     from .frontends import find_frontend
     from .pipeline import is_pipeline, load_pipeline
@@ -203,9 +190,8 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     check_offered(be, kind, options.get("output_format"),
                   [p.precision for p in parts if p.precision != "auto"] + _override_precisions(options.get("overrides")))
     for p in parts:
-        if p.precision is None:
-            p.precision = be.default_precision
-    opts = build_options(be.options, {**options, "targets": targets or [_DEFAULT_TARGET],
+        p.precision = _precision_value(be.default_precision if p.precision is None else p.precision)
+    opts = build_options(be.options, {**options, "targets": _target_values(targets or [_DEFAULT_TARGET]),
                                       "output_format": options.get("output_format") or be.default_format})
     if not any(p.precision == "auto" for p in parts) and (options.get("max_drop") is not None or options.get("eval_fn")):
         raise InputError("--max-drop and --eval-fn are the budget of --precision auto's search",
@@ -214,6 +200,20 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
         from .sweeping.auto_precision import search_precision
         return search_precision(parts, output, opts, force, be.compile, progress)
     return be.compile(parts, output, opts, force=force, progress=progress)
+
+
+def _precision_value(name):
+    """A part's precision parsed, once, into its row of the precision table (a `Precision`, which is
+    also its name); `auto` stays the search's word."""
+    if name == "auto" or not name:
+        return name
+    from .quant.precision import get_precision   # deferred: modelexport.quant loads numpy
+    return get_precision(name)
+
+
+def _target_values(targets: list) -> list[SoC]:
+    """The targets parsed, once, into their rows of the SoC table (a `SoC`, which is also its name)."""
+    return [get_target(t) for t in targets]
 
 
 def _check_auto(parts, kind: str) -> None:

@@ -5,9 +5,9 @@
     llm_qnn/         "llm"   → ar-N static decoders, weight-shared context binaries, Genie config
 
 Each registers itself with `@backend(name, kinds, formats, options, default_precision)` (its
-compile module is listed in `core.plugins`); `modelexport.compile` picks the backend by the
-frontend's kind and checks the keywords against the backend's options type. A new format is one
-new package and one line in the plugin table.
+compile module is named by its row in `core.formats`, which `core.plugins` imports); `modelexport.compile`
+picks the backend by the frontend's kind and checks the keywords against the backend's options type.
+A new format is one new package and one row in `core.formats.FORMATS`.
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from typing import Any
 from ..contract.manifest import Encoding, TensorSpec
 from ..core.errors import ToolchainError
 from ..core.targets import SoC
+from ..toolchain.native_io import native_stdout_to_stderr
+from ..toolchain.qnn_context import read_context_binary
 
 # QNN dtype → numpy name and bits
 QNN_DTYPES = {"UFIXED_POINT_8": ("uint8", 8), "SFIXED_POINT_8": ("int8", 8), "UFIXED_POINT_16": ("uint16", 16),
@@ -34,13 +36,12 @@ def _encoding(q, dtype: str, bits: int | None) -> Encoding | None:
     return Encoding(dtype=dtype, bits=bits)   # an encoding the reader names without its values
 
 
-def read_back(bin_path: Path, soc: SoC) -> Any:
-    """The binary's own account of itself; refuses one built for another SoC than asked."""
-    from ..toolchain.qnn_context import read_context_binary
-    from ..toolchain.native_io import native_stdout_to_stderr
+def read_back(source: Path | bytes, soc: SoC | None = None) -> Any:
+    """The binary's own account of itself (from its path or its bytes); refuses one built for another
+    SoC than `soc`."""
     with native_stdout_to_stderr():
-        info = read_context_binary(bin_path)
-    if info.soc_model is not None and info.soc_model != soc.soc_model:
+        info = read_context_binary(source)
+    if soc is not None and info.soc_model is not None and info.soc_model != soc.soc_model:
         raise ToolchainError(f"the context binary built for {soc.name} names soc_model {info.soc_model}, not {soc.soc_model}",
                              "report this as a bug: the QNN EP ignored the soc_model option")
     return info

@@ -5,11 +5,14 @@ import json
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ..core.compile_flags import FLAG_OF
 
 app = typer.Typer(
     name="modelexport",
@@ -39,6 +42,13 @@ def _print_version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                        help="Print modelexport's version and exit.")) -> None:
     pass
+
+
+def option(name: str, panel: bool = True) -> Any:
+    """The typer.Option of `compile`'s option `name` (its row in core.compile_flags); `panel=False`
+    lists it with a verb's other options (compile-qnn, audit), not under its `compile --help` panel."""
+    f = FLAG_OF[name]
+    return typer.Option(f.default, *f.flags, help=f.help, rich_help_panel=f.panel if panel else None)
 
 
 def emit_json(data: Any) -> None:

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..core.atomic import remove_partials
 from ..core.cache import kept_this_run

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..core.lazy import lazy_attributes
 
-_LAZY = {**{n: "bundle" for n in ("Bundle", "BundleWriter", "open_bundle")},
-         **{n: "manifest" for n in ("FileEntry", "GraphSpec", "Manifest", "TensorSpec")}}
+_LAZY = {**dict.fromkeys(("Bundle", "BundleWriter", "open_bundle"), "bundle"),
+         **dict.fromkeys(("FileEntry", "GraphSpec", "Manifest", "TensorSpec"), "manifest")}
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from ..core.errors import InputError, IntegrityError
 from ..core.atomic import check_output, replace_path, sibling_temp
@@ -39,7 +40,7 @@ class BundleWriter:
         self.dir = sibling_temp(self.out)
         self.roles: dict[str, Role] = {}
 
-    def __enter__(self) -> "BundleWriter":
+    def __enter__(self) -> BundleWriter:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.dir.mkdir()
         return self
@@ -105,7 +106,7 @@ class Bundle:
         self._data = data
 
     @classmethod
-    def from_trusted(cls, path: Path) -> "Bundle":
+    def from_trusted(cls, path: Path) -> Bundle:
         """A bundle modelexport itself just wrote (e.g. restored from the memo): read, not re-checked."""
         return cls(path, data=json.loads((Path(path) / MANIFEST_NAME).read_text()))
 

@@ -119,7 +119,7 @@ class BundleMemo:
         self.cache = cache
 
     @classmethod
-    def for_compile(cls, models: list[Any], calibration: Any, options: dict[str, Any]) -> "BundleMemo | None":
+    def for_compile(cls, models: list[Any], calibration: Any, options: dict[str, Any]) -> BundleMemo | None:
         if not options.get("use_cache", True) or not models:
             return None
         fingerprints = [_onnx_fingerprint(m) for m in models]

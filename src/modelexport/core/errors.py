@@ -45,11 +45,11 @@ class ModelExportError(Exception):
         if setting is not None:
             self.in_words_of("cli")
 
-    def reworded(self, problem: str) -> "ModelExportError":
+    def reworded(self, problem: str) -> ModelExportError:
         """The same kind of error and fix (its setting too) with another problem text."""
         return type(self)(problem, self._fix_words if self.setting is not None else self.fix, self.setting)
 
-    def in_words_of(self, caller: str) -> "ModelExportError":
+    def in_words_of(self, caller: str) -> ModelExportError:
         """The fix written as `caller` (cli | api | sweep) writes its setting; returns self."""
         if self.setting is not None and self._fix_words is not None:
             from .spellings import spell

@@ -3,7 +3,8 @@ command, and most commands need a small part of what a package offers."""
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 def lazy_attributes(package: str, table: dict[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:

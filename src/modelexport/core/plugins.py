@@ -1,26 +1,28 @@
 """The built-in plugins: the modules that register frontends, backends, bundle inspectors and LLM
 runtimes when they are imported, by the registry they fill.
 
-This table is the one place that names modules by string. A registry imports its group on first
-use, so a lower layer (the frontends' or inspectors' registry, `modelexport.llm.load`) finds what
-a higher one registered (a backend's inspector, the simulator's LLM runtime) without importing
-it, and a command loads only the groups it uses. A new format or input kind adds its module here.
+This table and the formats' (`core.formats`) are the places that name modules by string. A registry
+imports its group on first use, so a lower layer (the frontends' or inspectors' registry,
+`modelexport.llm.load`) finds what a higher one registered (a backend's inspector, the simulator's
+LLM runtime) without importing it, and a command loads only the groups it uses. The bundle formats'
+compile and inspect modules come from their rows in `core.formats.FORMATS`; a new input kind adds
+its module here.
 """
 from __future__ import annotations
 
 import importlib
 
+from .formats import modules
+
 PLUGINS: dict[str, tuple[str, ...]] = {
     "frontend": ("modelexport.frontends.onnx_model", "modelexport.frontends.torch_frontend",
                  "modelexport.frontends.gguf_file", "modelexport.frontends.hf_folder"),
-    "backend": ("modelexport.backends.ort_qnn.compile", "modelexport.backends.executorch_qnn.compile",
-                "modelexport.backends.llm_qnn.compile", "modelexport.backends.llm_pte.compile"),
+    "backend": modules("compile"),
     # asked in this order (a reader registered with first=True goes before the others)
-    "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.backends.executorch_qnn.inspect",
-                  "modelexport.frontends.gguf_inspect", "modelexport.frontends.hf_inspect",
-                  "modelexport.backends.ort_qnn.inspect", "modelexport.llm.cpu.inspect"),
+    "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.frontends.gguf_inspect",
+                  "modelexport.frontends.hf_inspect", *modules("inspect"), "modelexport.llm.cpu.inspect"),
     "LLM backend": ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session",
-                    "modelexport.backends.llm_qnn.genie_generate", "modelexport.backends.llm_pte.session"),
+                    "modelexport.backends.llm_qnn.genie_generate"),
 }
 
 

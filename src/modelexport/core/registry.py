@@ -1,7 +1,8 @@
 """A tiny name → object registry, filled by decorators, so callers never grow if-ladders."""
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
 
 from .errors import InputError
 

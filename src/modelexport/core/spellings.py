@@ -15,11 +15,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
-# compile options whose CLI flag is not `--` + the name with dashes (mappings are given per item)
-FLAGS = {"input_shapes": "--input-shape", "input_values": "--input-value", "overrides": "--override",
-         "targets": "--target"}
+from .compile_flags import COMPILE_FLAGS, FLAG_OF
+
+# compile options whose CLI flag is not `--` + the name with dashes (their rows in core.compile_flags, and
+# CompileOptions' `targets`; mappings are given per item)
+FLAGS = {**{f.name: f.flags[0] for f in COMPILE_FLAGS if not f.cli and f.flags[0] != "--" + f.name.replace("_", "-")},
+         "targets": FLAG_OF["target"].flags[0]}
 # options a sweep matrix's model entry takes as keys of its own (sweeping/matrix.py builds its keys from this)
 MATRIX_ENTRY_OPTIONS = ("calibration", "overrides", "input_shapes", "input_values")
 # options that are the matrix's own lists

@@ -21,8 +21,11 @@ FEATURE_FLOORS: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class SoC:
+@dataclass(frozen=True, eq=False, repr=False)
+class SoC(str):
+    """A row of the table, and its code name (`SM8650`): the value `modelexport.compile` parses a
+    target into once, which travels where the name did (options, manifests, folder names) and
+    compares, hashes, prints and pickles as the name."""
     name: str
     marketing_name: str
     htp_arch: int
@@ -30,6 +33,9 @@ class SoC:
     vtcm_mb: int
     dram_gbps: float | None
     aliases: tuple[str, ...] = ()
+
+    def __new__(cls, name: str, *args, **kwargs):
+        return super().__new__(cls, name)
 
     @property
     def vtcm_bytes(self) -> int:
@@ -93,9 +99,9 @@ def known_names() -> list[str]:
     return [s.name for s in _TABLE]
 
 
-def get_target(name: str) -> SoC:
-    """Look up a SoC by its code (`SM8650`), marketing name or alias (`8gen3`)."""
-    soc = _INDEX.get(_key(name))
+def get_target(name: str | SoC) -> SoC:
+    """Look up a SoC by its code (`SM8650`), marketing name or alias (`8gen3`); a SoC is itself."""
+    soc = name if isinstance(name, SoC) else _INDEX.get(_key(name))
     if soc is None:
         raise TargetError(
             f"unknown target {name!r}",

@@ -32,7 +32,8 @@ def _ready():
         return ensure_executorch_qnn()
 
 
-def profile_pte(bundle_path, runs, level, part, target, inputs, trace):
+def profile_pte(bundle_path, runs, level, part, target, inputs, trace, keep_dir=None):
+    """`keep_dir` is the runners' one signature: ETDump leaves no raw profile folder to keep."""
     from ..backends.executorch_qnn.run import PteSession, _one, _select
     g = _one(_select(bundle_path, part, target), bundle_path)
     if g.bundle is not None:

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from ..core.errors import InputError
 
 
-@dataclass(frozen=True)
-class Precision:
+@dataclass(frozen=True, eq=False, repr=False)
+class Precision(str):
+    """A row of the table, and its name: the value `modelexport.compile` parses a precision into once,
+    which travels where the name did (PartSpec, manifests, folder names, cache keys) and compares,
+    hashes, prints and pickles as the name."""
     name: str
     activation_bits: int
     weight_bits: int
@@ -25,6 +28,9 @@ class Precision:
     feature: str | None = None       # a targets.FEATURE_FLOORS entry the target must have
     description: str = ""
     block_wise: bool = False         # weight scales per block of input channels, not per output channel
+
+    def __new__(cls, name: str, *args, **kwargs):
+        return super().__new__(cls, name)
 
     @property
     def quantized(self) -> bool:
@@ -66,14 +72,19 @@ ALIASES = {"float16": "fp16", "int8": "8a8w", "w8a8": "8a8w", "a8w8": "8a8w", "w
 _NAMES = {**{_key(n): n for n in PRECISIONS}, **ALIASES}
 
 
-def get_precision(name: str, offered: tuple[str, ...] | None = None) -> Precision:
-    """The table entry for `name` or one of its spellings; `offered` is the names a format takes
-    (default: all), anything else is refused as unknown, with that list as the fix."""
-    found = _NAMES.get(_key(name))
+def get_precision(name: str | Precision, offered: tuple[str, ...] | None = None) -> Precision:
+    """The table entry for `name` or one of its spellings (an entry is itself); `offered` is the names
+    a format takes (default: all), anything else is refused as unknown, with that list as the fix."""
+    found = name.name if isinstance(name, Precision) else _NAMES.get(_key(name))
     choices = offered or tuple(PRECISIONS)
     if found not in choices:
         raise InputError(f"unknown precision {name!r}", f"choose one of: {', '.join(choices)}")
     return PRECISIONS[found]
+
+
+def pass_mark(min_sqnr: float | None, precision: str | Precision) -> float:
+    """The SQNR (dB) a compiled graph passes at: the user's --min-sqnr, else its precision's floor."""
+    return min_sqnr if min_sqnr is not None else get_precision(precision).min_sqnr_db
 
 
 BLOCK_MULTIPLE = 16     # ExecuTorch's QNN LPBQ recipes use blocks of 16, 32, 64 and 128 input channels

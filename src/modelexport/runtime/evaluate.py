@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InputError
+from ..core.formats import BundleFormat, bundle_format
 from ..core.vocab import BundleKind, Format, Role
 from ..llm.static_runner import StaticRunner
 
@@ -34,55 +35,17 @@ BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
 COMPILED = ("fake-quant", "htp-sim")                 # the stages that run what a bundle holds
 
 
-def _ctx_stages(bundle) -> tuple[str, ...]:
-    return COMPILED
-
-
-def _ctx_forwards(bundle, stage: str):
-    from ..backends.llm_qnn.session import open_forwards
-    return open_forwards(bundle, stage)
-
-
-def _pte_stages(bundle) -> tuple[str, ...]:
-    from ..llm.pte_session import compiled_stages
-    return compiled_stages(bundle)
-
-
-def _pte_why_not(stage: str) -> str:
-    from ..llm.pte_session import PTE_STAGES
-    row = PTE_STAGES.get(stage)
-    return row.why_not if row else ""
-
-
-def _pte_forwards(bundle, stage: str):
-    from ..backends.llm_pte.session import load_program
-    from ..llm.pte_session import pte_forwards
-    return pte_forwards(bundle, load_program, stage=stage)
-
-
-@dataclass(frozen=True)
-class CompiledStages:
-    """How one bundle format runs its compiled stages (COMPILED) for eval."""
-    stages: Callable[[Any], tuple[str, ...]]     # bundle → the compiled stages it can run
-    forwards: Callable[[Any, str], tuple]        # (bundle, stage) → ({N: Forward}, spec, max_seq_len)
-    why_not: Callable[[str], str] = lambda stage: ""   # why a compiled stage is missing, and its fix
-
-
-# manifest.format → its compiled stages (a bundle without a format is a context-binary one)
-BUNDLE_FORMATS: dict[str, CompiledStages] = {
-    Format.CONTEXT_BINARY: CompiledStages(_ctx_stages, _ctx_forwards),
-    Format.PTE: CompiledStages(_pte_stages, _pte_forwards, _pte_why_not),
-}
-
-
-def _compiled_stages_of(bundle, stages: list[str]) -> CompiledStages:
-    """The format's row; a stage the bundle cannot run is refused up front, naming those it can."""
+def _compiled_stages_of(bundle, stages: list[str]) -> BundleFormat | None:
+    """The format's row (its `stages`, `forwards`, `why_not`); a stage the bundle cannot run is refused
+    up front, naming those it can."""
     fmt = bundle.manifest.format or Format.CONTEXT_BINARY
-    row = BUNDLE_FORMATS.get(fmt)
-    can = ("float", *(row.stages(bundle) if row else ()), "cpu")
+    row = bundle_format(fmt, bundle.manifest.kind)
+    runs = row.entry("stages") if row else None
+    can = ("float", *(runs(bundle) if runs else ()), "cpu")
     cannot = [s for s in stages if s in STAGES and s not in can]
     if cannot:
-        why = "; ".join(w for w in (row.why_not(s) if row else "" for s in cannot) if w)
+        why_not = row.entry("why_not") if row else None
+        why = "; ".join(w for w in (why_not(s) if why_not else "" for s in cannot) if w)
         raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}"
                          f"{f' ({why})' if why else ''}; it runs {', '.join(can)}",
                          f"use --stages {','.join(s for s in stages if s in can) or 'float'}"
@@ -270,7 +233,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             if stage not in stages:
                 continue
             say(f"opening the {stage} graphs")
-            graphs, spec, _ = compiled.forwards(bundle, stage)
+            graphs, spec, _ = compiled.entry("forwards")(bundle, stage)
             runner = StaticRunner(graphs, spec, seq)
             if stage == "fake-quant":
                 results[stage] = perplexity(runner, ids, window, stage, progress=say)

@@ -1,48 +1,32 @@
 """`modelexport verify BUNDLE --per-layer`: the whole-model verify plus a layer-by-layer diff of the
 float model and its fake-quant twin, written into the bundle's manifest.numerics and report.html.
 
-Each bundle format brings its own per-layer run (table below): ONNX Runtime bundles compare their
-float and QDQ ONNX models (backends/ort_qnn/per_layer.py); LLM bundles re-export the float decoder
-from the source model and compare on the calibration text (backends/llm_qnn/per_layer.py).
+Each bundle format brings its own per-layer run (its row's `per_layer` in core/formats.py): ONNX
+Runtime bundles compare their float and QDQ ONNX models (backends/ort_qnn/per_layer.py); LLM bundles
+re-export the float decoder from the source model and compare on the calibration text
+(backends/llm_qnn/per_layer.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..contract import open_bundle
 from ..contract.bundle import refresh_report, save_manifest
 from ..core.errors import UnsupportedError
-from ..core.vocab import BundleKind, Format
-
-
-def _ort(*a):
-    from ..backends.ort_qnn.per_layer import ort_per_layer
-    return ort_per_layer(*a)
-
-
-def _llm(*a):
-    from ..backends.llm_qnn.per_layer import llm_per_layer_verify
-    return llm_per_layer_verify(*a)
-
-
-# (manifest.format, manifest.kind) → fn(bundle, inputs, part, target, threshold_db, min_sqnr, max_samples)
-#   -> (VerifyReport, [PerLayerReport], source of the numbers)
-PER_LAYER: dict[tuple[str, str], Callable[..., tuple[Any, list, str]]] = {
-    (Format.CONTEXT_BINARY, BundleKind.MODEL): _ort,
-    (Format.CONTEXT_BINARY, BundleKind.LLM): _llm,
-}
+from ..core.formats import bundle_format
+from .runners import check_verify_arguments
 
 
 def per_layer_verify(bundle_path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
                      threshold_db: float | None = None, min_sqnr: float | None = None, max_samples: int | None = None,
                      record: bool = True) -> tuple[Any, list]:
     """→ (VerifyReport of the compiled graph, [PerLayerReport per part]); records both in the bundle."""
-    from .runners import check_verify_arguments
     check_verify_arguments(min_sqnr, max_samples, threshold_db)
     bundle = open_bundle(bundle_path)
     m = bundle.manifest
-    run = PER_LAYER.get((m.format or Format.CONTEXT_BINARY, m.kind))
+    row = bundle_format(m.format, m.kind)
+    run = row.entry("per_layer") if row else None
     if run is None:
         raise UnsupportedError(f"--per-layer is not available for {m.format} {m.kind} bundles ({bundle.path}) yet",
                                "run `modelexport verify` without --per-layer for the per-output numbers; for a .pte, "

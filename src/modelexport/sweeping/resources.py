@@ -69,8 +69,8 @@ def onnx_bytes(path: str) -> int:
 
 def _measured(kind: str, model_bytes: Callable[[Cell], tuple[int, str]]) -> Callable[[Cell], CellResources]:
     def need(cell: Cell) -> CellResources:
-        from ..quant.precision import get_precision
-        rule = MEMORY_RULES[(kind, get_precision(cell.precision.name).quantized)]
+        from ..quant.precision import PRECISIONS
+        rule = MEMORY_RULES[(kind, PRECISIONS[cell.precision.name].quantized)]   # the matrix's names are the table's
         size, what = model_bytes(cell)
         return CellResources(1, rule.bytes_for(size), f"rule measured on {rule.measured} (bench/results/"
                                                       f"sweep_cell_memory.json): {rule.base_mb:g} MB + {rule.per_model:g} x {what}")

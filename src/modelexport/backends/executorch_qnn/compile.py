@@ -13,26 +13,25 @@ calibration data, the toolchain versions).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ...contract import BundleWriter, GraphSpec, TensorSpec, open_bundle
+from ...contract import GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
-from ...contract.manifest import (CacheInfo, Delegate, PartEntry, PartFiles, QairtInfo, QnnGraph, SourceModel,
-                                  Timings)
+from ...contract.manifest import Delegate, PartEntry, PartFiles, QairtInfo, QnnGraph, SourceModel
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, StrictFallbackError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
 from .. import backend
-from ..context_binary import tensor_spec
+from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, one_precision, refuse_fallbacks
 from ..spec import CompileOptions, PartSpec, TorchCompileOptions, part_name
 
 FORMATS = ("pte",)
 FALLBACKS = ("xnnpack", "portable")
-VERIFY_SAMPLES = 4
 NUMERICS_SAMPLES = 2
 CACHE_NAMESPACE = "pte"
 
@@ -196,11 +195,7 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
     fallback = opts.fallback or "xnnpack"
     if fallback not in FALLBACKS:
         raise InputError(f"unknown fallback {fallback!r}", f"choose one of: {', '.join(FALLBACKS)}")
-    socs: list[SoC] = []
-    for t in opts.targets or ["SM8650"]:
-        soc = get_target(t)
-        if soc not in socs:
-            socs.append(soc)
+    socs: list[SoC] = list(dict.fromkeys(get_target(t) for t in opts.targets or ["SM8650"]))
     if not parts:
         raise InputError("no model given", "pass model.py:factory, a .pt2, or an nn.Module with example inputs")
     if opts.dynamic_shapes:
@@ -247,129 +242,113 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
                     temp_entries.append(entry)
                 built[(name, soc.name)] = (entry, meta, hit)
                 done += 1
-        strict_failures = []
-        for (name, target), (_, meta, _) in built.items():
-            off = [r for r in meta["placement"] if r["backend"] != "HTP"]
-            if off:
-                strict_failures.append(f"{name} on {target}: " + ", ".join(f"{r['name']} ({r['op_type']})" for r in off[:8])
-                                       + (" ..." if len(off) > 8 else ""))
-        if opts.strict and strict_failures:
-            raise StrictFallbackError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
-                                   "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
+        refuse_fallbacks(opts.strict, {key: [(r["name"], r["op_type"]) for r in meta["placement"] if r["backend"] != "HTP"]
+                                       for key, (_, meta, _) in built.items()})
         if opts.strict_numerics:
             check_numerics(built, preps)
         say("writing the bundle", done, steps)
-        return _write_bundle(out, force, preps, socs, built, opts, fallback, state, cache, t_start)
+        return _write_bundle(out, force, opts, _Run(socs, fallback, state, cache, t_start), preps, built)
     finally:
         import shutil
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
 
 
-def _write_bundle(out: Path, force: bool, preps, socs, built, opts: CompileOptions, fallback: str, state, cache, t_start):
-    import torch
+@dataclass(frozen=True)
+class _Run:
+    """What the bundle writer records of this compile besides the parts and their programs."""
+    socs: list[SoC]
+    fallback: str
+    state: Any              # specs.qnn_ready(): the adapter mode, the QAIRT build ExecuTorch's QNN pairs with
+    cache: Cache
+    t_start: float
 
+
+def _write_bundle(out: Path, force: bool, opts: CompileOptions, run: _Run, preps, built):
     from .lower import SEGMENT_ALIGNMENT
-    from .inspect import qnn_binaries, read_pte
-    with BundleWriter(out, force) as w:
-        m = w.manifest
-        m.kind = BundleKind.MODEL
-        m.format = Format.PTE
-        m.targets = [s.name for s in socs]
-        precisions = {p.precision.name for _, p, _ in preps}
-        m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
+    socs, state = run.socs, run.state
+    with assemble(out, force, run.t_start) as a:
         first = preps[0][1].loaded
-        m.source = SourceModel(path=first.source, sha256=first.sha256, format="pytorch",
-                               description=first.description if len(preps) == 1 else f"{len(preps)} models")
-        m.options = {"backend": "executorch_qnn", "fallback": fallback, "segment_alignment": SEGMENT_ALIGNMENT,
-                     "extract_delegate_segments": True, "strict": opts.strict, "quantization": {},
-                     "rewrites": {}, "adapter": state.mode, "pairing": state.pairing}
-        placement, build_ids, timings = {}, set(), {}
-        numerics = None
-        for spec, prep, name in preps:
-            fpath = w.path(f"{name}/float.pt2", role=Role.FLOAT_MODEL)
-            torch.export.save(prep.exported, fpath)
-            files = PartFiles(float_model=f"{name}/float.pt2")
-            samples = prep.verify_inputs.samples[:VERIFY_SAMPLES]
-            with open(w.path(f"{name}/verify_inputs.npz", role=Role.VERIFY_INPUTS), "wb") as f:
-                np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
-            files.verify_inputs = f"{name}/verify_inputs.npz"
-            m.calibration[name] = (prep.calibration.describe() if prep.calibration else
-                                   {"kind": "none", "note": "fp16 needs no calibration"}) | {
-                "verify_inputs": {"samples": len(samples), "kind": prep.verify_inputs.kind,
-                                  "representative": prep.verify_inputs.representative}}
-            m.options["quantization"][name] = built[(name, socs[0].name)][1].get("quantization") or prep.plan.describe()
-            m.options["rewrites"][name] = prep.rewrites
-            if not prep.precision.quantized:
-                m.options.setdefault("fp16_batch_norms_folded", []).append(name)
-            if prep.mutable_buffers:   # written by the program, outside the QNN delegate (lower.py)
-                m.options.setdefault("mutable_buffers", {})[name] = prep.mutable_buffers
-            if prep.loaded.input_names:
-                m.options.setdefault("flattened_inputs", {})[name] = prep.loaded.input_names
+        a.header(BundleKind.MODEL, Format.PTE, socs, one_precision(p.precision.name for _, p, _ in preps),
+                 SourceModel(path=first.source, sha256=first.sha256, format="pytorch",
+                             description=first.description if len(preps) == 1 else f"{len(preps)} models"))
+        a.m.options = {"backend": "executorch_qnn", "fallback": run.fallback, "segment_alignment": SEGMENT_ALIGNMENT,
+                       "extract_delegate_segments": True, "strict": opts.strict, "quantization": {},
+                       "rewrites": {}, "adapter": state.mode, "pairing": state.pairing}
+        timings, numerics = {}, None
+        for _, prep, name in preps:
+            files = _add_part_files(a, prep, name, built[(name, socs[0].name)][1])
             hits = {}
             for soc in socs:
                 entry, meta, hit = built[(name, soc.name)]
                 hits[soc.name] = hit
-                rel = w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role=Role.PTE)
-                data = (entry / "model.pte").read_bytes()
-                info = read_pte(data)
-                qgraphs = []
-                for b in info["qnn_binaries"]:
-                    build_ids.add(b["build_id"])
-                    if b.get("soc_model") is not None and b["soc_model"] != soc.soc_model:
-                        raise ToolchainError(f"the QNN binary built for {soc.name} names soc_model {b['soc_model']}",
-                                             "report this as a bug: the compile spec's SoC was not applied")
-                    m.htp_arch[soc.name] = b.get("dsp_arch") or soc.htp_arch
-                from ...toolchain.qnn_context import read_context_binary
-                from ...toolchain.native_io import native_stdout_to_stderr
-                for method, binary in qnn_binaries(data):
-                    with native_stdout_to_stderr():
-                        cb = read_context_binary(binary)
-                    for g in cb.graphs:
-                        qgraphs.append(QnnGraph(method=method, graph=g.name,
-                                                inputs=[tensor_spec(t) for t in g.inputs],
-                                                outputs=[tensor_spec(t) for t in g.outputs],
-                                                vtcm_mb=g.htp.vtcm_mb if g.htp else None,
-                                                const_bytes=g.htp.const_size if g.htp else None))
-                for meth in info["methods"]:
-                    ins = [TensorSpec(name=io.name, shape=t["shape"], dtype=t["dtype"])
-                           for io, t in zip(prep.inputs, meth["inputs"])]
-                    outs = [TensorSpec(name=f"output_{i}", shape=t.get("shape", []), dtype=t.get("dtype", "?"))
-                            for i, t in enumerate(meth["outputs"])]
-                    m.graphs.append(GraphSpec(
-                        name=meth["name"], file=rel, kind=GraphKind.PTE_METHOD, target=soc.name, htp_arch=m.htp_arch.get(soc.name),
-                        inputs=ins, outputs=outs, part=name,
-                        delegates=[Delegate(**{k: d[k] for k in ("backend_id", "location", "offset", "size", "alignment") if k in d})
-                                   for d in info["delegates"] if d["method"] == meth["name"]],
-                        delegate_calls=meth["delegate_calls"], kernel_calls=meth["kernel_calls"],
-                        qnn_graphs=[q for q in qgraphs if q.method == meth["name"]]))
+                _add_program(a, prep, name, soc, entry)
                 rows = meta["placement"]
-                placement.setdefault(name, {})[soc.name] = {
+                a.place(name, soc.name, {
                     "htp_nodes": sum(1 for r in rows if r["backend"] == "HTP"),
                     "cpu_fallbacks": [{"name": r["name"], "op_type": r["op_type"], "runtime": r["runtime"]}
-                                      for r in rows if r["backend"] != "HTP"]}
+                                      for r in rows if r["backend"] != "HTP"]})
                 timings[f"{name}.{soc.name}"] = {k: meta[k] for k in ("quantize_s", "lower_s", "to_executorch_s", "numerics_s")
                                                  if k in meta}
                 if numerics is None:  # the first part and target: compiled (simulator) vs eager float
                     numerics = dict(meta["numerics"], part=name, target=soc.name)
             timings[f"{name}.prepare"] = prep.timings
-            m.parts.append(PartEntry(name=name, source=prep.loaded.source, sha256=prep.loaded.sha256,
-                                     precision=prep.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in prep.inputs],
-                                     files=files, cache_hit=hits, rewrites=prep.rewrites))
-        if len(build_ids) > 1:
-            raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
-                                 "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
-        m.qairt_build = build_ids.pop() if build_ids else state.qairt_build
+            a.m.parts.append(PartEntry(name=name, source=prep.loaded.source, sha256=prep.loaded.sha256,
+                                       precision=prep.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in prep.inputs],
+                                       files=files, cache_hit=hits, rewrites=prep.rewrites))
+        a.seal_build(state.qairt_build)
         first_name, first_soc = preps[0][2], socs[0].name
-        rows = built[(first_name, first_soc)][1]["placement"]
-        m.placement = {"nodes": rows, "summary": built[(first_name, first_soc)][1]["summary"],
-                       "of": {"part": first_name, "target": first_soc}, **placement}
-        m.numerics = numerics or {}
-        timings["total_s"] = round(time.perf_counter() - t_start, 3)
-        m.timings = Timings.model_validate(timings)
+        first_meta = built[(first_name, first_soc)][1]
+        a.m.placement = {"nodes": first_meta["placement"], "summary": first_meta["summary"],
+                         "of": {"part": first_name, "target": first_soc}, **a.placement}
+        a.m.numerics = numerics or {}
+        a.record_timings(timings)
         quantized = [p.quantize_hit for _, p, _ in preps if p.quantize_hit is not None]
-        m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
-                            hits=sum(1 for v in built.values() if v[2]), misses=sum(1 for v in built.values() if not v[2]),
-                            **({"quantize_hit": all(quantized)} if quantized else {}))
-        m.qairt = QairtInfo(source=state.qairt_source, build=state.qairt_build, pairing=state.pairing)
+        a.record_cache(run.cache, [v[2] for v in built.values()], **({"quantize_hit": all(quantized)} if quantized else {}))
+        a.m.qairt = QairtInfo(source=state.qairt_source, build=state.qairt_build, pairing=state.pairing)
     return open_bundle(out)
+
+
+def _add_part_files(a: BundleAssembler, prep, name: str, first_meta: dict) -> PartFiles:
+    """The part's float program (float.pt2: verify's reference), its verify inputs, its options."""
+    import torch
+    torch.export.save(prep.exported, a.w.path(f"{name}/float.pt2", role=Role.FLOAT_MODEL))
+    files = PartFiles(float_model=f"{name}/float.pt2")
+    files.verify_inputs = a.add_verify_inputs(name, prep.verify_inputs, prep.calibration)
+    options = a.m.options
+    options["quantization"][name] = first_meta.get("quantization") or prep.plan.describe()
+    options["rewrites"][name] = prep.rewrites
+    if not prep.precision.quantized:
+        options.setdefault("fp16_batch_norms_folded", []).append(name)
+    if prep.mutable_buffers:   # written by the program, outside the QNN delegate (lower.py)
+        options.setdefault("mutable_buffers", {})[name] = prep.mutable_buffers
+    if prep.loaded.input_names:
+        options.setdefault("flattened_inputs", {})[name] = prep.loaded.input_names
+    return files
+
+
+def _add_program(a: BundleAssembler, prep, name: str, soc: SoC, entry: Path) -> None:
+    """One target's .pte, and a graph per method: its IO, delegates and calls, and the QNN graphs of its
+    delegates read back from their context binaries."""
+    from .inspect import qnn_binaries, read_pte
+    rel = a.w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role=Role.PTE)
+    data = (entry / "model.pte").read_bytes()
+    info = read_pte(data)
+    for b in info["qnn_binaries"]:
+        if b.get("soc_model") is not None and b["soc_model"] != soc.soc_model:
+            raise ToolchainError(f"the QNN binary built for {soc.name} names soc_model {b['soc_model']}",
+                                 "report this as a bug: the compile spec's SoC was not applied")
+        a.m.htp_arch[soc.name] = b.get("dsp_arch") or soc.htp_arch
+    qgraphs = [QnnGraph(method=method, graph=g.name, **graph_io(g), **htp_facts(g, "vtcm_mb", "const_bytes"))
+               for method, binary in qnn_binaries(data) for g in a.read_back(binary).graphs]
+    for meth in info["methods"]:
+        ins = [TensorSpec(name=io.name, shape=t["shape"], dtype=t["dtype"]) for io, t in zip(prep.inputs, meth["inputs"])]
+        outs = [TensorSpec(name=f"output_{i}", shape=t.get("shape", []), dtype=t.get("dtype", "?"))
+                for i, t in enumerate(meth["outputs"])]
+        a.m.graphs.append(GraphSpec(
+            name=meth["name"], file=rel, kind=GraphKind.PTE_METHOD, target=soc.name, htp_arch=a.m.htp_arch.get(soc.name),
+            inputs=ins, outputs=outs, part=name,
+            delegates=[Delegate(**{k: d[k] for k in ("backend_id", "location", "offset", "size", "alignment") if k in d})
+                       for d in info["delegates"] if d["method"] == meth["name"]],
+            delegate_calls=meth["delegate_calls"], kernel_calls=meth["kernel_calls"],
+            qnn_graphs=[q for q in qgraphs if q.method == meth["name"]]))

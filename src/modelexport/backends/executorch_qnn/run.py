@@ -180,7 +180,7 @@ def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], na
 
 def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
                min_sqnr: float | None = None, max_samples: int | None = None) -> VerifyReport:
-    from ...quant.precision import get_precision
+    from ...quant.precision import pass_mark
     if Path(path).is_file():
         raise InputError(f"{path} is a bare .pte: it carries no float model to compare against",
                          "verify the bundle folder that `modelexport compile -o` wrote")
@@ -203,7 +203,7 @@ def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: s
                 for n in g.outputs:
                     refs[n].append(ref[n])
                     gots[n].append(got[n].astype(np.float32))
-        threshold = min_sqnr if min_sqnr is not None else get_precision(g.precision).min_sqnr_db
+        threshold = pass_mark(min_sqnr, g.precision)
         gc = GraphCheck(g.part, g.target or "-", g.precision, threshold, len(samples), kind)
         gc.outputs = compare_outputs(refs, gots, threshold)
         report.graphs.append(gc)

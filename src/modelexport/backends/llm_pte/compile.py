@@ -1,30 +1,37 @@
 """`compile LLM --format pte`: one `.pte` per SoC, decode (`kv_forward`, ar1) and prefill (`prefill_forward`,
 arN) methods over one weight-shared QNN context binary, its unshared host twin, the tokenizer. Checks first;
-calibration as the ONNX path's (`llm_qnn.calibration`); the 4-bit weights the ONNX path's (its rounding,
-`--rounding`, `--max-ppl-ratio`); quantization `quant.llm_pt2e`. Not cached."""
+calibration, variants and 4-bit weights the LLM recipe's (llm/export/: its rounding, `--rounding`,
+`--max-ppl-ratio`), as the context-binary path's; quantization `quant.llm_pt2e`. Not cached."""
 from __future__ import annotations
 
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...contract import BundleWriter, open_bundle
-from ...contract.manifest import DecoderShape, LlmSection, SourceModel, Timings
+from ...contract import open_bundle
+from ...contract.manifest import DecoderShape, LlmSection
 from ...core.atomic import check_output
 from ...core.errors import InputError, UnsupportedError
 from ...core.targets import SoC, get_target
 from ...core.vocab import BundleKind, Format, Role
+from ...frontends.vlm_folder import is_vlm_folder
+from ...llm.export.plan import DEFAULT_CALIBRATION_SAMPLES, DEFAULT_VARIANTS, FULL, parse_variants, quality_options
+from ...llm.export.source import check_source
+from ...llm.export.weights import WeightRequest, plan_weights
+from ...llm.input_modes import DEFAULT_INPUT_MODE, get_input_mode
 from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
 from ...llm.pte_numerics import manifest_numerics
+from ...llm.text import read_text
+from ...llm.weight_quality import four_bit_linears, plan_weights as round_weights
+from ...quant.block_weights import load_rounded
 from ...quant.llm_pt2e import (LLM_PTE_PRECISIONS, MAX_ROPE_GATHER, check_pte_request, llm_quant_plan, quantize_methods,
                                save_converted)
 from .. import backend
-from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of
-
-DEFAULT_VARIANTS = (1, 32)
-DEFAULT_CALIBRATION_SAMPLES = 8
+from ..assembler import BundleAssembler, assemble, llm_source
+from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of, vision_flags_given
 
 
 # One graph per method (ExecuTorch's Qualcomm LLM flow's names). The weight-shared program and its host
@@ -131,18 +138,13 @@ def read_program(data: bytes, methods: list[str]) -> dict:
 
 def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, str, list[int], int, list[SoC]]:
     """Everything a user can get wrong, before any work."""
-    from ..llm_qnn.compile import parse_variants
     spec = parts[0]
     precision = spec.precision or LLM_PTE_PRECISIONS[0]
     variants = parse_variants(opts.variants if opts.variants is not None else DEFAULT_VARIANTS)
-    from ...llm.input_modes import DEFAULT_INPUT_MODE, get_input_mode
-    from ..llm_qnn.compile import FULL
     if get_input_mode(opts.inputs).name != DEFAULT_INPUT_MODE or FULL in variants or opts.embedder_precision:
         raise UnsupportedError("the .pte path builds token-input arN methods only (no --inputs embeddings/both, "
                                "no full-context variant, no embedder part)",
                                "leave --format pte out: the context-binary path (the default) builds them")
-    from ...frontends.vlm_folder import is_vlm_folder
-    from ..spec import vision_flags_given
     vision = vision_flags_given(opts)
     if vision or is_vlm_folder(spec.model):
         raise UnsupportedError("the .pte path builds text LLMs only: no vision part"
@@ -159,9 +161,6 @@ def _check(parts: list[PartSpec], opts: LlmCompileOptions) -> tuple[PartSpec, st
          description="LLM → one .pte per SoC: decode + prefill methods over one weight-shared QNN binary (ExecuTorch)")
 def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None,
                     force: bool = False, progress: Callable[[str, float, float], None] | None = None) -> Any:
-    from ...llm.text import read_text
-    from ..llm_qnn.compile import _quality_options
-    from ..llm_qnn.source import check_source
     opts = options or LlmCompileOptions()
     say = progress or (lambda msg, done, total: None)
     t_start = time.perf_counter()
@@ -171,12 +170,11 @@ def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileO
     plan = llm_quant_plan(precision, opts.overrides, opts.block_size)
     facts = check_source(spec.model, max_seq_len)
     text = read_text(spec.calibration)
-    quality = _quality_options(opts, precision, facts.shape or {})
+    quality = quality_options(opts, precision, facts.shape or {})
     built = _build(facts.path, plan, variants, max_seq_len, socs, text,
                    int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES), say, quality, opts)
-    built["timings"]["total_s"] = round(time.perf_counter() - t_start, 3)
     try:
-        return _write_bundle(out, force, facts, socs, variants, max_seq_len, built["plan"], text, built)
+        return _write_bundle(out, force, t_start, _Request(facts, text, socs, variants, max_seq_len), built)
     finally:    # the tokenizer and fake-quant graphs were staged outside the bundle
         for d in (built["tok_dir"], built["fake_quant_dir"]):
             shutil.rmtree(d, ignore_errors=True)
@@ -192,7 +190,7 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     from ...llm.text import tokenize
     from ...llm.tokenizers import from_transformers
     from ..executorch_qnn.specs import qnn_ready
-    from ..llm_qnn.calibration import calibration_samples
+    from ...llm.export.calibrate import calibration_samples   # torch
     from .session import load_program
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -256,33 +254,29 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
             "timings": timings}
 
 
-def _round_weights(model, tok, text, max_seq_len: int, plan, quality: dict | None, opts, say):
-    """The ONNX path's 4-bit weights (its rounding, chosen as it chooses it: `llm_qnn.compile._plan_weights`)
+def _round_weights(model, tok, text, max_seq_len: int, plan, quality, opts, say):
+    """The ONNX path's 4-bit weights (its rounding, chosen as it chooses it: `llm.export.weights.plan_weights`)
     → ({HF module name: BlockWeight}, {"rounding", "recipe"} for the manifest, the plan with any recipe's
     overrides), or
     ({}, None, plan) when the precision has no 4-bit weights. Nearest is computed here too (the ONNX
     path's workers compute it themselves, from the same `quantize_blocks`)."""
     import tempfile
 
-    from ...llm.weight_quality import four_bit_linears, plan_weights
-    from ...quant.block_weights import load_rounded
-    from ..llm_qnn.compile import _plan_weights
     if not quality:
         return {}, None, plan
     tmp = Path(tempfile.mkdtemp(prefix="llm_pte_rounding_"))
     try:
-        weights = _plan_weights(model, tok, text, max_seq_len, plan.precision.name, plan.overrides, plan.block_size,
-                                tmp, quality, lambda m: say(m, 2, 5))
-        if weights.plan and weights.plan.extra_overrides:       # --max-ppl-ratio's recipe
-            plan = llm_quant_plan(plan.precision.name, list(weights.plan.extra_overrides) + list(opts.overrides or []),
+        weights = plan_weights(model, tok, text, WeightRequest(plan.precision.name, plan.overrides, plan.block_size,
+                                                               max_seq_len, quality), tmp, lambda m: say(m, 2, 5))
+        if weights.extra_overrides:       # --max-ppl-ratio's recipe
+            plan = llm_quant_plan(plan.precision.name, list(weights.extra_overrides) + list(opts.overrides or []),
                                   plan.block_size)
         names = four_bit_linears(model, plan.precision.weight_bits, plan.overrides)
         path = weights.graph_file
         if path is None:            # nearest: what the ONNX path's workers compute from the float weights
-            path = plan_weights(model, [], min(max_seq_len, 1024), names, "nearest", plan.block_size, tmp / "nearest",
-                                None, lambda m: say(m, 2, 5)).rounded_path
-        record = {"rounding": weights.plan.rounding if weights.plan else None,
-                  "recipe": weights.plan.recipe if weights.plan else None}
+            path = round_weights(model, [], min(max_seq_len, 1024), names, "nearest", plan.block_size, tmp / "nearest",
+                                 None, lambda m: say(m, 2, 5)).rounded_path
+        record = {"rounding": weights.rounding, "recipe": weights.recipe}
         return load_rounded(path, {n: n for n in names}), record, plan
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -298,52 +292,64 @@ def _numerics(twin_program, graphs: dict, decoders: dict) -> dict:
                           {m: dec.input_names() for m, (dec, _) in decoders.items()})
 
 
-def _write_bundle(out: Path, force: bool, facts, socs: list[SoC], variants: list[int], max_seq_len: int, plan, text,
-                  built: dict):
-    spec = built["spec"]
-    with BundleWriter(out, force) as w:
-        m = w.manifest
-        m.kind, m.format = BundleKind.LLM, Format.PTE
-        m.targets = [s.name for s in socs]
-        m.precision = plan.precision.name
-        m.source = SourceModel(path=str(facts.path.resolve()), sha256=facts.sha256,
-                               format="gguf" if facts.format == "gguf" else "hf-folder",
-                               description=f"{built['architecture']}, {built['n_params']:,} parameters")
-        m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in variants], "max_seq_len": max_seq_len,
-                     "precision": plan.precision.name, "weight_sharing": True, **plan.key(),
-                     "rope_gather": MAX_ROPE_GATHER,
-                     "rounding": ((built["weight_rounding"] or {}).get("rounding") or {}).get("method")}
-        m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(text.path), "sha256": text.sha256}}
-        for f in sorted(Path(built["tok_dir"]).iterdir()):
-            w.add_file(f, f"tokenizer/{f.name}", role=Role.TOKENIZER if f.name == "tokenizer.json" else Role.TOKENIZER_CONFIG)
+@dataclass(frozen=True)
+class _Request:
+    """What was asked (checked by `_check`), as the bundle records it."""
+    facts: Any              # llm.export.source.check_source: the GGUF file or HF folder
+    text: Any               # the calibration text (llm.text.read_text)
+    socs: list[SoC]
+    variants: list[int]
+    max_seq_len: int
+
+
+def _write_bundle(out: Path, force: bool, t_start: float, req: _Request, built: dict):
+    spec, plan, max_seq_len = built["spec"], built["plan"], req.max_seq_len
+    with assemble(out, force, t_start) as a:
+        a.header(BundleKind.LLM, Format.PTE, req.socs, plan.precision.name,
+                 llm_source(req.facts, built["architecture"], built["n_params"]))
+        a.m.options = {"backend": "llm_pte", "variants": [f"ar{n}" for n in req.variants], "max_seq_len": max_seq_len,
+                       "precision": plan.precision.name, "weight_sharing": True, **plan.key(),
+                       "rope_gather": MAX_ROPE_GATHER,
+                       "rounding": ((built["weight_rounding"] or {}).get("rounding") or {}).get("method")}
+        a.m.calibration = {"llm": {"kind": "text", "representative": True, "text": str(req.text.path),
+                                   "sha256": req.text.sha256}}
+        a.add_tokenizer(Path(built["tok_dir"]))
         fake_quant = {}
         for method in built["io"]:
             fake_quant[method] = f"qdq/{method}.pt2"
-            w.add_file(Path(built["fake_quant_dir"]) / f"{method}.pt2", fake_quant[method], role=Role.QUANTIZED_MODEL)
+            a.w.add_file(Path(built["fake_quant_dir"]) / f"{method}.pt2", fake_quant[method], role=Role.QUANTIZED_MODEL)
         weight_sharing, ptes = {}, {}
-        for soc in socs:
-            (data, info), (twin_data, twin_info) = built["programs"][soc.name]["shared"], built["programs"][soc.name]["twin"]
-            rel = f"{soc.name}/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}.pte"
-            w.path(rel, role=Role.PTE).write_bytes(data)
-            twin_rel = f"{soc.name}/host/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}_unshared.pte"
-            w.path(twin_rel, role=Role.HOST_PTE).write_bytes(twin_data)
-            weight_sharing[f"{soc.name}/pte"], ptes[soc.name] = pte_records(
-                rel, twin_rel, info, twin_info, len(data), len(twin_data), {method_name(n): n for n in variants},
-                built["consts"], built["kv"], built["numerics"][soc.name], fake_quant)
-            m.htp_arch[soc.name] = info["binary"].get("dsp_arch")
-            m.graphs += method_graphs(built["io"], info, rel, soc.name, m.htp_arch[soc.name], spec.n_layers)
+        for soc in req.socs:
+            weight_sharing[f"{soc.name}/pte"], ptes[soc.name] = _add_programs(a, soc, req, built, fake_quant)
         device = sum(p.bytes for p in ptes.values()) // len(ptes)
-        m.parameters = built["n_params"]
-        m.llm = LlmSection(
+        a.m.parameters = built["n_params"]
+        a.m.llm = LlmSection(
             architecture=built["architecture"], spec=DecoderShape(**{k: getattr(spec, k) for k in DecoderShape.model_fields}),
-            variants=variants, max_seq_len=max_seq_len, n_parts=1, parts=[[0, spec.n_layers]],
-            weight_bytes_per_token=max(weight_sharing[f"{socs[0].name}/pte"].shared_weights_bytes),
+            variants=req.variants, max_seq_len=max_seq_len, n_parts=1, parts=[[0, spec.n_layers]],
+            weight_bytes_per_token=max(weight_sharing[f"{req.socs[0].name}/pte"].shared_weights_bytes),
             device_bytes=device, bytes_per_parameter=round(device / built["n_params"], 4), bos_id=built["bos_id"],
             eos_ids=built["eos_ids"], rope_theta=built["rope_theta"], weight_sharing=weight_sharing,
             quantization=built["quantization"], pte=ptes,
             weight_rounding=(built["weight_rounding"] or {}).get("rounding"),
             quality_recipe=(built["weight_rounding"] or {}).get("recipe"))
-        m.numerics = manifest_numerics(built["numerics"][socs[0].name], built["threshold_db"], socs[0].name,
-                                       "first calibration sample per method")
-        m.timings = Timings.model_validate(built["timings"])
+        a.m.numerics = manifest_numerics(built["numerics"][req.socs[0].name], built["threshold_db"], req.socs[0].name,
+                                         "first calibration sample per method")
+        a.record_timings(built["timings"])
     return open_bundle(out)
+
+
+def _add_programs(a: BundleAssembler, soc: SoC, req: _Request, built: dict, fake_quant: dict) -> tuple:
+    """One SoC's weight-shared .pte and its unshared host twin, a graph per method → (the weight-sharing
+    record, the .pte record), both read back from the programs (llm.pte_methods)."""
+    plan, max_seq_len = built["plan"], req.max_seq_len
+    (data, info), (twin_data, twin_info) = built["programs"][soc.name]["shared"], built["programs"][soc.name]["twin"]
+    rel = f"{soc.name}/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}.pte"
+    a.w.path(rel, role=Role.PTE).write_bytes(data)
+    twin_rel = f"{soc.name}/host/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}_unshared.pte"
+    a.w.path(twin_rel, role=Role.HOST_PTE).write_bytes(twin_data)
+    records = pte_records(rel, twin_rel, info, twin_info, len(data), len(twin_data),
+                          {method_name(n): n for n in req.variants}, built["consts"], built["kv"],
+                          built["numerics"][soc.name], fake_quant)
+    a.m.htp_arch[soc.name] = info["binary"].get("dsp_arch")
+    a.m.graphs += method_graphs(built["io"], info, rel, soc.name, a.m.htp_arch[soc.name], built["spec"].n_layers)
+    return records

@@ -25,11 +25,11 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     import torch
 
     from ...frontends import find_frontend
-    from ...quant.precision import get_precision
+    from ...quant.precision import pass_mark
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
     from ...llm.text import tokenize
-    from .calibration import calibration_samples, full_context_samples, part_samples, with_input_mode
-    from .onnx_export import DecoderPart, PartRange, export_part
+    from ...llm.export.calibrate import calibration_samples, full_context_samples, part_samples, with_input_mode
+    from ...llm.export.onnx_export import DecoderPart, PartRange, export_part
     from ...frontends.module_paths import llm_module_path
     from ...llm.input_modes import get_input_mode
     from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
@@ -73,7 +73,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
                                   dec.spec.hidden_size)
 
     precision = m.precision or "16a4w"
-    thr = threshold_db if threshold_db is not None else get_precision(precision).min_sqnr_db
+    thr = pass_mark(threshold_db, precision)
     merged = PerLayerReport(f"ar{n}", precision, thr, len(samples))
     hidden = None
     with tempfile.TemporaryDirectory(prefix="mx-llm-float-") as tmp:
@@ -112,10 +112,10 @@ def llm_per_layer_verify(bundle, inputs, part, target, threshold_db, min_sqnr, m
 
 def _logits_report(bundle, pl, min_sqnr):
     """A VerifyReport for an LLM bundle from its per-layer run: the last module's (lm_head's) numbers."""
-    from ...quant import get_precision
+    from ...quant.precision import pass_mark
     from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
     last = pl.layers[-1]
-    threshold = min_sqnr if min_sqnr is not None else get_precision(pl.precision).min_sqnr_db
+    threshold = pass_mark(min_sqnr, pl.precision)
     g = GraphCheck(pl.part, "cpu fake-quant", pl.precision, threshold, pl.samples, "calibration text (held out)")
     g.outputs.append(OutputCheck(f"logits ({last.name})", last.sqnr_db, last.cosine, last.max_abs_error, None,
                                  last.sqnr_db >= threshold))

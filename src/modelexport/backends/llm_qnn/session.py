@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 from ...core.errors import InputError, clip
+from ...core.formats import bundle_format
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
+from ...llm.generate import StaticGraphSession
 from ...llm.openers import open_llm_bundle, source_kind
 from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
 from ...llm.mrope import ROPE_POSITION_IDS, RopePositions
@@ -27,6 +28,7 @@ from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, pas
 from ...llm.tokenizers import load_tokenizer
 from ...llm.vision_inputs import place_rows_at_positions
 from ...toolchain.simulator_memory import variants_that_fit
+from ..ort_qnn.run import check_runtime
 
 STAGES = ("htp-sim", "fake-quant")
 
@@ -197,23 +199,28 @@ def _sim_session(epcontext: Path, target: str):
 
 
 def open_session(bundle, stage: str = "htp-sim"):
-    """A `StaticGraphSession` (generation loop's `DecoderSession`) over the bundle's graphs; a format
-    with its own runtime (the `.pte`: backends/llm_pte/session) is opened by its entry in COMPILED_SESSIONS."""
-    own = COMPILED_SESSIONS.get(bundle.manifest.format)
-    if own is not None:
-        return own(bundle, stage)
-    from ..ort_qnn.run import check_runtime
-    from ...llm.generate import StaticGraphSession
+    """The generation loop's `DecoderSession` over the bundle's compiled graphs, opened by its format's
+    `session` (core/formats.py: this module's `open_graph_session`, the `.pte`'s backends/llm_pte/session)."""
+    row = bundle_format(bundle.manifest.format, BundleKind.LLM)
+    opener = (row.entry("session") if row else None) or open_graph_session
+    return opener(bundle, stage)
+
+
+def open_graph_session(bundle, stage: str = "htp-sim"):
+    """A `StaticGraphSession` over a context-binary bundle's graphs at `stage`."""
     if stage == "htp-sim":
         check_runtime(bundle)
     graphs, spec, max_seq_len = open_forwards(bundle, stage)
     return StaticGraphSession(graphs, spec, max_seq_len, vocab_size=spec.vocab_size)
 
 
+def compiled_stages(bundle) -> tuple[str, ...]:
+    """eval's compiled stages of a context-binary LLM bundle: it keeps the QDQ models and the twins."""
+    return ("fake-quant", "htp-sim")
+
+
 # bundle graph kinds that hold compiled HTP code
 _HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY, GraphKind.PTE_METHOD)
-# bundle format → its session opener (bundle, stage), registered by the format's package
-COMPILED_SESSIONS: dict[str, Callable] = {}
 
 
 def open_compiled_bundle(path: Path, backend: str):

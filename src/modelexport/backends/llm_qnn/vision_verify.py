@@ -40,7 +40,7 @@ def verify_vision_part(bundle_path: str | Path, inputs=None, part: str | None = 
 
     from ...contract import open_bundle
     from ...core.errors import UnsupportedError
-    from ...quant import get_precision
+    from ...quant.precision import pass_mark
     from ..ort_qnn.verify import GraphCheck, VerifyReport, check_output
     from .vision_session import vision_runner
     bundle = open_bundle(bundle_path)
@@ -61,7 +61,7 @@ def verify_vision_part(bundle_path: str | Path, inputs=None, part: str | None = 
     xs, kind = vision_samples(bundle, v, inputs, max_samples)
     ref_sess = ort.InferenceSession(str(bundle.file(v.model)), providers=["CPUExecutionProvider"])
     refs = [ref_sess.run(None, {"pixel_values": x})[0].reshape(v.tokens_per_image, -1) for x in xs]
-    threshold = min_sqnr if min_sqnr is not None else get_precision(v.precision).min_sqnr_db
+    threshold = pass_mark(min_sqnr, v.precision)
     report = VerifyReport(str(bundle.path), [])
     for t in targets:
         run = vision_runner(bundle, "htp-sim", t)

@@ -81,7 +81,7 @@ def encoder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends import vision_encoder_onnx as enc_onnx
     from ...llm.tokenizers import load_tokenizer
     from ...frontends.vlm_folder import is_vlm_folder
-    from .source import check_source
+    from ...llm.export.source import check_source
     if is_vlm_folder(spec.model):
         raise InputError(f"--vision-encoder: {spec.model} is a vision-language folder, its vision part is its own",
                          "leave --vision-encoder out, or give a text-only LLM (GGUF or HF folder) with it")

@@ -18,15 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
-from ...contract import BundleWriter, open_bundle
+from ...contract import open_bundle
 from ...core.arguments import finite
 from ...core.atomic import check_output
-from ...contract.manifest import CacheInfo, PartEntry, PartFiles, QairtInfo, SourceModel, TensorSpec, Timings
+from ...contract.manifest import PartEntry, PartFiles, SourceModel, TensorSpec
 from ...core.vocab import BundleKind, Format, Role
 from ...core.cache import Cache, cache_key, code_fingerprint
-from ...core.errors import InputError, StrictFallbackError, ToolchainError
+from ...core.errors import InputError, ToolchainError
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...frontends.vision_encoder_onnx import parse_triple
@@ -38,14 +36,14 @@ from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
 from .. import backend
+from ..assembler import BundleAssembler, assemble, one_precision, refuse_fallbacks
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
-from .formats import OUTPUT_FORMATS, output_format
+from .formats import OUTPUT_FORMATS, OutputFormat, output_format
 from .repair import load_repaired
 from ..spec import OnnxCompileOptions, PartSpec, part_name
 
-VERIFY_SAMPLES = 4
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
@@ -214,11 +212,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     fmt = output_format(opts.output_format)
     if not opts.targets:
         raise InputError("no target given", "pass --target SM8650 (see `modelexport targets`)")
-    socs: list[SoC] = []
-    for t in opts.targets:
-        soc = get_target(t)
-        if soc not in socs:
-            socs.append(soc)
+    socs: list[SoC] = list(dict.fromkeys(get_target(t) for t in opts.targets))
     check_knobs(socs, opts.vtcm_mb, opts.optimization_level)
     if _range_method(opts) not in RANGE_METHODS:
         raise InputError(f"--calibration-method {_range_method(opts)!r} is not one this compile offers",
@@ -276,8 +270,8 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
             if fmt.runs_here and getattr(opts, "self_check", True) else []
         if getattr(opts, "strict_numerics", False):   # the VLM's vision part passes plain CompileOptions
             _refuse_bad_numerics(numerics, by_name={p.name: p for p in prepared})
-        return _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start,
-                             numerics)
+        return _write_bundle(out, force, opts, _Run(socs, fmt, qairt, cache, timings, t_start), prepared, jobs,
+                             results, numerics)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
@@ -350,85 +344,84 @@ def _refuse_bad_numerics(numerics: list[dict], by_name: dict) -> None:
                                   + "; or drop --strict-numerics to keep the bundle and check it yourself")
 
 
-def _write_bundle(out, force, prepared, socs, jobs, results, opts, fmt, qairt, cache, timings, t_start, numerics):
+@dataclass(frozen=True)
+class _Run:
+    """What the bundle writer records of this compile besides the parts and the graphs."""
+    socs: list[SoC]
+    fmt: OutputFormat
+    qairt: Any
+    cache: Cache
+    timings: dict
+    t_start: float
+
+
+def _placement(prepared: list[_Part], jobs: list[dict], results: list, strict: bool) -> dict[str, dict]:
+    """Per part and target: nodes on the HTP, CPU fallbacks, the boundary (de)quantization ONNX Runtime
+    keeps on the CPU; --strict refuses a fallback here, before anything is written."""
     by_part = {p.name: p for p in prepared}
-    # strictness and placement, before anything is written
     placement: dict[str, dict] = {}
-    strict_failures = []
+    off_htp = {}
     for job, r in zip(jobs, results):
         p = by_part[job["part"]]
-        ins = {i.name for i in p.loaded.inputs}
-        outs = {o.name for o in p.loaded.outputs}
-        meta = r["meta"]
-        fb = _fallbacks(meta["placement"], ins, outs)
-        on_htp = len(meta["placement"].get("QNNExecutionProvider", []))
+        where = r["meta"]["placement"]
+        fb = _fallbacks(where, {i.name for i in p.loaded.inputs}, {o.name for o in p.loaded.outputs})
         placement.setdefault(p.name, {})[job["target"]] = {
-            "htp_nodes": on_htp, "cpu_fallbacks": [{"name": n, "op_type": o} for n, o in fb],
-            "cpu_io_quantization": len(meta["placement"].get(CPU_EP_NAME, [])) - len(fb)}
-        if fb:
-            strict_failures.append(f"{p.name} on {job['target']}: " + ", ".join(f"{n} ({o})" for n, o in fb[:8])
-                                   + (" ..." if len(fb) > 8 else ""))
-    if opts.strict and strict_failures:
-        raise StrictFallbackError("--strict: nodes fell back to the CPU: " + "; ".join(strict_failures),
-                               "run `modelexport audit MODEL --target ...` for the reasons and fixes, or drop --strict")
-    with BundleWriter(out, force) as w:
-        m = w.manifest
-        m.kind = BundleKind.MODEL
-        m.format = Format(fmt.name)
-        m.targets = [s.name for s in socs]
-        precisions = {p.precision.name for p in prepared}
-        m.precision = precisions.pop() if len(precisions) == 1 else "mixed"
+            "htp_nodes": len(where.get("QNNExecutionProvider", [])),
+            "cpu_fallbacks": [{"name": n, "op_type": o} for n, o in fb],
+            "cpu_io_quantization": len(where.get(CPU_EP_NAME, [])) - len(fb)}
+        off_htp[(p.name, job["target"])] = fb
+    refuse_fallbacks(strict, off_htp)
+    return placement
+
+
+def _add_part(a: BundleAssembler, p: _Part) -> None:
+    """A part's float and QDQ models, its verify inputs and its entry (its graphs come per target)."""
+    files = PartFiles(float_model=a.w.add_file(p.work["float"], f"{p.name}/model.onnx", role=Role.FLOAT_MODEL))
+    if p.work["qdq"]:
+        files.quantized_model = a.w.add_file(p.work["qdq"], f"{p.name}/model.qdq.onnx", role=Role.QUANTIZED_MODEL)
+    files.verify_inputs = a.add_verify_inputs(p.name, p.verify_inputs, p.calibration)
+    a.m.parts.append(PartEntry(
+        name=p.name, source=str(p.loaded.path) if p.loaded.path else None, sha256=p.loaded.sha256,
+        precision=p.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
+        outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes,
+        repairs=p.loaded.repairs or None, quantization=p.work["qmeta"].get("quantization"), files=files,
+        cache_hit={"quantize": p.work["quant_cache_hit"]}))
+
+
+def _numerics_record(numerics: list[dict], fmt: OutputFormat) -> dict:
+    """manifest.numerics: the first failing graph (else the first), and a line per graph."""
+    if not numerics:
+        return {"not_checked": f"a {fmt.name} cannot run on this host's HTP simulator"}
+    first = next((n for n in numerics if not n["passed"]), numerics[0])
+    return first | {"graphs": [{"part": n["part"], "target": n["target"], "passed": n["passed"]} for n in numerics]}
+
+
+def _write_bundle(out, force, opts, run: _Run, prepared: list[_Part], jobs: list[dict], results: list,
+                  numerics: list[dict]):
+    by_part = {p.name: p for p in prepared}
+    placement = _placement(prepared, jobs, results, opts.strict)
+    with assemble(out, force, run.t_start) as a:
         first = prepared[0].loaded
-        m.source = SourceModel(path=str(first.path) if first.path else None, sha256=first.sha256, format="onnx",
-                               description=None if len(prepared) == 1 else f"{len(prepared)} models: " + ", ".join(by_part))
-        m.options = {"optimization_level": opts.optimization_level, "vtcm_mb": opts.vtcm_mb, "per_channel": opts.per_channel,
-                     "strict": opts.strict, "embed_mode": 0, "offload_graph_io_quantization": 1,
-                     "provider_options": {}, "backend": "ort_qnn"}
+        a.header(BundleKind.MODEL, Format(run.fmt.name), run.socs, one_precision(p.precision.name for p in prepared),
+                 SourceModel(path=str(first.path) if first.path else None, sha256=first.sha256, format="onnx",
+                             description=None if len(prepared) == 1 else f"{len(prepared)} models: " + ", ".join(by_part)))
+        a.m.options = {"optimization_level": opts.optimization_level, "vtcm_mb": opts.vtcm_mb,
+                       "per_channel": opts.per_channel, "strict": opts.strict, "embed_mode": 0,
+                       "offload_graph_io_quantization": 1, "provider_options": {}, "backend": "ort_qnn"}
         for p in prepared:
-            rel = p.name
-            files = PartFiles(float_model=w.add_file(p.work["float"], f"{rel}/model.onnx", role=Role.FLOAT_MODEL))
-            if p.work["qdq"]:
-                files.quantized_model = w.add_file(p.work["qdq"], f"{rel}/model.qdq.onnx", role=Role.QUANTIZED_MODEL)
-            samples = p.verify_inputs.samples[:VERIFY_SAMPLES]
-            vpath = w.path(f"{rel}/verify_inputs.npz", role=Role.VERIFY_INPUTS)
-            with open(vpath, "wb") as f:
-                np.savez(f, **{f"{k}__{i}": v for i, s in enumerate(samples) for k, v in s.items()})
-            files.verify_inputs = f"{rel}/verify_inputs.npz"
-            m.calibration[p.name] = (p.calibration.describe() if p.calibration else {"kind": "none", "note": "fp16 needs no calibration"}) \
-                | {"verify_inputs": {"samples": len(samples), "kind": p.verify_inputs.kind, "representative": p.verify_inputs.representative}}
-            m.parts.append(PartEntry(
-                name=p.name, source=str(p.loaded.path) if p.loaded.path else None, sha256=p.loaded.sha256,
-                precision=p.precision.name, inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
-                outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs], fixed_shapes=p.loaded.fixed_shapes, repairs=p.loaded.repairs or None,
-                quantization=p.work["qmeta"].get("quantization"), files=files,
-                cache_hit={"quantize": p.work["quant_cache_hit"]}))
-        build_ids = set()
+            _add_part(a, p)
         for job, r in zip(jobs, results):
-            entry, meta = Path(r["entry"]), r["meta"]
-            p, soc = by_part[job["part"]], get_target(job["target"])
-            m.options["provider_options"][job["target"]] = meta["provider_options"]
-            m.part(p.name).cache_hit[job["target"]] = r["hit"]
-            timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
-            build_id = fmt.add_to_bundle(w, p, soc, entry, meta)
-            if build_id is not None:
-                build_ids.add(build_id)
-        if len(build_ids) > 1:
-            raise ToolchainError(f"binaries of one bundle name different QAIRT builds {sorted(build_ids)}",
-                                 "clear the cache (MODELEXPORT_CACHE_DIR) and compile again")
-        m.qairt_build = build_ids.pop() if build_ids else qairt.build_id
-        m.placement = placement | {"nodes": _node_rows(jobs[0], results[0], by_part)}
-        timings["total_s"] = round(time.perf_counter() - t_start, 3)
-        m.timings = Timings.model_validate(timings)
-        m.cache = CacheInfo(enabled=cache.enabled, root=str(cache.root) if cache.enabled else None,
-                            hits=sum(1 for r in results if r["hit"]) + sum(1 for p in prepared if p.work["quant_cache_hit"]),
-                            misses=sum(1 for r in results if not r["hit"]) + sum(1 for p in prepared if not p.work["quant_cache_hit"]))
-        m.qairt = QairtInfo(source=qairt.source, version=qairt.version, core_api=qairt.core_api, htp_api=qairt.htp_api)
-        if numerics:              # the first failing graph (else the first), and a line per graph
-            first = next((n for n in numerics if not n["passed"]), numerics[0])
-            m.numerics = first | {"graphs": [{"part": n["part"], "target": n["target"], "passed": n["passed"]}
-                                             for n in numerics]}
-        else:
-            m.numerics = {"not_checked": f"a {fmt.name} cannot run on this host's HTP simulator"}
-        if fmt.note:              # the one format that cannot run here says what it is for
-            m.dlc_note = fmt.note
+            p, meta = by_part[job["part"]], r["meta"]
+            a.m.options["provider_options"][job["target"]] = meta["provider_options"]
+            a.m.part(p.name).cache_hit[job["target"]] = r["hit"]
+            run.timings[f"{p.name}.{job['target']}.compile_s"] = meta["compile_seconds"]
+            run.fmt.add_to_bundle(a, p, get_target(job["target"]), Path(r["entry"]), meta)
+        a.seal_build(run.qairt.build_id)
+        a.m.placement = placement | {"nodes": _node_rows(jobs[0], results[0], by_part)}
+        a.record_timings(run.timings)
+        a.record_cache(run.cache, [r["hit"] for r in results] + [p.work["quant_cache_hit"] for p in prepared])
+        a.record_qairt(run.qairt)
+        a.m.numerics = _numerics_record(numerics, run.fmt)
+        if run.fmt.note:              # the one format that cannot run here says what it is for
+            a.m.dlc_note = run.fmt.note
     return open_bundle(out)

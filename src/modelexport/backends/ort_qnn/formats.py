@@ -22,7 +22,7 @@ class OutputFormat:
     note: str | None      # manifest.dlc_note: what the bundle is for when it cannot run here
     session: Callable[[Path, str], tuple[dict, dict]]   # (entry dir, part) → provider options to add, session config
     collect: Callable[[Path, str, str], dict]           # (entry dir, part, target) → the files written, by role
-    add_to_bundle: Callable[..., str | None]            # (writer, part, soc, entry, meta) → QAIRT build read back
+    add_to_bundle: Callable[..., None]                  # (BundleAssembler, part, soc, entry, meta): files and graphs
 
 
 # context-binary: an EPContext model referencing the raw binary beside it (embed mode 0)
@@ -43,32 +43,25 @@ def _context_collect(tmp: Path, part: str, target: str) -> dict:
     return files
 
 
-def _context_add(w, p, soc, entry: Path, meta: dict) -> str:
+def _context_add(a, p, soc, entry: Path, meta: dict) -> None:
     """The EPContext model and binaries under PART/TARGET/, one graph per QNN graph read back."""
     from ...contract import GraphSpec, TensorSpec
     from ...core.vocab import GraphKind, Role
-    from ..context_binary import read_back, tensor_spec
+    from ..assembler import graph_io, htp_facts
     files = meta["files"]
     tdir = f"{p.name}/{soc.name}"
-    ctx_rel = w.add_file(entry / files["epcontext"], f"{tdir}/{files['epcontext']}", role=Role.EPCONTEXT_MODEL)
+    ctx_rel = a.w.add_file(entry / files["epcontext"], f"{tdir}/{files['epcontext']}", role=Role.EPCONTEXT_MODEL)
     for b in files["context_binaries"]:
-        w.add_file(entry / b, f"{tdir}/{b}", role=Role.CONTEXT_BINARY)
+        a.w.add_file(entry / b, f"{tdir}/{b}", role=Role.CONTEXT_BINARY)
     bin_rel = f"{tdir}/{files['context_binary']}"
-    info = read_back(entry / files["context_binary"], soc)
-    w.manifest.htp_arch[soc.name] = info.dsp_arch
+    info = a.read_back(entry / files["context_binary"], soc, arch=True)
     for g in info.graphs:
-        htp = g.htp
-        w.manifest.graphs.append(GraphSpec(
+        a.m.graphs.append(GraphSpec(
             name=g.name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=soc.name, htp_arch=info.dsp_arch,
-            inputs=[tensor_spec(t) for t in g.inputs], outputs=[tensor_spec(t) for t in g.outputs],
-            part=p.name, epcontext_model=ctx_rel, soc_model=info.soc_model,
-            vtcm_mb=htp.vtcm_mb if htp else None,
-            optimization_level=htp.optimization_level if htp else None,
-            spill_fill_bytes=htp.spill_fill_buffer_size if htp else None,
-            const_bytes=htp.const_size if htp else None,
+            **graph_io(g), part=p.name, epcontext_model=ctx_rel, soc_model=info.soc_model,
+            **htp_facts(g, "vtcm_mb", "optimization_level", "spill_fill_bytes", "const_bytes"),
             onnx_inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
             onnx_outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs]))
-    return info.build_id
 
 
 # dlc: the QNN IR container the QNN EP dumps through libQnnIr.so, the same for every target
@@ -97,7 +90,7 @@ def _dlc_collect(tmp: Path, part: str, target: str) -> dict:
     return files
 
 
-def _dlc_add(w, p, soc, entry: Path, meta: dict) -> None:
+def _dlc_add(a, p, soc, entry: Path, meta: dict) -> None:
     """The DLCs under PART/, one graph with the ONNX model's IO (a DLC is not read back here)."""
     import onnx
 
@@ -105,13 +98,12 @@ def _dlc_add(w, p, soc, entry: Path, meta: dict) -> None:
     from ...core.vocab import GraphKind, Role
     for key, name in meta["files"].items():
         if key.startswith("dlc_"):
-            w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)
+            a.w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)
     qdq = onnx.load(str(p.work["qdq"] or p.work["float"]), load_external_data=False)
-    w.manifest.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind=GraphKind.DLC,
+    a.m.graphs.append(GraphSpec(name=p.name, file=f"{p.name}/{meta['files']['dlc']}", kind=GraphKind.DLC,
                                        inputs=[TensorSpec(**i.to_dict()) for i in p.loaded.inputs],
                                        outputs=[TensorSpec(**o.to_dict()) for o in p.loaded.outputs],
                                        part=p.name, nodes=len(qdq.graph.node)))
-    return None
 
 
 OUTPUT_FORMATS = {f.name: f for f in (

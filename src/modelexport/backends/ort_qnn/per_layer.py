@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError
-from ...quant import get_precision
+from ...quant.precision import pass_mark
 
 SOURCE = "float ONNX vs QDQ fake-quant on the CPU EP (the context binary exposes only its outputs)"
 
@@ -38,7 +38,7 @@ def _per_layer(bundle, inputs, part, threshold_db, max_samples):
             samples = stored_samples(bundle, pm.name)
         if max_samples:
             samples = samples[:max_samples]
-        thr = threshold_db if threshold_db is not None else get_precision(pm.precision).min_sqnr_db
+        thr = pass_mark(threshold_db, pm.precision)
         out.append(per_layer(bundle.file(files.float_model), bundle.file(files.quantized_model), samples, thr,
                              pm.precision, pm.name))
     if not out:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...contract import open_bundle
 from ...core.errors import InputError
-from ...quant import get_precision
+from ...quant.precision import pass_mark
 from ...core.numerics import compare
 from .decisions import FLIP_SIZE, MAX_FLIP_SHARE, decision_ops
 from .run import SimulatorSession, check_runtime, given_feed, select_graphs
@@ -243,7 +243,7 @@ def verify_bundle(bundle_path: str | Path, inputs: list[str] | None = None, part
                 refs[n].append(ref[n])
                 gots[n].append(got[n].astype(np.float32))
         prec = cg.precision
-        threshold = min_sqnr if min_sqnr is not None else get_precision(prec).min_sqnr_db
+        threshold = pass_mark(min_sqnr, prec)
         gc = GraphCheck(cg.part, cg.target, prec, threshold, len(samples), kind)
         gc.outputs = [check_output(n, refs[n], gots[n], threshold, decided.get(n)) for n in names]
         report.graphs.append(gc)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ...core.errors import StrictFallbackError
 from ...auditing.report import graph_refused_error
-from ..app import STATUS_STYLE, app, console, emit_json, progress
+from ..app import STATUS_STYLE, app, console, emit_json, option, progress
 
 
 def _fmt_macs(n: int) -> str:
@@ -19,23 +19,26 @@ def _fmt_macs(n: int) -> str:
     return str(n)
 
 
+INPUT_SHAPE = option("input_shapes", panel=False)     # compile's --input-shape
+
+
 @app.command()
 def audit(
     model: Path = typer.Argument(..., help="The ONNX model, or a PyTorch model: model.py:factory or a .pt2."),
     target: str = typer.Option("SM8650", "--target", "-t", help="SoC to audit for (SM8650, 8gen3, ...; see `modelexport targets`)."),
     precision: str = typer.Option("fp16", "--precision", "-p", help="fp16, 8a8w, 16a8w, 16a16w or 16a4w (quantized precisions are "
                                   "audited on a QDQ model calibrated with random data: placement does not depend on the values)."),
-    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix a dynamic input: NAME=1,3,224,224 (repeatable)."),
-    input_value: Optional[List[str]] = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
+    input_shape: list[str] | None = INPUT_SHAPE,
+    input_value: list[str] | None = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
                                                     "(folds If on it, e.g. sr=16000; repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="Exit non-zero (3) when any node falls back to the CPU."),
     show_all: bool = typer.Option(False, "--all", help="List every node, not only those off the HTP."),
-    log: Optional[Path] = typer.Option(None, "--log", help="Keep the QNN EP's verbose log in this file."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", "-c", help="PyTorch models: calibration data for a quantized "
+    log: Path | None = typer.Option(None, "--log", help="Keep the QNN EP's verbose log in this file."),
+    calibration: str | None = typer.Option(None, "--calibration", "-c", help="PyTorch models: calibration data for a quantized "
                                               "--precision (default random: placement does not depend on the values)."),
-    override: Optional[List[str]] = typer.Option(None, "--override", help="PyTorch models: 'REGEX=PRECISION' per-module precision (repeatable)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="PyTorch models, 16a4w_block: input channels per scale (default 64)."),
-    rewrite: Optional[List[str]] = typer.Option(None, "--rewrite", help="PyTorch models: apply an opt-in rewrite pass first (repeatable)."),
+    override: list[str] | None = typer.Option(None, "--override", help="PyTorch models: 'REGEX=PRECISION' per-module precision (repeatable)."),
+    block_size: int | None = typer.Option(None, "--block-size", help="PyTorch models, 16a4w_block: input channels per scale (default 64)."),
+    rewrite: list[str] | None = typer.Option(None, "--rewrite", help="PyTorch models: apply an opt-in rewrite pass first (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ) -> None:
     """Ask the real QNN EP which nodes the HTP takes: node, op type, module path, HTP/CPU, the

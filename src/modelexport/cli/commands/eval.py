@@ -13,15 +13,15 @@ from ..app import app, console, emit_json, err_console
 @app.command("eval")
 def eval_cmd(
     model: Path = typer.Argument(..., help="An LLM bundle (float, fake-quant, htp-sim), a .gguf / Hugging Face folder (float, cpu) or an ExecuTorch LLM .pte (cpu)."),
-    perplexity: Optional[Path] = typer.Option(None, "--perplexity", help="Plain-text file to score (default: lee_background.cor)."),
+    perplexity: Path | None = typer.Option(None, "--perplexity", help="Plain-text file to score (default: lee_background.cor)."),
     window: int = typer.Option(512, "--window", help="Tokens per window for float and fake-quant (at most the bundle's max_seq_len)."),
     max_tokens: int = typer.Option(2048, "--tokens", help="Score N tokens of the text (float, fake-quant): of the bundle's calibration text, those after what compile calibrated on."),
     sim_window: int = typer.Option(64, "--sim-window", help="Tokens per window on the HTP simulator (slow: keep it short)."),
     sim_tokens: int = typer.Option(64, "--sim-tokens", help="Tokens scored on the simulator (also the span the SQNR compares)."),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim, cpu (the CPU runtime's program that `generate` runs; default: float, fake-quant, htp-sim for a bundle, float for a model)."),
+    stages: str | None = typer.Option(None, "--stages", help="Comma list of float, fake-quant, htp-sim, cpu (the CPU runtime's program that `generate` runs; default: float, fake-quant, htp-sim for a bundle, float for a model)."),
     quant: str = typer.Option("8da4w", "--quant", help="The cpu stage's program weights: 8da4w, 8da8w or fp32 (built once and cached, as by generate)."),
-    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="GGUF / HF input: the context of the float decoder (default: --window)."),
-    from_token: Optional[int] = typer.Option(None, "--from-token", help="Score from this token of the text (default: of the bundle's calibration text, after the tokens compile read; of another text, 0)."),
+    max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="GGUF / HF input: the context of the float decoder (default: --window)."),
+    from_token: int | None = typer.Option(None, "--from-token", help="Score from this token of the text (default: of the bundle's calibration text, after the tokens compile read; of another text, 0)."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Perplexity on a text at the float, fake-quant (QDQ on the CPU) and compiled (HTP simulator)

@@ -15,29 +15,29 @@ from ..app import app, console, emit_json, err_console
 @app.command()
 def generate(
     model: Path = typer.Argument(..., help="A GGUF file, a Hugging Face folder, an ExecuTorch LLM .pte, or an LLM bundle."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="What you ask. Wrapped in the model's chat template when it has one (as llama.cpp and Ollama do); --raw to complete it as plain text."),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="What you ask. Wrapped in the model's chat template when it has one (as llama.cpp and Ollama do); --raw to complete it as plain text."),
     raw: bool = typer.Option(False, "--raw", help="Complete the prompt as plain text, without the model's chat template (base models, perplexity-style continuations)."),
     chat: bool = typer.Option(False, "--chat", help="A conversation: after --prompt, more messages from stdin, one per line ('/reset', '/exit')."),
-    system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
+    system: str | None = typer.Option(None, "--system", help="System message for --chat."),
     backend: str = typer.Option("cpu", "--backend", help="cpu (ExecuTorch XNNPACK, the fast default), htp-sim (a compiled bundle on the HTP simulator, our loop) or genie (the bundle run by Genie's own dialog, libGenie.so, on the simulator)."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Sample from the smallest set holding this much probability (1 = off)."),
     repetition_penalty: float = typer.Option(1.0, "--repetition-penalty", help="> 1 discourages repeating tokens already in the context."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text); default: a fresh random seed, printed in the stats."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text); default: a fresh random seed, printed in the stats."),
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
-    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model "
+    max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model "
                                               "(default 2048, or the model's own context if smaller)."),
     requantize_gguf: bool = typer.Option(False, "--requantize-gguf", help="Re-quantize a GGUF's Q4_0/Q4_1/Q8_0 weights to our own 4-bit instead of keeping its blocks as stored (the default, which computes what llama.cpp computes from the file)."),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Use this tokenizer (tokenizer.json, SentencePiece .model or .gguf) instead of the model's."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all cores)."),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Use this tokenizer (tokenizer.json, SentencePiece .model or .gguf) instead of the model's."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: all cores)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild the CPU program instead of reusing the cached one."),
     json_out: bool = typer.Option(False, "--json", help="Print the text and stats as JSON (no streaming)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the generated text (no stats)."),
-    image: Optional[list[Path]] = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
+    image: list[Path] | None = typer.Option(None, "--image", help="A vision-language bundle (compiled from a SmolVLM / Idefics3 folder): "
                                          "the image the prompt asks about (split into tiles or resized, and normalized, as the bundle's manifest says); "
                                          "repeat it for several images (placed at the prompt's <image> markers in order, or all first); "
                                          "greedy, --backend htp-sim, cpu (the bundle's QDQ graphs) or genie (Genie's pipeline)."),

@@ -16,12 +16,12 @@ def profile_cmd(
     runs: int = typer.Option(5, "--runs", help="Measured runs (after one warm-up); per op the median is reported."),
     level: str = typer.Option("basic", "--level", help="QNN EP profiling_level: basic (per-graph totals) or detailed "
                               "(cycles per QNN node)."),
-    input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="x.npy, NAME=x.npy or inputs.npz (default: the "
+    input: list[str] | None = typer.Option(None, "--input", "-i", help="x.npy, NAME=x.npy or inputs.npz (default: the "
                                               "bundle's first stored verify sample)."),
-    part: Optional[str] = typer.Option(None, "--part", help="Which model of a multi-model bundle."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Which target's binary."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace JSON (ui.perfetto.dev)."),
-    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the raw QNN EP CSV and ORT profile JSON in this folder."),
+    part: str | None = typer.Option(None, "--part", help="Which model of a multi-model bundle."),
+    target: str | None = typer.Option(None, "--target", "-t", help="Which target's binary."),
+    trace: Path | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace JSON (ui.perfetto.dev)."),
+    keep: Path | None = typer.Option(None, "--keep", help="Keep the raw QNN EP CSV and ORT profile JSON in this folder."),
     top: int = typer.Option(25, "--top", help="Rows to print (all rows in --json).", min=1),
     force: bool = typer.Option(False, "--force", help="Replace an existing --trace file."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON."),

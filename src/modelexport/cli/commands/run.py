@@ -12,15 +12,15 @@ from ..app import app, console, emit_json, progress
 @app.command("run")
 def run_cmd(
     bundle: Path = typer.Argument(..., help="A bundle written by `modelexport compile`."),
-    input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="x.npy (single input), NAME=x.npy, or inputs.npz (repeatable)."),
+    input: list[str] | None = typer.Option(None, "--input", "-i", help="x.npy (single input), NAME=x.npy, or inputs.npz (repeatable)."),
     random: bool = typer.Option(False, "--random", help="Random inputs of the compiled shapes."),
-    part: Optional[str] = typer.Option(None, "--part", help="Which model of a multi-model bundle."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Which target's binary (bundles with several)."),
-    perf_profile: Optional[str] = typer.Option(None, "--perf-profile", help="HTP performance mode (htp_performance_mode): burst, "
+    part: str | None = typer.Option(None, "--part", help="Which model of a multi-model bundle."),
+    target: str | None = typer.Option(None, "--target", "-t", help="Which target's binary (bundles with several)."),
+    perf_profile: str | None = typer.Option(None, "--perf-profile", help="HTP performance mode (htp_performance_mode): burst, "
                                                "sustained_high_performance, high_performance, balanced, power_saver, ... "
                                                "(on the x86 simulator it is accepted but does not change timings). Default: not set (the QNN EP's own 'default' mode)."),
     repeat: int = typer.Option(1, "--repeat", help="Run this many times (timings per run)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Folder to write each output as NAME.npy (atomically)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Folder to write each output as NAME.npy (atomically)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output folder."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:

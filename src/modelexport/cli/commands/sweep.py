@@ -40,9 +40,9 @@ def sweep_cmd(
                                 "OUT/<model>/<target>/<precision>/, and results.json, results.csv, report.html."),
     force: bool = typer.Option(False, "--force", help="Compile every cell again (without it a re-run only does the "
                                "missing and failed cells)."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Cells at a time (local: spawned processes, "
+    workers: int | None = typer.Option(None, "--workers", "-w", help="Cells at a time (local: spawned processes, "
                                           "default the number of cores; Ray: default the cluster's CPUs)."),
-    ray: Optional[str] = typer.Option(None, "--ray", help="Run each cell as a Ray task on this cluster: HOST:PORT of "
+    ray: str | None = typer.Option(None, "--ray", help="Run each cell as a Ray task on this cluster: HOST:PORT of "
                                       "its head, ray://HOST:10001, or auto (the cluster `ray start` made on this machine). "
                                       "Every node needs modelexport, the model paths, OUT and the cache "
                                       "(MODELEXPORT_CACHE_DIR) at the same paths. Default: not set, cells run in local processes."),

@@ -15,19 +15,19 @@ from ..app import app, console, emit_json, progress
 @app.command("verify")
 def verify_cmd(
     bundle: Path = typer.Argument(..., help="A bundle written by `modelexport compile`."),
-    input: Optional[List[str]] = typer.Option(None, "--input", "-i", help="Inputs to compare on (default: the calibration samples stored in the bundle)."),
-    part: Optional[str] = typer.Option(None, "--part", help="Only this model of a multi-model bundle (default: every model)."),
-    target: Optional[str] = typer.Option(None, "--target", "-t", help="Only this target (default: every target)."),
-    min_sqnr: Optional[float] = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 35, 8a8w 15, "
+    input: list[str] | None = typer.Option(None, "--input", "-i", help="Inputs to compare on (default: the calibration samples stored in the bundle)."),
+    part: str | None = typer.Option(None, "--part", help="Only this model of a multi-model bundle (default: every model)."),
+    target: str | None = typer.Option(None, "--target", "-t", help="Only this target (default: every target)."),
+    min_sqnr: float | None = typer.Option(None, "--min-sqnr", help="Pass mark in dB (default per precision: fp16 35, 8a8w 15, "
                                              "16a8w 18, 16a16w 25, 16a4w 5)."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Use at most this many stored samples (default: all of them)."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),
+    samples: int | None = typer.Option(None, "--samples", help="Use at most this many stored samples (default: all of them)."),
+    report: Path | None = typer.Option(None, "--report", help="Also write the report as JSON (atomically)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --report file."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     per_layer: bool = typer.Option(False, "--per-layer", help="Also compare every layer of the float model with the quantized "
                                    "one (fake-quant on the CPU), name the first layer below --threshold-db and suggest an "
                                    "--override; recorded in the bundle's manifest and report.html."),
-    threshold_db: Optional[float] = typer.Option(None, "--threshold-db", help="Per-layer pass mark in dB (default: the "
+    threshold_db: float | None = typer.Option(None, "--threshold-db", help="Per-layer pass mark in dB (default: the "
                                                  "precision's pass mark)."),
 ) -> None:
     """Run the float model on ONNX Runtime's CPU EP and the compiled graph on the HTP simulator on

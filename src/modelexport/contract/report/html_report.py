@@ -8,7 +8,7 @@ import html
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import jinja2
 

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 from ...core.cache import Cache, cache_key
+from ...quant.chunk_join import join_chunks, name_part_boundaries
+from ...quant.llm_graphs import merge_quantization, quantize_job
 
 PART_NAMESPACE = "llm-qdq-part"
 
@@ -26,8 +28,6 @@ def part_key(stage_key: str, graph: str) -> str:
 
 def quantize_part(job: dict) -> dict:
     """Worker: quantize one float part into its cache entry (or reuse one finished meanwhile)."""
-    from ...quant.llm_graphs import quantize_job
-
     cache = Cache(Path(job["cache_root"]), job["cache_enabled"])
     name = job["name"]
 
@@ -47,10 +47,8 @@ def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: P
               first_inputs: tuple[str, ...] = ("input_ids",), caches: bool = True, mrope: bool = False) -> dict:
     """The part's graph in `dest` from its chunks' entries (hard links when it is one chunk); returns
     its quantization record. `first_inputs` / `caches` / `mrope`: onnx_export.decoder_io of its decoder."""
-    from ...quant.chunk_join import join_chunks, name_part_boundaries
-    from ...quant.llm_graphs import merge_quantization
-    from .onnx_export import part_input_names, part_output_names
 
+    from .onnx_export import part_input_names, part_output_names   # torch: not in the quantizing workers
     part = chunks[0].part
     if len(entries) == 1:
         link_into(entries[0], graph, dest)

@@ -6,7 +6,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...core.cache import Cache
 from ...core.errors import InputError
+from ...core.file_hash import file_sha256
+from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, check_rope_scaling, read_gguf_info
+from ...frontends.hf_folder import check_hf_files, read_hf_config
 from ...frontends.llm_families import check_model_context, check_static_context, family_of, family_of_gguf
 from ...frontends.source_hash import source_sha256
 
@@ -38,10 +42,7 @@ def _hf_shape(cfg: dict) -> dict:
 def _gguf_facts(p: Path, sha: str):
     """(architecture, context length, shape, family row, RoPE scaling parameters) of a GGUF that
     passed the checks, remembered by its sha256: parsing the header (the whole vocabulary) takes ~5 s, a cached compile ~10 s in all."""
-    from ...core.cache import Cache
-
     def check(tmp: Path) -> dict:
-        from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, read_gguf_info
         info = read_gguf_info(p)           # truncated / damaged files fail here (nothing is stored)
         check_gguf_header(info)
         check_gguf_tensors(info)
@@ -64,14 +65,11 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
     if not p.exists():
         raise InputError(f"{p} does not exist", "give a .gguf file or a Hugging Face model folder")
     if p.is_file():
-        from ...core.file_hash import file_sha256
         sha = file_sha256(p)
         arch, ctx, shape, family, rope_scaling = _gguf_facts(p, sha)
-        from ...frontends.gguf_file import check_rope_scaling
         check_rope_scaling(str(p), None, rope_scaling, family, max_seq_len)   # longrope past its original context
         facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
     else:
-        from ...frontends.hf_folder import check_hf_files, read_hf_config
         hf_cfg = read_hf_config(p)       # config.json there, valid, in the family table: before any weight is read
         cfg = json.loads((p / "config.json").read_text())
         check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)

@@ -1,4 +1,5 @@
-"""Calibration for LLM decoder graphs from real text.
+"""Calibration for LLM decoder graphs from real text (both LLM formats), and the calibrate stage of
+the context-binary recipe (`calibrate`: an `LlmCalibration`, text and image rows).
 
 The text is tokenized and run through the *float* static decoder (eager PyTorch) chunk by chunk,
 so every sample carries the KV cache the model itself produced for the text before it: the arN
@@ -13,12 +14,23 @@ graph must carry one scale and offset (Genie's model validation refuses the bund
 """
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
+import torch
 
+from ...core.cache import Cache
 from ...core.errors import CalibrationError
-from ...llm.mrope import ROPE_POSITION_IDS
-from ...llm.static_decoder import new_key, new_value, past_key, past_value
+from ..input_modes import get_input_mode, text_inputs
+from ..mrope import ROPE_POSITION_IDS, RopePositions, rope_index
+from ..residual_scale import residual_scale_for, watching_peak
+from ..static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
+                              make_position_ids, new_key, new_value, past_key, past_value)
+from ..static_runner import StaticRunner
+from ..weight_dtype import float32_per_module
+from .plan import LlmPlan
 
 
 
@@ -81,7 +93,6 @@ class ImageRows:
 
     def rope_positions(self):
         """The current window's M-RoPE positions: its image's grid positions, text positions elsewhere."""
-        from ...llm.mrope import RopePositions, rope_index
         if self._rope is None:
             image = self.grid is not None and self.image_of(self.window) is not None
             self._rope = rope_index(self.windows[self.window], self.token, *self.grid) if image else RopePositions.text()
@@ -89,7 +100,6 @@ class ImageRows:
 
     def place(self, ids, embeds):
         """`embeds` [1, N, hidden] of one call's `ids` with the image tokens' rows put in, in order."""
-        import torch
         hits = (ids[0] == self.token).nonzero().flatten().tolist()
         img = self.image_of(self.window)
         if not hits or img is None:
@@ -114,11 +124,6 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     `images`: the text is first given image blocks (ImageRows.stream) and each sample records the
     `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them). `stream_peak`,
     when given, gets the residual stream's largest |x| as "max" (llm/residual_scale.py)."""
-    import torch
-
-    from ...llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
-    from ...llm.static_runner import StaticRunner
-    from ...llm.weight_dtype import float32_per_module
     big = max(variants)
     dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()
@@ -154,7 +159,6 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
             _widen(kv_ranges, outputs[1:], dec.spec.n_layers)
         return outputs
 
-    from ...llm.residual_scale import watching_peak
     try:
         with float32_per_module(dec), watching_peak(dec.model, stream_peak if stream_peak is not None else {}):
             # a bf16-held model runs one float32 layer at a time
@@ -217,7 +221,6 @@ def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
 
 def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int) -> list[dict[str, np.ndarray]]:
     """Samples of the full-context graph: whole windows of the text, positions 0 .. C-1, causal."""
-    from ...llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
     cfg = StaticDecoderConfig.full_context(max_seq_len)
     windows = [token_ids[i:i + max_seq_len] for i in range(0, len(token_ids) - max_seq_len + 1, max_seq_len)][:n_samples]
     if not windows:
@@ -233,7 +236,6 @@ def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_s
     them: ImageRows) keeps them."""
     if mode.decoder_inputs == ("input_ids",):
         return samples
-    from ...llm.input_modes import text_inputs
     return [{**text_inputs(mode, s["input_ids"], lookup, hidden_size),
              **{k: v for k, v in s.items() if k != "input_ids"}} for s in samples]
 
@@ -257,3 +259,56 @@ def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.nda
                 d[past_value(i)] = s[past_value(i)]
         out.append(d)
     return out
+
+
+@dataclass(frozen=True)
+class LlmCalibration:
+    """The calibrate stage's hand-off. `samples` ({N: token inputs of the full decoder}) is handed
+    over: the graphs stage takes each variant's out of it (with their caches they are the largest
+    thing the parent holds). `kv_ranges`: one tied range per layer's cache (Genie); `residual_scale`:
+    the residual stream's (llm/residual_scale.py); `counts`: samples per variant, for the manifest."""
+    samples: dict[int, list[dict[str, np.ndarray]]]
+    kv_ranges: dict[str, list[float]]
+    residual_scale: float
+    seconds: float
+    counts: dict[str, int]
+
+
+def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibration: str | None,
+              done_entries: list, report: Callable[[str], None]) -> LlmCalibration:
+    """Samples of every variant from the text run through the float decoder (none when every graph was
+    quantized before: `needed` False), the VLM's image rows placed in them for `--inputs embeddings`."""
+    t1 = time.perf_counter()
+    variants, max_seq_len, kv_ranges, stream_peak = list(plan.variants), plan.max_seq_len, {}, {}
+    samples: dict[int, list] = {n: [] for n in variants}
+    if needed:
+        report(f"calibrating on {plan.text.path.name} through the float decoder")
+        images = _image_rows(image_calibration, plan.inputs, report)
+        samples = calibration_samples(model, ids, [n for n in variants if n != max_seq_len], max_seq_len,
+                                      plan.n_samples, kv_ranges, images, stream_peak)
+        if max_seq_len in variants:      # the full-context graph: whole windows, no cache
+            samples[max_seq_len] = full_context_samples(ids, max_seq_len, plan.n_samples)
+    seconds = round(time.perf_counter() - t1, 2)
+    scale = residual_scale(stream_peak, done_entries, report)
+    return LlmCalibration(samples, kv_ranges, scale, seconds, {str(n): len(samples[n]) for n in variants})
+
+
+def _image_rows(image_calibration: str | None, inputs: str, report) -> ImageRows | None:
+    if not image_calibration or get_input_mode(inputs).name != "embeddings":   # `both` feeds rows beside ids
+        return None
+    images = ImageRows.load(image_calibration)
+    report(f"calibrating with {len(images.rows)} images' vision rows at image tokens in every other window"
+           + (" (at their M-RoPE grid positions)" if images.grid else ""))
+    return images
+
+
+def residual_scale(stream_peak: dict, done_entries: list, report) -> float:
+    """The residual stream's scale (llm/residual_scale.py): from this calibration's peak, or, when every
+    graph was quantized before (no calibration ran), the one those graphs were exported with."""
+    if "max" not in stream_peak:
+        return float(next((Cache.meta(e).get("residual_scale", 1.0) for e in done_entries if e), 1.0))
+    scale = residual_scale_for(stream_peak["max"])
+    if scale != 1.0:
+        report(f"carrying the residual stream at 1/{scale:g} in the graphs: it peaks at {stream_peak['max']:,.0f} on "
+               "the calibration text, beyond what fp16 on the HTP holds with room to spare")
+    return scale

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...llm.input_modes import INPUT_IDS, INPUTS_EMBEDS
-from ...llm.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
-from ...llm.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
+from ..input_modes import INPUT_IDS, INPUTS_EMBEDS
+from ..static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
+from ..parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
 # the opset the QDQ graphs need (int4 and uint16 Q/DQ, block-wise DequantizeLinear). The graph is
@@ -114,7 +114,7 @@ def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path
     the data file and made an initializer. Exporting the weights held them three times more at once
     (the serialized model inside the exporter, its bytes, the model read back): 4x the part's float32
     weights at the peak, ~1.8x now (one Llama-3.2-1B layer: +0.92 GB before, +0.41 GB now)."""
-    from ...llm.weight_dtype import part_modules
+    from ..weight_dtype import part_modules
     return _export(DecoderPart(decoder, part).eval(), part_modules(decoder, part), out_path)
 
 
@@ -147,7 +147,7 @@ def export_embedder(decoder: StaticDecoder, out_path: Path) -> Path:
 def _export(mod: nn.Module, modules: list[nn.Module], out_path: Path) -> Path:
     import onnx
 
-    from ...llm.weight_dtype import in_float32
+    from ..weight_dtype import in_float32
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():

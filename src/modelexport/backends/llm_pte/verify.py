@@ -11,7 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.errors import InputError, UnsupportedError
+from ...contract import open_bundle
+from ...contract.bundle import refresh_report, save_manifest
+from ...core.errors import InputError, UnsupportedError
+from ...frontends import find_frontend
+from ...frontends.source_hash import recorded_source
+from ...llm.export.calibrate import calibration_samples
+from ...llm.pte_numerics import JUDGED, compare_stages, manifest_numerics
+from ...llm.pte_session import compiled_stages, program_of, stage_forwards
+from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder
+from ...llm.text import recorded_text, tokenize
+from ...llm.tokenizers import from_transformers
+from ...quant.precision import pass_mark
+from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
+from .session import load_program
 
 DEFAULT_SAMPLES = 2
 INPUTS = "calibration text, windows calibration did not use"
@@ -31,19 +44,6 @@ def _methods(prog, part: str | None) -> dict[str, int]:
 def verify_llm_pte(path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
                    min_sqnr: float | None = None, max_samples: int | None = None, record: bool = True):
     """→ VerifyReport: one GraphCheck per decoder method, its output the logits (twin vs float)."""
-    from ..backends.llm_pte.session import load_program
-    from ..backends.llm_qnn.calibration import calibration_samples
-    from ..backends.ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
-    from ..contract import open_bundle
-    from ..frontends import find_frontend
-    from ..frontends.source_hash import recorded_source
-    from ..llm.pte_numerics import JUDGED, compare_stages
-    from ..llm.pte_session import compiled_stages, program_of, stage_forwards
-    from ..llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from ..llm.text import recorded_text, tokenize
-    from ..llm.tokenizers import from_transformers
-    from ..quant.precision import get_precision
-
     if inputs:
         raise InputError("--input is not used for LLM bundles",
                          "verify runs the decoder methods on the bundle's calibration text; leave --input out")
@@ -69,7 +69,7 @@ def verify_llm_pte(path: str | Path, inputs=None, part: str | None = None, targe
     numerics = compare_stages(forwards, {meth: by_n[n][:k] for meth, n in methods.items()},
                               {meth: dec.input_names() for meth, dec in decoders.items()})
     precision = m.precision or "16a4w_block"
-    threshold = min_sqnr if min_sqnr is not None else get_precision(precision).min_sqnr_db
+    threshold = pass_mark(min_sqnr, precision)
     report = VerifyReport(str(bundle.path), [], stages=numerics)
     for meth, pairs in numerics.items():
         a = pairs[JUDGED]
@@ -83,17 +83,23 @@ def verify_llm_pte(path: str | Path, inputs=None, part: str | None = None, targe
 
 
 def _record(bundle, numerics: dict, threshold: float, target: str) -> None:
-    from ..contract.bundle import refresh_report, save_manifest
-    from ..llm.pte_numerics import manifest_numerics
     bundle.manifest.numerics = manifest_numerics(numerics, threshold, target, INPUTS)
     save_manifest(bundle)
     refresh_report(bundle)
 
 
-def not_for_llm_pte(verb: str):
-    def refuse(path, *a, **k):
-        raise UnsupportedError(f"`modelexport {verb}` feeds one graph; {path} is an LLM .pte bundle, whose methods "
-                               "run in a generation loop over a KV cache",
-                               "run it with `modelexport generate BUNDLE --backend htp-sim -p TEXT`, score it with "
-                               "`modelexport eval BUNDLE`, or compare it with float with `modelexport verify BUNDLE`")
-    return refuse
+def _refuse(verb: str, path) -> None:
+    raise UnsupportedError(f"`modelexport {verb}` feeds one graph; {path} is an LLM .pte bundle, whose methods "
+                           "run in a generation loop over a KV cache",
+                           "run it with `modelexport generate BUNDLE --backend htp-sim -p TEXT`, score it with "
+                           "`modelexport eval BUNDLE`, or compare it with float with `modelexport verify BUNDLE`")
+
+
+def refuse_run(path, *a, **k) -> None:
+    """The row's `run`: an LLM .pte bundle has no one graph to feed."""
+    _refuse("run", path)
+
+
+def refuse_profile(path, *a, **k) -> None:
+    """The row's `profile`: likewise."""
+    _refuse("profile", path)

@@ -1,0 +1,46 @@
+"""The cache keys of the `llm-qdq` stage (graphs.py): every input of the quantized graphs, so an
+identical compile reuses them and a changed one does not. Kept apart from graphs.py, which imports
+torch: a cache hit needs neither torch nor the model."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from ...core.cache import cache_key
+from ...core.files import sha256_file
+from .embedder import EMBEDDER_VERSION
+from .memory import host_part_mb
+from .plan import LlmPlan
+
+QDQ_NAMESPACE = "llm-qdq"
+EXPORT_VERSION = 9   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+#                      parts, weight rounding; 7: the static decoder built from the family table; 8: the residual
+#                      stream carried at 1/s (llm/residual_scale.py), Gemma's sandwich norms float (bump on any
+#                      change to the decoder or to what stays float); 9: attention's core float (fp16 on the HTP)
+JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
+# cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
+# (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)
+IMAGE_ROWS_VERSION = "image-rows-3"
+
+
+@dataclass(frozen=True)
+class QdqKeys:
+    chunks: str     # the quantized chunks' entries (part_stage.part_key): valid across join changes
+    joined: str     # the stage's entry: the joined part graphs, the tokenizer, the record
+
+
+def qdq_keys(plan: LlmPlan, image_calibration: str | None) -> QdqKeys:
+    import onnxruntime   # its version is part of the key (a heavy import: only here)
+
+    # the input mode joins the key only when it is not the default: a token bundle's entries stay valid
+    mode_key = [] if plan.inputs == "tokens" else [plan.inputs, plan.embedder_precision]
+    if image_calibration:   # a VLM's decoder calibrated on its vision rows too
+        mode_key += [IMAGE_ROWS_VERSION, sha256_file(Path(image_calibration))]
+    chunks = cache_key(QDQ_NAMESPACE, EXPORT_VERSION, plan.facts.sha256, plan.variants, plan.max_seq_len, plan.requested,
+                       plan.block_size, [(o.pattern, o.precision.name) for o in plan.overrides], plan.text.sha256,
+                       plan.n_samples, plan.limit_mb, host_part_mb(plan.limit_mb), plan.chunk_mb,
+                       plan.quality.key() if plan.quality else None, onnxruntime.__version__, version("torch"),
+                       *mode_key)
+    # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
+    return QdqKeys(chunks, cache_key(QDQ_NAMESPACE, chunks, JOIN_VERSION, *([EMBEDDER_VERSION] if mode_key else [])))
