@@ -509,3 +509,21 @@ def test_float16_weights_inside_a_quantized_compile_are_widened(tmp_path, float1
     assert b.manifest.numerics["passed"], b.manifest.numerics
     m = load_repaired(str(path)).model                      # fp16 compiles keep the model as it is
     assert any(t.data_type == TensorProto.FLOAT16 for t in m.graph.initializer)
+
+
+def test_output_sigmoid_of_a_float16_model_keeps_its_type(tmp_path):
+    """platedet (YOLOv8-seg exported whole in float16): the repair's float32 0 and 1 met a float16 Less
+    ("Type parameter (T) of Optype (Less) bound to different types"), and the fp16 compile failed."""
+    import modelexport
+    g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 64])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    m = load_repaired(str(path)).model
+    assert any(n.op_type == "Less" for n in m.graph.node)
+    x = np.linspace(-12, 12, 64, dtype=np.float16)[None]
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert y.dtype == np.float16 and np.allclose(y, 1 / (1 + np.exp(-x.astype(np.float32))), rtol=2e-3, atol=1e-6)
+    b = modelexport.compile(str(path), output=tmp_path / "b", target="SM8650", precision="fp16", calibration="random")
+    assert b.manifest.numerics["passed"], b.manifest.numerics

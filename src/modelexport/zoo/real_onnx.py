@@ -245,6 +245,10 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "document orientation classifier (OriNet CNN, 0/90/180/270)", {"x": [1, 3, 320, 320]},
              image=ImageInput("page.png", (320, 320), **_IMAGENET),
              quirk="plain Conv/Relu/MaxPool/Gemm; no decision op (tried for decisions, none found)", small=False),
+    RealOnnx("platedet_yolov8_seg", "platedet", "platedet/artifacts/platedet.onnx",
+             "licence-plate detection and masks (YOLOv8-seg), 640x640", {"images": [1, 3, 640, 640]},
+             quirk="exported whole in float16: float16 input, outputs and weights (quantized compiles: "
+                   "float16-as-float32)", small=False),
 )
 
 

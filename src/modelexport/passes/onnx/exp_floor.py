@@ -15,7 +15,7 @@ from . import RepairContext, onnx_repair
 
 EXP_FLOOR = -64.0
 _FLOOR = "modelexport_exp_floor"
-_NUMPY = {1: np.float32, 10: np.float16, 11: np.float64}     # ONNX element type → the floor's dtype
+NUMPY_OF = {1: np.float32, 10: np.float16, 11: np.float64}     # ONNX element type → the floor's dtype
 
 
 @onnx_repair("exp-input-floor", 66, "fp16 compiles: every Exp's input is floored at -64 (the HTP's fp16 Exp "
@@ -28,10 +28,10 @@ def exp_input_floor(model, ctx: RepairContext) -> dict | None:
     if not nodes:
         return None
     from onnx import helper, numpy_helper
-    types = _elem_types(model)
+    types = elem_types(model)
     floors = {numpy_helper.to_array(t).dtype.type: t.name for t in model.graph.initializer if t.name.startswith(_FLOOR)}
     for n in nodes:
-        dtype = _NUMPY.get(types.get(n.input[0], 1), np.float32)
+        dtype = NUMPY_OF.get(types.get(n.input[0], 1), np.float32)
         if dtype not in floors:
             floors[dtype] = f"{_FLOOR}_{np.dtype(dtype).name}"
             model.graph.initializer.append(numpy_helper.from_array(np.array(EXP_FLOOR, dtype), floors[dtype]))
@@ -42,7 +42,7 @@ def exp_input_floor(model, ctx: RepairContext) -> dict | None:
     return {"nodes": [n.name or n.output[0] for n in nodes][:20], "count": len(nodes), "floor": EXP_FLOOR}
 
 
-def _elem_types(model) -> dict[str, int]:
+def elem_types(model) -> dict[str, int]:
     """Element type of every tensor ONNX's shape inference can name (a float16 Exp needs a float16 floor)."""
     import onnx
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .exp_floor import NUMPY_OF, elem_types
 
 _ONE, _ZERO = "modelexport_sigmoid_one", "modelexport_sigmoid_zero"
 # after these a small probability is still one (silero-vad: Sigmoid → Squeeze → ReduceMean → Unsqueeze)
@@ -29,27 +30,37 @@ def output_sigmoid(model, ctx: RepairContext) -> dict | None:
              and _reaches_output(model, n.output[0])]
     if not nodes:
         return None
-    from onnx import helper, numpy_helper
-    if not any(t.name == _ONE for t in model.graph.initializer):
-        model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, np.float32), _ONE),
-                                        numpy_helper.from_array(np.array(0.0, np.float32), _ZERO)])
+    from onnx import helper
+    types = elem_types(model)
     for n in nodes:
+        one, zero = _constants(model, NUMPY_OF.get(types.get(n.input[0], 1), np.float32))
         at = list(model.graph.node).index(n)
         model.graph.node.remove(n)
-        for k, new in enumerate(_exp_form(helper, n.name or n.output[0], n.input[0], n.output[0])):
+        for k, new in enumerate(_exp_form(helper, n.name or n.output[0], n.input[0], n.output[0], one, zero)):
             model.graph.node.insert(at + k, new)
     return {"nodes": [n.name or n.output[0] for n in nodes][:20], "count": len(nodes)}
 
 
-def _exp_form(helper, name: str, x: str, y: str) -> list:
+def _constants(model, dtype) -> tuple[str, str]:
+    """The names of 1 and 0 in the Sigmoid's own type (a float16 model's Less takes float16 both sides)."""
+    from onnx import numpy_helper
+    suffix = "" if dtype is np.float32 else f"_{np.dtype(dtype).name}"
+    one, zero = _ONE + suffix, _ZERO + suffix
+    if not any(t.name == one for t in model.graph.initializer):
+        model.graph.initializer.extend([numpy_helper.from_array(np.array(1.0, dtype), one),
+                                        numpy_helper.from_array(np.array(0.0, dtype), zero)])
+    return one, zero
+
+
+def _exp_form(helper, name: str, x: str, y: str, one: str, zero: str) -> list:
     t = f"{name}/exp_form"
     return [helper.make_node("Abs", [x], [f"{t}/abs"], name=f"{t}/Abs"),
             helper.make_node("Neg", [f"{t}/abs"], [f"{t}/neg"], name=f"{t}/Neg"),
             helper.make_node("Exp", [f"{t}/neg"], [f"{t}/s"], name=f"{t}/Exp"),
-            helper.make_node("Add", [f"{t}/s", _ONE], [f"{t}/d"], name=f"{t}/Add"),
+            helper.make_node("Add", [f"{t}/s", one], [f"{t}/d"], name=f"{t}/Add"),
             helper.make_node("Div", [f"{t}/s", f"{t}/d"], [f"{t}/low"], name=f"{t}/DivLow"),
-            helper.make_node("Div", [_ONE, f"{t}/d"], [f"{t}/high"], name=f"{t}/DivHigh"),
-            helper.make_node("Less", [x, _ZERO], [f"{t}/negative"], name=f"{t}/Less",
+            helper.make_node("Div", [one, f"{t}/d"], [f"{t}/high"], name=f"{t}/DivHigh"),
+            helper.make_node("Less", [x, zero], [f"{t}/negative"], name=f"{t}/Less",
                              doc_string="modelexport: picks between two forms equal at 0, decides nothing"),
             helper.make_node("Where", [f"{t}/negative", f"{t}/low", f"{t}/high"], [y], name=f"{t}/Where")]
 
