@@ -114,8 +114,8 @@ def perplexities(entry: Path, llama_ok: bool) -> dict:
 
     from modelexport.llm.cpu.session import ExecuTorchSession
     from modelexport.runtime.evaluate import CpuProgramRunner, evaluate, perplexity
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import load_tokenizer_json
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import load_tokenizer_json
     ids = tokenize(load_tokenizer_json(entry / "tokenizer.json"), read_text(None).text, PPL_TOKENS)
     out = {"text": "lee_background.cor", "tokens": len(ids), "window": PPL_WINDOW}
     out["float"] = evaluate(GGUF, None, stages=["float"], window=PPL_WINDOW, max_tokens=PPL_TOKENS)["stages"]["float"]["perplexity"]

@@ -48,7 +48,7 @@ def weights_only(out: dict, roundings: list[str], precisions: dict[str, int]) ->
     import torch
 
     from modelexport.frontends import find_frontend
-    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.run.text import read_text, tokenize
     from modelexport.llm.weight_quality import onnx_weight, perplexity, windows
     from modelexport.quant.input_moments import record_input_moments
     from modelexport.quant.weight_rounding import (

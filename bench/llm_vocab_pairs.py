@@ -32,7 +32,7 @@ def main() -> None:
         sys.exit(f"{ARCHIVE} is missing: pip download --no-deps --no-binary=:all: llama-cpp-python==0.3.36 -d {ARCHIVE.parent}")
     os.environ.setdefault("MODELEXPORT_CACHE_DIR", str(HERE / ".work" / "cache"))
     from modelexport.core.errors import ModelExportError
-    from modelexport.llm.tokenizers import load_gguf_tokenizer
+    from modelexport.llm.run.tokenizers import load_gguf_tokenizer
 
     out: dict = {"bench": "llm_vocab_pairs", "source": ARCHIVE.name, "vocabs": {}}
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(ARCHIVE) as tar:

@@ -118,7 +118,7 @@ def quality(tokens: int = 1024, window: int = 512) -> dict:
     import torch
 
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    from modelexport.llm.text import read_text
+    from modelexport.llm.run.text import read_text
     from modelexport.llm.cpu.export import quantize_weight
     torch.set_num_threads(THREADS)
     llm = load_gguf_causal_lm(GGUF)

@@ -41,7 +41,7 @@ def tiny_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from modelexport.llm.tokenizers import HFTokenizer
+    from modelexport.llm.run.tokenizers import HFTokenizer
 
     byte_chars = bytes_to_unicode()
     vocab = {byte_chars[b]: b for b in range(256)}

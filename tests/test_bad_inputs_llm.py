@@ -126,7 +126,7 @@ def test_llm_bad_input(case, world, capfd):
     assert (Path(world["exists"]) / "keep.txt").read_text() == "mine"
 
 
-# ---- --image files: what the vision part is fed (llm/vision_inputs.open_rgb, the one reader) ----------
+# ---- --image files: what the vision part is fed (llm/run/vision_inputs.open_rgb, the one reader) ----------
 
 def _image(tmp_path: Path, kind: str) -> Path:
     import numpy as np
@@ -148,7 +148,7 @@ def _image(tmp_path: Path, kind: str) -> Path:
                                          ("float-pixels", "floating-point pixels")])
 def test_image_refused(tmp_path, kind, needle):
     from modelexport.core.errors import InputError
-    from modelexport.llm.vision_inputs import open_rgb
+    from modelexport.llm.run.vision_inputs import open_rgb
     with pytest.raises(InputError, match=needle) as e:
         open_rgb(_image(tmp_path, kind))
     assert "--image" in e.value.fix
@@ -158,7 +158,7 @@ def test_16bit_image_keeps_its_brightness(tmp_path):
     """A 16-bit PNG is scaled to 8 bits, not clipped at 255 (PIL's own convert makes it nearly white)."""
     import numpy as np
     from PIL import Image
-    from modelexport.llm.vision_inputs import open_rgb
+    from modelexport.llm.run.vision_inputs import open_rgb
     path = _image(tmp_path, "16-bit")
     rgb, notes = open_rgb(path)
     want = np.asarray(Image.open(path), dtype=np.float64) / 257
@@ -169,7 +169,7 @@ def test_16bit_image_keeps_its_brightness(tmp_path):
 
 def test_grayscale_image_converted_with_a_note(tmp_path):
     import numpy as np
-    from modelexport.llm.vision_inputs import open_rgb
+    from modelexport.llm.run.vision_inputs import open_rgb
     rgb, notes = open_rgb(_image(tmp_path, "grayscale"))
     x = np.asarray(rgb)
     assert rgb.mode == "RGB" and notes == ["image mode L converted to RGB"]

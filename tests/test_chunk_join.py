@@ -22,8 +22,8 @@ def test_joined_chunks_compute_the_chunks_one_after_the_other(tmp_path):
     import onnxruntime as ort
 
     from modelexport.llm.export.onnx_export import export_part, part_input_names, part_output_names
-    from modelexport.llm.parts import Chunk, PartRange
-    from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.parts import Chunk, PartRange
+    from modelexport.llm.model.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     from modelexport.quant.calibration import CalibrationSet
     from modelexport.quant.chunk_join import external_entry, join_chunks, node_tensors
     from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides, quantize_decoder

@@ -59,7 +59,7 @@ def test_library_future_warnings_are_dropped_and_ours_are_not(monkeypatch):
     assert raised(FutureWarning, "_check_is_size will be removed", "executorch.extension.llm.custom_ops.custom_ops") == []
     assert raised(FutureWarning, "`isinstance(treespec, LeafSpec)` is deprecated", "copyreg") == []
     assert raised(UserWarning, "Mutation on a buffer in the model is detected.", "executorch.exir.emit._emitter") == []
-    assert raised(FutureWarning, "something else", "modelexport.llm.generate") == ["something else"]
+    assert raised(FutureWarning, "something else", "modelexport.llm.run.generate") == ["something else"]
     assert raised(UserWarning, "another note", "executorch.exir.emit._emitter") == ["another note"]
 
 

@@ -72,7 +72,7 @@ def test_bundle_has_both_graphs_named_and_shared(bundle):
 
 def test_twin_on_simulator_matches_fake_quant_cpu(bundle):
     from modelexport.backends.llm_qnn.session import open_forwards
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.run.static_runner import StaticRunner
     from modelexport.core.numerics import compare
     ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:12]
     logits = {}
@@ -233,7 +233,7 @@ def test_second_compile_is_cached(bundle, work):
 def test_split_into_parts_on_a_low_limit(work, bundle):
     import modelexport
     from modelexport.backends.llm_qnn.session import open_forwards
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.run.static_runner import StaticRunner
     from modelexport.core.numerics import compare
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "split", target="SM8650", precision="16a4w",
                             variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
@@ -276,7 +276,7 @@ def test_a_part_in_chunks_is_the_part_exported_whole(work, bundle):
     import modelexport
     from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.core.numerics import compare
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.run.static_runner import StaticRunner
     chunked = modelexport.compile(str(work / "tiny_hf"), output=work / "chunked", target="SM8650", precision="16a4w",
                                   variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
                                   calibration_samples=4, rounding="gptq", host_chunk_mb=0.001)   # one layer each
@@ -320,7 +320,7 @@ def test_eval_scores_the_calibration_text_after_what_compile_read():
     the 4-bit rounding's moments and the quality recipe's held-out span; another text from its start."""
     from types import SimpleNamespace
 
-    from modelexport.llm.text import read_text
+    from modelexport.llm.run.text import read_text
     from modelexport.runtime.evaluate import held_out_span
     txt = read_text(None)
     llm = SimpleNamespace(weight_rounding=None, quality_recipe=None)
@@ -465,7 +465,7 @@ def test_16a4w_block_lpbq_on_the_simulator(work, bundle):
 
     import modelexport
     from modelexport.backends.llm_qnn.session import open_forwards
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.run.static_runner import StaticRunner
     from modelexport.core.numerics import compare
     b = modelexport.compile(str(work / "tiny_hf"), output=work / "block", target="SM8650", precision="16a4w_block",
                             block_size=16, variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
@@ -554,7 +554,7 @@ def test_rope_tables_are_right_for_every_token_of_a_long_chunk(work):
     CPU, 60+ dB for tokens 0-15). An ar32 chunk: every token's new keys on the simulator match."""
     import modelexport
     from modelexport.backends.llm_qnn.session import open_forwards
-    from modelexport.llm.static_decoder import (StaticDecoderConfig, make_attention_mask, make_position_ids, new_key,
+    from modelexport.llm.model.static_decoder import (StaticDecoderConfig, make_attention_mask, make_position_ids, new_key,
                                                 past_key, past_value)
     from modelexport.core.numerics import compare
 

@@ -22,8 +22,8 @@ from llm_tiny_families import (
     tiny_family_model,
 )
 
-from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-from modelexport.llm.static_runner import StaticRunner
+from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+from modelexport.llm.run.static_runner import StaticRunner
 
 MAX_SEQ = 32
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -55,7 +55,7 @@ def test_static_decoder_matches_hf_in_float(model_type):
 def test_the_features_are_read_from_the_rows():
     """Each special feature reaches the decoder through the table: the tiny models switch them on."""
     from modelexport.frontends.llm_families import ACTIVATIONS, BY_MODEL_TYPE
-    from modelexport.llm.static_decoder import ACTIVATION_FNS
+    from modelexport.llm.model.static_decoder import ACTIVATION_FNS
 
     assert set(ACTIVATION_FNS) == set(ACTIVATIONS)
     phi_hf = tiny_family_model("phi3")

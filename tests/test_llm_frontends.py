@@ -239,8 +239,8 @@ def test_smollm2_truncated(smollm2_gguf, tmp_path):
 
 @pytest.mark.smollm2
 def test_smollm2_static_decoder_matches_hf_and_answers_paris(smollm2_gguf):
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.static_runner import StaticRunner
 
     t0 = time.perf_counter()
     llm = load_gguf_causal_lm(smollm2_gguf)

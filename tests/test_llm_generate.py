@@ -12,8 +12,8 @@ import torch
 from llm_tiny import VOCAB, hf_greedy, tiny_llama, tiny_tokenizer
 from modelexport.core.errors import InputError
 from modelexport.llm import Generator, SamplingConfig, StaticGraphSession
-from modelexport.llm.generate import _StopMatcher
-from modelexport.llm.sampling import Sampler, apply_repetition_penalty, filter_top_k, filter_top_p
+from modelexport.llm.run.generate import _StopMatcher
+from modelexport.llm.run.sampling import Sampler, apply_repetition_penalty, filter_top_k, filter_top_p
 
 
 # -------------------------------------------------------------------------------- sampling
@@ -26,7 +26,7 @@ def test_greedy_fast_path_matches_torch_argmax_and_leaves_torch_threads_alone():
     """Greedy picks with numpy and the other modes run torch on one thread (so ATen's OpenMP pool
     does not wake between two CPU forward passes); both must choose what torch.argmax chooses
     and restore torch's thread count."""
-    from modelexport.llm.sampling import argmax
+    from modelexport.llm.run.sampling import argmax
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -115,7 +115,7 @@ def test_stop_matcher_holds_back_partial_stops():
 # -------------------------------------------------------------------------------- the loop
 @pytest.fixture(scope="module")
 def tiny():
-    from modelexport.llm.static_decoder import StaticDecoder, StaticDecoderConfig
+    from modelexport.llm.model.static_decoder import StaticDecoder, StaticDecoderConfig
 
     model = tiny_llama(2)
     tok = tiny_tokenizer()
@@ -219,7 +219,7 @@ def test_context_overflow(tiny):
 
 
 def test_chat_reuses_the_cache_and_matches_a_fresh_run(tiny):
-    from modelexport.llm.static_decoder import StaticDecoder, StaticDecoderConfig
+    from modelexport.llm.model.static_decoder import StaticDecoder, StaticDecoderConfig
 
     model, tok, _ = tiny
     wide = (model, tok, StaticDecoder(model, StaticDecoderConfig(n_tokens=8, max_seq_len=160)))

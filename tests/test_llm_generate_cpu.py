@@ -271,8 +271,8 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli_here, 
     import math
 
     from modelexport.runtime.evaluate import evaluate
-    from modelexport.llm.text import tokenize
-    from modelexport.llm.tokenizers import load_tokenizer_json
+    from modelexport.llm.run.text import tokenize
+    from modelexport.llm.run.tokenizers import load_tokenizer_json
 
     model, pte, _ = fp32
     text = tmp_path / "t.txt"

@@ -71,7 +71,7 @@ def test_gguf_loads_as_the_model_it_was_written_from(gemma_gguf, model_type):
         assert torch.equal(llm.model(ids).logits, model(ids).logits)
     assert llm.tokenizer.convert_ids_to_tokens([0, 1, 2, 4]) == ["<pad>", "<eos>", "<bos>", "<mask>"]
     # the tokenizer the CPU program and the bundles carry: transformers' ids, its text back
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.run.tokenizers import from_transformers
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     text = "The quick brown fox jumps over the lazy dog."
     assert tok.encode(text) == llm.tokenizer(text)["input_ids"] and tok.bos_id == 2 and 1 in tok.eos_ids

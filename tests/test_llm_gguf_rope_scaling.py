@@ -20,8 +20,8 @@ from gguf_from_hf import write_gguf_from_hf
 from llm_tiny_families import tiny_family_model
 
 from modelexport.core.errors import InputError
-from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-from modelexport.llm.static_runner import StaticRunner
+from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+from modelexport.llm.run.static_runner import StaticRunner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 MAX_SEQ = 32

@@ -1,4 +1,4 @@
-"""Decoder inputs as data (`--inputs tokens|embeddings|both`, llm/input_modes.py) and the full-context
+"""Decoder inputs as data (`--inputs tokens|embeddings|both`, llm/model/input_modes.py) and the full-context
 graph, in float, on a tiny model of every family of the architecture table: the embeddings-in decoder
 fed the lookup's output is the token path exactly; `both` with zero embeddings, or with no_token_id
 and the looked-up rows, is too; HF's own `inputs_embeds` give HF's logits (the embedding scale is on
@@ -11,9 +11,9 @@ import torch
 from llm_tiny import tiny_config, tiny_llama
 from llm_tiny_families import NEW_FAMILIES, tiny_family_model
 from modelexport.core.errors import InputError
-from modelexport.llm.input_modes import INPUT_MODES, get_input_mode
-from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, example_inputs
-from modelexport.llm.static_runner import StaticRunner
+from modelexport.llm.model.input_modes import INPUT_MODES, get_input_mode
+from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, example_inputs
+from modelexport.llm.run.static_runner import StaticRunner
 
 SEQ = 24
 N = 4
@@ -123,8 +123,8 @@ def test_smollm2_fed_its_own_embeddings_gives_the_token_logits_exactly(smollm2_g
     through the embeddings-in graph (ar32 prefill + ar1 steps, and the full-context graph), gives the
     token path's float logits bit for bit."""
     from modelexport.frontends import find_frontend
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     llm = find_frontend(str(smollm2_gguf)).load(str(smollm2_gguf))
     ids = tokenize(from_transformers(llm.tokenizer), read_text(None).text, 64)
     seq = 64
@@ -155,7 +155,7 @@ def _no_grad(graph):
 def test_no_token_id_holds_only_for_one_vocabulary():
     """`both`'s no_token_id is the table's row count: refused when lm_head's rows differ (an id past the
     table would be one the logits can name, or the reverse) or the tokenizer writes ids from there on."""
-    from modelexport.llm.input_modes import no_token_id
+    from modelexport.llm.model.input_modes import no_token_id
     both = get_input_mode("both")
     assert no_token_id(both, 256, 256, 250) == 256
     assert no_token_id(get_input_mode("embeddings"), 256, 300, 400) is None   # only `both` has one

@@ -146,8 +146,8 @@ def test_embedder_then_decoder_gives_the_token_path_logits(embeddings_bundle, wo
     full-context graph against the arN path on the same tokens."""
     from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.core.numerics import compare
-    from modelexport.llm.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, make_attention_mask, make_position_ids
+    from modelexport.llm.run.static_runner import StaticRunner
     ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed the outlook")[:SEQ]
     ref = _float_logits(work, ids)
     for stage in ("fake-quant", "htp-sim"):
@@ -188,8 +188,8 @@ def test_both_inputs_on_the_htp(work):
     ops run on the HTP; text (zero embeddings) and an embeddings-only position give the same logits."""
     from modelexport.backends.llm_qnn.session import open_forwards
     from modelexport.core.numerics import compare
-    from modelexport.llm.input_modes import get_input_mode
-    from modelexport.llm.static_decoder import StaticDecoderConfig, example_inputs
+    from modelexport.llm.model.input_modes import get_input_mode
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, example_inputs
     b = _compile(work, "both", variants="ar4", inputs="both")
     llm = b.manifest.llm
     assert llm.inputs == "both" and llm.no_token_id == llm.spec.vocab_size and llm.embedder is None

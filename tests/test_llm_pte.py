@@ -84,7 +84,7 @@ def test_kv_ranges_tie_observers_in_and_out():
     the (de)quantize ops at past_key_i_in and past_key_i_out carry the same scale and zero point."""
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.core.targets import get_target
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.quant.llm_pt2e import (
         boundary_encodings,
         llm_quant_plan,
@@ -117,7 +117,7 @@ def test_rope_lookups_split_in_gathers_of_16():
     integer split of position_ids left unquantized."""
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.core.targets import get_target
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
     from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER, llm_quant_plan
     from modelexport.quant.pt2e_qnn import quantize
     qnn_ready()
@@ -157,8 +157,8 @@ def test_pte_weights_are_the_onnx_paths_integers_and_scales(tmp_path, rounding):
     from modelexport.backends.spec import LlmCompileOptions
     from modelexport.core.numerics import compare
     from modelexport.core.targets import get_target
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.text import read_text
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.text import read_text
     from modelexport.quant.block_weights import quantize_blocks
     from modelexport.quant.llm_pt2e import as_lowered, llm_quant_plan, quantize_methods
     qnn_ready()
@@ -221,9 +221,9 @@ def test_fake_quant_stage_kept_as_pt2_and_compared(tmp_path):
     names the pairs, judges the twin's and lands in manifest.numerics's rows."""
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.core.targets import get_target
-    from modelexport.llm.pte_numerics import JUDGED, compare_stages, manifest_numerics
-    from modelexport.llm.pte_session import GraphForward, load_fake_quant
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.pte_numerics import JUDGED, compare_stages, manifest_numerics
+    from modelexport.llm.run.pte_session import GraphForward, load_fake_quant
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.quant.llm_pt2e import llm_quant_plan, save_converted
     from modelexport.quant.pt2e_qnn import quantize
     qnn_ready()
@@ -262,7 +262,7 @@ def test_report_shows_every_stage_pair_of_a_pte_bundle(tmp_path):
     not a per-layer hint (--per-layer does not run on .pte bundles)."""
     from modelexport.contract.manifest import LogitsAgreement, Manifest
     from modelexport.contract.report.html_report import section_numerics
-    from modelexport.llm.pte_numerics import manifest_numerics
+    from modelexport.llm.run.pte_numerics import manifest_numerics
     a = LogitsAgreement(sqnr_db=21.3, cosine=0.9963, max_abs_error=0.58, top1_agreement=1.0, samples=2)
     num = manifest_numerics({"kv_forward": {"float vs fake-quant": a, "float vs htp-sim": a, "fake-quant vs htp-sim": a}},
                             5.0, "SM8650", "held-out text")
@@ -342,9 +342,9 @@ def test_pte_twin_on_the_simulator_matches_float(bundle, work):
     """The twin's logits vs the float decoder within 16a4w_block's mark, at compile (the manifest)
     and here again through the generation loop's session on real text, every method."""
     from modelexport.backends.llm_pte.session import load_program
-    from modelexport.llm.pte_session import pte_forwards
+    from modelexport.llm.run.pte_session import pte_forwards
     from modelexport.core.numerics import sqnr_db
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     from modelexport.quant.precision import get_precision
     mark = get_precision("16a4w_block").min_sqnr_db
     assert all(p["float vs htp-sim"].sqnr_db >= mark for p in bundle.manifest.llm.pte["SM8650"].numerics.values())
@@ -500,7 +500,7 @@ def test_one_edge_program_gives_the_shared_program_and_its_twin():
     from modelexport.backends.llm_pte.session import load_program
     from modelexport.core.numerics import sqnr_db
     from modelexport.core.targets import get_target
-    from modelexport.llm.pte_methods import pte_records
+    from modelexport.llm.model.pte_methods import pte_records
     from modelexport.quant.pt2e_qnn import QuantPlan, quantize
     from modelexport.quant.precision import get_precision
     qnn_ready()

@@ -30,7 +30,7 @@ def hf(cut):
 
 
 def _text_ids(tokenizer, n: int) -> list[int]:
-    from modelexport.llm.text import read_text
+    from modelexport.llm.run.text import read_text
     return tokenizer(read_text(None).text[:4000])["input_ids"][:n]
 
 
@@ -46,8 +46,8 @@ def test_the_cut_is_gemma3_with_both_layer_kinds(hf):
 def test_static_decoder_computes_transformers_logits(hf, form, residual_scale):
     """A 45-token prompt of real text as AR-32 + AR-1 chunks, then 8 decode steps, vs one HF forward;
     also as the NPU graphs compute it: the fp16-safe norm, the residual stream carried at 1/8."""
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.static_runner import StaticRunner
     model, tokenizer = hf
     seq = _text_ids(tokenizer, 53)
     dec = build_static_decoder(model, StaticDecoderConfig(32, MAX_SEQ), rms_norm=form, residual_scale=residual_scale)
@@ -73,7 +73,7 @@ def bundle(tmp_path_factory, cut):
 def test_every_decoder_node_is_on_the_htp(bundle):
     manifest = bundle.manifest
     assert manifest.llm.architecture == "gemma3_text"
-    assert manifest.llm.residual_scale >= 4.0    # 6 layers peak near 41,700: carried at 1/4 (llm/residual_scale.py)
+    assert manifest.llm.residual_scale >= 4.0    # 6 layers peak near 41,700: carried at 1/4 (llm/model/residual_scale.py)
     for name, per_target in manifest.placement.items():
         placed = per_target["SM8650"]
         assert placed["htp_nodes"] > 500, name

@@ -64,8 +64,8 @@ def test_exported_part_computes_the_float_part_with_weights_in_its_data_file(tmp
     import torch
 
     from modelexport.llm.export.onnx_export import DecoderPart, export_part
-    from modelexport.llm.parts import split_layers
-    from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.parts import split_layers
+    from modelexport.llm.model.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
     model = tiny_llama(n_layers=2)
     dec = build_static_decoder(model, StaticDecoderConfig(4, SEQ), rms_norm=ONNX_RMS_NORM)
     for part in split_layers(2, 2):
@@ -94,13 +94,13 @@ def test_bf16_held_model_exports_and_calibrates_as_float32(tiny_bf16, tmp_path):
 
     from modelexport.llm.export.calibrate import calibration_samples
     from modelexport.llm.export.onnx_export import export_part
-    from modelexport.llm.parts import split_layers
-    from modelexport.llm.static_decoder import (
+    from modelexport.llm.model.parts import split_layers
+    from modelexport.llm.model.static_decoder import (
         ONNX_RMS_NORM,
         StaticDecoderConfig,
         build_static_decoder,
     )
-    from modelexport.llm.weight_dtype import store_bf16
+    from modelexport.llm.export.weight_dtype import store_bf16
     f32 = tiny_llama(n_layers=2).to(torch.bfloat16).float()
     held = tiny_llama(n_layers=2).to(torch.bfloat16).float()
     assert store_bf16(held, "bfloat16") and held.lm_head.weight.dtype == torch.bfloat16
@@ -126,8 +126,8 @@ def test_part_entry_is_whole_or_absent_and_reused(tmp_path):
     from modelexport.llm.export.onnx_export import export_part
     from modelexport.llm.export.part_stage import PART_NAMESPACE, quantize_part
     from modelexport.core.cache import Cache
-    from modelexport.llm.parts import split_layers
-    from modelexport.llm.static_decoder import (
+    from modelexport.llm.model.parts import split_layers
+    from modelexport.llm.model.static_decoder import (
         ONNX_RMS_NORM,
         StaticDecoderConfig,
         build_static_decoder,

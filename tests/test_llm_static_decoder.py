@@ -8,9 +8,9 @@ import torch
 
 from llm_tiny import TINY_CONFIG, tiny_config
 from modelexport.core.errors import InputError
-from modelexport.llm.static_decoder import (
+from modelexport.llm.model.static_decoder import (
     StaticDecoderConfig, build_static_decoder, example_inputs, make_attention_mask, make_position_ids)
-from modelexport.llm.static_runner import StaticRunner
+from modelexport.llm.run.static_runner import StaticRunner
 
 MAX_SEQ = 32
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -186,7 +186,7 @@ from executorch.backends.qualcomm.utils.utils import (generate_htp_compiler_spec
     generate_qnn_executorch_compiler_spec, to_edge_transform_and_lower_to_qnn)
 from executorch.devtools.backend_debug import get_delegation_info
 from executorch.runtime import Runtime
-from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
 torch.manual_seed(0)
 cfg = LlamaConfig(**json.loads(sys.argv[1]))
 dec = build_static_decoder(LlamaForCausalLM(cfg).eval(), StaticDecoderConfig(4, 32))
@@ -231,7 +231,7 @@ def test_scaled_rms_norm_is_the_same_function_and_survives_fp16():
     residual stream) it stays finite and right where the plain form's squares overflow."""
     import torch
 
-    from modelexport.llm.static_decoder import RMSNorm
+    from modelexport.llm.model.static_decoder import RMSNorm
 
     w = torch.nn.Parameter(torch.rand(64) + 0.5)
     x = torch.randn(1, 3, 64)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelexport.core.errors import InputError
-from modelexport.llm.tokenizers import (
+from modelexport.llm.run.tokenizers import (
     HFTokenizer, SentencePieceTokenizer, StreamDecoder, check_vocab, load_gguf_tokenizer, load_tokenizer,
     load_tokenizer_json, render_chat_template)
 

@@ -18,7 +18,7 @@ from llm_tiny import random_graph_feed, tiny_llama  # noqa: E402
 @pytest.fixture(scope="module")
 def decoder_graph(tmp_path_factory):
     from modelexport.llm.export.onnx_export import export_part, split_layers
-    from modelexport.llm.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
 
     root = tmp_path_factory.mktemp("ranges")
     dec = build_static_decoder(tiny_llama(n_layers=2), StaticDecoderConfig(4, 32), rms_norm=ONNX_RMS_NORM)

@@ -5,7 +5,7 @@ import pytest
 from modelexport.contract.manifest import Manifest, SourceModel
 from modelexport.core.errors import InputError, IntegrityError
 from modelexport.frontends.source_hash import recorded_source, source_sha256
-from modelexport.llm.text import read_text, recorded_text
+from modelexport.llm.run.text import read_text, recorded_text
 
 PROSE = " ".join(["The quick brown fox jumps over the lazy dog while the cat sleeps."] * 10)
 

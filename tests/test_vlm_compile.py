@@ -67,7 +67,7 @@ def test_every_part_on_the_htp_and_the_vision_entry(bundle):
 def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
     from transformers import Idefics3ForConditionalGeneration
 
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     x, _ = load_pixels(image, IMAGE_SIZE, MEAN, STD, 1 / 255)
     model = Idefics3ForConditionalGeneration.from_pretrained(folder).eval()
     with torch.no_grad():
@@ -151,7 +151,7 @@ def test_genie_pipeline_feeds_the_decoder_our_rows_and_gives_our_logits(bundle, 
     from modelexport.backends.llm_qnn.genie_dialog import sampler_block
     from modelexport.backends.llm_qnn.genie_pipeline import genie_image_tokens
     from modelexport.backends.llm_qnn.vision_session import generate_with_image, image_rows
-    from modelexport.llm.tokenizers import load_tokenizer
+    from modelexport.llm.run.tokenizers import load_tokenizer
     from modelexport.zoo.assets import sample_images
     photo = sample_images()["coffee"]
     ours = generate_with_image(bundle.path, photo, "What is it?", backend="htp-sim", max_new_tokens=3, raw=True)
@@ -236,7 +236,7 @@ def test_a_llava_folder_compiles_and_answers_about_the_image(work):
     import modelexport
     from modelexport.backends.llm_qnn.vision_session import generate_with_image
     from modelexport.core.numerics import compare
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     from modelexport.zoo.assets import sample_images
     from vlm_tiny import TOKENS
     folder = write_tiny_vlm_folder(work, "llava")

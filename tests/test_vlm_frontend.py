@@ -47,7 +47,7 @@ def test_the_llava_row(tmp_path):
 def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     import onnxruntime as ort
 
-    from modelexport.llm.vision_part import VisionPart, export_vision_part
+    from modelexport.llm.model.vision_part import VisionPart, export_vision_part
     model, family, facts = loaded
     part = VisionPart(model, family, facts)
     x = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
@@ -71,8 +71,8 @@ def test_placed_rows_give_the_vlm_logits(loaded):
     """The text decoder alone, fed its embeddings with the image rows placed at the image tokens,
     gives the whole VLM's logits: the split loses nothing."""
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.vision_inputs import image_prompt_ids, place_image_rows
-    from modelexport.llm.vision_part import VisionPart
+    from modelexport.llm.run.vision_inputs import image_prompt_ids, place_image_rows
+    from modelexport.llm.model.vision_part import VisionPart
     model, family, facts = loaded
     k = TOKENS[family.model_type]
     ids = image_prompt_ids([256, 72, 105, 33, 10], IMAGE_TOKEN, k)
@@ -93,7 +93,7 @@ def test_placed_rows_give_the_vlm_logits(loaded):
 def test_images_are_resized_and_converted_with_a_note(tmp_path):
     from PIL import Image
 
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     Image.new("L", (50, 20), 128).save(tmp_path / "gray.png")
     x, notes = load_pixels(tmp_path / "gray.png", IMAGE_SIZE, MEAN, STD, 1 / 255)
     assert x.shape == (1, 3, IMAGE_SIZE, IMAGE_SIZE) and len(notes) == 2

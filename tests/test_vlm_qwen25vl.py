@@ -41,7 +41,7 @@ def loaded(work):
 
 
 def _prompt(text=(72, 105, 33, 10, 87, 104)) -> list[int]:
-    from modelexport.llm.vision_inputs import image_prompt_ids
+    from modelexport.llm.run.vision_inputs import image_prompt_ids
     return image_prompt_ids([256, *text], IMAGE_TOKEN, QWEN25_VL_TOKENS, (START, END))
 
 
@@ -59,7 +59,7 @@ def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     windows matter: the check can fail)."""
     import onnxruntime as ort
 
-    from modelexport.llm.vision_part import VisionPart, export_vision_part
+    from modelexport.llm.model.vision_part import VisionPart, export_vision_part
     model, family, facts = loaded
     part = VisionPart(model, family, facts)
     assert (part.inner.windows, part.inner.full_blocks) == (QWEN25_VL_WINDOWS, {1})
@@ -86,10 +86,10 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     M-RoPE positions, the static decoder through the runner in ar16 chunks) against
     Qwen2_5_VLForConditionalGeneration on the same pixels and ids: first-step logits to 1e-4."""
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.mrope import rope_index
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.vision_inputs import load_pixels
-    from modelexport.llm.vision_part import VisionPart
+    from modelexport.llm.model.mrope import rope_index
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.vision_inputs import load_pixels
+    from modelexport.llm.model.vision_part import VisionPart
     from modelexport.zoo.assets import sample_images
     model, family, facts = loaded
     x, _ = load_pixels(sample_images()["coffee"], facts.image_size, facts.mean, facts.std, facts.rescale_factor)
@@ -136,7 +136,7 @@ def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from modelexport.frontends.vlm_families import read_vision_facts
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     _, f = read_vision_facts(folder, max_seq_len=SEQ)
     x, _ = load_pixels(image, f.image_size, f.mean, f.std, f.rescale_factor)
     return hf_qwen_first_logits(Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval(), ids, x, GRID)

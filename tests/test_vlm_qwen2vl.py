@@ -34,7 +34,7 @@ def loaded(folder):
 
 
 def _prompt(text=(72, 105, 33, 10, 87, 104)) -> list[int]:
-    from modelexport.llm.vision_inputs import image_prompt_ids
+    from modelexport.llm.run.vision_inputs import image_prompt_ids
     return image_prompt_ids([256, *text], IMAGE_TOKEN, QWEN2_VL_TOKENS, (START, END))
 
 
@@ -60,7 +60,7 @@ def test_the_row_reads_the_folder_and_its_flat_form(folder, tmp_path):
 
 def test_rope_index_is_transformers_get_rope_index(loaded):
     """Text before and after one image, and two images: positions and the later slots' offset."""
-    from modelexport.llm.mrope import rope_index
+    from modelexport.llm.model.mrope import rope_index
     model, _, _ = loaded
     for ids in (_prompt(), [*_prompt(), *_prompt()[1:]]):
         t = torch.tensor([ids])
@@ -85,8 +85,8 @@ def test_static_decoder_with_mrope_positions_is_the_language_model(loaded):
     """The embeddings-in static decoder (float) fed random embeddings at the prompt's M-RoPE positions,
     in ar4 chunks and ar1 steps, gives transformers' logits at every position to 1e-4."""
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.mrope import RopePositions, rope_index
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.model.mrope import RopePositions, rope_index
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     model, family, _ = loaded
     ids = _prompt()
     embeds = torch.randn(1, len(ids), 64, generator=torch.Generator().manual_seed(0))
@@ -109,8 +109,8 @@ def test_text_only_mrope_is_plain_rope(loaded):
     from transformers import AutoModelForCausalLM
 
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.static_runner import StaticRunner
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.static_runner import StaticRunner
     model, family, _ = loaded
     lm = text_decoder(model, family)
     assert lm.config.model_type == "qwen2" and lm.config.rope_parameters["mrope_section"] == MROPE_SECTION
@@ -132,7 +132,7 @@ def test_text_only_mrope_is_plain_rope(loaded):
 def test_vision_part_is_the_hf_image_features(loaded, tmp_path):
     import onnxruntime as ort
 
-    from modelexport.llm.vision_part import VisionPart, export_vision_part
+    from modelexport.llm.model.vision_part import VisionPart, export_vision_part
     model, family, facts = loaded
     part = VisionPart(model, family, facts)
     x = torch.randn(1, 3, QWEN2_VL_SIZE, QWEN2_VL_SIZE, generator=torch.Generator().manual_seed(0))
@@ -151,10 +151,10 @@ def test_float_pipeline_first_logits_are_the_full_model(loaded):
     the image tokens, M-RoPE positions, the static decoder through the runner) against
     Qwen2VLForConditionalGeneration on the same pixels and ids: first-step logits to 1e-4."""
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.mrope import rope_index
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.vision_inputs import load_pixels
-    from modelexport.llm.vision_part import VisionPart
+    from modelexport.llm.model.mrope import rope_index
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.vision_inputs import load_pixels
+    from modelexport.llm.model.vision_part import VisionPart
     from modelexport.zoo.assets import sample_images
     model, family, facts = loaded
     x, notes = load_pixels(sample_images()["coffee"], facts.image_size, facts.mean, facts.std, facts.rescale_factor)
@@ -181,7 +181,7 @@ def test_calibration_image_windows_take_the_grid_positions(loaded):
     windows keep text positions."""
     from modelexport.llm.export.calibrate import ImageRows, calibration_samples
     from modelexport.frontends.vlm_folder import text_decoder
-    from modelexport.llm.mrope import rope_index
+    from modelexport.llm.model.mrope import rope_index
     model, family, facts = loaded
     seq, rows = 32, np.random.default_rng(0).normal(size=(QWEN2_VL_TOKENS, 64)).astype(np.float32)
     block = [START, *[IMAGE_TOKEN] * QWEN2_VL_TOKENS, END]

@@ -59,7 +59,7 @@ def _float_logits(folder: Path, ids: list[int], image) -> np.ndarray:
     from transformers import Qwen2VLForConditionalGeneration
 
     from modelexport.frontends.vlm_families import read_vision_facts
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     _, f = read_vision_facts(folder)
     x, _ = load_pixels(image, f.image_size, f.mean, f.std, f.rescale_factor)
     return hf_qwen_first_logits(Qwen2VLForConditionalGeneration.from_pretrained(folder).eval(), ids, x, GRID)

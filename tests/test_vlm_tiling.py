@@ -69,8 +69,8 @@ def test_tiles_and_prompt_are_the_processors(work, processor, photos):
     and the prompt expands to the processor's ids exactly, for one image and for two."""
     from modelexport.frontends.vlm_families import read_vision_facts
     from modelexport.frontends.vlm_folder import read_image_tiling
-    from modelexport.llm.image_tiling import TileGrid, expand_prompt, normalize, split_image, tile_grid
-    from modelexport.llm.tokenizers import load_tokenizer
+    from modelexport.llm.model.image_tiling import TileGrid, expand_prompt, normalize, split_image, tile_grid
+    from modelexport.llm.run.tokenizers import load_tokenizer
     folder = work / "tiny_smolvlm"
     family, facts = read_vision_facts(folder)
     t = read_image_tiling(folder, family, facts)
@@ -98,8 +98,8 @@ def test_float_path_gives_the_hf_logits(work, processor, photos):
     their own rows: a tile out of order shows there; at the last position a random 2-layer model
     carries little of the image, ~53 dB between the two photos swapped)."""
     from modelexport.frontends.vlm_folder import load_vlm, text_decoder
-    from modelexport.llm.vision_inputs import place_image_rows
-    from modelexport.llm.vision_part import VisionPart
+    from modelexport.llm.run.vision_inputs import place_image_rows
+    from modelexport.llm.model.vision_part import VisionPart
     model, family, facts = load_vlm(work / "tiny_smolvlm")
     ref_inputs = _hf_inputs(processor, [photos["coffee"], photos["chelsea"]])
     ids = ref_inputs["input_ids"][0].tolist()
@@ -122,8 +122,8 @@ def test_calibration_sees_what_the_runtime_shows(work, processor, photos):
                                                               write_image_rows, write_vision_calibration)
     from modelexport.frontends.vlm_families import read_vision_facts
     from modelexport.frontends.vlm_folder import load_vlm, read_image_tiling
-    from modelexport.llm.tokenizers import load_tokenizer
-    from modelexport.llm.vision_part import VisionPart, export_vision_part
+    from modelexport.llm.run.tokenizers import load_tokenizer
+    from modelexport.llm.model.vision_part import VisionPart, export_vision_part
     from PIL import ImageOps
     folder = work / "tiny_smolvlm"
     family, facts = read_vision_facts(folder)

@@ -68,7 +68,7 @@ def _float_first_logits(folder, enc, image, prompt_ids: list[int]) -> np.ndarray
     import onnxruntime as ort
     import transformers
 
-    from modelexport.llm.vision_inputs import load_pixels
+    from modelexport.llm.run.vision_inputs import load_pixels
     x, _ = load_pixels(image, 224, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1 / 255)
     rows = ort.InferenceSession(str(enc), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0][0]
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

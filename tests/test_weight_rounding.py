@@ -259,7 +259,7 @@ def test_layer_by_layer_lifts_a_bf16_held_model_one_layer_at_a_time(tiny):
     import copy
 
     from modelexport.llm.layerwise_rounding import round_layer_by_layer
-    from modelexport.llm.weight_dtype import store_bf16
+    from modelexport.llm.export.weight_dtype import store_bf16
     from modelexport.llm.weight_quality import onnx_weight, windows
     from modelexport.quant.input_moments import record_input_moments
     from modelexport.quant.weight_rounding import ROUNDINGS
@@ -319,7 +319,7 @@ def test_recipe_on_smollm2_raises_the_fewest_modules(smollm2_gguf, tmp_path):
     4-bit noise can lower its perplexity)."""
     from modelexport.core.errors import InputError
     from modelexport.frontends.gguf_file import load_gguf_causal_lm
-    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.run.text import read_text, tokenize
     llm = load_gguf_causal_lm(smollm2_gguf)
     model, ids = llm.model, tokenize(llm.tokenizer, read_text(None).text, 512 + 1024)
     with pytest.raises(InputError) as e:
@@ -344,7 +344,7 @@ def test_default_rounding_is_data_aware_and_a_short_text_falls_back_to_nearest(t
     from modelexport.llm.export.plan import quality_options
     from modelexport.llm.export.weights import WeightRequest, plan_weights
     from modelexport.backends.spec import LlmCompileOptions
-    from modelexport.llm.text import TextSource
+    from modelexport.llm.run.text import TextSource
     from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides
     from modelexport.quant.weight_rounding import DEFAULT_ROUNDING, ROUNDINGS
     model = tiny[0]

@@ -159,7 +159,7 @@ def write_tiny_vlm_folder(root, family: str = "idefics3", **kw) -> Path:
     return folder
 
 
-# SmolVLM's image splitting (llm/image_tiling.py): a tokenizer with the processor's tokens, tiles of the
+# SmolVLM's image splitting (llm/model/image_tiling.py): a tokenizer with the processor's tokens, tiles of the
 # tower's 32 pixels, images resized to a longest edge of 64 first: up to 2x2 tiles + the global image.
 TILING_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>",
                  *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]]
@@ -209,8 +209,8 @@ def image_runner(dec, rows_at: dict, variants=(1, 4)):
     """The runtime's loop in eager float: ids looked up by the decoder's own table, the rows put at their
     absolute positions (place_rows_at_positions, as the bundle's ChainedForward does), the decoder's
     M-RoPE positions from `dec.rope_positions`; arN chunks and ar1 steps."""
-    from modelexport.llm.static_runner import StaticRunner
-    from modelexport.llm.vision_inputs import place_rows_at_positions
+    from modelexport.llm.run.static_runner import StaticRunner
+    from modelexport.llm.run.vision_inputs import place_rows_at_positions
 
     def graph(ids, pos, mask, *caches):
         with torch.inference_mode():

@@ -71,7 +71,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from modelexport.frontends.gguf_file import read_gguf_info
-    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.run.text import read_text, tokenize
     from modelexport.runtime.evaluate import evaluate
 
     info = read_gguf_info(a.gguf)
@@ -86,7 +86,7 @@ def main() -> None:
     t = time.perf_counter()
     entry, _, hit = build_cached(a.gguf, CpuExportOptions(max_seq_len=max(a.window, 64)), cache_dir=cache)
     result["kept_as_stored_build_s"] = None if hit else round(time.perf_counter() - t, 1)
-    from modelexport.llm.tokenizers import load_tokenizer_json
+    from modelexport.llm.run.tokenizers import load_tokenizer_json
     ids = tokenize(load_tokenizer_json(entry / "tokenizer.json"), read_text(None).text, a.tokens)
     if not (a.skip_requantized or a.only_kept):
         result["requantized_all"] = program_perplexity(a.gguf, False, ids, a.window, cache)

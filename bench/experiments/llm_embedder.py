@@ -31,8 +31,8 @@ def main() -> None:
     from modelexport.core.numerics import compare
     from modelexport.core.targets import get_target
     from modelexport.frontends import find_frontend
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.toolchain.htp_options import compile_provider_options
     from modelexport.toolchain.qairt import find_qairt
     from modelexport.toolchain.worker_pool import raise_first_error, run_jobs

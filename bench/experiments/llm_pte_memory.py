@@ -57,10 +57,10 @@ def run(n_layers: int, mode: str, rounding: str, n_samples: int, variants: list[
     from modelexport.backends.llm_qnn.compile import _quality_options
     from modelexport.backends.spec import LlmCompileOptions
     from modelexport.core.targets import get_target
-    from modelexport.llm.pte_methods import constant_methods, method_name
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.model.pte_methods import constant_methods, method_name
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.quant import llm_pt2e
     rows: dict = {}
     soc = get_target("SM8650")

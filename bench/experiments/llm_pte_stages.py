@@ -85,10 +85,10 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
     from modelexport.backends.llm_pte import compile as pc
     from modelexport.backends.llm_qnn.calibration import calibration_samples
     from modelexport.core.targets import get_target
-    from modelexport.llm.pte_methods import constant_methods, method_name
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.model.pte_methods import constant_methods, method_name
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.quant import llm_pt2e
     from modelexport.quant.llm_pt2e import llm_quant_plan
     rows: dict = {}
@@ -147,7 +147,7 @@ def run(n_layers: int, n_samples: int, variants: list[int], seq: int, profile: s
         with timed(rows, "lower both (all)"):
             programs = pc.lower_methods(graphs, inputs, soc, consts, plan.uses_block, steps)
         rows["lower both (all)"].update({"steps_wall_s": steps, "bytes": {k: len(v) for k, v in programs.items()}})
-    from modelexport.llm.pte_methods import pte_records
+    from modelexport.llm.model.pte_methods import pte_records
     info = {k: pc.read_program(v, list(graphs)) for k, v in programs.items()}   # both methods, one binary each
     ws, _ = pte_records("a.pte", "b.pte", info["shared"], info["twin"], len(programs["shared"]),
                         len(programs["twin"]), {}, consts, {}, {}, {})       # raises unless the weights are shared

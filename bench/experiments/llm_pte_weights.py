@@ -69,10 +69,10 @@ def _setup(n_layers: int, n_samples: int, variants: list[int], seq: int) -> Setu
     from llm_pte_stages import cut_model
     from modelexport.backends.executorch_qnn.specs import qnn_ready
     from modelexport.backends.llm_qnn.calibration import calibration_samples
-    from modelexport.llm.pte_methods import method_name
-    from modelexport.llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.model.pte_methods import method_name
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.quant.llm_pt2e import MAX_ROPE_GATHER
     qnn_ready()
     llm = cut_model(n_layers)
@@ -174,10 +174,10 @@ def perplexities(n_layers: int, n_samples: int, variants: list[int], seq: int, c
     arN chunks, then decode), for each weight config: "min-max" (QnnQuantizer's own, before) or a
     rounding of the ONNX path pinned ("nearest", "gptq")."""
     from modelexport.core.targets import get_target
-    from modelexport.llm.pte_methods import method_name
-    from modelexport.llm.pte_session import GraphForward
-    from modelexport.llm.static_runner import StaticRunner
-    from modelexport.llm.text import tokenize
+    from modelexport.llm.model.pte_methods import method_name
+    from modelexport.llm.run.pte_session import GraphForward
+    from modelexport.llm.run.static_runner import StaticRunner
+    from modelexport.llm.run.text import tokenize
     from modelexport.quant.llm_pt2e import llm_quant_plan, quantize_methods
     from modelexport.runtime.evaluate import perplexity
     s = _setup(n_layers, n_samples, variants, seq)

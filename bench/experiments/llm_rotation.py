@@ -59,7 +59,7 @@ def main() -> None:
     import torch
 
     from modelexport.frontends import find_frontend
-    from modelexport.llm.text import read_text, tokenize
+    from modelexport.llm.run.text import read_text, tokenize
     from modelexport.llm.weight_quality import onnx_weight, perplexity, windows
     from modelexport.quant.input_moments import record_input_moments
     from modelexport.quant.weight_rounding import ROUNDING_TOKENS, ROUNDINGS

@@ -35,7 +35,7 @@ def load(model: str, work: Path):
     import torch
 
     from modelexport.frontends import find_frontend
-    from modelexport.llm.weight_dtype import store_bf16
+    from modelexport.llm.export.weight_dtype import store_bf16
     if model == "smollm2":
         from llm_sizes import smollm2_gguf
         src, bf16 = smollm2_gguf(), False
@@ -63,8 +63,8 @@ def main() -> None:
     import torch
 
     import modelexport
-    from modelexport.llm.text import read_text, tokenize
-    from modelexport.llm.tokenizers import from_transformers
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.llm.weight_quality import HELD_OUT_TOKENS, four_bit_linears, perplexity, plan_weights
     from modelexport.quant.block_weights import BlockWeight
     from modelexport.quant.llm_graphs import DEFAULT_OVERRIDES, parse_overrides

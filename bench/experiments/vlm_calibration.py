@@ -112,7 +112,7 @@ def qwen2_vl_runs(work: Path) -> dict:
     from modelexport.backends.llm_qnn.vision_session import generate_with_image, image_rows
     from modelexport.backends.llm_qnn.vlm_calibration import image_blocks
     from modelexport.core.numerics import compare
-    from modelexport.llm.mrope import RopePositions
+    from modelexport.llm.model.mrope import RopePositions
     from vlm_tiny import write_tiny_vlm_folder
     from test_vlm_qwen2vl_compile import _float_logits
     folder = write_tiny_vlm_folder(work, "qwen2_vl")

@@ -81,7 +81,7 @@ class LlmCompileOptions(CompileOptions):
     calibration_samples: int | None = None               # samples per variant from the calibration text
     rounding: str | None = None                          # 4-bit weight rounding (quant/weight_rounding.ROUNDINGS)
     max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text
-    inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/input_modes.py)
+    inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/model/input_modes.py)
     embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
     vision_precision: str | None = None                  # a VLM folder's vision part: 16a8w (default) | 8a8w
     image_size: int | None = None                        # a VLM folder's vision part: the square it is built for

@@ -219,7 +219,7 @@ class PartEntry(_Recorded):
 # LLM bundles
 
 class DecoderShape(_Recorded):
-    """The static decoder's dimensions (`llm.static_decoder.DecoderSpec`)."""
+    """The static decoder's dimensions (`llm.model.static_decoder.DecoderSpec`)."""
     n_layers: int
     n_heads: int
     n_kv_heads: int
@@ -343,7 +343,7 @@ class EmbedderPart(_Recorded):
 
 
 class ImageTiling(_Recorded):
-    """SmolVLM / Idefics3 image splitting (llm/image_tiling.py), from the folder's preprocessor config:
+    """SmolVLM / Idefics3 image splitting (llm/model/image_tiling.py), from the folder's preprocessor config:
     each image resized to `longest_edge`, cut into tiles of `tile_size` (the vision part's size, run
     once per tile) plus a global image, the prompt's `<image>` expanded as transformers' processor does."""
     splitting: bool                      # do_image_splitting; off: one tile (the global image) per image
@@ -372,7 +372,7 @@ class VisionEntry(_Recorded):
     image_token_id: int
     tokens_per_image: int
     placement: str                       # PLACEMENT_RULES key: replace_in_order
-    position_rule: str = "text"          # vlm_families.POSITION_RULES key: "mrope_grid" = M-RoPE positions (llm/mrope.py)
+    position_rule: str = "text"          # vlm_families.POSITION_RULES key: "mrope_grid" = M-RoPE positions (llm/model/mrope.py)
     grid_thw: list[int] | None = None    # mrope_grid: the image's patch grid (frames, rows, columns), fixed by image_size
     spatial_merge_size: int = 1          # patches merged per side into one image token
     image_wrap_ids: list[int] = Field(default_factory=list)   # ids put around one image's tokens (Qwen2-VL: vision start / end)
@@ -405,12 +405,12 @@ class LlmSection(_Recorded):
     memory_limit_mb: float | None = None
     weight_rounding: WeightRounding | None = None     # how the 4-bit weights were rounded (--rounding)
     quality_recipe: QualityRecipe | None = None       # the modules --max-ppl-ratio raised, and why
-    inputs: str = "tokens"               # the decoder's first input(s): tokens | embeddings | both (llm/input_modes.py)
+    inputs: str = "tokens"               # the decoder's first input(s): tokens | embeddings | both (llm/model/input_modes.py)
     no_token_id: int | None = None       # `both`: an id that looks nothing up (the position takes inputs_embeds alone)
     embedder: EmbedderPart | None = None  # `embeddings`: the part that looks text up
     full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants
     vision: VisionEntry | None = None    # a VLM bundle's vision part (pixels → the rows of the image tokens)
-    residual_scale: float = 1.0          # the graphs carry the residual stream at 1/this (llm/residual_scale.py)
+    residual_scale: float = 1.0          # the graphs carry the residual stream at 1/this (llm/model/residual_scale.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ FORMATS: tuple[BundleFormat, ...] = (
                  session=_LLM + "session:open_graph_session"),
     BundleFormat(Format.PTE, BundleKind.LLM, "llm_pte", _PTE + "compile:compile_llm_pte",
                  inspect=_ET + "inspect", run=_PTE + "verify:refuse_run", verify=_PTE + "verify:verify_llm_pte",
-                 profile=_PTE + "verify:refuse_profile", stages="modelexport.llm.pte_session:compiled_stages",
+                 profile=_PTE + "verify:refuse_profile", stages="modelexport.llm.run.pte_session:compiled_stages",
                  forwards=_PTE + "session:open_forwards", why_not=_PTE + "session:stage_why_not",
                  session=_PTE + "session:open_pte_session"),
 )

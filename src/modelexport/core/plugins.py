@@ -21,7 +21,7 @@ PLUGINS: dict[str, tuple[str, ...]] = {
     # asked in this order (a reader registered with first=True goes before the others)
     "inspector": ("modelexport.inspection.bundle_inspector", "modelexport.frontends.gguf_inspect",
                   "modelexport.frontends.hf_inspect", *modules("inspect"), "modelexport.llm.cpu.inspect"),
-    "LLM backend": ("modelexport.llm.openers", "modelexport.backends.llm_qnn.session",
+    "LLM backend": ("modelexport.llm.run.openers", "modelexport.backends.llm_qnn.session",
                     "modelexport.backends.llm_qnn.genie_generate"),
 }
 

@@ -2,7 +2,7 @@
 
 Every consumer looks a family's facts up here instead of branching on `model_type`: the frontends
 accept what a row names (`check_config` refuses the rest before any weight is read), the NPU
-static decoder (`llm/static_decoder.py`) picks its norm, activation, projections, RoPE and mask
+static decoder (`llm/model/static_decoder.py`) picks its norm, activation, projections, RoPE and mask
 from the row, the CPU export (`llm/cpu/export.py`) builds the rows marked `cpu`, and `inspect`
 shows the row. A new family starts as a row here. It lives in `frontends/` because that is the
 lowest part that needs it; `llm/` and `backends/` import it from here.
@@ -16,7 +16,7 @@ from ..core.errors import InputError
 
 # RMSNorm variants: the constant added to the learned weight (Gemma stores w and multiplies by 1 + w).
 NORM_WEIGHT_OFFSET = {"rms": 0.0, "rms_one_plus": 1.0}
-# MLP activations the builders implement (their functions are in llm/static_decoder.py's table).
+# MLP activations the builders implement (their functions are in llm/model/static_decoder.py's table).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # How a token embedding is scaled before the first layer.
 EMBEDDING_SCALES = ("none", "sqrt_hidden")

@@ -33,7 +33,7 @@ TOKEN_COUNT_RULES = ("pixel_shuffle", "clip_patches", "merged_grid")
 # reshapes to windows (transformers pads the grid to whole windows and drops the padding: smaller edge windows).
 IMAGE_SIZE_RULES = ("vision_config", "processor_max_pixels")
 # What positions the image tokens take: "text" (one per token, as any text), "mrope_grid" (M-RoPE: the
-# merged grid's (t, row, column), the text after it from the image's largest position + 1: llm/mrope.py).
+# merged grid's (t, row, column), the text after it from the image's largest position + 1: llm/model/mrope.py).
 POSITION_RULES = ("text", "mrope_grid")
 # How the projector's rows enter the text: "replace_in_order": the i-th image token of the prompt is
 # replaced by the i-th row (transformers' masked_scatter in both families); the prompt already holds

@@ -1,7 +1,7 @@
 """Hugging Face vision-language folders (SmolVLM / Idefics3): loaded offline after the VLM table has
 accepted their configs, and split into what the LLM path already builds: the text model becomes a
 plain causal-LM folder (its family's `*ForCausalLM`, weights and tokenizer copied), the vision tower
-and projector stay in the loaded model for the vision part (llm/vision_part.py)."""
+and projector stay in the loaded model for the vision part (llm/model/vision_part.py)."""
 from __future__ import annotations
 
 import shutil
@@ -79,7 +79,7 @@ def write_text_folder(model, family: VLMFamily, source: Path, dest: Path) -> Pat
 
 
 
-# Families whose processor splits images into tiles (llm/image_tiling.py); the tokens its prompt needs.
+# Families whose processor splits images into tiles (llm/model/image_tiling.py); the tokens its prompt needs.
 TILING_FAMILIES = {"idefics3": ("<image>", "<fake_token_around_image>", "<global-img>")}
 
 

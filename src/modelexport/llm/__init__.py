@@ -1,6 +1,7 @@
-"""LLM support: loaded models (`loaded`), the fixed-shape NPU decoder (`static_decoder`) and its
-pure-torch reference loop (`static_runner`), tokenizers, sampling, the generation loop, and the
-runtimes that generate text on this host.
+"""LLM support, by job: `model/` (the fixed-shape NPU decoder `static_decoder`, input modes, RoPE
+positions, residual scale, parts, the vision part), `export/` (the recipe both LLM formats share),
+`run/` (the generation loop, sampling, tokenizers, text, the pure-torch reference loop `static_runner`,
+the runtimes' openers) and `cpu/` (the CPU runtime that generates text on this host).
 
     import modelexport.llm as llm
     model = llm.load("SmolLM2-135M-Instruct.Q4_1.gguf")       # CPU runtime (ExecuTorch XNNPACK, 8da4w)
@@ -24,10 +25,11 @@ from ..core.registry import Registry
 
 # The generation loop imports torch (seconds). `modelexport.frontends.loaded_llm` is read by the GGUF and
 # HF frontends on every compile, which must not pay that: these names load on first use.
-_LAZY = {**{n: "generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationResult",
-                                    "GenerationStats", "Generator", "StaticGraphSession", "TokenStream")},
-         "GenerationConfig": "generation_config", "SamplingConfig": "generation_config", "Sampler": "sampling",
-         "Tokenizer": "tokenizers", "check_vocab": "tokenizers", "load_tokenizer": "tokenizers"}
+_LAZY = {**{n: "run.generate" for n in ("ChatSession", "DecoderSession", "Forward", "GenerationResult",
+                                        "GenerationStats", "Generator", "StaticGraphSession", "TokenStream")},
+         "GenerationConfig": "run.generation_config", "SamplingConfig": "run.generation_config",
+         "Sampler": "run.sampling", "Tokenizer": "run.tokenizers", "check_vocab": "run.tokenizers",
+         "load_tokenizer": "run.tokenizers"}
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())
@@ -96,7 +98,7 @@ def _norm(options: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # backends: name -> opener(source, options) -> LLM
-# The CPU opener is here (llm.openers); the simulator's comes with the format that writes LLM bundles.
+# The CPU opener is here (llm.run.openers); the simulator's comes with the format that writes LLM bundles.
 LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backend", plugins="LLM backend")
 
 
@@ -120,8 +122,8 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
 def attach_tokenizer(session: DecoderSession, tokenizer: Tokenizer, *, backend: str, info: dict[str, Any],
                      extra_eos_ids: Sequence[int] = ()) -> LLM:
     """The common last step of every backend: check the tokenizer fits the model, wrap both."""
-    from .generate import Generator
-    from .tokenizers import check_vocab
+    from .run.generate import Generator
+    from .run.tokenizers import check_vocab
     if session.vocab_size:
         check_vocab(tokenizer, session.vocab_size, where=f"the model ({info.get('model') or backend})")
     info = {**info, "tokenizer": tokenizer.describe(), "max_seq_len": session.max_seq_len}

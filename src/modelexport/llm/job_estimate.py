@@ -90,7 +90,7 @@ def config_from_shape(shape: dict) -> SimpleNamespace:
 
 
 def n_params_of(cfg) -> int:
-    from .parts import layer_params
+    from .model.parts import layer_params
     embed = cfg.vocab_size * cfg.hidden_size
     tied = getattr(cfg, "tie_word_embeddings", False)
     norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
@@ -104,7 +104,7 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
     `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`).
     `embedder`: the embedder part's precision when the bundle has one (fp16 | 8bit), else None."""
-    from .parts import host_chunks, host_part_bytes
+    from .model.parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
     part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales

@@ -10,7 +10,7 @@ batching over matrices of one shape still pays on small models (SmolLM2: 2 windo
 
 The layer inputs are the float model's (as the whole-model hooks see them), not those of the
 layers already rounded: the result is the same rounding as the all-at-once path's. A bf16-held
-model is lifted to float32 one layer at a time (llm/weight_dtype.py), and its hidden states are
+model is lifted to float32 one layer at a time (llm/export/weight_dtype.py), and its hidden states are
 float32 throughout.
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def round_layer_by_layer(model, batches, names: list[str], rounding, block: int,
     import time
 
     from ..quant.input_moments import record_input_moments
-    from .weight_dtype import in_float32
+    from .export.weight_dtype import in_float32
 
     layers, prefix = decoder_layers(model)
     per_layer = [[n for n in names if n.startswith(f"{prefix}.{i}.")] for i in range(len(layers))]

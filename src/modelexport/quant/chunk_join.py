@@ -1,6 +1,6 @@
 """Consecutive chunks of one decoder part, each quantized on its own, joined into the part's graph.
 
-The host exports and quantizes a part in chunks of a few layers (`llm/parts.host_chunks`), so what
+The host exports and quantizes a part in chunks of a few layers (`llm/model/parts.host_chunks`), so what
 one process holds grows with the chunk, not with the part; the HTP still gets one graph per part.
 The join is exact: a chunk boundary is the residual stream, which the QDQ graphs keep float (the
 residual adds and norms are float nodes, see `llm_graphs.FLOAT_NODES`), so chunk k's

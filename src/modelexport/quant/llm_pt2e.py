@@ -239,7 +239,7 @@ def pin_rounded_weights(prepared, rounded: dict, block: int) -> dict[str, int]:
 def save_converted(converted, example_inputs: tuple, path) -> None:
     """A method's converted (fake-quant) graph as a `.pt2` (`torch.export`), the `.pte` bundle's
     fake-quant stage: what quantization alone does, run on the CPU by `eval` and `verify`
-    (`llm.pte_session.load_fake_quant` reads it back)."""
+    (`llm.run.pte_session.load_fake_quant` reads it back)."""
     import torch
     _drop_unused_tensors(converted)
     torch.export.save(torch.export.export(converted, example_inputs, strict=False), str(path))

@@ -28,7 +28,7 @@ import torch
 from ..core.errors import InputError
 from ..core.formats import BundleFormat, bundle_format
 from ..core.vocab import BundleKind, Format, Role
-from ..llm.static_runner import StaticRunner
+from ..llm.run.static_runner import StaticRunner
 
 STAGES = ("float", "fake-quant", "htp-sim", "cpu")
 BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
@@ -116,7 +116,7 @@ class CpuProgramRunner:
 
 def float_runner(source: Path, max_seq_len: int, n_tokens: list[int]) -> tuple[StaticRunner, Any]:
     from ..frontends import find_frontend
-    from ..llm.static_decoder import StaticDecoderConfig, build_static_decoder
+    from ..llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     llm = find_frontend(str(source)).load(str(source))
     dec = build_static_decoder(llm.model, StaticDecoderConfig(max(n_tokens), max_seq_len))
     return StaticRunner.from_decoder(dec, n_tokens), llm
@@ -142,7 +142,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     (float and cpu stages) or an ExecuTorch LLM `.pte` (cpu). Scoring starts at `from_token` of the
     text, by default after every token compile read of it (held_out_span)."""
     from ..contract.bundle import open_bundle
-    from ..llm.text import read_text, tokenize
+    from ..llm.run.text import read_text, tokenize
     say = progress or (lambda m: None)
     src = Path(model)
     if not src.exists():
@@ -162,7 +162,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     else:
         _check_llm_source(src)
         if max_seq_len:
-            from ..llm.openers import require_context
+            from ..llm.run.openers import require_context
             require_context(src, max_seq_len)    # before any weight is loaded
         seq = max_seq_len or window
         variants = [32, 1] if seq > 32 else [1]
@@ -191,10 +191,10 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             recorded_source(bundle.manifest, "the float stage")
         say("loading the float model")
         flt, loaded = float_runner(source, seq, variants)
-        from ..llm.tokenizers import from_transformers
+        from ..llm.run.tokenizers import from_transformers
         tok = from_transformers(loaded.tokenizer, chat_template=loaded.chat_template)
     if bundle is not None:
-        from ..llm.tokenizers import load_tokenizer
+        from ..llm.run.tokenizers import load_tokenizer
         tok_file = next(bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER)
         tok = load_tokenizer(tok_file)
     cpu = None

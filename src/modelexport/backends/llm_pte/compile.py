@@ -21,10 +21,10 @@ from ...frontends.vlm_folder import is_vlm_folder
 from ...llm.export.plan import DEFAULT_CALIBRATION_SAMPLES, DEFAULT_VARIANTS, FULL, parse_variants, quality_options
 from ...llm.export.source import check_source
 from ...llm.export.weights import WeightRequest, plan_weights
-from ...llm.input_modes import DEFAULT_INPUT_MODE, get_input_mode
-from ...llm.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
-from ...llm.pte_numerics import manifest_numerics
-from ...llm.text import read_text
+from ...llm.model.input_modes import DEFAULT_INPUT_MODE, get_input_mode
+from ...llm.model.pte_methods import check_tied, constant_methods, method_graphs, method_name, pte_records
+from ...llm.run.pte_numerics import manifest_numerics
+from ...llm.run.text import read_text
 from ...llm.weight_quality import four_bit_linears, plan_weights as round_weights
 from ...quant.block_weights import load_rounded
 from ...quant.llm_pt2e import (LLM_PTE_PRECISIONS, MAX_ROPE_GATHER, check_pte_request, llm_quant_plan, quantize_methods,
@@ -131,7 +131,7 @@ def _drop_provenance(gm) -> None:
 
 
 def read_program(data: bytes, methods: list[str]) -> dict:
-    from ...llm.pte_methods import check_program
+    from ...llm.model.pte_methods import check_program
     from ..executorch_qnn.inspect import read_pte
     return check_program(read_pte(data), methods)
 
@@ -185,10 +185,10 @@ def _build(src: Path, plan, variants: list[int], max_seq_len: int, socs: list[So
     import tempfile
 
     from ...frontends import find_frontend
-    from ...llm.openers import require_context
-    from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
-    from ...llm.text import tokenize
-    from ...llm.tokenizers import from_transformers
+    from ...llm.run.openers import require_context
+    from ...llm.model.static_decoder import StaticDecoderConfig, build_static_decoder, split_rope_lookups
+    from ...llm.run.text import tokenize
+    from ...llm.run.tokenizers import from_transformers
     from ..executorch_qnn.specs import qnn_ready
     from ...llm.export.calibrate import calibration_samples   # torch
     from .session import load_program
@@ -284,8 +284,8 @@ def _round_weights(model, tok, text, max_seq_len: int, plan, quality, opts, say)
 
 def _numerics(twin_program, graphs: dict, decoders: dict) -> dict:
     """{method: {"A vs B": agreement}} of float, fake-quant and the twin on each method's first calibration sample."""
-    from ...llm.pte_numerics import compare_stages
-    from ...llm.pte_session import PteForward
+    from ...llm.run.pte_numerics import compare_stages
+    from ...llm.run.pte_session import PteForward
     forwards = {m: {"float": dec, "fake-quant": graphs[m], "htp-sim": PteForward(twin_program, m)}
                 for m, (dec, _) in decoders.items()}
     return compare_stages(forwards, {m: [s] for m, (_, s) in decoders.items()},
@@ -296,7 +296,7 @@ def _numerics(twin_program, graphs: dict, decoders: dict) -> dict:
 class _Request:
     """What was asked (checked by `_check`), as the bundle records it."""
     facts: Any              # llm.export.source.check_source: the GGUF file or HF folder
-    text: Any               # the calibration text (llm.text.read_text)
+    text: Any               # the calibration text (llm.run.text.read_text)
     socs: list[SoC]
     variants: list[int]
     max_seq_len: int
@@ -340,7 +340,7 @@ def _write_bundle(out: Path, force: bool, t_start: float, req: _Request, built: 
 
 def _add_programs(a: BundleAssembler, soc: SoC, req: _Request, built: dict, fake_quant: dict) -> tuple:
     """One SoC's weight-shared .pte and its unshared host twin, a graph per method → (the weight-sharing
-    record, the .pte record), both read back from the programs (llm.pte_methods)."""
+    record, the .pte record), both read back from the programs (llm.model.pte_methods)."""
     plan, max_seq_len = built["plan"], req.max_seq_len
     (data, info), (twin_data, twin_info) = built["programs"][soc.name]["shared"], built["programs"][soc.name]["twin"]
     rel = f"{soc.name}/{built['architecture']}_{plan.precision.name}_cl{max_seq_len}.pte"

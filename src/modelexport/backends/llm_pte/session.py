@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core.errors import ToolchainError, clip
-from ...llm.pte_session import PTE_STAGES, pte_forwards, pte_session
+from ...llm.run.pte_session import PTE_STAGES, pte_forwards, pte_session
 from ...toolchain.native_io import native_stdout_to_stderr
 from ..executorch_qnn.specs import qnn_ready
 

@@ -17,11 +17,11 @@ from ...core.errors import InputError, UnsupportedError
 from ...frontends import find_frontend
 from ...frontends.source_hash import recorded_source
 from ...llm.export.calibrate import calibration_samples
-from ...llm.pte_numerics import JUDGED, compare_stages, manifest_numerics
-from ...llm.pte_session import compiled_stages, program_of, stage_forwards
-from ...llm.static_decoder import StaticDecoderConfig, build_static_decoder
-from ...llm.text import recorded_text, tokenize
-from ...llm.tokenizers import from_transformers
+from ...llm.run.pte_numerics import JUDGED, compare_stages, manifest_numerics
+from ...llm.run.pte_session import compiled_stages, program_of, stage_forwards
+from ...llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+from ...llm.run.text import recorded_text, tokenize
+from ...llm.run.tokenizers import from_transformers
 from ...quant.precision import pass_mark
 from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport
 from .session import load_program

@@ -79,7 +79,7 @@ def sampler_block(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, 
 # Graph inputs a Genie dialog does not feed, and why: a dialog it refuses for them ("Could not find I/O
 # tensors") is a known limit recorded in dialog_note, not a failed build.
 GENIE_UNFED_INPUTS = {
-    "rope_position_ids": "the decoder takes M-RoPE positions (rope_position_ids, llm/mrope.py), which a Genie dialog "
+    "rope_position_ids": "the decoder takes M-RoPE positions (rope_position_ids, llm/model/mrope.py), which a Genie dialog "
                          "does not feed: Genie's own M-RoPE option (positional-encoding rope with rope-scaling rope-type "
                          "qwen2vl-mrope, mrope-section, spatial-merge-size) computes the angles itself and feeds graphs "
                          "taking position_ids_cos / position_ids_sin (not built here); run it with --backend htp-sim",

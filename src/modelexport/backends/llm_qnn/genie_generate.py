@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 from ...core.errors import InputError, UnsupportedError
 from ...llm import LLM, LLM_BACKENDS, LoadOptions
-from ...llm.generate import GenerationConfig, GenerationResult, GenerationStats, TokenStream, _config_with
-from ...llm.tokenizers import StreamDecoder
+from ...llm.run.generate import GenerationConfig, GenerationResult, GenerationStats, TokenStream, _config_with
+from ...llm.run.tokenizers import StreamDecoder
 from .genie_dialog import genie_tokens, sampler_block
 from .session import bundle_tokenizer, open_compiled_bundle
 

@@ -27,13 +27,13 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from ...frontends import find_frontend
     from ...quant.precision import pass_mark
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
-    from ...llm.text import tokenize
+    from ...llm.run.text import tokenize
     from ...llm.export.calibrate import calibration_samples, full_context_samples, part_samples, with_input_mode
     from ...llm.export.onnx_export import DecoderPart, PartRange, export_part
     from ...frontends.module_paths import llm_module_path
-    from ...llm.input_modes import get_input_mode
-    from ...llm.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
-    from ...llm.tokenizers import from_transformers
+    from ...llm.model.input_modes import get_input_mode
+    from ...llm.model.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
+    from ...llm.run.tokenizers import from_transformers
 
     if inputs:
         raise InputError("--input is not used for LLM bundles", "per-layer numerics run on the bundle's calibration text; leave --input out")
@@ -55,7 +55,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
 
     t0 = time.perf_counter()
     from ...frontends.source_hash import recorded_source
-    from ...llm.text import recorded_text
+    from ...llm.run.text import recorded_text
     src = recorded_source(m, "per-layer numerics")
     text = recorded_text(m, "per-layer numerics")
     llm = find_frontend(str(src)).load(str(src))

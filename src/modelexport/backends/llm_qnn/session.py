@@ -20,13 +20,13 @@ from ...core.errors import InputError, clip
 from ...core.formats import bundle_format
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
-from ...llm.generate import StaticGraphSession
-from ...llm.openers import open_llm_bundle, source_kind
-from ...llm.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
-from ...llm.mrope import ROPE_POSITION_IDS, RopePositions
-from ...llm.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
-from ...llm.tokenizers import load_tokenizer
-from ...llm.vision_inputs import place_rows_at_positions
+from ...llm.run.generate import StaticGraphSession
+from ...llm.run.openers import open_llm_bundle, source_kind
+from ...llm.model.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
+from ...llm.model.mrope import ROPE_POSITION_IDS, RopePositions
+from ...llm.model.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
+from ...llm.run.tokenizers import load_tokenizer
+from ...llm.run.vision_inputs import place_rows_at_positions
 from ...toolchain.simulator_memory import variants_that_fit
 from ..ort_qnn.run import check_runtime
 
@@ -44,7 +44,7 @@ class _PartSession:
 class ChainedForward:
     """A `Forward` over the parts of one arN graph (or the full-context graph: no caches in or out),
     after the embedder part when the bundle's input mode has one: it takes token ids, and the first
-    part gets what its input mode takes for text (llm/input_modes.text_inputs)."""
+    part gets what its input mode takes for text (llm/model/input_modes.text_inputs)."""
 
     def __init__(self, parts: list[_PartSession], n_layers: int, mode: InputMode = INPUT_MODES["tokens"],
                  embedder: object | None = None, hidden_size: int = 0):
@@ -54,11 +54,11 @@ class ChainedForward:
         self.embedder = embedder
         self.hidden_size = hidden_size
         self.calls = 0
-        # a VLM prompt's image rows by absolute position (llm/vision_inputs.py): they replace the
+        # a VLM prompt's image rows by absolute position (llm/run/vision_inputs.py): they replace the
         # embedding there; `both` feeds that position's id as no_token_id (it looks nothing up)
         self.image_rows: dict[int, np.ndarray] = {}
         self.no_token_id: int | None = None
-        # M-RoPE graphs (rope_position_ids for positions): the 3-axis positions by slot (llm/mrope.py); text by default
+        # M-RoPE graphs (rope_position_ids for positions): the 3-axis positions by slot (llm/model/mrope.py); text by default
         self.rope_positions = RopePositions.text()
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ DECODER_FIX = ("the decoders: `modelexport verify BUNDLE --per-layer` (every dec
 
 def vision_samples(bundle, v, inputs, max_samples: int | None) -> tuple[list[np.ndarray], str]:
     """pixel_values [1, 3, S, S] per sample and how they were chosen."""
-    from ...llm.vision_inputs import load_pixels
+    from ...llm.run.vision_inputs import load_pixels
     if inputs:
         return [load_pixels(p, v.image_size, v.mean, v.std, v.rescale_factor)[0] for p in inputs], "given images"
     stored = f"{VISION_PART}/verify_inputs.npz"

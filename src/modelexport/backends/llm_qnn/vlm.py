@@ -59,7 +59,7 @@ class VisionSide:
 def folder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends.vlm_families import read_vision_facts
     from ...frontends.vlm_folder import load_vlm, read_image_tiling, write_text_folder
-    from ...llm.vision_part import VisionPart, export_vision_part
+    from ...llm.model.vision_part import VisionPart, export_vision_part
     folder = Path(spec.model)
     family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
     tiling = read_image_tiling(folder, family, facts)
@@ -79,7 +79,7 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
 
 def encoder_side(spec, opts, sizing: dict) -> VisionSide:
     from ...frontends import vision_encoder_onnx as enc_onnx
-    from ...llm.tokenizers import load_tokenizer
+    from ...llm.run.tokenizers import load_tokenizer
     from ...frontends.vlm_folder import is_vlm_folder
     from ...llm.export.source import check_source
     if is_vlm_folder(spec.model):
@@ -115,7 +115,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
     `opts.vision_encoder`. `compile_text(spec, out, opts, force, progress)` is the LLM compile."""
     from ...contract.bundle import BundleWriter, open_bundle
     from ...core.atomic import check_output
-    from ...llm.input_modes import get_input_mode
+    from ...llm.model.input_modes import get_input_mode
 
     # the context the default image size leaves room in; handed to the text compile so both agree
     sizing = dict(image_size=opts.image_size, max_seq_len=max_seq_len_of(opts.max_seq_len))
@@ -142,7 +142,7 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         calib, calib_what = write_vision_calibration(photos, work / "vision_calibration.npz")
         rows = None
         if CALIBRATE_IMAGE_POSITIONS:
-            from ...llm.tokenizers import load_tokenizer
+            from ...llm.run.tokenizers import load_tokenizer
             blocks = image_blocks(photos, facts, tiling, load_tokenizer(text_model), sizing["max_seq_len"])
             rows = write_image_rows(vision_onnx, photos, blocks, facts, work / "image_rows.npz")
         text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
@@ -270,7 +270,7 @@ def vision_check(job: dict) -> dict:
     import onnxruntime as ort
 
     from ...core.numerics import compare
-    from ...llm.vision_inputs import load_pixels
+    from ...llm.run.vision_inputs import load_pixels
     from ...toolchain.htp_options import run_provider_options
     from ...core.targets import get_target
     from ...toolchain.ort_qnn import SessionPlan, create_session

@@ -1,13 +1,13 @@
 """What a VLM bundle's parts are calibrated on: the offline photos as the runtime will show them.
 
 The vision part runs on what `generate --image` makes of a photo (vision_session): for a bundle that
-splits images (SmolVLM / Idefics3, llm/image_tiling.py) the tiles and the global view, each one tile of
+splits images (SmolVLM / Idefics3, llm/model/image_tiling.py) the tiles and the global view, each one tile of
 the processor's resampling; otherwise the whole photo resized to the tower's size. So it is calibrated
 on those views of the calibration photos (each photo also mirrored), at most VISION_CALIBRATION_SAMPLES
 of them. The text decoder's image windows (calibration.ImageRows) get the same photos' block of prompt
 ids (the tiles' markers and image tokens, or the family's wrap ids around the image tokens) with the
 float vision part's rows of those views at the image tokens, and, for an M-RoPE family (Qwen2-VL),
-the grid positions those rows take at run time (llm/mrope.rope_index).
+the grid positions those rows take at run time (llm/model/mrope.rope_index).
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def calibration_images(facts, tiling: dict | None) -> list[CalibrationImage]:
     runtime does it: split into tiles + the global view when the bundle tiles, else resized (bicubic)."""
     from PIL import Image, ImageOps
 
-    from ...llm.image_tiling import normalize, split_image
-    from ...llm.vision_inputs import load_pixels
+    from ...llm.model.image_tiling import normalize, split_image
+    from ...llm.run.vision_inputs import load_pixels
     from ...zoo.assets import sample_images
     out = []
     for name, path in sample_images().items():
@@ -84,8 +84,8 @@ def image_blocks(images: list[CalibrationImage], facts, tiling: dict | None, tok
     at the block's image tokens, in order. A split image whose block would take more than half the
     context (the runtime refuses it there; --no-image-splitting is the way out) gives its global view's
     block instead."""
-    from ...llm.image_tiling import TileGrid, image_text
-    from ...llm.vision_inputs import image_prompt_ids
+    from ...llm.model.image_tiling import TileGrid, image_text
+    from ...llm.run.vision_inputs import image_prompt_ids
     out = []
     for im in images:
         if tiling is None:

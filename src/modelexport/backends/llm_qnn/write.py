@@ -21,7 +21,7 @@ from ...core.targets import get_target
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...llm.export.memory import host_part_mb
 from ...llm.export.plan import LlmPlan
-from ...llm.input_modes import get_input_mode
+from ...llm.model.input_modes import get_input_mode
 from ...toolchain.genie import validate_genie_config
 from ...toolchain.qnn_graph_order import in_part_order
 from ...toolchain.worker_pool import run_jobs
@@ -298,7 +298,7 @@ def _llm_section(plan: LlmPlan, qmeta: dict, weight_sharing: dict[str, WeightSha
 
 
 def _input_facts(qmeta: dict, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:
-    """The LLM section's input-mode fields (llm/input_modes.py) and the full-context flag."""
+    """The LLM section's input-mode fields (llm/model/input_modes.py) and the full-context flag."""
     mode = get_input_mode(qmeta.get("inputs"))
     return {"inputs": mode.name, "embedder": embedder, "full_context": max_seq_len in variants,
             "no_token_id": qmeta.get("no_token_id", spec["vocab_size"]) if mode.name == "both" else None}

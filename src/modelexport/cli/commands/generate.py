@@ -125,7 +125,7 @@ def generate(
 def _generate_with_image(model, images: list[Path], prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
                          json_out: bool, quiet: bool, image_splitting: bool | None) -> None:
     from ...backends.llm_qnn.vision_session import generate_with_image
-    from ...llm.openers import source_kind
+    from ...llm.run.openers import source_kind
     if chat:
         raise InputError("--image answers one prompt; --chat is not offered with it", "drop --chat")
     if source_kind(Path(model)) != "bundle":

@@ -644,7 +644,7 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
             progress("loading the weights")
         llm = load_llm() if load_llm else _load_source(source)
         t_load = time.perf_counter() - t0
-        from ..tokenizers import from_transformers
+        from ..run.tokenizers import from_transformers
         tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids(),
                                 source=str(source))
         tok.save(tmp)

@@ -70,7 +70,7 @@ HANDLED_ELSEWHERE = ("model_type", "label", "gguf_architectures", "gguf_config_k
                      "gguf_partial_rotary",
                      "npu", "cpu", "cpu_missing", "qkv_bias",
                      "attention_bias_on_o_proj", "activation_field", "rope_types", "nope_layers_field", "sliding",
-                     # the CPU program takes text only, where M-RoPE's three axes are equal: plain RoPE (llm/mrope.py)
+                     # the CPU program takes text only, where M-RoPE's three axes are equal: plain RoPE (llm/model/mrope.py)
                      "mrope_field",
                      *FUSED_ROWS, *EXPRESSED_FIELDS)
 _ROW_DEFAULTS = LLMFamily("", "", (), npu=False, cpu=False).facts()

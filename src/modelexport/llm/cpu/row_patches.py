@@ -27,7 +27,7 @@ import types
 import torch
 
 from ...frontends.llm_families import LLMFamily, rope_slots, sliding_layers
-from ..static_decoder import soft_cap
+from ..model.static_decoder import soft_cap
 
 # the row fields this module expresses (hf_layout.unexpressed_fields reads it)
 EXPRESSED_FIELDS = ("sandwich_norms", "embedding_scale", "query_scale_field", "attn_softcap_field",

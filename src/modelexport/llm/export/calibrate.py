@@ -23,13 +23,13 @@ import torch
 
 from ...core.cache import Cache
 from ...core.errors import CalibrationError
-from ..input_modes import get_input_mode, text_inputs
-from ..mrope import ROPE_POSITION_IDS, RopePositions, rope_index
-from ..residual_scale import residual_scale_for, watching_peak
-from ..static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
+from ..model.input_modes import get_input_mode, text_inputs
+from ..model.mrope import ROPE_POSITION_IDS, RopePositions, rope_index
+from ..model.residual_scale import residual_scale_for, watching_peak
+from ..model.static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
                               make_position_ids, new_key, new_value, past_key, past_value)
-from ..static_runner import StaticRunner
-from ..weight_dtype import float32_per_module
+from ..run.static_runner import StaticRunner
+from .weight_dtype import float32_per_module
 from .plan import LlmPlan
 
 
@@ -42,7 +42,7 @@ class ImageRows:
     with `rows[i]` [k, hidden] (the float vision part's rows of what the runtime shows the vision part) at
     its k image tokens, so the image positions' activations and the caches they leave are in the ranges.
     `grid`: (grid_thw, merge) of an M-RoPE family: an image window's positions are its M-RoPE grid
-    positions (llm/mrope.rope_index), as at run time; text windows keep text positions."""
+    positions (llm/model/mrope.rope_index), as at run time; text windows keep text positions."""
 
     def __init__(self, image_token_id: int, blocks: list[list[int]], rows: list[np.ndarray],
                  grid: tuple[tuple[int, int, int], int] | None = None):
@@ -123,7 +123,7 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     over every cache the text produced (inputs and outputs of every variant), under both names.
     `images`: the text is first given image blocks (ImageRows.stream) and each sample records the
     `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them). `stream_peak`,
-    when given, gets the residual stream's largest |x| as "max" (llm/residual_scale.py)."""
+    when given, gets the residual stream's largest |x| as "max" (llm/model/residual_scale.py)."""
     big = max(variants)
     dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()
@@ -143,7 +143,7 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
         if images is not None:
             images.start_call(inputs[1])     # the runner's (input_ids, position_ids, mask, *caches)
             dec.rope_positions = images.rope_positions()
-        inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: the window's positions on three axes (llm/mrope.py)
+        inputs = dec.graph_inputs(inputs)   # M-RoPE decoders: the window's positions on three axes (llm/model/mrope.py)
         named = dict(zip(names, inputs))
         if images is not None:
             placed.pop("embeds", None)
@@ -231,7 +231,7 @@ def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int)
 
 
 def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_size: int) -> list[dict[str, np.ndarray]]:
-    """Token samples as the input mode's decoder takes them (llm/input_modes.text_inputs); `lookup`:
+    """Token samples as the input mode's decoder takes them (llm/model/input_modes.text_inputs); `lookup`:
     ids → the float decoder's embeddings. A sample that recorded its `inputs_embeds` (image rows in
     them: ImageRows) keeps them."""
     if mode.decoder_inputs == ("input_ids",):
@@ -266,7 +266,7 @@ class LlmCalibration:
     """The calibrate stage's hand-off. `samples` ({N: token inputs of the full decoder}) is handed
     over: the graphs stage takes each variant's out of it (with their caches they are the largest
     thing the parent holds). `kv_ranges`: one tied range per layer's cache (Genie); `residual_scale`:
-    the residual stream's (llm/residual_scale.py); `counts`: samples per variant, for the manifest."""
+    the residual stream's (llm/model/residual_scale.py); `counts`: samples per variant, for the manifest."""
     samples: dict[int, list[dict[str, np.ndarray]]]
     kv_ranges: dict[str, list[float]]
     residual_scale: float
@@ -303,7 +303,7 @@ def _image_rows(image_calibration: str | None, inputs: str, report) -> ImageRows
 
 
 def residual_scale(stream_peak: dict, done_entries: list, report) -> float:
-    """The residual stream's scale (llm/residual_scale.py): from this calibration's peak, or, when every
+    """The residual stream's scale (llm/model/residual_scale.py): from this calibration's peak, or, when every
     graph was quantized before (no calibration ran), the one those graphs were exported with."""
     if "max" not in stream_peak:
         return float(next((Cache.meta(e).get("residual_scale", 1.0) for e in done_entries if e), 1.0))

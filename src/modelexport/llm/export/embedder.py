@@ -60,7 +60,7 @@ def build_embedders(model, variants: list[int], max_seq_len: int, token_ids: lis
     {"precision", "what", "graphs": [{"name", "n_tokens", "graph"}], "check_ids"}."""
     import torch
 
-    from ..static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config   # torch
+    from ..model.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config   # torch
     from .onnx_export import export_embedder                                           # torch
 
     prec = get_embedder_precision(precision)

@@ -22,12 +22,12 @@ from ...core.cache import Cache
 from ...frontends import find_frontend
 from ...quant.precision import get_precision
 from ...toolchain.worker_pool import WorkerPool, raise_first_error
-from ..input_modes import InputMode, get_input_mode, no_token_id
-from ..parts import host_chunks
-from ..static_decoder import ONNX_RMS_NORM, DecoderSpec, build_static_decoder, decoder_config
-from ..text import tokenize
-from ..tokenizers import from_transformers
-from ..weight_dtype import in_float32, part_modules, store_bf16
+from ..model.input_modes import InputMode, get_input_mode, no_token_id
+from ..model.parts import host_chunks
+from ..model.static_decoder import ONNX_RMS_NORM, DecoderSpec, build_static_decoder, decoder_config
+from ..run.text import tokenize
+from ..run.tokenizers import from_transformers
+from .weight_dtype import in_float32, part_modules, store_bf16
 from .calibrate import LlmCalibration, calibrate, part_samples, with_input_mode
 from .embedder import build_embedders
 from .memory import plan_parts
@@ -59,7 +59,7 @@ class QdqJob:
 @dataclass(frozen=True)
 class LoadedModel:
     llm: Any                 # frontends.loaded_llm.LoadedLLM
-    tok: Any                 # llm.tokenizers.Tokenizer
+    tok: Any                 # llm.run.tokenizers.Tokenizer
     mode: InputMode
     ids: list[int]           # the calibration text's tokens
     no_token_id: int
@@ -71,7 +71,7 @@ class LoadedModel:
 class GraphLayout:
     """The parts (the per-context memory limit's split), each part's host chunks, the names, and the
     chunk graphs a killed compile finished before (`done`)."""
-    parts: list                              # llm.parts.PartRange
+    parts: list                              # llm.model.parts.PartRange
     memory: dict                             # {N: [memory.GraphMemory per part]}
     names: dict[tuple[int, int], str]        # {(N, part): graph name}
     chunks: dict[int, list]                  # {part: [chunk PartRange]}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..parts import decoder_shape, host_part_bytes, layer_params, split_layers
+from ..model.parts import decoder_shape, host_part_bytes, layer_params, split_layers
 
 DEFAULT_CONTEXT_LIMIT_MB = 2048.0
 DEFAULT_HOST_PART_MB = 1280.0     # float32 weights of one part's layers: what one QNN compile holds

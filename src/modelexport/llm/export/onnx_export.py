@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..input_modes import INPUT_IDS, INPUTS_EMBEDS
-from ..static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
-from ..parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
+from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
+from ..model.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
+from ..model.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
 # the opset the QDQ graphs need (int4 and uint16 Q/DQ, block-wise DequantizeLinear). The graph is
@@ -37,8 +37,8 @@ QUANT_OPSET = 21
 
 def part_input_names(part, first_inputs: tuple[str, ...] = (INPUT_IDS,), caches: bool = True,
                      mrope: bool = False) -> list[str]:
-    """`first_inputs`: the input mode's (llm/input_modes.py), taken by the first part; `caches` False:
-    the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/mrope.py)."""
+    """`first_inputs`: the input mode's (llm/model/input_modes.py), taken by the first part; `caches` False:
+    the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/model/mrope.py)."""
     first = list(first_inputs) if part.is_first else ["hidden_states"]
     L = part.layers() if caches else range(0)
     return [*first, position_input_name(mrope), "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
@@ -114,12 +114,12 @@ def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path
     the data file and made an initializer. Exporting the weights held them three times more at once
     (the serialized model inside the exporter, its bytes, the model read back): 4x the part's float32
     weights at the peak, ~1.8x now (one Llama-3.2-1B layer: +0.92 GB before, +0.41 GB now)."""
-    from ..weight_dtype import part_modules
+    from .weight_dtype import part_modules
     return _export(DecoderPart(decoder, part).eval(), part_modules(decoder, part), out_path)
 
 
 class TokenEmbedder(nn.Module):
-    """The embedder part of an embeddings-in bundle (llm/input_modes.py): input_ids [1, N] → the
+    """The embedder part of an embeddings-in bundle (llm/model/input_modes.py): input_ids [1, N] → the
     embeddings entering layer 0 [1, N, hidden], the family's scale applied (the decoder's own lookup)."""
 
     def __init__(self, decoder: StaticDecoder):
@@ -147,7 +147,7 @@ def export_embedder(decoder: StaticDecoder, out_path: Path) -> Path:
 def _export(mod: nn.Module, modules: list[nn.Module], out_path: Path) -> Path:
     import onnx
 
-    from ..weight_dtype import in_float32
+    from .weight_dtype import in_float32
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():

@@ -21,8 +21,8 @@ from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrid
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...quant.weight_rounding import default_rounding, get_rounding
 from ...toolchain.htp_options import check_knobs
-from ..input_modes import get_input_mode
-from ..text import TextSource, read_text
+from ..model.input_modes import get_input_mode
+from ..run.text import TextSource, read_text
 from .embedder import get_embedder_precision
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb
 from .source import SourceFacts, check_source
@@ -111,7 +111,7 @@ class LlmPlan:
     jobs: int
     jobs_given: bool
     quality: QualityOptions | None
-    inputs: str                        # the input mode's name (llm/input_modes.py)
+    inputs: str                        # the input mode's name (llm/model/input_modes.py)
     embedder_precision: str | None
 
 

@@ -16,7 +16,7 @@ from .plan import LlmPlan
 QDQ_NAMESPACE = "llm-qdq"
 EXPORT_VERSION = 9   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
 #                      parts, weight rounding; 7: the static decoder built from the family table; 8: the residual
-#                      stream carried at 1/s (llm/residual_scale.py), Gemma's sandwich norms float (bump on any
+#                      stream carried at 1/s (llm/model/residual_scale.py), Gemma's sandwich norms float (bump on any
 #                      change to the decoder or to what stays float); 9: attention's core float (fp16 on the HTP)
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 # cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ...quant.llm_graphs import parse_overrides
 from ...quant.precision import get_precision
 from ...quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, ROUNDINGS, get_rounding
-from ..text import TextSource, tokenize
+from ..run.text import TextSource, tokenize
 from ..weight_quality import HELD_OUT_TOKENS, four_bit_linears, plan_weights as round_weights
 from .plan import QualityOptions
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime
 
 import torch
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 from .generation_config import GenerationConfig, SamplingConfig
 from .sampling import Sampler
 from .tokenizers import Message, Tokenizer

@@ -70,10 +70,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.errors import InputError, UnsupportedError
+from ...core.errors import InputError, UnsupportedError
 from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, InputMode, get_input_mode
 from .mrope import AXES, ROPE_POSITION_IDS, RopePositions
-from ..frontends.llm_families import (
+from ...frontends.llm_families import (
     FAMILIES,
     NORM_WEIGHT_OFFSET,
     LLMFamily,
@@ -184,7 +184,7 @@ def new_value(i: int) -> str:
 
 def position_input_name(mrope: bool = False) -> str:
     """The positions input: position_ids int32 [1, N], or M-RoPE's rope_position_ids int32 [3, 1, N]
-    (llm/mrope.py). An M-RoPE graph reads no 1-axis position: the mask is an input and M-RoPE comes
+    (llm/model/mrope.py). An M-RoPE graph reads no 1-axis position: the mask is an input and M-RoPE comes
     without window layers (llm_families.check_config), so the cache slot never enters the graph."""
     return ROPE_POSITION_IDS if mrope else "position_ids"
 
@@ -535,7 +535,7 @@ class TokenEmbedding(nn.Module):
 
 class EmbedJoin(nn.Module):
     """`both` inputs: ids below the table's rows are looked up, an id >= vocab_size (no_token_id) looks
-    nothing up (its row is multiplied by 0), then inputs_embeds is added (llm/input_modes.py). The
+    nothing up (its row is multiplied by 0), then inputs_embeds is added (llm/model/input_modes.py). The
     Gather reads a clamped id, so nothing reads past the table. No weights: the lookup stays
     `model.embed_tokens` (module paths, overrides and the weight's name are the token path's), and
     this module's ops are kept float by name (quant/llm_graphs.FLOAT_NODES) like the residual stream
@@ -554,7 +554,7 @@ class EmbedJoin(nn.Module):
         return looked_up * is_token + embeds
 
 
-# the embeddings entering layer 0, from the mode's first inputs (llm/input_modes.py), by mode
+# the embeddings entering layer 0, from the mode's first inputs (llm/model/input_modes.py), by mode
 EMBED_INPUTS = {
     "tokens": lambda model, ids: model.embed_tokens(ids),
     "embeddings": lambda model, embeds: embeds,
@@ -662,7 +662,7 @@ class StaticDecoder(nn.Module):
         self.residual_scale = float(residual_scale)
         self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm, self.residual_scale)
         self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] for positions
-        self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/mrope.py)
+        self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/model/mrope.py)
         cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
         # tied lm_heads stay tied: HF's own module, or its weight under the same name
         self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
@@ -723,8 +723,8 @@ def decoder_config(n_tokens: int, max_seq_len: int) -> StaticDecoderConfig:
 def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
                          inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0) -> StaticDecoder:
     """A `StaticDecoder` sharing `hf_model`'s weights (no copy), in eval mode; `inputs` is its input
-    mode (llm/input_modes.py: tokens, embeddings, both); the residual stream is carried at
-    1/`residual_scale` (ResidualScale; llm/residual_scale.py picks it from text).
+    mode (llm/model/input_modes.py: tokens, embeddings, both); the residual stream is carried at
+    1/`residual_scale` (ResidualScale; llm/model/residual_scale.py picks it from text).
 
     Two decoders built from the same HF model (e.g. AR-1 and AR-32) share every parameter,
     which is what a weight-sharing export of both graphs wants.

@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..core.errors import InputError
-from .static_decoder import (
+from ...core.errors import InputError
+from ..model.static_decoder import (
     DEFAULT_MASK_VALUE, DecoderSpec, StaticDecoder, StaticDecoderConfig, make_attention_mask, make_position_ids)
 
 Graph = Callable[..., Sequence[torch.Tensor]]
@@ -57,7 +57,7 @@ class StaticRunner:
         """The eager decoder serves every N (its computation does not depend on N)."""
         def graph(*inputs):
             with torch.inference_mode():
-                return decoder(*decoder.graph_inputs(inputs))   # M-RoPE's positions put in (llm/mrope.py)
+                return decoder(*decoder.graph_inputs(inputs))   # M-RoPE's positions put in (llm/model/mrope.py)
         n_set = sorted(set(n_tokens) | {decoder.cfg.n_tokens})
         return cls({n: graph for n in n_set}, decoder.spec, decoder.cfg.max_seq_len,
                    mask_value=decoder.cfg.mask_value, **kw)

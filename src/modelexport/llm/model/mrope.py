@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 
 ROPE_POSITION_IDS = "rope_position_ids"
 AXES = 3

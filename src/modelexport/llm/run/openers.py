@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..core.errors import InputError
-from ..core.vocab import BundleKind
-from . import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
+from ...core.errors import InputError
+from ...core.vocab import BundleKind
+from .. import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from .tokenizers import load_tokenizer, load_tokenizer_json
 
 
@@ -46,7 +46,7 @@ _KIND_NAMES = {"hf": "a Hugging Face folder (float weights)", "pte": "an ExecuTo
 
 
 def open_llm_bundle(path: Path):
-    from ..contract.bundle import open_bundle
+    from ...contract.bundle import open_bundle
 
     bundle = open_bundle(path)
     if bundle.manifest.kind != BundleKind.LLM:
@@ -63,10 +63,10 @@ def model_context(path: Path) -> int | None:
     """The context a GGUF file or HF folder was trained for, from its header or config.json (no weight read)."""
     kind = source_kind(path)
     if kind == "gguf":
-        from ..frontends.gguf_file import read_gguf_info
+        from ...frontends.gguf_file import read_gguf_info
         own = read_gguf_info(path).context_length
     elif kind == "hf":
-        from ..frontends.hf_folder import read_hf_config
+        from ...frontends.hf_folder import read_hf_config
         own = getattr(read_hf_config(path), "max_position_embeddings", None)
     else:
         own = None
@@ -75,7 +75,7 @@ def model_context(path: Path) -> int | None:
 
 def require_context(path: Path, max_seq_len: int) -> None:
     """Refuse a --max-seq-len beyond the model's own context before any weight is loaded."""
-    from ..frontends.llm_families import check_model_context
+    from ...frontends.llm_families import check_model_context
     check_model_context(max_seq_len, model_context(path))
 
 
@@ -91,8 +91,8 @@ def _cpu_context(path: Path, asked: int | None) -> int:
 
 @LLM_BACKENDS.register("cpu")
 def open_cpu(path: Path, opts: LoadOptions) -> LLM:
-    from .cpu.session import ExecuTorchSession, default_threads
-    from .cpu.export import CpuExportOptions, build_cached
+    from ..cpu.session import ExecuTorchSession, default_threads
+    from ..cpu.export import CpuExportOptions, build_cached
 
     kind = source_kind(path)
     info: dict = {"source": str(path), "source_kind": kind}
@@ -104,7 +104,7 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
             raise InputError(f"bundle {path} carries no CPU program and its source model "
                              f"({src.path or 'not recorded'}) is not on this machine",
                              "run generate on the GGUF or HF folder itself, or use --backend htp-sim")
-        from ..frontends.source_hash import recorded_source
+        from ...frontends.source_hash import recorded_source
         path = recorded_source(bundle.manifest, "building its CPU program")
         kind = source_kind(path)
         info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)

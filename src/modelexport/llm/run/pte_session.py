@@ -13,8 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..core.errors import InputError
-from .static_decoder import DecoderSpec
+from ...core.errors import InputError
+from ..model.static_decoder import DecoderSpec
 
 
 def _feed(input_ids, position_ids, attention_mask, caches) -> list[torch.Tensor]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 
 Message = dict[str, Any]
 
@@ -381,8 +381,8 @@ def load_gguf_tokenizer(path: str | Path, *, cache: bool = True) -> HFTokenizer:
     backend = None
     entry = None
     if cache:
-        from ..core.cache import Cache, cache_key
-        from ..core.file_hash import file_sha256
+        from ...core.cache import Cache, cache_key
+        from ...core.file_hash import file_sha256
         import transformers
         key = cache_key("gguf-tokenizer", file_sha256(path), transformers.__version__)
         c = Cache()

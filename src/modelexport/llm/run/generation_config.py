@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def stage_logits(forward: Callable, samples: list[dict[str, np.ndarray]], names_
 
 
 def agreement(ref: np.ndarray, got: np.ndarray, samples: int):
-    from ..contract.manifest import LogitsAgreement
-    from ..core.numerics import compare
+    from ...contract.manifest import LogitsAgreement
+    from ...core.numerics import compare
     c = compare(ref, got)
     top1 = float(np.mean(ref.reshape(-1, ref.shape[-1]).argmax(-1) == got.reshape(-1, got.shape[-1]).argmax(-1)))
     return LogitsAgreement(sqnr_db=round(float(min(c["sqnr_db"], 200.0)), 3),

@@ -40,7 +40,7 @@ def constant_methods(spec: DecoderSpec, max_seq_len: int, prefill_len: int, bos_
 def check_program(info: dict, methods: list[str]) -> dict:
     """A `.pte` read back (`executorch_qnn.inspect.read_pte`): every decoder method calls a QnnBackend
     delegate and no CPU kernel, all of them one context binary holding every method's graph."""
-    from ..core.errors import VerificationError
+    from ...core.errors import VerificationError
     by_name = {m["name"]: m for m in info["methods"]}
     for name in methods:
         m = by_name.get(name)
@@ -59,7 +59,7 @@ def check_program(info: dict, methods: list[str]) -> dict:
 
 def check_tied(encodings: dict[str, dict[str, list[float]]], n_layers: int) -> dict[str, list[float]]:
     """{method: {I/O: [scale, zp]}} → one encoding per layer's key and value cache: input = output, every method."""
-    from ..core.errors import VerificationError
+    from ...core.errors import VerificationError
     from .static_decoder import new_key, new_value, past_key, past_value
     out: dict[str, list[float]] = {}
     for i in range(n_layers):
@@ -75,8 +75,8 @@ def check_tied(encodings: dict[str, dict[str, list[float]]], n_layers: int) -> d
 def pte_records(rel: str, twin_rel: str, info: dict, twin_info: dict, size: int, twin_size: int,
                 decoder_methods: dict[str, int], consts: dict, kv: dict, numerics: dict, fake_quant: dict[str, str]):
     """(WeightSharing, PteLlmProgram) of one target's program and twin, both read back (check_program)."""
-    from ..contract.manifest import PteLlmProgram, WeightSharing
-    from ..core.errors import VerificationError
+    from ...contract.manifest import PteLlmProgram, WeightSharing
+    from ...core.errors import VerificationError
     shared = sorted({g.get("shared_weights_size") or 0 for g in info["graphs"].values()})
     once = len(shared) == 1 and shared[0] > 0
     if not once:
@@ -97,8 +97,8 @@ def pte_records(rel: str, twin_rel: str, info: dict, twin_info: dict, size: int,
 
 def method_graphs(io: dict, info: dict, rel: str, target: str, htp_arch: int | None, n_layers: int) -> list:
     """One manifest GraphSpec per decoder method of a target's program; `io`: {method: (names in, example, names out)}."""
-    from ..contract import GraphSpec, TensorSpec
-    from ..core.vocab import GraphKind
+    from ...contract import GraphSpec, TensorSpec
+    from ...core.vocab import GraphKind
     out = []
     for method, (names_in, ex, names_out) in io.items():
         h = info["graphs"][method]

@@ -111,7 +111,7 @@ def image_text(grid: TileGrid, image_seq_len: int) -> str:
 
 def expand_prompt(text: str, grids: list[TileGrid], image_seq_len: int) -> str:
     """`text` with its i-th `<image>` replaced by image i's tokens; the count must match the images."""
-    from ..core.errors import InputError
+    from ...core.errors import InputError
     pieces = text.split(IMAGE_TOKEN)
     if len(pieces) - 1 != len(grids):
         raise InputError(f"the prompt holds {len(pieces) - 1} {IMAGE_TOKEN} markers for {len(grids)} images",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 
 INPUT_IDS = "input_ids"
 INPUTS_EMBEDS = "inputs_embeds"   # transformers' name for the same thing

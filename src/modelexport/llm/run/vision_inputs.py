@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.errors import InputError
+from ...core.errors import InputError
 
 
 def open_rgb(image):
@@ -50,7 +50,7 @@ def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.
     if image.size != (size, size):
         notes.append(f"image of {image.size[0]}x{image.size[1]} resized to {size}x{size} (the vision part's size)")
         image = image.resize((size, size), Image.Resampling.BICUBIC)
-    from .image_tiling import normalize
+    from ..model.image_tiling import normalize
     return normalize(image, mean, std, rescale_factor), notes
 
 
@@ -82,10 +82,10 @@ def place_image_rows(embeds: np.ndarray, ids: list[int], image_token_id: int, ro
 
 
 def place_rows_at_positions(first: dict, position_ids, rows_at: dict, no_token_id: int | None) -> dict:
-    """One graph call's first inputs (llm/input_modes.text_inputs) with the image rows put at their
+    """One graph call's first inputs (llm/model/input_modes.text_inputs) with the image rows put at their
     absolute positions: `inputs_embeds` takes the row; in `both` mode the id there becomes
     `no_token_id` so the decoder looks nothing up. Padding positions past the chunk are left alone."""
-    from .input_modes import INPUT_IDS, INPUTS_EMBEDS
+    from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
     pos = np.asarray(position_ids).reshape(-1)
     hits = [(j, rows_at[int(p)]) for j, p in enumerate(pos) if int(p) in rows_at]
     if not hits:
