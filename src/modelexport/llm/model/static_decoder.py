@@ -63,16 +63,13 @@ AR-4, C=32): every op is delegated in one subgraph (fp16, 8a8w, 16a8w; only the 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...core.errors import InputError, UnsupportedError
-from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, InputMode, get_input_mode
-from .mrope import AXES, ROPE_POSITION_IDS, RopePositions
+from .input_modes import DEFAULT_INPUT_MODE, get_input_mode
+from .mrope import RopePositions
 from ...frontends.llm_families import (
     FAMILIES,
     NORM_WEIGHT_OFFSET,
@@ -84,272 +81,49 @@ from ...frontends.llm_families import (
     rope_slots,
     sliding_layers,
 )
+from .attention import AttentionCore, LayerPlan, StaticAttention, WindowBias, repeat_kv, soft_cap, split_rows
+from .blocks import (
+    ACTIVATION_FNS,
+    EMBED_INPUTS,
+    EmbedJoin,
+    ResidualScale,
+    RMSNorm,
+    SoftCappedHead,
+    StaticDecoderLayer,
+    StaticMLP,
+    TokenEmbedding,
+)
+from .graph_io import (
+    DEFAULT_MASK_VALUE,
+    DecoderSpec,
+    StaticDecoderConfig,
+    example_inputs,
+    first_inputs,
+    input_names,
+    make_attention_mask,
+    make_position_ids,
+    new_key,
+    new_value,
+    output_names,
+    past_key,
+    past_value,
+    position_input_name,
+)
+from .rope import MRopeTables, RotaryTables, apply_rope, rope_frequencies, split_rope_lookups
 
-DEFAULT_MASK_VALUE = -255.0
+# the names callers import from here; the pieces live in graph_io, rope, attention and blocks
+__all__ = ["ACTIVATION_FNS", "DEFAULT_MASK_VALUE", "EMBED_INPUTS", "ONNX_RMS_NORM", "RMS_NORM_FORMS",
+           "SUPPORTED_MODEL_TYPES", "AttentionCore", "DecoderSpec", "EmbedJoin", "LayerPlan", "MRopeTables",
+           "PositionInputs", "RMSNorm", "ResidualScale", "RotaryTables", "SoftCappedHead", "StaticAttention",
+           "StaticBackbone", "StaticDecoder", "StaticDecoderConfig", "StaticDecoderLayer", "StaticMLP",
+           "TokenEmbedding", "WindowBias", "apply_rope", "build_static_decoder", "decoder_config", "example_inputs",
+           "first_inputs", "input_names", "make_attention_mask", "make_position_ids", "new_key", "new_value",
+           "output_names", "past_key", "past_value", "position_input_name", "repeat_kv", "soft_cap",
+           "split_rope_lookups", "split_rows"]
+
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
 RMS_NORM_FORMS = ("aten", "decomposed", "scaled")
 ONNX_RMS_NORM = "scaled"   # the form the ONNX → QNN LLM path exports, calibrates and compares with
-
-
-@dataclass(frozen=True)
-class StaticDecoderConfig:
-    """The static shape of one decoder graph: N tokens per call, attention span `max_seq_len`."""
-
-    n_tokens: int
-    max_seq_len: int
-    mask_value: float = DEFAULT_MASK_VALUE
-    full: bool = False     # the full-context graph: N = C tokens, no KV-cache inputs or outputs
-
-    def __post_init__(self):
-        if self.n_tokens < 1:
-            raise InputError(f"n_tokens must be at least 1, got {self.n_tokens}")
-        if self.full and self.n_tokens != self.max_seq_len:
-            raise InputError(f"a full-context graph reads all max_seq_len ({self.max_seq_len}) tokens, not {self.n_tokens}")
-        if not self.full and self.max_seq_len <= self.n_tokens:
-            raise InputError(f"max_seq_len ({self.max_seq_len}) must be larger than n_tokens ({self.n_tokens})",
-                             "the KV cache holds max_seq_len - n_tokens entries; raise max_seq_len")
-
-    @classmethod
-    def full_context(cls, max_seq_len: int, mask_value: float = DEFAULT_MASK_VALUE) -> "StaticDecoderConfig":
-        """The "bert" graph: every position of the context in one call, causal, no cache."""
-        return cls(max_seq_len, max_seq_len, mask_value, full=True)
-
-    @property
-    def cache_len(self) -> int:
-        """Entries in each layer's KV cache input (C - N; 0 for the full-context graph, which has none)."""
-        return self.max_seq_len - self.n_tokens
-
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """What a caller needs to feed a static decoder: the model's dimensions."""
-
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    max_seq_len: int  # rows of the RoPE tables: positions 0 .. max_seq_len-1
-
-    def k_cache_shape(self, cache_len: int) -> tuple[int, int, int, int]:
-        return (1, self.n_kv_heads, self.head_dim, cache_len)
-
-    def v_cache_shape(self, cache_len: int) -> tuple[int, int, int, int]:
-        return (1, self.n_kv_heads, cache_len, self.head_dim)
-
-
-# ---------------------------------------------------------------------------------------------
-# masks, positions, example inputs
-
-def make_attention_mask(cfg: StaticDecoderConfig, past_len: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The additive mask [1, 1, N, C] for a chunk whose first token sits at position `past_len`.
-
-    Cache columns `0 .. past_len-1` are open, the other cache columns closed, and the last N
-    columns are causal within the chunk (row i sees chunk columns 0..i). Rows of padding tokens
-    at the end of a partly filled chunk need nothing special: real rows never see them.
-    """
-    if not 0 <= past_len <= cfg.cache_len:
-        raise InputError(f"past_len {past_len} does not fit a cache of {cfg.cache_len} entries "
-                         f"(max_seq_len {cfg.max_seq_len}, n_tokens {cfg.n_tokens})")
-    n, c = cfg.n_tokens, cfg.max_seq_len
-    mask = torch.full((n, c), cfg.mask_value, dtype=dtype)
-    mask[:, :past_len] = 0
-    causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
-    mask[:, c - n:] = torch.where(causal, torch.zeros((), dtype=dtype), torch.full((), cfg.mask_value, dtype=dtype))
-    return mask[None, None]
-
-
-def make_position_ids(cfg: StaticDecoderConfig, past_len: int) -> torch.Tensor:
-    """int32 [1, N]: past_len, past_len+1, ...; padding rows are clamped to the table's last row."""
-    pos = torch.arange(past_len, past_len + cfg.n_tokens, dtype=torch.int32)
-    return pos.clamp(max=cfg.max_seq_len - 1)[None]
-
-
-def past_key(i: int) -> str:
-    return f"past_key_{i}_in"
-
-
-def past_value(i: int) -> str:
-    return f"past_value_{i}_in"
-
-
-def new_key(i: int) -> str:
-    return f"past_key_{i}_out"
-
-
-def new_value(i: int) -> str:
-    return f"past_value_{i}_out"
-
-
-def position_input_name(mrope: bool = False) -> str:
-    """The positions input: position_ids int32 [1, N], or M-RoPE's rope_position_ids int32 [3, 1, N]
-    (llm/model/mrope.py). An M-RoPE graph reads no 1-axis position: the mask is an input and M-RoPE comes
-    without window layers (llm_families.check_config), so the cache slot never enters the graph."""
-    return ROPE_POSITION_IDS if mrope else "position_ids"
-
-
-def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True,
-                mrope: bool = False) -> list[str]:
-    kv = [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)] if caches else []
-    return [*mode.decoder_inputs, position_input_name(mrope), "attention_mask", *kv]
-
-
-def output_names(n_layers: int, *, caches: bool = True) -> list[str]:
-    kv = [new_key(i) for i in range(n_layers)] + [new_value(i) for i in range(n_layers)] if caches else []
-    return ["logits", *kv]
-
-
-def first_inputs(mode: InputMode, n_tokens: int, hidden_size: int) -> tuple[torch.Tensor, ...]:
-    """Zero example values of the mode's first inputs (ids int32 [1, N], embeddings float [1, N, hidden])."""
-    shapes = {INPUT_IDS: lambda: torch.zeros((1, n_tokens), dtype=torch.int32),
-              INPUTS_EMBEDS: lambda: torch.zeros((1, n_tokens, hidden_size))}
-    return tuple(shapes[name]() for name in mode.decoder_inputs)
-
-
-def example_inputs(cfg: StaticDecoderConfig, spec: DecoderSpec, *, past_len: int = 0,
-                   mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], mrope: bool = False) -> tuple[torch.Tensor, ...]:
-    """Inputs of the right shapes and dtypes (zero caches, a valid mask), in forward's order."""
-    if cfg.max_seq_len > spec.max_seq_len:
-        raise InputError(f"max_seq_len {cfg.max_seq_len} exceeds the decoder's RoPE table ({spec.max_seq_len})")
-    n_caches = 0 if cfg.full else spec.n_layers
-    ks = tuple(torch.zeros(spec.k_cache_shape(cfg.cache_len)) for _ in range(n_caches))
-    vs = tuple(torch.zeros(spec.v_cache_shape(cfg.cache_len)) for _ in range(n_caches))
-    pos = make_position_ids(cfg, past_len)
-    if mrope:
-        pos = torch.from_numpy(RopePositions.text()(pos))
-    return (*first_inputs(mode, cfg.n_tokens, spec.hidden_size), pos, make_attention_mask(cfg, past_len), *ks, *vs)
-
-
-# ---------------------------------------------------------------------------------------------
-# building blocks: each picks its variant from the family's row (frontends/llm_families.py)
-
-# The MLP gate activations of llm_families.ACTIVATIONS (HF's gelu_pytorch_tanh is torch's tanh GELU).
-ACTIVATION_FNS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm sharing HF's weight; `form` picks the op sequence (see the module docstring).
-
-    `offset` is added to the weight (1 for Gemma's x̂·(1+w); the sum is a constant once exported)."""
-
-    def __init__(self, weight: nn.Parameter, eps: float, form: str, offset: float = 0.0):
-        super().__init__()
-        self.weight = weight
-        self.eps = float(eps)
-        self.form = form
-        self.offset = float(offset)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight + self.offset if self.offset else self.weight
-        if self.form == "aten":
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-        if self.form == "scaled":   # |x / m| <= 8: squares stay far below fp16's maximum
-            m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 8
-            xs = x / m
-            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + self.eps / (m * m)) * w
-        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * w
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[B, kv, a, b] -> [B, kv*n_rep, a, b], each KV head repeated n_rep times in a row."""
-    if n_rep == 1:
-        return x
-    b, kv, s1, s2 = x.shape
-    return x[:, :, None, :, :].expand(b, kv, n_rep, s1, s2).reshape(b, kv * n_rep, s1, s2)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotate-half RoPE on [B, H, N, D] with half tables cos/sin [B, 1, N, R/2]: the first R
-    dims rotate, the rest pass through (partial rotary, Phi-4-mini: R = 0.75 D)."""
-    rot = 2 * cos.shape[-1]
-    if rot < x.shape[-1]:
-        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
-    half = rot // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
-    return x if cap is None else torch.tanh(x / cap) * cap
-
-
-class RotaryTables(nn.Module):
-    """cos/sin [max_seq_len, rotary_dim/2] (attention scaling folded in), gathered by position."""
-
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, max_seq_len: int):
-        super().__init__()
-        # the same float32 product HF's rotary embedding computes, so the values are bit-identical
-        freqs = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]
-        self.register_buffer("cos", freqs.cos() * attention_scaling, persistent=False)
-        self.register_buffer("sin", freqs.sin() * attention_scaling, persistent=False)
-        self.max_gather: int | None = None     # set by the .pte path: see llm_pt2e.MAX_ROPE_GATHER
-
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = position_ids.shape[-1]
-        if self.max_gather is None or n <= self.max_gather:
-            return F.embedding(position_ids, self.cos).unsqueeze(1), F.embedding(position_ids, self.sin).unsqueeze(1)
-        parts = position_ids.split(self.max_gather, dim=-1)     # one lookup per chunk of positions
-        cos = torch.cat([F.embedding(p, self.cos) for p in parts], dim=1)   # [B, N, R/2]
-        sin = torch.cat([F.embedding(p, self.sin) for p in parts], dim=1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)                           # [B, 1, N, R/2]
-
-
-class MRopeTables(nn.Module):
-    """M-RoPE (Qwen2-VL): the half tables' columns in `sections`, section i gathered at axis i % 3 of the
-    3-axis positions [3, 1, N] and concatenated (transformers' `recomposition_frequencies`). One Gather
-    per section of a table sliced at build time; with equal axes it is RotaryTables' lookup."""
-
-    def __init__(self, table: RotaryTables, sections: tuple[int, ...]):
-        super().__init__()
-        bounds = np.cumsum((0, *sections))
-        if bounds[-1] != table.cos.shape[1]:
-            raise UnsupportedError(f"M-RoPE sections {list(sections)} do not add up to the RoPE table's {table.cos.shape[1]} dims")
-        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-            self.register_buffer(f"cos_{i}", table.cos[:, a:b].clone(), persistent=False)
-            self.register_buffer(f"sin_{i}", table.sin[:, a:b].clone(), persistent=False)
-        self.n_sections = len(sections)
-
-    def forward(self, rope_position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        axis = [rope_position_ids[i % AXES] for i in range(self.n_sections)]                  # each [1, N]
-        cos = torch.cat([F.embedding(axis[i], getattr(self, f"cos_{i}")) for i in range(self.n_sections)], dim=-1)
-        sin = torch.cat([F.embedding(axis[i], getattr(self, f"sin_{i}")) for i in range(self.n_sections)], dim=-1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)                                               # [1, 1, N, R/2]
-
-
-def split_rope_lookups(decoder: nn.Module, max_gather: int) -> int:
-    """Cut the decoder's RoPE-table lookups into gathers of `max_gather` positions (the values are
-    the same); → tables set."""
-    tables = [m for m in decoder.modules() if isinstance(m, RotaryTables)]
-    for t in tables:
-        t.max_gather = max_gather
-    return len(tables)
-
-
-class WindowBias(nn.Module):
-    """The extra additive mask [1, 1, N, C] of a sliding-window layer: closes every column whose
-    position is `window` or more behind the row's.
-
-    Genie feeds one attention_mask, so a local layer's mask is derived in the graph from the
-    positions instead of being a second input: cache column j holds position j (see the module
-    docstring), the last N columns the chunk's own positions. Only ops the HTP runs in float:
-    a Gather of the positions as floats, Sub, Clip, Mul. Positions are exact in fp32 and up to
-    2048 in fp16; beyond that an fp16 graph may move the window's edge by one position.
-    """
-
-    def __init__(self, window: int, cfg: StaticDecoderConfig):
-        super().__init__()
-        self.window = int(window)
-        self.mask_value = cfg.mask_value
-        self.register_buffer("positions", torch.arange(cfg.max_seq_len, dtype=torch.float32)[:, None],
-                             persistent=False)
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        q = F.embedding(position_ids, self.positions)                       # [1, N, 1]
-        cache_len = self.positions.shape[0] - position_ids.shape[-1]       # static once exported; any N eagerly
-        k = torch.cat([self.positions[:cache_len, 0][None], q[:, :, 0]], dim=-1)  # [1, C]
-        too_old = torch.clamp(q - k[:, None, :] - (self.window - 1), 0.0, 1.0)  # 1 where q - k >= window
-        return (too_old * self.mask_value).unsqueeze(1)                     # [1, 1, N, C]
 
 
 class PositionInputs(nn.Module):
@@ -369,213 +143,6 @@ class PositionInputs(nn.Module):
         rope = tuple(t(position_ids) for t in self.tables)
         bias = {int(w): m(position_ids) for w, m in self.windows.items()}
         return rope, bias
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """What one layer does, resolved from the family's row and the model's config."""
-
-    rope_slot: int | None      # index into PositionInputs' tables; None = no position encoding (NoPE)
-    window_bias: int | None    # the window whose bias this layer adds to the mask; None = the global mask
-
-
-class AttentionCore(nn.Module):
-    """softmax(q.k^T * scaling (soft-capped) + mask) . v, heads joined: its own module so the compiled
-    graphs can keep it float (`/self_attn/core/`, quant/llm_graphs.FLOAT_NODES). The HTP takes the
-    second input of a MatMul of two 16-bit activations at 8 bits (bench/experiments/htp_matmul_precision.py)."""
-    def __init__(self, scaling: float, softcap: float | None):
-        super().__init__()
-        self.scaling = float(scaling)
-        self.softcap = softcap
-
-    def forward(self, q, keys, values, mask):
-        b, _, n, _ = q.shape
-        scores = soft_cap(torch.matmul(q, keys) * self.scaling, self.softcap) + mask      # [B, H, N, C]
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs, values).transpose(1, 2).reshape(b, n, q.shape[1] * q.shape[3])
-
-
-class StaticAttention(nn.Module):
-    def __init__(self, hf_attn: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
-                 norm: functools.partial, scaling: float, softcap: float | None):
-        super().__init__()
-        # HF's own projection modules, under HF's names; a fused one (Phi-3's qkv_proj) is split into
-        # q/k/v views of its rows (see `split_rows`)
-        n_q, n_kv = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-        q_k_v = (split_rows(hf_attn.qkv_proj, [n_q, n_kv, n_kv]) if family.fused_qkv
-                 else (hf_attn.q_proj, hf_attn.k_proj, hf_attn.v_proj))
-        self.q_proj, self.k_proj, self.v_proj = q_k_v
-        self.o_proj = hf_attn.o_proj
-        if family.qk_norm:
-            self.q_norm, self.k_norm = norm(hf_attn.q_norm.weight), norm(hf_attn.k_norm.weight)
-        self.qk_norm = family.qk_norm
-        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.n_rep = spec.n_heads // spec.n_kv_heads
-        self.core = AttentionCore(scaling, softcap)
-        self.plan = plan
-
-    def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
-        b, n, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, n, self.n_heads, self.head_dim)
-        k = k.view(b, n, self.n_kv_heads, self.head_dim)
-        if self.qk_norm:   # over each head, before RoPE (Qwen3, Gemma 3)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)                                       # [B, H|KV, N, D]
-        v = v.view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)                 # [B, KV, N, D]
-        if self.plan.rope_slot is not None:
-            cos, sin = rope[self.plan.rope_slot]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_new = k.transpose(2, 3)                                                         # [B, KV, D, N]
-        if k_cache is None:   # the full-context graph: the chunk is the whole context
-            keys, values = repeat_kv(k_new, self.n_rep), repeat_kv(v, self.n_rep)
-        else:
-            keys = repeat_kv(torch.cat([k_cache, k_new], dim=-1), self.n_rep)            # [B, H, D, C]
-            values = repeat_kv(torch.cat([v_cache, v], dim=2), self.n_rep)               # [B, H, C, D]
-        if self.plan.window_bias is not None:
-            mask = mask + window_bias[self.plan.window_bias]
-        return self.o_proj(self.core(q, keys, values, mask)), k_new, v
-
-
-class StaticMLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)); a fused gate_up_proj (Phi-3) is split into two views."""
-
-    def __init__(self, hf_mlp: nn.Module, family: LLMFamily, activation: str):
-        super().__init__()
-        if family.fused_gate_up:
-            half = hf_mlp.gate_up_proj.out_features // 2
-            self.gate_proj, self.up_proj = split_rows(hf_mlp.gate_up_proj, [half, half])
-        else:
-            self.gate_proj, self.up_proj = hf_mlp.gate_proj, hf_mlp.up_proj
-        self.down_proj = hf_mlp.down_proj
-        self.act = ACTIVATION_FNS[activation]
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-def split_rows(fused: nn.Linear, sizes: list[int]) -> list[nn.Linear]:
-    """A fused projection as one Linear per block of rows, each weight a view of the fused one (no copy).
-
-    Why not one matmul and a Split: ONNX Runtime's quantizer gives a Split's outputs its input's
-    scale, so v would leave the graph with the q|k|v range, one per graph, while Genie needs each
-    cache tensor quantized alike in every graph ("Non-identical quantization parameters"). Separate
-    matmuls also give q, k, v (gate, up) their own ranges."""
-    weights = fused.weight.detach().split(sizes)
-    biases = fused.bias.detach().split(sizes) if fused.bias is not None else [None] * len(sizes)
-    out = []
-    for w, b in zip(weights, biases):
-        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-        lin.weight = nn.Parameter(w, requires_grad=False)
-        if b is not None:
-            lin.bias = nn.Parameter(b, requires_grad=False)
-        out.append(lin)
-    return out
-
-
-class StaticDecoderLayer(nn.Module):
-    """Pre-norm residual block; with `sandwich_norms` (Gemma) the attention and MLP outputs are
-    normed too before they join the residual, and the MLP's input norm is `pre_feedforward_layernorm`."""
-
-    def __init__(self, hf_layer: nn.Module, family: LLMFamily, spec: DecoderSpec, plan: LayerPlan,
-                 norm: functools.partial, stream_norm: functools.partial, residual_scale: float, activation: str,
-                 scaling: float, softcap: float | None):
-        super().__init__()
-        self.sandwich = family.sandwich_norms
-        self.input_layernorm = stream_norm(hf_layer.input_layernorm.weight)
-        self.self_attn = StaticAttention(hf_layer.self_attn, family, spec, plan, norm, scaling, softcap)
-        # Llama's post-attention norm reads the stream; Gemma's norms the attention output
-        self.post_attention_layernorm = (norm if self.sandwich else stream_norm)(hf_layer.post_attention_layernorm.weight)
-        if self.sandwich:
-            self.pre_feedforward_layernorm = stream_norm(hf_layer.pre_feedforward_layernorm.weight)
-            self.post_feedforward_layernorm = norm(hf_layer.post_feedforward_layernorm.weight)
-        self.mlp = StaticMLP(hf_layer.mlp, family, activation)
-        self.residual_scale = ResidualScale(residual_scale)
-
-    def forward(self, x, rope, window_bias, mask, k_cache, v_cache):
-        h, k_new, v_new = self.self_attn(self.input_layernorm(x), rope, window_bias, mask, k_cache, v_cache)
-        into = self.residual_scale
-        if self.sandwich:
-            x = x + into(self.post_attention_layernorm(h))
-            x = x + into(self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))))
-        else:
-            x = x + into(h)
-            x = x + into(self.mlp(self.post_attention_layernorm(x)))
-        return x, k_new, v_new
-
-
-class ResidualScale(nn.Module):
-    """Multiplies what enters the residual stream by 1/s (s a power of two; nothing at s = 1): the
-    stream is carried at 1/s of its size, so that a family's massive activations stay inside fp16 on
-    the HTP (Gemma 3 270M reaches |x| ~ 103,000; fp16's maximum is 65,504 and the HTP clamps there).
-    Every reader of the stream is an RMSNorm, which takes eps / s² (`StaticBackbone`): the same function
-    in exact arithmetic. Its ops stay float by name (quant/llm_graphs.FLOAT_NODES)."""
-
-    def __init__(self, scale: float):
-        super().__init__()
-        self.inv = 1.0 / float(scale)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.inv if self.inv != 1.0 else x
-
-
-class TokenEmbedding(nn.Module):
-    """The embedding lookup on HF's weight, times the family's scale (Gemma: sqrt(hidden_size),
-    rounded to the weight's dtype as HF does)."""
-
-    def __init__(self, weight: nn.Parameter, scale: float):
-        super().__init__()
-        self.weight = weight
-        self.scale = float(torch.tensor(scale, dtype=weight.dtype)) if scale != 1.0 else 1.0
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(ids, self.weight)
-        return x * self.scale if self.scale != 1.0 else x
-
-
-class EmbedJoin(nn.Module):
-    """`both` inputs: ids below the table's rows are looked up, an id >= vocab_size (no_token_id) looks
-    nothing up (its row is multiplied by 0), then inputs_embeds is added (llm/model/input_modes.py). The
-    Gather reads a clamped id, so nothing reads past the table. No weights: the lookup stays
-    `model.embed_tokens` (module paths, overrides and the weight's name are the token path's), and
-    this module's ops are kept float by name (quant/llm_graphs.FLOAT_NODES) like the residual stream
-    they start, so a vision projector's features are not clipped to the text's range."""
-
-    def __init__(self, rows: int):
-        super().__init__()
-        self.rows = int(rows)
-
-    def in_table(self, ids: torch.Tensor) -> torch.Tensor:
-        """The ids the lookup reads (a plain method: its op is not scoped under this module)."""
-        return torch.clamp(ids, max=self.rows - 1)
-
-    def forward(self, looked_up: torch.Tensor, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        is_token = (ids < self.rows).to(embeds.dtype).unsqueeze(-1)              # [1, N, 1]
-        return looked_up * is_token + embeds
-
-
-# the embeddings entering layer 0, from the mode's first inputs (llm/model/input_modes.py), by mode
-EMBED_INPUTS = {
-    "tokens": lambda model, ids: model.embed_tokens(ids),
-    "embeddings": lambda model, embeds: embeds,
-    "both": lambda model, ids, embeds: model.embed_join(model.embed_tokens(model.embed_join.in_table(ids)), ids, embeds),
-}
-
-
-class SoftCappedHead(nn.Module):
-    """lm_head with the logits soft-capped (Gemma 2); holds HF's weight under `lm_head.weight`."""
-
-    def __init__(self, hf_head: nn.Linear, cap: float):
-        super().__init__()
-        self.weight = hf_head.weight
-        self.bias = hf_head.bias
-        self.cap = float(cap)
-
-    def linear(self, x):      # the projection alone (the ONNX export swaps it: onnx_export.linears_as_matmul)
-        return F.linear(x, self.weight, self.bias)
-
-    def forward(self, x):
-        return soft_cap(self.linear(x), self.cap)
 
 
 class StaticBackbone(nn.Module):
@@ -605,7 +172,7 @@ class StaticBackbone(nn.Module):
                                query_scalar ** -0.5, softcap)
             for layer, plan in zip(hf_inner.layers, plans))
         self.norm = stream_norm(hf_inner.norm.weight)
-        tables = [RotaryTables(*_rope_frequencies(hf_inner.rotary_emb, name, spec.head_dim), spec.max_seq_len)
+        tables = [RotaryTables(*rope_frequencies(hf_inner.rotary_emb, name, spec.head_dim), spec.max_seq_len)
                   for name in slot_names]
         sections = mrope_sections(family, hf_cfg)
         if sections is not None:      # M-RoPE: one table, gathered per section (frontends/llm_families.py)
@@ -615,24 +182,6 @@ class StaticBackbone(nn.Module):
 
 def _norm(weight, *, eps, form, offset) -> RMSNorm:
     return RMSNorm(weight, eps, form, offset)
-
-
-def _rope_frequencies(hf_rotary: nn.Module, slot: str, head_dim: int) -> tuple[torch.Tensor, float]:
-    """inv_freq and attention_scaling of one table, as HF's rotary module computed them at init
-    through transformers' ROPE_INIT_FUNCTIONS (per layer type: `<type>_inv_freq`). The
-    `original_` copy is taken when there is one: the frequencies for contexts up to the original
-    length (longrope's short factor), before any runtime update."""
-    prefix = f"{slot}_" if slot else ""
-    inv_freq = getattr(hf_rotary, f"{prefix}original_inv_freq", None)
-    if inv_freq is None:
-        inv_freq = getattr(hf_rotary, f"{prefix}inv_freq")
-    scaling = getattr(hf_rotary, f"{prefix}attention_scaling", 1.0)
-    if isinstance(scaling, dict):
-        scaling = scaling[slot]
-    inv_freq = inv_freq.detach()
-    if inv_freq.numel() * 2 > head_dim:
-        raise UnsupportedError(f"the RoPE table has {inv_freq.numel() * 2} dims, more than the head's {head_dim}")
-    return inv_freq, float(scaling)
 
 
 # ---------------------------------------------------------------------------------------------
