@@ -100,7 +100,6 @@ def one(name: str, precision: str, work: Path) -> dict:
 
 
 def _write(rows: list[dict], args) -> dict:
-    precisions = args.precisions.split(",")
     done = {"target": TARGET, "machine": {"cpus": os.cpu_count()}, "rows": rows}
     out = Path(args.out)
     if args.only and out.exists():                # a partial run updates its rows only
@@ -109,7 +108,7 @@ def _write(rows: list[dict], args) -> dict:
     done["summary"] = {p: {"models": sum(1 for r in done["rows"] if r["precision"] == p),
                            "compiled": sum(1 for r in done["rows"] if r["precision"] == p and r.get("compiled")),
                            "tracebacks": sum(1 for r in done["rows"] if r["precision"] == p and r.get("traceback"))}
-                       for p in precisions}
+                       for p in dict.fromkeys(r["precision"] for r in done["rows"])}   # every row's, a partial run too
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(done, indent=1, default=str))
     return done
