@@ -153,13 +153,14 @@ def _read_info(path: Path, take: bool = False):
 def _parse_info(path: Path):
     reader = _open_reader(path)
     import gguf
+    K = gguf.Keys                                # the key names, as llama.cpp's writer spells them
     size = path.stat().st_size
-    arch = _field(reader, "general.architecture")
+    arch = _field(reader, K.General.ARCHITECTURE)
     if not isinstance(arch, str):
         raise InputError(f"{path} has no general.architecture: not a model GGUF")
 
-    def a(key):  # an architecture-scoped key
-        return _field(reader, f"{arch}.{key}")
+    def a(key):  # an architecture-scoped key: "{arch}.block_count"
+        return _field(reader, key.format(arch=arch))
 
     tensors, counts, n_params = [], Counter(), 0
     for t in reader.tensors:
@@ -172,33 +173,33 @@ def _parse_info(path: Path):
                                   int(t.n_elements), int(t.n_bytes)))
         counts[name] += 1
         n_params += int(t.n_elements)
-    ft = _field(reader, "general.file_type")
+    ft = _field(reader, K.General.FILE_TYPE)
     try:
         file_type = gguf.LlamaFileType(ft).name if ft is not None else None
     except ValueError:
         file_type = str(ft)
-    n_heads = a("attention.head_count")
-    hidden = a("embedding_length")
-    head_dim = a("rope.dimension_count") or a("attention.key_length") or (
+    n_heads = a(K.Attention.HEAD_COUNT)
+    hidden = a(K.LLM.EMBEDDING_LENGTH)
+    head_dim = a(K.Rope.DIMENSION_COUNT) or a(K.Attention.KEY_LENGTH) or (
         hidden // n_heads if hidden and n_heads else None)
-    vocab = a("vocab_size") or _array_len(reader, "tokenizer.ggml.tokens")
+    vocab = a(K.LLM.VOCAB_SIZE) or _array_len(reader, K.Tokenizer.LIST)
     names = {t.name for t in tensors}
-    rope_type, rope_scaling, rope_problem = _rope_scaling(reader, arch, a("rope.scaling.type"), names,
-                                                          a("rope.freq_base") or 10000.0)
+    rope_type, rope_scaling, rope_problem = _rope_scaling(reader, arch, a(K.Rope.SCALING_TYPE), names,
+                                                          a(K.Rope.FREQ_BASE) or 10000.0)
     return GgufInfo(
         path=str(path), file_size=size, gguf_version=int(_field(reader, "GGUF.version") or 0),
-        architecture=arch, name=_field(reader, "general.name"), file_type=file_type,
-        context_length=a("context_length"), n_layers=a("block_count"), hidden_size=hidden,
-        intermediate_size=a("feed_forward_length"), n_heads=n_heads,
-        n_kv_heads=a("attention.head_count_kv") or n_heads, head_dim=head_dim,
-        rope_theta=a("rope.freq_base"), rope_scaling_type=rope_type,
-        rope_scaling_factor=a("rope.scaling.factor"), rope_scaling=rope_scaling, rope_scaling_problem=rope_problem,
-        rms_norm_eps=a("attention.layer_norm_rms_epsilon"),
-        vocab_size=vocab, tokenizer_model=_field(reader, "tokenizer.ggml.model"),
-        tokenizer_pre=_field(reader, "tokenizer.ggml.pre"),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        architecture=arch, name=_field(reader, K.General.NAME), file_type=file_type,
+        context_length=a(K.LLM.CONTEXT_LENGTH), n_layers=a(K.LLM.BLOCK_COUNT), hidden_size=hidden,
+        intermediate_size=a(K.LLM.FEED_FORWARD_LENGTH), n_heads=n_heads,
+        n_kv_heads=a(K.Attention.HEAD_COUNT_KV) or n_heads, head_dim=head_dim,
+        rope_theta=a(K.Rope.FREQ_BASE), rope_scaling_type=rope_type,
+        rope_scaling_factor=a(K.Rope.SCALING_FACTOR), rope_scaling=rope_scaling, rope_scaling_problem=rope_problem,
+        rms_norm_eps=a(K.Attention.LAYERNORM_RMS_EPS),
+        vocab_size=vocab, tokenizer_model=_field(reader, K.Tokenizer.MODEL),
+        tokenizer_pre=_field(reader, K.Tokenizer.PRE),
+        bos_token_id=_field(reader, K.Tokenizer.BOS_ID),
+        eos_token_id=_field(reader, K.Tokenizer.EOS_ID),
+        chat_template=_field(reader, K.Tokenizer.CHAT_TEMPLATE),
         tied_embeddings="output.weight" not in names, n_params=n_params,
         quant_types=dict(sorted(counts.items())), tensors=tensors), reader
 

@@ -355,21 +355,21 @@ class GgufTokenizerMeta:
 
 
 def read_gguf_tokenizer_meta(path: str | Path) -> GgufTokenizerMeta:
+    import gguf
     from transformers.integrations.gguf.reader import read_gguf_metadata
 
     try:
         md, _ = read_gguf_metadata(str(path), ())
     except Exception as e:  # a damaged header raises anything from struct.error to ValueError
         raise InputError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
-    tokens = md.get("tokenizer.ggml.tokens")
+    K = gguf.Keys.Tokenizer
+    tokens = md.get(K.LIST)
     n = tokens if isinstance(tokens, int) else len(tokens or [])
-    if not md.get("tokenizer.ggml.model") or not n:
+    if not md.get(K.MODEL) or not n:
         raise InputError(f"{path} carries no tokenizer", "use a GGUF converted with its tokenizer")
-    eot = md.get("tokenizer.ggml.eot_token_id")
-    return GgufTokenizerMeta(model=md.get("tokenizer.ggml.model"), pre=md.get("tokenizer.ggml.pre"),
-                             bos_id=md.get("tokenizer.ggml.bos_token_id"), eos_id=md.get("tokenizer.ggml.eos_token_id"),
-                             eot_id=eot, add_bos=md.get("tokenizer.ggml.add_bos_token"),
-                             chat_template=md.get("tokenizer.chat_template"), vocab_size=n)
+    return GgufTokenizerMeta(model=md.get(K.MODEL), pre=md.get(K.PRE), bos_id=md.get(K.BOS_ID),
+                             eos_id=md.get(K.EOS_ID), eot_id=md.get(K.EOT_ID), add_bos=md.get(K.ADD_BOS),
+                             chat_template=md.get(K.CHAT_TEMPLATE), vocab_size=n)
 
 
 def load_gguf_tokenizer(path: str | Path, *, cache: bool = True) -> HFTokenizer:
