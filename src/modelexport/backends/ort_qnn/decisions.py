@@ -12,8 +12,11 @@ range), and score the others, as long as flips are rare.
 """
 from __future__ import annotations
 
+from ...passes.onnx.graph_edit import elem_types
+
 DECISION_OPS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Sign", "Round", "Floor",
                           "Ceil", "ArgMax", "ArgMin", "TopK", "Mod"})
+_FLOAT_TYPES = {1, 10, 11, 16}   # float, float16, double, bfloat16
 OURS = "modelexport:"      # doc_string prefix of a repair's comparison that decides nothing (output-sigmoid's Less)
 FLIP_SIZE = 0.1            # a value off by more than this share of the output's largest magnitude took the other branch
 MAX_FLIP_SHARE = 1e-3      # above this share of an output's values, the flips are the numerics, not ties
@@ -22,10 +25,8 @@ MAX_FLIP_SHARE = 1e-3      # above this share of an output's values, the flips a
 def decision_ops(model) -> dict[str, list[str]]:
     """{graph output: sorted op types deciding it}: the ops of DECISION_OPS upstream of each output
     that read a float value computed from a graph input (not a constant)."""
-    from onnx import TensorProto, shape_inference
-    g = shape_inference.infer_shapes(model).graph
-    floats = {v.name for v in [*g.input, *g.value_info, *g.output] if v.type.tensor_type.elem_type in
-              (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)}
+    g = model.graph
+    floats = {t for t, kind in elem_types(model).items() if kind in _FLOAT_TYPES}
     producer = {o: n for n in g.node for o in n.output}
     live = _from_inputs(g, producer)
     out: dict[str, list[str]] = {}

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import NUMPY_OF, elem_types
 
 EXP_FLOOR = -64.0
 _FLOOR = "modelexport_exp_floor"
-NUMPY_OF = {1: np.float32, 10: np.float16, 11: np.float64}     # ONNX element type → the floor's dtype
 
 
 @onnx_repair("exp-input-floor", 66, "fp16 compiles: every Exp's input is floored at -64 (the HTP's fp16 Exp "
@@ -40,16 +40,3 @@ def exp_input_floor(model, ctx: RepairContext) -> dict | None:
         model.graph.node.insert(at, helper.make_node("Max", [n.input[0], floors[dtype]], [floored], name=floored))
         n.input[0] = floored
     return {"nodes": [n.name or n.output[0] for n in nodes][:20], "count": len(nodes), "floor": EXP_FLOOR}
-
-
-def elem_types(model) -> dict[str, int]:
-    """Element type of every tensor ONNX's shape inference can name (a float16 Exp needs a float16 floor)."""
-    import onnx
-    try:
-        g = onnx.shape_inference.infer_shapes(model).graph
-    except Exception:                            # noqa: BLE001 - no types known: float32, the common case
-        g = model.graph
-    infos = list(g.value_info) + list(g.input) + list(g.output)
-    out = {v.name: v.type.tensor_type.elem_type for v in infos}
-    out |= {t.name: t.data_type for t in g.initializer}
-    return out

@@ -89,3 +89,19 @@ def topological_order(model) -> None:
 def default_opset(model) -> int:
     """The model's default-domain opset version (0 when it imports none)."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+NUMPY_OF = {1: np.float32, 10: np.float16, 11: np.float64}     # ONNX float element type → numpy dtype
+
+
+def elem_types(model) -> dict[str, int]:
+    """Element type of every tensor ONNX's shape inference can name (a float16 Exp needs a float16 floor)."""
+    import onnx
+    try:
+        g = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:                            # noqa: BLE001 - no types known: float32, the common case
+        g = model.graph
+    infos = list(g.value_info) + list(g.input) + list(g.output)
+    out = {v.name: v.type.tensor_type.elem_type for v in infos}
+    out |= {t.name: t.data_type for t in g.initializer}
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
-from .exp_floor import NUMPY_OF, elem_types
+from .graph_edit import NUMPY_OF, elem_types
 
 _ONE, _ZERO = "modelexport_sigmoid_one", "modelexport_sigmoid_zero"
 # after these a small probability is still one (silero-vad: Sigmoid → Squeeze → ReduceMean → Unsqueeze)
