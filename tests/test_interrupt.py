@@ -121,3 +121,25 @@ def test_workers_die_with_a_parent_killed_with_sigkill(tmp_path):
     proc.kill()
     proc.wait()
     assert not _survivors(tree), [p.cmdline() for p in tree]
+
+
+def test_an_interrupt_a_library_wrapped_still_ends_as_interrupted(monkeypatch, capsys):
+    """Ctrl-C landing inside a pydantic serializer (sealing a bundle's manifest) comes back as
+    pydantic's own error, not as `Interrupted`: the verb still says `interrupted` and exits 130."""
+    from pydantic import BaseModel, model_serializer
+
+    from modelexport.cli import main as cli_main
+
+    class Sealed(BaseModel):
+        x: int = 1
+
+        @model_serializer(mode="wrap")
+        def _ser(self, handler):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)        # the handler runs here, between bytecodes, and raises Interrupted
+            return handler(self)
+
+    monkeypatch.setattr(cli_main, "app", lambda **kw: Sealed().model_dump_json())
+    assert cli_main.main(["compile"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err

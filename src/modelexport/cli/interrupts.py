@@ -40,14 +40,27 @@ def interrupted_line() -> str:
             f"this run finished, in {where}; partial files were removed")
 
 
+class Caught:
+    """The signal this verb received, if any. A library that runs our code inside its own (a
+    pydantic serializer, a C callback) may turn the `Interrupted` raised there into an error of its
+    own; the verb still ends as interrupted when `signum` is set."""
+
+    signum: int | None = None
+
+    def as_interrupted(self) -> Interrupted | None:
+        return Interrupted(self.signum) if self.signum else None
+
+
 @contextmanager
-def interrupts_explained() -> Iterator[None]:
+def interrupts_explained() -> Iterator[Caught]:
+    caught = Caught()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield caught
         return
     handled = threading.Event()
 
     def on_signal(signum, frame):
+        caught.signum = caught.signum or signum
         handled.set()
         raise Interrupted(signum)
 
@@ -58,7 +71,7 @@ def interrupts_explained() -> Iterator[None]:
     watcher = threading.Thread(target=_watch, args=(r, handled), daemon=True, name="modelexport-interrupts")
     watcher.start()
     try:
-        yield
+        yield caught
     finally:
         signal.set_wakeup_fd(previous_fd)
         for s, handler in previous.items():

@@ -12,7 +12,7 @@ import typer
 from ..core.errors import Interrupted, ModelExportError
 from . import commands
 from .app import app, err_console
-from .interrupts import interrupted_line, interrupts_explained
+from .interrupts import Caught, interrupted_line, interrupts_explained
 
 
 def _quiet_libraries() -> None:
@@ -56,11 +56,17 @@ def _say_interrupted() -> None:
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
     _load_commands()
-    with interrupts_explained():
-        return _main(argv)
+    with interrupts_explained() as caught:
+        try:
+            return _main(argv, caught)
+        except Exception:
+            if (e := caught.as_interrupted()) is None:
+                raise
+            _say_interrupted()   # a library wrapped our Interrupted in an error of its own
+            return e.exit_code
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, caught: Caught) -> int:
     try:
         _say_qnn_log_level()
         rc = app(args=argv, standalone_mode=False)  # click returns Exit codes here
@@ -69,6 +75,9 @@ def _main(argv: list[str] | None) -> int:
         _say_interrupted()
         return e.exit_code
     except ModelExportError as e:
+        if (stop := caught.as_interrupted()) is not None:   # our error, made of a wrapped Interrupted
+            _say_interrupted()
+            return stop.exit_code
         e.in_words_of("cli")       # the API it called wrote its fix in Python's words
         err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
         if e.fix:
