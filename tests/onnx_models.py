@@ -393,3 +393,24 @@ def float16_inside(path: Path, float16_output: bool = False) -> Path:
     out = TensorProto.FLOAT16 if float16_output else TensorProto.FLOAT
     return _save(nodes, "float16_inside", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32])],
                  [helper.make_tensor_value_info("y", out, [1, 8, 32])], [w], path)
+
+
+def weight_outliers(path: Path, layers: int = 4, channels: int = 8) -> Path:
+    """A stack of 3x3 Conv → Relu whose weights each hold one large value per output channel among
+    small ones: per channel, the int8 grid is set by the large value and the small ones lose most of
+    their bits. The 8-bit weight error adds up layer by layer (a deep CNN's, made small)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = rng.standard_normal((channels, channels, 3, 3)) * 0.04
+        w[np.arange(channels), rng.integers(0, channels, channels), 1, 1] = 1.0
+        inits += [numpy_helper.from_array(w.astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array((rng.standard_normal(channels) * 0.05).astype(np.float32), f"b{i}")]
+        y = "y" if i == layers - 1 else f"a{i}"
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"/layers.{i}/conv/Conv", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [y], name=f"/layers.{i}/act/Relu")]
+        x = y
+    shape = [1, channels, 16, 16]
+    return _save(nodes, "weight_outliers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits, path)

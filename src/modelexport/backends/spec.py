@@ -57,6 +57,7 @@ class OnnxCompileOptions(CompileOptions):
     image_mean: Any = None                               # --calibration photos/: "R,G,B" on 0..1 pixels (default 0)
     image_std: Any = None                                # (default 1)
     calibration_method: str = "minmax"                   # activation ranges: minmax | percentile (quant/onnx_qdq.RANGE_METHODS)
+    split_weights: bool = False                          # each convolution's 8-bit weights as two halves (quant/weight_split)
 
 
 @dataclass

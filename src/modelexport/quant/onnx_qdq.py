@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import CalibrationError, InputError, clip
+from ..frontends.module_paths import onnx_module_path
 from .calibration import CalibrationSet
+from .onnx_overrides import parse_onnx_overrides, tensor_overrides
 from .precision import Precision
+from .weight_split import split_weight_overrides, split_weights
 
 # How activation ranges are set from the calibration data: ONNX Runtime's calibrators. MinMax keeps
 # every value; Percentile clips each tensor's range to the 99.99th percentile of |x|, giving the bulk
@@ -48,8 +51,10 @@ def _as_float32(v):
 
 
 def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibration: CalibrationSet,
-                  per_channel: bool = True, overrides: list[str] | None = None, method: str = "minmax") -> dict:
-    """Write the QDQ model to `out_path`; returns what was done (for the manifest)."""
+                  per_channel: bool = True, overrides: list[str] | None = None, method: str = "minmax",
+                  split_weights: bool = False) -> dict:
+    """Write the QDQ model to `out_path`; returns what was done (for the manifest). `split_weights`:
+    each convolution's weights as two 8-bit halves (quant/weight_split.py)."""
     from onnxruntime.quantization import CalibrationMethod, quantize
 
     from .ort_qnn import qnn_quantization
@@ -67,14 +72,16 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             warnings.simplefilter("ignore")
             changed = qnn.qnn_preprocess_model(str(float_path), str(pre))
             src = pre if changed else float_path
-            init_overrides, matched, island = None, {}, []
+            init_overrides, matched, island, split = None, {}, [], None
+            parsed = _parsed_overrides(overrides, precision)
+            if split_weights:
+                src, split = _split(src, pre, out_path, precision, per_channel, parsed)
             if overrides:
                 import onnx
-
-                from .onnx_overrides import parse_onnx_overrides, tensor_overrides
-                parsed = parse_onnx_overrides(overrides, precision)
                 init_overrides, matched, island = tensor_overrides(onnx.load(str(src), load_external_data=False), parsed,
                                                            precision, per_channel)
+            if split:
+                init_overrides = (init_overrides or {}) | split.pop("init_overrides")
             config = qnn.get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
                                         per_channel=per_channel, init_overrides=init_overrides,
                                         nodes_to_exclude=island or None, calibrate_method=CalibrationMethod[calib_name])
@@ -103,7 +110,37 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             "calibration_method": calib_name,
             **({"overrides": [{"regex": k, "nodes": v} | {"precision": spec.rpartition("=")[2]}
                               for (k, v), spec in zip(matched.items(), overrides)]} if overrides else {}),
-            **({"fp16_nodes": len(island)} if island else {})}
+            **({"fp16_nodes": len(island)} if island else {}),
+            **({"split_weights": {"layers": split["layers"]}} if split else {})}
+
+
+def check_split(precision: Precision) -> None:
+    """--split-weights splits 8-bit weights: a quantized precision with 8-bit weights."""
+    if not precision.quantized or precision.weight_bits != 8:
+        what = "keeps float weights" if not precision.quantized else f"has {precision.weight_bits}-bit weights"
+        raise InputError(f"--split-weights splits 8-bit weights; {precision.name} {what}",
+                         "use it with --precision 8a8w or 16a8w")
+
+
+def _parsed_overrides(overrides: list[str] | None, precision: Precision) -> list:
+    if not overrides:
+        return []
+    return parse_onnx_overrides(overrides, precision)
+
+
+def _split(src: Path, pre: Path, out_path: Path, precision: Precision, per_channel: bool, parsed: list) -> tuple[Path, dict]:
+    """The model with its convolutions' weights split (those an --override gives a precision of their
+    own stay whole), written beside `out_path`; the preprocessed copy it replaces is removed."""
+    import onnx
+    check_split(precision)
+    model = onnx.load(str(src))
+    info = split_weights(model, per_channel, skip=lambda n: any(o.matches(onnx_module_path(n), n.name) for o in parsed))
+    info["init_overrides"] = split_weight_overrides(model, info.pop("weights"), per_channel)
+    path = out_path.with_name(out_path.stem + ".split.onnx")
+    onnx.save(model, str(path))
+    if src == pre:
+        pre.unlink()
+    return path, info
 
 
 def keep_constants_float(config) -> None:

@@ -7,8 +7,8 @@ held-out samples (a quarter of the calibration samples, never calibrated or rank
 are ranked once by what taking each out of the quantization gives back (quant/sensitivity.py; where
 the QDQ model is right, the node where the simulator departs from it) and promoted in that order,
 one rung each (8a8w → 16a8w → 16a16w → an fp16 island), by anchored `--override`s: 1 layer, then
-2, 4, ... (a loss spread over a deep network needs many). Whole-model 16a8w, 16a16w and fp16 are
-candidates too. Every candidate is compiled, scored on the simulator and costed in simulator cycles
+2, 4, ... (a loss spread over a deep network needs many). Whole-model 16a8w, 16a8w with split weights
+(`--split-weights`), 16a16w and fp16 are candidates too. Every candidate is compiled, scored on the simulator and costed in simulator cycles
 (`profile --level detailed` with the simulator's threads on one host core, the fewest over five
 runs: left free, its count moves with the host's load). One with more CPU nodes than plain 8a8w is
 refused; of those that pass, the one with the fewest CPU nodes, then the fewest cycles, is chosen (a
@@ -63,6 +63,7 @@ class Candidate:
     overrides: list[str]
     path: Path
     method: str = "minmax"               # how activation ranges are set (quant/onnx_qdq.RANGE_METHODS)
+    split: bool = False                  # --split-weights (quant/weight_split.py)
     outputs: list[dict] = field(default_factory=list)
     passed: bool = False
     cycles: float | None = None
@@ -77,10 +78,12 @@ class Candidate:
 
     def flags(self) -> str:
         method = [f"--calibration-method {self.method}"] if self.method != "minmax" else []
-        return " ".join([f"--precision {self.precision}", *method, *(f"--override '{o}'" for o in self.overrides)])
+        split = ["--split-weights"] if self.split else []
+        return " ".join([f"--precision {self.precision}", *method, *split, *(f"--override '{o}'" for o in self.overrides)])
 
     def to_dict(self) -> dict[str, Any]:
         return {"precision": self.precision, "overrides": self.overrides, "calibration_method": self.method,
+                "split_weights": self.split,
                 "flags": self.flags(), "passed": self.passed,
                 "worst_sqnr_db": None if self.worst_db == float("-inf") else round(self.worst_db, 2),
                 "outputs": self.outputs, "cycles": self.cycles, "cpu_nodes": self.cpu_nodes, "refused": self.refused,
@@ -160,6 +163,8 @@ def search_precision(parts: list[PartSpec], out: str | Path, opts: OnnxCompileOp
     if opts.calibration_method != "minmax":
         raise InputError("--precision auto tries both calibration methods itself",
                          "leave --calibration-method out, or give a precision")
+    if opts.split_weights:
+        raise InputError("--precision auto tries --split-weights itself", "leave --split-weights out, or give a precision")
     spec, budget = parts[0], parse_budget(opts.min_sqnr)
     metric = task_metric(opts)
     if metric is not None and opts.min_sqnr is None:
@@ -239,11 +244,19 @@ def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metri
             levels, stuck = before, stuck | set(layers)
         else:
             cur = nxt
-    for p in WHOLE:
-        c = _candidate(*run, p, [], len(cands))
+    for p, split in _whole(rank):
+        c = _candidate(*run, p, [], len(cands), split=split)
         _refuse_new_cpu(c, base)
         cands.append(c)
     return cands
+
+
+def _whole(rank: "Ranking | None") -> list[tuple[str, bool]]:
+    """The whole-model candidates: WHOLE, 16a8w with split weights before 16a16w (the HTP's own 16-bit
+    weights lose precision it keeps), and 8a8w with split weights when the ranking found layers whose
+    weights lose more than their activations."""
+    split = [("8a8w", True)] if rank is not None and rank.weighty else []
+    return [*split, (WHOLE[0], False), (WHOLE[0], True), *((p, False) for p in WHOLE[1:])]
 
 
 @dataclass
@@ -282,13 +295,13 @@ def override_flags(levels: dict[str, str]) -> list[str]:
 
 
 def _candidate(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metric, precision, overrides, i,
-               method: str = "minmax") -> Candidate:
-    c = Candidate(precision, overrides, scratch / f"c{i}", method)
+               method: str = "minmax", split: bool = False) -> Candidate:
+    c = Candidate(precision, overrides, scratch / f"c{i}", method, split)
     say(f"candidate {i + 1}: {c.flags()}", i, i + 1)
     part = replace(spec, precision=precision, calibration=calib)
     try:
         b = compile_fn([part], c.path, replace(opts, overrides=list(overrides), self_check=False, min_sqnr=None,
-                                                          calibration_method=method), True, None)
+                                                          calibration_method=method, split_weights=split), True, None)
     except ModelExportError as e:             # this candidate does not compile: said in the table, the search goes on
         c.refused = f"does not compile: {e.problem[:200]}"
         return c

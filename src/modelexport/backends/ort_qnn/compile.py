@@ -31,7 +31,8 @@ from ...frontends.vision_encoder_onnx import parse_triple
 from ...passes.onnx.log_power_scale import log_power_scale
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
-from ...quant.onnx_qdq import RANGE_METHODS
+from ...quant.onnx_overrides import parse_onnx_overrides
+from ...quant.onnx_qdq import RANGE_METHODS, check_split
 from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
@@ -96,6 +97,20 @@ def _range_method(opts) -> str:
     return getattr(opts, "calibration_method", "minmax")
 
 
+def _check_quantization_options(prepared: list[_Part], opts: OnnxCompileOptions) -> None:
+    """--override 'REGEX=PRECISION' and --split-weights against each part's precision, before any heavy work."""
+    for p in prepared:
+        if opts.overrides:
+            parse_onnx_overrides(opts.overrides, p.precision)
+        if _split_weights(opts):
+            check_split(p.precision)
+
+
+def _split_weights(opts) -> bool:
+    """--split-weights; the VLM's vision part passes plain CompileOptions (no split)."""
+    return bool(getattr(opts, "split_weights", False))
+
+
 def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tuple[Path, Path | None, dict, bool]:
     """(float model path, qdq path or None, quantization info, cache hit) via the 'qdq' cache."""
     import onnxruntime
@@ -105,6 +120,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
                     part.calibration.digest() if part.calibration else None, onnxruntime.__version__, code_fingerprint(),
                     *([["onnx-overrides-v2", *opts.overrides]] if opts.overrides else []),
                     *([["ranges", method]] if method != "minmax" else []),
+                    *([["split-weights"]] if _split_weights(opts) else []),
                     *([["metadata", part.loaded.detached_metadata]] if part.loaded.detached_metadata else []))
 
     def build(tmp: Path) -> dict:
@@ -120,7 +136,7 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
         from ...quant.onnx_qdq import quantize_onnx
         t0 = time.perf_counter()
         info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel,
-                             overrides=list(opts.overrides) or None, method=method)
+                             overrides=list(opts.overrides) or None, method=method, split_weights=_split_weights(opts))
         pre = Path(info.pop("preprocessed_model"))
         if pre.name != "model.onnx" and pre.exists():
             pre.unlink()
@@ -220,10 +236,7 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     if not parts:
         raise InputError("no model given", "pass one or more .onnx files")
     prepared = _prepare_parts(parts, opts, socs)
-    if opts.overrides:                           # --override 'REGEX=PRECISION': checked before any heavy work
-        from ...quant.onnx_overrides import parse_onnx_overrides
-        for p in prepared:
-            parse_onnx_overrides(opts.overrides, p.precision)
+    _check_quantization_options(prepared, opts)
     from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
