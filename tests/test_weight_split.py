@@ -75,3 +75,13 @@ def test_split_weights_refuses_weights_that_are_not_8_bit(tmp_path, cli):
     with pytest.raises(InputError, match="tries --split-weights itself"):
         modelexport.compile(str(model), output=tmp_path / "a", target="SM8650", precision="auto", calibration="random",
                             split_weights=True)
+
+
+def test_a_layer_with_an_override_of_its_own_stays_whole(tmp_path):
+    """--override gives layers.0 16-bit weights: it is not split; the other three are."""
+    model = weight_outliers(tmp_path / "m.onnx")
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="16a8w", calibration="random",
+                            split_weights=True, overrides=[r"layers\.0\.conv=16a16w"])
+    assert b.manifest.parts[0].quantization["split_weights"] == {"layers": 3}
+    names = {n.name for n in onnx.load(str(b.path / b.manifest.parts[0].files.quantized_model)).graph.node}
+    assert "/layers.0/conv/Conv" + LO_SUFFIX not in names and "/layers.1/conv/Conv" + LO_SUFFIX in names

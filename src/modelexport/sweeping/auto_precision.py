@@ -244,18 +244,21 @@ def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metri
             levels, stuck = before, stuck | set(layers)
         else:
             cur = nxt
-    for p, split in _whole(rank):
+    for p, split in _whole(rank, cur.passed):
+        if split and cands[-1].passed:           # split weights cost cycles the unsplit candidate did not need
+            continue
         c = _candidate(*run, p, [], len(cands), split=split)
         _refuse_new_cpu(c, base)
         cands.append(c)
     return cands
 
 
-def _whole(rank: "Ranking | None") -> list[tuple[str, bool]]:
-    """The whole-model candidates: WHOLE, 16a8w with split weights before 16a16w (the HTP's own 16-bit
-    weights lose precision it keeps), and 8a8w with split weights when the ranking found layers whose
-    weights lose more than their activations."""
-    split = [("8a8w", True)] if rank is not None and rank.weighty else []
+def _whole(rank: Ranking | None, plan_passed: bool) -> list[tuple[str, bool]]:
+    """The whole-model candidates: WHOLE, 16a8w with split weights after plain 16a8w and before 16a16w
+    (the HTP's own 16-bit weights lose precision split 8-bit ones keep), and 8a8w with split weights
+    when the plan did not pass and the ranking found layers whose weights lose more than their
+    activations. A split candidate is compiled only when the one before it did not pass."""
+    split = [("8a8w", True)] if not plan_passed and rank is not None and rank.weighty else []
     return [*split, (WHOLE[0], False), (WHOLE[0], True), *((p, False) for p in WHOLE[1:])]
 
 
