@@ -414,3 +414,21 @@ def weight_outliers(path: Path, layers: int = 4, channels: int = 8) -> Path:
     shape = [1, channels, 16, 16]
     return _save(nodes, "weight_outliers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits, path)
+
+
+def dense_outliers(path: Path, width: int = 64) -> Path:
+    """MatMul → Relu → Gemm (transB=1, with a bias): weights with one large value per output column
+    among small ones, as weight_outliers for the dense ops."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(4)
+    w1 = rng.standard_normal((width, width)) * 0.04
+    w1[rng.integers(0, width, width), np.arange(width)] = 1.0
+    w2 = rng.standard_normal((width, width)) * 0.04            # [N, K]: transB=1
+    w2[np.arange(width), rng.integers(0, width, width)] = 1.0
+    inits = [numpy_helper.from_array(w1.astype(np.float32), "w1"), numpy_helper.from_array(w2.astype(np.float32), "w2"),
+             numpy_helper.from_array((rng.standard_normal(width) * 0.05).astype(np.float32), "b2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m"], name="/fc1/MatMul"),
+             helper.make_node("Relu", ["m"], ["r"], name="/act/Relu"),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="/fc2/Gemm", transB=1)]
+    return _save(nodes, "dense_outliers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, width])], inits, path)

@@ -4,6 +4,9 @@ The float graph computes the same values; the QDQ graph's weights are about 16-b
 HTP simulator a stack whose 8-bit weight error adds up gains what 16-bit weights would give."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,7 +15,7 @@ import pytest
 import modelexport
 from modelexport.core.errors import InputError
 from modelexport.quant.weight_split import LO_SUFFIX, on_int8_grid, split_weights
-from onnx_models import conv_relu, weight_outliers
+from onnx_models import conv_relu, dense_outliers, weight_outliers
 
 
 def _run(model, x):
@@ -27,6 +30,16 @@ def test_split_graph_computes_what_the_float_graph_does(tmp_path):
     assert info["layers"] == 4 and len(info["weights"]) == 4
     assert [n.op_type for n in m.graph.node[:4]] == ["Conv", "Conv", "Add", "Relu"]
     assert m.graph.node[1].name == "/layers.0/conv/Conv" + LO_SUFFIX
+    np.testing.assert_allclose(_run(m, x), before, rtol=1e-4, atol=1e-5)
+
+
+def test_dense_layers_split_too_and_compute_the_same():
+    m = onnx.load(str(dense_outliers(Path(tempfile.mkdtemp()) / "d.onnx")))
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    before = _run(m, x)
+    assert split_weights(m, per_channel=True)["layers"] == 2
+    assert [n.op_type for n in m.graph.node] == ["MatMul", "MatMul", "Add", "Relu", "Gemm", "Gemm", "Add"]
+    assert len(m.graph.node[5].input) == 2          # the remainder's Gemm adds no second bias
     np.testing.assert_allclose(_run(m, x), before, rtol=1e-4, atol=1e-5)
 
 
@@ -60,6 +73,17 @@ def test_split_weights_win_back_the_weight_error_on_the_simulator(tmp_path):
         got[split] = b.manifest.numerics["outputs"][0]["sqnr_db"]
         quant = b.manifest.parts[0].quantization
         assert (quant.get("split_weights") == {"layers": 4}) if split else "split_weights" not in quant
+    assert got[True] >= got[False] + 10, got
+
+
+def test_split_dense_weights_on_the_simulator(tmp_path):
+    """MatMul and Gemm (transB=1) weights split, per output column: the compile verifies better."""
+    model = dense_outliers(tmp_path / "d.onnx")
+    got = {}
+    for split in (False, True):
+        b = modelexport.compile(str(model), output=tmp_path / f"d{split}", target="SM8650", precision="16a8w",
+                                calibration="random", split_weights=split)
+        got[split] = b.manifest.numerics["outputs"][0]["sqnr_db"]
     assert got[True] >= got[False] + 10, got
 
 

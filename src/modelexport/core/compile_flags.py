@@ -87,9 +87,9 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
                 "ranges are set from the calibration data: minmax (default: every value "
                 "fits) or percentile (each range clipped to the 99.99th percentile of its "
                 "values: more steps for the bulk of them at 8 bits). --precision auto tries both.", ONNX),
-    CompileFlag("split_weights", ("--split-weights",), bool, False, "ONNX models at 8a8w or 16a8w: each convolution's "
-                "weights as two 8-bit halves (the weight on the int8 grid, then what it missed, on a 255 times finer "
-                "one): about the precision of 16-bit weights, for a second convolution per layer. For a deep CNN whose "
+    CompileFlag("split_weights", ("--split-weights",), bool, False, "ONNX models at 8a8w or 16a8w: each Conv/MatMul/Gemm "
+                "weight as two 8-bit halves (the weight on the int8 grid, then what it missed, on a 255 times finer "
+                "one): about the precision of 16-bit weights, for a second Conv/MatMul per layer. For a deep network whose "
                 "8-bit weight error adds up; --precision auto tries it.", ONNX),
     CompileFlag("rewrites", ("--rewrite",), list[str] | None, None, REWRITE_HELP, PYTORCH),
     CompileFlag("fallback", ("--fallback",), str | None, None, "PyTorch models: where nodes the HTP refuses run: xnnpack (default) or portable.", PYTORCH),

@@ -1,6 +1,7 @@
 """`--split-weights`: each convolution's 8-bit weights as two 8-bit halves, for about 16-bit weights.
 
-A Conv (or ConvTranspose) y = W * x + b becomes y = W_hi * x + b + W_lo * x: W_hi is W on the int8
+A Conv, ConvTranspose, MatMul or Gemm y = W * x + b becomes y = W_hi * x + b + W_lo * x (the
+second one without the bias): W_hi is W on the int8
 grid the quantizer itself gives it (symmetric, per output channel: scale max|W|/127), so quantizing
 W_hi again loses nothing; W_lo = W - W_hi is at most half a step, and its own 8-bit grid is 255 times
 finer. The float graph computes the same values (the two convolutions add up to the original); the
@@ -17,7 +18,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-SPLIT_OPS = {"Conv": 0, "ConvTranspose": 1}      # op → its weight's output-channel axis (the quantizer's)
+SPLIT_OPS = {"Conv": 0, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}   # op → its weight's output-channel axis
+
+
+def _axis(node) -> int:
+    """The weight's output-channel axis (a Gemm with transB=1 holds its weight as [N, K])."""
+    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        return 0
+    return SPLIT_OPS[node.op_type]
 LO_SUFFIX = "_weight_lo"
 SUM_SUFFIX = "_weight_sum"
 
@@ -36,8 +44,9 @@ def on_int8_grid(w: np.ndarray, axis: int | None) -> np.ndarray:
 
 
 def split_weights(model, per_channel: bool, skip: Callable[[object], bool] = lambda node: False) -> dict:
-    """Split every Conv / ConvTranspose whose weight is an initializer, in place; `skip(node)` keeps a
-    node whole (one with an --override of its own). → {"layers": n, "weights": [lo initializer names]}."""
+    """Split every Conv / ConvTranspose / MatMul / Gemm whose weight is an initializer (2-D for the
+    last two), in place; `skip(node)` keeps a node whole (one with an --override of its own).
+    → {"layers": n, "weights": [lo initializer names]}."""
     from onnx import helper, numpy_helper
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -52,7 +61,10 @@ def split_weights(model, per_channel: bool, skip: Callable[[object], bool] = lam
             nodes.append(node)
             continue
         w = numpy_helper.to_array(inits[w_name])
-        hi = on_int8_grid(w, SPLIT_OPS[node.op_type] if per_channel else None)
+        if node.op_type in ("MatMul", "Gemm") and w.ndim != 2:
+            nodes.append(node)
+            continue
+        hi = on_int8_grid(w, _axis(node) if per_channel else None)
         lo = w.astype(np.float64) - hi
         if not np.any(lo):
             nodes.append(node)
@@ -82,6 +94,6 @@ def split_weight_overrides(model, lo_names: list[str], per_channel: bool) -> dic
                 (node.input[1] in lo or node.input[1] + LO_SUFFIX in lo):
             entry = {"quant_type": QuantType.QInt8, "symmetric": True}
             if per_channel:
-                entry["axis"] = SPLIT_OPS[node.op_type]
+                entry["axis"] = _axis(node)
             out[node.input[1]] = [entry]
     return out

