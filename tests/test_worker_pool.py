@@ -107,3 +107,28 @@ def test_an_interrupt_while_a_worker_starts_is_taken_once_it_has_started():
         assert signal.getsignal(signal.SIGTERM) is on_term
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_interrupt_while_the_workers_are_waited_for_stops_them_and_forgets_the_pool(monkeypatch):
+    """SIGTERM landing in the pool's last wait (shutdown(wait=True)): the workers are terminated and
+    the pool's manager leaves the exit hook's list, so Python's exit prints no OSError traceback."""
+    from concurrent.futures import process
+    from modelexport.core.errors import Interrupted
+    pool = WorkerPool("test", 1)
+    pool.wait(pool.submit(double, 2))
+    manager = pool._pool._executor_manager_thread
+    workers = list(pool._pool._processes.values())
+    real_shutdown = pool._pool.shutdown
+
+    def interrupted(wait=True, cancel_futures=False):
+        if wait:
+            raise Interrupted(signal.SIGTERM)
+        real_shutdown(wait=wait, cancel_futures=cancel_futures)
+    monkeypatch.setattr(pool._pool, "shutdown", interrupted)
+    with pytest.raises(Interrupted):
+        with pool:
+            pass
+    assert manager not in process._threads_wakeups
+    for w in workers:
+        w.join(timeout=10)
+        assert not w.is_alive()

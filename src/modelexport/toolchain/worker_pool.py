@@ -117,19 +117,29 @@ class WorkerPool:
         if self._pool is None:
             return
         if exc[0] is not None and issubclass(exc[0], (Interrupted, KeyboardInterrupt)):
-            # do not wait minutes for a compile nobody wants: stop the workers now
+            self._stop_now()      # do not wait minutes for a compile nobody wants: stop the workers now
+            return
+        try:
+            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        except BaseException:     # Ctrl-C or SIGTERM while the workers were being waited for
+            self._stop_now()
+            raise
+
+    def _stop_now(self) -> None:
+        """Terminate the workers and forget the pool's manager. The manager thread closes its wakeup
+        pipe as it ends, and Python 3.11's exit hook writes to that pipe without a lock: it may find
+        it half closed and print an OSError traceback. The manager is woken by the shutdown here; the
+        hook has nothing left to do, so it never sees this pool, whatever interrupts this."""
+        manager = getattr(self._pool, "_executor_manager_thread", None)
+        try:
             for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
                 proc.terminate()
             self._pool.shutdown(wait=False, cancel_futures=True)
-            # the pool's manager thread closes its wakeup pipe as it ends, and Python 3.11's exit hook
-            # writes to that pipe without a lock: it may find it half closed and print an OSError
-            # traceback. The manager is already woken by shutdown; the hook has nothing left to do.
-            manager = getattr(self._pool, "_executor_manager_thread", None)
             if manager is not None:
                 manager.join(timeout=5)
+        finally:
+            if manager is not None:
                 _process_module._threads_wakeups.pop(manager, None)
-            return
-        self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
     def submit(self, fn: Callable[[Any], Any], job: Any) -> int:
         """Queue the job; returns its handle for `wait`."""
