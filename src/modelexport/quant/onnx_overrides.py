@@ -26,6 +26,12 @@ _OWN_PARAMS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "LayerNormalization", 
                "BatchNormalization", "GroupNormalization")
 
 
+def weight_override(quant_type, axis: int | None) -> dict:
+    """A weight initializer's TensorQuantOverrides entry: signed, symmetric (what the HTP takes per
+    channel), one scale per slice on `axis` (None: per tensor)."""
+    return {"quant_type": quant_type, "symmetric": True, **({"axis": axis} if axis is not None else {})}
+
+
 def parse_onnx_overrides(specs: list[str] | None, default: Precision) -> list[Override]:
     def check(spec: str, p: Precision) -> None:
         if not default.quantized:
@@ -61,10 +67,8 @@ def tensor_overrides(model, overrides: list[Override], default: Precision, per_c
         if widx is not None and len(node.input) > widx and node.input[widx] in inits:
             # HTP takes per-channel weights signed and symmetric (offset 0): uint8 → int8, uint16 → int16
             weight = {QuantType.QUInt8: QuantType.QInt8, QuantType.QUInt16: QuantType.QInt16}.get(weight, weight)
-            entry = {"quant_type": weight, "symmetric": True}
-            if per_channel and node.op_type in _CHANNEL_AXIS:
-                entry["axis"] = _CHANNEL_AXIS[node.op_type]
-            out[node.input[widx]] = [entry]
+            axis = _CHANNEL_AXIS.get(node.op_type) if per_channel else None
+            out[node.input[widx]] = [weight_override(weight, axis)]
         if hit.precision.activation_type != default.activation_type:
             _convert_inputs(node, out, inits, QuantType[default.activation_type], act)
             promoted[node.name] = act

@@ -18,7 +18,7 @@ from ..frontends.module_paths import onnx_module_path
 from .calibration import CalibrationSet
 from .onnx_overrides import parse_onnx_overrides, tensor_overrides
 from .precision import Precision
-from .weight_split import split_weight_overrides, split_weights
+from . import weight_split
 
 # How activation ranges are set from the calibration data: ONNX Runtime's calibrators. MinMax keeps
 # every value; Percentile clips each tensor's range to the 99.99th percentile of |x|, giving the bulk
@@ -54,7 +54,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                   per_channel: bool = True, overrides: list[str] | None = None, method: str = "minmax",
                   split_weights: bool = False) -> dict:
     """Write the QDQ model to `out_path`; returns what was done (for the manifest). `split_weights`:
-    each convolution's weights as two 8-bit halves (quant/weight_split.py)."""
+    each Conv/MatMul/Gemm weight as two 8-bit halves (quant/weight_split.py)."""
     from onnxruntime.quantization import CalibrationMethod, quantize
 
     from .ort_qnn import qnn_quantization
@@ -129,13 +129,13 @@ def _parsed_overrides(overrides: list[str] | None, precision: Precision) -> list
 
 
 def _split(src: Path, pre: Path, out_path: Path, precision: Precision, per_channel: bool, parsed: list) -> tuple[Path, dict]:
-    """The model with its convolutions' weights split (those an --override gives a precision of their
+    """The model with its Conv/MatMul/Gemm weights split (those an --override gives a precision of their
     own stay whole), written beside `out_path`; the preprocessed copy it replaces is removed."""
     import onnx
     check_split(precision)
     model = onnx.load(str(src))
-    info = split_weights(model, per_channel, skip=lambda n: any(o.matches(onnx_module_path(n), n.name) for o in parsed))
-    info["init_overrides"] = split_weight_overrides(model, info.pop("weights"), per_channel)
+    info = weight_split.split_weights(model, per_channel,
+                                      skip=lambda n: any(o.matches(onnx_module_path(n), n.name) for o in parsed))
     path = out_path.with_name(out_path.stem + ".split.onnx")
     onnx.save(model, str(path))
     if src == pre:

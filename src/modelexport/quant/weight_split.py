@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .onnx_overrides import weight_override
+
 SPLIT_OPS = {"Conv": 0, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}   # op → its weight's output-channel axis
 
 
@@ -46,15 +48,17 @@ def on_int8_grid(w: np.ndarray, axis: int | None) -> np.ndarray:
 def split_weights(model, per_channel: bool, skip: Callable[[object], bool] = lambda node: False) -> dict:
     """Split every Conv / ConvTranspose / MatMul / Gemm whose weight is an initializer (2-D for the
     last two), in place; `skip(node)` keeps a node whole (one with an --override of its own).
-    → {"layers": n, "weights": [lo initializer names]}."""
+    → {"layers": n, "weights": [lo initializer names], "init_overrides": both halves of every split
+    weight as int8, symmetric, per channel where the compile is (the grid `on_int8_grid` put W_hi on)}."""
     from onnx import helper, numpy_helper
+    from onnxruntime.quantization import QuantType
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     readers: dict[str, int] = {}
     for n in g.node:
         for t in n.input:
             readers[t] = readers.get(t, 0) + 1
-    nodes, los = [], []
+    nodes, los, overrides = [], [], {}
     for node in g.node:
         w_name = node.input[1] if node.op_type in SPLIT_OPS and len(node.input) > 1 else None
         if w_name is None or w_name not in inits or readers.get(w_name) != 1 or skip(node):
@@ -64,7 +68,8 @@ def split_weights(model, per_channel: bool, skip: Callable[[object], bool] = lam
         if node.op_type in ("MatMul", "Gemm") and w.ndim != 2:
             nodes.append(node)
             continue
-        hi = on_int8_grid(w, _axis(node) if per_channel else None)
+        axis = _axis(node) if per_channel else None
+        hi = on_int8_grid(w, axis)
         lo = w.astype(np.float64) - hi
         if not np.any(lo):
             nodes.append(node)
@@ -78,22 +83,7 @@ def split_weights(model, per_channel: bool, skip: Callable[[object], bool] = lam
         lo_node.attribute.extend(node.attribute)
         nodes += [node, lo_node, helper.make_node("Add", [out + "_hi", out + "_lo"], [out], name=name + SUM_SUFFIX)]
         los.append(lo_name)
+        overrides[w_name] = overrides[lo_name] = [weight_override(QuantType.QInt8, axis)]
     del g.node[:]
     g.node.extend(nodes)
-    return {"layers": len(los), "weights": los}
-
-
-def split_weight_overrides(model, lo_names: list[str], per_channel: bool) -> dict[str, list[dict]]:
-    """init_overrides for both halves of every split weight: int8, symmetric, per channel where the
-    compile is (the grid `on_int8_grid` put W_hi on)."""
-    from onnxruntime.quantization import QuantType
-    out: dict[str, list[dict]] = {}
-    lo = set(lo_names)
-    for node in model.graph.node:
-        if node.op_type in SPLIT_OPS and len(node.input) > 1 and \
-                (node.input[1] in lo or node.input[1] + LO_SUFFIX in lo):
-            entry = {"quant_type": QuantType.QInt8, "symmetric": True}
-            if per_channel:
-                entry["axis"] = _axis(node)
-            out[node.input[1]] = [entry]
-    return out
+    return {"layers": len(los), "weights": los, "init_overrides": overrides}
