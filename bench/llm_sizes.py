@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--shape", choices=[*SHAPES, "smollm2"], required=True)
     ap.add_argument("--estimate-only", action="store_true", help="only the up-front estimate (--dry-run)")
     ap.add_argument("--work", default=os.environ.get("BENCH_WORK"), help="where folders, cache and bundle go")
+    ap.add_argument("--executorch-program", action="store_true",
+                    help="compile with --executorch-program (recorded as SHAPE_executorch)")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="llm_sizes_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -157,6 +159,7 @@ def main() -> None:
     cache = work / f"cache_{a.shape}_{int(time.time())}"           # cold: a fresh cache every run
     env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     common = ["--target", "SM8650", "--variants", "ar1,ar32", "--max-seq-len", "512", "--precision", "16a4w_block"]
+    common += ["--executorch-program"] if a.executorch_program else []
     entry: dict = {"source": str(src), "shape": SHAPES.get(a.shape, "SmolLM2-135M-Instruct Q4_1 GGUF"),
                    "options": "SM8650, ar1 + ar32, cl 512, 16a4w_block (defaults)", "goal": GOALS[a.shape],
                    "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -178,11 +181,17 @@ def main() -> None:
                                   "device_bytes": m["llm"]["device_bytes"],
                                   "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "bundle_disk_bytes": du(out),
                                   "cache_disk_bytes": du(cache)}
+            for target, prog in (m["llm"].get("executorch") or {}).items():
+                entry["executorch_program"] = {
+                    "target": target, "bytes": prog["bytes"], "binaries_stored": prog["binaries_stored"],
+                    "bytes_per_parameter": round(prog["bytes"] / m["parameters"], 3), "build_s": prog["build_s"],
+                    "check": {k: prog["check"][k] for k in ("same_tokens", "steps", "worst_logits_sqnr_db", "seconds")}}
             # the same command again: every stage from the cache (what a re-run or a resume costs at best)
             warm = run_measured(["compile", str(src), *common, "-o", str(out), "--force", "--json"], env)
             entry["compile_cached"] = {k: warm[k] for k in ("rc", "wall_s", "peak_parent_rss_gb", "peak_tree_rss_gb")}
         entry["host"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    print(json.dumps(_record(a.shape, entry, a.estimate_only), indent=2))
+    key = a.shape + ("_executorch" if a.executorch_program else "")
+    print(json.dumps(_record(key, entry, a.estimate_only), indent=2))
 
 
 def _record(shape: str, entry: dict, estimate_only: bool) -> dict:

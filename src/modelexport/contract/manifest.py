@@ -24,52 +24,22 @@ used to be dicts that kept them); only unset optional fields are left out.
 """
 from __future__ import annotations
 
-import re
-from pathlib import PurePosixPath
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SerializationInfo,
+from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo,
                       SerializerFunctionWrapHandler, model_serializer, model_validator)
 
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
 from ..core.vocab import BundleKind, Format, GraphKind, Role
+from .llm_records import (  # noqa: F401  (re-exported)
+    DecoderShape, WeightSharing, LogitsAgreement, PteLlmProgram, ExecutorchRunnerProgram, GeniePipelineCheck, GenieCheck, WeightRounding, QualityRecipe)
+from .records import BundlePath, _inside_the_bundle, _Recorded  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 2
 
 
-def _inside_the_bundle(path: str) -> str:
-    """A path a manifest records for a file of its bundle: relative, never climbing out. A manifest
-    naming `/etc/passwd` or `../../x` is tampered with, and no reader may follow it."""
-    p = PurePosixPath(path.replace("\\", "/"))
-    if not path or p.is_absolute() or ".." in p.parts or re.match(r"^[A-Za-z]:", path):
-        raise ValueError(f"{path!r} is not a path inside the bundle")
-    return path
-
-
-# Every field naming a file of the bundle has this type (SourceModel.path and CacheInfo.root name
-# places outside it by design).
-BundlePath = Annotated[str, AfterValidator(_inside_the_bundle)]
-
 GRAPH_NAMING = ("{type}_ar{N}_cl{C}_{i}_of_{n}: type prompt (N>1), token (N=1) or full (N=C: the whole context, "
                 "no KV cache), C = max_seq_len, part i of n")
-
-
-class _Recorded(BaseModel):
-    """Serialized as written: under `exclude_none` a field the writer set to None stays (as null);
-    only fields never set are left out. `keeps_none` limits that to some fields (None: all)."""
-    keeps_none: ClassVar[frozenset[str] | None] = None
-
-    @model_serializer(mode="wrap")
-    def _written_nones(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        data = handler(self)
-        if not isinstance(data, dict) or not info.exclude_none or info.include is not None or info.exclude is not None:
-            return data
-        keep = self.model_fields_set if self.keeps_none is None else self.model_fields_set & self.keeps_none
-        nones = {k for k in keep if k not in data and getattr(self, k) is None}
-        if not nones:
-            return data
-        out = {k: data[k] if k in data else None for k in type(self).model_fields if k in data or k in nones}
-        return out | {k: v for k, v in data.items() if k not in out}
 
 
 class Encoding(BaseModel):
@@ -218,117 +188,6 @@ class PartEntry(_Recorded):
 # ---------------------------------------------------------------------------------------------
 # LLM bundles
 
-class DecoderShape(_Recorded):
-    """The static decoder's dimensions (`llm.model.static_decoder.DecoderSpec`)."""
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    max_seq_len: int
-
-
-class WeightSharing(_Recorded):
-    """One weight-shared context binary (a target and a part), read back through libQnnSystem."""
-    file: BundlePath
-    graphs: list[str]
-    shared_weights_bytes: list[int]
-    const_bytes: dict[str, int | None] = Field(default_factory=dict)
-    bytes: int
-    unshared_twins_bytes: int
-    saved_bytes: int
-    weights_stored_once: bool
-    note: str | None = None
-
-
-class LogitsAgreement(_Recorded):
-    """How close one stage's logits are to another's on the same real-text samples (`float vs
-    htp-sim`: the host twin on the simulator against the float decoder)."""
-    sqnr_db: float
-    cosine: float | None = None
-    max_abs_error: float | None = None
-    top1_agreement: float | None = None
-    samples: int | None = None
-
-
-def _numerics_by_pair(value: Any) -> Any:
-    """Bundles written before the pairs were recorded kept {method: SQNR dB} of the twin vs float."""
-    if isinstance(value, dict):
-        return {k: ({"float vs htp-sim": {"sqnr_db": v}} if isinstance(v, (int, float)) else v) for k, v in value.items()}
-    return value
-
-
-class PteLlmProgram(_Recorded):
-    """LLM `.pte` bundles: one target's program (decode + prefill methods over one weight-shared
-    context binary) and its unshared host twin, both read back with ExecuTorch's own schema."""
-    file: BundlePath
-    host_twin: BundlePath
-    methods: list[str]                   # every method, the constant ones included
-    decoder_methods: dict[str, int]      # method → tokens per call (N of arN)
-    metadata: dict[str, int | bool | list[int]] = Field(default_factory=dict)   # constant method → value
-    bytes: int
-    host_twin_bytes: int
-    kv_encodings: dict[str, list[float]] = Field(default_factory=dict)   # KV I/O → [scale, zero point], every method
-    # method → "A vs B" (stages: float, fake-quant, htp-sim) → agreement of the logits, measured at compile
-    numerics: Annotated[dict[str, dict[str, LogitsAgreement]], BeforeValidator(_numerics_by_pair)] = \
-        Field(default_factory=dict)
-    fake_quant: dict[str, BundlePath] = Field(default_factory=dict)   # method → QnnQuantizer's converted graph (.pt2)
-
-
-class GeniePipelineCheck(_Recorded):
-    """A VLM bundle's Genie pipeline (`genie_pipeline.json`: image-encoder, text-encoder and
-    text-generator nodes) as libGenie built it on the host twins (backends/llm_qnn/genie_pipeline.py)."""
-    file: BundlePath
-    text_path_created: bool              # pipeline, generator node on the decoder, text-encoder node, connected
-    image_encoder_created: bool          # Genie's image-encoder node on the vision part's binary
-    image_encoder_note: str | None = None   # Genie's words when it refuses it
-    checked_on: str | None = None
-
-
-class GenieCheck(_Recorded):
-    """The Genie config of a target and what libGenie said of it: the config parser (`accepted`)
-    and a dialog created on the host twins (`dialog_created`: Genie's model validation passed)."""
-    file: BundlePath
-    accepted: bool
-    status: int | None = None
-    library: str | None = None
-    dialog_created: bool | None = None
-    dialog_checked_on: str | None = None
-    dialog_note: str | None = None       # why no dialog was created, or what the dialogs did not see (a known limit of the host)
-    pipeline: GeniePipelineCheck | None = None   # VLM bundles: Genie's multimodal pipeline
-
-
-class WeightRounding(_Recorded):
-    """The 4-bit weights' rounding (quant/weight_rounding.py)."""
-    method: str                          # nearest | imatrix | seqmse | gptq | seqmse-gptq (ROUNDINGS)
-    what: str = ""
-    why: str | None = None               # asked for, the default, or why the default fell back
-    modules: int = 0                     # 4-bit linears rounded
-    tokens: int = 0                      # calibration tokens their input moments came from (0: not data-aware)
-    moments_s: float = 0.0
-    rounding_s: float = 0.0
-    layer_by_layer: bool = False         # moments recorded and dropped one decoder layer at a time
-    mean_output_error_db: float | None = None   # mean relative output error of the roundings, on those tokens
-
-
-class QualityRecipe(_Recorded):
-    """What `--max-ppl-ratio` chose: the modules raised, the perplexities, and the flags to reuse it."""
-    max_ppl_ratio: float
-    float_ppl: float
-    quantized_ppl: float                 # with the recipe, weights as in the graphs, on held-out text
-    ratio: float
-    ratio_before: float                  # with no module raised
-    raised: list[str] = Field(default_factory=list)
-    precision: str
-    overrides: list[str] = Field(default_factory=list)     # --override flags reproducing the recipe
-    added_bytes_per_param: float
-    evaluations: list[dict[str, Any]] = Field(default_factory=list)
-    ranking: str = ""
-    held_out: dict[str, Any] = Field(default_factory=dict)
-    seconds: float = 0.0
-
-
 class EmbedderPart(_Recorded):
     """The embedder part of an embeddings-in LLM bundle (`--inputs embeddings`): token ids → the
     embeddings the decoder's `inputs_embeds` takes, one graph per N in one weight-shared binary per
@@ -401,6 +260,7 @@ class LlmSection(_Recorded):
     weight_sharing: dict[str, WeightSharing] = Field(default_factory=dict)   # "TARGET/part" →
     genie: dict[str, GenieCheck] = Field(default_factory=dict)               # target →
     pte: dict[str, PteLlmProgram] = Field(default_factory=dict)              # target → (format pte)
+    executorch: dict[str, ExecutorchRunnerProgram] = Field(default_factory=dict)   # target → (--executorch-program)
     quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
     memory_limit_mb: float | None = None
     weight_rounding: WeightRounding | None = None     # how the 4-bit weights were rounded (--rounding)

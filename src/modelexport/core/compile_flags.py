@@ -111,6 +111,9 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
                 "text up) or both (ids looked up + inputs_embeds added; an id >= vocab_size looks nothing up).", LLMS, plan=True),
     CompileFlag("embedder_precision", ("--embedder-precision",), str | None, None, "LLMs, --inputs embeddings: the "
                 "embedder's table: fp16 (default) or 8bit (one scale per table).", LLMS, plan=True),
+    CompileFlag("executorch_program", ("--executorch-program",), bool, False, "LLMs (context binaries): also write, per "
+                "target, the ExecuTorch program qnn_llama_runner runs (kv_forward + prefill_forward over the bundle's own "
+                "weight-shared binaries), checked by driving its host twin as that runner does.", LLMS),
     CompileFlag("dry_run", ("--dry-run",), bool, False, "LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                 "checked against this machine; loads no weights, writes nothing.", LLMS, cli=True),
     CompileFlag("vision_precision", ("--vision-precision",), str | None, None, "Vision-language models: "

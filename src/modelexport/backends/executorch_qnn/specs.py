@@ -13,7 +13,8 @@ from ...toolchain.qnn_log_level import executorch_log_level
 LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "verbose": 4, "debug": 5}
 
 
-def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sharing: bool = False) -> list:
+def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sharing: bool = False,
+                  from_context_binary: bool = False) -> list:
     from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchLogLevel
     from executorch.backends.qualcomm.serialization.qc_schema_serialize import (flatbuffer_to_option,
                                                                                 option_to_flatbuffer)
@@ -23,7 +24,8 @@ def compile_specs(soc: SoC, use_fp16: bool, log_level: str = "error", weight_sha
     from executorch.exir.backend.compile_spec_schema import CompileSpec
     specs = generate_qnn_executorch_compiler_spec(
         soc_model=chipset(soc),
-        backend_options=generate_htp_compiler_spec(use_fp16=use_fp16, use_weight_sharing=weight_sharing))
+        backend_options=generate_htp_compiler_spec(use_fp16=use_fp16, use_weight_sharing=weight_sharing),
+        is_from_context_binary=from_context_binary)
     option = flatbuffer_to_option(specs[0].value)
     option.log_level = QnnExecuTorchLogLevel(LOG_LEVELS[executorch_log_level(log_level)])   # QNN_LOG_LEVEL
     return [CompileSpec(QCOM_QNN_COMPILE_SPEC, option_to_flatbuffer(option))]

@@ -34,7 +34,7 @@ from .. import backend
 from ...toolchain.htp_options import compile_provider_options, host_twin_provider_options
 from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of, vision_flags_given
 from ...core.cache import Cache, cache_key, cache_root
-from ...core.errors import InputError, ModelExportError, ToolchainError
+from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
 from ...core.files import sha256_onnx
 from ...core.targets import SoC, get_target
 from ...frontends.vlm_folder import is_vlm_folder
@@ -105,6 +105,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if len(parts) != 1:
         raise InputError("one LLM per bundle", "compile each model into its own bundle")
     spec = parts[0]
+    if opts.executorch_program:
+        _check_runner_request(spec, opts)
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
         from .vlm import compile_vlm
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
@@ -118,12 +120,23 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     results = _compile_contexts(jobs, plan, cache, say, timings)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
-        return write_bundle(out, force, plan, qdq, jobs, results, LlmRun(qairt, cache, timings, t_start), say)
+        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program)
+        return write_bundle(out, force, plan, qdq, jobs, results, run, say)
     finally:
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
         if not cache.enabled:
             shutil.rmtree(qdq.entry, ignore_errors=True)
+
+
+def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions) -> None:
+    """qnn_llama_runner feeds token ids to a text decoder: said before any work."""
+    if is_vlm_folder(spec.model) or opts.vision_encoder is not None:
+        raise UnsupportedError("--executorch-program builds text LLMs for qnn_llama_runner; this is a vision-language "
+                               "model", "leave --executorch-program out: Genie and ONNX Runtime run the bundle")
+    if (opts.inputs or "tokens") != "tokens":
+        raise UnsupportedError(f"--executorch-program: qnn_llama_runner feeds token ids, not --inputs {opts.inputs}",
+                               "leave --inputs out (token ids), or leave --executorch-program out")
 
 
 def _quantized_graphs(plan: LlmPlan, cache: Cache, image_calibration: str | None, say,

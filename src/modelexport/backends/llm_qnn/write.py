@@ -52,6 +52,17 @@ class LlmRun:
     cache: Cache
     timings: dict
     t_start: float
+    executorch_program: bool = False     # --executorch-program
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """The bundle being written, as the readers of a written one see it."""
+    path: Path
+    manifest: Any
+
+    def file(self, rel: str) -> Path:
+        return self.path / rel
 
 
 def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: list, results: list, run: LlmRun, say):
@@ -67,6 +78,12 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         genie = _genie_checks(a, plan, qdq.meta, ctx_bins, embedder, say)
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
+        if run.executorch_program:
+            from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
+            say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
+            staged = _Staged(a.w.dir, a.m)
+            tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
+            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, tok) for soc in plan.socs}
         a.record_timings(run.timings, first=qdq.meta["timings"])
         a.record_cache(run.cache, root=False, quantize_hit=qdq.hit, resumed_graphs=qdq.meta.get("resumed_graphs") or None,
                        compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))

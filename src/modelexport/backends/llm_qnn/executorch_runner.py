@@ -1,0 +1,299 @@
+"""The LLM bundle's graphs as the ExecuTorch program `qnn_llama_runner` runs (`--executorch-program`).
+
+ExecuTorch's Qualcomm LLM runner (`examples/qualcomm/oss_scripts/llama/runner/`) loads methods
+`kv_forward` (one token) and `prefill_forward` (hybrid mode: AR tokens) and the constant method
+`get_n_layers`, reads AR and the context length from the mask's shape, and feeds each method
+tokens int32 [1, AR], the attention mask [1, 1, AR, CL] (float: 0 attends, -65535 does not),
+positions int32 [1, AR], every layer's K cache [1, kv_heads, head_dim, CL-AR], then every V cache
+[1, kv_heads, CL-AR, head_dim]; it takes logits first, then each layer's new K, then each new V,
+and copies those bytes into its caches as they are (`kv_manager.cpp`). The bundle's graphs already
+have that layout, uint16 caches whose input and output share one encoding, and uint16 logits; so
+the program is the bundle's own context binaries, each graph renamed to the method that runs it
+(the QNN delegate executes the graph named as the method), reordered to the runner's inputs:
+no second compile, the same weights and encodings as Genie's and ONNX Runtime's.
+
+The weight-shared program is for the phone; the x86 simulator cannot load shared binaries, so the
+check drives the host twin program (the same graphs unshared) the way the runner does and
+compares it, step by step, with the bundle's own loop over the same twins.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...contract.manifest import ExecutorchRunnerProgram
+from ...core.errors import ModelExportError, ToolchainError, VerificationError, clip
+from ...core.numerics import compare
+from ...core.targets import get_target
+from ...core.vocab import Role
+from ...llm.run.tokenizers import load_tokenizer
+from ...toolchain.native_io import capture_native_output
+from ..executorch_qnn.inspect import read_pte
+from ..executorch_qnn.specs import qnn_ready
+from ...toolchain.qnn_context import read_context_binary
+from ...toolchain.qnn_context.rename import rename_graphs
+
+DECODE_METHOD, PREFILL_METHOD = "kv_forward", "prefill_forward"   # llm/model/pte_methods.py's, without its torch
+MASK_OPEN, MASK_CLOSED = 0.0, -65535.0      # the runner's float mask (kv_manager.cpp fill_mask)
+CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Markets rose on Tuesday"
+CHECK_NEW_TOKENS = 8
+
+
+def runner_inputs(n_layers: int) -> tuple[str, ...]:
+    """The graphs' tensors in the order the runner passes them (names: llm/model/graph_io.py)."""
+    return ("input_ids", "attention_mask", "position_ids", *(f"past_key_{i}_in" for i in range(n_layers)),
+            *(f"past_value_{i}_in" for i in range(n_layers)))
+
+
+def runner_outputs(n_layers: int) -> tuple[str, ...]:
+    return ("logits", *(f"past_key_{i}_out" for i in range(n_layers)), *(f"past_value_{i}_out" for i in range(n_layers)))
+
+
+def method_graphs(manifest, target: str) -> dict[str, list]:
+    """{method: the target's graphs it chains, by part}: ar1 decodes, the largest arN prefills."""
+    graphs = [g for g in manifest.graphs if g.target == target and g.n_tokens]
+    ns = sorted({g.n_tokens for g in graphs if g.n_tokens != manifest.llm.max_seq_len})
+    want = {DECODE_METHOD: 1} | ({PREFILL_METHOD: ns[-1]} if len(ns) > 1 else {})
+    if ns[0] != 1:
+        raise VerificationError("the bundle has no ar1 graph for kv_forward", "compile with --variants ar1,arN")
+    return {m: sorted((g for g in graphs if g.n_tokens == n), key=lambda g: g.part_index) for m, n in want.items()}
+
+
+def method_plans(bundle, target: str, twin: bool):
+    """{method: MethodPlan} over the bundle's binaries (the shared ones, or the host twins)."""
+    from ..executorch_qnn.from_binaries import BinaryCall, Io, MethodPlan   # deferred: torch, executorch
+    by_method = method_graphs(bundle.manifest, target)
+    n_layers = bundle.manifest.llm.spec.n_layers
+    renamed = _renamed_blobs(bundle, by_method, twin)
+    plans = {}
+    for method, graphs in by_method.items():
+        calls = []
+        for g in graphs:
+            blob = renamed[_source(g, twin)]
+            info = next(i for i in read_context_binary(blob).graphs if i.name == method)
+            io = lambda ts: tuple(Io(t.name, t.dtype, tuple(t.shape)) for t in ts)   # noqa: E731
+            calls.append(BinaryCall(blob, io(info.inputs), io(info.outputs)))
+        plans[method] = MethodPlan(runner_inputs(n_layers), runner_outputs(n_layers), tuple(calls))
+    return plans
+
+
+def _source(g, twin: bool) -> str:
+    return g.host_twin.context_binary if twin else g.file
+
+
+def _renamed_blobs(bundle, by_method: dict[str, list], twin: bool) -> dict[str, bytes]:
+    """{binary file: its bytes with each graph renamed to its method}."""
+    names: dict[str, dict[str, str]] = {}
+    for method, graphs in by_method.items():
+        for g in graphs:
+            old = g.host_twin.qnn_graph_name if twin else g.qnn_graph_name
+            names.setdefault(_source(g, twin), {})[old] = method
+    return {rel: rename_graphs(bundle.file(rel).read_bytes(), ren) for rel, ren in names.items()}
+
+
+def program_constants(manifest) -> dict:
+    from ...llm.model.pte_methods import constant_methods   # deferred: torch (the static decoder's module)
+    llm = manifest.llm
+    spec = _decoder_spec(llm)
+    prefill = max(n for n in llm.variants if n != llm.max_seq_len)
+    consts = constant_methods(spec, llm.max_seq_len, prefill, llm.bos_id, llm.bos_id is not None, llm.eos_ids)
+    return consts | {"get_kv_io_bit_width": 16}
+
+
+def _decoder_spec(llm):
+    from ...llm.model.graph_io import DecoderSpec   # deferred: torch
+    s = llm.spec
+    return DecoderSpec(s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden_size, s.vocab_size, llm.max_seq_len)
+
+
+def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path) -> ExecutorchRunnerProgram:
+    """`<target>/executorch/<name>.pte` (weight-shared, the phone's) and its host twin, checked.
+    `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write."""
+    from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
+    t0 = time.perf_counter()
+    soc, consts = get_target(target), program_constants(bundle.manifest)
+    rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"
+    twin_rel = f"{target}/host/executorch_twin.pte"
+    sizes, paths = {}, {}
+    with _quiet("building the ExecuTorch program"):
+        for path, twin in ((rel, False), (twin_rel, True)):
+            data = build_program(method_plans(bundle, target, twin), soc, consts)
+            paths[path] = place(path, Role.HOST_PTE if twin else Role.PTE)
+            paths[path].write_bytes(data)
+            sizes[path] = len(data)
+    binaries = _check_shared(read_pte(paths[rel].read_bytes()), bundle.manifest.llm.n_parts)
+    build_s = time.perf_counter() - t0
+    with _quiet("running the ExecuTorch program's host twin"):
+        check = RunnerCheck.run(bundle, paths[twin_rel], target, tokenizer)
+    return ExecutorchRunnerProgram(
+        file=rel, host_twin=twin_rel, methods=sorted(program_methods(paths[twin_rel])), metadata=consts,
+        bytes=sizes[rel], host_twin_bytes=sizes[twin_rel], binaries_stored=len(binaries),
+        binary_bytes=sum(e["size"] for e in binaries), build_s=round(build_s, 2), check=check.record())
+
+
+@contextlib.contextmanager
+def _quiet(doing: str):
+    """ExecuTorch's and QNN's native chatter kept off the user's terminal; their words kept for an error."""
+    with capture_native_output() as log:
+        try:
+            yield
+        except ModelExportError:
+            raise
+        except Exception as e:
+            tail = "\n".join(line for line in log[-20:] if line.strip())
+            raise ToolchainError(f"{doing} failed: {clip(str(e), 400)}" + (f"\n{tail}" if tail else ""),
+                                 "report this with the bundle's manifest.json") from None
+
+
+def _check_shared(info: dict, n_parts: int) -> list[dict]:
+    """The phone's program read back: one context binary per part, each holding a graph per decoder method
+    over one copy of the weights."""
+    binaries = list({e["segment"]: e for e in info["delegates"] if e.get("qnn")}.values())
+    decoders = {m["name"] for m in info["methods"] if m["delegate_calls"].get("QnnBackend")}
+    for e in binaries:
+        graphs = e["qnn"]["context_binary"]["graphs"]
+        names = {g["name"] for g in graphs}
+        shared = {(g.get("htp") or {}).get("shared_weights_size") for g in graphs}
+        if names != decoders or len(shared) != 1 or not shared.pop():
+            raise VerificationError(f"a context binary of the program holds graphs {sorted(names)} (shared weights "
+                                    f"{sorted(map(str, shared))}), expected {sorted(decoders)} over one copy",
+                                    "report this: the program does not hold the bundle's shared binaries")
+    if len(binaries) != n_parts:
+        raise VerificationError(f"the program holds {len(binaries)} context binaries for {n_parts} parts",
+                                "report this: each part's binary should be stored once")
+    return binaries
+
+
+def program_methods(pte: Path) -> list[str]:
+    return [m["name"] for m in read_pte(pte.read_bytes(), read_binaries=False)["methods"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# the runner's loop, in Python, on the host twin
+
+@dataclass
+class RunnerCheck:
+    tokens: list[int]
+    reference_tokens: list[int]
+    steps: int
+    worst_sqnr_db: float
+    seconds: float
+
+    def record(self) -> dict:
+        return {"prompt": CHECK_PROMPT, "tokens": self.tokens, "reference_tokens": self.reference_tokens,
+                "same_tokens": self.tokens == self.reference_tokens, "steps": self.steps,
+                "worst_logits_sqnr_db": round(self.worst_sqnr_db, 1), "seconds": round(self.seconds, 2),
+                "how": "the host twin program through ExecuTorch's runtime, driven as qnn_llama_runner drives it "
+                       "(hybrid mode: prefill_forward over the prompt, kv_forward per token; its mask values and "
+                       "raw uint16 caches), against the bundle's loop over the same graphs (ONNX Runtime)"}
+
+    @classmethod
+    def run(cls, bundle, twin_pte: Path, target: str, tokenizer: Path) -> RunnerCheck:
+        t0 = time.perf_counter()
+        ids = load_tokenizer(tokenizer).encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
+        ours = RunnerLoop(twin_pte).generate(ids, CHECK_NEW_TOKENS)
+        ref = _reference(bundle, target, ids, CHECK_NEW_TOKENS)
+        scale = _logits_encodings(bundle.manifest, target)
+        worst = min(compare(r, (o.astype(np.float64) - scale[m][1]) * scale[m][0])["sqnr_db"]
+                    for r, o, m in zip(ref.logits, ours.logits, ours.methods))
+        check = cls(ours.tokens, ref.tokens, len(ours.logits), worst, time.perf_counter() - t0)
+        if check.tokens != check.reference_tokens:
+            raise VerificationError(f"ExecuTorch's runtime on the program gave tokens {check.tokens}, the bundle's "
+                                    f"graphs {check.reference_tokens}", "report this: the program does not run the "
+                                    "bundle's graphs as they are")
+        return check
+
+
+@dataclass
+class Trace:
+    tokens: list[int]
+    logits: list[np.ndarray]      # per call: the logits of its valid rows (as the graph gives them)
+    methods: list[str] = field(default_factory=list)   # per call
+
+
+class RunnerLoop:
+    """qnn_llama_runner's hybrid loop over a program, reading everything from the program itself."""
+
+    def __init__(self, pte: Path):
+        import torch  # noqa: F401  (torch before ExecuTorch's Qualcomm modules: their op registrations crash otherwise)
+        qnn_ready()
+        from executorch.runtime import Runtime   # deferred: after qnn_ready()
+        self.program = Runtime.get().load_program(str(pte))
+        self.n_layers = int(self.program.load_method("get_n_layers").execute([])[0])
+        self.methods = {m: self.program.load_method(m) for m in (PREFILL_METHOD, DECODE_METHOD)
+                        if m in self.program.method_names}
+        meta = self.program.metadata(DECODE_METHOD)
+        self.context_len = meta.input_tensor_meta(1).sizes()[3]
+        k_meta = meta.input_tensor_meta(3)
+        self.k_shape = tuple(k_meta.sizes()[:3])
+        self.cache_dtype = np.uint16 if k_meta.nbytes() == 2 * int(np.prod(k_meta.sizes())) else np.uint8
+        self.ar = {m: self.program.metadata(m).input_tensor_meta(1).sizes()[2] for m in self.methods}
+
+    def generate(self, ids: list[int], n_new: int) -> Trace:
+        store = self.context_len - min(self.ar.values())
+        ks = [np.zeros((*self.k_shape, store), self.cache_dtype) for _ in range(self.n_layers)]
+        vs = [np.zeros((self.k_shape[0], self.k_shape[1], store, self.k_shape[2]), self.cache_dtype)
+              for _ in range(self.n_layers)]
+        trace, past = Trace([], []), 0
+        prefill = PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD
+        for i in range(0, len(ids), self.ar[prefill]):
+            rows = self._step(prefill, ids[i:i + self.ar[prefill]], past, ks, vs, trace)
+            past += rows
+        while len(trace.tokens) < n_new:
+            tok = int(np.argmax(trace.logits[-1][-1]))
+            trace.tokens.append(tok)
+            if len(trace.tokens) < n_new:
+                past += self._step(DECODE_METHOD, [tok], past, ks, vs, trace)
+        return trace
+
+    def _step(self, method: str, chunk: list[int], past: int, ks: list, vs: list, trace: Trace) -> int:
+        import torch
+        ar, n, cl = self.ar[method], len(chunk), self.context_len
+        cache = cl - ar
+        toks = np.zeros((1, ar), np.int32)
+        toks[0, :n] = chunk
+        mask = np.full((1, 1, ar, cl), MASK_CLOSED, np.float32)
+        mask[..., :past] = MASK_OPEN
+        mask[0, 0, :, cache:] = np.where(np.tril(np.ones((ar, ar), bool)), MASK_OPEN, MASK_CLOSED)
+        pos = np.minimum(np.arange(past, past + ar, dtype=np.int32), cl - 1)[None]
+        args = [toks, mask, pos, *(k[..., :cache] for k in ks), *(v[:, :, :cache] for v in vs)]
+        outs = self.methods[method].execute([torch.from_numpy(np.ascontiguousarray(a)) for a in args])
+        outs = [o.numpy() for o in outs]
+        trace.logits.append(outs[0][0, :n])
+        trace.methods.append(method)
+        room = min(n, ks[0].shape[-1] - past)
+        for i in range(self.n_layers):
+            ks[i][..., past:past + room] = outs[1 + i][..., :room]
+            vs[i][:, :, past:past + room] = outs[1 + self.n_layers + i][:, :, :room]
+        return n
+
+
+def _logits_encodings(manifest, target: str) -> dict[str, tuple[float, int]]:
+    """{method: (scale, zero point) of its logits}: the output of its last part."""
+    out = {}
+    for method, graphs in method_graphs(manifest, target).items():
+        enc = next(t.encoding for t in graphs[-1].outputs if t.name == "logits")
+        out[method] = (enc.scale, enc.zero_point)
+    return out
+
+
+def _reference(bundle, target: str, ids: list[int], n_new: int) -> Trace:
+    """The bundle's own loop over the host twins (ONNX Runtime), on the runner's schedule."""
+    from .session import open_forwards   # deferred: onnxruntime
+    from ...llm.run.static_runner import StaticRunner   # deferred: torch
+    graphs, spec, seq = open_forwards(bundle, "htp-sim", target=target)
+    runner = StaticRunner(graphs, spec, seq)
+    prefill = max(graphs)
+    trace = Trace([], [])
+    for i in range(0, len(ids), prefill):
+        trace.logits.append(runner.run_chunk(ids[i:i + prefill], prefill).numpy())
+    while len(trace.tokens) < n_new:
+        trace.tokens.append(int(np.argmax(trace.logits[-1][-1])))
+        if len(trace.tokens) < n_new:
+            trace.logits.append(runner.run_chunk([trace.tokens[-1]], 1).numpy())
+    return trace

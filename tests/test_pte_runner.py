@@ -1,0 +1,107 @@
+"""`compile LLM --executorch-program`: the bundle's own context binaries as the ExecuTorch program
+qnn_llama_runner runs, checked through ExecuTorch's runtime on the simulator (host twins)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llm_tiny import tiny_tokenizer, write_tiny_llm_folder
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pte_runner")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        yield write_tiny_llm_folder(root)
+
+
+def _compile(work, out, **kw):
+    import modelexport
+    return modelexport.compile(str(work / "tiny_hf"), output=work / out, target="SM8650", precision="16a4w",
+                               variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                               calibration_samples=4, executorch_program=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    return _compile(work, "bundle")
+
+
+def _program(path):
+    import torch  # noqa: F401
+    from modelexport.backends.executorch_qnn.specs import qnn_ready
+    qnn_ready()
+    from executorch.runtime import Runtime
+    return Runtime.get().load_program(str(path))
+
+
+def test_methods_and_io_are_the_runners(bundle):
+    """What qnn_llama_runner reads from the program (runner.cpp, token_generator.cpp, kv_manager.cpp)."""
+    e = bundle.manifest.llm.executorch["SM8650"]
+    prog = _program(bundle.file(e.host_twin))
+    assert {"kv_forward", "prefill_forward", "get_n_layers"} <= set(prog.method_names)
+    assert int(prog.load_method("get_n_layers").execute([])[0]) == 2
+    for method, ar in (("kv_forward", 1), ("prefill_forward", 4)):
+        meta = prog.metadata(method)
+        ins = [meta.input_tensor_meta(i) for i in range(meta.num_inputs())]
+        outs = [meta.output_tensor_meta(i) for i in range(meta.num_outputs())]
+        assert [tuple(t.sizes()) for t in ins] == [(1, ar), (1, 1, ar, SEQ), (1, ar)] + [(1, 2, 16, SEQ - ar)] * 2 \
+            + [(1, 2, SEQ - ar, 16)] * 2
+        assert [tuple(t.sizes()) for t in outs] == [(1, ar, 260)] + [(1, 2, 16, ar)] * 2 + [(1, 2, ar, 16)] * 2
+        int32, float32, uint16 = 3, 6, 27            # ExecuTorch's ScalarType codes
+        assert [t.dtype() for t in ins[:3]] == [int32, float32, int32]
+        assert {t.dtype() for t in ins[3:] + outs} == {uint16}
+
+
+def test_the_runners_loop_gives_the_bundles_tokens(bundle):
+    from modelexport.backends.llm_qnn.executorch_runner import RunnerLoop, _reference
+    e = bundle.manifest.llm.executorch["SM8650"]
+    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100, e.check
+    ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:20]   # another prompt
+    ours = RunnerLoop(bundle.file(e.host_twin)).generate(ids, 6)
+    ref = _reference(bundle, "SM8650", ids, 6)
+    assert ours.tokens == ref.tokens
+    assert ours.methods == ["prefill_forward"] * 5 + ["kv_forward"] * 5
+
+
+def test_the_phones_program_holds_the_shared_binary_once(bundle):
+    from modelexport.backends.executorch_qnn.inspect import read_pte
+    e = bundle.manifest.llm.executorch["SM8650"]
+    assert e.binaries_stored == 1 and e.bytes < e.host_twin_bytes
+    info = read_pte(bundle.file(e.file).read_bytes())
+    segments = {d["segment"] for d in info["delegates"] if d.get("qnn")}
+    assert len(segments) == 1
+    shared = bundle.manifest.llm.weight_sharing["SM8650/1"]
+    assert abs(e.binary_bytes - shared.bytes) < 4096         # the bundle's binary, a header added
+
+
+def test_parts_are_chained_in_one_method(work):
+    b = _compile(work, "split", context_limit_mb=0.06)
+    e = b.manifest.llm.executorch["SM8650"]
+    assert b.manifest.llm.n_parts == 2 and e.binaries_stored == 2
+    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100
+
+
+def test_rename_writes_in_place_and_refuses_what_it_cannot(bundle):
+    from modelexport.core.errors import InputError
+    from modelexport.toolchain.qnn_context import read_context_binary
+    from modelexport.toolchain.qnn_context.rename import rename_graphs
+    blob = bundle.file(bundle.manifest.llm.weight_sharing["SM8650/1"].file).read_bytes()
+    names = [g.name for g in read_context_binary(blob).graphs]
+    out = rename_graphs(blob, {names[0]: "kv_forward"})
+    assert len(out) == len(blob) and sorted(g.name for g in read_context_binary(out).graphs) == sorted(["kv_forward", names[1]])
+    assert np.count_nonzero(np.frombuffer(out, np.uint8) != np.frombuffer(blob, np.uint8)) < 4 * len(names[0]) + 16
+    with pytest.raises(InputError, match="at most"):
+        rename_graphs(blob, {names[0]: "x" * (len(names[0]) + 1)})
+    with pytest.raises(InputError, match="no graph"):
+        rename_graphs(blob, {"kv_forward": "prefill_forward"})
+
+
+def test_refused_for_embeddings_input_before_any_work(work):
+    from modelexport.core.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="token ids"):
+        _compile(work, "emb", inputs="embeddings")
+    assert not (work / "emb").exists()
