@@ -207,6 +207,14 @@ def llm_sizes(d) -> list[str]:
            for name, v in d.items() if name.endswith("_estimate") and isinstance(v.get("estimate"), dict)]
     out = table(["model", "parameters", "parts", "cold compile s", "peak memory GB (process tree)", "on the device",
                  "bytes/param", "second compile s (cache)", "options"], rows)
+    progs = [[name, v["executorch_program"]["bytes"] // 2**20, v["executorch_program"]["bytes_per_parameter"],
+              v["executorch_program"]["binaries_stored"], v["executorch_program"]["build_s"],
+              v["executorch_program"]["check"].get("same_tokens"), v["executorch_program"]["check"].get("worst_logits_sqnr_db")]
+             for name, v in d.items() if isinstance(v, dict) and v.get("executorch_program")]
+    if progs:
+        out += ["", "The program for qnn_llama_runner (`--executorch-program`, included in the compile above):", "",
+                *table(["model", "program MB", "bytes/param", "binaries stored", "build s",
+                        "runner's loop = bundle's tokens", "worst logits dB"], progs)]
     if est:
         out += ["", "Estimates (`compile --dry-run`, from the config alone):", "",
                 *table(["model", "parameters", "parts", "estimated peak GB", "estimated disk GB"], est)]

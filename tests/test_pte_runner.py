@@ -105,3 +105,19 @@ def test_refused_for_embeddings_input_before_any_work(work):
     with pytest.raises(UnsupportedError, match="token ids"):
         _compile(work, "emb", inputs="embeddings")
     assert not (work / "emb").exists()
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3"])
+def test_families_the_runner_names(work, family):
+    """Gemma 3 (sliding-window layers: the graphs apply the window from the positions, so the program
+    defines no get_sliding_window and the runner feeds one mask) and Qwen3 (q/k norms)."""
+    import modelexport
+    from llm_tiny_families import save_tiny_family_folder
+    folder = work / f"{family}_hf"
+    save_tiny_family_folder(family, folder)
+    b = modelexport.compile(str(folder), output=work / f"{family}_bundle", target="SM8650", precision="16a8w",
+                            variants="ar1,ar4", max_seq_len=32, calibration=str(work / "calib.txt"),
+                            calibration_samples=4, executorch_program=True)
+    e = b.manifest.llm.executorch["SM8650"]
+    assert "get_sliding_window" not in e.methods
+    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100, e.check

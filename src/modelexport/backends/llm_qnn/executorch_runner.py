@@ -39,7 +39,8 @@ from ...toolchain.qnn_context import read_context_binary
 from ...toolchain.qnn_context.rename import rename_graphs
 
 DECODE_METHOD, PREFILL_METHOD = "kv_forward", "prefill_forward"   # llm/model/pte_methods.py's, without its torch
-MASK_OPEN, MASK_CLOSED = 0.0, -65535.0      # the runner's float mask (kv_manager.cpp fill_mask)
+# the runner's mask values by the mask's ExecuTorch dtype (kv_manager.cpp fill_mask): (open, closed)
+MASK_VALUES = {6: (np.float32, (0.0, -65535.0)), 27: (np.uint16, (65535, 0)), 0: (np.uint8, (255, 0))}
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Markets rose on Tuesday"
 CHECK_NEW_TOKENS = 8
 
@@ -116,6 +117,7 @@ def write_programs(bundle, target: str, place: Callable[[str, Role], Path], toke
     `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write."""
     from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
     t0 = time.perf_counter()
+    _check_masks(bundle.manifest, target)
     soc, consts = get_target(target), program_constants(bundle.manifest)
     rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"
     twin_rel = f"{target}/host/executorch_twin.pte"
@@ -134,6 +136,19 @@ def write_programs(bundle, target: str, place: Callable[[str, Role], Path], toke
         file=rel, host_twin=twin_rel, methods=sorted(program_methods(paths[twin_rel])), metadata=consts,
         bytes=sizes[rel], host_twin_bytes=sizes[twin_rel], binaries_stored=len(binaries),
         binary_bytes=sum(e["size"] for e in binaries), build_s=round(build_s, 2), check=check.record())
+
+
+def _check_masks(manifest, target: str) -> None:
+    """A quantized mask input must read the runner's integers right: its largest value as 0 (attend),
+    0 as a large negative (kv_manager.cpp writes 65535 / 0, or 255 / 0 at 8 bits)."""
+    for graphs in method_graphs(manifest, target).values():
+        for g in graphs:
+            enc = next((t.encoding for t in g.inputs if t.name == "attention_mask"), None)
+            if enc is not None and (enc.zero_point != 2 ** enc.bits - 1 or enc.scale * enc.zero_point < 100):
+                raise VerificationError(f"{g.name}'s attention mask is encoded with scale {enc.scale:g}, zero point "
+                                        f"{enc.zero_point}: qnn_llama_runner's {2 ** enc.bits - 1} (attend) and 0 "
+                                        "(masked) would not read as 0 and a large negative",
+                                        "report this: the mask's range should be [mask value, 0]")
 
 
 @contextlib.contextmanager
@@ -233,6 +248,7 @@ class RunnerLoop:
         self.k_shape = tuple(k_meta.sizes()[:3])
         self.cache_dtype = np.uint16 if k_meta.nbytes() == 2 * int(np.prod(k_meta.sizes())) else np.uint8
         self.ar = {m: self.program.metadata(m).input_tensor_meta(1).sizes()[2] for m in self.methods}
+        self.mask = {m: MASK_VALUES[self.program.metadata(m).input_tensor_meta(1).dtype()] for m in self.methods}
 
     def generate(self, ids: list[int], n_new: int) -> Trace:
         store = self.context_len - min(self.ar.values())
@@ -257,9 +273,10 @@ class RunnerLoop:
         cache = cl - ar
         toks = np.zeros((1, ar), np.int32)
         toks[0, :n] = chunk
-        mask = np.full((1, 1, ar, cl), MASK_CLOSED, np.float32)
-        mask[..., :past] = MASK_OPEN
-        mask[0, 0, :, cache:] = np.where(np.tril(np.ones((ar, ar), bool)), MASK_OPEN, MASK_CLOSED)
+        dtype, (opened, closed) = self.mask[method]
+        mask = np.full((1, 1, ar, cl), closed, dtype)
+        mask[..., :past] = opened
+        mask[0, 0, :, cache:] = np.where(np.tril(np.ones((ar, ar), bool)), opened, closed)
         pos = np.minimum(np.arange(past, past + ar, dtype=np.int32), cl - 1)[None]
         args = [toks, mask, pos, *(k[..., :cache] for k in ks), *(v[:, :, :cache] for v in vs)]
         outs = self.methods[method].execute([torch.from_numpy(np.ascontiguousarray(a)) for a in args])

@@ -42,6 +42,11 @@ def _render_bundle(info: dict) -> None:
             console.print(f"[bold red]{verdict.get('message')}[/]", highlight=False, soft_wrap=True)
         else:
             console.print(f"[yellow]Genie not checked[/] {file}: {verdict.get('message')}")
+    for t, e in ((m.get("llm") or {}).get("executorch") or {}).items():
+        check = e.get("check") or {}
+        console.print(f"[green]ExecuTorch's runtime ran[/] {e['host_twin']} ({t}) as qnn_llama_runner does, at compile: "
+                      f"{'the bundle' if check.get('same_tokens') else 'NOT the bundle'}'s tokens, {check.get('steps')} steps; "
+                      f"{e['file']} holds {e['binaries_stored']} shared binary(ies)", highlight=False, soft_wrap=True)
     integ = info["integrity"]
     if integ["ok"]:
         console.print("[green]integrity OK[/]: every file matches its sha256")

@@ -36,6 +36,7 @@ def llm_summary(bundle, json_out: bool) -> None:
         for t, g in llm.genie.items():
             note = (f"; no dialog: {g.dialog_note}" if not g.dialog_created else f" ({g.dialog_note})") if g.dialog_note else ""
             console.print(f"  Genie accepts {g.file} ({t}){note}")
+        _executorch_lines(console, llm)
         if llm.inputs != "tokens":
             console.print(f"  inputs: {llm.inputs}" + (f" (no_token_id {llm.no_token_id})" if llm.no_token_id is not None else ""))
         if llm.embedder is not None:
@@ -77,3 +78,10 @@ def llm_summary(bundle, json_out: bool) -> None:
     if m.cache and m.cache.resumed_graphs:
         console.print(f"  resumed: {len(m.cache.resumed_graphs)} quantized graphs reused from an interrupted compile "
                       f"({', '.join(m.cache.resumed_graphs)})")
+
+
+def _executorch_lines(console, llm) -> None:
+    for t, e in llm.executorch.items():
+        console.print(f"  {e.file} ({t}): qnn_llama_runner's loop on its host twin gave the bundle's tokens "
+                      f"({e.check.get('steps')} steps, logits {e.check.get('worst_logits_sqnr_db')} dB); "
+                      f"{e.binaries_stored} binary(ies) stored, {e.bytes:,} B")
