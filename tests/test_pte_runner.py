@@ -121,3 +121,25 @@ def test_families_the_runner_names(work, family):
     e = b.manifest.llm.executorch["SM8650"]
     assert "get_sliding_window" not in e.methods
     assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100, e.check
+
+
+def test_the_deploy_view_gives_the_runners_command(bundle):
+    """The tiny tokenizer has none of the end-of-turn tokens: a Llama-architecture model without them is llama2."""
+    from modelexport.contract.deployment import deployment
+    e = bundle.manifest.llm.executorch["SM8650"]
+    assert e.decoder_model_version == "llama2" and e.eos_ids == [257]
+    et = [r for r in deployment(bundle.manifest).runtimes if r.runtime.startswith("ExecuTorch")]
+    assert et and e.file in et[0].files and "tokenizer/tokenizer.json" in et[0].files
+    assert f"--decoder_model_version llama2 --eval_mode 1 --seq_len {SEQ}" in et[0].needs
+
+
+@pytest.mark.parametrize("architecture, tokens, version", [
+    ("llama", ["<|eot_id|>"], "llama3"), ("llama", ["<|im_end|>"], "smollm2_135m"), ("llama", [], "llama2"),
+    ("qwen2", [], "qwen2_5"), ("gemma3_text", [], "gemma3"), ("phi3", [], "phi_4_mini")])
+def test_runner_versions(architecture, tokens, version):
+    from modelexport.backends.llm_qnn.executorch_runner import runner_version
+
+    class Tok:
+        def token_to_id(self, t):
+            return 1 if t in tokens else None
+    assert runner_version(architecture, Tok()) == version

@@ -109,7 +109,11 @@ def _target_of_files(m: Manifest) -> dict[str, str]:
 def _needs(rt: Runtime, m: Manifest, target: str, genie_config: str | None) -> str:
     facts = {**m.versions, "qairt": m.qairt_build or "?", "arch": m.htp_arch.get(target, "?"),
              "genie_config": genie_config or "genie_config.json"}
-    return rt.needs.format_map(_Missing(facts))
+    needs = rt.needs.format_map(_Missing(facts))
+    runner = m.llm.executorch.get(target) if m.llm and Role.PTE in rt.model_roles else None
+    if runner is not None and runner.command:   # the program for ExecuTorch's Qualcomm LLM runner
+        needs += f"; run: {runner.command}"
+    return needs
 
 
 class _Missing(dict):

@@ -82,6 +82,9 @@ class ExecutorchRunnerProgram(_Recorded):
     binaries_stored: int                 # QNN context binaries in the program (one per part: both methods share it)
     binary_bytes: int
     build_s: float | None = None
+    decoder_model_version: str | None = None   # qnn_llama_runner's --decoder_model_version for this model
+    eos_ids: list[int] = Field(default_factory=list)   # what the runner stops on with that version
+    command: str | None = None           # the runner's command line on the phone
     check: dict[str, Any] = Field(default_factory=dict)   # the runner's loop on the twin vs the bundle's loop
 
 

@@ -45,6 +45,41 @@ CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Markets rose on Tue
 CHECK_NEW_TOKENS = 8
 
 
+# qnn_llama_runner's --decoder_model_version by the model's architecture (runner.cpp picks EOS tokens and
+# the prompt format by it); a Llama-architecture model by its tokenizer's end-of-turn token.
+RUNNER_VERSIONS = {"qwen2": "qwen2_5", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3",
+                   "gemma3_text": "gemma3", "phi3": "phi_4_mini", "smollm3": "smollm3", "granite": "granite",
+                   "glm": "glm"}
+LLAMA_BY_TOKEN = (("<|eot_id|>", "llama3"), ("<|im_end|>", "smollm2_135m"))
+# the end tokens each version adds to the tokenizer's own (runner.cpp, Runner::load)
+RUNNER_EOS = {"llama3": ("<|eot_id|>",), "phi_4_mini": ("<|end|>",), "qwen3": ("<|im_end|>",),
+              "smollm2_135m": ("<|im_end|>",), "smollm3": ("<|im_end|>",), "gemma": ("<end_of_turn>",),
+              "gemma2": ("<end_of_turn>",), "gemma3": ("<end_of_turn>",), "codegen": ("<|endoftext|>",),
+              "glm": ("<|user|>",)}
+ALWAYS_EOS = ("<|eot_id|>", "<|eot|>", "<|end_of_text|>")
+
+
+def runner_version(architecture: str, tokenizer) -> str:
+    if architecture in RUNNER_VERSIONS:
+        return RUNNER_VERSIONS[architecture]
+    return next((v for token, v in LLAMA_BY_TOKEN if tokenizer.token_to_id(token) is not None), "llama2")
+
+
+def runner_eos(version: str, tokenizer) -> list[int]:
+    """The ids qnn_llama_runner stops on for `version`: the tokenizer's EOS and the version's end tokens."""
+    ids = [*tokenizer.eos_ids]
+    for token in (*ALWAYS_EOS, *RUNNER_EOS.get(version, ())):
+        i = tokenizer.token_to_id(token)
+        if i is not None:
+            ids.append(i)
+    return sorted(set(ids))
+
+
+def runner_command(pte: str, version: str, max_seq_len: int) -> str:
+    return (f"qnn_llama_runner --model_path {pte.rsplit('/', 1)[-1]} --tokenizer_path tokenizer.json "
+            f"--decoder_model_version {version} --eval_mode 1 --seq_len {max_seq_len} --prompt \"...\"")
+
+
 def runner_inputs(n_layers: int) -> tuple[str, ...]:
     """The graphs' tensors in the order the runner passes them (names: llm/model/graph_io.py)."""
     return ("input_ids", "attention_mask", "position_ids", *(f"past_key_{i}_in" for i in range(n_layers)),
@@ -130,12 +165,16 @@ def write_programs(bundle, target: str, place: Callable[[str, Role], Path], toke
             sizes[path] = len(data)
     binaries = _check_shared(read_pte(paths[rel].read_bytes()), bundle.manifest.llm.n_parts)
     build_s = time.perf_counter() - t0
+    tok = load_tokenizer(tokenizer)
+    version = runner_version(bundle.manifest.llm.architecture, tok)
+    eos = runner_eos(version, tok)
     with _quiet("running the ExecuTorch program's host twin"):
-        check = RunnerCheck.run(bundle, paths[twin_rel], target, tokenizer)
+        check = RunnerCheck.run(bundle, paths[twin_rel], target, tok, eos)
     return ExecutorchRunnerProgram(
         file=rel, host_twin=twin_rel, methods=sorted(program_methods(paths[twin_rel])), metadata=consts,
         bytes=sizes[rel], host_twin_bytes=sizes[twin_rel], binaries_stored=len(binaries),
-        binary_bytes=sum(e["size"] for e in binaries), build_s=round(build_s, 2), check=check.record())
+        binary_bytes=sum(e["size"] for e in binaries), build_s=round(build_s, 2), decoder_model_version=version,
+        eos_ids=eos, command=runner_command(rel, version, bundle.manifest.llm.max_seq_len), check=check.record())
 
 
 def _check_masks(manifest, target: str) -> None:
@@ -208,11 +247,11 @@ class RunnerCheck:
                        "raw uint16 caches), against the bundle's loop over the same graphs (ONNX Runtime)"}
 
     @classmethod
-    def run(cls, bundle, twin_pte: Path, target: str, tokenizer: Path) -> RunnerCheck:
+    def run(cls, bundle, twin_pte: Path, target: str, tokenizer, eos: list[int]) -> RunnerCheck:
         t0 = time.perf_counter()
-        ids = load_tokenizer(tokenizer).encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
-        ours = RunnerLoop(twin_pte).generate(ids, CHECK_NEW_TOKENS)
-        ref = _reference(bundle, target, ids, CHECK_NEW_TOKENS)
+        ids = tokenizer.encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
+        ours = RunnerLoop(twin_pte).generate(ids, CHECK_NEW_TOKENS, eos)
+        ref = _reference(bundle, target, ids, CHECK_NEW_TOKENS, eos)
         scale = _logits_encodings(bundle.manifest, target)
         worst = min(compare(r, (o.astype(np.float64) - scale[m][1]) * scale[m][0])["sqnr_db"]
                     for r, o, m in zip(ref.logits, ours.logits, ours.methods))
@@ -250,7 +289,9 @@ class RunnerLoop:
         self.ar = {m: self.program.metadata(m).input_tensor_meta(1).sizes()[2] for m in self.methods}
         self.mask = {m: MASK_VALUES[self.program.metadata(m).input_tensor_meta(1).dtype()] for m in self.methods}
 
-    def generate(self, ids: list[int], n_new: int) -> Trace:
+    def generate(self, ids: list[int], n_new: int, eos: list[int] = ()) -> Trace:
+        """Greedy: prefill_forward over the prompt in chunks of its AR, then kv_forward per token, until
+        `n_new` tokens or one of `eos`."""
         store = self.context_len - min(self.ar.values())
         ks = [np.zeros((*self.k_shape, store), self.cache_dtype) for _ in range(self.n_layers)]
         vs = [np.zeros((self.k_shape[0], self.k_shape[1], store, self.k_shape[2]), self.cache_dtype)
@@ -263,8 +304,10 @@ class RunnerLoop:
         while len(trace.tokens) < n_new:
             tok = int(np.argmax(trace.logits[-1][-1]))
             trace.tokens.append(tok)
-            if len(trace.tokens) < n_new:
+            if len(trace.tokens) < n_new and tok not in eos and past < self.context_len:
                 past += self._step(DECODE_METHOD, [tok], past, ks, vs, trace)
+            else:
+                break
         return trace
 
     def _step(self, method: str, chunk: list[int], past: int, ks: list, vs: list, trace: Trace) -> int:
@@ -299,7 +342,7 @@ def _logits_encodings(manifest, target: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def _reference(bundle, target: str, ids: list[int], n_new: int) -> Trace:
+def _reference(bundle, target: str, ids: list[int], n_new: int, eos: list[int] = ()) -> Trace:
     """The bundle's own loop over the host twins (ONNX Runtime), on the runner's schedule."""
     from .session import open_forwards   # deferred: onnxruntime
     from ...llm.run.static_runner import StaticRunner   # deferred: torch
@@ -311,6 +354,7 @@ def _reference(bundle, target: str, ids: list[int], n_new: int) -> Trace:
         trace.logits.append(runner.run_chunk(ids[i:i + prefill], prefill).numpy())
     while len(trace.tokens) < n_new:
         trace.tokens.append(int(np.argmax(trace.logits[-1][-1])))
-        if len(trace.tokens) < n_new:
-            trace.logits.append(runner.run_chunk([trace.tokens[-1]], 1).numpy())
+        if len(trace.tokens) == n_new or trace.tokens[-1] in eos or runner.past_len >= seq:
+            break
+        trace.logits.append(runner.run_chunk([trace.tokens[-1]], 1).numpy())
     return trace
