@@ -143,3 +143,11 @@ def test_runner_versions(architecture, tokens, version):
         def token_to_id(self, t):
             return 1 if t in tokens else None
     assert runner_version(architecture, Tok()) == version
+
+
+def test_a_large_model_is_checked_with_one_decode_step(work, monkeypatch):
+    from modelexport.backends.llm_qnn import executorch_runner
+    monkeypatch.setattr(executorch_runner, "FULL_CHECK_MAX_PARAMS", 0)
+    e = _compile(work, "large").manifest.llm.executorch["SM8650"]
+    assert e.check["scope"].startswith("one kv_forward step") and e.check["steps"] == 1
+    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100

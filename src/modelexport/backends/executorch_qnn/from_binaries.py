@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
@@ -39,9 +40,9 @@ class Io:
 
 @dataclass(frozen=True)
 class BinaryCall:
-    """One pre-compiled graph a method runs: its context binary (the graph named as the method) and
-    its IO in the graph's own order."""
-    blob: bytes
+    """One pre-compiled graph a method runs: its context binary (the graph named as the method; bytes, or
+    a file read when its payload is made, so a large one is held once) and its IO in the graph's own order."""
+    blob: bytes | Path
     inputs: tuple[Io, ...]
     outputs: tuple[Io, ...]
 
@@ -61,8 +62,9 @@ class MethodPlan:
         raise InputError(f"no graph of the method reads or writes {name!r}", "name the graphs' own tensors")
 
 
-def build_program(methods: dict[str, MethodPlan], soc: SoC, constants: dict | None = None) -> bytes:
-    """The `.pte` bytes: each method of `methods`, plus a constant method per entry of `constants`."""
+def build_program(methods: dict[str, MethodPlan], soc: SoC, out: Path, constants: dict | None = None) -> int:
+    """The `.pte` at `out` (its size returned): each method of `methods`, plus a constant method per entry of
+    `constants`. Written as ExecuTorch streams it: the program is never one block in memory."""
     qnn_ready()
     specs = compile_specs(soc, use_fp16=False, from_context_binary=True)
     ops = _define_ops(methods, specs)
@@ -77,7 +79,10 @@ def build_program(methods: dict[str, MethodPlan], soc: SoC, constants: dict | No
     with _preprocess_globals_kept():
         lowered = edge.to_backend({m: OnePerCall(specs, ops.namespace) for m in methods})
     config = ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=SEGMENT_ALIGNMENT)
-    return lowered.to_executorch(config).buffer
+    program = lowered.to_executorch(config)
+    with open(out, "wb") as f:
+        program.write_to_file(f)
+    return out.stat().st_size
 
 
 @contextlib.contextmanager
@@ -119,13 +124,15 @@ def _define_ops(methods: dict[str, MethodPlan], specs: list) -> _Ops:
     for method, plan in methods.items():
         ops.names[method] = []
         for i, call in enumerate(plan.calls):
-            digest = hashlib.sha256(call.blob).hexdigest()
+            raw = call.blob if isinstance(call.blob, bytes) else call.blob.read_bytes()
+            digest = hashlib.sha256(raw).hexdigest()
             name = f"mx_{method}_{i}_{digest[:16]}"
             ops.names[method].append(name)
             if name in ops.payloads:
                 continue
             if digest not in wrapped:
-                wrapped[digest] = header(call.blob)
+                wrapped[digest] = header(raw)
+            del raw
             ops.payloads[name] = wrapped[digest]
             if not hasattr(getattr(torch.ops, ops.namespace), name):
                 ops.library.define(f"{name}(Tensor[] inputs) -> Any")

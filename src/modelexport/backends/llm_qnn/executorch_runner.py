@@ -19,6 +19,7 @@ compares it, step by step, with the bundle's own loop over the same twins.
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ DECODE_METHOD, PREFILL_METHOD = "kv_forward", "prefill_forward"   # llm/model/pt
 MASK_VALUES = {6: (np.float32, (0.0, -65535.0)), 27: (np.uint16, (65535, 0)), 0: (np.uint8, (255, 0))}
 CHECK_PROMPT = "The quick brown fox jumps over the lazy dog. Markets rose on Tuesday"
 CHECK_NEW_TOKENS = 8
+# Above this size the compile's check is one kv_forward step: on the x86 simulator a Llama-3.2-1B-shaped
+# model's ar32 prefill_forward call takes about 4 minutes and an ar1 call 37 s (bench/results/llm_sizes.json).
+FULL_CHECK_MAX_PARAMS = 300_000_000
 
 
 # qnn_llama_runner's --decoder_model_version by the model's architecture (runner.cpp picks EOS tokens and
@@ -100,12 +104,13 @@ def method_graphs(manifest, target: str) -> dict[str, list]:
     return {m: sorted((g for g in graphs if g.n_tokens == n), key=lambda g: g.part_index) for m, n in want.items()}
 
 
-def method_plans(bundle, target: str, twin: bool):
-    """{method: MethodPlan} over the bundle's binaries (the shared ones, or the host twins)."""
+def method_plans(bundle, target: str, twin: bool, scratch: Path):
+    """{method: MethodPlan} over the bundle's binaries (the shared ones, or the host twins), each renamed
+    into `scratch` (read again when the program takes it: a 1B model's binaries are held once)."""
     from ..executorch_qnn.from_binaries import BinaryCall, Io, MethodPlan   # deferred: torch, executorch
     by_method = method_graphs(bundle.manifest, target)
     n_layers = bundle.manifest.llm.spec.n_layers
-    renamed = _renamed_blobs(bundle, by_method, twin)
+    renamed = _renamed_binaries(bundle, by_method, twin, scratch)
     plans = {}
     for method, graphs in by_method.items():
         calls = []
@@ -122,14 +127,18 @@ def _source(g, twin: bool) -> str:
     return g.host_twin.context_binary if twin else g.file
 
 
-def _renamed_blobs(bundle, by_method: dict[str, list], twin: bool) -> dict[str, bytes]:
-    """{binary file: its bytes with each graph renamed to its method}."""
+def _renamed_binaries(bundle, by_method: dict[str, list], twin: bool, scratch: Path) -> dict[str, Path]:
+    """{binary file: a copy in `scratch` with each graph renamed to its method}."""
     names: dict[str, dict[str, str]] = {}
     for method, graphs in by_method.items():
         for g in graphs:
             old = g.host_twin.qnn_graph_name if twin else g.qnn_graph_name
             names.setdefault(_source(g, twin), {})[old] = method
-    return {rel: rename_graphs(bundle.file(rel).read_bytes(), ren) for rel, ren in names.items()}
+    out = {}
+    for i, (rel, ren) in enumerate(names.items()):
+        out[rel] = scratch / f"{i}_{Path(rel).name}"
+        out[rel].write_bytes(rename_graphs(bundle.file(rel).read_bytes(), ren))
+    return out
 
 
 def program_constants(manifest) -> dict:
@@ -157,12 +166,10 @@ def write_programs(bundle, target: str, place: Callable[[str, Role], Path], toke
     rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"
     twin_rel = f"{target}/host/executorch_twin.pte"
     sizes, paths = {}, {}
-    with _quiet("building the ExecuTorch program"):
+    with _quiet("building the ExecuTorch program"), tempfile.TemporaryDirectory(prefix="modelexport-pte-") as scratch:
         for path, twin in ((rel, False), (twin_rel, True)):
-            data = build_program(method_plans(bundle, target, twin), soc, consts)
             paths[path] = place(path, Role.HOST_PTE if twin else Role.PTE)
-            paths[path].write_bytes(data)
-            sizes[path] = len(data)
+            sizes[path] = build_program(method_plans(bundle, target, twin, Path(scratch)), soc, paths[path], consts)
     binaries = _check_shared(read_pte(paths[rel].read_bytes()), bundle.manifest.llm.n_parts)
     build_s = time.perf_counter() - t0
     tok = load_tokenizer(tokenizer)
@@ -237,9 +244,10 @@ class RunnerCheck:
     steps: int
     worst_sqnr_db: float
     seconds: float
+    scope: str
 
     def record(self) -> dict:
-        return {"prompt": CHECK_PROMPT, "tokens": self.tokens, "reference_tokens": self.reference_tokens,
+        return {"prompt": CHECK_PROMPT, "scope": self.scope, "tokens": self.tokens, "reference_tokens": self.reference_tokens,
                 "same_tokens": self.tokens == self.reference_tokens, "steps": self.steps,
                 "worst_logits_sqnr_db": round(self.worst_sqnr_db, 1), "seconds": round(self.seconds, 2),
                 "how": "the host twin program through ExecuTorch's runtime, driven as qnn_llama_runner drives it "
@@ -250,12 +258,17 @@ class RunnerCheck:
     def run(cls, bundle, twin_pte: Path, target: str, tokenizer, eos: list[int]) -> RunnerCheck:
         t0 = time.perf_counter()
         ids = tokenizer.encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
-        ours = RunnerLoop(twin_pte).generate(ids, CHECK_NEW_TOKENS, eos)
-        ref = _reference(bundle, target, ids, CHECK_NEW_TOKENS, eos)
+        full = (bundle.manifest.parameters or 0) <= FULL_CHECK_MAX_PARAMS
+        ids, n_new = (ids, CHECK_NEW_TOKENS) if full else (ids[:1], 1)
+        scope = (f"hybrid mode: prefill_forward over {len(ids)} prompt tokens, kv_forward per new token" if full else
+                 f"one kv_forward step (above {FULL_CHECK_MAX_PARAMS // 10**6} M parameters the simulator takes "
+                 "minutes per call; bench/llm_runner_check.py runs a whole dialog)")
+        ours = RunnerLoop(twin_pte).generate(ids, n_new, eos, prefill=full)
+        ref = _reference(bundle, target, ids, n_new, eos, prefill=full)
         scale = _logits_encodings(bundle.manifest, target)
         worst = min(compare(r, (o.astype(np.float64) - scale[m][1]) * scale[m][0])["sqnr_db"]
                     for r, o, m in zip(ref.logits, ours.logits, ours.methods))
-        check = cls(ours.tokens, ref.tokens, len(ours.logits), worst, time.perf_counter() - t0)
+        check = cls(ours.tokens, ref.tokens, len(ours.logits), worst, time.perf_counter() - t0, scope)
         if check.tokens != check.reference_tokens:
             raise VerificationError(f"ExecuTorch's runtime on the program gave tokens {check.tokens}, the bundle's "
                                     f"graphs {check.reference_tokens}", "report this: the program does not run the "
@@ -289,7 +302,7 @@ class RunnerLoop:
         self.ar = {m: self.program.metadata(m).input_tensor_meta(1).sizes()[2] for m in self.methods}
         self.mask = {m: MASK_VALUES[self.program.metadata(m).input_tensor_meta(1).dtype()] for m in self.methods}
 
-    def generate(self, ids: list[int], n_new: int, eos: list[int] = ()) -> Trace:
+    def generate(self, ids: list[int], n_new: int, eos: list[int] = (), prefill: bool = True) -> Trace:
         """Greedy: prefill_forward over the prompt in chunks of its AR, then kv_forward per token, until
         `n_new` tokens or one of `eos`."""
         store = self.context_len - min(self.ar.values())
@@ -297,7 +310,7 @@ class RunnerLoop:
         vs = [np.zeros((self.k_shape[0], self.k_shape[1], store, self.k_shape[2]), self.cache_dtype)
               for _ in range(self.n_layers)]
         trace, past = Trace([], []), 0
-        prefill = PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD
+        prefill = PREFILL_METHOD if prefill and PREFILL_METHOD in self.methods else DECODE_METHOD
         for i in range(0, len(ids), self.ar[prefill]):
             rows = self._step(prefill, ids[i:i + self.ar[prefill]], past, ks, vs, trace)
             past += rows
@@ -342,16 +355,17 @@ def _logits_encodings(manifest, target: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def _reference(bundle, target: str, ids: list[int], n_new: int, eos: list[int] = ()) -> Trace:
+def _reference(bundle, target: str, ids: list[int], n_new: int, eos: list[int] = (), prefill: bool = True) -> Trace:
     """The bundle's own loop over the host twins (ONNX Runtime), on the runner's schedule."""
     from .session import open_forwards   # deferred: onnxruntime
     from ...llm.run.static_runner import StaticRunner   # deferred: torch
-    graphs, spec, seq = open_forwards(bundle, "htp-sim", target=target)
+    methods = method_graphs(bundle.manifest, target)
+    n = methods[PREFILL_METHOD][0].n_tokens if prefill and PREFILL_METHOD in methods else 1
+    graphs, spec, seq = open_forwards(bundle, "htp-sim", target=target, variants=sorted({1, n}))
     runner = StaticRunner(graphs, spec, seq)
-    prefill = max(graphs)
     trace = Trace([], [])
-    for i in range(0, len(ids), prefill):
-        trace.logits.append(runner.run_chunk(ids[i:i + prefill], prefill).numpy())
+    for i in range(0, len(ids), n):
+        trace.logits.append(runner.run_chunk(ids[i:i + n], n).numpy())
     while len(trace.tokens) < n_new:
         trace.tokens.append(int(np.argmax(trace.logits[-1][-1])))
         if len(trace.tokens) == n_new or trace.tokens[-1] in eos or runner.past_len >= seq:
