@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.passes import MemoryPlanningPass
 
 from ...core.errors import InputError
 from ...core.targets import SoC
@@ -78,7 +79,11 @@ def build_program(methods: dict[str, MethodPlan], soc: SoC, out: Path, constants
         ops.attach(edge.exported_program(method))
     with _preprocess_globals_kept():
         lowered = edge.to_backend({m: OnePerCall(specs, ops.namespace) for m in methods})
-    config = ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=SEGMENT_ALIGNMENT)
+    # IO not memory-planned: a runner binds its own buffers to the inputs and outputs (qnn_llama_runner's
+    # set_outputs fails on a planned output), as ExecuTorch's Qualcomm LLM export plans them
+    config = ExecutorchBackendConfig(extract_delegate_segments=True, segment_alignment=SEGMENT_ALIGNMENT,
+                                     memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False,
+                                                                             alloc_graph_output=False))
     program = lowered.to_executorch(config)
     with open(out, "wb") as f:
         program.write_to_file(f)
@@ -99,12 +104,20 @@ def _preprocess_globals_kept():
         vars(qnn_preprocess).update(saved)
 
 
+# The library the ops are defined in, one per namespace for the life of the process: a collected Library
+# takes its ops out of the dispatcher while torch.ops still lists them, so a second program built from the
+# same binaries in one process called a removed op (std::bad_alloc) instead of defining it again.
+_LIBRARIES: dict[str, torch.library.Library] = {}
+
+
 class _Ops:
     """The custom ops standing for the binaries: {method: [op name per call]} and {op name: payload}."""
 
     def __init__(self, namespace: str):
         self.namespace = namespace
-        self.library = torch.library.Library(namespace, "FRAGMENT")
+        if namespace not in _LIBRARIES:
+            _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+        self.library = _LIBRARIES[namespace]
         self.names: dict[str, list[str]] = {}
         self.payloads: dict[str, bytes] = {}
 

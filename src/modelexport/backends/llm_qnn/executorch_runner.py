@@ -301,6 +301,8 @@ class RunnerLoop:
         self.cache_dtype = np.uint16 if k_meta.nbytes() == 2 * int(np.prod(k_meta.sizes())) else np.uint8
         self.ar = {m: self.program.metadata(m).input_tensor_meta(1).sizes()[2] for m in self.methods}
         self.mask = {m: MASK_VALUES[self.program.metadata(m).input_tensor_meta(1).dtype()] for m in self.methods}
+        for m in self.methods:
+            _check_unplanned(m, self.program.metadata(m))
 
     def generate(self, ids: list[int], n_new: int, eos: list[int] = (), prefill: bool = True) -> Trace:
         """Greedy: prefill_forward over the prompt in chunks of its AR, then kv_forward per token, until
@@ -344,6 +346,17 @@ class RunnerLoop:
             ks[i][..., past:past + room] = outs[1 + i][..., :room]
             vs[i][:, :, past:past + room] = outs[1 + self.n_layers + i][:, :, :room]
         return n
+
+
+def _check_unplanned(method: str, meta) -> None:
+    """qnn_llama_runner binds its own buffers to every input and output (`set_outputs`): ExecuTorch refuses
+    that for a memory-planned one ("Output 0 is memory planned ... Cannot override")."""
+    planned = [f"input {i}" for i in range(meta.num_inputs()) if meta.input_tensor_meta(i).is_memory_planned()]
+    planned += [f"output {i}" for i in range(meta.num_outputs()) if meta.output_tensor_meta(i).is_memory_planned()]
+    if planned:
+        raise VerificationError(f"the program's {method} has memory-planned IO ({', '.join(planned[:4])}): "
+                                "qnn_llama_runner cannot bind its buffers to them", "report this: the program was "
+                                "built with graph IO planned")
 
 
 def _logits_encodings(manifest, target: str) -> dict[str, tuple[float, int]]:
