@@ -126,6 +126,19 @@ def test_llm_bad_input(case, world, capfd):
     assert (Path(world["exists"]) / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("flag, other", [("--format pte", "--executorch-program"), ("--executorch-program", "--format pte")])
+def test_the_runners_program_refuses_embeddings_naming_the_flag_given(world, capfd, flag, other):
+    """qnn_llama_runner feeds token ids: --inputs embeddings is refused (exit 6, nothing written) by
+    either spelling of the ExecuTorch program, the message naming the one given."""
+    out = Path(world["d"]) / "out" / f"embeddings{flag.replace(' ', '_')}"
+    capfd.readouterr()
+    rc, crash = invoke(["compile", world["hf"], *flag.split(), "-o", str(out), "--inputs", "embeddings"])
+    text = " ".join("".join(capfd.readouterr()).split())
+    assert rc == 6, (rc, crash, text)
+    assert f"{flag}: qnn_llama_runner feeds token ids, not --inputs embeddings" in text and f"leave {flag} out" in text
+    assert other not in text and not out.exists()
+
+
 # ---- --image files: what the vision part is fed (llm/run/vision_inputs.open_rgb, the one reader) ----------
 
 def _image(tmp_path: Path, kind: str) -> Path:

@@ -37,11 +37,15 @@ def test_an_encoder_beside_a_vlm_folder_is_refused_by_name(folders, cli_here):
 
 @pytest.mark.parametrize("flags", [["--image-size", "32"], ["--vision-precision", "fp16"]])
 def test_the_pte_format_refuses_a_vision_part(folders, cli_here, flags):
+    """qnn_llama_runner's program is for text LLMs: the refusal names the flag given (--format pte)."""
     root, vlm = folders
     assert_clean_error(cli_here("compile", str(vlm), "--format", "pte", "-o", str(root / "out_pte_vlm")),
-                       ".pte path builds text LLMs only", "vision-language folder")
+                       "--format pte builds text LLMs for qnn_llama_runner", "vision-language model",
+                       "leave --format pte out")
+    assert not (root / "out_pte_vlm").exists()
     assert_clean_error(cli_here("compile", str(root / "tiny_hf"), "--format", "pte", *flags, "-o", str(root / "out_pte")),
-                       ".pte path builds text LLMs only", flags[0])
+                       f"{flags[0]} is for vision-language models", f"leave {flags[0]} out")
+    assert not (root / "out_pte").exists()
 
 
 def test_image_on_a_text_model_points_to_both_ways_of_getting_a_vision_part(folders, cli_here):

@@ -42,7 +42,7 @@ def test_plugins_import_the_formats_modules():
 
 
 @pytest.mark.parametrize("fields, key", [
-    ({"format": "pte", "kind": "llm"}, (Format.PTE, BundleKind.LLM)),
+    ({"format": "context-binary", "kind": "llm"}, (Format.CONTEXT_BINARY, BundleKind.LLM)),
     ({"format": "pte"}, (Format.PTE, BundleKind.MODEL)),
     ({"format": "dlc", "kind": "model"}, (Format.DLC, BundleKind.MODEL)),
     ({"format": "pte", "kind": "other"}, (Format.PTE, BundleKind.MODEL)),      # the format's model row
@@ -53,3 +53,14 @@ def test_a_bundle_finds_its_row(tmp_path, fields, key):
     if fields is not None:
         (tmp_path / "manifest.json").write_text(json.dumps(fields))
     assert format_row(tmp_path) is bundle_format(*key)
+
+
+def test_a_retired_pair_is_refused_not_run_by_another_row(tmp_path):
+    """An LLM .pte bundle (a manifest format no row writes any more) is refused with the fix, not handed
+    to the model .pte's runner."""
+    from modelexport.core.errors import InputError
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "pte", "kind": "llm"}))
+    assert bundle_format(Format.PTE, BundleKind.LLM) is None
+    with pytest.raises(InputError, match="does not run") as e:
+        format_row(tmp_path)
+    assert "--format pte" in e.value.fix

@@ -151,3 +151,24 @@ def test_a_large_model_is_checked_with_one_decode_step(work, monkeypatch):
     e = _compile(work, "large").manifest.llm.executorch["SM8650"]
     assert e.check["scope"].startswith("one kv_forward step") and e.check["steps"] == 1
     assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100
+
+
+def test_format_pte_is_the_bundle_with_the_runners_program(work):
+    """`output_format="pte"` of an LLM is `executorch_program=True`: the context-binary bundle with the program."""
+    import modelexport
+    b = modelexport.compile(str(work / "tiny_hf"), output=work / "format_pte", target="SM8650", precision="16a4w",
+                            variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                            calibration_samples=4, output_format="pte")
+    assert b.manifest.format == "context-binary" and b.manifest.kind == "llm"
+    e = b.manifest.llm.executorch["SM8650"]
+    assert b.file(e.file).is_file() and e.file.startswith("SM8650/executorch/")
+    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100, e.check
+
+
+def test_format_pte_on_the_command_line(work, cli):
+    from modelexport.contract import open_bundle
+    out = work / "format_pte_cli"
+    cli("compile", str(work / "tiny_hf"), "--format", "pte", "-t", "SM8650", "-p", "16a4w", "--variants", "ar1,ar4",
+        "--max-seq-len", str(SEQ), "-c", str(work / "calib.txt"), "--calibration-samples", "4", "-o", str(out), check=True)
+    m = open_bundle(out).manifest
+    assert m.format == "context-binary" and m.llm.executorch["SM8650"].check["same_tokens"]

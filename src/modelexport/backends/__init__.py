@@ -3,6 +3,7 @@
     ort_qnn/         "onnx"  → EPContext models + QNN context binaries (ONNX Runtime's QNN EP)
     executorch_qnn/  "torch" → .pte with the QNN delegate (ExecuTorch)
     llm_qnn/         "llm"   → ar-N static decoders, weight-shared context binaries, Genie config
+                             (`--format pte`, backend llm_pte: the same bundle with qnn_llama_runner's .pte)
 
 Each registers itself with `@backend(name, kinds, formats, options, default_precision)` (its
 compile module is named by its row in `core.formats`, which `core.plugins` imports); `modelexport.compile`

@@ -1,5 +1,5 @@
-"""What every bundle writer does alike: `BundleAssembler`, one bundle being written. The four writers
-(`ort_qnn`, `executorch_qnn`, `llm_qnn`, `llm_pte`) keep only what is their own (their files, options,
+"""What every bundle writer does alike: `BundleAssembler`, one bundle being written. The three writers
+(`ort_qnn`, `executorch_qnn`, `llm_qnn`) keep only what is their own (their files, options,
 graph fields and sections); the assembler owns the rest, the one way:
 
 - the header: kind, format, targets, precision ("mixed" over parts of several), the source;

@@ -53,7 +53,10 @@ def _numerics_by_pair(value: Any) -> Any:
 
 class PteLlmProgram(_Recorded):
     """LLM `.pte` bundles: one target's program (decode + prefill methods over one weight-shared
-    context binary) and its unshared host twin, both read back with ExecuTorch's own schema."""
+    context binary) and its unshared host twin, both read back with ExecuTorch's own schema.
+    Kept so those manifests still parse: no writer sets it (`--format pte` of an LLM writes a
+    context-binary bundle with `ExecutorchRunnerProgram`), and the commands refuse such bundles
+    (core/formats.RETIRED)."""
     file: BundlePath
     host_twin: BundlePath
     methods: list[str]                   # every method, the constant ones included

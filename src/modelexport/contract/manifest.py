@@ -259,7 +259,8 @@ class LlmSection(_Recorded):
     graph_naming: str = GRAPH_NAMING
     weight_sharing: dict[str, WeightSharing] = Field(default_factory=dict)   # "TARGET/part" →
     genie: dict[str, GenieCheck] = Field(default_factory=dict)               # target →
-    pte: dict[str, PteLlmProgram] = Field(default_factory=dict)              # target → (format pte)
+    # target → (LLM .pte bundles): kept so their manifests parse; no writer sets it
+    pte: dict[str, PteLlmProgram] = Field(default_factory=dict)
     executorch: dict[str, ExecutorchRunnerProgram] = Field(default_factory=dict)   # target → (--executorch-program)
     quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
     memory_limit_mb: float | None = None

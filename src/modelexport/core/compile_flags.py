@@ -24,7 +24,8 @@ PANELS = (MODEL_AND_TARGET, QUANTIZATION, COMPILING, ONNX, PYTORCH, LLMS, VLMS, 
 
 FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
                "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
-               "pte (ExecuTorch program with the QNN delegate) for PyTorch models. Default: the model kind's own.")
+               "pte (ExecuTorch program with the QNN delegate) for PyTorch models; for LLMs, pte is the context-binary "
+               "bundle with qnn_llama_runner's program (as --executorch-program). Default: the model kind's own.")
 PRECISION_HELP = ("fp16, 8a8w, 16a8w, 16a16w or 16a4w (activations a, weights w; default 8a8w); PyTorch models also "
                   "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+). ONNX models: auto "
                   "finds the plan with the fewest simulator cycles whose outputs meet --min-sqnr on held-out samples, "
@@ -113,7 +114,7 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
                 "embedder's table: fp16 (default) or 8bit (one scale per table).", LLMS, plan=True),
     CompileFlag("executorch_program", ("--executorch-program",), bool, False, "LLMs (context binaries): also write, per "
                 "target, the ExecuTorch program qnn_llama_runner runs (kv_forward + prefill_forward over the bundle's own "
-                "weight-shared binaries), checked by driving its host twin as that runner does.", LLMS),
+                "weight-shared binaries), checked by driving its host twin as that runner does. Same as --format pte.", LLMS),
     CompileFlag("dry_run", ("--dry-run",), bool, False, "LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                 "checked against this machine; loads no weights, writes nothing.", LLMS, cli=True),
     CompileFlag("vision_precision", ("--vision-precision",), str | None, None, "Vision-language models: "

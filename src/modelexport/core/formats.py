@@ -1,8 +1,8 @@
 """The bundle formats, one row each: what compiles a format, and what runs, checks and reads what it wrote.
 
-A row is keyed by the manifest's (format, kind): an LLM's `.pte` is not a model's. Its entry points are
-"module:function" strings imported on first use (`BundleFormat.entry`), so this table sits at the bottom
-of the package without importing any format, and a command imports only the entry it calls.
+A row is keyed by the manifest's (format, kind): an LLM's context binaries are not a model's. Its
+entry points are "module:function" strings imported on first use (`BundleFormat.entry`), so this table
+sits at the bottom of the package without importing any format, and a command imports only the entry it calls.
 `runtime/` and `api` look a bundle's format up here and nowhere else; `core.plugins` imports the
 formats' compile and inspect modules from here. A new format is one package under `backends/` plus its
 row in FORMATS.
@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
+from .errors import InputError
 from .vocab import BundleKind, Format
 
 
 # the fields of a row that name a function ("inspect" names a module)
-ENTRY_POINTS = ("compile", "audit", "run", "verify", "profile", "per_layer", "stages", "forwards", "why_not",
-                "session", "self_check")
+ENTRY_POINTS = ("compile", "audit", "run", "verify", "profile", "per_layer", "stages", "forwards", "session",
+                "self_check")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,6 @@ class BundleFormat:
     #                                      -> (VerifyReport, [PerLayerReport], source of the numbers)
     stages: str = ""                     # LLMs (eval): bundle -> the compiled stages it runs
     forwards: str = ""                   # LLMs (eval): (bundle, stage) -> ({N: Forward}, spec, max_seq_len)
-    why_not: str = ""                    # LLMs (eval): stage -> why the bundle lacks it
     session: str = ""                    # LLMs (generate --backend htp-sim): (bundle, stage) -> DecoderSession
     self_check: str = ""                 # compile's own numerics of a compiled part (today its compile calls
     #                                      it directly; the other formats' come with "Compiled means correct")
@@ -76,7 +76,6 @@ def resolve(ref: str) -> Callable[..., Any]:
 _ORT = "modelexport.backends.ort_qnn."
 _ET = "modelexport.backends.executorch_qnn."
 _LLM = "modelexport.backends.llm_qnn."
-_PTE = "modelexport.backends.llm_pte."
 
 FORMATS: tuple[BundleFormat, ...] = (
     BundleFormat(Format.CONTEXT_BINARY, BundleKind.MODEL, "ort_qnn", _ORT + "compile:compile_onnx",
@@ -97,11 +96,6 @@ FORMATS: tuple[BundleFormat, ...] = (
                  profile="modelexport.profiling.ort_profile:profile_ort", per_layer=_LLM + "per_layer:llm_per_layer_verify",
                  stages=_LLM + "session:compiled_stages", forwards=_LLM + "session:open_forwards",
                  session=_LLM + "session:open_graph_session"),
-    BundleFormat(Format.PTE, BundleKind.LLM, "llm_pte", _PTE + "compile:compile_llm_pte",
-                 inspect=_ET + "inspect", run=_PTE + "verify:refuse_run", verify=_PTE + "verify:verify_llm_pte",
-                 profile=_PTE + "verify:refuse_profile", stages="modelexport.llm.run.pte_session:compiled_stages",
-                 forwards=_PTE + "session:open_forwards", why_not=_PTE + "session:stage_why_not",
-                 session=_PTE + "session:open_pte_session"),
 )
 
 _BY_KEY = {(row.format, row.kind): row for row in FORMATS}
@@ -111,6 +105,21 @@ def bundle_format(fmt: str | None, kind: str | None) -> BundleFormat | None:
     """The row of a manifest's (format, kind); a manifest without a format is a context-binary one's,
     without a kind a model's. None for a pair no format writes."""
     return _BY_KEY.get((fmt or Format.CONTEXT_BINARY, kind or BundleKind.MODEL))
+
+
+# (format, kind) pairs an older modelexport wrote and no row runs: (what such a bundle is, the fix). Their
+# manifests still parse (inspect reads them); the commands that run a bundle refuse them.
+RETIRED = {(Format.PTE, BundleKind.LLM): (
+    "an LLM .pte bundle (the whole decoder lowered by ExecuTorch's to_edge), which this modelexport does not run",
+    "compile the model again with --format pte: it writes a context-binary bundle with the ExecuTorch program "
+    "qnn_llama_runner runs")}
+
+
+def refuse_retired(path, fmt: str | None, kind: str | None) -> None:
+    """An InputError for a bundle of a RETIRED (format, kind)."""
+    retired = RETIRED.get((fmt or Format.CONTEXT_BINARY, kind or BundleKind.MODEL))
+    if retired:
+        raise InputError(f"{path} is {retired[0]}", retired[1])
 
 
 def modules(entry: str) -> tuple[str, ...]:

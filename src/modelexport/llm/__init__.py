@@ -1,5 +1,5 @@
 """LLM support, by job: `model/` (the fixed-shape NPU decoder `static_decoder`, input modes, RoPE
-positions, residual scale, parts, the vision part), `export/` (the recipe both LLM formats share),
+positions, residual scale, parts, the vision part), `export/` (the compile's recipe up to the quantized graphs),
 `run/` (the generation loop, sampling, tokenizers, text, the pure-torch reference loop `static_runner`,
 the runtimes' openers) and `cpu/` (the CPU runtime that generates text on this host).
 

@@ -194,8 +194,8 @@ def soc_scope(soc: SoC) -> str | None:
     return soc.name if ops else None
 
 
-def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple], before_convert=None) -> Any:
-    """prepare_pt2e → run every calibration sample → `before_convert(prepared)` → convert_pt2e."""
+def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple]) -> Any:
+    """prepare_pt2e → run every calibration sample → convert_pt2e."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from ..toolchain.native_io import capture_native_output
@@ -205,7 +205,5 @@ def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple], before_convert
     with torch.no_grad():
         for s in samples:
             prepared(*s)
-    if before_convert is not None:
-        before_convert(prepared)
     with capture_native_output():
         return convert_pt2e(prepared)

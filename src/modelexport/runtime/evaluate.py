@@ -2,9 +2,8 @@
 
     float       the Hugging Face model (from the GGUF / HF folder) as the static decoder, eager, CPU
     fake-quant  the bundle's quantized graphs on the CPU: the QDQ ONNX graphs on ONNX Runtime's CPU EP
-                (context-binary bundles), QnnQuantizer's converted graphs (`.pte` bundles)
-    htp-sim     the bundle's compiled graphs (unshared twins) on the x86 HTP simulator
-                (EPContext models in ONNX Runtime, or the `.pte` twin in ExecuTorch's runtime)
+    htp-sim     the bundle's compiled graphs (unshared twins) on the x86 HTP simulator, as EPContext
+                models in ONNX Runtime
     cpu         the CPU runtime's ExecuTorch XNNPACK program (8da4w unless told), the one
                 `generate` runs; it returns the last position's logits only, so it is scored
                 one decode step per token (the same KV-cache path generation takes)
@@ -36,20 +35,16 @@ COMPILED = ("fake-quant", "htp-sim")                 # the stages that run what 
 
 
 def _compiled_stages_of(bundle, stages: list[str]) -> BundleFormat | None:
-    """The format's row (its `stages`, `forwards`, `why_not`); a stage the bundle cannot run is refused
-    up front, naming those it can."""
+    """The format's row (its `stages`, `forwards`); a stage the bundle cannot run is refused up front,
+    naming those it can."""
     fmt = bundle.manifest.format or Format.CONTEXT_BINARY
     row = bundle_format(fmt, bundle.manifest.kind)
     runs = row.entry("stages") if row else None
     can = ("float", *(runs(bundle) if runs else ()), "cpu")
     cannot = [s for s in stages if s in STAGES and s not in can]
     if cannot:
-        why_not = row.entry("why_not") if row else None
-        why = "; ".join(w for w in (why_not(s) if why_not else "" for s in cannot) if w)
-        raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}"
-                         f"{f' ({why})' if why else ''}; it runs {', '.join(can)}",
-                         f"use --stages {','.join(s for s in stages if s in can) or 'float'}"
-                         + (", or compile the model again with `modelexport compile MODEL --format pte --force`" if why else ""))
+        raise InputError(f"{bundle.path} ({fmt} bundle) cannot run stage(s) {', '.join(cannot)}; it runs {', '.join(can)}",
+                         f"use --stages {','.join(s for s in stages if s in can) or 'float'}")
     return row
 
 

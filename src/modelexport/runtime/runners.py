@@ -1,7 +1,7 @@
 """Which functions run, verify and profile a bundle: its format's row in `core.formats`.
 
-The row is the one of the bundle's (format, kind) (an LLM's .pte is not a model's), else its format's
-model row, else the context-binary one (which reports what is wrong with a path that is no bundle).
+The row is the one of the bundle's (format, kind) (an LLM's context binaries are not a model's), else its
+format's model row, else the context-binary one (which reports what is wrong with a path that is no bundle).
 `modelexport.run` / `verify` / `profile` call what the row names, so a new format is one row, not a branch.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core.arguments import at_least, finite
 from ..core.errors import InputError
-from ..core.formats import BundleFormat, Entries, bundle_format
+from ..core.formats import BundleFormat, Entries, bundle_format, refuse_retired
 from ..core.vocab import BundleKind, Format
 from ..profiling.report import check_arguments
 
@@ -37,6 +37,7 @@ def format_row(path: str | Path) -> BundleFormat:
     """The row of the bundle's format and kind, else of its format, else the default's."""
     fmt = format_of(path)
     kind = _manifest_fields(path).get("kind") or BundleKind.MODEL
+    refuse_retired(path, fmt, kind)
     return (bundle_format(fmt, kind) or bundle_format(fmt, BundleKind.MODEL)
             or bundle_format(DEFAULT_FORMAT, BundleKind.MODEL))
 

@@ -4,8 +4,10 @@ context binary per part for devices, plus an unshared twin per graph for the hos
     modelexport compile SmolLM2.gguf --target SM8650 --precision 16a4w --variants ar1,ar32 \
         --max-seq-len 512 [--calibration text.txt] [--override 'lm_head=16a4w'] -o OUT
 
-The recipe up to the quantized graphs is the LLM formats' shared one (llm/export/: the plan, the
-calibration, the 4-bit weights, the graphs); this package lowers them and writes the bundle.
+The recipe up to the quantized graphs is llm/export/'s (the plan, the calibration, the 4-bit
+weights, the graphs); this package lowers them and writes the bundle. `--executorch-program` (or
+`--format pte`, backend `llm_pte`) adds, per target, the ExecuTorch program qnn_llama_runner runs,
+built from the bundle's own binaries (executorch_runner.py).
 Stages, each cached by content (source sha256 + options + ONNX Runtime / QAIRT builds):
 1. `llm-qdq` (llm/export/graphs.py): load the model, export every (variant, part) to ONNX, calibrate
    on real text run through the float decoder, quantize (16-bit activations, 4-bit weights).
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +39,7 @@ from ...core.cache import Cache, cache_key, cache_root
 from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
 from ...core.files import sha256_onnx
 from ...core.targets import SoC, get_target
+from ...core.vocab import Format
 from ...frontends.vlm_folder import is_vlm_folder
 from ...llm.export.estimate import fitted_estimate
 from ...llm.export.memory import host_part_mb
@@ -91,10 +94,13 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
     return report
 
 
+PRECISIONS = LLM_PRECISIONS + ("16a4w_block",)
+
+
 # Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
 @backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
          formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
-         precisions=LLM_PRECISIONS + ("16a4w_block",))
+         precisions=PRECISIONS)
 def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
                 progress: Callable[[str, float, float], None] | None = None) -> Any:
     opts = options or LlmCompileOptions()
@@ -129,14 +135,28 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
             shutil.rmtree(qdq.entry, ignore_errors=True)
 
 
-def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions) -> None:
-    """qnn_llama_runner feeds token ids to a text decoder: said before any work."""
+# `--format pte` of an LLM: the same bundle with the ExecuTorch program (`--executorch-program`).
+@backend("llm_pte", kinds=("llm",), formats=("pte",), options=LlmCompileOptions, default_precision="16a4w_block",
+         precisions=PRECISIONS, only_by_format=True,
+         description="LLM → the context-binary bundle (llm_qnn's) plus, per target, the ExecuTorch .pte "
+                     "qnn_llama_runner runs, built from the bundle's own binaries")
+def compile_llm_pte(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None,
+                    force: bool = False, progress: Callable[[str, float, float], None] | None = None) -> Any:
+    opts = options or LlmCompileOptions()
+    if parts:   # the refusals compile_llm would give for --executorch-program, named by this spelling
+        _check_runner_request(parts[0], opts, "--format pte")
+    return compile_llm(parts, out, replace(opts, output_format=Format.CONTEXT_BINARY, executorch_program=True),
+                       force, progress)
+
+
+def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions, flag: str = "--executorch-program") -> None:
+    """qnn_llama_runner feeds token ids to a text decoder: said before any work, naming the `flag` given."""
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:
-        raise UnsupportedError("--executorch-program builds text LLMs for qnn_llama_runner; this is a vision-language "
-                               "model", "leave --executorch-program out: Genie and ONNX Runtime run the bundle")
+        raise UnsupportedError(f"{flag} builds text LLMs for qnn_llama_runner; this is a vision-language "
+                               "model", f"leave {flag} out: Genie and ONNX Runtime run the bundle")
     if (opts.inputs or "tokens") != "tokens":
-        raise UnsupportedError(f"--executorch-program: qnn_llama_runner feeds token ids, not --inputs {opts.inputs}",
-                               "leave --inputs out (token ids), or leave --executorch-program out")
+        raise UnsupportedError(f"{flag}: qnn_llama_runner feeds token ids, not --inputs {opts.inputs}",
+                               f"leave --inputs out (token ids), or leave {flag} out")
 
 
 def _quantized_graphs(plan: LlmPlan, cache: Cache, image_calibration: str | None, say,

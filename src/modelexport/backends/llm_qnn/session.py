@@ -200,7 +200,7 @@ def _sim_session(epcontext: Path, target: str):
 
 def open_session(bundle, stage: str = "htp-sim"):
     """The generation loop's `DecoderSession` over the bundle's compiled graphs, opened by its format's
-    `session` (core/formats.py: this module's `open_graph_session`, the `.pte`'s backends/llm_pte/session)."""
+    `session` (core/formats.py: this module's `open_graph_session`)."""
     row = bundle_format(bundle.manifest.format, BundleKind.LLM)
     opener = (row.entry("session") if row else None) or open_graph_session
     return opener(bundle, stage)
@@ -220,7 +220,7 @@ def compiled_stages(bundle) -> tuple[str, ...]:
 
 
 # bundle graph kinds that hold compiled HTP code
-_HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY, GraphKind.PTE_METHOD)
+_HTP_GRAPH_KINDS = (GraphKind.CONTEXT_BINARY,)
 
 
 def open_compiled_bundle(path: Path, backend: str):

@@ -132,7 +132,6 @@ class GraphCheck:
 class VerifyReport:
     bundle: str
     graphs: list[GraphCheck]
-    stages: dict[str, Any] = field(default_factory=dict)   # LLM .pte bundles: every stage pair measured, per method
 
     @property
     def passed(self) -> bool:
@@ -157,9 +156,7 @@ class VerifyReport:
         return {"bundle": self.bundle, "passed": self.passed, "warnings": self.warnings, "graphs": [
             {"part": g.part, "target": g.target, "precision": g.precision, "threshold_sqnr_db": g.threshold_db,
              "samples": g.samples, "inputs": g.inputs_kind, "passed": g.passed,
-             "outputs": [{k: clean(v) for k, v in o.__dict__.items()} for o in g.outputs]} for g in self.graphs]} | (
-            {"stages": {m: {k: a.model_dump(mode="json", exclude_none=True) for k, a in p.items()}
-                        for m, p in self.stages.items()}} if self.stages else {})
+             "outputs": [{k: clean(v) for k, v in o.__dict__.items()} for o in g.outputs]} for g in self.graphs]}
 
 
 def stored_samples(bundle, part: str) -> list[dict[str, np.ndarray]]:

@@ -128,14 +128,7 @@ def section_numerics(m: Manifest, folder: Path) -> Section:
     drawn = [o for o in outs if o["sqnr_db"] is not None]          # -inf (nothing matches) is in the table only
     out += f'<img alt="SQNR per output" src="{plots.bars([o["name"] for o in drawn], [o["sqnr_db"] for o in drawn], "SQNR per output", "dB", thr)}">'
     layers = num.get("per_layer") or []
-    stages = num.get("stages") or {}      # LLM .pte bundles: every stage pair per method, instead of layers
-    if stages:
-        out += _table(["method", "stages", "SQNR (dB)", "cosine", "top-1 agreement", "samples"],
-                      [[meth, pair, f"{a['sqnr_db']:.2f}", _cos(a.get("cosine")),
-                        "-" if a.get("top1_agreement") is None else f"{100 * a['top1_agreement']:.0f}%", a.get("samples", "-")]
-                       for meth, pairs in stages.items() for pair, a in pairs.items()])
-        out += f"<p class=sub>On {html.escape(str(num.get('inputs', '')))}.</p>"
-    elif layers:
+    if layers:
         lthr = num.get("per_layer_threshold_db")
         out += f'<img alt="SQNR per layer" src="{plots.line([layer["name"] for layer in layers], [layer["sqnr_db"] for layer in layers], "SQNR per layer", "dB", lthr)}">'
         if num.get("first_bad_layer"):

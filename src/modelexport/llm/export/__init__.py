@@ -1,2 +1,2 @@
-"""The LLM recipe both LLM formats share (`backends/llm_qnn`, `backends/llm_pte`), as typed stages:
+"""The LLM recipe `backends/llm_qnn` lowers and writes, as typed stages:
 plan → weights → calibrate → graphs (`graphs.QDQ_STAGES`, the order as data)."""

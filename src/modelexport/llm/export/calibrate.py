@@ -1,4 +1,4 @@
-"""Calibration for LLM decoder graphs from real text (both LLM formats), and the calibrate stage of
+"""Calibration for LLM decoder graphs from real text, and the calibrate stage of
 the context-binary recipe (`calibrate`: an `LlmCalibration`, text and image rows).
 
 The text is tokenized and run through the *float* static decoder (eager PyTorch) chunk by chunk,

@@ -1,7 +1,6 @@
 """The plan of an LLM compile: every option checked and given its default, and the source's facts,
-before any weight is loaded (`LlmPlan`). Both LLM formats read their variants (`parse_variants`) and
-4-bit weight options (`quality_options`) here; the context-binary path resolves its whole plan
-(`resolve_plan`).
+before any weight is loaded (`LlmPlan`): the variants (`parse_variants`), the 4-bit weight options
+(`quality_options`) and the whole plan (`resolve_plan`).
 
 `opts` is the backend's `LlmCompileOptions` and `spec` its `PartSpec` (backends/spec.py), read by
 attribute: llm/ may not import backends/.

@@ -1,4 +1,4 @@
-"""The 4-bit weights of an LLM compile, shared by both LLM formats: the rounding (nearest, or a
+"""The 4-bit weights of an LLM compile: the rounding (nearest, or a
 data-aware one from the calibration text's layer-wise moments: llm/layerwise_rounding.py) and the
 quality recipe of `--max-ppl-ratio` (llm/weight_quality.py), chosen before any graph is quantized.
 The graphs read the rounded weights from `graph_file`; the manifest records `rounding` and `recipe`.

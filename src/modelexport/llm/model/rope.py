@@ -32,16 +32,9 @@ class RotaryTables(nn.Module):
         freqs = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]
         self.register_buffer("cos", freqs.cos() * attention_scaling, persistent=False)
         self.register_buffer("sin", freqs.sin() * attention_scaling, persistent=False)
-        self.max_gather: int | None = None     # set by the .pte path: see llm_pt2e.MAX_ROPE_GATHER
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = position_ids.shape[-1]
-        if self.max_gather is None or n <= self.max_gather:
-            return F.embedding(position_ids, self.cos).unsqueeze(1), F.embedding(position_ids, self.sin).unsqueeze(1)
-        parts = position_ids.split(self.max_gather, dim=-1)     # one lookup per chunk of positions
-        cos = torch.cat([F.embedding(p, self.cos) for p in parts], dim=1)   # [B, N, R/2]
-        sin = torch.cat([F.embedding(p, self.sin) for p in parts], dim=1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)                           # [B, 1, N, R/2]
+        return F.embedding(position_ids, self.cos).unsqueeze(1), F.embedding(position_ids, self.sin).unsqueeze(1)
 
 
 class MRopeTables(nn.Module):
@@ -64,15 +57,6 @@ class MRopeTables(nn.Module):
         cos = torch.cat([F.embedding(axis[i], getattr(self, f"cos_{i}")) for i in range(self.n_sections)], dim=-1)
         sin = torch.cat([F.embedding(axis[i], getattr(self, f"sin_{i}")) for i in range(self.n_sections)], dim=-1)
         return cos.unsqueeze(1), sin.unsqueeze(1)                                               # [1, 1, N, R/2]
-
-
-def split_rope_lookups(decoder: nn.Module, max_gather: int) -> int:
-    """Cut the decoder's RoPE-table lookups into gathers of `max_gather` positions (the values are
-    the same); → tables set."""
-    tables = [m for m in decoder.modules() if isinstance(m, RotaryTables)]
-    for t in tables:
-        t.max_gather = max_gather
-    return len(tables)
 
 
 def rope_frequencies(hf_rotary: nn.Module, slot: str, head_dim: int) -> tuple[torch.Tensor, float]:

@@ -109,7 +109,7 @@ from .graph_io import (
     past_value,
     position_input_name,
 )
-from .rope import MRopeTables, RotaryTables, apply_rope, rope_frequencies, split_rope_lookups
+from .rope import MRopeTables, RotaryTables, apply_rope, rope_frequencies
 
 # the names callers import from here; the pieces live in graph_io, rope, attention and blocks
 __all__ = ["ACTIVATION_FNS", "DEFAULT_MASK_VALUE", "EMBED_INPUTS", "ONNX_RMS_NORM", "RMS_NORM_FORMS",
@@ -119,7 +119,7 @@ __all__ = ["ACTIVATION_FNS", "DEFAULT_MASK_VALUE", "EMBED_INPUTS", "ONNX_RMS_NOR
            "TokenEmbedding", "WindowBias", "apply_rope", "build_static_decoder", "decoder_config", "example_inputs",
            "first_inputs", "input_names", "make_attention_mask", "make_position_ids", "new_key", "new_value",
            "output_names", "past_key", "past_value", "position_input_name", "repeat_kv", "soft_cap",
-           "split_rope_lookups", "split_rows"]
+           "split_rows"]
 
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
 RMS_NORM_FORMS = ("aten", "decomposed", "scaled")

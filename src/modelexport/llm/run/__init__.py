@@ -1,1 +1,1 @@
-"""Running an LLM: the generation loop, sampling, tokenizers, text, the runtimes' openers and the .pte sessions."""
+"""Running an LLM: the generation loop, sampling, tokenizers, text, the runtimes' openers."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ...core.errors import InputError
+from ...core.formats import refuse_retired
 from ...core.vocab import BundleKind
 from .. import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from .tokenizers import load_tokenizer, load_tokenizer_json
@@ -52,6 +53,7 @@ def open_llm_bundle(path: Path):
     if bundle.manifest.kind != BundleKind.LLM:
         raise InputError(f"{path} is a '{bundle.manifest.kind}' bundle, not an LLM",
                          "generate runs LLM bundles (modelexport compile of a GGUF or HF folder), GGUF files or HF folders")
+    refuse_retired(path, bundle.manifest.format, bundle.manifest.kind)
     return bundle
 
 
