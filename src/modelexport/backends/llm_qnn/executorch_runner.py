@@ -251,8 +251,8 @@ class RunnerCheck:
                 "same_tokens": self.tokens == self.reference_tokens, "steps": self.steps,
                 "worst_logits_sqnr_db": round(self.worst_sqnr_db, 1), "seconds": round(self.seconds, 2),
                 "how": "the host twin program through ExecuTorch's runtime, driven as qnn_llama_runner drives it "
-                       "(hybrid mode: prefill_forward over the prompt, kv_forward per token; its mask values and "
-                       "raw uint16 caches), against the bundle's loop over the same graphs (ONNX Runtime)"}
+                       "(its method order, mask values and raw uint16 caches), against the bundle's loop over the "
+                       "same graphs (ONNX Runtime)"}
 
     @classmethod
     def run(cls, bundle, twin_pte: Path, target: str, tokenizer, eos: list[int]) -> RunnerCheck:
