@@ -8,10 +8,12 @@ the cache (default ~/.cache/modelexport); `--no-cache` bypasses it.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -125,8 +127,8 @@ class Cache:
         """The entry's folder and whether it was a hit. `build(tmp_dir)` fills a fresh folder and
         returns metadata stored as entry.json. With the cache off, builds into a private temp folder."""
         if not self.enabled:
-            import tempfile
             tmp = Path(tempfile.mkdtemp(prefix="modelexport-nocache-"))
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)   # used until the process ends
             meta = build(tmp)
             (tmp / ENTRY_META).write_text(json.dumps(meta, default=str))
             self.misses += 1
