@@ -64,7 +64,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "float16-as-float32", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "resize-nearest-as-floor", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -527,3 +527,66 @@ def test_output_sigmoid_of_a_float16_model_keeps_its_type(tmp_path):
     assert y.dtype == np.float16 and np.allclose(y, 1 / (1 + np.exp(-x.astype(np.float32))), rtol=2e-3, atol=1e-6)
     b = modelexport.compile(str(path), output=tmp_path / "b", target="SM8650", precision="fp16", calibration="random")
     assert b.manifest.numerics["passed"], b.manifest.numerics
+
+
+def _nearest_asymmetric(scale: int, mode: str, hw: int = 5):
+    """paddle2onnx's upsampling: Resize nearest, asymmetric, nearest_mode left at ONNX's default
+    (round_prefer_floor) or given."""
+    scales = numpy_helper.from_array(np.array([1, 1, scale, scale], np.float32), "scales")
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}
+    if mode != "round_prefer_floor":
+        attrs["nearest_mode"] = mode
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", **attrs)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw + 1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, hw * scale, (hw + 1) * scale])],
+                  [scales], opset=13)
+
+
+@pytest.mark.parametrize("scale,mode,shifted", [(2, "round_prefer_floor", False), (4, "round_prefer_floor", True),
+                                                (8, "round_prefer_floor", True), (3, "round_prefer_ceil", True),
+                                                (2, "ceil", True)])
+def test_a_nearest_asymmetric_resize_becomes_floor_with_the_same_pixels_on_the_htp(tmp_path, scale, mode, shifted):
+    """The QNN EP refuses ResizeNearestNeighbor with asymmetric coordinates unless nearest_mode is
+    floor (PP-OCRv2's DBNet neck ran its six upsamplings on the CPU). Floor's pixels, moved along by
+    the shift the rounding makes, are the same pixels: equal on the CPU, and the HTP takes every node."""
+    import modelexport
+    m = _nearest_asymmetric(scale, mode)
+    x = {"x": np.arange(1 * 3 * 5 * 6, dtype=np.float32).reshape(1, 3, 5, 6)}   # whole numbers: exact in fp16
+    ref = _run(m, x)[0]
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    rec = next(r for r in apply_repairs(m, RepairContext()) if r["name"] == "resize-nearest-as-floor")
+    assert rec["nodes"] == ["up"] and ("shifted" in rec) == shifted
+    assert next(a.s for a in m.graph.node[0].attribute if a.name == "nearest_mode") == b"floor"
+    np.testing.assert_array_equal(_run(m, x)[0], ref)
+    assert not _cpu_nodes(tmp_path / "m.onnx")
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16",
+                            use_cache=False)
+    out = modelexport.run(b.path, inputs=x)
+    assert out.placement.get("cpu_nodes", 0) == 0, out.placement
+    np.testing.assert_allclose(out.outputs["y"], ref, atol=0.01)     # a wrong pixel is 1 or more away
+
+
+def test_a_nearest_resize_that_no_shift_of_floor_gives_is_left_alone():
+    """×2 downsampling then ×3 up with round_prefer_floor from a size that does not divide: where no
+    shift of floor's map gives the node's own, the repair keeps the node as it is."""
+    from modelexport.passes.onnx.resize_nearest_floor import shift_of, source_indices
+    assert shift_of(source_indices(8, 4, 2.0, "round_prefer_floor"), source_indices(8, 4, 2.0, "floor")) == 0
+    assert shift_of(source_indices(8, 2, 4.0, "round_prefer_floor"), source_indices(8, 2, 4.0, "floor")) == 1
+    assert shift_of(source_indices(7, 5, 1.4, "round_prefer_floor"), source_indices(7, 5, 1.4, "floor")) is None
+
+
+def test_a_nearest_resize_of_unknown_size_gets_a_fix_that_puts_it_on_the_htp(tmp_path):
+    """With dynamic H/W the repair cannot prove floor's pixels are the node's: the audit names
+    --input-shape, and with it the node goes to the HTP."""
+    import modelexport
+    m = _nearest_asymmetric(2, "round_prefer_floor")
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    m.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "w"
+    for d in (2, 3):
+        m.graph.output[0].type.tensor_type.shape.dim[d].dim_param = "H"
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16")
+    resize = next(n for n in rep.nodes if n.op_type == "Resize")
+    assert resize.backend == "CPU" and "--input-shape" in resize.fix, (resize.reason, resize.fix)
+    rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16", input_shapes={"x": [1, 3, 5, 6]})
+    assert not [n.name for n in rep.nodes if n.backend == "CPU"]

@@ -56,6 +56,11 @@ RULES: tuple[FixRule, ...] = ET_RULES + (
             "CPU on purpose (QNN unrolls one cell per step; the audit's notes say which): to put it on the HTP, "
             "compile a shorter window if the time axis is an input (--input-shape NAME=64,1,FEATURES) and run the "
             "model over the sequence window by window", op_types=("LSTM", "GRU", "RNN"), reason=r"non-default activations"),
+    FixRule("the HTP's nearest Resize takes nearest_mode floor with asymmetric coordinates; modelexport rewrites "
+            "the node itself where floor's pixels (moved along by a few) are the node's own, which needs static "
+            "shapes and constant scales: give --input-shape for every dynamic input, or export the upsampling with "
+            "nearest_mode='floor' or coordinate_transformation_mode='half_pixel'",
+            op_types=("Resize",), reason=r"ResizeNearestNeighbor.*asymmetric"),
     FixRule("give static shapes: --input-shape NAME=1,3,224,224 for every dynamic input (the HTP runs static graphs only)",
             reason=r"cannot get shape|dynamic (shape|dim|input)|shape must be static|unknown (rank|dim)"),
     FixRule("data-dependent output size: move it into CPU post-processing, or use a fixed-size mask (Where / Greater) instead",
