@@ -4,6 +4,7 @@ the CPU, split into parts on a low memory limit, Genie config accepted / rejecte
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -114,6 +115,24 @@ def test_generate_on_htp_sim_says_how_far_the_prefill_is(bundle, cli_here, monke
     monkeypatch.setattr(generate_cmd, "PREFILL_LINE_S", 0.0)
     every = lines(cli_here(*args, check=True).stderr)
     assert every == [(0, n), *[(min(i, n), n) for i in range(4, n + 3, 4)]]   # ar4 chunks
+
+
+def test_prompt_lookup_on_htp_sim_is_plain_greedy_and_genie_refuses_it(bundle, cli_here):
+    """Prompt lookup through the compiled graphs on the simulator (drafts checked by the ar4 graph):
+    the tokens of plain greedy decoding, --json's stats and the summary line; Genie's dialog refuses it."""
+    args = ("generate", str(bundle.path), "--backend", "htp-sim", "--prompt", "Markets rose and bonds fell. Markets rose",
+            "--raw", "-n", "10")
+    plain = json.loads(cli_here(*args, "--json", check=True).stdout)
+    look = json.loads(cli_here(*args, "--json", "--prompt-lookup", "3", "--ngram", "2", check=True).stdout)
+    assert look["token_ids"] == plain["token_ids"] and look["stats"]["stop_reason"] == plain["stats"]["stop_reason"]
+    s, n = look["stats"], len(plain["token_ids"])
+    assert plain["stats"]["target_steps"] == n - 1 and plain["stats"]["tokens_per_step"] == 1.0
+    assert s["target_steps"] + s["accepted_tokens"] == n - 1 and s["drafted_tokens"] >= s["accepted_tokens"] > 0
+    assert s["tokens_per_step"] == round((n - 1) / s["target_steps"], 3)
+    proc = cli_here(*args, "--prompt-lookup", "3", check=True)
+    assert re.search(r"prompt lookup: \d+ target steps, [\d.]+ tokens per step \| drafted \d+, accepted \d+", proc.stderr)
+    proc = cli_here("generate", str(bundle.path), "--backend", "genie", "-p", "hi", "-n", "2", "--prompt-lookup", "2")
+    assert proc.returncode == 6 and "--backend htp-sim" in proc.stderr and "lade" in proc.stderr, proc.stderr
 
 
 def test_genie_config_accepted_and_broken_one_rejected(bundle, tmp_path):

@@ -23,6 +23,15 @@ from .genie_dialog import genie_tokens, sampler_block
 from .session import bundle_tokenizer, open_compiled_bundle
 
 
+# Genie picks every token inside its own dialog, so our drafts cannot be checked there; its own
+# speculative dialogs, tried on this host's libGenie (QAIRT 2.51) with a tiny bundle's twins (ar1 + ar8):
+GENIE_NO_PROMPT_LOOKUP = (
+    "--backend genie runs Genie's own dialog, which picks every token inside libGenie.so, so prompt lookup's drafts "
+    "cannot be checked there; Genie's own lookahead dialog (\"lade\") does not run correctly on this host: with "
+    "ngram 3 its graph call fails (QNN error 1100), with ngram 2 it ignores the token limit and runs to the "
+    "context's end")
+
+
 class GenieGenerator:
     """The `Generator` surface (`generate`, `stream`, `encode_prompt`) over Genie's dialog."""
 
@@ -51,6 +60,8 @@ class GenieGenerator:
             raise UnsupportedError("--backend genie takes the sampling flags Genie has (temperature, top-k, top-p, "
                                    "seed); not --repetition-penalty, --stop or --sliding-window",
                                    "leave those out, or use --backend htp-sim (the same binaries, our loop)")
+        if config.prompt_lookup:
+            raise UnsupportedError(GENIE_NO_PROMPT_LOOKUP, "use --backend htp-sim for --prompt-lookup (the same binaries, our loop)")
         ids = [int(t) for t in prompt] if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int) \
             else self.encode_prompt(prompt, chat=chat)
         if not ids or len(ids) >= self.max_seq_len:

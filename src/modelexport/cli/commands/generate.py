@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ...core.errors import InputError, Interrupted
+from ...llm.run.generation_config import no_prompt_lookup
 from ...toolchain.library_loggers import quiet_library_loggers
 from ..app import app, console, emit_json, err_console
 
@@ -28,6 +29,11 @@ def generate(
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text); default: a fresh random seed, printed in the stats."),
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
+    prompt_lookup: int = typer.Option(0, "--prompt-lookup", help="Speculative decoding by prompt lookup: each step drafts up to N tokens, "
+                                      "those that followed the last --ngram tokens where they last occurred in the prompt or the answer, "
+                                      "and checks them in one model call. The same text as greedy decoding, in fewer model calls when the "
+                                      "answer repeats earlier text (summaries, code edits, quotes). Greedy only; --backend htp-sim; 0 = off."),
+    ngram: int = typer.Option(3, "--ngram", help="With --prompt-lookup: the longest n-gram looked up (then shorter ones, down to 1)."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
     max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model "
                                               "(default 2048, or the model's own context if smaller)."),
@@ -62,6 +68,8 @@ def generate(
     if prompt is not None and not prompt.strip():
         raise InputError("the prompt is empty", "pass some text with --prompt")
     _check_numbers(max_seq_len, threads, quant)
+    if image and prompt_lookup:
+        raise InputError("--prompt-lookup is not offered with --image", "drop --prompt-lookup")
     if image:
         return _generate_with_image(model, image, prompt, backend, max_new_tokens, raw, chat, json_out, quiet,
                                     False if no_image_splitting else None)
@@ -69,10 +77,13 @@ def generate(
         raise InputError("--no-image-splitting is for --image", "pass --image PHOTO, or drop --no-image-splitting")
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
-                   sliding_window=sliding_window)
-    llm.GenerationConfig(**{k: options[k] for k in ("max_new_tokens", "stop_strings", "sliding_window")},
+                   sliding_window=sliding_window, prompt_lookup=prompt_lookup, ngram=ngram)
+    llm.GenerationConfig(**{k: options[k] for k in ("max_new_tokens", "stop_strings", "sliding_window", "prompt_lookup",
+                                                    "ngram")},
                          sampling=llm.SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                                                      repetition_penalty=repetition_penalty, seed=seed))  # validate early
+    if prompt_lookup and backend == "cpu":   # said before the CPU program is built (minutes the first time)
+        raise no_prompt_lookup("cpu (ExecuTorch XNNPACK)")
     with progress("loading the model", enabled=not json_out and sys.stderr.isatty()) as bar:
         def stage(name: str) -> None:
             bar.update(description=f"building the CPU program (once per model): {name}")
@@ -116,7 +127,7 @@ def generate(
             continue
         with _PrefillProgress(backend, enabled=not json_out and sys.stderr.isatty()) as on_prefill:
             stream = session.stream(text, **options, **({"on_prefill": on_prefill} if on_prefill else {}))
-            result = _consume(stream, json_out=json_out, quiet=quiet)
+            result = _consume(stream, json_out=json_out, quiet=quiet, lookup=bool(prompt_lookup))
         turns.append({"user": text, **result.to_dict()})
     if json_out:
         emit_json({"turns": turns, "model": info})
@@ -195,7 +206,8 @@ def _more_messages(first: list[str], interactive: bool):
 
 
 def _run_one(model_, prompt, options, *, chat, json_out, quiet, on_prefill=None):
-    return _consume(model_.stream(prompt, chat=chat, on_prefill=on_prefill, **options), json_out=json_out, quiet=quiet)
+    return _consume(model_.stream(prompt, chat=chat, on_prefill=on_prefill, **options), json_out=json_out, quiet=quiet,
+                    lookup=bool(options["prompt_lookup"]))
 
 
 # Backends whose prefill can take minutes (the simulator runs each chunk's graph): "prefill 32/480 tokens"
@@ -240,7 +252,7 @@ class _PrefillProgress:
             cm.__exit__(None, None, None)
 
 
-def _consume(stream, *, json_out: bool, quiet: bool):
+def _consume(stream, *, json_out: bool, quiet: bool, lookup: bool = False):
     if json_out:
         stream.text()
         return stream.result
@@ -255,6 +267,8 @@ def _consume(stream, *, json_out: bool, quiet: bool):
     if not quiet:
         s = result.stats
         err_console.print(f"[dim]{s.summary()}[/]", highlight=False, soft_wrap=True)
+        if lookup:
+            err_console.print(f"[dim]{s.lookup_summary()}[/]", highlight=False, soft_wrap=True)
         if s.stop_reason == "context_full":
             err_console.print("[yellow]the context is full[/]: pass --sliding-window to go on, "
                               "or rebuild with a larger --max-seq-len", highlight=False)

@@ -13,7 +13,8 @@ back the logits of the last one. Two kinds exist:
 On top of a session this module does what does not depend on the backend: tokenizing, chunked
 prefill within the context, the sampler, stopping on EOS / stop strings / max-new-tokens /
 the context's end (or sliding the window when asked), streaming text as it becomes certain,
-and llama.cpp-style stats (time to first token, prefill and decode tokens per second).
+prompt lookup's drafts checked in one call (`decode_steps`), and llama.cpp-style stats (time to
+first token, prefill and decode tokens per second).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime
 import torch
 
 from ...core.errors import InputError
-from .generation_config import GenerationConfig, SamplingConfig
+from .decode_steps import DraftingSession, LookupSteps, PlainSteps
+from .generation_config import GenerationConfig, SamplingConfig, no_prompt_lookup
 from .sampling import Sampler
 from .tokenizers import Message, Tokenizer
 
@@ -99,6 +101,14 @@ class StaticGraphSession:
     def feed(self, token_ids: Sequence[int], on_chunk: Callable[[int, int], None] | None = None) -> torch.Tensor:
         return self.runner.feed(token_ids, on_chunk)[-1]
 
+    def feed_all(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The logits of every token, [len, vocab] (prompt lookup's check: `decode_steps`)."""
+        return self.runner.feed(token_ids)
+
+    def max_feed(self) -> int:
+        """The largest graph whose chunk still fits after the cache's contents (0: none)."""
+        return max((n for n in self.runner.graphs if self.runner.past_len <= self.max_seq_len - n), default=0)
+
 
 # --------------------------------------------------------------------------------------------
 @dataclass
@@ -123,6 +133,10 @@ class GenerationStats:
     stop_reason: str
     seed: int
     context_shifts: int = 0
+    target_steps: int = 0               # model calls after the prompt (one per token without prompt lookup)
+    drafted_tokens: int = 0             # prompt lookup's drafts fed to those calls
+    accepted_tokens: int = 0            # drafts the model agreed with (and that were emitted)
+    tokens_per_step: float | None = None  # tokens those calls gave, per call: 1 + accepted drafts per step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +148,12 @@ class GenerationStats:
         return (f"prefill {self.prefill_tokens} tokens in {self.prefill_s * 1e3:.0f} ms ({rate(self.prefill_tokens_per_s)}"
                 f"{reused}) | first token after {self.time_to_first_token_s * 1e3:.0f} ms | "
                 f"decode {self.generated_tokens} tokens, {rate(self.decode_tokens_per_s)} | stop: {self.stop_reason}")
+
+    def lookup_summary(self) -> str:
+        """The prompt-lookup line: model calls, tokens per call, drafts fed and accepted."""
+        per = f"{self.tokens_per_step:.2f}" if self.tokens_per_step else "-"
+        return (f"prompt lookup: {self.target_steps} target steps, {per} tokens per step | "
+                f"drafted {self.drafted_tokens}, accepted {self.accepted_tokens}")
 
 
 @dataclass
@@ -272,6 +292,8 @@ class Generator:
         else:
             prompt_ids = self.encode_prompt(prompt, chat=chat)
         self._check_fits(prompt_ids, config)
+        if config.prompt_lookup and not isinstance(self.session, DraftingSession):
+            raise no_prompt_lookup(self.backend)
         bad = [t for t in prompt_ids if not 0 <= t < self.session.vocab_size] if self.session.vocab_size else []
         if bad:
             raise InputError(f"token id {bad[0]} is outside the model's vocabulary ({self.session.vocab_size})",
@@ -330,42 +352,46 @@ class Generator:
         state["t0"] = t0
         logits, state["prefill_run"] = self._prefill(prompt_ids, reuse_cache, on_prefill)
         state["t_prefill"] = time.perf_counter()
-        context = list(prompt_ids)  # what the repetition penalty looks at (prompt + generated)
+        context = list(prompt_ids)  # prompt + generated: what the repetition penalty and prompt lookup read
+        penalty = config.sampling.repetition_penalty != 1.0
+        steps = (LookupSteps(self, sampler, context, penalty, state, draft=config.prompt_lookup, ngram=config.ngram,
+                             max_new_tokens=config.max_new_tokens) if config.prompt_lookup
+                 else PlainSteps(self, sampler, context, penalty, state))
         decoder = self.tokenizer.stream_decoder(prompt_ids)
         stops = _StopMatcher(config.stop_strings)
         new: list[int] = state["new"]
-        while True:
-            ts = time.perf_counter()
-            tok = sampler(logits, context if config.sampling.repetition_penalty != 1.0 else ())
-            state["sample_s"] += time.perf_counter() - ts
-            if not new:
-                state["t_first"] = time.perf_counter()
-            new.append(tok)
-            context.append(tok)
-            state["t_last"] = time.perf_counter()
-            if config.stop_on_eos and tok in self.eos_ids:
-                state["stop"] = "eos"
-                break
-            piece, hit = stops.feed(decoder.push(tok))
-            if piece:
-                state["text"].append(piece)
-                yield piece
-            if hit:
-                state["stop"] = "stop_string"
-                break
-            if len(new) >= config.max_new_tokens:
-                state["stop"] = "max_new_tokens"
-                break
-            if self.session.position >= self.max_seq_len:
-                if not config.sliding_window:
-                    state["stop"] = "context_full"
+        tok = steps.start(logits)
+        try:
+            while True:
+                if not new:
+                    state["t_first"] = time.perf_counter()
+                new.append(tok)
+                context.append(tok)
+                state["t_last"] = time.perf_counter()
+                if config.stop_on_eos and tok in self.eos_ids:
+                    state["stop"] = "eos"
                     break
-                self.history.append(tok)
-                logits = self._slide()  # the slid window ends with `tok`: its logits come next
-                state["shifts"] += 1
-                continue
-            logits = self.session.feed([tok])
-            self.history.append(tok)
+                piece, hit = stops.feed(decoder.push(tok))
+                if piece:
+                    state["text"].append(piece)
+                    yield piece
+                if hit:
+                    state["stop"] = "stop_string"
+                    break
+                if len(new) >= config.max_new_tokens:
+                    state["stop"] = "max_new_tokens"
+                    break
+                if steps.position >= self.max_seq_len:
+                    if not config.sliding_window:
+                        state["stop"] = "context_full"
+                        break
+                    self.history.append(tok)
+                    tok = steps.start(self._slide())  # the slid window ends with `tok`: its logits come next
+                    state["shifts"] += 1
+                    continue
+                tok = steps.advance()
+        finally:
+            steps.finish()   # a stream closed early stops here too
         tail = stops.feed(decoder.flush())[0] + stops.flush() if state["stop"] != "stop_string" else ""
         if tail:
             state["text"].append(tail)
@@ -383,13 +409,17 @@ class Generator:
         decode_s = max(t_last - t_first, 0.0)
         n_dec = max(len(new) - 1, 0)
         stop = state.get("stop") or "stopped"   # "stopped": the caller left the stream early
+        steps = state.get("target_steps", 0)
         stats = GenerationStats(
             backend=self.backend, prompt_tokens=len(prompt_ids), prefill_tokens=run, generated_tokens=len(new),
             time_to_first_token_s=round(t_first - t0, 6), prefill_s=round(prefill_s, 6),
             prefill_tokens_per_s=round(run / prefill_s, 3) if prefill_s > 0 and run else None,
             decode_s=round(decode_s, 6), decode_tokens_per_s=round(n_dec / decode_s, 3) if decode_s > 0 and n_dec else None,
             sampling_s=round(state.get("sample_s", 0.0), 6), total_s=round(now - t0, 6), stop_reason=stop,
-            seed=state.get("sampler_seed", 0), context_shifts=state.get("shifts", 0))
+            seed=state.get("sampler_seed", 0), context_shifts=state.get("shifts", 0),
+            target_steps=steps, drafted_tokens=state.get("drafted_tokens", 0),
+            accepted_tokens=state.get("accepted_tokens", 0),
+            tokens_per_step=round(state.get("decoded_tokens", 0) / steps, 3) if steps else None)
         return GenerationResult(text="".join(state.get("text", [])), token_ids=list(new), prompt_ids=list(prompt_ids),
                                 stats=stats)
 

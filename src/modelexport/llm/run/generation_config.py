@@ -35,6 +35,10 @@ class SamplingConfig:
         return asdict(self)
 
 
+MAX_PROMPT_LOOKUP = 64     # drafts per step: a step feeds 1 + N tokens to one arN graph
+MAX_NGRAM = 16
+
+
 @dataclass
 class GenerationConfig:
     max_new_tokens: int = 256
@@ -42,8 +46,26 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_on_eos: bool = True
     sliding_window: bool = False       # when the context is full: keep the newest half and go on
+    prompt_lookup: int = 0             # draft tokens per step copied from earlier text (prompt_lookup.py); 0: off
+    ngram: int = 3                     # with prompt_lookup: the longest n-gram matched (then shorter, down to 1)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise InputError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}", "e.g. --max-new-tokens 64")
         self.stop_strings = tuple(s for s in self.stop_strings if s)
+        if not 0 <= self.prompt_lookup <= MAX_PROMPT_LOOKUP:
+            raise InputError(f"--prompt-lookup must be 0 (off) to {MAX_PROMPT_LOOKUP} draft tokens, got {self.prompt_lookup}",
+                             "e.g. --prompt-lookup 4")
+        if not 1 <= self.ngram <= MAX_NGRAM:
+            raise InputError(f"--ngram must be 1 to {MAX_NGRAM}, got {self.ngram}", "e.g. --ngram 3")
+        if self.prompt_lookup and not self.sampling.greedy:
+            raise InputError(f"--prompt-lookup checks drafts against greedy decoding; --temperature "
+                             f"{self.sampling.temperature} samples",
+                             "drop --temperature (greedy) to use --prompt-lookup, or drop --prompt-lookup to sample")
+
+
+def no_prompt_lookup(backend: str) -> InputError:
+    """The refusal of --prompt-lookup on a backend whose model calls give only the last token's logits."""
+    return InputError(f"--prompt-lookup checks its drafts with the logits of every token of one model call; "
+                      f"the {backend} backend gives only the last token's",
+                      "run a compiled bundle with --backend htp-sim, or leave --prompt-lookup out")
