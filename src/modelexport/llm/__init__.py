@@ -75,7 +75,7 @@ class LLM:
                  chat: bool = False, on_text: Callable[[str], None] | None = None, **options: Any) -> GenerationResult:
         """Generate from text (`chat=True` wraps it in the chat template), chat messages or token ids.
         Options: max_new_tokens, temperature, top_k, top_p, repetition_penalty, seed, stop_strings,
-        sliding_window."""
+        sliding_window, prompt_lookup (draft tokens per step copied from earlier text; greedy) and ngram."""
         return self.generator.generate(prompt, config, chat=chat, on_text=on_text, **_norm(options))
 
     def stream(self, prompt: str | Sequence[dict] | Sequence[int], config: GenerationConfig | None = None, *,
