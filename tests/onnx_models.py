@@ -432,3 +432,22 @@ def dense_outliers(path: Path, width: int = 64) -> Path:
              helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="/fc2/Gemm", transB=1)]
     return _save(nodes, "dense_outliers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, width])], inits, path)
+
+
+def old_clip_offset(path: Path) -> Path:
+    """y = x * Clip(x, 0, 6) at opset 10 (paddle2onnx's HardSwish, bounds as attributes the QNN EP does
+    not read), then (y + 4096) - 4096, which float16 storage rounds to steps of 4 (the fp16 twin's own,
+    smaller, loss)."""
+    from onnx import TensorProto, helper, numpy_helper
+    off = numpy_helper.from_array(np.array(4096.0, np.float32), "off")
+    nodes = [helper.make_node("Clip", ["x"], ["c"], name="hardswish/Clip", min=0.0, max=6.0),
+             helper.make_node("Mul", ["x", "c"], ["h"], name="hardswish/Mul"),
+             helper.make_node("Add", ["h", "off"], ["a"], name="offset/Add"),
+             helper.make_node("Sub", ["a", "off"], ["y"], name="offset/Sub")]
+    g = helper.make_graph(nodes, "old_clip", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [off])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 10)])
+    m.ir_version = 8
+    import onnx
+    onnx.save(m, str(path))
+    return path

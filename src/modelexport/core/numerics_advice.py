@@ -89,6 +89,9 @@ def numerics_line(num: dict[str, Any]) -> str:
     return head + where + (f": {bad['cause']}" if bad.get("cause") else "")
 
 
+RECENT_OPSET = 17     # the QNN EP's op builders follow the recent opsets; older forms are where they slip
+
+
 def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     """The fix that fits what the localisation found."""
     bad = num.get("first_bad_layer") or {}
@@ -109,10 +112,18 @@ def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
                 + (": these samples are random" if random else "") + "; if it is as sensitive on those, no NPU "
                 "precision holds it (the HTP takes float16 inputs at best): accept the lower mark (verify --min-sqnr "
                 "DB) or run the model on the CPU")
-    if bad.get("htp_departure"):
+    if bad.get("htp_departure") and quantized:
         return (f"the HTP computes {bad.get('op_type')} at {bad.get('node')} differently from ONNX Runtime on the CPU "
-                "(the same graph matches the float model there): compile at --precision fp16"
-                + (", which does not quantize it" if quantized else " is what ran: check the input ranges"))
+                "(the same graph matches the float model there): compile at --precision fp16, which does not quantize it")
+    if bad.get("htp_departure"):
+        old = bad.get("opset") is not None and bad["opset"] < RECENT_OPSET
+        return (f"the HTP computes {bad.get('op_type')} at {bad.get('node')} differently from ONNX Runtime on the CPU "
+                "(the same fp16 graph matches the float model there): "
+                + (f"the model is at opset {bad['opset']}: convert it (onnx.version_converter.convert_version(model, "
+                   f"{RECENT_OPSET})) or re-export it at opset {RECENT_OPSET} or later, and compile again; if it still "
+                   "departs, " if old else "")
+                + "run that node on the CPU: split the model at its input with onnx.utils.extract_model and compile "
+                  "the part before it")
     if quantized:
         return numerics_fix(True, random, bad.get("suggested_override"))
     cause = bad.get("cause") or ""

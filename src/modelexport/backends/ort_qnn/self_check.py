@@ -18,6 +18,7 @@ from .run import CompiledGraph, SimulatorSession
 from .verify import check_output, decided_outputs
 
 NUMERICS_SAMPLES = 4
+DEPARTURE_GAP_DB = 15.0      # the HTP's output this far below the CPU's first bad layer: look for where it departs
 WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
 
 
@@ -41,7 +42,8 @@ def check_part(part, epcontext: Path, target: str, provider_options: dict | None
         if floor is not None and floor < threshold:
             num["input_floor_db"] = floor      # the float model itself: no compile can pass this mark here
         else:
-            num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options)
+            worst = min((c.sqnr_db for c in checks if c.sqnr_db is not None), default=None)
+            num["first_bad_layer"] = first_bad_layer(part, samples, threshold, provider_options, worst)
     return num
 
 
@@ -107,15 +109,21 @@ def _row(c) -> dict[str, Any]:
             **({"note": c.note} if c.note else {}), **({"flipped": c.flipped} if c.flipped else {})}
 
 
-def first_bad_layer(part, samples: list[dict], threshold: float, provider_options: dict | None = None
-                    ) -> dict[str, Any] | None:
+def first_bad_layer(part, samples: list[dict], threshold: float, provider_options: dict | None = None,
+                    htp_worst_db: float | None = None) -> dict[str, Any] | None:
     """The first layer below the pass mark on the CPU (QDQ or fp16 twin vs float) and why; when the
-    CPU finds none, the first layer where the HTP simulator departs from the CPU (bisection, one
-    compile per probe); None when neither can name one."""
+    CPU finds none, or finds one far better than what the HTP gave (`htp_worst_db`, DEPARTURE_GAP_DB
+    lower: the CPU's loss does not explain the HTP's), the first layer where the HTP simulator departs
+    from the CPU (bisection, one compile per probe); None when neither can name one."""
     try:
         found = _first_bad(part, samples, threshold)
-        if found is None and provider_options is not None:
-            found = htp_departure(part, samples[:1], threshold, provider_options)
+        unexplained = (found is not None and htp_worst_db is not None and found.get("sqnr_db") is not None
+                       and found["sqnr_db"] - htp_worst_db > DEPARTURE_GAP_DB)
+        if (found is None or unexplained) and provider_options is not None:
+            departure = htp_departure(part, samples[:1], threshold, provider_options)
+            if departure is not None and unexplained:
+                departure["cpu_first_bad"] = {k: found[k] for k in ("layer", "sqnr_db", "measured_against")}
+            found = departure or found
         return found
     except Exception as e:    # best effort: onnxruntime's own Fail (not a RuntimeError), a graph the CPU EP refuses
         return {"error": f"per-layer localisation failed: {type(e).__name__}: {str(e)[:300]}"}
@@ -231,8 +239,9 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
     i, db = found
     name, node, _ = plan[i]
     exact = lo > hi
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     return {"layer": name, "node": node.name, "op_type": node.op_type, "sqnr_db": db, "htp_departure": True,
-            "probes": probes, "exact": exact,
+            "probes": probes, "exact": exact, "opset": opset,
             "measured_against": f"the same graph on the CPU EP, the layer made an output of the graph compiled again "
                                 f"for the simulator ({probes} probes" + ("" if exact else f"; stopped after "
                                 f"{PROBE_BUDGET_S:.0f} s: the departure is at or before this node") + ")"}
