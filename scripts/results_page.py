@@ -25,8 +25,8 @@ GROUPS: list[tuple[str, list[str]]] = [
     ("PyTorch", ["et_compile", "real_torch_models", "xnnpack_kernels"]),
     ("LLM compile by size", ["llm_sizes"]),
     ("LLM compile and quality", ["llm_export", "llm_export_16a4w_block", "llm_export_16a8w", "llm_quality",
-                                 "llm_rounding", "llm_rotation", "llm_genie", "llm_embedder", "llm_eval_gemma3",
-                                 "llm_compile_profile", "per_layer_llm", "llm_vocab_pairs"]),
+                                 "llm_rounding", "llm_rotation", "llm_genie", "genie_speculative", "llm_prompt_lookup",
+                                 "llm_embedder", "llm_eval_gemma3", "llm_compile_profile", "per_layer_llm", "llm_vocab_pairs"]),
     ("LLM programs for ExecuTorch's qnn_llama_runner", ["llm_runner_check", "qnn_llama_runner_x86"]),
     ("LLM on the CPU", ["llm_cpu_decode*", "llm_cpu_profile", "attention_kernel", "linear_kernel*",
                         "gguf_kquant_cpu"]),
@@ -247,7 +247,24 @@ def sweep_cell_memory(d) -> list[str]:
                                p.get("status")] for p in pts])]
 
 
-SPECIAL = {"real_models": real_models, "real_models_auto": real_models, "real_torch_models": real_torch_models,
+def prompt_lookup(d) -> list[str]:
+    costs = list((d.get("arN_cost_vs_ar1") or {}).items())
+    rows = []
+    for name, pr in (d.get("prompts") or {}).items():
+        plain = pr.get("plain") or {}
+        rows.append([f"{name} (repeats itself: {pr.get('repeats_itself')})", "plain", "", plain.get("tokens_per_step"),
+                     "", "", *["1.0" for _ in costs]])
+        for r in pr.get("runs") or []:
+            rows.append([name, r.get("draft"), r.get("ngram"), r.get("tokens_per_step"),
+                         f"{r.get('accepted')}/{r.get('drafted')}", r.get("equal_to_plain"),
+                         *[(r.get("speedup") or {}).get(k) for k, _ in costs]])
+    out = table(["prompt", "draft", "ngram", "tokens per step", "accepted/drafted", "= plain greedy",
+                 *[f"speed-up, arN = {c} x ar1" for _, c in costs]], rows)
+    return out + ["", *table(["arN cost vs ar1", "ratio"], [[k, c] for k, c in costs]),
+                  "", f"Speed-up: `{d.get('speedup_formula')}`. Every run equal to plain greedy: {d.get('all_equal_to_plain')}."]
+
+
+SPECIAL = {"real_models": real_models, "llm_prompt_lookup": prompt_lookup, "real_models_auto": real_models, "real_torch_models": real_torch_models,
            "llm_sizes": llm_sizes, "sweep_cell_memory": sweep_cell_memory}
 
 
