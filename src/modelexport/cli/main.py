@@ -8,15 +8,17 @@ import sys
 
 import click
 import typer
+from rich.markup import escape
 
 from ..core.errors import Interrupted, ModelExportError
+from ..toolchain.library_loggers import quiet_library_loggers
+from ..toolchain.qnn_log_level import describe
 from . import commands
 from .app import app, err_console
 from .interrupts import Caught, interrupted_line, interrupts_explained
 
 
 def _quiet_libraries() -> None:
-    from ..toolchain.library_loggers import quiet_library_loggers
     quiet_library_loggers()
 
 
@@ -41,14 +43,12 @@ def _load_commands() -> None:
 
 def _say_qnn_log_level() -> None:
     """QNN_LOG_LEVEL is honoured by mapping (toolchain.qnn_log_level): say so once, on stderr."""
-    from ..toolchain.qnn_log_level import describe
     note = describe()
     if note:
         err_console.print(f"[bold]note[/]: {note}", highlight=False, soft_wrap=True)
 
 
 def _say_interrupted() -> None:
-    from rich.markup import escape
     rest = escape(interrupted_line().removeprefix("interrupted"))   # a path may hold [brackets]
     err_console.print(f"[bold red]interrupted[/]{rest}", highlight=False, soft_wrap=True)
 

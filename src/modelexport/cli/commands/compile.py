@@ -10,10 +10,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from ...core.arguments import size_in_bytes
+from ...core.atomic import check_output
 from ...core.compile_flags import CALIB_HELP, COMPILE_FLAGS, FORMAT_HELP, PRECISION_HELP
 from ...core.errors import InputError
+from ...core.numerics_advice import numerics_fix_for, numerics_line
 from ...core.vocab import BundleKind
 from ..app import app, console, emit_json, err_console, option, progress
+from .llm_plan import print_llm_plan
+from .llm_summary import llm_summary
 
 if TYPE_CHECKING:
     from ...contract.manifest import Manifest, PartEntry
@@ -82,7 +86,6 @@ def _notes(m: Manifest, parts: dict[str, PartEntry]) -> None:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
     num = m.numerics
     if num.get("outputs") or num.get("run_error"):
-        from ...core.numerics_advice import numerics_fix_for, numerics_line
         if num.get("passed") is False:
             quantized = _precision_of(m, parts.get(num.get("part"))) != "fp16"
             what = "numerics not checked" if num.get("run_error") else "numerics below the pass mark"
@@ -180,7 +183,6 @@ def compile_cmd(models: list[str], **given: Any) -> None:
     if given["vision_encoder"] is not None:
         given["vision_encoder"] = str(given["vision_encoder"])
     if given.pop("dry_run"):
-        from .llm_plan import print_llm_plan
         print_llm_plan(models, json_out, **{k: given[name] for k, name in PLANNED.items()})   # the same checks as the compile it plans
         return
     if output is None:
@@ -189,7 +191,6 @@ def compile_cmd(models: list[str], **given: Any) -> None:
     given["use_cache"] = not given.pop("no_cache")
     bundle = _compile(models, output, json_out, given)
     if bundle.manifest.kind == BundleKind.LLM:
-        from .llm_summary import llm_summary
         llm_summary(bundle, json_out)
         return
     _summary(bundle, json_out)
@@ -234,7 +235,6 @@ def compile_qnn(
     with its bundle `<name>.bundle/` beside it. A folder OUTPUT is the bundle itself (--format,
     default context-binary); without OUTPUT the folder is named by model, format, precision and target."""
     from ...qnn import check_backend, plan_output, write_artifact
-    from ...core.atomic import check_output
     from ...quant import get_precision, precision_from_bitwidths
     check_backend(backend)
     prec = get_precision(precision) if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize)

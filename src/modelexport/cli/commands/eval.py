@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from ...core.arguments import at_least, one_of
+from ...llm.cpu import QUANT_MODES
 from ..app import app, console, emit_json, err_console
 
 
@@ -29,8 +31,6 @@ def eval_cmd(
     float,cpu` on a GGUF scores the CPU runtime's program (what `generate` runs) against float."""
     from ...runtime.evaluate import evaluate
     st = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
-    from ...core.arguments import at_least, one_of
-    from ...llm.cpu import QUANT_MODES
     for flag, value in (("--window", window), ("--sim-window", sim_window), ("--tokens", max_tokens),
                         ("--sim-tokens", sim_tokens), ("--max-seq-len", max_seq_len)):
         at_least(flag, value, 2, "64")

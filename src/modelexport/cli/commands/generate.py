@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ... import llm
+from ...core.arguments import at_least, one_of
 from ...core.errors import InputError, Interrupted
+from ...llm.cpu import QUANT_MODES
 from ...llm.run.generation_config import no_prompt_lookup
+from ...llm.run.openers import source_kind
 from ...toolchain.library_loggers import quiet_library_loggers
-from ..app import app, console, emit_json, err_console
+from ..app import app, console, emit_json, err_console, progress
 
 
 @app.command()
@@ -56,8 +61,6 @@ def generate(
     prefill and decode tokens per second. A GGUF or HF model is first built into an ExecuTorch
     XNNPACK program (4-bit weights by default), cached by its content, so that happens once."""
     quiet_library_loggers()   # import-time chatter of libraries that has nothing to do with the user's run
-    from ... import llm
-    from ..app import progress
 
     if raw and chat:
         raise InputError("--raw and --chat cannot go together (a conversation always uses the chat template)",
@@ -136,7 +139,6 @@ def generate(
 def _generate_with_image(model, images: list[Path], prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
                          json_out: bool, quiet: bool, image_splitting: bool | None) -> None:
     from ...backends.llm_qnn.vision_session import generate_with_image
-    from ...llm.run.openers import source_kind
     if chat:
         raise InputError("--image answers one prompt; --chat is not offered with it", "drop --chat")
     if source_kind(Path(model)) != "bundle":
@@ -182,8 +184,6 @@ def _say_why_empty(result, templated: bool, has_template: bool) -> None:
 
 def _check_numbers(max_seq_len: int | None, threads: int | None, quant: str) -> None:
     """Before the model is opened (minutes for a first build): the flags that cannot work."""
-    from ...core.arguments import at_least, one_of
-    from ...llm.cpu import QUANT_MODES
     at_least("--max-seq-len", max_seq_len, 2, "2048")
     at_least("--threads", threads, 1, "2")
     one_of("--quant", quant, QUANT_MODES)
@@ -230,9 +230,6 @@ class _PrefillProgress:
         return self if self.on else None
 
     def __call__(self, done: int, total: int) -> None:
-        import time
-
-        from ..app import err_console, progress
         now = time.perf_counter()
         text = f"prefill {done}/{total} tokens"
         if self._bar is None:

@@ -7,6 +7,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ...core.atomic import check_output
 from ..app import app, console, emit_json, progress
 
 
@@ -33,7 +34,6 @@ def profile_cmd(
 
     A .pte bundle is profiled through ExecuTorch's ETDump: delegate calls and CPU kernels are timed,
     ops inside the QNN delegate are not (the pip runtime's ETDump holds no events from inside it)."""
-    from ...core.atomic import check_output
     from ...runtime.runners import profile_bundle
     if trace is not None:
         check_output(trace, force)

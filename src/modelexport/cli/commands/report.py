@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
+from ...contract.bundle import is_bundle, open_bundle, refresh_report
+from ...contract.report import build_report
+from ...core.atomic import atomic_file
+from ...core.errors import InputError
 from ..app import app, console, emit_json
 
 
@@ -17,13 +22,9 @@ def report(
     """Rebuild the bundle's self-contained report.html (target, placement, audit with fixes,
     numerics, sizes, LLM decode ceiling), or a sweep's report.html from its results.json (what to
     ship per SoC, every cell, the failed ones). Open it in any browser; it needs no network."""
-    from ...core.atomic import atomic_file
-    from ...contract.bundle import is_bundle
     if (bundle / "results.json").is_file() and not is_bundle(bundle):
         _sweep_page(bundle, output, force, json_out)
         return
-    from ...contract.bundle import open_bundle, refresh_report
-    from ...contract.report import build_report
     b = open_bundle(bundle)
     if output:
         with atomic_file(output, force=force) as tmp:
@@ -38,10 +39,6 @@ def report(
 
 
 def _sweep_page(folder: Path, output: Path | None, force: bool, json_out: bool) -> None:
-    import json
-
-    from ...core.atomic import atomic_file
-    from ...core.errors import InputError
     from ...sweeping.page import build_page, write_page
     try:
         results = json.loads((folder / "results.json").read_text())

@@ -6,6 +6,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from ...core.atomic import atomic_file, check_output
 from ..app import app, console, emit_json, progress
 
 
@@ -29,7 +30,6 @@ def run_cmd(
     import numpy as np
 
     from ...api import run as api_run
-    from ...core.atomic import atomic_file, check_output
     if output is not None:
         check_output(output, force)
     with progress("running on the HTP simulator", enabled=not json_out):

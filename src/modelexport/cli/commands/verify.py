@@ -8,8 +8,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ...core.atomic import atomic_file, check_output
 from ...core.errors import VerificationError
 from ..app import app, console, emit_json, progress
+from ..per_layer_view import print_per_layer
 
 
 @app.command("verify")
@@ -34,7 +36,6 @@ def verify_cmd(
     the same inputs; report SQNR (dB), cosine similarity and max abs error per output. Exits 5
     when an output is below the pass mark."""
     from ...api import verify as api_verify
-    from ...core.atomic import atomic_file, check_output
     if report is not None:
         check_output(report, force)
     layers = None
@@ -67,7 +68,6 @@ def verify_cmd(
         for w in rep.warnings:
             console.print(f"  [yellow]warning[/]: {escape(w)}")
         if layers is not None:
-            from ..per_layer_view import print_per_layer
             print_per_layer(layers)
     if not rep.passed:
         bad = [f"{g.part}@{g.target}:{o.name} {o.sqnr_db:.1f} dB < {g.threshold_db:g}" for g in rep.graphs for o in g.outputs if not o.passed]
