@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..passes import passes_fixing
+
 
 @dataclass(frozen=True)
 class FixRule:
@@ -143,7 +145,6 @@ def source_fn(node) -> str | None:
 
 def fix_for(op: str, reason: str | None, source: str | None = None, quantized: bool | None = None) -> str:
     """The rules table's fix for a refused node, naming the opt-in rewrite passes that remove it."""
-    from ..passes import passes_fixing
     context = f"{reason} (from {source})" if source else (reason or "")
     rewrites = passes_fixing(op, context)
     fix = suggest_fix(op, context, quantized)

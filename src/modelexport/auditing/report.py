@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.errors import ToolchainError, clip
+
 HTP, CPU, IO, FOLDED = "HTP", "CPU", "io", "folded"
 BLOCKS = "blocks"   # QNN refused to build the whole graph because of this node: nothing compiles
 
@@ -77,7 +79,6 @@ class AuditReport:
 
 def graph_refused_error(report: AuditReport):
     """The one error for an audit whose graph QNN refused: the blocking node(s) and the first fix."""
-    from ..core.errors import ToolchainError, clip
     b = report.blockers
     if not b:
         return ToolchainError(f"QNN refused to build the graph at {report.precision} ({report.refused}) and no node "
