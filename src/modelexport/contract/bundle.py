@@ -14,7 +14,9 @@ from collections.abc import Callable
 from ..core.errors import InputError, IntegrityError
 from ..core.atomic import check_output, replace_path, sibling_temp
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file
+from ..core.targets import get_target
 from ..core.vocab import Role
+from .report import write_report
 
 if TYPE_CHECKING:
     from .manifest import FileEntry, Manifest
@@ -83,7 +85,6 @@ class BundleWriter:
         return out
 
     def _seal(self) -> None:
-        from .report import write_report
         from .manifest import tool_versions
         m = self.manifest
         m.versions = tool_versions() | m.versions
@@ -134,7 +135,6 @@ class Bundle:
     def check_selection(self, part: str | None, target: str | None) -> str | None:
         """A `--part` / `--target` choice among this bundle's graphs → the target's canonical name (None:
         any); an InputError naming what the bundle has."""
-        from ..core.targets import get_target
         want = get_target(target).name if target else None
         parts = {g.part for g in self.manifest.graphs}
         if part and part not in parts:
@@ -202,7 +202,6 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
 
 def refresh_report(bundle: Bundle) -> Path:
     """Rebuild report.html inside a bundle from its (possibly updated) manifest, then re-seal the manifest."""
-    from .report import write_report
     m = bundle.manifest
     out = write_report(bundle.path, m, REPORT_NAME)
     from .manifest import FileEntry

@@ -24,6 +24,7 @@ used to be dicts that kept them); only unset optional fields are left out.
 """
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo,
@@ -385,7 +386,6 @@ class Manifest(BaseModel):
 
 def tool_versions() -> dict[str, str]:
     """Versions of the libraries that shaped an artifact, read from installed metadata."""
-    from importlib.metadata import PackageNotFoundError, version
     out = {}
     for pkg in ("modelexport", "torch", "executorch", "onnxruntime", "onnxruntime-qnn", "onnx", "transformers"):
         try:

@@ -16,6 +16,7 @@ from ..deployment import deployment
 from ..manifest import Manifest
 from ...core.targets import all_targets
 from ...core.vocab import BundleKind, Role
+from . import plots
 
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -61,7 +62,6 @@ def section_overview(m: Manifest, folder: Path) -> Section:
 
 
 def section_placement(m: Manifest, folder: Path) -> Section:
-    from . import plots
     nodes = _nodes(m)
     if not nodes:
         return Section("placement", "Placement", missing="No per-node placement is recorded in this bundle "
@@ -115,7 +115,6 @@ def _cos(c) -> str:
 
 
 def section_numerics(m: Manifest, folder: Path) -> Section:
-    from . import plots
     num = m.numerics or {}
     outs = num.get("outputs") or []
     if not outs:
@@ -175,7 +174,6 @@ def _db(v) -> str:
 
 def section_precision_search(m: Manifest, folder: Path) -> Section | None:
     """--precision auto: each candidate's worst output against its simulator cycles."""
-    from . import plots
     s = m.precision_search or {}
     cands = s.get("candidates") or []
     if not cands:
