@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .spellings import spell
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -52,7 +54,6 @@ class ModelExportError(Exception):
     def in_words_of(self, caller: str) -> ModelExportError:
         """The fix written as `caller` (cli | api | sweep) writes its setting; returns self."""
         if self.setting is not None and self._fix_words is not None:
-            from .spellings import spell
             self.fix = self._fix_words.replace("{setting}", spell(caller, self.setting))
         return self
 

@@ -12,9 +12,10 @@ import json
 import os
 from pathlib import Path
 
+from .cache import cache_root
+
 
 def _memo_dir() -> Path:
-    from .cache import cache_root
     return cache_root() / "file-sha256"
 
 

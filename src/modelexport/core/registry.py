@@ -5,6 +5,7 @@ from typing import Generic, TypeVar
 from collections.abc import Callable, Iterator
 
 from .errors import InputError
+from .plugins import load_plugins
 
 T = TypeVar("T")
 
@@ -19,7 +20,6 @@ class Registry(Generic[T]):
 
     def _load(self) -> None:
         if self.plugins:
-            from .plugins import load_plugins
             group, self.plugins = self.plugins, None   # once; set before importing, which registers here
             load_plugins(group)
 
