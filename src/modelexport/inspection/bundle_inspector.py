@@ -6,6 +6,7 @@ from ..contract.bundle import is_bundle, open_bundle
 from ..contract.deployment import deployment
 from ..core.errors import ModelExportError, VerificationError
 from ..core.vocab import Role
+from ..toolchain.genie import validate_genie_config
 from . import inspector
 
 
@@ -29,7 +30,6 @@ def read_bundle(path: Path) -> dict:
 def _genie_verdict(config: Path) -> dict:
     """What Genie's own config parser (libGenie.so, in a child) says of the file as it is now —
     a hand-edited config is judged by Genie, not by us."""
-    from ..toolchain.genie import validate_genie_config
     try:
         return validate_genie_config(config)
     except VerificationError as e:
