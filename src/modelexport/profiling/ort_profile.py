@@ -19,11 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.ort_qnn.run import SimulatorSession, given_feed, select_graphs
+from ..backends.ort_qnn.verify import stored_samples
 from ..contract import Bundle, open_bundle
 from ..core.errors import InputError, ToolchainError, UnsupportedError, clip
 from ..core.targets import get_target
 from ..core.vocab import BundleKind
+from ..frontends.module_paths import onnx_module_path
+from ..toolchain.htp_options import run_provider_options
+from ..toolchain.native_io import native_stdout_to_stderr
+from ..toolchain.ort_qnn import CPU_EP_NAME, EP_NAME, SessionPlan, node_assignment, session_options
+from .ort_trace import read_ort_profile
+from .qnn_csv import read_qnn_csv
 from .report import NOTE, ProfileReport, ProfileRow, check_build, median
+from .trace import write_trace
 
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -37,9 +46,6 @@ def _onnx_nodes(path: Path) -> dict[str, Any]:
 def _session(cg, level: str, work: Path):
     import onnxruntime as ort
 
-    from ..toolchain.htp_options import run_provider_options
-    from ..toolchain.native_io import native_stdout_to_stderr
-    from ..toolchain.ort_qnn import SessionPlan, session_options
     soc = get_target(cg.target)
     opts = run_provider_options(soc.soc_model, None)
     csv_path = work / "qnn_profile.csv"
@@ -71,9 +77,6 @@ def _profiled_run(sess, feed, level: str) -> None:
 
 
 def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]:
-    from ..backends.ort_qnn.run import SimulatorSession, given_feed
-    from ..backends.ort_qnn.verify import stored_samples
-
     class _Shim(SimulatorSession):
         def __init__(self, s):          # reuse the input checks without a second session
             self.session = s
@@ -90,7 +93,6 @@ def _feed(bundle: Bundle, cg, sess, inputs) -> tuple[dict[str, np.ndarray], str]
 def time_runs(bundle_path: str | Path, runs: int = 5, level: str = "off", part: str | None = None,
               target: str | None = None) -> dict[str, Any]:
     """Wall time of `runs` runs after one warm-up, with profiling off/basic/detailed (for bench/)."""
-    from ..backends.ort_qnn.run import select_graphs
     bundle = open_bundle(bundle_path)
     check_build(bundle)
     cg = select_graphs(bundle, part, target)[0]
@@ -121,8 +123,6 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
         raise UnsupportedError(f"{bundle.path} is an LLM bundle; `modelexport profile` profiles one compiled graph of a model bundle",
                                "profile an ONNX/PyTorch model bundle; LLM bundles: use `modelexport generate` timings")
     check_build(bundle)
-    from ..backends.ort_qnn.run import select_graphs
-    from ..toolchain.ort_qnn import CPU_EP_NAME, EP_NAME, node_assignment
     graphs = select_graphs(bundle, part, target)
     if len(graphs) != 1:
         raise InputError(f"{bundle.path} holds {len(graphs)} compiled graphs: " + ", ".join(f"{g.part}@{g.target}" for g in graphs),
@@ -132,7 +132,6 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
     ref_model = (pm.files.quantized_model or pm.files.float_model) if pm else None
     ref_nodes = _onnx_nodes(bundle.file(ref_model)) if ref_model else {}
     ctx_nodes = _onnx_nodes(cg.epcontext)
-    from ..frontends.module_paths import onnx_module_path
     graph_io = {t.name for t in [*(cg.graph.onnx_inputs or []), *(cg.graph.onnx_outputs or [])]}
 
     with tempfile.TemporaryDirectory(prefix="mx-prof-") as tmp:
@@ -151,8 +150,6 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
         ort_json = Path(sess.end_profiling())
         del sess
         gc.collect()                          # the QNN EP writes its CSV when the session goes away
-        from .ort_trace import read_ort_profile
-        from .qnn_csv import read_qnn_csv
         ort_events, ort_runs = read_ort_profile(ort_json)
         if not csv_path.is_file():
             raise ToolchainError(f"the QNN EP wrote no profile ({csv_path})",
@@ -248,7 +245,6 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
               "placement": {ep: len(v) for ep, v in placement.items()}}
     rep = ProfileReport(str(bundle.path), cg.part, cg.target, level, runs, rows, totals, qprof.columns, files, NOTE, warnings)
     if trace is not None:
-        from .trace import write_trace
         write_trace(trace, rep, ort_events, ort_runs, qprof, ort_qnn_kernels, g, runs)
         rep.files["trace"] = str(trace)
     return rep

@@ -11,11 +11,16 @@ be switched on when the .pte is compiled (QnnExecuTorchBackendOptions profile le
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import tempfile
+import warnings
 from pathlib import Path
 
+from ..core.atomic import atomic_file
 from ..core.errors import ToolchainError, clip
+from ..toolchain.executorch_env import ensure_executorch_qnn
+from ..toolchain.native_io import capture_native_output
 from .report import NOTE, ProfileReport, ProfileRow, check_build
 
 ET_NOTE = ("ETDump of the executorch 1.5.1 pip runtime: delegate calls and CPU kernels are timed; ops inside the "
@@ -28,7 +33,6 @@ def _ready():
         from ..backends.executorch_qnn.specs import qnn_ready
         return qnn_ready()
     except ImportError:
-        from ..toolchain.executorch_env import ensure_executorch_qnn
         return ensure_executorch_qnn()
 
 
@@ -41,7 +45,6 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace, keep_dir=
     _ready()
     from executorch.runtime import Runtime
 
-    from ..toolchain.native_io import capture_native_output
     with tempfile.TemporaryDirectory(prefix="mx-etdump-") as tmp:
         etdp = Path(tmp) / "run.etdp"
         try:
@@ -72,7 +75,6 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace, keep_dir=
             raise ToolchainError(f"ExecuTorch wrote no ETDump: {e}", "this executorch runtime was built without event tracing") from None
         del method, program
         gc.collect()
-        import warnings
 
         from executorch.devtools import Inspector
         with warnings.catch_warnings():
@@ -118,9 +120,6 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace, keep_dir=
     if level == "detailed":
         rep.warnings.append("--level detailed has no per-op effect on a .pte: " + ET_NOTE)
     if trace is not None:
-        import json
-
-        from ..core.atomic import atomic_file
         ev, t = [], 0.0
         for r in rows:
             ev.append({"ph": "X", "pid": 1, "tid": 1, "name": r.name, "ts": t, "dur": r.time_us, "cat": r.backend,

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.arguments import at_least
 from ..core.errors import InputError, ToolchainError
+from ..toolchain.qairt import find_qairt
 
 LEVELS = ("basic", "detailed")
 NOTE = ("simulator times rank ops within one model; they are not phone latencies "
@@ -56,7 +57,6 @@ class ProfileReport:
 
 def check_build(bundle) -> None:
     """Profiles are only meaningful on the QAIRT build that compiled the binary."""
-    from ..toolchain.qairt import find_qairt
     built, have = bundle.manifest.qairt_build, find_qairt().build_id
     if built and built != have:
         raise ToolchainError(f"{bundle.path} was compiled by QAIRT {built}, but the QNN libraries here are {have}",

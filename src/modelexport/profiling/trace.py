@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.atomic import atomic_file
+
 
 def write_trace(path, rep, ort_events, ort_runs, qprof, qnn_kernels, n_graphs, runs) -> Path:
-    from ..core.atomic import atomic_file
     info = {(r.name): r for r in rep.rows}
     ev = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"{rep.part}@{rep.target} on the HTP simulator"}},
           {"ph": "M", "pid": 1, "tid": 1, "name": "thread_name", "args": {"name": "ONNX Runtime nodes (wall time)"}},
