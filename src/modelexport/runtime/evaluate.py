@@ -24,10 +24,21 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..contract.bundle import open_bundle
 from ..core.errors import InputError
 from ..core.formats import BundleFormat, bundle_format
+from ..core.numerics import compare
 from ..core.vocab import BundleKind, Format, Role
+from ..frontends import find_frontend
+from ..frontends.source_hash import recorded_source
+from ..llm import load
+from ..llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+from ..llm.run.openers import require_context
 from ..llm.run.static_runner import StaticRunner
+from ..llm.run.text import read_text, tokenize
+from ..llm.run.tokenizers import from_transformers, load_tokenizer
+from ..llm.weight_quality import HELD_OUT_TOKENS
+from ..quant.weight_rounding import ROUNDING_TOKENS
 
 STAGES = ("float", "fake-quant", "htp-sim", "cpu")
 BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
@@ -110,8 +121,6 @@ class CpuProgramRunner:
 
 
 def float_runner(source: Path, max_seq_len: int, n_tokens: list[int]) -> tuple[StaticRunner, Any]:
-    from ..frontends import find_frontend
-    from ..llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
     llm = find_frontend(str(source)).load(str(source))
     dec = build_static_decoder(llm.model, StaticDecoderConfig(max(n_tokens), max_seq_len))
     return StaticRunner.from_decoder(dec, n_tokens), llm
@@ -122,7 +131,6 @@ def _check_llm_source(src: Path) -> None:
     before a loader meant for LLMs fails on it."""
     if src.suffix.lower() == ".pte":
         return
-    from ..frontends import find_frontend
     kind = find_frontend(str(src)).kind
     if kind != "llm":
         raise InputError(f"{src} is a {kind} model, not an LLM",
@@ -136,8 +144,6 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     """Perplexity per stage (+ SQNR between stages). `model`: an LLM bundle, a GGUF / HF folder
     (float and cpu stages) or an ExecuTorch LLM `.pte` (cpu). Scoring starts at `from_token` of the
     text, by default after every token compile read of it (held_out_span)."""
-    from ..contract.bundle import open_bundle
-    from ..llm.run.text import read_text, tokenize
     say = progress or (lambda m: None)
     src = Path(model)
     if not src.exists():
@@ -157,7 +163,6 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     else:
         _check_llm_source(src)
         if max_seq_len:
-            from ..llm.run.openers import require_context
             require_context(src, max_seq_len)    # before any weight is loaded
         seq = max_seq_len or window
         variants = [32, 1] if seq > 32 else [1]
@@ -182,20 +187,16 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             raise InputError(f"the float stage needs the source model {source}, which is not on this machine",
                              "run eval with --stages fake-quant,htp-sim")
         if bundle is not None:
-            from ..frontends.source_hash import recorded_source
             recorded_source(bundle.manifest, "the float stage")
         say("loading the float model")
         flt, loaded = float_runner(source, seq, variants)
-        from ..llm.run.tokenizers import from_transformers
         tok = from_transformers(loaded.tokenizer, chat_template=loaded.chat_template)
     if bundle is not None:
-        from ..llm.run.tokenizers import load_tokenizer
         tok_file = next(bundle.file(f.path) for f in bundle.manifest.files if f.role == Role.TOKENIZER)
         tok = load_tokenizer(tok_file)
     cpu = None
     if "cpu" in stages:
         say("building or opening the CPU program")
-        from ..llm import load
         cpu = load(src, backend="cpu", quant=cpu_quant, progress=say)
         if tok is None:
             tok = cpu.tokenizer
@@ -250,7 +251,6 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     if sim_stage_tokens:
         out["stages"]["htp-sim"].update(sim_stage_tokens)
     # perplexities on the short span too (the one the simulator ran), and SQNR between stages
-    from ..core.numerics import compare
     out["short"]["perplexity"] = {}
     for k, ls in short_logits.items():
         out["short"]["perplexity"][k] = round(_ppl_from_logits(ls, short, sim_window), 4)
@@ -270,8 +270,6 @@ def held_out_span(bundle, txt) -> dict[str, Any]:
     """Where in the text scoring starts: after every token compile read (its calibration samples; the
     4-bit rounding's input moments; the quality recipe's held-out span after those) when the text is
     the bundle's calibration text; from its start otherwise."""
-    from ..llm.weight_quality import HELD_OUT_TOKENS
-    from ..quant.weight_rounding import ROUNDING_TOKENS
     if bundle is None:
         return {"first_token": 0, "held_out": True, "note": "nothing calibrated on it (a model, not a bundle)"}
     cal = (bundle.manifest.calibration or {}).get("llm", {})
