@@ -17,9 +17,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..contract.bundle import is_bundle, open_bundle
 from ..core.atomic import replace_path, sibling_temp
 from ..core.errors import ModelExportError, clip
 from ..core.vocab import BundleKind, Format
+from ..runtime.runners import runner_for
+from ..toolchain.library_loggers import quiet_library_loggers
 from .matrix import Matrix, ModelEntry, PrecisionEntry
 
 # Formats whose compile records no numerics but whose `verify` runs on this host.
@@ -56,7 +59,6 @@ def plan_cells(matrix: Matrix) -> list[Cell]:
 
 def is_complete(folder: Path) -> bool:
     """A bundle whose manifest is valid and whose files match it."""
-    from ..contract.bundle import is_bundle, open_bundle
     if not is_bundle(folder):
         return False
     try:
@@ -93,8 +95,6 @@ def _compile_args(job: dict[str, Any]) -> dict[str, Any]:
 def _verify_into(bundle_dir: Path) -> str | None:
     """Numerics for a bundle whose compile recorded none: the format's verify, recorded in its
     manifest. Returns why none were measured, or None."""
-    from ..contract.bundle import open_bundle
-    from ..runtime.runners import runner_for
     m = open_bundle(bundle_dir, verify=False).manifest
     if m.numerics or m.kind != BundleKind.MODEL or m.format not in VERIFIED_AFTER_COMPILE:
         return None
@@ -109,7 +109,6 @@ def run_cell(job: dict[str, Any]) -> dict[str, Any]:
     """One cell, in a worker: compile (+ verify) into a temporary folder, then rename it into place.
     Every outcome comes back as data; a ModelExportError is the cell's failure, with its one-line
     reason, and anything else (a bug) is reported with its traceback, so the other cells go on."""
-    from ..toolchain.library_loggers import quiet_library_loggers
     quiet_library_loggers()          # as the CLI's own process does
     t0 = time.perf_counter()
     final = Path(job["bundle"])

@@ -14,7 +14,10 @@ from contextlib import ExitStack
 from typing import Any
 from urllib.parse import urlparse
 
-from ..core.errors import InputError, clip
+from ..core.arguments import at_least
+from ..core.cache import cache_root
+from ..core.errors import InputError, ToolchainError, clip
+from ..toolchain.worker_pool import WorkerPool
 from .cells import Cell, run_cell
 from .resources import GB, cell_resources
 
@@ -45,7 +48,6 @@ class LocalCells:
         self._stack.__exit__(*exc)
 
     def _new_pool(self, workers: int):
-        from ..toolchain.worker_pool import WorkerPool
         return self._stack.enter_context(WorkerPool(STAGE, workers))
 
     def submit(self, job: dict[str, Any], cell: Cell, attempt: int) -> Future:
@@ -98,7 +100,6 @@ class RayCells:
         if ray is None or not ray.is_initialized():
             _reachable(address or "auto")
             if ray is None:
-                from ..core.errors import ToolchainError
                 raise ToolchainError("--ray needs the `ray` package, which is not installed",
                                      "pip install ray==2.60.0 (requirements.txt pins it), or leave --ray out")
             try:
@@ -136,7 +137,6 @@ class RayCells:
                           "reason": f"needs {need.num_cpus} CPU(s) and {need.memory_bytes / GB:.1f} GB ({need.source}); "
                                     f"the largest Ray node has {self.largest['CPU']:g} CPU(s) and "
                                     f"{self.largest['memory'] / GB:.1f} GB", "fix": "add a larger node to the cluster"})
-        from ..core.cache import cache_root
         ref = self._remote.options(num_cpus=need.num_cpus, memory=need.memory_bytes, max_retries=0, name=cell.key,
                                    runtime_env={"env_vars": {"MODELEXPORT_CACHE_DIR": str(cache_root())}}).remote(job)
         self._refs.append(ref)
@@ -158,6 +158,5 @@ EXECUTORS = {"local": LocalCells, "ray": RayCells}
 
 def open_executor(workers: int | None, ray_address: str | None):
     """The local runner, or Ray when an address (or `auto`) is given."""
-    from ..core.arguments import at_least
     at_least("--workers", workers, 1, "2")
     return EXECUTORS["ray" if ray_address else "local"](workers, ray_address)

@@ -26,8 +26,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from ..backends.spec import OPTION_OWNERS, CompileOptions
 from ..core.errors import InputError, ModelExportError
 from ..core.spellings import MATRIX_ENTRY_OPTIONS
+from ..core.targets import get_target
+from ..frontends import find_frontend
 
 TOP_KEYS = ("models", "targets", "precisions", "options")
 MODEL_KEYS = ("path", "name", *MATRIX_ENTRY_OPTIONS, "options")
@@ -91,7 +96,6 @@ def _read(path: Path) -> Any:
     try:
         if path.suffix.lower() == ".json":
             return json.loads(path.read_text())
-        import yaml
         return yaml.safe_load(path.read_text())
     except Exception as e:
         raise InputError(f"{path} is not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'}: "
@@ -104,7 +108,6 @@ def _unknown_keys(problems: _Problems, where: str, given, known: tuple[str, ...]
 
 
 def _known_options() -> set[str]:
-    from ..backends.spec import OPTION_OWNERS, CompileOptions
     return {f.name for t in (CompileOptions, *OPTION_OWNERS) for f in fields(t)} - set(CELL_OPTIONS)
 
 
@@ -154,7 +157,6 @@ def _model(problems: _Problems, base: Path, i: int, raw: Any, top_options: dict,
         problems.add(f"{where}: model {entry['path']!r} does not exist ({_file_part(path)})",
                      "check the path (relative to the matrix file)")
         return None
-    from ..frontends import find_frontend
     try:
         kind = find_frontend(path).kind
     except ModelExportError as e:
@@ -208,7 +210,6 @@ def _list(problems: _Problems, data: dict, key: str, example: str) -> list:
 
 def load_matrix(path: str | Path) -> Matrix:
     """The whole matrix, or one InputError listing every problem found in it."""
-    from ..core.targets import get_target
     p = Path(path)
     data = _read(p)
     problems = _Problems(p)

@@ -13,10 +13,11 @@ code runs in the cell's own process), so its size is an assumption (TORCH_FACTOR
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
+from ..backends.spec import LlmCompileOptions
 from .cells import Cell
 
 GB = 2**30
@@ -91,10 +92,7 @@ def _torch_size(cell: Cell) -> tuple[int, str]:
 
 
 def _llm_estimate(cell: Cell) -> CellResources:
-    from dataclasses import fields
-
     from ..backends.llm_qnn.compile import plan_llm
-    from ..backends.spec import LlmCompileOptions
     known = {f.name for f in fields(LlmCompileOptions)}
     opts = {k: v for k, v in cell.model.options.items() if k in known}
     plan = plan_llm(cell.model.path, cell.precision.name, **opts)

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from ..contract.bundle import open_bundle
+from ..contract.deployment import deployment
 from ..contract.report.html_report import QDQ_OPS
 from .cells import Cell
 
@@ -102,8 +104,6 @@ def _numerics(m) -> tuple[float | None, float | None]:
 
 def bundle_row(cell: Cell, folder: Path) -> dict[str, Any]:
     """The measured columns of a complete cell."""
-    from ..contract.bundle import open_bundle
-    from ..contract.deployment import deployment
     b = open_bundle(folder, verify=False)
     m = b.manifest
     share, fallbacks = _htp_share(m, cell.target)

@@ -16,10 +16,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any, Callable
 
+from filelock import FileLock, Timeout
+
+from ..core.atomic import check_output
 from ..core.errors import InputError, ModelExportError, clip
 from .cells import Cell, discard_partials, discard_partials_of, is_complete, plan_cells
 from .executors import open_executor
 from .matrix import load_matrix
+from .page import write_page
 from .results import cell_row, ship_table, sort_rows, write_results
 
 MAX_ATTEMPTS = 2
@@ -35,7 +39,6 @@ def check_sweep_output(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not ((out / RESULTS_NAME).is_file() or (out / LOCK_NAME).exists()):
         raise InputError(f"{out} holds files that are not a sweep's output",
                          "choose another -o: a new or empty folder, or the folder of an earlier sweep to complete it")
-    from ..core.atomic import check_output
     check_output(out / RESULTS_NAME, force=True)      # writable, before any work
 
 
@@ -123,7 +126,6 @@ def run_sweep(matrix: str | Path, output: str | Path, compile_fn: Callable[..., 
     check_sweep_output(out)
     with open_executor(workers, ray) as executor:
         out.mkdir(parents=True, exist_ok=True)
-        from filelock import FileLock, Timeout
         lock = FileLock(str(out / LOCK_NAME))
         try:
             lock.acquire(timeout=0)
@@ -151,7 +153,6 @@ def run_sweep(matrix: str | Path, output: str | Path, compile_fn: Callable[..., 
                             "ran": len(todo), "discarded_partials": len(discarded)},
                 "ship": ship_table(rows), "cells": rows}
             write_results(out, results)
-            from .page import write_page
             write_page(out, results)
             return results
         finally:
