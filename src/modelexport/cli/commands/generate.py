@@ -13,7 +13,6 @@ from ...core.arguments import at_least, one_of
 from ...core.errors import InputError, Interrupted
 from ...llm.cpu import QUANT_MODES
 from ...llm.run.generation_config import no_prompt_lookup
-from ...llm.run.openers import source_kind
 from ...toolchain.library_loggers import quiet_library_loggers
 from ..app import app, console, emit_json, err_console, progress
 
@@ -139,6 +138,7 @@ def generate(
 def _generate_with_image(model, images: list[Path], prompt: str, backend: str, max_new_tokens: int, raw: bool, chat: bool,
                          json_out: bool, quiet: bool, image_splitting: bool | None) -> None:
     from ...backends.llm_qnn.vision_session import generate_with_image
+    from ...llm.run.openers import source_kind  # deferred: it loads llm.run.tokenizers (jinja2, tokenizers, sentencepiece: ~50 ms) on every CLI start
     if chat:
         raise InputError("--image answers one prompt; --chat is not offered with it", "drop --chat")
     if source_kind(Path(model)) != "bundle":
