@@ -15,7 +15,7 @@ the runtimes' openers) and `cpu/` (the CPU runtime that generates text on this h
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -104,7 +104,6 @@ LLM_BACKENDS: Registry[Callable[[Path, LoadOptions], LLM]] = Registry("LLM backe
 
 def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     """Open `source` (GGUF file, HF folder, ExecuTorch `.pte`, or an LLM bundle) on `backend`."""
-    from dataclasses import fields
     unknown = sorted(set(options) - {f.name for f in fields(LoadOptions)})
     if unknown:
         raise InputError(f"modelexport.llm.load: unknown option(s) {', '.join(unknown)}",

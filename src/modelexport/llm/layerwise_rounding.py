@@ -15,6 +15,7 @@ float32 throughout.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -130,8 +131,6 @@ def round_layer_by_layer(model, batches, names: list[str], rounding, block: int,
     weight [K, N] as the graph's MatMul holds it; `on_rounded(name, float weight
     [K, N], BlockWeight, block, H)` is called for each before the window's moments are dropped.
     Returns {tokens: the moments' tokens, moments_s: the layers' passes, rounding_s}."""
-    import time
-
     from ..quant.input_moments import record_input_moments
     from .export.weight_dtype import in_float32
 

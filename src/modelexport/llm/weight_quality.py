@@ -12,6 +12,7 @@ on text the calibration did not see.
 from __future__ import annotations
 
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -187,7 +188,6 @@ class RoundedWeightsWriter:
         self.path = path
 
     def __enter__(self):
-        import zipfile
         self.zip = zipfile.ZipFile(self.path, "w", zipfile.ZIP_STORED, allowZip64=True)
         return self
 

@@ -47,9 +47,12 @@ options and the library versions.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+import types
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +256,6 @@ def _xnnpack_friendly_norms_and_rope(model, args, rotary: int) -> None:
     become one partition. Same arithmetic. (The mean as a product with a [1, d] row of 1/d has
     fewer XNNPACK ops but measured ~3% slower per decode step on SmolLM2.)
     """
-    import types
-
     import torch
     import torch.nn.functional as F
     from executorch.examples.models.llama.norm import RMSNorm
@@ -601,8 +602,6 @@ def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
 # --------------------------------------------------------------------------------------------
 def weights_digest(source: Path) -> str:
     """sha256 of the weights the program is built from (the GGUF, or the HF folder's safetensors)."""
-    import hashlib
-
     from ...core.file_hash import file_sha256
 
     source = Path(source)
@@ -618,8 +617,6 @@ def weights_digest(source: Path) -> str:
 
 
 def cache_key_for(source_digest: str, opts: CpuExportOptions) -> str:
-    from importlib.metadata import version
-
     from ...core.cache import cache_key
     return cache_key("xnnpack-llm", EXPORT_FORMAT_VERSION, source_digest, opts.key(),
                      {p: version(p) for p in ("executorch", "torch", "torchao", "transformers")})

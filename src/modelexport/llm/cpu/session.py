@@ -30,6 +30,8 @@ overwritten by the next tokens.
 """
 from __future__ import annotations
 
+import importlib.util
+import mmap
 import os
 import threading
 from pathlib import Path
@@ -54,7 +56,6 @@ def load_llm_ops() -> None:
         # them directly is what `executorch.extension.llm.custom_ops.custom_ops` and
         # `executorch.kernels.quantized` do at import, minus the export-time Python (which pulls
         # in torch._inductor: seconds of start-up a generate call does not need).
-        import importlib.util
 
         import torch
         for package, pattern in (("executorch.extension.llm.custom_ops", "*custom_ops_aot_lib.*"),
@@ -81,8 +82,6 @@ def load_native_kernels_if_possible() -> ToolchainError | None:
 
 def calls_native_kernels(pte: Path) -> bool:
     """Whether the program names one of our operators (the plan stores operator names as text)."""
-    import mmap
-
     from .kernels import OPERATOR_NAMESPACE
     with open(pte, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         return m.find(OPERATOR_NAMESPACE.encode() + b"::") >= 0

@@ -8,6 +8,7 @@ not need and which would not export statically. Built per family by a row of VIS
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -210,8 +211,6 @@ class VisionPart(nn.Module):
 
 def export_vision_part(part: VisionPart, out_path: Path) -> Path:
     """The vision part as a float ONNX graph (weights inside), static shapes."""
-    import warnings
-
     import onnx
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():

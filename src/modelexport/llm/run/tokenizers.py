@@ -20,8 +20,15 @@ import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import jinja2
+import sentencepiece as spm
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as Backend
 
 from ...core.errors import InputError
 
@@ -33,10 +40,6 @@ Message = dict[str, Any]
 def render_chat_template(template: str, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                          **context: Any) -> str:
     """`template` applied to `messages` with transformers' jinja2 settings."""
-    import jinja2
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise InputError(f"the chat template refused the conversation: {message}",
                          "check the roles and their order (many templates want user/assistant turns alternating)")
@@ -45,7 +48,6 @@ def render_chat_template(template: str, messages: Sequence[Message], *, add_gene
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
-        from datetime import datetime
         return datetime.now().strftime(fmt)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
@@ -208,8 +210,6 @@ def _token_value(v: Any) -> str | None:
 def load_tokenizer_json(path: str | Path, *, chat_template: str | None = None) -> HFTokenizer:
     """A `tokenizer.json` (file or folder holding one); `tokenizer_config.json` beside it, if any,
     gives BOS/EOS, add_bos_token and the chat template (also `chat_template.jinja`)."""
-    from tokenizers import Tokenizer as Backend
-
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
@@ -268,8 +268,6 @@ class SentencePieceTokenizer(Tokenizer):
 
     def __init__(self, path: str | Path, *, chat_template: str | None = None, add_bos: bool = True,
                  extra_eos_ids: Iterable[int] = ()):
-        import sentencepiece as spm
-
         path = Path(path)
         if not path.is_file():
             raise InputError(f"SentencePiece model not found: {path}")
@@ -392,7 +390,6 @@ def load_gguf_tokenizer(path: str | Path, *, cache: bool = True) -> HFTokenizer:
                 _convert_gguf_tokenizer(path).save(str(tmp / "tokenizer.json"))
                 return {"source": str(path)}
             entry, _ = c.get_or_create("tokenizers", key, build)
-    from tokenizers import Tokenizer as Backend
     backend = Backend.from_file(str(entry / "tokenizer.json")) if entry else _convert_gguf_tokenizer(path)
     # llama.cpp's rule: a SentencePiece ("llama") vocabulary gets a BOS unless the file says otherwise.
     add_bos = meta.add_bos if meta.add_bos is not None else meta.model == "llama"

@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, UnidentifiedImageError
 
 from ...core.errors import InputError
 
 
 def open_rgb(image):
     """`image` (a path or a PIL image) → (the RGB PIL image, notes on what was changed)."""
-    from PIL import Image, UnidentifiedImageError
     notes = []
     if not isinstance(image, Image.Image):
         p = Path(image)
@@ -45,7 +45,6 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.ndarray, list[str]]:
     """`image` (a path or a PIL image) → pixel_values float32 [1, 3, size, size] and the notes on what
     was changed (mode converted, size changed). Bicubic, as the Idefics3 / CLIP processors resize."""
-    from PIL import Image
     image, notes = open_rgb(image)
     if image.size != (size, size):
         notes.append(f"image of {image.size[0]}x{image.size[1]} resized to {size}x{size} (the vision part's size)")

@@ -12,11 +12,13 @@ runtime before it loads a program, and by the export before it writes one.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
 import threading
+from importlib.metadata import version
 from pathlib import Path
 
 from ....core.errors import ToolchainError
@@ -51,7 +53,6 @@ def compile_flags() -> list[str]:
 
 
 def _executorch_dirs() -> tuple[Path, Path, Path]:
-    import importlib.util
     spec = importlib.util.find_spec("executorch")
     spec_t = importlib.util.find_spec("torch")
     if spec is None or spec_t is None:
@@ -78,8 +79,6 @@ def build_command(out: Path) -> list[str]:
 
 
 def cache_key() -> str:
-    from importlib.metadata import version
-
     from ....core.cache import cache_key as key
     return key("native-kernels", [(s, (HERE / s).read_bytes()) for s in SOURCES + HEADERS], version("executorch"),
                compile_flags(), LINK, platform.machine())

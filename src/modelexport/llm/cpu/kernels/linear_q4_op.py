@@ -16,6 +16,8 @@ runs and what the tests compare the C++ kernel with.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 BLOCK = 32
@@ -312,8 +314,6 @@ def fuse_swiglu(model: torch.nn.Module, quantize) -> int:
     `quantize(linear)` → a `Q4Linear` or `Q8Linear` (gate and up not alike: that MLP stays as it
     is; so does one whose activation is not silu, `FeedForward.activation`: row_patches.set_activation).
     Returns how many MLPs were fused."""
-    import types
-
     from executorch.examples.models.llama.feed_forward import FeedForward
 
     done = 0
@@ -364,8 +364,6 @@ def fuse_blocks(model: torch.nn.Module) -> int:
     op left outside our kernels but RoPE (one XNNPACK partition per layer instead of four). The
     model's final norm goes into its output projection likewise. Returns how many blocks were
     fused."""
-    import types
-
     from executorch.examples.models.llama.llama_transformer import TransformerBlock
 
     ours = (Q4Linear, Q8Linear)     # both take the norm before them and the residual after

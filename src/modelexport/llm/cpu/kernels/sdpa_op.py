@@ -10,6 +10,7 @@ is what eager runs and what the tests compare the C++ kernel with.
 from __future__ import annotations
 
 import math
+import types
 
 import torch
 
@@ -167,8 +168,6 @@ def fuse_qkv_attention(model: torch.nn.Module, explicit_scores: list | None = No
     v ones are narrow and slow), the q/k norms and RoPE once. Returns how many layers were fused
     (0: the model has something this does not cover). `explicit_scores`: per layer, None (the
     kernel) or an `ExplicitScores` to attend with instead."""
-    import types
-
     from executorch.examples.models.llama.attention import AttentionMHA
     from executorch.examples.models.llama.source_transformation.custom_kv_cache import CustomKVCache
 
