@@ -14,7 +14,9 @@ the float weights, after ONNX Runtime has quantized everything else.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -247,8 +249,6 @@ def to_block_weights(qdq_path, float_path, node_names: set[str], block: int,
     of the MatMul nodes `node_names`, taken in float from `float_path`, become LPBQ blocks (as
     given in `rounded` for the nodes it names). One float weight is read at a time and the graph's
     other tensors are copied file to file, so the process holds about one weight, not the graph."""
-    from pathlib import Path
-
     import onnx
 
     qdq_path, float_path = Path(qdq_path), Path(float_path)
@@ -263,8 +263,6 @@ def to_block_weights(qdq_path, float_path, node_names: set[str], block: int,
 
 def to_channel_weights(qdq_path, rounded: dict[str, BlockWeight]) -> int:
     """Rewrite the per-channel int4 weights of the nodes in `rounded` in the model file `qdq_path`."""
-    from pathlib import Path
-
     import onnx
     qdq_path = Path(qdq_path)
     model = onnx.load(str(qdq_path), load_external_data=False)
@@ -304,8 +302,6 @@ def _save(model, qdq_path) -> None:
     """Save `model` (read without its external data, some initializers replaced) over `qdq_path`:
     the tensors still external are copied from their data files, tensors held in memory above
     1 KB are written out, each once, into one new data file that then replaces the old ones."""
-    import os
-
     import onnx
 
     from .chunk_join import external_entry, node_tensors, set_external

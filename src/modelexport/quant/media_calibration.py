@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from ..core.errors import CalibrationError
 
@@ -52,7 +53,6 @@ def image_layout(shape: tuple[int, ...]) -> str | None:
 
 
 def image_array(path: Path, name: str, shape, dtype, opts: MediaOptions) -> np.ndarray:
-    from PIL import Image
     layout = image_layout(tuple(shape))
     if layout is None or not np.issubdtype(dtype, np.floating):
         raise CalibrationError(f"{path.name} is an image, but input {name!r} is not: it takes {np.dtype(dtype).name} "

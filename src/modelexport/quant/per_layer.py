@@ -11,6 +11,7 @@ block of the layer that loses the most dB on the way down to it (the culprit), g
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -149,8 +150,6 @@ def per_layer(float_path: Path, qdq_path: Path, samples: list[dict[str, np.ndarr
               precision: str = "?", part: str = "model", override_precision: str = "16a8w",
               name_of: Callable[[Any], str | None] | None = None,
               overridable: Callable[[str], bool] | None = None) -> PerLayerReport:
-    import time
-
     import onnx
     t0 = time.perf_counter()
     if not samples:

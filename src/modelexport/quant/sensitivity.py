@@ -12,6 +12,7 @@ per-layer sensitivity analysis (QuantAnalyzer), on ONNX Runtime's own QDQ graph.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -93,8 +94,6 @@ def layer_gains(float_path, qdq_path, samples: list[dict[str, np.ndarray]], laye
     quantization}, layer by layer in the order given until `max_seconds` have passed; `nodes_of(layer)`
     names its nodes in the QDQ model; `with_weights`: their weights in float too (what 16-bit weights
     can give back)."""
-    import time
-
     import onnx
     fm, qm = onnx.load(str(float_path)), onnx.load(str(qdq_path))
     names = [o.name for o in fm.graph.output]

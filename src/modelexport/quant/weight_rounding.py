@@ -6,6 +6,8 @@ of `block` input channels (16a4w_block) or one scale per output channel (16a4w, 
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,8 +70,6 @@ def _in_threads(fn: Callable) -> Callable:
     """fn over many weights on every core: numpy's array loops release the GIL, and the imatrix
     search (15 levels x 5 scale factors per block) is ~45 CPU-seconds for SmolLM2."""
     def many(ws, hs, blocks):
-        import os
-        from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             return list(pool.map(fn, ws, hs, blocks))
     return many
