@@ -18,6 +18,7 @@ too, so it never reads end-of-file.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -55,7 +56,6 @@ def _die_with(parent_pid: int) -> None:
     Linux only: where the HTP simulator runs. The signal follows the thread that started the worker,
     and that is the thread driving the pool (it submits and waits) for as long as the pool lives."""
     if sys.platform.startswith("linux"):
-        import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:   # the parent had already gone before the line above
         os._exit(1)

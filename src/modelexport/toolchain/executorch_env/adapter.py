@@ -30,6 +30,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from ...core.errors import ToolchainError
 from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
 
@@ -81,7 +83,6 @@ def is_adapter_sdk_root(path: str | os.PathLike | None) -> bool:
 
 
 def _lock():
-    from filelock import FileLock
     root = adapter_cache()
     root.mkdir(parents=True, exist_ok=True)
     return FileLock(str(root / ".lock"), timeout=_LOCK_TIMEOUT_S)

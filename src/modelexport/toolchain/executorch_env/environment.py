@@ -24,6 +24,7 @@ import os
 import re
 import threading
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ...core.errors import ToolchainError
@@ -59,7 +60,6 @@ _lock = threading.Lock()
 
 
 def _executorch_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("executorch")
     except PackageNotFoundError:
