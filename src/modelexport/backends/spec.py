@@ -1,7 +1,7 @@
 """What every backend's compile takes: the parts (models) of a bundle and the options."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL, vtcm_whole_mb
@@ -110,7 +110,6 @@ OPTION_OWNERS = {TorchCompileOptions: "PyTorch models", LlmCompileOptions: "LLMs
 def build_options(options_type: type[CompileOptions], given: dict[str, Any]) -> CompileOptions:
     """The typed options of one format from keyword arguments; an InputError for an option that is not
     this format's (unset values, None and empty lists, count as not given)."""
-    from dataclasses import fields
     mine = {f.name for f in fields(options_type)}
     out, wrong = {}, []
     for name, value in given.items():

@@ -9,6 +9,7 @@ or CPU, the reason in the backend's own words, and a fix from audit.fixes.
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import time
 from pathlib import Path
@@ -21,7 +22,6 @@ from ...core.errors import clip
 
 def _macs(node) -> int:
     """Multiply-accumulates of linear/conv/matmul nodes, from the traced shapes."""
-    import math
     name = getattr(node.target, "__name__", str(node.target))
     try:
         out = node.meta.get("val")

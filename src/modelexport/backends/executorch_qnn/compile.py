@@ -12,6 +12,8 @@ calibration data, the toolchain versions).
 """
 from __future__ import annotations
 
+import hashlib
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +40,6 @@ CACHE_NAMESPACE = "pte"
 
 def graph_fingerprint(exported) -> str:
     """sha256 over the exported graph's code and every weight, buffer and constant byte."""
-    import hashlib
-
     import torch
     h = hashlib.sha256(exported.graph_module.code.encode())
     h.update(str(exported.call_spec.in_spec).encode())
@@ -249,7 +249,6 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
         say("writing the bundle", done, steps)
         return _write_bundle(out, force, opts, _Run(socs, fallback, state, cache, t_start), preps, built)
     finally:
-        import shutil
         for t in temp_entries:
             shutil.rmtree(t, ignore_errors=True)
 

@@ -10,6 +10,7 @@ binary size) followed by the QNN context binary, which is read through the real 
 """
 from __future__ import annotations
 
+import json
 import struct
 from collections import Counter
 from pathlib import Path
@@ -162,7 +163,6 @@ def _is_pte_bundle(path: Path) -> bool:
     from ...contract.bundle import is_bundle
     if not is_bundle(path):
         return False
-    import json
     try:
         m = json.loads((path / "manifest.json").read_text())
         return isinstance(m, dict) and m.get("format") == Format.PTE

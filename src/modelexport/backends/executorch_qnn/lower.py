@@ -8,6 +8,11 @@ delegate blobs extracted into segments aligned for mmap.
 """
 from __future__ import annotations
 
+import copy
+import logging
+import operator
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +40,6 @@ class Lowered:
 
 
 def _silence_python_logs() -> None:
-    import logging
     for name in ("executorch", "executorch.backends.qualcomm", "executorch.exir", "torch.export", "torch._export"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -93,8 +97,6 @@ def delegate_again(low: Lowered, soc: SoC, use_fp16: bool, skip_nodes: set[str] 
     """Delegate an audited lowering's graph (`lower(..., delegate=False)`) to QNN, keeping the nodes in
     `skip_nodes` off it. The graph is already exported, decomposed and through QNN's passes, so only
     partitioning and QNN's graph build run: the locator's trial lowerings cost a fraction of a lowering."""
-    import copy
-
     from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
 
     from .partition import explaining_partitioner
@@ -132,7 +134,6 @@ def mutated_buffers(ep) -> list[str]:
 def _pass_failure(e: Exception) -> ToolchainError | None:
     """ExecuTorch's pass manager wraps the real error ("An error occurred when running the 'X' pass
     after the following passes: [30 names]"): say the pass, the node and the model's line instead."""
-    import re
     m = re.match(r"An error occurred when running the '(\w+)' pass", str(e))
     cause = e.__cause__ or e.__context__
     if not m or cause is None:
@@ -152,7 +153,6 @@ def _pass_failure(e: Exception) -> ToolchainError | None:
 def lowering_error(e: Exception) -> ToolchainError:
     text = " ".join(str(e).split())
     if "was not decomposed or delegated" in text:
-        import re
         op = re.search(r"with op <EdgeOpOverload: ([\w.]+)>", text)
         return ToolchainError(f"{op[1] if op else 'an op'} was kept whole for QNN, which then refused it, and no other "
                               "backend took it", "run `modelexport audit` for the reason; change the op or the precision")
@@ -168,8 +168,6 @@ def lowering_error(e: Exception) -> ToolchainError:
 
 
 def _has_cpu_ops(edge, method: str) -> bool:
-    import operator
-
     import torch
     for node in edge.exported_program(method).graph_module.graph.nodes:
         if node.op == "call_function" and node.target not in (operator.getitem,
@@ -208,8 +206,6 @@ def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> 
     the QNN partitioner's reason. (De)quantize nodes inside a delegate are folded into its
     tensors' encodings and left out; outside one they run on the CPU and are listed.
     """
-    import operator
-
     import torch
     from executorch.exir.lowered_backend_module import LoweredBackendModule
     gm = edge.exported_program(method).graph_module
@@ -246,7 +242,6 @@ def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> 
 
 
 def delegation_summary(rows: list[dict]) -> dict:
-    from collections import Counter
     by_runtime = Counter(r["runtime"] for r in rows)
     total = len(rows)
     return {"nodes": total, "by_runtime": dict(by_runtime),

@@ -5,6 +5,8 @@ precisions) QnnQuantizer: prepare_pt2e, calibration, convert_pt2e.
 """
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +52,6 @@ class Prepared:
         With a cache and the quantization's key (`quantized_key`), the quantized program is a cache
         entry every target of this model and precision shares, in this process or another."""
         if self.graph is None:
-            import time
             t0 = time.perf_counter()
             if self.precision.quantized and cache is not None and key is not None:
                 self.graph, self.quantize_hit = self._cached_quantized(cache, key)
@@ -97,7 +98,6 @@ class Prepared:
     def reference(self):
         """The float module to run eagerly. A module with a state gets its own copy: running
         it advances the state, and the .pte and float.pt2 must both start from the initial one."""
-        import copy
         return copy.deepcopy(self.exported).module() if self.mutable_buffers else self.exported.module()
 
     def _reset_mutable_buffers(self, gm) -> None:
@@ -169,8 +169,6 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
             calibration: Any = None, overrides: list[str] | None = None, block_size: int | None = None,
             rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> Prepared:
     """Everything that can be wrong with the inputs is found before any heavy step."""
-    import time
-
     from ...frontends.torch_frontend import load_torch
     from ...passes import apply_rewrites, get_pass
     soc = get_target(target)

@@ -9,6 +9,7 @@ after any rewrites) run eagerly by torch.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +100,6 @@ class PteSession:
     def close(self) -> None:
         """Free the program now, with the QNN backend's "Destroy Qnn context/device/backend" INFO
         lines captured rather than printed at interpreter exit."""
-        import gc
-
         from ...toolchain.native_io import capture_native_output
         with capture_native_output():
             self.method = self.program = None

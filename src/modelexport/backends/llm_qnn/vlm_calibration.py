@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, ImageOps
 
 # Vision calibration samples at most (views of the photos). The tiny tiling model's 4 photos are 20 views;
 # a real SmolVLM's (longest edge 1536-2048, tiles of 512) 28-52: thinned to this, every global view kept.
@@ -34,8 +35,6 @@ class CalibrationImage:
 def calibration_images(facts, tiling: dict | None) -> list[CalibrationImage]:
     """The offline photos (zoo/assets.sample_images) and their mirror images, each preprocessed as the
     runtime does it: split into tiles + the global view when the bundle tiles, else resized (bicubic)."""
-    from PIL import Image, ImageOps
-
     from ...llm.model.image_tiling import normalize, split_image
     from ...llm.run.vision_inputs import load_pixels
     from ...zoo.assets import sample_images
