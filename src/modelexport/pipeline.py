@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from .backends.spec import PartSpec
 from .core.errors import InputError
 
@@ -38,7 +40,6 @@ def load_pipeline(path: str | Path, default_precision: str = "8a8w") -> tuple[li
         if p.suffix.lower() == ".json":
             data = json.loads(p.read_text())
         else:
-            import yaml
             data = yaml.safe_load(p.read_text())
     except Exception as e:
         raise InputError(f"{p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {str(e).splitlines()[0]}",
