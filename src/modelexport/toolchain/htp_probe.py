@@ -9,6 +9,8 @@ import json
 import sys
 import time
 
+from .ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
+
 PROBE_SOC_MODEL = 57  # SM8650
 
 
@@ -31,7 +33,6 @@ def run_probe() -> dict:
     import onnx
     from onnx import numpy_helper
 
-    from .ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
     data = tiny_model_bytes()
     t0 = time.perf_counter()
     sess = create_session(data, SessionPlan(provider_options={"soc_model": PROBE_SOC_MODEL,

@@ -14,6 +14,7 @@ from typing import Any
 from ..core.errors import ToolchainError
 from .library_notes import quiet_library_load
 from .qnn_log_level import ort_severity
+from .qairt import claim_libqnnhtp_name
 
 EP_NAME = "QNNExecutionProvider"
 CPU_EP_NAME = "CPUExecutionProvider"
@@ -24,7 +25,6 @@ def register_qnn_ep() -> str:
     """Register the onnxruntime-qnn plugin library once per process; returns the EP name."""
     import onnxruntime as ort
 
-    from .qairt import claim_libqnnhtp_name
     claim_libqnnhtp_name()
     try:
         import onnxruntime_qnn

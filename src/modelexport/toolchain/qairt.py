@@ -15,6 +15,7 @@ from pathlib import Path
 from ..core.errors import ToolchainError
 from .library_notes import quiet_library_load
 from .qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES  # noqa: F401  (re-exported)
+from .executorch_env import is_adapter_sdk_root, load_adapter_first
 
 # Name variants seen in SDKs (the full SDK calls the preparer libQnnHtpPrepare.so).
 _ALTERNATES = {"htp_prepare": ("libQnnHtpPrepare.so",)}
@@ -150,7 +151,6 @@ def claim_libqnnhtp_name() -> None:
     real table through it untouched. Best effort: without gcc, ONNX Runtime still works.
     """
     try:
-        from .executorch_env import load_adapter_first
         load_adapter_first()
     except ToolchainError:
         pass
@@ -184,7 +184,6 @@ def _find(sdk_root_env: str | None) -> Qairt:
 
 
 def _is_adapter_root(path: str) -> bool:
-    from .executorch_env import is_adapter_sdk_root
     return is_adapter_sdk_root(Path(path))
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from ...core.cache import cache_root
 from ...core.errors import ToolchainError
 from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
 
@@ -69,7 +70,6 @@ class AdapterBuild:
 
 def cache_dir() -> Path:
     """The project's cache root: `$MODELEXPORT_CACHE_DIR`, default `~/.cache/modelexport`."""
-    from ...core.cache import cache_root
     return cache_root()
 
 

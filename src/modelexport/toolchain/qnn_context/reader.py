@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from ...core.errors import InputError, ToolchainError
+from ...core.targets import by_soc_model
+from ..qairt import find_qairt, preload_runtime_libs
 from . import structs as S
 
 BinarySource = Union[str, os.PathLike, bytes, bytearray, memoryview]
@@ -181,7 +183,6 @@ class _System:
 
 @functools.lru_cache(maxsize=1)
 def _system() -> _System:
-    from ..qairt import preload_runtime_libs, find_qairt
     q = find_qairt()
     path = q.lib("system")
     preload_runtime_libs(q.extra_lib_dirs)
@@ -426,7 +427,6 @@ def _decode(bi: S.QnnSystemContext_BinaryInfo_t, size: int, sha: str) -> Context
                     info.dsp_arch = cb.contextBinaryContextBlobInfoV1.dspArch
                     info.htp_arch = f"v{info.dsp_arch}"
     if info.soc_model is not None:
-        from ...core.targets import by_soc_model
         soc = by_soc_model(info.soc_model)
         info.soc_name = soc.name if soc else None
     vtcm = [g.htp.vtcm_mb for g in info.graphs if g.htp and g.htp.vtcm_mb is not None]
