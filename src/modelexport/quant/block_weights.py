@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .chunk_join import external_entry, node_tensors, set_external
+
 DEFAULT_BLOCK = 32          # the GGUF Q4_1 block; 64 crashed the x86 simulator loading the binary (see docs)
 _QMIN, _QMAX = -8, 7            # int4, the whole grid
 _SCALE_LEVELS = 15              # uint4 block scales 1..15
@@ -303,8 +305,6 @@ def _save(model, qdq_path) -> None:
     the tensors still external are copied from their data files, tensors held in memory above
     1 KB are written out, each once, into one new data file that then replaces the old ones."""
     import onnx
-
-    from .chunk_join import external_entry, node_tensors, set_external
 
     data = qdq_path.with_name(qdq_path.name + ".data")
     tmp = data.with_name(data.name + ".tmp")

@@ -31,7 +31,10 @@ import numpy as np
 
 from ..core.errors import CalibrationError, InputError, clip
 from ..frontends.module_paths import llm_module_path
+from .block_weights import load_rounded, to_block_weights, to_channel_weights
 from .calibration import CalibrationSet
+from .minmax_ranges import minmax_ranges, quantize_with_ranges
+from .ort_qnn import qnn_quantization
 from .override_spec import Override, parse_override_specs
 from .precision import ONNX_PRECISIONS, Precision, get_precision
 
@@ -135,8 +138,6 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
     caches), so every graph that names them gets the same encoding. `rounded_path` (the file of
     `llm/weight_quality.py`) gives the 4-bit weights as a data-aware rounding chose them."""
     import onnx
-    from .minmax_ranges import minmax_ranges, quantize_with_ranges
-    from .ort_qnn import qnn_quantization
 
     prec = get_precision(precision)
     act, weight = prec.quant_types()
@@ -173,13 +174,11 @@ def quantize_decoder(float_path: Path, out_path: Path, precision: str, overrides
         root.setLevel(level)
     blocks, rounded, rewritten = {}, None, {}
     if rounded_path:
-        from .block_weights import load_rounded, to_channel_weights
         rounded = load_rounded(rounded_path, four_bit)
         if not block_size:
             t2 = time.perf_counter()
             rewritten = {"matmuls": to_channel_weights(out_path, rounded), "seconds": round(time.perf_counter() - t2, 2)}
     if block_nodes:
-        from .block_weights import to_block_weights
         t2 = time.perf_counter()
         blocks = {"block_size": block_size, "matmuls": to_block_weights(out_path, float_path, block_nodes, block_size, rounded),
                   "rounded_given": len(rounded or {}),

@@ -15,6 +15,7 @@ extra option; mixed activation types get the quantizer's own convert nodes.
 from __future__ import annotations
 
 from ..core.errors import InputError
+from ..frontends.module_paths import onnx_module_path
 from .override_spec import Override, parse_override_specs
 from .precision import ONNX_PRECISIONS, Precision
 
@@ -44,7 +45,6 @@ def tensor_overrides(model, overrides: list[Override], default: Precision, per_c
     """→ (init_overrides for get_qnn_qdq_config, {pattern: matched node count}, the fp16 island's node names)."""
     from onnxruntime.quantization import QuantType
 
-    from ..frontends.module_paths import onnx_module_path
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, list[dict]] = {}
     matched = {o.pattern: 0 for o in overrides}

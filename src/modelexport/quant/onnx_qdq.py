@@ -17,6 +17,7 @@ from ..core.errors import CalibrationError, InputError, clip
 from ..frontends.module_paths import onnx_module_path
 from .calibration import CalibrationSet
 from .onnx_overrides import parse_onnx_overrides, tensor_overrides
+from .ort_qnn import qnn_quantization
 from .precision import Precision
 from . import weight_split
 
@@ -57,7 +58,6 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
     each Conv/MatMul/Gemm weight as two 8-bit halves (quant/weight_split.py)."""
     from onnxruntime.quantization import CalibrationMethod, quantize
 
-    from .ort_qnn import qnn_quantization
     qnn = qnn_quantization()
     act, weight = precision.quant_types()
     if method not in RANGE_METHODS:

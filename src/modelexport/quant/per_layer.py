@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.errors import InputError
 from ..core.numerics import compare
+from ..frontends.module_paths import onnx_module_path
 
 SQNR_CAP_DB = 200.0      # identical tensors: reported as this rather than +inf (JSON has no inf)
 NEAR_MARK_DB = 10.0      # a culprit is sought among layers within this of the pass mark
@@ -87,7 +88,6 @@ def _session(model):
 def layer_plan(float_model, qdq_model, name_of: Callable[[Any], str | None] | None = None) -> list[tuple[str, Any, str]]:
     """[(layer name, float node, qdq tensor name)] in graph order, one per layer; `name_of(node)`
     names a node's layer (default: the exporter's module path)."""
-    from ..frontends.module_paths import onnx_module_path
     name_of = name_of or onnx_module_path
     q_consumers: dict[str, list] = {}
     for n in qdq_model.graph.node:

@@ -18,6 +18,9 @@ from typing import Any
 from ..core.errors import InputError
 from ..core.targets import SoC, require_feature
 from ..frontends.module_paths import fx_module_paths
+from ..toolchain.executorch_env.chipset import chipset
+from ..toolchain.library_notes import quiet_python_notes
+from ..toolchain.native_io import capture_native_output
 from .override_spec import Override, parse_override_specs
 from .precision import Precision
 
@@ -120,7 +123,6 @@ def _check_blocks(blocks: dict, channels: list[int], block_size: int) -> None:
     """Block-wise weights asked for, layers that could take them, and none does: the block size
     divides none of their input channels (it would compile with zero block-quantized layers)."""
     if channels and not blocks:
-        from ..core.errors import InputError
         shown = ", ".join(str(c) for c in sorted(set(channels))[:8])
         raise InputError(f"--block-size {block_size} divides the input channels of none of the {len(channels)} "
                          f"conv/linear layers (their input channels: {shown}), so no weight would be block-quantized",
@@ -140,9 +142,6 @@ def build_quantizer(plan: QuantPlan, soc: SoC):
     nodes each override matched) are worked out at annotation time, on the graph the quantizer's
     own transforms produced, so node names are the ones it looks up."""
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
-
-    from ..toolchain.executorch_env.chipset import chipset
-    from ..toolchain.library_notes import quiet_python_notes
 
     class PlannedQuantizer(QnnQuantizer):
         def annotate(self, model):
@@ -187,8 +186,6 @@ def soc_scope(soc: SoC) -> str | None:
     from executorch.backends.qualcomm.quantizer.backend_opinfo_adapter import get_backend_opinfo
     from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
 
-    from ..toolchain.executorch_env.chipset import chipset
-    from ..toolchain.library_notes import quiet_python_notes
     with quiet_python_notes():
         ops = get_backend_opinfo(str(QnnExecuTorchBackendType.kHtpBackend), chipset(soc)).get_all_supported_ops()
     return soc.name if ops else None
@@ -198,7 +195,6 @@ def quantize(gm, plan: QuantPlan, soc: SoC, samples: list[tuple]) -> Any:
     """prepare_pt2e → run every calibration sample → convert_pt2e."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from ..toolchain.native_io import capture_native_output
     quantizer = build_quantizer(plan, soc)
     with capture_native_output():        # the quantizer prints ("No quant config ...") to stdout
         prepared = prepare_pt2e(gm, quantizer)

@@ -13,7 +13,10 @@ from typing import Callable
 
 import numpy as np
 
+from ..core.errors import InputError
 from .block_weights import _QMAX, _QMIN, BlockWeight, quantize_blocks
+from .gptq import gptq_round_many
+from .seqmse import search_block_scales, search_channel_scales
 
 
 def nearest_channel(w: np.ndarray, importance: np.ndarray | None = None) -> BlockWeight:
@@ -62,7 +65,6 @@ def _imatrix(w, h, block):
 
 
 def _seqmse(w, h, block):
-    from .seqmse import search_block_scales, search_channel_scales
     return search_block_scales(w, h, block) if block < w.shape[0] else search_channel_scales(w, h)
 
 
@@ -77,7 +79,6 @@ def _in_threads(fn: Callable) -> Callable:
 
 def _gptq_from(scales: Callable) -> Callable:
     def many(ws, hs, blocks):
-        from .gptq import gptq_round_many
         return gptq_round_many(ws, hs, _in_threads(scales)(ws, hs, blocks), blocks)
     return many
 
@@ -168,7 +169,6 @@ ROUNDING_TOKENS = 2048
 
 
 def get_rounding(name: str) -> Rounding:
-    from ..core.errors import InputError
     r = ROUNDINGS.get(str(name).lower())
     if r is None:
         raise InputError(f"--rounding {name!r} is not known", f"use one of: {', '.join(ROUNDINGS)}")
