@@ -62,7 +62,7 @@ def _if_on(cond_input: str = "sr"):
 
 def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
-    assert names == ["opset-imports", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "float16-as-float32", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
+    assert names == ["opset-imports", "negative-dims-as-dynamic", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "float16-as-float32", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "resize-nearest-as-floor", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
@@ -617,3 +617,24 @@ def test_a_clip_with_attribute_bounds_is_clipped_on_the_htp(tmp_path, monkeypatc
         assert b.manifest.numerics["passed"]
         rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "opset-upgrade")
         assert rec["to"] == 11 and "Clip" in rec["why"]
+
+
+def test_a_dimension_written_as_minus_one_is_dynamic_until_the_users_shape(tmp_path):
+    """pp-ocr's PP-OCRv2 recognizer writes its dynamic batch as dim_value -1; the constant folder took
+    Shape(x)[0] as -1 and tiled the LSTM's initial state by it (Tile(zeros, [-1, 1])), which no runtime
+    takes. Named, the batch folds to the user's --input-shape and the model compiles and verifies."""
+    import modelexport
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "st", "en"], ["b"]),
+             helper.make_node("Concat", ["b", "one"], ["rep"], axis=0),
+             helper.make_node("Tile", ["zeros", "rep"], ["z"]), helper.make_node("Add", ["x", "z"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "st"), numpy_helper.from_array(np.array([1], np.int64), "en"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.zeros((1, 4), np.float32), "zeros")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 4])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])], inits, opset=11)
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16",
+                            input_shapes={"x": [2, 4]}, use_cache=False)
+    assert b.manifest.numerics["passed"]
+    rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "negative-dims-as-dynamic")
+    assert rec["tensors"] == ["x", "y"]

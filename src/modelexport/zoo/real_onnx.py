@@ -269,6 +269,12 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              image=ImageInput("text.png", (48, 320), crop=(0, 0, 60, 448), **_PPOCR),
              quirk="paddle2onnx at opset 10: Clip bounds as attributes (27 HardSwish clips); dynamic width",
              small=False),
+    # Ninth growth: dynamic dimensions written as -1 (the constant folder took them as sizes), not tried before
+    RealOnnx("ppocr_rec_op10", "pp-ocr", "pp_ocr/models/pprec_v2.onnx",
+             "OCR text recognition (PP-OCR CRNN with a BiLSTM, opset 10)", {"x": [1, 3, 32, 320]},
+             image=ImageInput("text.png", (32, 320), crop=(0, 0, 60, 448), **_PPOCR),
+             quirk="batch, height and width written as dim_value -1; the LSTM's initial state tiled by Shape(x)[0]",
+             small=False),
 )
 
 
