@@ -122,7 +122,7 @@ def attach_tokenizer(session: DecoderSession, tokenizer: Tokenizer, *, backend: 
                      extra_eos_ids: Sequence[int] = ()) -> LLM:
     """The common last step of every backend: check the tokenizer fits the model, wrap both."""
     from .run.generate import Generator
-    from .run.tokenizers import check_vocab
+    from .run.tokenizers import check_vocab   # deferred: it loads jinja2, tokenizers, sentencepiece (~50 ms); llm is loaded at every CLI start
     if session.vocab_size:
         check_vocab(tokenizer, session.vocab_size, where=f"the model ({info.get('model') or backend})")
     info = {**info, "tokenizer": tokenizer.describe(), "max_seq_len": session.max_seq_len}

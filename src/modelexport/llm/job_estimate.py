@@ -33,6 +33,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..core.errors import ResourceError
+from .model.parts import host_chunks, host_part_bytes, layer_params
 
 GB = 2**30
 # per process, before any model: Python + torch + transformers (parent), + ONNX Runtime (workers)
@@ -90,7 +91,6 @@ def config_from_shape(shape: dict) -> SimpleNamespace:
 
 
 def n_params_of(cfg) -> int:
-    from .model.parts import layer_params
     embed = cfg.vocab_size * cfg.hidden_size
     tied = getattr(cfg, "tie_word_embeddings", False)
     norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
@@ -104,7 +104,6 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
     `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`).
     `embedder`: the embedder part's precision when the bundle has one (fp16 | 8bit), else None."""
-    from .model.parts import host_chunks, host_part_bytes
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
     part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales

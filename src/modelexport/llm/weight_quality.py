@@ -20,6 +20,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.errors import CalibrationError
+from ..quant.input_moments import record_input_moments
+from ..quant.precision_recipe import choose_overrides
+from ..quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, get_rounding, output_error
+from .layerwise_rounding import layerwise_applies, round_layer_by_layer
 
 HELD_OUT_TOKENS = 1024        # the recipe's held-out span, after the rounding's span of the calibration text
 
@@ -97,8 +101,6 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
     """Round the 4-bit linears `names` with `rounding` (blocks of `block`, or per channel when 0),
     and with `max_ppl_ratio` choose the modules raised to `override_precision`. `ids`: the
     calibration text's tokens."""
-    from ..quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, get_rounding, output_error
-    from .layerwise_rounding import layerwise_applies, round_layer_by_layer
 
     r = get_rounding(rounding)
     plan = WeightPlan()
@@ -144,7 +146,6 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
                      "mean_output_error_db": (round(float(10 * np.log10(np.mean(list(errors.values())))), 2)
                                               if errors else None)}
     if max_ppl_ratio:
-        from ..quant.precision_recipe import choose_overrides
         held = ids[span:span + HELD_OUT_TOKENS]
         report(f"choosing the modules to raise for --max-ppl-ratio {max_ppl_ratio:g} on {len(held)} held-out tokens")
         recipe = choose_overrides(
@@ -162,7 +163,6 @@ def _round_all_at_once(model, ids: list[int], window: int, names: list[str], r, 
                        on_rounded: Callable, report: Callable[[str], None]) -> dict:
     """The rounding with every linear's input moments recorded in one pass of the whole model (when
     a 4-bit linear is outside the decoder's layers, or none needs activations: `ids` empty)."""
-    from ..quant.input_moments import record_input_moments
     t0 = time.perf_counter()
     moments = None
     if ids:

@@ -56,8 +56,16 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from ...core.cache import Cache, cache_key
 from ...core.errors import InputError, ToolchainError, UnsupportedError
-from . import QUANT_MODES
+from ...core.file_hash import file_sha256
+from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, load_gguf_causal_lm, read_gguf_info
+from ...frontends.hf_folder import check_hf_files, load_hf_folder, read_hf_config
+from ...frontends.llm_families import BY_MODEL_TYPE, rope_parameters
+from ..run.tokenizers import from_transformers
+from . import QUANT_MODES, row_patches
+from .fast_lowering import fast_lowering, to_edge_one_decomposition
+from .gguf_blocks import GgufBlocks
 from .hf_layout import (
     check_cpu_config,
     meta_state_dict,
@@ -65,6 +73,8 @@ from .hf_layout import (
     nope_layers,
     require_cpu_family,
 )
+from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_input_norms, fuse_swiglu
+from .kernels.sdpa_op import ExplicitScores, fuse_qkv_attention
 
 EXPORT_FORMAT_VERSION = 13  # bump when the program layout, quantization or passes change
 ATTENTION_KERNELS = ("native", "executorch")
@@ -127,13 +137,11 @@ class CpuExportOptions:
 def _check_source_family(source: Path, max_seq_len: int) -> None:
     """Refuse what the CPU export cannot build from the config / GGUF header, before loading weights."""
     if source.is_file():
-        from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, read_gguf_info
         info = read_gguf_info(source)
         family = check_gguf_header(info, max_seq_len)
         require_cpu_family(family, info.architecture)
         check_gguf_tensors(info)
     else:
-        from ...frontends.hf_folder import check_hf_files, read_hf_config
         check_cpu_config(read_hf_config(source), max_seq_len)
         check_hf_files(source)
 
@@ -183,10 +191,6 @@ def build_transformer(hf_model, max_seq_len: int, attention: str = "native"):
     from executorch.examples.models.llama.source_transformation.custom_kv_cache import \
         replace_kv_cache_with_custom_kv_cache
     from executorch.examples.models.llama.source_transformation.sdpa import replace_sdpa_with_custom_op
-
-    from ...frontends.llm_families import BY_MODEL_TYPE, rope_parameters
-    from . import row_patches
-    from .kernels.sdpa_op import ExplicitScores, fuse_qkv_attention
 
     cfg = hf_model.config
     family = BY_MODEL_TYPE[cfg.model_type]
@@ -445,7 +449,6 @@ def quantize_model(model, opts: CpuExportOptions, blocks=None):
             bits = 4 if opts.quant == "8da4w" else 8
             group = opts.group_size if bits == 4 else 0
             if opts.linear == "native":
-                from .kernels.linear_q4_op import Q4Linear, fuse_blocks, fuse_input_norms, fuse_swiglu
 
                 made: dict[int, Any] = {}     # fuse_swiglu asks for gate and up, then swap may ask again
 
@@ -511,7 +514,6 @@ def export_pte(hf_model, out_dir: Path, opts: CpuExportOptions, *, bos_id: int |
     kernels = model.kernel_plan     # filled in by quantize_model too
     blocks = None
     if gguf is not None and opts.gguf_blocks and opts.linear == "native":
-        from .gguf_blocks import GgufBlocks
         blocks = GgufBlocks(gguf)
     model = quantize_model(model, opts, blocks)
     weights = _weights_record(opts, blocks)
@@ -577,8 +579,6 @@ def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
-    from .fast_lowering import fast_lowering, to_edge_one_decomposition
-
     times: dict[str, Any] = {}
     t = time.perf_counter()
     config = EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
@@ -602,7 +602,6 @@ def lower_to_xnnpack(ep, metadata: dict, *, fast: bool = True):
 # --------------------------------------------------------------------------------------------
 def weights_digest(source: Path) -> str:
     """sha256 of the weights the program is built from (the GGUF, or the HF folder's safetensors)."""
-    from ...core.file_hash import file_sha256
 
     source = Path(source)
     if source.is_file():
@@ -617,7 +616,6 @@ def weights_digest(source: Path) -> str:
 
 
 def cache_key_for(source_digest: str, opts: CpuExportOptions) -> str:
-    from ...core.cache import cache_key
     return cache_key("xnnpack-llm", EXPORT_FORMAT_VERSION, source_digest, opts.key(),
                      {p: version(p) for p in ("executorch", "torch", "torchao", "transformers")})
 
@@ -627,7 +625,6 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
     """The cache entry holding `model.pte` + `tokenizer.json` + `llm.json` for `source`; built on a miss.
 
     `load_llm()` returns the `LoadedLLM` (called only on a miss: loading a GGUF dequantizes it)."""
-    from ...core.cache import Cache
 
     digest = weights_digest(source)
     key = cache_key_for(digest, opts)
@@ -641,7 +638,6 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
             progress("loading the weights")
         llm = load_llm() if load_llm else _load_source(source)
         t_load = time.perf_counter() - t0
-        from ..run.tokenizers import from_transformers
         tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids(),
                                 source=str(source))
         tok.save(tmp)
@@ -663,7 +659,5 @@ def build_cached(source: Path, opts: CpuExportOptions, *, load_llm=None, progres
 
 def _load_source(source: Path):
     if source.is_file():
-        from ...frontends.gguf_file import load_gguf_causal_lm
         return load_gguf_causal_lm(source)
-    from ...frontends.hf_folder import load_hf_folder
     return load_hf_folder(source)

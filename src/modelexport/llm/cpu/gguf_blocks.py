@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...frontends.gguf_file import read_gguf_matrices
 from .gguf_layouts import (
     BLOCK,
     LAYOUTS,
@@ -45,8 +46,6 @@ class GgufBlocks:
     def __init__(self, path: str | Path):
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
-
-        from ...frontends.gguf_file import read_gguf_matrices
 
         self.types: Counter = Counter()          # GGML type of every matrix in the file
         self._tensors: dict[str, tuple[str, np.ndarray]] = {}

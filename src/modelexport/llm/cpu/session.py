@@ -40,6 +40,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...core.errors import InputError, ToolchainError
+from ...toolchain.library_notes import THREADPOOL_NOTES, quiet_native_notes
+from .et_runtime import runtime
+from .kernels import OPERATOR_NAMESPACE, load_native_kernels
 
 _OPS_LOCK = threading.Lock()
 _OPS_LOADED = False
@@ -72,7 +75,6 @@ def load_llm_ops() -> None:
 def load_native_kernels_if_possible() -> ToolchainError | None:
     """Our kernels (`native/`), which the programs we build call. A program from elsewhere needs
     none of them, so a missing compiler is only reported if the program then fails to load."""
-    from .kernels import load_native_kernels
     try:
         load_native_kernels()
     except ToolchainError as e:
@@ -82,7 +84,6 @@ def load_native_kernels_if_possible() -> ToolchainError | None:
 
 def calls_native_kernels(pte: Path) -> bool:
     """Whether the program names one of our operators (the plan stores operator names as text)."""
-    from .kernels import OPERATOR_NAMESPACE
     with open(pte, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         return m.find(OPERATOR_NAMESPACE.encode() + b"::") >= 0
 
@@ -90,8 +91,6 @@ def calls_native_kernels(pte: Path) -> bool:
 def set_threads(n: int | None) -> int:
     """Threads of ExecuTorch's CPU thread pool (XNNPACK); None keeps the default (all cores).
     The pool is sized here, the first time, so its x86 chatter is filtered (THREADPOOL_NOTES)."""
-    from ...toolchain.library_notes import THREADPOOL_NOTES, quiet_native_notes
-    from .et_runtime import runtime
     pl = runtime()
     with quiet_native_notes(THREADPOOL_NOTES):
         if n:
@@ -110,7 +109,6 @@ class ExecuTorchSession:
         native_error = load_native_kernels_if_possible()
         if native_error is not None and calls_native_kernels(pte):
             raise native_error    # else the program would fail at its first call, not here
-        from .et_runtime import runtime
 
         pl = runtime()
         try:

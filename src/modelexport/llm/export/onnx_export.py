@@ -24,9 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...quant.chunk_join import set_external
 from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
 from ..model.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
 from ..model.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
+from .weight_dtype import in_float32, part_modules
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
 # the opset the QDQ graphs need (int4 and uint16 Q/DQ, block-wise DequantizeLinear). The graph is
@@ -114,7 +116,6 @@ def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path
     the data file and made an initializer. Exporting the weights held them three times more at once
     (the serialized model inside the exporter, its bytes, the model read back): 4x the part's float32
     weights at the peak, ~1.8x now (one Llama-3.2-1B layer: +0.92 GB before, +0.41 GB now)."""
-    from .weight_dtype import part_modules
     return _export(DecoderPart(decoder, part).eval(), part_modules(decoder, part), out_path)
 
 
@@ -147,8 +148,6 @@ def export_embedder(decoder: StaticDecoder, out_path: Path) -> Path:
 def _export(mod: nn.Module, modules: list[nn.Module], out_path: Path) -> Path:
     import onnx
 
-    from .weight_dtype import in_float32
-
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -174,7 +173,6 @@ def _weights_as_initializers(model, tensors: dict[str, torch.Tensor], data_path:
     to `data_path` (external data, one tensor in memory at a time)."""
     from onnx import TensorProto
 
-    from ...quant.chunk_join import set_external
     dtypes = {torch.float32: TensorProto.FLOAT, torch.int64: TensorProto.INT64, torch.bool: TensorProto.BOOL}
     g = model.graph
     weights = [(i, vi.name) for i, vi in enumerate(g.input) if vi.name in tensors]

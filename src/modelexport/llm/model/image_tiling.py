@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...core.errors import InputError
+
 IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TAG = "<image>", "<fake_token_around_image>", "<global-img>"
 MAX_IMAGE_SIDE = 4096     # the processor's absolute cap after the first resize
 MAX_GRID = 6              # the processor's tokenizer holds <row_1_col_1> .. <row_6_col_6>
@@ -111,7 +113,6 @@ def image_text(grid: TileGrid, image_seq_len: int) -> str:
 
 def expand_prompt(text: str, grids: list[TileGrid], image_seq_len: int) -> str:
     """`text` with its i-th `<image>` replaced by image i's tokens; the count must match the images."""
-    from ...core.errors import InputError
     pieces = text.split(IMAGE_TOKEN)
     if len(pieces) - 1 != len(grids):
         raise InputError(f"the prompt holds {len(pieces) - 1} {IMAGE_TOKEN} markers for {len(grids)} images",

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ...core.errors import InputError
 from ...frontends.vlm_families import VisionFacts, VLMFamily
 
 PIXEL_VALUES, IMAGE_EMBEDS = "pixel_values", "image_embeds"
@@ -137,7 +138,6 @@ class Qwen25VLVisionPart(Qwen2VLVisionPart):
         super().__init__(tower, projector, config, facts)
         from transformers.vision_utils import get_vision_window_index
 
-        from ...core.errors import InputError
         g, m = self.grid, self.merge
         window_index, cu = get_vision_window_index(torch.tensor([facts.grid_thw]), m, int(tower.window_size),
                                                    int(tower.patch_size))

@@ -11,9 +11,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ...contract.bundle import open_bundle
 from ...core.errors import InputError
 from ...core.formats import refuse_retired
 from ...core.vocab import BundleKind
+from ...frontends.gguf_file import read_gguf_info
+from ...frontends.hf_folder import read_hf_config
+from ...frontends.llm_families import check_model_context
+from ...frontends.source_hash import recorded_source
 from .. import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from .tokenizers import load_tokenizer, load_tokenizer_json
 
@@ -47,7 +52,6 @@ _KIND_NAMES = {"hf": "a Hugging Face folder (float weights)", "pte": "an ExecuTo
 
 
 def open_llm_bundle(path: Path):
-    from ...contract.bundle import open_bundle
 
     bundle = open_bundle(path)
     if bundle.manifest.kind != BundleKind.LLM:
@@ -65,10 +69,8 @@ def model_context(path: Path) -> int | None:
     """The context a GGUF file or HF folder was trained for, from its header or config.json (no weight read)."""
     kind = source_kind(path)
     if kind == "gguf":
-        from ...frontends.gguf_file import read_gguf_info
         own = read_gguf_info(path).context_length
     elif kind == "hf":
-        from ...frontends.hf_folder import read_hf_config
         own = getattr(read_hf_config(path), "max_position_embeddings", None)
     else:
         own = None
@@ -77,7 +79,6 @@ def model_context(path: Path) -> int | None:
 
 def require_context(path: Path, max_seq_len: int) -> None:
     """Refuse a --max-seq-len beyond the model's own context before any weight is loaded."""
-    from ...frontends.llm_families import check_model_context
     check_model_context(max_seq_len, model_context(path))
 
 
@@ -106,7 +107,6 @@ def open_cpu(path: Path, opts: LoadOptions) -> LLM:
             raise InputError(f"bundle {path} carries no CPU program and its source model "
                              f"({src.path or 'not recorded'}) is not on this machine",
                              "run generate on the GGUF or HF folder itself, or use --backend htp-sim")
-        from ...frontends.source_hash import recorded_source
         path = recorded_source(bundle.manifest, "building its CPU program")
         kind = source_kind(path)
         info.update(bundle=str(bundle.path), source=str(path), source_kind=kind)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import CalibrationError, InputError, IntegrityError
+from ...zoo.assets import asset_path
 
 DEFAULT_TEXT_ASSET = "lee_background"
 
@@ -23,7 +24,6 @@ class TextSource:
 
 def read_text(path: str | Path | None) -> TextSource:
     if path is None:
-        from ...zoo.assets import asset_path
         path = asset_path(DEFAULT_TEXT_ASSET)
     p = Path(path)
     if not p.is_file():

@@ -30,7 +30,9 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as Backend
 
+from ...core.cache import Cache, cache_key
 from ...core.errors import InputError
+from ...core.file_hash import file_sha256
 
 Message = dict[str, Any]
 
@@ -379,8 +381,6 @@ def load_gguf_tokenizer(path: str | Path, *, cache: bool = True) -> HFTokenizer:
     backend = None
     entry = None
     if cache:
-        from ...core.cache import Cache, cache_key
-        from ...core.file_hash import file_sha256
         import transformers
         key = cache_key("gguf-tokenizer", file_sha256(path), transformers.__version__)
         c = Cache()

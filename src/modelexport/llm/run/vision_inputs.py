@@ -11,6 +11,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from ...core.errors import InputError
+from ..model.image_tiling import normalize
+from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
 
 
 def open_rgb(image):
@@ -49,7 +51,6 @@ def load_pixels(image, size: int, mean, std, rescale_factor: float) -> tuple[np.
     if image.size != (size, size):
         notes.append(f"image of {image.size[0]}x{image.size[1]} resized to {size}x{size} (the vision part's size)")
         image = image.resize((size, size), Image.Resampling.BICUBIC)
-    from ..model.image_tiling import normalize
     return normalize(image, mean, std, rescale_factor), notes
 
 
@@ -84,7 +85,6 @@ def place_rows_at_positions(first: dict, position_ids, rows_at: dict, no_token_i
     """One graph call's first inputs (llm/model/input_modes.text_inputs) with the image rows put at their
     absolute positions: `inputs_embeds` takes the row; in `both` mode the id there becomes
     `no_token_id` so the decoder looks nothing up. Padding positions past the chunk are left alone."""
-    from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
     pos = np.asarray(position_ids).reshape(-1)
     hits = [(j, rows_at[int(p)]) for j, p in enumerate(pos) if int(p) in rows_at]
     if not hits:

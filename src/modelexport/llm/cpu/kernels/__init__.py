@@ -21,7 +21,9 @@ import threading
 from importlib.metadata import version
 from pathlib import Path
 
+from ....core.cache import Cache, cache_key as _cache_key
 from ....core.errors import ToolchainError
+from ..et_runtime import runtime
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("sdpa.cpp", "linear_q4.cpp")   # one shared library holds them all
@@ -79,14 +81,12 @@ def build_command(out: Path) -> list[str]:
 
 
 def cache_key() -> str:
-    from ....core.cache import cache_key as key
-    return key("native-kernels", [(s, (HERE / s).read_bytes()) for s in SOURCES + HEADERS], version("executorch"),
+    return _cache_key("native-kernels", [(s, (HERE / s).read_bytes()) for s in SOURCES + HEADERS], version("executorch"),
                compile_flags(), LINK, platform.machine())
 
 
 def build_kernels() -> Path:
     """The shared library for this source and wheel, compiled now if the cache has none."""
-    from ....core.cache import Cache
 
     def build(tmp: Path) -> dict:
         cmd = build_command(tmp / LIBRARY)
@@ -105,7 +105,6 @@ def load_native_kernels() -> Path:
     global _LOADED
     with _LOCK:
         if _LOADED is None:
-            from ..et_runtime import runtime
             runtime()    # libexecutorch.so first
             path = build_kernels()
             try:
