@@ -451,3 +451,19 @@ def old_clip_offset(path: Path) -> Path:
     import onnx
     onnx.save(m, str(path))
     return path
+
+
+def conv_transpose_head(path: Path, channels: int = 16) -> Path:
+    """DBNet's last upsampling as paddle2onnx writes it: Relu → ConvTranspose (k2 s2, no bias) → Add of a
+    [1, C, 1, 1] constant, output channels of very different weight ranges."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, channels, 2, 2)) * np.geomspace(0.02, 2.0, channels)[None, :, None, None]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="head/Relu"),
+             helper.make_node("ConvTranspose", ["r", "w"], ["ct"], name="head/ConvTranspose", kernel_shape=[2, 2],
+                              strides=[2, 2]),
+             helper.make_node("Add", ["ct", "bias"], ["y"], name="head/Add")]
+    inits = [numpy_helper.from_array(w.astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(1, channels, 1, 1)).astype(np.float32), "bias")]
+    return _save(nodes, "ct_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 64, 64])], inits, path)
