@@ -248,3 +248,14 @@ def test_every_setting_a_fix_gives_is_spelled_as_each_caller_writes_it(cli):
     assert shapes.in_words_of("api").fix == 'give input_shapes={"x": [N, 3, 16, 16]}'
     assert shapes.in_words_of("sweep").fix == "give input_shapes: {x: [N, 3, 16, 16]}"
     assert shapes.in_words_of("cli").fix == "give --input-shape x=N,3,16,16"
+
+
+def test_graph_preparation_out_of_memory_names_a_lower_optimization_level(cli):
+    """PP-OCRv3's 960x960 detector at fp16: `QNN_COMMON_ERROR_MEM_ALLOC` at -O 3 (audit puts every node
+    on the HTP, so sending the user there leads nowhere); it compiles at -O 1."""
+    from modelexport.backends.ort_qnn.worker import _compile_fix
+    err = "Failed to finalize QNN graph. Error: QNN_COMMON_ERROR_MEM_ALLOC ... Code: 1002"
+    fix = _compile_fix(err, {"htp_graph_finalization_optimization_mode": "3"})
+    assert "-O 1" in fix and "audit" not in fix and "--input-shape" in cli["compile"] and "profile" in cli
+    assert "audit" in _compile_fix(err, {"htp_graph_finalization_optimization_mode": "1"})
+    assert "audit" in _compile_fix("Failed to compose Qnn graph", {})

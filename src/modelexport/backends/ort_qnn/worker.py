@@ -42,8 +42,7 @@ def _build(job: dict, tmp: Path) -> dict:
             sess = create_session(str(model_path), SessionPlan(provider_options=opts, config_entries=entries))
     except Exception as e:
         raise ToolchainError(f"the QNN EP could not compile {part} for {job['target']}: {clip(str(e), 1000)}",
-                             "run `modelexport audit` on the model with the same --precision: it names the node QNN "
-                             "refuses and the fix for it") from None
+                             _compile_fix(str(e), opts)) from None
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0   # CPU: every thread of this worker
     placement = {ep: [list(x) for x in nodes] for ep, nodes in node_assignment(sess).items()}
     del sess
@@ -51,6 +50,17 @@ def _build(job: dict, tmp: Path) -> dict:
     return {"part": part, "target": job["target"], "files": files, "placement": placement,
             "compile_seconds": round(seconds, 3), "compile_cpu_seconds": round(cpu_seconds, 3),
             "provider_options": opts, "session_config": entries}
+
+
+def _compile_fix(error: str, opts: dict) -> str:
+    """What to do when the EP refuses: graph preparation out of memory at a high optimization level
+    (PP-OCRv3's 960x960 detector at fp16: MEM_ALLOC at -O 3, compiled at -O 1) is not a node's fault."""
+    if "MEM_ALLOC" in error and str(opts.get("htp_graph_finalization_optimization_mode", "3")) != "1":
+        return ("the HTP's graph preparation ran out of memory at this optimization level: compile with -O 1 "
+                "(a lighter optimization: check its speed with `modelexport profile`), or a smaller --input-shape "
+                "where the model allows one")
+    return ("run `modelexport audit` on the model with the same --precision: it names the node QNN refuses and "
+            "the fix for it")
 
 
 def compile_job(job: dict) -> dict:
