@@ -17,7 +17,12 @@ from typing import Any
 
 from ...auditing.fixes import fix_for, source_fn
 from ...auditing.report import BLOCKS, CPU, HTP, AuditReport, NodeAudit
-from ...core.errors import clip
+from ...core.errors import InputError, ModelExportError, clip
+from ...frontends.module_paths import fx_module_path
+from .locate import locate
+from .lower import QDQ_OPS, delegate_again, is_qdq, lower, lowering_error
+from .partition import op_name, qnn_reason
+from .specs import qnn_ready
 
 
 def _macs(node) -> int:
@@ -37,14 +42,10 @@ def _macs(node) -> int:
 
 
 def is_qdq_name(target: str) -> bool:
-    from .lower import QDQ_OPS
     return any(q in target for q in QDQ_OPS)
 
 
 def nodes_from_decisions(edge_program, decisions, quantized: bool | None = None) -> list[NodeAudit]:
-    from ...frontends.module_paths import fx_module_path
-    from .lower import is_qdq
-    from .partition import op_name
     out = []
     for node in edge_program.graph_module.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -74,13 +75,9 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
                 block_size: int | None = None, rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> AuditReport:
     """→ AuditReport (backend "executorch-qnn"). Quantized precisions calibrate on `calibration`
     or, when none is given, on random data: placement does not depend on the values."""
-    from ...core.errors import ModelExportError
-    from .lower import lower, lowering_error
     from .pipeline import prepare
-    from .specs import qnn_ready
     state = qnn_ready()
     if input_shapes:
-        from ...core.errors import InputError
         raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
     t0 = time.perf_counter()
     log: list[str] = []
@@ -127,8 +124,6 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
 def _lower_fails(prep, audited=None, skip: set[str] | None = None) -> tuple[str | None, list[str]]:
     """(QNN's words when building the QNN partitions fails, else None; the native log). With the
     `audited` (undelegated) lowering, its graph is delegated again instead of lowering from scratch."""
-    from .lower import delegate_again, lower
-    from .partition import qnn_reason
     try:   # a copy: a lowering's passes change the graph it is given, and the audit lowers it again
         if audited is not None:
             low = delegate_again(audited, prep.soc, use_fp16=not prep.precision.quantized, skip_nodes=skip)
@@ -145,7 +140,6 @@ def _lower_fails(prep, audited=None, skip: set[str] | None = None) -> tuple[str 
 def check_partitions(prep, low, log: list[str]) -> tuple[str | None, NodeAudit | None]:
     """Lower the QNN partitions for real; on failure bisect for the op → (QNN's words, its row).
     The real lowering's native log is added to `log`."""
-    from .locate import locate
     error, more = _lower_fails(prep)
     log += more
     if error is None:

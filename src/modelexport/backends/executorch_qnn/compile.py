@@ -24,13 +24,21 @@ import numpy as np
 from ...contract import GraphSpec, TensorSpec, open_bundle
 from ...core.atomic import check_output
 from ...contract.manifest import Delegate, PartEntry, PartFiles, QairtInfo, QnnGraph, SourceModel
+from ...core.numerics_advice import numerics_failures, numerics_fix
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...core.cache import Cache, cache_key
-from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, StrictNumericsError, ToolchainError, UnsupportedError
 from ...core.targets import SoC, get_target
+from ...quant.precision import get_precision
+from ...quant.pt2e_qnn import RECIPE, soc_scope
 from .. import backend
 from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, one_precision, refuse_fallbacks
 from ..spec import CompileOptions, PartSpec, TorchCompileOptions, part_name
+from .inspect import qnn_binaries, read_pte
+from .lower import SEGMENT_ALIGNMENT, delegation_summary, lower, lowering_error, placement, to_pte
+from .pipeline import QUANTIZED_NAMESPACE, prepare
+from .run import PteGraph, PteSession, compare_outputs, eager_outputs
+from .specs import qnn_ready
 
 FORMATS = ("pte",)
 FALLBACKS = ("xnnpack", "portable")
@@ -74,8 +82,6 @@ def quantized_key(prep, fingerprint: str, state) -> str | None:
     import torch
     import torchao
 
-    from ...quant.pt2e_qnn import RECIPE, soc_scope
-    from .pipeline import QUANTIZED_NAMESPACE
     return cache_key(QUANTIZED_NAMESPACE, fingerprint, prep.plan.key(), RECIPE, prep.rewrites,
                      [i.to_dict() for i in prep.inputs], prep.mutable_buffers, prep.calibration.digest(),
                      soc_scope(prep.soc), getattr(executorch, "__version__", "?"), torch.__version__,
@@ -86,7 +92,6 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
                  report: Callable[[str], None], quant_key: str | None = None) -> tuple[Path, dict, bool]:
     """The cache entry holding model.pte and meta.json (placement, timings) for one target. The
     quantized program it lowers is an entry of its own (`quant_key`), shared by every target."""
-    from .lower import delegation_summary, lower, lowering_error, placement, to_pte
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
@@ -111,7 +116,6 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         (tmp / "model.pte").write_bytes(et_program.buffer)
         t3 = time.perf_counter()
         report("checking the numerics on the HTP simulator")
-        from ...quant.precision import get_precision
         numerics = _numerics(tmp / "model.pte", prep, get_precision(prep.precision.name).min_sqnr_db)
         return {"placement": rows, "summary": delegation_summary(rows), "segment_alignment": alignment,
                 "quantize_s": round(t_quant, 3), "lower_s": round(t2 - t1, 3),
@@ -124,8 +128,6 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
 
 def check_numerics(built: dict, preps) -> None:
     """--strict-numerics: refuse (exit 7, nothing written) when compile's own check failed."""
-    from ...core.errors import StrictNumericsError
-    from ...core.numerics_advice import numerics_failures, numerics_fix
     quantized = {name: p.precision.quantized for _, p, name in preps}
     bad, random, quant = [], False, False
     for (name, target), (_, meta, _) in built.items():
@@ -142,7 +144,6 @@ def check_numerics(built: dict, preps) -> None:
 
 def _numerics(pte_path: Path, prep, threshold: float) -> dict:
     """Compiled (simulator) vs eager float on the first verify samples: manifest.numerics."""
-    from .run import PteGraph, PteSession, compare_outputs, eager_outputs
     names_in = [i.name for i in prep.inputs]
     samples = prep.verify_inputs.samples[:NUMERICS_SAMPLES]
     ref_mod = prep.reference()
@@ -180,10 +181,6 @@ def _numerics(pte_path: Path, prep, threshold: float) -> dict:
 def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileOptions | None = None, force: bool = False,
                   progress: Callable[[str, float, float], None] | None = None) -> Any:
     """Compile every PyTorch part for every target into one bundle at `out` → the opened Bundle."""
-    from .specs import qnn_ready
-    from .lower import SEGMENT_ALIGNMENT
-    from .pipeline import prepare
-    from ...quant.pt2e_qnn import RECIPE
     opts = options or TorchCompileOptions()
     say = progress or (lambda msg, done, total: None)
     t_start = time.perf_counter()
@@ -264,7 +261,6 @@ class _Run:
 
 
 def _write_bundle(out: Path, force: bool, opts: CompileOptions, run: _Run, preps, built):
-    from .lower import SEGMENT_ALIGNMENT
     socs, state = run.socs, run.state
     with assemble(out, force, run.t_start) as a:
         first = preps[0][1].loaded
@@ -329,7 +325,6 @@ def _add_part_files(a: BundleAssembler, prep, name: str, first_meta: dict) -> Pa
 def _add_program(a: BundleAssembler, prep, name: str, soc: SoC, entry: Path) -> None:
     """One target's .pte, and a graph per method: its IO, delegates and calls, and the QNN graphs of its
     delegates read back from their context binaries."""
-    from .inspect import qnn_binaries, read_pte
     rel = a.w.add_file(entry / "model.pte", f"{name}/{soc.name}/{name}.pte", role=Role.PTE)
     data = (entry / "model.pte").read_bytes()
     info = read_pte(data)

@@ -16,9 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ...contract.bundle import is_bundle
 from ...core.errors import InputError
 from ...core.vocab import Format, Role
 from ...inspection import inspector
+from ...inspection.bundle_inspector import read_bundle
+from ...toolchain.native_io import native_stdout_to_stderr
+from ...toolchain.qnn_context import read_context_binary
 
 PTE_MAGIC_OFFSET = 4                    # "ET12" etc. at bytes 4..8 of a flatbuffer with file identifier
 QNN_PROTOCOL_MAGIC = 0x5678ABCD
@@ -133,8 +137,6 @@ def read_pte(data: bytes, read_binaries: bool = True) -> dict[str, Any]:
 
 
 def qnn_binary_summary(binary: bytes) -> dict:
-    from ...toolchain.qnn_context import read_context_binary
-    from ...toolchain.native_io import native_stdout_to_stderr
     with native_stdout_to_stderr():
         info = read_context_binary(binary)
     d = info.to_dict()
@@ -160,7 +162,6 @@ def read_pte_file(path: Path) -> dict:
 
 
 def _is_pte_bundle(path: Path) -> bool:
-    from ...contract.bundle import is_bundle
     if not is_bundle(path):
         return False
     try:
@@ -172,7 +173,6 @@ def _is_pte_bundle(path: Path) -> bool:
 
 @inspector("pte-bundle", _is_pte_bundle, first=True)
 def read_pte_bundle(path: Path) -> dict:
-    from ...inspection.bundle_inspector import read_bundle
     info = read_bundle(path)
     m = info["manifest"]
     ptes = {}

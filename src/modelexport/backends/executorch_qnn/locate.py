@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...frontends.module_paths import fx_module_path
+from .lower import is_qdq
+from .partition import op_name
+
 
 @dataclass
 class LoweringBlocker:
@@ -73,9 +77,6 @@ def locate(edge_program, decisions, lower_part: Callable[[set[str]], str | None]
     """The op (and its partition) that makes `lower_part(skip)` fail; `decisions` are the
     partitioner's, `edge_program` the audited (undelegated) graph, `known` the error of the
     whole graph's lowering when already seen."""
-    from ...frontends.module_paths import fx_module_path
-    from .lower import is_qdq
-    from .partition import op_name
     nodes = {n.name: n for n in edge_program.graph_module.graph.nodes}
     accepted = [name for name, n in nodes.items()
                 if n.op == "call_function" and decisions.get(name) and decisions[name].supported]
@@ -98,8 +99,6 @@ def locate(edge_program, decisions, lower_part: Callable[[set[str]], str | None]
 def _chain(node, depth: int = 4) -> list[str]:
     """`aten.view_copy.default (mha)` for each op up its first input: the failure is often the
     culprit together with what feeds it (a reshape after a linear with bias)."""
-    from ...frontends.module_paths import fx_module_path
-    from .partition import op_name
     out = []
     while depth and node.all_input_nodes:
         node = node.all_input_nodes[0]
@@ -113,7 +112,6 @@ def _chain(node, depth: int = 4) -> list[str]:
 
 def _only_serves(node, skip: set[str]) -> bool:
     """A (de)quantize node whose compute neighbours are all skipped goes with them."""
-    from .lower import is_qdq
     near = [n for n in list(node.users) + list(node.all_input_nodes)
             if n.op == "call_function" and not is_qdq(n.target)]
     return bool(near) and all(n.name in skip for n in near)

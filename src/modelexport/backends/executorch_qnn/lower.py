@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...auditing.fixes import fix_for, source_fn
 from ...core.errors import ToolchainError, clip
 from ...core.targets import SoC
 from ...frontends.module_paths import fx_module_path
-from .partition import Decision, capture_native_output, op_name
+from .partition import Decision, capture_native_output, explaining_partitioner, op_name, qnn_reason
 from .specs import compile_specs
 
 # 16 KiB: a multiple of every page size Android uses (4 KiB and 16 KiB), so each delegate segment
@@ -59,7 +60,6 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     from executorch.backends.qualcomm.utils.utils import qnn_edge_config
     from executorch.exir import to_edge_transform_and_lower
 
-    from .partition import explaining_partitioner
     _silence_python_logs()
     specs = compile_specs(soc, use_fp16, log_level)
     backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
@@ -99,7 +99,6 @@ def delegate_again(low: Lowered, soc: SoC, use_fp16: bool, skip_nodes: set[str] 
     partitioning and QNN's graph build run: the locator's trial lowerings cost a fraction of a lowering."""
     from executorch.backends.qualcomm.utils.qnn_manager_lifecycle import QnnManagerContext
 
-    from .partition import explaining_partitioner
     specs = compile_specs(soc, use_fp16, log_level)
     log: list[str] = []
     qnn = explaining_partitioner(specs, delegate=True, skip_node_id_set=set(skip_nodes or ()),
@@ -159,7 +158,6 @@ def lowering_error(e: Exception) -> ToolchainError:
     failed_pass = _pass_failure(e)
     if failed_pass is not None:
         return failed_pass
-    from .partition import qnn_reason
     said = qnn_reason(getattr(e, "native_log", []) or [])
     return ToolchainError(f"ExecuTorch lowering failed: {type(e).__name__}: {clip(text, 1000)}"
                           + (f" — QNN said: {clip(said, 1000)}" if said else ""),
@@ -220,7 +218,6 @@ def placement(edge, decisions: dict[str, Decision], method: str = "forward") -> 
         row = {"name": node.name, "op_type": _aten(node.target), "module_path": fx_module_path(node),
                "backend": backend, "runtime": runtime}
         if backend != "HTP":
-            from ...auditing.fixes import fix_for, source_fn
             row["reason_kind"] = d.kind if d else None
             row["reason"] = d.reason if d else ("not seen by the QNN partitioner" if not is_qdq(node.target) else
                                                 "(de)quantization between a CPU op and the rest of the graph")

@@ -15,11 +15,14 @@ import numpy as np
 from ...core.cache import Cache
 from ...core.errors import CalibrationError, InputError, UnsupportedError
 from ...frontends.torch_export import TorchIO, export_program, input_specs
+from ...frontends.torch_frontend import load_torch
 from ...frontends.torch_module import LoadedModule, flatten_loaded
+from ...passes import apply_rewrites, get_pass
 from ...quant.calibration import CalibrationSet, load_calibration
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...core.targets import SoC, get_target
 from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, parse_overrides, quantize
+from .lower import mutated_buffers
 
 RANDOM_SAMPLES = 8
 # The quantized program (QnnQuantizer's convert_pt2e output) as a cache entry: keyed without the
@@ -92,7 +95,6 @@ class Prepared:
     @property
     def mutable_buffers(self) -> list[str]:
         """Buffers the forward writes (a state, a KV cache)."""
-        from .lower import mutated_buffers
         return mutated_buffers(self.exported)
 
     def reference(self):
@@ -169,8 +171,6 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
             calibration: Any = None, overrides: list[str] | None = None, block_size: int | None = None,
             rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> Prepared:
     """Everything that can be wrong with the inputs is found before any heavy step."""
-    from ...frontends.torch_frontend import load_torch
-    from ...passes import apply_rewrites, get_pass
     soc = get_target(target)
     prec = get_precision(precision)
     check_block_size(block_size)

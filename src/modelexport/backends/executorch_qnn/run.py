@@ -17,11 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from ...contract import open_bundle
 from ...core.errors import InputError, ToolchainError, clip
 from ...core.feeds import InputSpec, check_feed
 from ...core.vocab import GraphKind
+from ...quant.precision import pass_mark
+from ...toolchain.native_io import capture_native_output
 from ..ort_qnn.run import RunResult, _version_tuple, run_repeated
 from ..ort_qnn.verify import GraphCheck, OutputCheck, VerifyReport, check_output, verify_samples
+from .inspect import read_pte
+from .specs import qnn_ready
 
 
 @dataclass
@@ -37,10 +42,8 @@ class PteGraph:
 
 
 def _select(path: str | Path, part: str | None, target: str | None) -> list[PteGraph]:
-    from ...contract import open_bundle
     p = Path(path)
     if p.is_file():
-        from .inspect import read_pte
         info = read_pte(p.read_bytes(), read_binaries=False)
         m = info["methods"][0]
         ins = [{"name": f"input_{i}", **{k: t.get(k) for k in ("shape", "dtype")}} for i, t in enumerate(m["inputs"])]
@@ -69,11 +72,9 @@ class PteSession:
     """One method of a .pte loaded through executorch.runtime."""
 
     def __init__(self, g: PteGraph):
-        from .specs import qnn_ready
         state = qnn_ready()
         if g.bundle is not None:
             check_runtime_build(g.bundle.manifest.qairt_build, state.qairt_build)
-        from ...toolchain.native_io import capture_native_output
         from executorch.runtime import Runtime
         t0 = time.perf_counter()
         try:
@@ -100,7 +101,6 @@ class PteSession:
     def close(self) -> None:
         """Free the program now, with the QNN backend's "Destroy Qnn context/device/backend" INFO
         lines captured rather than printed at interpreter exit."""
-        from ...toolchain.native_io import capture_native_output
         with capture_native_output():
             self.method = self.program = None
             gc.collect()
@@ -125,7 +125,6 @@ class PteSession:
         return feed
 
     def run(self, feed: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
-        from ...toolchain.native_io import capture_native_output
         args = self.check_feed(feed)
         t0 = time.perf_counter()
         with capture_native_output():
@@ -179,7 +178,6 @@ def eager_outputs(module, sample: dict[str, np.ndarray], names_in: list[str], na
 
 def verify_pte(path: str | Path, inputs=None, part: str | None = None, target: str | None = None,
                min_sqnr: float | None = None, max_samples: int | None = None) -> VerifyReport:
-    from ...quant.precision import pass_mark
     if Path(path).is_file():
         raise InputError(f"{path} is a bare .pte: it carries no float model to compare against",
                          "verify the bundle folder that `modelexport compile -o` wrote")

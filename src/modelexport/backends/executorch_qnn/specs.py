@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 
+from ...toolchain.executorch_env import ensure_executorch_qnn
 from ...toolchain.executorch_env.chipset import chipset
 from ...core.targets import SoC
+from ...toolchain.native_io import native_stdout_to_stderr
 from ...toolchain.qnn_log_level import executorch_log_level
 
 LOG_LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "verbose": 4, "debug": 5}
@@ -38,8 +40,6 @@ def qnn_ready():
     then ExecuTorch's Qualcomm modules imported without letting them reconfigure logging: one of
     them (_passes/convert_mha_to_sha.py) calls logging.basicConfig(level=INFO) at import, which
     would turn every library's INFO chatter on in the user's process."""
-    from ...toolchain.executorch_env import ensure_executorch_qnn
-    from ...toolchain.native_io import native_stdout_to_stderr
     with native_stdout_to_stderr():
         state = ensure_executorch_qnn()
     root = logging.getLogger()

@@ -53,6 +53,7 @@ from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import LLM_PRECISIONS
 from ..ort_qnn import worker as ort_qnn_worker
 from .ctx_jobs import SHARED_NAMESPACE, compile_shared, simulator_smoke_run
+from .vlm import compile_vlm
 from .write import LlmRun, QdqEntry, write_bundle
 
 
@@ -114,7 +115,6 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if opts.executorch_program:
         _check_runner_request(spec, opts)
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
-        from .vlm import compile_vlm
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
     _refuse_vision_flags(opts)
     plan = _resolve(spec, opts)

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from ...core.cache import Cache
 from ...core.errors import ToolchainError, clip
+from ...toolchain.htp_options import run_provider_options
+from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
 from ...toolchain.qnn_graph_order import ordered_model_path, qnn_graph_name
 
 SHARED_NAMESPACE = "llm-ctx-shared"
 
 
 def _build_shared(job: dict, tmp: Path) -> dict:
-    from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
     placements, seconds, cpu_seconds, graph_names = {}, {}, {}, {}
     n = len(job["models"])
     with tempfile.TemporaryDirectory(prefix="modelexport-order-") as links:   # the ordered paths' symlinks
@@ -72,8 +73,6 @@ def simulator_smoke_run(job: dict) -> dict:
     load or run that fails without crashing ends the same way, as a ToolchainError."""
     import numpy as np
 
-    from ...toolchain.htp_options import run_provider_options
-    from ...toolchain.ort_qnn import SessionPlan, create_session
     try:
         sess = create_session(job["epcontext"], SessionPlan(provider_options=run_provider_options(job["soc_model"], None)))
         dtypes = {"tensor(int32)": np.int32, "tensor(int64)": np.int64}

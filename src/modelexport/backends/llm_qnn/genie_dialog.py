@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 from ...core.errors import InputError, VerificationError
 from ...toolchain.genie import genie_messages, run_dialog
+from ...toolchain.native_io import native_stdout_to_stderr
+from ...toolchain.qnn_context import read_context_binary
 from ...toolchain.simulator_memory import binary_bytes, fits_on_simulator, simulator_limit_note, variants_that_fit
 
 def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
@@ -102,8 +104,6 @@ def check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, 
 
 def _unfed_inputs_note(twin: Path) -> str | None:
     """Why Genie cannot feed this binary's graphs, when one of their inputs is in GENIE_UNFED_INPUTS."""
-    from ...toolchain.native_io import native_stdout_to_stderr
-    from ...toolchain.qnn_context import read_context_binary
     with native_stdout_to_stderr():
         names = {t.name for g in read_context_binary(twin).graphs for t in g.inputs}
     return next((why for name, why in GENIE_UNFED_INPUTS.items() if name in names), None)

@@ -35,6 +35,7 @@ import numpy as np
 
 from ...core.errors import InputError, VerificationError
 from ...toolchain.genie import NODE_IO, genie_messages, run_pipeline
+from .genie_dialog import bundle_config
 
 PIPELINE_FILE = "genie_pipeline.json"
 GENERATOR, TEXT_ENCODER, IMAGE_ENCODER = "textGenerator", "textEncoder", "imageEncoder"
@@ -71,7 +72,6 @@ def pipeline_config(dialog: dict[str, Any], vision_bins: list[str], hidden_size:
 def host_pipeline(bundle, target: str, rel: str, sampler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The bundle's pipeline config `rel` with absolute paths and the generator on the host twins (its
     dialog body from `genie_dialog.bundle_config`, BOS cleared: the prompt's text carries its own)."""
-    from .genie_dialog import bundle_config
     cfg = json.loads(bundle.file(rel).read_text())
     dialog = bundle_config(bundle, target, sampler)["dialog"]
     dialog["context"]["bos-token"] = -1

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError
+from ...frontends import find_frontend
+from ...frontends.module_paths import llm_module_path
+from ...frontends.source_hash import recorded_source
+from ...llm.model.input_modes import get_input_mode
+from ...llm.run.text import recorded_text, tokenize
+from ...llm.run.tokenizers import from_transformers
 
 DEFAULT_SAMPLES = 2
 
@@ -24,16 +30,11 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     """PER_LAYER_HOOKS["llm"]: → [PerLayerReport] for the chosen variant (default: the widest arN)."""
     import torch
 
-    from ...frontends import find_frontend
     from ...quant.precision import pass_mark
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
-    from ...llm.run.text import tokenize
     from ...llm.export.calibrate import calibration_samples, full_context_samples, part_samples, with_input_mode
     from ...llm.export.onnx_export import DecoderPart, PartRange, export_part
-    from ...frontends.module_paths import llm_module_path
-    from ...llm.model.input_modes import get_input_mode
     from ...llm.model.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
-    from ...llm.run.tokenizers import from_transformers
 
     if inputs:
         raise InputError("--input is not used for LLM bundles", "per-layer numerics run on the bundle's calibration text; leave --input out")
@@ -54,8 +55,6 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     chain = sorted((g for g in graphs if g.n_tokens == n), key=lambda g: g.part_index)
 
     t0 = time.perf_counter()
-    from ...frontends.source_hash import recorded_source
-    from ...llm.run.text import recorded_text
     src = recorded_source(m, "per-layer numerics")
     text = recorded_text(m, "per-layer numerics")
     llm = find_frontend(str(src)).load(str(src))

@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...core.errors import InputError, clip
+from ...contract.bundle import open_bundle
+from ...core.errors import InputError, ToolchainError, clip
 from ...core.formats import bundle_format
+from ...core.targets import get_target
 from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.run.generate import StaticGraphSession
@@ -27,6 +29,8 @@ from ...llm.model.mrope import ROPE_POSITION_IDS, RopePositions
 from ...llm.model.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.run.tokenizers import load_tokenizer
 from ...llm.run.vision_inputs import place_rows_at_positions
+from ...toolchain.htp_options import run_provider_options
+from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
 from ...toolchain.simulator_memory import variants_that_fit
 from ..ort_qnn.run import check_runtime
 
@@ -183,10 +187,6 @@ def _embedder_graphs(bundle, mode: InputMode, target: str) -> dict:
 
 
 def _sim_session(epcontext: Path, target: str):
-    from ...toolchain.htp_options import run_provider_options
-    from ...core.errors import ToolchainError
-    from ...core.targets import get_target
-    from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
     soc = get_target(target)
     try:
         sess = create_session(epcontext, SessionPlan(provider_options=run_provider_options(soc.soc_model, None)))
@@ -236,7 +236,6 @@ def open_compiled_bundle(path: Path, backend: str):
 def _check_tokenizer_present(path: Path) -> None:
     """A bundle whose tokenizer was deleted is said to be so, with the fix, before the integrity
     check (which would call it only a file that does not match the manifest)."""
-    from ...contract.bundle import open_bundle
     bundle = open_bundle(path, verify=False)
     gone = [f.path for f in bundle.manifest.files if f.role in (Role.TOKENIZER, Role.TOKENIZER_CONFIG)
             and not (path / f.path).is_file()]

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
+from ...contract.bundle import open_bundle
 from ...core.errors import InputError
+from ...core.vocab import Role
+from ...llm.model.image_tiling import IMAGE_TOKEN, expand_prompt, normalize, split_image, tile_grid
+from ...llm.model.mrope import RopePositions, rope_index
+from ...llm.run.tokenizers import load_tokenizer
+from ...llm.run.vision_inputs import image_prompt_ids, load_pixels, open_rgb
+from .genie_dialog import sampler_block
+from .genie_pipeline import genie_image_tokens
 
 BACKEND_STAGES = {"htp-sim": "htp-sim", "cpu": "fake-quant", "genie": "htp-sim"}   # genie: the vision part's stage
 
@@ -50,7 +58,6 @@ def vision_runner(bundle, stage: str, target: str | None = None):
 def image_rows(bundle, image, stage: str, target: str | None = None) -> tuple[np.ndarray, list[str]]:
     """(rows [tokens_per_image, hidden] float32, notes on how the image was changed) for `image`,
     resized to the vision part's size (a bundle without tiling)."""
-    from ...llm.run.vision_inputs import load_pixels
     v = vision_entry(bundle)
     x, notes = load_pixels(image, v.image_size, v.mean, v.std, v.rescale_factor)
     return vision_runner(bundle, stage, target)(x), notes
@@ -61,8 +68,6 @@ def tiled_prompt(bundle, tok, images: list, prompt: str, raw: bool, splitting: b
     tokens, the RGB images, whether they are split, notes). The prompt's `<image>` markers place the images
     (none: all of them first, as SmolVLM's chat template puts the image before the text); the ids are
     checked against the context before any vision run."""
-    from ...llm.model.image_tiling import IMAGE_TOKEN, expand_prompt, tile_grid
-    from ...llm.run.vision_inputs import open_rgb
     v = vision_entry(bundle)
     t = v.tiling
     split = t.splitting if splitting is None else (splitting and t.splitting)
@@ -96,7 +101,6 @@ def tiled_prompt(bundle, tok, images: list, prompt: str, raw: bool, splitting: b
 def chat_text(tok, prompt: str) -> str:
     """The user turn through the chat template, `<image>` markers kept: as a string, or (templates that walk
     content parts, SmolVLM's) as transformers' processors feed it, text and {"type": "image"} parts in order."""
-    from ...llm.model.image_tiling import IMAGE_TOKEN
     pieces = prompt.split(IMAGE_TOKEN)
     parts = [p for i, piece in enumerate(pieces)
              for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])]
@@ -110,7 +114,6 @@ def chat_text(tok, prompt: str) -> str:
 
 def tiled_rows(bundle, pics: list, splitting: bool, stage: str, target: str | None = None) -> np.ndarray:
     """Every image's tiles and global image through the vision part, in prompt order → rows [n, hidden]."""
-    from ...llm.model.image_tiling import normalize, split_image
     v = vision_entry(bundle)
     t = v.tiling
     run = vision_runner(bundle, stage, target)
@@ -124,7 +127,6 @@ def tiled_rows(bundle, pics: list, splitting: bool, stage: str, target: str | No
 def image_rope_positions(v, ids: list[int]):
     """The prompt's M-RoPE positions when the vision entry's position rule is "mrope_grid" (llm/model/mrope.py),
     else text positions (what a graph without rope_position_ids ignores)."""
-    from ...llm.model.mrope import RopePositions, rope_index
     if v.position_rule != "mrope_grid":
         return RopePositions.text()
     return rope_index(ids, v.image_token_id, tuple(v.grid_thw), v.spatial_merge_size)
@@ -138,11 +140,7 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
     the prompt's progress through the decoder, chunk by chunk."""
     import torch
 
-    from ...contract.bundle import open_bundle
     from ...llm.run.static_runner import StaticRunner
-    from ...llm.run.tokenizers import load_tokenizer
-    from ...llm.run.vision_inputs import image_prompt_ids
-    from ...core.vocab import Role
     from .session import open_forwards
     stage = BACKEND_STAGES.get(backend)
     if stage is None:
@@ -178,8 +176,6 @@ def generate_with_image(path: Path, image, prompt: str, backend: str = "htp-sim"
             raise InputError(f"--backend genie: this {v.family} bundle's decoder takes M-RoPE positions "
                              "(rope_position_ids), which Genie does not feed (its qwen2vl-mrope option feeds graphs "
                              "taking position_ids_cos / _sin: not built)", "use --backend htp-sim or --backend cpu")
-        from .genie_dialog import sampler_block
-        from .genie_pipeline import genie_image_tokens
         llm = bundle.manifest.llm
         # measured: Genie's pipeline refuses ("Context Size was exceeded") a prompt longer than the context
         # minus its largest arN plus one, however few tokens are asked for (128 - 32 + 1 = 97 here)

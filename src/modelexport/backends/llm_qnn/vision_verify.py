@@ -12,7 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.errors import InputError
+from ...contract import open_bundle
+from ...core.errors import InputError, UnsupportedError
+from ...llm.run.vision_inputs import load_pixels
+from ...quant.precision import pass_mark
+from ..ort_qnn.verify import GraphCheck, VerifyReport, check_output, read_samples
+from .vision_session import vision_runner
 from .vlm import VISION_PART
 
 DECODER_FIX = ("the decoders: `modelexport verify BUNDLE --per-layer` (every decoder module and the logits on the "
@@ -21,14 +26,12 @@ DECODER_FIX = ("the decoders: `modelexport verify BUNDLE --per-layer` (every dec
 
 def vision_samples(bundle, v, inputs, max_samples: int | None) -> tuple[list[np.ndarray], str]:
     """pixel_values [1, 3, S, S] per sample and how they were chosen."""
-    from ...llm.run.vision_inputs import load_pixels
     if inputs:
         return [load_pixels(p, v.image_size, v.mean, v.std, v.rescale_factor)[0] for p in inputs], "given images"
     stored = f"{VISION_PART}/verify_inputs.npz"
     if not any(f.path == stored for f in bundle.manifest.files):
         raise InputError(f"{bundle.path} keeps no stored photos for its vision part",
                          "pass images to compare on: verify BUNDLE --input photo.jpg")
-    from ..ort_qnn.verify import read_samples
     xs = [s["pixel_values"] for s in read_samples(bundle.file(stored))]
     return xs[:max_samples] if max_samples else xs, "stored photos"
 
@@ -38,11 +41,6 @@ def verify_vision_part(bundle_path: str | Path, inputs=None, part: str | None = 
     """The vision part of each target (or `target`) on the simulator vs float → VerifyReport."""
     import onnxruntime as ort
 
-    from ...contract import open_bundle
-    from ...core.errors import UnsupportedError
-    from ...quant.precision import pass_mark
-    from ..ort_qnn.verify import GraphCheck, VerifyReport, check_output
-    from .vision_session import vision_runner
     bundle = open_bundle(bundle_path)
     v = bundle.manifest.llm.vision if bundle.manifest.llm is not None else None
     if v is None:

@@ -27,9 +27,29 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...contract.bundle import BundleWriter, open_bundle, save_manifest
+from ...contract.manifest import GeniePipelineCheck, ImageTiling, LogitsAgreement, SourceModel, VisionEntry
+from ...core.atomic import check_output
 from ...core.errors import InputError, ModelExportError
+from ...core.file_hash import file_sha256
+from ...core.numerics import compare
+from ...core.targets import get_target
 from ...core.vocab import Role
-from ..spec import max_seq_len_of
+from ...frontends import vision_encoder_onnx as enc_onnx
+from ...frontends.source_hash import source_sha256
+from ...frontends.vlm_families import read_vision_facts
+from ...frontends.vlm_folder import is_vlm_folder, load_vlm, read_image_tiling, write_text_folder
+from ...llm.export.source import check_source
+from ...llm.model.input_modes import get_input_mode
+from ...llm.run.tokenizers import load_tokenizer
+from ...llm.run.vision_inputs import load_pixels
+from ...toolchain.htp_options import run_provider_options
+from ...toolchain.ort_qnn import SessionPlan, create_session
+from ...toolchain.worker_pool import run_jobs
+from ...zoo.assets import sample_images
+from ..ort_qnn.compile import compile_onnx
+from ..spec import CompileOptions, PartSpec, max_seq_len_of
+from .genie_pipeline import PIPELINE_FILE, check_pipeline, pipeline_config
 from .vlm_calibration import calibration_images, image_blocks, write_image_rows, write_vision_calibration
 
 DEFAULT_VISION_PRECISION = "16a8w"
@@ -57,8 +77,6 @@ class VisionSide:
 
 
 def folder_side(spec, opts, sizing: dict) -> VisionSide:
-    from ...frontends.vlm_families import read_vision_facts
-    from ...frontends.vlm_folder import load_vlm, read_image_tiling, write_text_folder
     from ...llm.model.vision_part import VisionPart, export_vision_part
     folder = Path(spec.model)
     family, facts = read_vision_facts(folder, **sizing)  # the table first: no weight read for a folder it refuses
@@ -70,7 +88,6 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
         return text_folder, export_vision_part(VisionPart(model, fam, f), work / "vision" / "vision.onnx")
 
     def record(m) -> None:
-        from ...frontends.source_hash import source_sha256
         m.source = m.source.model_copy(update={
             "path": str(folder.resolve()), "sha256": source_sha256(folder),
             "description": f"{family.label} ({facts.text_model_type} text model, {m.source.description})"})
@@ -78,10 +95,6 @@ def folder_side(spec, opts, sizing: dict) -> VisionSide:
 
 
 def encoder_side(spec, opts, sizing: dict) -> VisionSide:
-    from ...frontends import vision_encoder_onnx as enc_onnx
-    from ...llm.run.tokenizers import load_tokenizer
-    from ...frontends.vlm_folder import is_vlm_folder
-    from ...llm.export.source import check_source
     if is_vlm_folder(spec.model):
         raise InputError(f"--vision-encoder: {spec.model} is a vision-language folder, its vision part is its own",
                          "leave --vision-encoder out, or give a text-only LLM (GGUF or HF folder) with it")
@@ -98,8 +111,6 @@ def encoder_side(spec, opts, sizing: dict) -> VisionSide:
     facts = enc_onnx.encoder_facts(enc, token, mean, std, text.architecture)
 
     def record(m) -> None:   # the text model stays the bundle's source; the encoder is recorded beside it
-        from ...contract.manifest import SourceModel
-        from ...core.file_hash import file_sha256
         m.llm.vision.encoder = SourceModel(path=str(enc.path.resolve()), format="onnx", sha256=file_sha256(enc.path),
                                            description=f"{enc.tokens} rows of {enc.hidden} per "
                                                        f"{enc.image_size}x{enc.image_size} image")
@@ -113,9 +124,6 @@ def encoder_side(spec, opts, sizing: dict) -> VisionSide:
 def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, float], None], compile_text: Callable) -> Any:
     """The VLM bundle at `out` → the opened Bundle: from a VLM folder, or from a text LLM with
     `opts.vision_encoder`. `compile_text(spec, out, opts, force, progress)` is the LLM compile."""
-    from ...contract.bundle import BundleWriter, open_bundle
-    from ...core.atomic import check_output
-    from ...llm.model.input_modes import get_input_mode
 
     # the context the default image size leaves room in; handed to the text compile so both agree
     sizing = dict(image_size=opts.image_size, max_seq_len=max_seq_len_of(opts.max_seq_len))
@@ -142,7 +150,6 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
         calib, calib_what = write_vision_calibration(photos, work / "vision_calibration.npz")
         rows = None
         if CALIBRATE_IMAGE_POSITIONS:
-            from ...llm.run.tokenizers import load_tokenizer
             blocks = image_blocks(photos, facts, tiling, load_tokenizer(text_model), sizing["max_seq_len"])
             rows = write_image_rows(vision_onnx, photos, blocks, facts, work / "image_rows.npz")
         text_opts = dataclasses.replace(opts, inputs=mode.name, vision_precision=None, image_size=None,
@@ -185,7 +192,6 @@ def compile_vlm(spec, out: Path, opts, force: bool, say: Callable[[str, float, f
 def _write_pipelines(w, text_bundle, m) -> dict[str, str]:
     """Each target's `genie_pipeline.json` beside its Genie dialog config (embeddings-in decoders
     only: Genie's text-generator takes the accumulated rows as inputs_embeds) → {target: file}."""
-    from .genie_pipeline import PIPELINE_FILE, pipeline_config
     out = {}
     for target, entry in m.llm.genie.items():
         if m.llm.inputs != "embeddings" or not entry.dialog_created:
@@ -204,17 +210,12 @@ def _write_pipelines(w, text_bundle, m) -> dict[str, str]:
 def _check_pipelines(bundle, pipelines: dict[str, str]) -> None:
     """libGenie builds each target's pipeline on the host twins (genie_pipeline.check_pipeline): a
     refused text path fails the compile; recorded in llm.genie[target].pipeline."""
-    from ...contract.bundle import save_manifest
-    from ...contract.manifest import GeniePipelineCheck
-    from .genie_pipeline import check_pipeline
     for target, rel in pipelines.items():
         bundle.manifest.llm.genie[target].pipeline = GeniePipelineCheck(file=rel, **check_pipeline(bundle, target, rel))
     save_manifest(bundle)
 
 
 def _compile_vision(onnx_path: Path, calib: Path, precision: str, opts, dest: Path):
-    from ..ort_qnn.compile import compile_onnx
-    from ..spec import CompileOptions, PartSpec
     copts = CompileOptions(targets=list(opts.targets or ["SM8650"]), vtcm_mb=opts.vtcm_mb, use_cache=opts.use_cache,
                            **({"optimization_level": opts.optimization_level} if opts.optimization_level is not None else {}))
     return compile_onnx([PartSpec(model=str(onnx_path), name=VISION_PART, precision=precision, calibration=str(calib))],
@@ -231,7 +232,6 @@ def _placement(vision_bundle) -> dict:
 
 
 def _vision_entry(vision_bundle, family: str, facts, precision: str, calib_what: str, tiling: dict | None):
-    from ...contract.manifest import ImageTiling, VisionEntry
     vm = vision_bundle.manifest
     files = {f.path for f in vm.files}
     qdq = f"{VISION_PART}/model.qdq.onnx"
@@ -249,10 +249,6 @@ def _vision_entry(vision_bundle, family: str, facts, precision: str, calib_what:
 def _check_vision(bundle, float_onnx: Path) -> None:
     """Each target's compiled vision part on the simulator against the float graph, on a real photo
     (in a child: it loads the simulator); recorded in llm.vision.check."""
-    from ...contract.bundle import save_manifest
-    from ...contract.manifest import LogitsAgreement
-    from ...toolchain.worker_pool import run_jobs
-    from ...zoo.assets import sample_images
     v = bundle.manifest.llm.vision
     jobs = [(vision_check, {"epcontext": str(bundle.file(g.epcontext_model)), "float": str(bundle.file(v.model)),
                             "target": g.target, "image": str(next(iter(sample_images().values()))),
@@ -269,11 +265,6 @@ def vision_check(job: dict) -> dict:
     """Worker: the vision part's simulator session vs its float graph on one real photo → SQNR, max abs error."""
     import onnxruntime as ort
 
-    from ...core.numerics import compare
-    from ...llm.run.vision_inputs import load_pixels
-    from ...toolchain.htp_options import run_provider_options
-    from ...core.targets import get_target
-    from ...toolchain.ort_qnn import SessionPlan, create_session
     size, mean, std, rescale = job["facts"]
     x, _ = load_pixels(job["image"], size, mean, std, rescale)
     ref = ort.InferenceSession(job["float"], providers=["CPUExecutionProvider"]).run(None, {"pixel_values": x})[0]

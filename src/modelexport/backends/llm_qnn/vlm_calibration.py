@@ -17,6 +17,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
+from ...llm.model.image_tiling import TileGrid, image_text, normalize, split_image
+from ...llm.run.vision_inputs import image_prompt_ids, load_pixels
+from ...zoo.assets import sample_images
+
 # Vision calibration samples at most (views of the photos). The tiny tiling model's 4 photos are 20 views;
 # a real SmolVLM's (longest edge 1536-2048, tiles of 512) 28-52: thinned to this, every global view kept.
 VISION_CALIBRATION_SAMPLES = 32
@@ -35,9 +39,6 @@ class CalibrationImage:
 def calibration_images(facts, tiling: dict | None) -> list[CalibrationImage]:
     """The offline photos (zoo/assets.sample_images) and their mirror images, each preprocessed as the
     runtime does it: split into tiles + the global view when the bundle tiles, else resized (bicubic)."""
-    from ...llm.model.image_tiling import normalize, split_image
-    from ...llm.run.vision_inputs import load_pixels
-    from ...zoo.assets import sample_images
     out = []
     for name, path in sample_images().items():
         img = Image.open(path).convert("RGB")
@@ -83,8 +84,6 @@ def image_blocks(images: list[CalibrationImage], facts, tiling: dict | None, tok
     at the block's image tokens, in order. A split image whose block would take more than half the
     context (the runtime refuses it there; --no-image-splitting is the way out) gives its global view's
     block instead."""
-    from ...llm.model.image_tiling import TileGrid, image_text
-    from ...llm.run.vision_inputs import image_prompt_ids
     out = []
     for im in images:
         if tiling is None:
