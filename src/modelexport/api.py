@@ -13,9 +13,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .backends import BACKENDS, backend_for_kind, check_offered
-from .core.errors import InputError, ModelExportError
+from .backends.spec import PartSpec, build_options
+from .contract.bundle import Bundle
+from .contract.bundle_memo import BundleMemo
+from .contract.default_output import default_output
+from .core.arguments import at_least
+from .core.atomic import check_output
+from .core.errors import InputError, ModelExportError, UnsupportedError
 from .core.formats import FORMATS, BundleFormat
 from .core.targets import SoC, get_target
+from .frontends import FRONTENDS, find_frontend
+from .inspection import inspect_path
 
 
 def _public(fn):
@@ -55,7 +63,6 @@ def audit(model: Any, example_inputs: Any = None, target: str = "SM8650", precis
     (PyTorch: overrides=, block_size=, rewrites=, dynamic_shapes=; ONNX: timeout= seconds).
     When QNN refuses to build the graph as a whole, the report has `refused` (QNN's words) and
     `blockers` (the node(s) responsible, with reason and fix); the CLI then exits 2."""
-    from .frontends import find_frontend
     kind = find_frontend(model).kind
     if example_inputs is not None:
         options["example_inputs"] = example_inputs
@@ -82,10 +89,8 @@ def _as_list(x) -> list:
 
 def _is_model_like(x: Any) -> bool:
     """A second positional argument of compile that is a model (not a module's example inputs)."""
-    from .backends.spec import PartSpec
     if isinstance(x, (str, Path, PartSpec)):
         return True
-    from .frontends import FRONTENDS
     return any(fe.accepts(x) for _, fe in FRONTENDS)
 
 
@@ -117,7 +122,6 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]
     if output is None:
-        from .contract.default_output import default_output
         chosen = [t for t in _as_list(target) if t != _DEFAULT_TARGET]
         output = default_output(model, options.get("output_format"), precision, chosen)
     out = Path(output)
@@ -126,7 +130,6 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
                              **({"input_values": _jsonable(input_values)} if input_values else {})))
     restored = memo.restore(out, force) if memo else None
     if restored is not None:
-        from .contract.bundle import Bundle
         return Bundle.from_trusted(restored)
     bundle = _compile_now(model, more, example_inputs, out, calibration, force, progress, target, precision,
                           input_shapes, backend, options, input_values)
@@ -146,7 +149,6 @@ def _bundle_memo(models: list[Any], example_inputs: Any, calibration: Any, optio
     """The whole-bundle memo for file inputs (modelexport.contract.bundle_memo), or None."""
     if example_inputs is not None or options.get("dynamic_shapes") is not None:
         return None
-    from .contract.bundle_memo import BundleMemo
     return BundleMemo.for_compile(models, calibration, options)
 
 
@@ -157,11 +159,9 @@ def _override_precisions(overrides) -> list[str]:
 
 def _compile_now(model, more, example_inputs, output: Path, calibration, force: bool, progress, target, precision,
                  input_shapes, backend, options: dict[str, Any], input_values: Any = None):
-    from .backends.spec import PartSpec, build_options
-    from .frontends import find_frontend
-    from .pipeline import is_pipeline, load_pipeline
+    from .pipeline import is_pipeline, load_pipeline   # deferred: yaml (~9 ms); a cached compile and the other verbs never read a pipeline
     if example_inputs is not None:
-        from .frontends.torch_frontend import load_torch
+        from .frontends.torch_frontend import load_torch   # deferred: ~7 ms, for nn.Module inputs only
         model = load_torch(model, example_inputs)
     targets = _as_list(target)
     parts: list[PartSpec] = []
@@ -180,7 +180,6 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     kinds = {find_frontend(p.model).kind for p in parts}
     if len(kinds) != 1:
         raise InputError(f"one bundle cannot mix model kinds ({', '.join(sorted(kinds))})", "compile them into separate bundles")
-    from .core.arguments import at_least
     at_least("--jobs", options.get("jobs"), 1, "2")
     kind = kinds.pop()
     if input_values and kind != "onnx":
@@ -219,7 +218,6 @@ def _target_values(targets: list) -> list[SoC]:
 def _check_auto(parts, kind: str) -> None:
     """--precision auto searches ONNX models (backends/ort_qnn/auto_precision.py)."""
     if any(p.precision == "auto" for p in parts) and kind != "onnx":
-        from .core.errors import UnsupportedError
         raise UnsupportedError(f"--precision auto searches ONNX models' precisions; this is a {kind} model",
                                "give a precision (see `modelexport compile --help`), or export the model to ONNX and "
                                "compile that with --precision auto")
@@ -236,7 +234,7 @@ def sweep(matrix: str | Path, output: str | Path, force: bool = False, workers: 
     process already connected to Ray uses its connection), as a Ray task declaring its CPUs and
     memory. A re-run reuses complete cells and runs the missing ones; `force` compiles all again.
     The matrix format: `modelexport sweep --help`, or modelexport.sweeping.matrix."""
-    from .sweeping.run import run_sweep
+    from .sweeping.run import run_sweep   # deferred: pydantic, jinja2, multiprocessing (~190 ms), for sweep only
     return run_sweep(matrix, output, compile, force=force, workers=workers, ray=ray, progress=progress)
 
 
@@ -244,8 +242,7 @@ def sweep(matrix: str | Path, output: str | Path, force: bool = False, workers: 
 def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None = None, target: str | None = None,
         perf_profile: str | None = None, repeat: int = 1):
     """Run a bundle's compiled graph on the HTP simulator → RunResult (outputs, timings)."""
-    from .core.arguments import at_least
-    from .runtime.runners import runner_for
+    from .runtime.runners import runner_for   # deferred: ~35 ms that audit and compile never need
     at_least("--repeat", repeat, 1, "5")
     return runner_for(bundle).run(bundle, inputs, random, part, target, perf_profile, repeat)
 
@@ -254,7 +251,7 @@ def run(bundle: str | Path, inputs=None, random: bool = False, part: str | None 
 def verify(bundle: str | Path, inputs=None, part: str | None = None, target: str | None = None,
            min_sqnr: float | None = None, max_samples: int | None = None):
     """Float model on CPU vs compiled graph on the simulator → VerifyReport (SQNR, cosine, max abs error)."""
-    from .runtime.runners import check_verify_arguments, runner_for
+    from .runtime.runners import check_verify_arguments, runner_for   # deferred: ~35 ms that audit and compile never need
     check_verify_arguments(min_sqnr, max_samples)
     return runner_for(bundle).verify(bundle, inputs, part, target, min_sqnr, max_samples)
 
@@ -265,8 +262,7 @@ def profile(bundle: str | Path, runs: int = 5, level: str = "basic", inputs=None
             force: bool = False):
     """Per-op times of the compiled graph on the HTP simulator (`modelexport profile`) → ProfileReport;
     level "detailed" gives cycles per QNN node."""
-    from .core.atomic import check_output
-    from .runtime.runners import profile_bundle
+    from .runtime.runners import profile_bundle   # deferred: ~35 ms that audit and compile never need
     if trace is not None:
         check_output(trace, force)
     return profile_bundle(bundle, runs, level, part, target, inputs, trace, keep)
@@ -274,5 +270,4 @@ def profile(bundle: str | Path, runs: int = 5, level: str = "basic", inputs=None
 
 @_public
 def inspect(path: str | Path) -> dict:
-    from .inspection import inspect_path
     return inspect_path(path)

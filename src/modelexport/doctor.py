@@ -16,6 +16,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
+from .core.errors import ModelExportError
+from .toolchain.qairt import find_qairt
+
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
 
@@ -73,8 +76,6 @@ def packages() -> list[Check]:
 
 @check
 def qairt() -> Check:
-    from .core.errors import ModelExportError
-    from .toolchain.qairt import find_qairt
     try:
         q = find_qairt()
     except ModelExportError as e:
@@ -112,7 +113,7 @@ def gcc() -> Check:
 def cpu_kernels() -> Check:
     """The CPU runtime's own attention kernel: compiled with g++ on first use and loaded."""
     try:
-        from .llm.cpu.kernels import load_native_kernels
+        from .llm.cpu.kernels import load_native_kernels   # deferred: inside the try, so a failing import is reported
         path = load_native_kernels()
     except Exception as e:  # reported, not raised: doctor must always finish
         fix = getattr(e, "fix", None) or "install g++ (apt-get install g++) and run `make setup`"
@@ -123,7 +124,7 @@ def cpu_kernels() -> Check:
 @check
 def executorch_adapter() -> Check:
     try:
-        from .toolchain.executorch_env import adapter_status
+        from .toolchain.executorch_env import adapter_status   # deferred: a build without it is a WARN, not a crash
     except ImportError:
         return Check("executorch-qnn", WARN, "adapter module not available in this build", None, required=False)
     try:

@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from .api import compile as api_compile
+from .backends import backend_for_kind, check_offered
 from .backends.ort_qnn.formats import OUTPUT_FORMATS, canonical_format, format_for_output, names_a_file
+from .contract.default_output import default_output
+from .core.atomic import atomic_file, check_output
 from .core.errors import InputError, UnsupportedError
 
 DEFAULT_FORMAT = "context-binary"
@@ -44,7 +48,6 @@ def plan_output(model: Any, output: str | Path | None, fmt: str | None, precisio
     targets = list(targets)
     given = canonical_format(fmt) if fmt else None
     if given is not None and given not in OUTPUT_FORMATS:   # the same words as compile: another kind's, or unknown
-        from .backends import backend_for_kind, check_offered
         check_offered(backend_for_kind("onnx"), "onnx", given)
     if output is not None and names_a_file(Path(output)):
         file_out = Path(output)
@@ -56,7 +59,6 @@ def plan_output(model: Any, output: str | Path | None, fmt: str | None, precisio
     chosen = given or DEFAULT_FORMAT
     why = "from --format" if given else "the default; name the output *.dlc or pass --format dlc for a DLC"
     if output is None:
-        from .contract.default_output import default_output
         named = targets if OUTPUT_FORMATS[chosen].per_target else []   # one DLC serves every target
         return OutputPlan(default_output(model, chosen, precision, named), None, chosen, why)
     return OutputPlan(Path(output), None, chosen, why)
@@ -72,7 +74,6 @@ def write_artifact(bundle, plan: OutputPlan, force: bool) -> str | None:
     """Copy the artifact to the OUTPUT file a plan names → what was written, for the summary."""
     if plan.file is None:
         return None
-    from .core.atomic import atomic_file
     g = bundle.data["graphs"][0]
     with atomic_file(plan.file, force) as tmp:
         shutil.copyfile(bundle.file(g["file"]), tmp)
@@ -111,13 +112,11 @@ class QNNCompiler:
                 target_device: str | Iterable[str] = "SM8650", output: str | Path | None = None,
                 force: bool = False, **options: Any) -> str:
         """→ the artifact's path (str). `options` are modelexport.compile's own (vtcm_mb, strict, ...)."""
-        from .api import compile as api_compile
         precision = seed_precision(quantization)
         q = dict(quantization or {})
         targets = [target_device] if isinstance(target_device, str) else list(target_device)
         plan = plan_output(model, output, output_format, precision, targets)
         if plan.file is not None:
-            from .core.atomic import check_output
             check_output(plan.file, force)
         bundle = api_compile(model, output=plan.bundle, target=targets, precision=precision,
                              calibration=q.get("calibration_data"), per_channel=q.get("per_channel", True),
