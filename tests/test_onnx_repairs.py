@@ -64,7 +64,7 @@ def test_repairs_are_a_table_in_order():
     names = [r.name for r in all_repairs()]
     assert names == ["opset-imports", "negative-dims-as-dynamic", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "opset-upgrade", "float16-as-float32", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
                      "fuse-layer-norm",
-                     "drop-empty-optional-inputs", "resize-nearest-as-floor", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "conv-transpose-add-as-bias", "output-sigmoid", "exp-input-floor",
+                     "drop-empty-optional-inputs", "resize-nearest-as-floor", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "conv-transpose-add-as-bias", "transpose-unit-axes-out", "output-sigmoid", "exp-input-floor",
                      "shared-bias-copies"]
 
 
@@ -638,3 +638,30 @@ def test_a_dimension_written_as_minus_one_is_dynamic_until_the_users_shape(tmp_p
     assert b.manifest.numerics["passed"]
     rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "negative-dims-as-dynamic")
     assert rec["tensors"] == ["x", "y"]
+
+
+def test_a_rank_6_transpose_of_pixel_unshuffle_drops_its_unit_axis_and_goes_to_the_htp(tmp_path, monkeypatch):
+    """torch's pixel_unshuffle(2) exports as Reshape → Transpose(rank 6, perm [0, 1, 3, 5, 2, 4]) →
+    Reshape (trueocr's text detector); the HTP refuses rank 6 (3110) and split the graph around it.
+    Without the batch axis the same permutation is rank 5: equal values, every node on the HTP."""
+    c = lambda n, v: numpy_helper.from_array(np.array(v, np.int64), n)   # noqa: E731
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Unsqueeze", ["r", "ax3"], ["u"]),
+             helper.make_node("Reshape", ["u", "s1"], ["a"]), helper.make_node("Reshape", ["a", "s2"], ["b"]),
+             helper.make_node("Transpose", ["b"], ["t"], name="unshuffle", perm=[0, 1, 3, 5, 2, 4]),
+             helper.make_node("Reshape", ["t", "s3"], ["d"]), helper.make_node("Squeeze", ["d", "ax23"], ["e"]),
+             helper.make_node("Relu", ["e"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 32])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 16])],
+               [c("ax3", [3]), c("s1", [0, 0, -1, 2, 0]), c("s2", [0, 0, 0, 0, -1, 2]), c("s3", [0, -1, 1, 1, 0, 0]),
+                c("ax23", [2, 3])])
+    x = {"x": np.random.default_rng(0).standard_normal((1, 4, 16, 32)).astype(np.float32)}
+    ref = _run(m, x)[0]
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    assert not _cpu_nodes(tmp_path / "m.onnx")                     # the audit runs the repairs
+    rec = next(r for r in apply_repairs(m, RepairContext()) if r["name"] == "transpose-unit-axes-out")
+    assert rec["nodes"] == ["unshuffle"]
+    np.testing.assert_array_equal(_run(m, x)[0], ref)
+    import modelexport.passes.onnx as repairs
+    every = repairs.all_repairs
+    monkeypatch.setattr(repairs, "all_repairs", lambda: [r for r in every() if r.name != "transpose-unit-axes-out"])
+    assert [n for n, _ in _cpu_nodes(tmp_path / "m.onnx")] == ["unshuffle"]
