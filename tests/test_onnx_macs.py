@@ -46,3 +46,15 @@ def test_conv1d_macs_are_counted():
 def test_a_body_inside_an_if_counts_its_costliest_branch():
     from modelexport.frontends.onnx_graph import node_macs
     assert node_macs(_conv1d_in_if())["rate_switch"] == 8 * 64 * 4 * 5
+
+
+def test_the_htp_share_of_macs_counts_only_placed_nodes():
+    """A MatMul folded into a Gemm by the optimizer keeps its MACs on its row, but computes nothing where it
+    was: the share is HTP over HTP + CPU (trueocr's order model read "6.82M on HTP, 0 on CPU (12.8% on HTP)")."""
+    from modelexport.auditing.report import AuditReport, NodeAudit
+    nodes = [NodeAudit("a", "MatMul", "HTP", macs=100), NodeAudit("b", "MatMul", "folded", macs=700),
+             NodeAudit("c", "Conv", "CPU", macs=100)]
+    tot = AuditReport("m", "SM8650", 75, "fp16", "onnxruntime-qnn", nodes).totals()
+    assert tot["htp_mac_share"] == 0.5 and tot["total_macs"] == 900
+    only_folded = AuditReport("m", "SM8650", 75, "fp16", "onnxruntime-qnn", nodes[1:2]).totals()
+    assert only_folded["htp_mac_share"] is None

@@ -63,10 +63,11 @@ class AuditReport:
         for n in self.nodes:
             macs[n.backend] += n.macs
         total_macs = sum(macs.values())
+        placed_macs = macs[HTP] + macs[CPU]      # a node folded away computes nothing where it was
         compute = count[HTP] + count[CPU]
         return {"nodes": len(self.nodes), "by_backend": dict(count), "macs": dict(macs), "total_macs": total_macs,
                 "htp_node_share": round(count[HTP] / compute, 4) if compute else None,
-                "htp_mac_share": round(macs[HTP] / total_macs, 4) if total_macs else None,
+                "htp_mac_share": round(macs[HTP] / placed_macs, 4) if placed_macs else None,
                 "fallback_ops": dict(Counter(n.op_type for n in self.fallbacks)),
                 "blocking_ops": dict(Counter(n.op_type for n in self.blockers))}
 
