@@ -822,7 +822,9 @@ def _ctrl_c_compile(world: World, d: Path, args: list[str], at_line: str | None 
 
 
 def _ctrl_c_onnx(world: World, d: Path) -> None:
-    _ctrl_c_compile(world, d, [world.paths["onnx"], "--calibration", "random"])
+    """The small model's partial bundle lives for a few milliseconds before its rename, too short to land a
+    signal in three tries on a quick host: interrupt once quantization starts (about a second before the end)."""
+    _ctrl_c_compile(world, d, [world.paths["onnx"], "--calibration", "random"], at_line="quantizing")
 
 
 def _ctrl_c_torch(world: World, d: Path) -> None:
