@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import reader_counts
 
 
 _OUT_AXIS = {"Conv": 0, "ConvTranspose": 1}        # the weight's output-channel axis
@@ -55,10 +56,7 @@ def fold_conv_batch_norm(model, ctx: RepairContext) -> dict | None:
     g = model.graph
     arrays = {t.name: numpy_helper.to_array(t) for t in g.initializer}   # Constant nodes are initializers by now
     producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, int] = {}
-    for n in g.node:
-        for t in n.input:
-            readers[t] = readers.get(t, 0) + 1
+    readers = reader_counts(g)
     outputs = {o.name for o in g.output}
     folded = []
     touched: set[str] = set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import reader_counts
 
 
 def _per_channel(c: np.ndarray, channels: int) -> np.ndarray | None:
@@ -36,10 +37,7 @@ def conv_transpose_add_as_bias(model, ctx: RepairContext) -> dict | None:
     from onnx import numpy_helper
     g = model.graph
     arrays = {t.name: numpy_helper.to_array(t) for t in g.initializer}
-    readers: dict[str, int] = {}
-    for n in g.node:
-        for t in n.input:
-            readers[t] = readers.get(t, 0) + 1
+    readers = reader_counts(g)
     producer = {o: n for n in g.node for o in n.output}
     outputs = {o.name for o in g.output}
     done = []

@@ -105,3 +105,24 @@ def elem_types(model) -> dict[str, int]:
     out = {v.name: v.type.tensor_type.elem_type for v in infos}
     out |= {t.name: t.data_type for t in g.initializer}
     return out
+
+
+def static_shapes(model) -> dict[str, list[int]]:
+    """Every tensor's shape that ONNX's shape inference knows in full (all dims > 0), by name."""
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    out = {}
+    for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
+        d = [x.dim_value if x.HasField("dim_value") else -1 for x in v.type.tensor_type.shape.dim]
+        if d and min(d) > 0:
+            out[v.name] = d
+    return out
+
+
+def reader_counts(graph) -> dict[str, int]:
+    """How many node inputs read each tensor."""
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers[t] = readers.get(t, 0) + 1
+    return readers

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import static_shapes
 
 OTHER_MODES = ("round_prefer_floor", "round_prefer_ceil", "ceil")
 
@@ -48,16 +49,6 @@ def _constants(g) -> dict[str, np.ndarray]:
     for n in g.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
             out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return out
-
-
-def _dims(inferred) -> dict[str, list[int]]:
-    """Fully static shapes by tensor name."""
-    out = {}
-    for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
-        d = [x.dim_value if x.HasField("dim_value") else -1 for x in v.type.tensor_type.shape.dim]
-        if d and min(d) > 0:
-            out[v.name] = d
     return out
 
 
@@ -113,7 +104,6 @@ def _shift_nodes(node, shifts: list[int], dims: dict[str, list[int]], g) -> list
 @onnx_repair("resize-nearest-as-floor", 51, "a nearest Resize (asymmetric) whose rounding picks the same pixels as "
              "floor gets nearest_mode=floor (the HTP's ResizeNearestNeighbor takes floor only)")
 def resize_nearest_as_floor(model, ctx: RepairContext) -> dict | None:
-    import onnx
     from onnx import helper
     g = model.graph
     candidates = [n for n in g.node if n.op_type == "Resize" and n.domain in ("", "ai.onnx")
@@ -122,7 +112,7 @@ def resize_nearest_as_floor(model, ctx: RepairContext) -> dict | None:
                   and _attr(n, "nearest_mode", "round_prefer_floor") in OTHER_MODES]
     if not candidates:
         return None
-    dims, consts = _dims(onnx.shape_inference.infer_shapes(model).graph), _constants(g)
+    dims, consts = static_shapes(model), _constants(g)
     changed, shifted = [], []
     for n in candidates:
         shifts = floor_shifts(n, dims, consts)

@@ -11,19 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import static_shapes
 
 MAX_RANK = 5
-
-
-def _static_shapes(model) -> dict[str, list[int]]:
-    import onnx
-    g = onnx.shape_inference.infer_shapes(model).graph
-    out = {}
-    for v in list(g.value_info) + list(g.input) + list(g.output):
-        d = [x.dim_value if x.HasField("dim_value") else -1 for x in v.type.tensor_type.shape.dim]
-        if d and min(d) > 0:
-            out[v.name] = d
-    return out
 
 
 def reduced_perm(shape: list[int], perm: list[int]) -> tuple[list[int], list[int]] | None:
@@ -41,7 +31,7 @@ def transpose_unit_axes_out(model, ctx: RepairContext) -> dict | None:
     from onnx import helper, numpy_helper
     g = model.graph
     wide = [n for n in g.node if n.op_type == "Transpose" and n.domain in ("", "ai.onnx")]
-    shapes = _static_shapes(model) if wide else {}
+    shapes = static_shapes(model) if wide else {}
     done = []
     for n in wide:
         shape = shapes.get(n.input[0])
