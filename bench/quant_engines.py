@@ -58,6 +58,9 @@ PRECISIONS = {"8a8w": {"ort": ("QUInt8", "QUInt8"), "aimet": ("int8", "int8")},
 # followed by Relu/Clip, its ConvActivationFusion): with the others (Conv+PRelu, Conv+HardSwish,
 # Add+Relu ...) AIMET leaves the Conv's output unquantized and the QNN EP runs that Conv in float16
 KEPT_SUPERGROUPS = ("Conv+Relu", "Conv+Clip", "ConvTranspose+Relu")
+# ONNX Runtime engines that quantize a float graph AIMET rewrote first: engine -> (AIMET step, its graph)
+FLOAT_PREP = {"ort_minmax_bnfold": ("bnfold", "float.bnfold.onnx"), "ort_minmax_cle": ("cle", "float.cle.onnx"),
+              "ort_percentile_cle": ("cle", "float.cle.onnx")}
 
 ENGINES = {
     "ort_minmax": ("ort", "ONNX Runtime quantize_static, MinMax: modelexport's own quantize_onnx (today's path)"),
@@ -68,6 +71,9 @@ ENGINES = {
                            "its ranges into the same quantizer"),
     "ort_minmax_bnfold": ("ort", "ONNX Runtime MinMax on the graph with AIMET's BatchNorm folding "
                                  "(fold_all_batch_norms_to_weight): what AIMET's graph prep alone gives"),
+    "ort_minmax_cle": ("ort", "ONNX Runtime MinMax on the float graph after AIMET's equalize_model (cross-layer "
+                              "equalisation as a float-to-float step in front of today's path)"),
+    "ort_percentile_cle": ("ort", f"ONNX Runtime Percentile ({PERCENTILE}) on the graph after AIMET's equalize_model"),
     "aimet_tf": ("aimet", "AIMET QuantizationSimModel, quant_scheme tf (min-max), after BN folding"),
     "aimet_tf_enhanced": ("aimet", "AIMET, quant_scheme tf_enhanced (SQNR-searched ranges), after BN folding"),
     "aimet_percentile": ("aimet", f"AIMET, quant_scheme percentile ({PERCENTILE} on activations), after BN folding"),
@@ -118,7 +124,8 @@ def _ort_quantize(job: dict) -> dict:
     calib = CalibrationSet(samples, job["calib_kind"], job["calib"])
     prec = get_precision(job["precision"])
     src, out = Path(job["model"]), Path(job["out"])
-    method = {"ort_minmax": "MinMax", "ort_minmax_bnfold": "MinMax", "ort_percentile": "Percentile",
+    method = {"ort_minmax": "MinMax", "ort_minmax_bnfold": "MinMax", "ort_minmax_cle": "MinMax",
+              "ort_percentile": "Percentile", "ort_percentile_cle": "Percentile",
               "ort_entropy": "Entropy", "ort_entropy_qs": "Entropy"}[job["engine"]]
     t0 = time.perf_counter()
     if method == "MinMax":                      # modelexport's own function, exactly as a compile calls it
@@ -200,6 +207,10 @@ def _aimet_quantize(job: dict) -> dict:
         conv_bn, bn_conv = fold_all_batch_norms_to_weight(model)
         onnx.save(model, str(out))
         return {"seconds": round(time.perf_counter() - t0, 3), "info": {**info, "bn_folded": len(conv_bn) + len(bn_conv)}}
+    if engine == "cle":                          # the float graph after cross-layer equalisation, for ort_*_cle
+        equalize_model(model)
+        onnx.save(model, str(out))
+        return {"seconds": round(time.perf_counter() - t0, 3), "info": {**info, "cle": True}}
     act, param = PRECISIONS[job["precision"]]["aimet"]
     if engine == "aimet_cle":
         equalize_model(model)
@@ -514,10 +525,11 @@ def _run_model(name: str, args, aimet_python: str | None, work: Path, t_model: f
     calib = str(work / "calib.npz")
     rows: list[dict] = []
     jobs = {"aimet": [], "ort": [], "ort_after": []}
-    if aimet_python is not None and "ort_minmax_bnfold" in engines:
-        jobs["aimet"].append({"kind": "quantize_aimet", "engine": "bnfold", "tag": "bnfold", "model": str(prep["graph"]),
-                              "calib": calib, "out": str(work / "float.bnfold.onnx"), "precision": "8a8w",
-                              "timeout": args.timeout})
+    for step, graph in sorted({FLOAT_PREP[e] for e in engines if e in FLOAT_PREP}):
+        if aimet_python is not None:
+            jobs["aimet"].append({"kind": "quantize_aimet", "engine": step, "tag": step, "model": str(prep["graph"]),
+                                  "calib": calib, "out": str(work / graph), "precision": "8a8w",
+                                  "timeout": args.timeout})
     for prec in args.precisions:
         for engine in engines:
             family = ENGINES[engine][0]
@@ -533,30 +545,32 @@ def _run_model(name: str, args, aimet_python: str | None, work: Path, t_model: f
                 continue
             tag = f"{engine}.{prec}"
             job = {"kind": f"quantize_{family}", "engine": engine, "precision": prec, "tag": tag, "calib": calib,
-                   "model": str(work / "float.bnfold.onnx" if engine == "ort_minmax_bnfold" else prep["graph"]),
+                   "model": str(work / FLOAT_PREP[engine][1] if engine in FLOAT_PREP else prep["graph"]),
                    "calib_kind": info["data"]["kind"][:6], "out": str(work / f"{tag}.qdq.onnx"),
                    "adaround_iterations": args.adaround_iterations, "adaround_samples": args.adaround_samples,
                    "seq_mse_samples": args.seq_mse_samples, "timeout": args.adaround_timeout if engine == "aimet_adaround" else args.timeout}
             row["_tag"] = tag
-            jobs["ort_after" if engine == "ort_minmax_bnfold" else family].append(job)
+            jobs["ort_after" if engine in FLOAT_PREP else family].append(job)
     results: dict[str, dict] = {}
     if jobs["ort"]:
         results |= run_jobs(sys.executable, jobs["ort"], work)
     if jobs["aimet"]:       # SeqMSE and AdaRound, the longest, last: their time limits cannot cost the others
         jobs["aimet"].sort(key=lambda j: {"aimet_seq_mse": 1, "aimet_adaround": 2}.get(j["engine"], 0))
         results |= run_jobs(aimet_python, jobs["aimet"], work)
-    if "bnfold" in results:
-        r = results["bnfold"]
-        info["bnfold"] = {k: r.get(k) for k in ("seconds", "info", "error")}
+    for step, graph in sorted({FLOAT_PREP[e] for e in engines if e in FLOAT_PREP}):
+        r = results.get(step, {"error": "no AIMET venv (--aimet-python)"})
+        info[step] = {k: r.get(k) for k in ("seconds", "info", "error")}
         if "error" not in r:
-            got = cpu_outputs(work / "float.bnfold.onnx", prep["held"], list(prep["refs"]), optimized=True)
-            info["bnfold"]["float_sqnr_db"] = _round(score(prep["refs"], got)["worst"])
-            results |= run_jobs(sys.executable, jobs["ort_after"], work)
+            got = cpu_outputs(work / graph, prep["held"], list(prep["refs"]), optimized=True)
+            info[step]["float_sqnr_db"] = _round(score(prep["refs"], got)["worst"])
+            after = [j for j in jobs["ort_after"] if FLOAT_PREP[j["engine"]][0] == step]
+            results |= run_jobs(sys.executable, after, work)
     for row in rows:
         tag = row.pop("_tag", None)
         if tag is None:
             continue
-        r = results.get(tag) or {"error": f"not run: BN folding failed ({info.get('bnfold', {}).get('error')})"}
+        step = FLOAT_PREP.get(row["engine"], ("",))[0]
+        r = results.get(tag) or {"error": f"not run: AIMET's {step} failed ({info.get(step, {}).get('error')})"}
         row |= {"seconds": r.get("seconds"), "job_wall_s": r.get("job_wall_s"), "info": r.get("info")}
         if "error" in r:
             row["error"] = r["error"]
