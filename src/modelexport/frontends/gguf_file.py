@@ -9,7 +9,9 @@ gguf_file=...)`), keeping the architecture the GGUF states; only the families of
 from __future__ import annotations
 
 import functools
+import math
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -217,7 +219,6 @@ def _llama3_from_divisors(divisors: list[float], theta: float, dims: int) -> dic
     1 / ((1 - s) / factor + s) with s = original * inv / (2π (high - low)) - low / (high - low), a
     line in inv: two of them give it, and low_freq_factor 1 (every Llama 3.x config) pins the three.
     Every divisor is recomputed from the result; ValueError when they do not agree."""
-    import math
     inv = [theta ** (-2 * i / dims) for i in range(len(divisors))]
     factor = max(divisors)
     mid = [(x, (1 / d - 1 / factor) / (1 - 1 / factor)) for x, d in zip(inv, divisors) if 1 + 1e-6 < d < factor - 1e-6]
@@ -307,7 +308,6 @@ def check_gguf_tensors(info: GgufInfo) -> None:
     answers nonsense), or stop with a traceback on a width it did not expect. Checked from the
     header alone: every layer 0..block_count-1 is there with the same tensors and shapes as the
     others, and the token embedding is [vocab, embedding_length]."""
-    import re
     fix = "use the complete file as converted (llama.cpp's convert_hf_to_gguf.py), or download it again"
     layers: dict[int, dict[str, tuple[int, ...]]] = {}
     for t in info.tensors:

@@ -8,9 +8,12 @@ config, and that one is saved.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
+import struct
 import tempfile
+import time
 from pathlib import Path
 
 from ..core.errors import InputError, OutputExistsError
@@ -33,8 +36,6 @@ def _is_hf_folder(obj) -> bool:
 def _safetensors_shortfall(f: Path) -> int:
     """How many bytes `f` lacks against its own header (the header's largest data offset): a download
     cut short. 0 when whole; -1 when the header itself is unreadable."""
-    import json
-    import struct
     try:
         with f.open("rb") as fh:
             head = fh.read(8)
@@ -55,7 +56,6 @@ def check_hf_files(folder: Path) -> None:
     """The files an HF folder needs besides its config (read_hf_config checks that first), checked
     before any weight is read and before hashing gigabytes: every weight shard its index lists, each
     shard as long as its own header says, a tokenizer."""
-    import json
     shards = sorted(folder.glob("*.safetensors"))
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -87,8 +87,6 @@ def check_hf_files(folder: Path) -> None:
 def read_hf_config(folder: Path):
     """The transformers config of an HF folder, checked against the family table (its row exists,
     its feature values are in the row) before any weight is read."""
-    import json
-
     from transformers import AutoConfig
 
     if not folder.is_dir():
@@ -115,8 +113,6 @@ def load_hf_folder(path: str | Path, dtype=None) -> LoadedLLM:
     """A float32 causal LM and its tokenizer from a local HF folder; never touches the network.
     `dtype` (e.g. torch.bfloat16, for a bf16 checkpoint used only as a weight source) loads the
     parameters in that type instead: half the memory of float32 (buffers stay float32)."""
-    import time
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -3,6 +3,8 @@ row the builders would use (config.json only: no weights are read). A vision-lan
 shows its VLM row and the vision part's facts (image size, image tokens, placement)."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 from ..core.errors import InputError
@@ -40,8 +42,6 @@ def _text_facts(cfg, family) -> dict:
 
 def _vlm_folder(p: Path, raw: dict) -> dict:
     """The VLM row, the vision facts (per context when the image size follows it) and the text model."""
-    from dataclasses import asdict
-
     from transformers import AutoConfig
 
     from .llm_families import BY_MODEL_TYPE
@@ -72,8 +72,6 @@ def _vlm_folder(p: Path, raw: dict) -> dict:
 
 @inspector("hf-folder", _is_hf_folder)
 def inspect_hf_folder(p: Path) -> dict:
-    import json
-
     from .hf_folder import read_hf_config
     from .llm_families import BY_MODEL_TYPE
     from .vlm_families import is_vlm_config

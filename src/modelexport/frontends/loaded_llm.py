@@ -1,6 +1,7 @@
 """What an LLM frontend hands on: a float32 HF causal LM, its tokenizer and where it came from."""
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,6 @@ from .llm_families import SUPPORTED_ARCHITECTURES
 def without_hf_progress_bars() -> Iterator[None]:
     """transformers' own tqdm bars (one per GGUF tensor, per weight file) are off while a frontend
     loads: the command reports the stage itself, and a piped log would get a line per update."""
-    import functools
-
     import transformers.modeling_gguf_pytorch_utils as gguf_utils   # its tqdm ignores the switch below
     from transformers.utils import logging as hf_logging
     was, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm

@@ -7,6 +7,7 @@ path (`blocks.1`), its class, file and line.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,6 @@ def _innermost_user_frame(exc: BaseException, root) -> tuple[str | None, str | N
         me = frame.f_locals.get("self")
         fname = frame.f_code.co_filename
         if me is not None and id(me) in names and "/torch/" not in fname.replace("\\", "/"):
-            import linecache
             line = linecache.getline(fname, tb.tb_lineno).strip()
             where = f"{type(me).__name__}.{frame.f_code.co_name} at {Path(fname).name}:{tb.tb_lineno}"
             found = (names[id(me)] or "<root>", where, line or None)

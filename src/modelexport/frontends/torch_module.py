@@ -6,6 +6,7 @@ each node's `nn_module_stack`, which the audit reads.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 from contextlib import contextmanager
@@ -46,8 +47,6 @@ def without_parametrizations(loaded: LoadedModule) -> LoadedModule:
     inference: a copy of the module gets their values as plain parameters. Not through
     `remove_parametrizations`: it deletes the property from the parametrized class, which the copy
     shares with the user's module (measured: the user's module then had no `weight`)."""
-    import copy
-
     import torch
     from torch.nn.utils import parametrize
     owners = [name for name, m in loaded.module.named_modules() if parametrize.is_parametrized(m)]

@@ -4,6 +4,8 @@ plain causal-LM folder (its family's `*ForCausalLM`, weights and tokenizer copie
 and projector stay in the loaded model for the vision part (llm/model/vision_part.py)."""
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -18,7 +20,6 @@ _TEXT_SIDE_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"
 
 
 def is_vlm_folder(path) -> bool:
-    import json
     p = Path(path)
     if not (p.is_dir() and (p / "config.json").is_file()):
         return False
@@ -88,9 +89,6 @@ def read_image_tiling(folder: Path, family: VLMFamily, facts):
     preprocessor_config.json with the processor's defaults (transformers' Idefics3ImageProcessor); None
     when the family does not tile or the tokenizer lacks the processor's tokens (then one image is one
     tile and the image tokens go in raw, as before)."""
-    import json
-    import math
-
     tokens = TILING_FAMILIES.get(family.model_type)
     if tokens is None or not (folder / "tokenizer.json").is_file():
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,7 +25,6 @@ class RewritePass:
     changes_numerics: bool = False   # True when the rewrite is an approximation, not an identity
 
     def fixes_node(self, op_type: str, reason: str | None) -> bool:
-        import re
         return any(op == op_type and re.search(rx, reason or "", re.I) for op, rx in self.fixes)
 
 

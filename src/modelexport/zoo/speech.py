@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import wave
 from dataclasses import dataclass
+from math import gcd
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,6 @@ def spoken(text: str, dest: Path) -> Path:
 
 def read_wav(path: Path, rate: int) -> np.ndarray:
     """16-bit PCM .wav → mono float32 in [-1, 1] at `rate` (resampled by a polyphase filter)."""
-    from math import gcd
-
     from scipy.signal import resample_poly
     with wave.open(str(path)) as f:
         have, channels = f.getframerate(), f.getnchannels()

@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from ...contract import open_bundle
@@ -191,8 +192,6 @@ _ORT_COPY = re.compile(r"(QuantizeLinear|DequantizeLinear)_token_\d+")
 
 def _node_rows(job, result, by_part) -> list[dict]:
     """Per-node placement of the first part and target, in the shape report.html reads."""
-    from types import SimpleNamespace
-
     from ...frontends.module_paths import onnx_module_path
     p = by_part[job["part"]]
     ins = {i.name for i in p.loaded.inputs}

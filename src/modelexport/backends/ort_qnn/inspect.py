@@ -5,6 +5,8 @@ scraping strings.
 """
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from ...inspection import inspector
@@ -39,8 +41,6 @@ def read_context_binary_file(path: Path) -> dict:
 
 @inspector("epcontext-onnx", lambda p: p.is_file() and p.suffix.lower() == ".onnx" and _epcontext_nodes(p))
 def read_epcontext_model(path: Path) -> dict:
-    from dataclasses import asdict
-
     from ...toolchain.qnn_context import extract_from_epcontext, find_epcontext_nodes
     from ...toolchain.native_io import native_stdout_to_stderr
     nodes = find_epcontext_nodes(path)
@@ -51,8 +51,6 @@ def read_epcontext_model(path: Path) -> dict:
 
 @inspector("onnx-model", lambda p: p.is_file() and p.suffix.lower() == ".onnx")
 def read_onnx_model(path: Path) -> dict:
-    from collections import Counter
-
     from ...frontends.onnx_model import load_onnx
     m = load_onnx(path, allow_dynamic=True)
     ops = Counter(n.op_type for n in m.model.graph.node)

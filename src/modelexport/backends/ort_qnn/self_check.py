@@ -8,6 +8,7 @@ float16. The result is manifest.numerics; `--strict-numerics` refuses the bundle
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,6 @@ def first_bad_layer(part, samples: list[dict], threshold: float, provider_option
 
 
 def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
-    import tempfile
-
     import onnx
 
     from ...quant.fp16_twin import fp16_twin
@@ -248,8 +247,6 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
 
 
 def _htp_db(graph_path: Path, tensor: str, cpu_value, sample: dict, provider_options: dict) -> float:
-    import tempfile
-
     import onnx
     from onnx import helper
 
