@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from google.protobuf.message import DecodeError
+
 from ..core.errors import InputError, Setting
 from . import frontend
 
@@ -167,7 +169,6 @@ def _not_onnx(path: Path, why: str) -> InputError:
 
 def _parse(data: bytes, path: Path):
     import onnx
-    from google.protobuf.message import DecodeError
     if not data:
         raise _not_onnx(path, "the file is empty")
     if data[:4] in (b"PK\x03\x04", b"GGUF") or data[:1] in (b"{", b"<"):

@@ -9,6 +9,8 @@ import math
 import shutil
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from ..core.errors import InputError
 from .hf_folder import check_hf_files
 from .loaded_llm import without_hf_progress_bars
@@ -92,7 +94,6 @@ def read_image_tiling(folder: Path, family: VLMFamily, facts):
     tokens = TILING_FAMILIES.get(family.model_type)
     if tokens is None or not (folder / "tokenizer.json").is_file():
         return None
-    from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     if tok.token_to_id(tokens[0]) != facts.image_token_id or any(tok.token_to_id(t) is None for t in tokens[1:]):
         return None
