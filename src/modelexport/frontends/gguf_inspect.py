@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.errors import InputError
 from ..inspection import inspector
+from .gguf_file import read_gguf_info
+from .llm_families import SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
 
 
 def _is_gguf(p: Path) -> bool:
@@ -16,9 +19,6 @@ def _is_gguf(p: Path) -> bool:
 
 @inspector("gguf", _is_gguf)
 def inspect_gguf(p: Path) -> dict:
-    from ..core.errors import InputError
-    from .gguf_file import read_gguf_info
-    from .llm_families import SUPPORTED_GGUF_ARCHITECTURES, family_of_gguf
     info = read_gguf_info(p)
     d = info.to_dict()
     d["supported_architectures"] = list(SUPPORTED_GGUF_ARCHITECTURES)

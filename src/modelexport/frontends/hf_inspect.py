@@ -9,6 +9,9 @@ from pathlib import Path
 
 from ..core.errors import InputError
 from ..inspection import inspector
+from .hf_folder import read_hf_config
+from .llm_families import BY_MODEL_TYPE, rope_parameters, rope_slots, sliding_layers
+from .vlm_families import is_vlm_config, read_vision_facts, text_config_of
 
 
 def _is_hf_folder(p: Path) -> bool:
@@ -17,7 +20,6 @@ def _is_hf_folder(p: Path) -> bool:
 
 def family_facts(family, cfg) -> dict:
     """The row, plus what it resolves to for this config: each layer's RoPE table and window."""
-    from .llm_families import rope_parameters, rope_slots, sliding_layers
     return {**family.facts(),
             "layers": [{"rope": "none" if r is None else (r or "rope"), "window": w}
                        for r, w in zip(rope_slots(family, cfg), sliding_layers(family, cfg))],
@@ -43,9 +45,6 @@ def _text_facts(cfg, family) -> dict:
 def _vlm_folder(p: Path, raw: dict) -> dict:
     """The VLM row, the vision facts (per context when the image size follows it) and the text model."""
     from transformers import AutoConfig
-
-    from .llm_families import BY_MODEL_TYPE
-    from .vlm_families import read_vision_facts, text_config_of
     try:
         family, facts = read_vision_facts(p)
         sizes = {}
@@ -72,9 +71,6 @@ def _vlm_folder(p: Path, raw: dict) -> dict:
 
 @inspector("hf-folder", _is_hf_folder)
 def inspect_hf_folder(p: Path) -> dict:
-    from .hf_folder import read_hf_config
-    from .llm_families import BY_MODEL_TYPE
-    from .vlm_families import is_vlm_config
     raw = json.loads((p / "config.json").read_text())
     d = {"model_type": raw.get("model_type"), "architectures": raw.get("architectures"),
          "weights": sorted(f.name for f in p.glob("*.safetensors"))}

@@ -6,10 +6,10 @@ import hashlib
 from pathlib import Path
 
 from ..core.errors import InputError, IntegrityError
+from ..core.file_hash import file_sha256
 
 
 def _hf_sha(folder: Path) -> str:
-    from ..core.file_hash import file_sha256
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
         if f.is_file() and (f.suffix in (".json", ".safetensors", ".model", ".txt", ".jinja")):
@@ -19,7 +19,6 @@ def _hf_sha(folder: Path) -> str:
 
 def source_sha256(p: Path) -> str:
     """The content address of a GGUF file or an HF folder, as compile records it in the manifest."""
-    from ..core.file_hash import file_sha256
     return file_sha256(p) if p.is_file() else _hf_sha(p)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import InputError
+from ..toolchain.native_io import capture_native_output
+from .torch_nested import forward_params
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,6 @@ class TorchIO:
 def input_specs(module, example_inputs: tuple, names: list[str] | None = None) -> list[TorchIO]:
     """One TorchIO per (flat) example input, named by `names` (flattened nested inputs) or forward's parameters."""
     import torch
-
-    from .torch_nested import forward_params
     params = names or forward_params(module)
     out = []
     for i, x in enumerate(example_inputs):
@@ -99,8 +99,6 @@ def export_error(exc: BaseException, root, source: str) -> InputError:
 def export_program(module, example_inputs: tuple, source: str = "<nn.Module>", dynamic_shapes: Any = None):
     """torch.export.export (non-strict) → ExportedProgram; an InputError naming the module on failure."""
     import torch
-
-    from ..toolchain.native_io import capture_native_output
     try:
         with capture_native_output():  # the exporter prints graphs and hints to stderr on failure
             return torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)

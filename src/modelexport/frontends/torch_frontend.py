@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import frontend
+from ..core.errors import InputError
+from . import find_frontend, frontend
 from .torch_module import LoadedModule, from_module, load_factory, load_pt2
 
 
@@ -50,9 +51,7 @@ def _load_module(obj: Any, example_inputs: Any = None) -> LoadedModule:
 
 def load_torch(obj: Any, example_inputs: Any = None) -> LoadedModule:
     """Any PyTorch input → LoadedModule (module in eval mode, example inputs, source, sha256)."""
-    from . import find_frontend
     fe = find_frontend(obj)
     if fe.kind != "torch":
-        from ..core.errors import InputError
         raise InputError(f"{obj!r} is a {fe.kind} model, not a PyTorch one", "give an nn.Module, model.py:factory or a .pt2 file")
     return fe.load(obj, example_inputs)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..core.errors import InputError
+from .torch_nested import flatten_module_inputs
 from .user_code import call_user, user_function
 
 
@@ -32,7 +33,6 @@ class LoadedModule:
 
 def flatten_loaded(loaded: LoadedModule) -> LoadedModule:
     """Nested example inputs (`(x, (h0, c0))`) → a module taking the named flat leaves."""
-    from .torch_nested import flatten_module_inputs
     module, flat, names = flatten_module_inputs(loaded.module, loaded.example_inputs)
     if names is not None:
         loaded.module, loaded.example_inputs, loaded.input_names = module, flat, names

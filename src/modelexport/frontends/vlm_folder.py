@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from ..core.errors import InputError
 from .hf_folder import check_hf_files
 from .loaded_llm import without_hf_progress_bars
-from .vlm_families import VLMFamily, read_vision_facts
+from .vlm_families import VLMFamily, is_vlm_config, read_vision_facts
 
 # what a VLM folder carries besides weights that the text folder keeps (the tokenizer, the chat template)
 _TEXT_SIDE_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -26,7 +26,6 @@ def is_vlm_folder(path) -> bool:
     if not (p.is_dir() and (p / "config.json").is_file()):
         return False
     try:
-        from .vlm_families import is_vlm_config
         return is_vlm_config(json.loads((p / "config.json").read_text()))
     except (OSError, ValueError):
         return False

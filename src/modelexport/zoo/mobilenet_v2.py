@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .assets import asset_path
+
 # (expansion t, channels c, repeats n, first stride s), as in the paper and torchvision
 _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
@@ -53,7 +55,6 @@ def mobilenet_v2(weights: str | Path | None = "imagenet") -> MobileNetV2:
     """The model in eval mode; `weights="imagenet"` loads the installed ImageNet weights."""
     model = MobileNetV2()
     if weights is not None:
-        from .assets import asset_path
         path = asset_path("mobilenet_v2_weights") if weights == "imagenet" else Path(weights)
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return model.eval()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import InputError
 from .assets import package_file
 from .speech import SENTENCES, LogMel, read_wav, speech_features, spoken
 
@@ -286,7 +287,6 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
 
 
 def get(name: str) -> RealOnnx:
-    from ..core.errors import InputError
     for m in REAL_ONNX:
         if m.name == name:
             return m

@@ -12,6 +12,7 @@ bounds are inputs, which the EP reads.
 """
 from __future__ import annotations
 
+from ...core.errors import UnsupportedError
 from . import RepairContext, onnx_repair
 from .empty_inputs import needed_opset
 from .graph_edit import default_opset
@@ -41,8 +42,6 @@ def upgrade_opset(model, ctx: RepairContext) -> dict | None:
     if want is None or have >= want:
         return None
     from onnx import version_converter
-
-    from ...core.errors import UnsupportedError
     try:
         converted = version_converter.convert_version(model, want)
     except Exception as e:               # the converter raises its own C++ errors
