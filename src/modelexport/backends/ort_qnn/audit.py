@@ -18,13 +18,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...core.atomic import check_output
 from ...core.errors import InputError, ToolchainError, clip
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
+from ...quant.onnx_qdq import quantize_onnx
 from ...core.targets import get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
+from ...toolchain.qairt import find_qairt
 from ...auditing.fixes import suggest_fix
 from .audit_blockers import blocker_audit
 from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusal, parse_ep_log
@@ -88,11 +91,9 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     soc = get_target(target)
     prec = get_precision(precision, ONNX_PRECISIONS)
     if log_path:
-        from ...core.atomic import check_output
         check_output(Path(log_path), force=True)     # a log is replaced; its folder must be writable
     loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
                                        quantized=prec.quantized)
-    from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
     notes: list[str] = [f"repair {r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")[:300]
                         for r in loaded.repairs]
@@ -115,7 +116,6 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
             notes.append(f"{prec.name} needs static shapes to calibrate; audited as fp16 instead (give --input-shape)")
             options["enable_htp_fp16_precision"] = "1"
         elif prec.quantized:
-            from ...quant.onnx_qdq import quantize_onnx
             limits = index_limits(loaded.model)
             calib = (load_calibration(calibration, loaded.inputs, limits=limits) if calibration is not None else
                      CalibrationSet(random_samples(loaded.inputs, 2, limits=limits), "random", "random", representative=False))

@@ -12,15 +12,15 @@ import json
 import sys
 from dataclasses import asdict
 
+from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
+from .audit_locate import bisect
+
 
 def main(argv: list[str]) -> int:
     model, opts = argv[0], json.loads(argv[1])
-    from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
     plan = SessionPlan(provider_options=opts.get("provider_options", {}), config_entries=opts.get("config_entries", {}),
                        log_severity=0)
     if opts.get("locate"):
-        from .audit_locate import bisect
-
         def refuses(path: str) -> bool:
             try:
                 create_session(path, plan)

@@ -25,25 +25,33 @@ from ...core.atomic import check_output
 from ...contract.manifest import PartEntry, PartFiles, SourceModel, TensorSpec
 from ...core.vocab import BundleKind, Format, Role
 from ...core.cache import Cache, cache_key, code_fingerprint
-from ...core.errors import InputError, ToolchainError
+from ...core.errors import InputError, StrictNumericsError, ToolchainError
+from ...core.files import sha256_onnx
+from ...core.numerics_advice import numerics_fix_for, numerics_line
+from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_index_inputs import index_limits
 from ...frontends.onnx_model import LoadedOnnx
 from ...frontends.vision_encoder_onnx import parse_triple
 from ...passes.onnx.log_power_scale import log_power_scale
+from ...passes.onnx.metadata_props import attach
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...quant.onnx_overrides import parse_onnx_overrides
-from ...quant.onnx_qdq import RANGE_METHODS, check_split
+from ...quant.onnx_qdq import RANGE_METHODS, check_split, quantize_onnx
 from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
 from ...toolchain.ort_qnn import CPU_EP_NAME
+from ...toolchain.ort_qnn_log import is_graph_refusal
+from ...toolchain.qairt import find_qairt
 from .. import backend
 from ..assembler import BundleAssembler, assemble, one_precision, refuse_fallbacks
 from ...toolchain.htp_options import check_knobs, compile_provider_options
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
+from .audit import audit_onnx
 from .formats import OUTPUT_FORMATS, OutputFormat, output_format
 from .repair import load_repaired
+from .self_check import check_part
 from ..spec import OnnxCompileOptions, PartSpec, part_name
 
 _IO_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -134,7 +142,6 @@ def _quantize_stage(part: _Part, opts: OnnxCompileOptions, cache: Cache) -> tupl
     def _quantize_into(tmp: Path) -> dict:
         if not part.precision.quantized:
             return {"quantized": False}
-        from ...quant.onnx_qdq import quantize_onnx
         t0 = time.perf_counter()
         info = quantize_onnx(tmp / "model.onnx", tmp / "model.qdq.onnx", part.precision, part.calibration, opts.per_channel,
                              overrides=list(opts.overrides) or None, method=method, split_weights=_split_weights(opts))
@@ -155,8 +162,6 @@ def _reattach_metadata(folder: Path, props: list[tuple[str, str]]) -> None:
     if not props:
         return
     import onnx
-
-    from ...passes.onnx.metadata_props import attach
     for f in (folder / "model.onnx", folder / "model.qdq.onnx"):
         if f.exists():
             m = onnx.load(str(f), load_external_data=False)
@@ -165,7 +170,6 @@ def _reattach_metadata(folder: Path, props: list[tuple[str, str]]) -> None:
 
 
 def _sha_file(p: Path) -> str:
-    from ...core.files import sha256_onnx
     return sha256_onnx(p)
 
 
@@ -192,7 +196,6 @@ _ORT_COPY = re.compile(r"(QuantizeLinear|DequantizeLinear)_token_\d+")
 
 def _node_rows(job, result, by_part) -> list[dict]:
     """Per-node placement of the first part and target, in the shape report.html reads."""
-    from ...frontends.module_paths import onnx_module_path
     p = by_part[job["part"]]
     ins = {i.name for i in p.loaded.inputs}
     outs = {o.name for o in p.loaded.outputs}
@@ -236,7 +239,6 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
         raise InputError("no model given", "pass one or more .onnx files")
     prepared = _prepare_parts(parts, opts, socs)
     _check_quantization_options(prepared, opts)
-    from ...toolchain.qairt import find_qairt
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     compile_for = socs if fmt.per_target else socs[:1]
@@ -296,8 +298,6 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
 def _name_refused_nodes(outcomes: list, jobs: list[dict], prepared: list[_Part], opts) -> list:
     """A graph QNN refused to build (`Failed to compose Qnn graph`): the audit names the node from the EP's
     log, and its message replaces the EP's bare one."""
-    from ...toolchain.ort_qnn_log import is_graph_refusal
-    from .audit import audit_onnx
     by_part = {p.name: p for p in prepared}
     out = []
     for job, r in zip(jobs, outcomes):
@@ -332,7 +332,6 @@ def _pass_mark(opts) -> float | None:
 
 def _self_check(prepared, jobs, results, report, timings, threshold: float | None) -> list[dict]:
     """Compile's own numerics: every compiled graph on the simulator against the float model."""
-    from .self_check import check_part
     by_part = {p.name: p for p in prepared}
     t0 = time.perf_counter()
     out = []
@@ -346,8 +345,6 @@ def _self_check(prepared, jobs, results, report, timings, threshold: float | Non
 
 def _refuse_bad_numerics(numerics: list[dict], by_name: dict) -> None:
     """--strict-numerics: exit 7 and write nothing when a graph is below its pass mark."""
-    from ...core.errors import StrictNumericsError
-    from ...core.numerics_advice import numerics_fix_for, numerics_line
     bad = [n for n in numerics if not n["passed"]]
     if bad:
         raise StrictNumericsError("--strict-numerics: the compiled graph differs from the float model on compile's own "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...core.errors import InputError, ToolchainError
+from ...core.vocab import GraphKind, Role
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,6 @@ def _context_collect(tmp: Path, part: str, target: str) -> dict:
 def _context_add(a, p, soc, entry: Path, meta: dict) -> None:
     """The EPContext model and binaries under PART/TARGET/, one graph per QNN graph read back."""
     from ...contract import GraphSpec, TensorSpec
-    from ...core.vocab import GraphKind, Role
     from ..assembler import graph_io, htp_facts
     files = meta["files"]
     tdir = f"{p.name}/{soc.name}"
@@ -95,7 +95,6 @@ def _dlc_add(a, p, soc, entry: Path, meta: dict) -> None:
     import onnx
 
     from ...contract import GraphSpec, TensorSpec
-    from ...core.vocab import GraphKind, Role
     for key, name in meta["files"].items():
         if key.startswith("dlc_"):
             a.w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)

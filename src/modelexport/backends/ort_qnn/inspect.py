@@ -9,7 +9,10 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+from ...frontends.onnx_model import load_onnx
 from ...inspection import inspector
+from ...toolchain.native_io import native_stdout_to_stderr
+from ...toolchain.qnn_context import extract_from_epcontext, find_epcontext_nodes, read_context_binary
 
 
 def _binary_summary(info) -> dict:
@@ -19,8 +22,6 @@ def _binary_summary(info) -> dict:
 
 
 def _read_bin(path):
-    from ...toolchain.qnn_context import read_context_binary
-    from ...toolchain.native_io import native_stdout_to_stderr
     with native_stdout_to_stderr():
         return read_context_binary(path)
 
@@ -41,8 +42,6 @@ def read_context_binary_file(path: Path) -> dict:
 
 @inspector("epcontext-onnx", lambda p: p.is_file() and p.suffix.lower() == ".onnx" and _epcontext_nodes(p))
 def read_epcontext_model(path: Path) -> dict:
-    from ...toolchain.qnn_context import extract_from_epcontext, find_epcontext_nodes
-    from ...toolchain.native_io import native_stdout_to_stderr
     nodes = find_epcontext_nodes(path)
     with native_stdout_to_stderr():
         info = extract_from_epcontext(path)
@@ -51,7 +50,6 @@ def read_epcontext_model(path: Path) -> dict:
 
 @inspector("onnx-model", lambda p: p.is_file() and p.suffix.lower() == ".onnx")
 def read_onnx_model(path: Path) -> dict:
-    from ...frontends.onnx_model import load_onnx
     m = load_onnx(path, allow_dynamic=True)
     ops = Counter(n.op_type for n in m.model.graph.node)
     return {"sha256": m.sha256, "size": path.stat().st_size, "inputs": [i.to_dict() for i in m.inputs],

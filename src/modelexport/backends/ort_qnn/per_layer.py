@@ -9,21 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import InputError
+from ...quant.per_layer import per_layer
 from ...quant.precision import pass_mark
+from .verify import stored_samples, verify_bundle
 
 SOURCE = "float ONNX vs QDQ fake-quant on the CPU EP (the context binary exposes only its outputs)"
 
 
 def ort_per_layer(bundle, inputs, part, target, threshold_db, min_sqnr, max_samples) -> tuple[Any, list, str]:
     """→ (VerifyReport of the compiled graph, [PerLayerReport per part], where the numbers come from)."""
-    from .verify import verify_bundle
     layers = _per_layer(bundle, inputs, part, threshold_db, max_samples)
     return verify_bundle(bundle.path, inputs, part, target, min_sqnr, max_samples), layers, SOURCE
 
 
 def _per_layer(bundle, inputs, part, threshold_db, max_samples):
-    from ...quant.per_layer import per_layer
-    from .verify import stored_samples
     out = []
     for pm in bundle.manifest.parts:
         if part and pm.name != part:

@@ -12,6 +12,9 @@ from ...contract import Bundle, GraphSpec, open_bundle
 from ...core.errors import InputError, ToolchainError, clip
 from ...core.feeds import InputSpec, check_feed, read_input_files
 from ...core.targets import get_target
+from ...toolchain.htp_options import run_provider_options
+from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
+from ...toolchain.qairt import find_qairt
 from .formats import OUTPUT_FORMATS
 
 
@@ -37,7 +40,6 @@ def _version_tuple(build: str) -> tuple[int, ...]:
 
 def check_runtime(bundle: Bundle) -> None:
     """A context binary needs a QNN runtime at least as new as the QAIRT that built it."""
-    from ...toolchain.qairt import find_qairt
     built = bundle.manifest.qairt_build
     have = find_qairt().build_id
     if built and _version_tuple(built) > _version_tuple(have):
@@ -91,8 +93,6 @@ class SimulatorSession:
     """One EPContext model loaded on the HTP simulator."""
 
     def __init__(self, cg: CompiledGraph, perf_profile: str | None = None):
-        from ...toolchain.htp_options import run_provider_options
-        from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
         soc = get_target(cg.target)
         t0 = time.perf_counter()
         try:

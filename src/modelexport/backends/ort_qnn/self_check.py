@@ -15,6 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from ...core.numerics import sqnr_db
+from ...quant.fp16_twin import fp16_cause, fp16_twin
+from ...quant.per_layer import _session, _with_outputs, layer_plan, per_layer
+from ...toolchain.ort_qnn import SessionPlan, create_session
 from .run import CompiledGraph, SimulatorSession
 from .verify import check_output, decided_outputs
 
@@ -65,8 +69,6 @@ def input_floor(float_path: Path, samples: list[dict]) -> float | None:
     is unstable on these inputs (voicefilter's int8 LSTMs on random normal frames: 8.3 dB; on
     log-mel-like frames 39 dB); None when no input is float."""
     import onnxruntime as ort
-
-    from ...core.numerics import sqnr_db
     if not any(np.issubdtype(np.asarray(v).dtype, np.floating) for s in samples for v in s.values()):
         return None
     ref = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
@@ -132,9 +134,6 @@ def first_bad_layer(part, samples: list[dict], threshold: float, provider_option
 
 def _first_bad(part, samples, threshold) -> dict[str, Any] | None:
     import onnx
-
-    from ...quant.fp16_twin import fp16_twin
-    from ...quant.per_layer import per_layer
     float_path = Path(part.work["float"])
     with tempfile.TemporaryDirectory() as tmp:
         if part.work.get("qdq"):
@@ -171,9 +170,6 @@ def _fp16_cause(float_path: Path, node_name: str, samples: list[dict]) -> str:
     tensors are in range, those of the ops feeding it, up to CAUSE_DEPTH ops back (a repair's Where
     or Sub after a Log: the Log's input is the cause)."""
     import onnx
-
-    from ...quant.fp16_twin import fp16_cause
-    from ...quant.per_layer import _session, _with_outputs
     m = onnx.load(str(float_path))
     node = next((n for n in m.graph.node if n.name == node_name), None)
     if node is None:
@@ -211,8 +207,6 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
     output, the graph compiled again) falls below the pass mark against the same graph on the CPU
     EP: where the HTP computes an op differently from ONNX Runtime."""
     import onnx
-
-    from ...quant.per_layer import _session, _with_outputs, layer_plan
     graph_path = Path(part.work.get("qdq") or part.work["float"])
     model = onnx.load(str(graph_path))
     plan = layer_plan(onnx.load(str(part.work["float"])), model, lambda n: n.name or n.output[0])   # node by node
@@ -249,9 +243,6 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
 def _htp_db(graph_path: Path, tensor: str, cpu_value, sample: dict, provider_options: dict) -> float:
     import onnx
     from onnx import helper
-
-    from ...core.numerics import sqnr_db
-    from ...toolchain.ort_qnn import SessionPlan, create_session
     m = onnx.load(str(graph_path))
     if tensor not in {o.name for o in m.graph.output}:
         m.graph.output.append(helper.make_empty_tensor_value_info(tensor))

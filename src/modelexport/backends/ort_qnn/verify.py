@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from ...contract import open_bundle
+from ...contract.bundle import refresh_report, save_manifest
 from ...core.errors import InputError
-from ...quant.precision import pass_mark
+from ...quant.precision import PRECISIONS, pass_mark
 from ...core.numerics import compare
+from ...core.numerics_advice import failure_fix, graph_warnings
 from .decisions import FLIP_SIZE, MAX_FLIP_SHARE, decision_ops
 from .run import SimulatorSession, check_runtime, given_feed, select_graphs
 
@@ -124,7 +126,6 @@ class GraphCheck:
 
     @property
     def warnings(self) -> list[str]:
-        from ...core.numerics_advice import graph_warnings
         return graph_warnings(self)
 
 
@@ -143,8 +144,6 @@ class VerifyReport:
 
     def failure_fix(self, hint: str | None = None) -> str:
         """The fix for a failed verify, fitting the failing graphs' precision."""
-        from ...core.numerics_advice import failure_fix
-        from ...quant.precision import PRECISIONS
         quantized = any(PRECISIONS[g.precision].quantized for g in self.graphs
                         if not g.passed and g.precision in PRECISIONS)
         return failure_fix(self, quantized, hint)
@@ -191,7 +190,6 @@ def verify_samples(bundle, part: str, session, inputs) -> tuple[list[dict[str, n
 
 def record_numerics(bundle_path: str | Path, report: VerifyReport) -> None:
     """Keep the first graph's per-output numbers in the manifest so report.html can plot them."""
-    from ...contract.bundle import refresh_report, save_manifest
     if not report.graphs:
         return
     bundle = open_bundle(bundle_path)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...core.cache import Cache, cache_key
 from ...core.errors import ToolchainError, clip
+from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
 from ...toolchain.qnn_graph_order import ORDER_SCHEME, ordered_model_path
 from .formats import OUTPUT_FORMATS
 
@@ -29,7 +30,6 @@ def compile_job_for(part: str, target: str, model_path: Path, model_sha: str, pr
 
 
 def _build(job: dict, tmp: Path) -> dict:
-    from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
     part, fmt = job["part"], OUTPUT_FORMATS[job["format"]]
     more_opts, entries = fmt.session(tmp, part)
     opts = dict(job["provider_options"]) | more_opts
