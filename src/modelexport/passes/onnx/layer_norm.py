@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...frontends.onnx_index_inputs import index_limits
 from . import RepairContext, onnx_repair
 from .graph_edit import default_opset
 
@@ -336,8 +337,6 @@ def _copy(model):
 def _same_outputs(a, b, tol: float = 1e-3) -> bool:
     """The two models agree on the CPU EP on random inputs (integers kept inside the tables they index)."""
     import onnxruntime as ort
-
-    from ...frontends.onnx_index_inputs import index_limits
     try:
         sa = ort.InferenceSession(a.SerializeToString(), providers=["CPUExecutionProvider"])
         sb = ort.InferenceSession(b.SerializeToString(), providers=["CPUExecutionProvider"])
