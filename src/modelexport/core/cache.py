@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -128,7 +129,9 @@ class Cache:
         returns metadata stored as entry.json. With the cache off, builds into a private temp folder."""
         if not self.enabled:
             tmp = Path(tempfile.mkdtemp(prefix="modelexport-nocache-"))
-            atexit.register(shutil.rmtree, tmp, ignore_errors=True)   # used until the process ends
+            if multiprocessing.parent_process() is None:
+                # used until the process ends; a worker's entries are its parent's to read, then remove
+                atexit.register(shutil.rmtree, tmp, ignore_errors=True)
             meta = build(tmp)
             (tmp / ENTRY_META).write_text(json.dumps(meta, default=str))
             self.misses += 1
