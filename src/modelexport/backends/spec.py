@@ -85,6 +85,7 @@ class LlmCompileOptions(CompileOptions):
     inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/model/input_modes.py)
     embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
     executorch_program: bool = False                     # context binaries: also the program qnn_llama_runner runs
+    lora: Any = None                                     # PEFT adapter folders: LoRA inputs in the graphs (llm/export/lora_source.py)
     vision_precision: str | None = None                  # a VLM folder's vision part: 16a8w (default) | 8a8w
     image_size: int | None = None                        # a VLM folder's vision part: the square it is built for
     image_calibration: str | None = None                 # VLM text decoders: .npz of vision rows to calibrate image positions on

@@ -242,6 +242,24 @@ class VisionEntry(_Recorded):
     tiling: ImageTiling | None = None    # None: one image resized to image_size, raw image tokens (no markers)
 
 
+class LoraAdapterEntry(_Recorded):
+    name: str
+    rank: int
+    modules: int                         # the linears it adapts
+    sha256: str
+    folder: str                          # in the bundle: lora/NAME (adapter_config.json, adapter_model.safetensors)
+
+
+class LoraInputs(_Recorded):
+    """`compile --lora`: the graphs take A [in, rank] and B [rank, out] of each adapted linear
+    (llm/export/lora_source.py); the adapters compiled with the base are in the bundle."""
+    rank: int
+    modules: list[str]                   # the projections adapted (self_attn.q_proj, mlp.down_proj, ...)
+    layers: list[int]
+    inputs: int                          # graph inputs (two per adapted linear)
+    adapters: list[LoraAdapterEntry] = Field(default_factory=list)
+
+
 class LlmSection(_Recorded):
     """What an LLM bundle's readers (session, per-layer, eval, summary, report) need."""
     architecture: str
@@ -273,6 +291,7 @@ class LlmSection(_Recorded):
     full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants
     vision: VisionEntry | None = None    # a VLM bundle's vision part (pixels → the rows of the image tokens)
     residual_scale: float = 1.0          # the graphs carry the residual stream at 1/this (llm/model/residual_scale.py)
+    lora: LoraInputs | None = None       # `--lora`: the LoRA inputs of the graphs and the adapters in the bundle
 
 
 # ---------------------------------------------------------------------------------------------

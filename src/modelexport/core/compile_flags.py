@@ -115,6 +115,10 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
     CompileFlag("executorch_program", ("--executorch-program",), bool, False, "LLMs (context binaries): also write, per "
                 "target, the ExecuTorch program qnn_llama_runner runs (kv_forward + prefill_forward over the bundle's own "
                 "weight-shared binaries), checked by driving its host twin as that runner does. Same as --format pte.", LLMS),
+    CompileFlag("lora", ("--lora",), list[str] | None, None, "LLMs (Hugging Face folders): a PEFT LoRA adapter folder "
+                "(adapter_config.json + adapter_model.safetensors); repeatable. The base is compiled once with the "
+                "adapters' A and B as graph inputs; `generate --lora NAME` applies one at run time, another adapter "
+                "of the same modules and at most the largest rank given needs no recompile.", LLMS, plan=True),
     CompileFlag("dry_run", ("--dry-run",), bool, False, "LLMs: print the plan (parts) and the estimated peak host memory and disk, "
                 "checked against this machine; loads no weights, writes nothing.", LLMS, cli=True),
     CompileFlag("vision_precision", ("--vision-precision",), str | None, None, "Vision-language models: "

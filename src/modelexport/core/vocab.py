@@ -45,6 +45,7 @@ class Role(StrEnum):
     EPCONTEXT_MODEL = "epcontext-model"            # the EPContext .onnx referencing a context binary
     GENIE_CONFIG = "genie-config"                  # Genie's dialog config (checked by libGenie)
     GENIE_LUT = "genie-lut"                        # LLMs taking embeddings: Genie's token → embedding table
+    LORA_ADAPTER = "lora-adapter"                  # LLMs: a PEFT LoRA adapter's files, fed as graph inputs
     DLC = "dlc"                                    # a QNN IR container
     REPORT = "report"                              # report.html
     ARTIFACT = "artifact"                          # anything else

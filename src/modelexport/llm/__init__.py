@@ -49,6 +49,8 @@ class LoadOptions:
     use_cache: bool = True
     cache_dir: str | Path | None = None   # where built CPU programs are kept (default: MODELEXPORT_CACHE_DIR)
     progress: Callable[[str], None] | None = None
+    lora: str | Path | None = None  # a bundle compiled with --lora: an adapter's name in it, or a PEFT folder
+    lora_scale: float = 1.0         # the adapter's strength (0: the base alone)
 
 
 @dataclass
@@ -112,6 +114,9 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     path = Path(source)
     if not path.exists():
         raise InputError(f"{path} does not exist", "give a .gguf file, a Hugging Face folder, a .pte or a bundle folder")
+    if opts.lora is not None and backend != "htp-sim":
+        raise InputError(f"--lora applies an adapter to a bundle compiled with --lora on --backend htp-sim, not {backend}",
+                         "use --backend htp-sim")
     if not opts.gguf_blocks and backend != "cpu":
         raise InputError(f"--requantize-gguf applies to the CPU program built from a GGUF, not to --backend {backend}",
                          "leave --requantize-gguf out, or use --backend cpu")

@@ -65,8 +65,10 @@ LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_l
 # the HTP takes the second input of each 16x16 activation MatMul at 8 bits (bench/experiments/htp_matmul_precision.py:
 # 40 dB where the fake-quant graph claims 84); Gemma 3 cut to 6 layers, simulator vs QDQ 26.9 -> 36.0 dB,
 # top-1 vs float 77% -> 84%, for ~14% more simulator cycles (SmolLM2's ar32 cut, docs/llm_export.md).
+# A LoRA adapter's branch (llm/model/lora.py: `/layers.3/self_attn/lora_1/`) is float too: its A and B are graph inputs
+# set at run time, whose ranges no calibration can fix.
 FLOAT_NODES = re.compile(r"^/layers\.\d+/Add(_1)?$|^/layers\.\d+/" + f"({'|'.join(LAYER_NORMS)})/" + r"|^/norm/"
-                         r"|^/rotary_emb/|^/embed_join/|(^|/)residual_scale/|/self_attn/core/")
+                         r"|^/rotary_emb/|^/embed_join/|(^|/)residual_scale/|/self_attn/core/|/lora(_\d+)?/")
 
 
 def parse_overrides(items: list[str], base_precision: str) -> list[Override]:

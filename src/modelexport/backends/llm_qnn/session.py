@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...contract.bundle import open_bundle
+from ...core.arguments import finite
 from ...core.errors import InputError, ToolchainError, clip
 from ...core.formats import bundle_format
 from ...core.targets import get_target
@@ -24,6 +25,7 @@ from ...core.vocab import BundleKind, GraphKind, Role
 from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.run.generate import StaticGraphSession
 from ...llm.run.openers import open_llm_bundle, source_kind
+from ...llm.export.lora_source import adapter_arrays, read_adapter, slots_from_inputs, zero_arrays
 from ...llm.model.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
 from ...llm.model.mrope import ROPE_POSITION_IDS, RopePositions
 from ...llm.model.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
@@ -64,6 +66,8 @@ class ChainedForward:
         self.no_token_id: int | None = None
         # M-RoPE graphs (rope_position_ids for positions): the 3-axis positions by slot (llm/model/mrope.py); text by default
         self.rope_positions = RopePositions.text()
+        # a bundle compiled with --lora: its LoRA inputs, every call (zeros: the base alone; apply_lora)
+        self.lora: dict[str, np.ndarray] = {}
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         return self.embedder.run(None, {"input_ids": ids})[0]
@@ -84,6 +88,7 @@ class ChainedForward:
             positions = {ROPE_POSITION_IDS: self.rope_positions(pos)} if ROPE_POSITION_IDS in ps.input_names \
                 else {"position_ids": pos}
             feed = {**first, **positions, "attention_mask": mask}
+            feed.update((k, v) for k, v in self.lora.items() if k in ps.input_names)
             name = _cache_names(ps)
             for i in ps.layers if caches else ():
                 feed[name(past_key(i))] = np.ascontiguousarray(_np(ks[i]))
@@ -198,20 +203,54 @@ def _sim_session(epcontext: Path, target: str):
     return sess
 
 
-def open_session(bundle, stage: str = "htp-sim"):
+def open_session(bundle, stage: str = "htp-sim", lora: str | Path | None = None, lora_scale: float = 1.0):
     """The generation loop's `DecoderSession` over the bundle's compiled graphs, opened by its format's
     `session` (core/formats.py: this module's `open_graph_session`)."""
     row = bundle_format(bundle.manifest.format, BundleKind.LLM)
     opener = (row.entry("session") if row else None) or open_graph_session
-    return opener(bundle, stage)
+    if lora is None:
+        return opener(bundle, stage)
+    return opener(bundle, stage, lora, lora_scale)
 
 
-def open_graph_session(bundle, stage: str = "htp-sim"):
-    """A `StaticGraphSession` over a context-binary bundle's graphs at `stage`."""
+def open_graph_session(bundle, stage: str = "htp-sim", lora: str | Path | None = None, lora_scale: float = 1.0):
+    """A `StaticGraphSession` over a context-binary bundle's graphs at `stage` (with LoRA adapter `lora`)."""
     if stage == "htp-sim":
         check_runtime(bundle)
     graphs, spec, max_seq_len = open_forwards(bundle, stage)
+    apply_lora(bundle, graphs, lora, lora_scale)
     return StaticGraphSession(graphs, spec, max_seq_len, vocab_size=spec.vocab_size)
+
+
+def apply_lora(bundle, forwards: dict[int, ChainedForward], lora: str | Path | None, scale: float = 1.0) -> str | None:
+    """Feed adapter `lora` (a name in the bundle, or a PEFT folder that fits its LoRA inputs) at `scale` to
+    every graph; none: zeros, the base alone. Returns the adapter's name."""
+    shapes = {i.name: list(i.shape) for f in forwards.values() for ps in f.parts for i in ps.session.get_inputs()
+              if i.name.startswith("lora_")}
+    slots = slots_from_inputs(shapes)
+    if slots is None:
+        if lora is not None:
+            raise InputError(f"bundle {bundle.path} takes no LoRA adapter: it was compiled without --lora",
+                             "compile the base again with --lora ADAPTER_DIR, or leave --lora out")
+        return None
+    finite("--lora-scale", scale, "1.0")
+    adapter = find_adapter(bundle, lora, slots) if lora is not None else None
+    arrays = adapter_arrays(adapter, slots, scale) if adapter else zero_arrays(slots)
+    for f in forwards.values():
+        f.lora = arrays
+    return adapter.name if adapter else None
+
+
+def find_adapter(bundle, lora: str | Path, slots):
+    """The adapter named `lora` in the bundle's manifest, or the PEFT folder `lora`, checked against the slots."""
+    record = bundle.manifest.llm.lora
+    entries = {a.name: a for a in (record.adapters if record else [])}
+    if str(lora) in entries:
+        return read_adapter(bundle.file(entries[str(lora)].folder), name=str(lora), slots=slots)
+    if Path(lora).is_dir():
+        return read_adapter(Path(lora), slots=slots)
+    raise InputError(f"--lora {lora}: no adapter of that name in bundle {bundle.path}, and no such folder",
+                     f"name one of: {', '.join(entries) or '(none compiled in)'}, or give a PEFT adapter folder")
 
 
 def compiled_stages(bundle) -> tuple[str, ...]:
@@ -260,6 +299,8 @@ def open_htp_sim(path: Path, opts: LoadOptions) -> LLM:
     if not graphs:
         raise InputError(f"bundle {path} has no HTP graphs (nothing compiled for the NPU)",
                          "compile the LLM for a target first, or use --backend cpu")
-    session = open_session(bundle)
-    return attach_tokenizer(session, bundle_tokenizer(bundle, path, opts), backend="htp-sim",
-                            info={"source": str(path), "source_kind": "bundle", "model": path.name})
+    session = open_session(bundle, lora=opts.lora, lora_scale=opts.lora_scale)
+    info = {"source": str(path), "source_kind": "bundle", "model": path.name}
+    if opts.lora is not None:
+        info["lora"] = {"adapter": str(opts.lora), "scale": opts.lora_scale}
+    return attach_tokenizer(session, bundle_tokenizer(bundle, path, opts), backend="htp-sim", info=info)

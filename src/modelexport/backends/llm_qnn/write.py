@@ -14,11 +14,13 @@ from typing import Any
 
 from ...contract import GraphSpec, open_bundle
 from ...contract.manifest import (GRAPH_NAMING, DecoderShape, EmbedderPart, GenieCheck, HostTwin, LlmSection,
+                                  LoraAdapterEntry, LoraInputs,
                                   LogitsAgreement, MemoryEstimate, WeightSharing)
 from ...core.cache import Cache
 from ...core.errors import ModelExportError, VerificationError
 from ...core.targets import get_target
 from ...core.vocab import BundleKind, Format, GraphKind, Role
+from ...llm.export.lora_source import CONFIG, WEIGHTS
 from ...llm.export.memory import host_part_mb
 from ...llm.export.plan import LlmPlan
 from ...llm.model.input_modes import get_input_mode
@@ -78,6 +80,7 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         genie = _genie_checks(a, plan, qdq.meta, ctx_bins, embedder, say)
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
+        a.m.llm.lora = _add_lora(a, qdq.meta.get("lora"), plan)
         if run.executorch_program:
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
@@ -276,6 +279,18 @@ def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict
         say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
         genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path), **check_dialogs(cfg, path.parent, twins))
     return genie
+
+
+def _add_lora(a: BundleAssembler, record: dict | None, plan: LlmPlan) -> LoraInputs | None:
+    """`--lora`: each adapter's two files under lora/NAME/, and the graphs' LoRA inputs."""
+    if record is None:
+        return None
+    entries = []
+    for adapter in plan.lora.adapters:
+        for f in (CONFIG, WEIGHTS):
+            a.w.add_file(adapter.folder / f, f"lora/{adapter.name}/{f}", role=Role.LORA_ADAPTER)
+        entries.append(LoraAdapterEntry(**adapter.to_dict(), folder=f"lora/{adapter.name}"))
+    return LoraInputs(**{k: v for k, v in record.items() if k != "adapters"}, adapters=entries)
 
 
 def _check_part_order(graphs, target: str) -> None:

@@ -38,6 +38,10 @@ def generate(
                                       "and checks them in one model call. The same text as greedy decoding, in fewer model calls when the "
                                       "answer repeats earlier text (summaries, code edits, quotes). Greedy only; --backend htp-sim; 0 = off."),
     ngram: int = typer.Option(3, "--ngram", help="With --prompt-lookup: the longest n-gram looked up (then shorter ones, down to 1)."),
+    lora: str | None = typer.Option(None, "--lora", help="A bundle compiled with --lora: the adapter to apply, by its name "
+                                    "(its folder's name at compile) or a PEFT adapter folder of the same modules and at most "
+                                    "the rank the bundle was built for; no recompile. --backend htp-sim."),
+    lora_scale: float = typer.Option(1.0, "--lora-scale", help="With --lora: the adapter's strength (1 = as trained, 0 = the base alone)."),
     quant: str = typer.Option("8da4w", "--quant", help="Weights of the CPU program built from a GGUF/HF model: 8da4w, 8da8w or fp32."),
     max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="Context of the CPU program built from a GGUF/HF model "
                                               "(default 2048, or the model's own context if smaller)."),
@@ -90,7 +94,7 @@ def generate(
         def stage(name: str) -> None:
             bar.update(description=f"building the CPU program (once per model): {name}")
         model_ = llm.load(model, backend=backend, quant=quant, max_seq_len=max_seq_len, gguf_blocks=not requantize_gguf,
-                          tokenizer=tokenizer,
+                          tokenizer=tokenizer, lora=lora, lora_scale=lora_scale,
                           threads=threads, use_cache=not no_cache, progress=stage)
     info = model_.info
     if not json_out and not quiet:

@@ -29,8 +29,42 @@ from ..model.residual_scale import residual_scale_for, watching_peak
 from ..model.static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
                               make_position_ids, new_key, new_value, past_key, past_value)
 from ..run.static_runner import StaticRunner
+from ..model.lora import set_lora
+from .lora_source import LoraPlan, adapter_arrays, zero_arrays
 from .weight_dtype import float32_per_module
 from .plan import LlmPlan
+
+
+@dataclass(frozen=True)
+class WalkExtras:
+    """What a calibration walk also does: record the residual stream's peak, feed LoRA adapters."""
+    stream_peak: dict | None = None
+    lora: "LoraCalibration | None" = None
+
+
+@dataclass(frozen=True)
+class LoraCalibration:
+    """`--lora`: the branches on the model's linears (llm/model/lora.py) and the feeds: the base alone,
+    then each adapter at full strength. The float decoder takes them in turn, call by call (the caches
+    hold their effect), and every sample is then quantized with each of them. The LoRA ops stay float;
+    the feeds put the adapters' effect into the ranges of what follows them."""
+    plan: LoraPlan
+    branches: dict
+    feeds: tuple[dict, ...]
+
+    @classmethod
+    def of(cls, plan: LoraPlan | None, branches: dict) -> "LoraCalibration | None":
+        if plan is None:
+            return None
+        return cls(plan, branches, (zero_arrays(plan.slots), *[adapter_arrays(a, plan.slots) for a in plan.adapters]))
+
+    def feed(self, call: int) -> dict:
+        return self.feeds[call % len(self.feeds)]
+
+    def every_feed(self, samples: list[dict]) -> list[dict]:
+        """Each sample once with every feed: a range set on a few tokens with the adapter missed what
+        the adapter does on others (the tiny test model's q at 14 dB on a new prompt)."""
+        return [{**s, **f} for s in samples for f in self.feeds]
 
 
 
@@ -114,7 +148,7 @@ class ImageRows:
 
 def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max_seq_len: int,
                         samples_per_variant: int, kv_ranges: dict[str, list[float]] | None = None,
-                        images: ImageRows | None = None, stream_peak: dict | None = None) -> dict[int, list[dict[str, np.ndarray]]]:
+                        images: ImageRows | None = None, extras: WalkExtras | None = None) -> dict[int, list[dict[str, np.ndarray]]]:
     """{N: [flat input dict of the full decoder]} recorded from the float decoder on real text.
 
     The text is walked in windows of `max_seq_len`; in each window chunks of the largest N are
@@ -122,13 +156,16 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     `kv_ranges`, when given, is filled with one [min, max] per layer's keys and per layer's values,
     over every cache the text produced (inputs and outputs of every variant), under both names.
     `images`: the text is first given image blocks (ImageRows.stream) and each sample records the
-    `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them). `stream_peak`,
-    when given, gets the residual stream's largest |x| as "max" (llm/model/residual_scale.py)."""
+    `inputs_embeds` the decoder saw, image rows included (with_input_mode keeps them). `extras`: its
+    `stream_peak` gets the residual stream's largest |x| as "max" (llm/model/residual_scale.py); with its
+    `lora`, each call runs with its turn's LoRA feed, and each sample is kept with every feed."""
+    extras = extras or WalkExtras()
+    stream_peak, lora = extras.stream_peak, extras.lora
     big = max(variants)
     dec = build_static_decoder(hf_model, StaticDecoderConfig(big, max_seq_len), rms_norm=ONNX_RMS_NORM)
     names = dec.input_names()
     out: dict[int, list[dict[str, np.ndarray]]] = {n: [] for n in variants}
-    recording: dict[str, int] = {"n": 0}
+    recording: dict[str, int] = {"n": 0, "calls": 0}
 
     placed: dict[str, object] = {}
     hook = None
@@ -149,10 +186,15 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
             placed.pop("embeds", None)
             with torch.inference_mode():
                 placed["embeds"] = images.place(named["input_ids"], dec.lookup(named["input_ids"]))
+        feed = lora.feed(recording["calls"]) if lora is not None else None
+        recording["calls"] += 1
         if len(out[n]) < samples_per_variant:
             out[n].append({k: np.ascontiguousarray(v.detach().cpu().numpy()) for k, v in zip(names, inputs)})
             if images is not None:
                 out[n][-1]["inputs_embeds"] = np.ascontiguousarray(placed["embeds"].float().cpu().numpy())
+            out[n][-1].update(feed or {})
+        if lora is not None:
+            set_lora(lora.branches, lora.plan.slots, feed)
         with torch.inference_mode():
             outputs = dec(*inputs)
         if kv_ranges is not None:
@@ -167,20 +209,25 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     finally:
         if hook is not None:
             hook.remove()
-    for n in variants:
-        if not out[n]:
-            raise CalibrationError(f"the calibration text gave no samples for ar{n}",
-                                   f"give a longer text (at least {max_seq_len} tokens)")
-    # the graphs' own inputs: each variant's cache length is max_seq_len - N
-    for n in variants:
-        c = max_seq_len - n
-        for s in out[n]:
-            for k in list(s):
-                if k.startswith("past_key_"):
-                    s[k] = np.ascontiguousarray(s[k][..., :c])
-                elif k.startswith("past_value_"):
-                    s[k] = np.ascontiguousarray(s[k][:, :, :c, :])
-    return out
+        if lora is not None:
+            set_lora(lora.branches, lora.plan.slots, None)
+    return {n: _graph_samples(out[n], n, max_seq_len, lora) for n in variants}
+
+
+def _graph_samples(samples: list[dict], n: int, max_seq_len: int, lora: LoraCalibration | None) -> list[dict]:
+    """One variant's recorded samples as its graphs' inputs: caches cut to max_seq_len - N entries,
+    each sample once per LoRA feed."""
+    if not samples:
+        raise CalibrationError(f"the calibration text gave no samples for ar{n}",
+                               f"give a longer text (at least {max_seq_len} tokens)")
+    c = max_seq_len - n
+    for s in samples:
+        for k in list(s):
+            if k.startswith("past_key_"):
+                s[k] = np.ascontiguousarray(s[k][..., :c])
+            elif k.startswith("past_value_"):
+                s[k] = np.ascontiguousarray(s[k][:, :, :c, :])
+    return lora.every_feed(samples) if lora is not None else samples
 
 
 def _walk(runner, token_ids, variants, max_seq_len, samples_per_variant, out, recording) -> None:
@@ -219,15 +266,18 @@ def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
             ranges[cache_out] = r
 
 
-def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int) -> list[dict[str, np.ndarray]]:
-    """Samples of the full-context graph: whole windows of the text, positions 0 .. C-1, causal."""
+def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int,
+                         lora: LoraCalibration | None = None) -> list[dict[str, np.ndarray]]:
+    """Samples of the full-context graph: whole windows of the text, positions 0 .. C-1, causal (with
+    the LoRA feeds in turn)."""
     cfg = StaticDecoderConfig.full_context(max_seq_len)
     windows = [token_ids[i:i + max_seq_len] for i in range(0, len(token_ids) - max_seq_len + 1, max_seq_len)][:n_samples]
     if not windows:
         raise CalibrationError(f"the calibration text gave no sample for the full-context graph ({max_seq_len} tokens)",
                                f"give a longer text (at least {max_seq_len} tokens)")
     return [{"input_ids": np.array([w], np.int32), "position_ids": make_position_ids(cfg, 0).numpy(),
-             "attention_mask": make_attention_mask(cfg, 0).numpy()} for w in windows]
+             "attention_mask": make_attention_mask(cfg, 0).numpy(), **(lora.feed(i) if lora else {})}
+            for i, w in enumerate(windows)]
 
 
 def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_size: int) -> list[dict[str, np.ndarray]]:
@@ -241,9 +291,9 @@ def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_s
 
 
 def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.ndarray] | None,
-                 first_inputs: tuple[str, ...] = ("input_ids",)) -> list[dict[str, np.ndarray]]:
-    """The inputs of one layer range: its own caches (none in a full-context sample), and the hidden
-    states entering it (the input mode's `first_inputs` for the first part)."""
+                 first_inputs: tuple[str, ...] = ("input_ids",), lora: tuple[str, ...] = ()) -> list[dict[str, np.ndarray]]:
+    """The inputs of one layer range: its own caches (none in a full-context sample), the hidden
+    states entering it (the input mode's `first_inputs` for the first part) and its LoRA inputs `lora`."""
     out = []
     for j, s in enumerate(samples):
         d = {k: s[k] for k in ("position_ids", ROPE_POSITION_IDS, "attention_mask") if k in s}
@@ -257,6 +307,7 @@ def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.nda
         for i in part.layers():
             if past_value(i) in s:
                 d[past_value(i)] = s[past_value(i)]
+        d.update({k: s[k] for k in lora})
         out.append(d)
     return out
 
@@ -274,8 +325,8 @@ class LlmCalibration:
     counts: dict[str, int]
 
 
-def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibration: str | None,
-              done_entries: list, report: Callable[[str], None]) -> LlmCalibration:
+def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibration: str | None,  # noqa: PLR0913
+              done_entries: list, report: Callable[[str], None], lora_branches: dict | None = None) -> LlmCalibration:
     """Samples of every variant from the text run through the float decoder (none when every graph was
     quantized before: `needed` False), the VLM's image rows placed in them for `--inputs embeddings`."""
     t1 = time.perf_counter()
@@ -284,10 +335,11 @@ def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibrat
     if needed:
         report(f"calibrating on {plan.text.path.name} through the float decoder")
         images = _image_rows(image_calibration, plan.inputs, report)
+        lora = LoraCalibration.of(plan.lora, lora_branches or {})
         samples = calibration_samples(model, ids, [n for n in variants if n != max_seq_len], max_seq_len,
-                                      plan.n_samples, kv_ranges, images, stream_peak)
+                                      plan.n_samples, kv_ranges, images, WalkExtras(stream_peak, lora))
         if max_seq_len in variants:      # the full-context graph: whole windows, no cache
-            samples[max_seq_len] = full_context_samples(ids, max_seq_len, plan.n_samples)
+            samples[max_seq_len] = full_context_samples(ids, max_seq_len, plan.n_samples, lora)
     seconds = round(time.perf_counter() - t1, 2)
     scale = residual_scale(stream_peak, done_entries, report)
     return LlmCalibration(samples, kv_ranges, scale, seconds, {str(n): len(samples[n]) for n in variants})

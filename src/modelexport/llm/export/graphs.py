@@ -23,6 +23,7 @@ from ...frontends import find_frontend
 from ...quant.precision import get_precision
 from ...toolchain.worker_pool import WorkerPool, raise_first_error
 from ..model.input_modes import InputMode, get_input_mode, no_token_id
+from ..model.lora import install_lora
 from ..model.parts import host_chunks
 from ..model.static_decoder import ONNX_RMS_NORM, DecoderSpec, build_static_decoder, decoder_config
 from ..run.text import tokenize
@@ -65,6 +66,7 @@ class LoadedModel:
     no_token_id: int
     held_bf16: bool
     load_s: float
+    lora: dict               # --lora: {LoRA input name: its branch on the model's linear} (llm/model/lora.py)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,8 @@ def load_model(job: QdqJob) -> LoadedModel:
     no_token = no_token_id(mode, llm.model.get_input_embeddings().weight.shape[0],
                            llm.model.get_output_embeddings().weight.shape[0], tok.vocab_size)
     ids = tokenize(tok, plan.text.text, plan.max_seq_len * (plan.n_samples + 2))
-    return LoadedModel(llm, tok, mode, ids, no_token, held_bf16, load_s)
+    branches = install_lora(llm.model, plan.lora.slots if plan.lora else None)
+    return LoadedModel(llm, tok, mode, ids, no_token, held_bf16, load_s, branches)
 
 
 def lay_out(job: QdqJob, loaded: LoadedModel) -> GraphLayout:
@@ -154,7 +157,7 @@ def calibrate_stage(job: QdqJob, loaded: LoadedModel, layout: GraphLayout) -> Ll
     """Only when some graph is still to quantize; the residual scale of those finished before otherwise."""
     done_entries = [job.cache.get(PART_NAMESPACE, layout.keys[c]) for c in sorted(layout.done)]
     return calibrate(loaded.llm.model, loaded.ids, job.plan, len(layout.done) < len(layout.keys),
-                     job.image_calibration, done_entries, job.report)
+                     job.image_calibration, done_entries, job.report, loaded.lora)
 
 
 def weights_stage(job: QdqJob, loaded: LoadedModel) -> WeightPlan:
@@ -171,8 +174,9 @@ class _HandOver:
     to the pool, whose workers quantize it (ONNX Runtime's quantizer is single-threaded Python) while
     the next one is exported here."""
 
-    def __init__(self, job: QdqJob, layout: GraphLayout, calibration: LlmCalibration, weights: WeightPlan, pool):
-        self.job, self.layout, self.weights, self.pool = job, layout, weights, pool
+    def __init__(self, job: QdqJob, layout: GraphLayout, calibration: LlmCalibration, weights: WeightPlan, pool,
+                 lora: dict):
+        self.job, self.layout, self.weights, self.pool, self.lora = job, layout, weights, pool, lora
         self.kv_ranges, self.residual_scale = calibration.kv_ranges, calibration.residual_scale
         self.export_s, self.t_first, self.ends_job = 0.0, None, None
         self.pending: list[str] = []
@@ -187,6 +191,8 @@ class _HandOver:
         from chunk to chunk as the next one's inputs."""
         dec = build_static_decoder(model, decoder_config(n, self.job.plan.max_seq_len), rms_norm=ONNX_RMS_NORM,
                                    inputs=mode.name, residual_scale=self.residual_scale)
+        slots = self.job.plan.lora.slots if self.job.plan.lora else None
+        dec.lora_slots, dec.lora_branches = slots, self.lora
         with torch.inference_mode(), in_float32([dec.model.embed_tokens]):
             samples = with_input_mode(samples, mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
                                       dec.spec.hidden_size)
@@ -196,7 +202,8 @@ class _HandOver:
         for i, (chunk, name) in enumerate(order):
             if all(later in lay.done for _, later in order[i:]):
                 break                  # this variant's remaining graphs are all finished
-            ps = part_samples(samples, chunk, hidden, mode.decoder_inputs)
+            ps = part_samples(samples, chunk, hidden, mode.decoder_inputs,
+                              tuple(slots.input_names(chunk.layers())) if slots else ())
             if name not in lay.done:
                 self.hand_over(dec, chunk, name, ps)
             if not chunk.is_last:   # hidden states entering the next chunk, from the float layers
@@ -236,7 +243,7 @@ def export_and_quantize(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, c
     (job.tmp / "qdq").mkdir()
     left = len(layout.keys) - len(layout.done)
     with WorkerPool("the quantization of the LLM graphs", max(1, min(plan.jobs, left))) as pool:
-        loop = _HandOver(job, layout, calibration, weights, pool)
+        loop = _HandOver(job, layout, calibration, weights, pool, loaded.lora)
         for n in plan.variants:
             loop.variant(loaded.llm.model, loaded.mode, n, calibration.samples.pop(n))
         if loop.pending:
@@ -269,9 +276,9 @@ def join_parts(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, quantized:
             name, members = layout.names[(n, p.index)], layout.chunk_names[(n, p.index)]
             entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, layout.keys[c])
                        for c in members]
-            quantization[name] = join_into(entries, members, layout.chunks[p.index], name, job.tmp / "qdq",
-                                           first_inputs=loaded.mode.decoder_inputs, caches=n != plan.max_seq_len,
-                                           mrope=decoder.mrope)
+            io = {"first_inputs": loaded.mode.decoder_inputs, "caches": n != plan.max_seq_len, "mrope": decoder.mrope,
+                  "lora": plan.lora.slots if plan.lora else None}
+            quantization[name] = join_into(entries, members, layout.chunks[p.index], name, job.tmp / "qdq", io)
             if not cache.enabled:
                 for entry in entries:
                     shutil.rmtree(entry, ignore_errors=True)
@@ -297,11 +304,19 @@ def record(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, calibration: L
                             "samples_per_variant": calibration.counts},
             "inputs": loaded.mode.name, "embedder": embedder, "no_token_id": loaded.no_token_id,
             "residual_scale": calibration.residual_scale, "resumed_graphs": sorted(layout.done),
+            "lora": _lora_record(plan.lora),
             "weights_held_as": "bfloat16" if loaded.held_bf16 else "float32",
             "weight_rounding": weights.rounding, "quality_recipe": weights.recipe,
             "timings": {"load_s": loaded.load_s, "calibration_s": calibration.seconds,
                         "export_s": round(quantized.export_s, 2), "quantize_s": round(quantized.quantize_s, 2),
                         **weights.timings}}
+
+
+def _lora_record(lora) -> dict | None:
+    """The LoRA inputs and the adapters calibrated with them (backends/llm_qnn copies the adapters in)."""
+    if lora is None:
+        return None
+    return {**lora.slots.to_dict(), "adapters": [{**a.to_dict(), "folder": str(a.folder)} for a in lora.adapters]}
 
 
 QDQ_STAGES: tuple[Stage, ...] = (

@@ -26,8 +26,10 @@ from torch import nn
 
 from ...quant.chunk_join import set_external
 from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
+from ..model.lora import set_lora
 from ..model.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
 from ..model.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
+from .lora_source import LoraSlots
 from .weight_dtype import in_float32, part_modules
 
 OPSET = 17            # what the TorchScript exporter is asked for (it goes up to 20)
@@ -38,12 +40,15 @@ QUANT_OPSET = 21
 
 
 def part_input_names(part, first_inputs: tuple[str, ...] = (INPUT_IDS,), caches: bool = True,
-                     mrope: bool = False) -> list[str]:
+                     mrope: bool = False, lora: LoraSlots | None = None) -> list[str]:
     """`first_inputs`: the input mode's (llm/model/input_modes.py), taken by the first part; `caches` False:
-    the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/model/mrope.py)."""
+    the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/model/mrope.py);
+    `lora`: the LoRA slots (llm/export/lora_source.py), whose A and B of the part's layers come last."""
     first = list(first_inputs) if part.is_first else ["hidden_states"]
     L = part.layers() if caches else range(0)
-    return [*first, position_input_name(mrope), "attention_mask"] + [past_key(i) for i in L] + [past_value(i) for i in L]
+    adapters = lora.input_names(part.layers()) if lora else []
+    return [*first, position_input_name(mrope), "attention_mask"] + [past_key(i) for i in L] + \
+        [past_value(i) for i in L] + adapters
 
 
 def part_output_names(part, caches: bool = True) -> list[str]:
@@ -53,8 +58,9 @@ def part_output_names(part, caches: bool = True) -> list[str]:
 
 
 def decoder_io(decoder: StaticDecoder) -> dict:
-    """The keyword arguments of part_input_names / part_output_names for this decoder's graphs."""
-    return {"first_inputs": decoder.input_mode.decoder_inputs, "caches": not decoder.cfg.full, "mrope": decoder.mrope}
+    """The keyword arguments of part_input_names for this decoder's graphs."""
+    return {"first_inputs": decoder.input_mode.decoder_inputs, "caches": not decoder.cfg.full, "mrope": decoder.mrope,
+            "lora": getattr(decoder, "lora_slots", None)}
 
 
 class DecoderPart(nn.Module):
@@ -70,6 +76,21 @@ class DecoderPart(nn.Module):
         return len(self.decoder.input_mode.decoder_inputs) if self.part.is_first else 1
 
     def forward(self, *inputs):
+        names = self.lora_names()
+        if not names:
+            return self._layers(*inputs)
+        lora = dict(zip(names, inputs[len(inputs) - len(names):]))
+        set_lora(self.decoder.lora_branches, self.decoder.lora_slots, lora)
+        try:
+            return self._layers(*inputs[:len(inputs) - len(names)])
+        finally:
+            set_lora(self.decoder.lora_branches, self.decoder.lora_slots, None)
+
+    def lora_names(self) -> list[str]:
+        slots = getattr(self.decoder, "lora_slots", None)
+        return slots.input_names(self.part.layers()) if slots else []
+
+    def _layers(self, *inputs):
         d, part = self.decoder, self.part
         first, (position_ids, attention_mask), caches = inputs[:self.n_first], inputs[self.n_first:self.n_first + 2], \
             inputs[self.n_first + 2:]
@@ -87,13 +108,17 @@ class DecoderPart(nn.Module):
         return (x,) if d.cfg.full else (x, *new_k, *new_v)
 
     def input_names(self) -> list[str]:
-        io = decoder_io(self.decoder)
-        return part_input_names(self.part, io["first_inputs"], io["caches"], io["mrope"])
+        return part_input_names(self.part, **decoder_io(self.decoder))
 
     def output_names(self) -> list[str]:
         return part_output_names(self.part, decoder_io(self.decoder)["caches"])
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
+        slots = getattr(self.decoder, "lora_slots", None)
+        shapes = slots.shapes() if slots else {}
+        return (*self._graph_inputs(), *[torch.zeros(shapes[n]) for n in self.lora_names()])
+
+    def _graph_inputs(self) -> tuple[torch.Tensor, ...]:
         d = self.decoder
         full = d.example_inputs()
         n_first, n_layers = len(d.input_mode.decoder_inputs), d.spec.n_layers

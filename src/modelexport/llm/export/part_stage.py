@@ -43,10 +43,9 @@ def quantize_part(job: dict) -> dict:
     return {"entry": str(entry), "hit": hit}
 
 
-def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: Path,
-              first_inputs: tuple[str, ...] = ("input_ids",), caches: bool = True, mrope: bool = False) -> dict:
+def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: Path, io: dict | None = None) -> dict:
     """The part's graph in `dest` from its chunks' entries (hard links when it is one chunk); returns
-    its quantization record. `first_inputs` / `caches` / `mrope`: onnx_export.decoder_io of its decoder."""
+    its quantization record. `io`: part_input_names' keywords (onnx_export.decoder_io of its decoder)."""
 
     from .onnx_export import part_input_names, part_output_names   # torch: not in the quantizing workers
     part = chunks[0].part
@@ -54,7 +53,7 @@ def join_into(entries: list[Path], names: list[str], chunks, graph: str, dest: P
         link_into(entries[0], graph, dest)
     else:
         join_chunks([(e / f"{n}.onnx", c.end_layer) for e, n, c in zip(entries, names, chunks)], dest / f"{graph}.onnx",
-                    part_input_names(part, first_inputs, caches, mrope), part_output_names(part, caches))
+                    part_input_names(part, **(io or {})), part_output_names(part, (io or {}).get("caches", True)))
     name_part_boundaries(dest / f"{graph}.onnx", part.first_layer, part.end_layer, part.is_first, part.is_last)
     return merge_quantization([Cache.meta(e)["quantization"] for e in entries])
 

@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from ...core.arguments import at_least, finite
-from ...core.errors import InputError
+from ...core.errors import InputError, UnsupportedError
 from ...core.targets import SoC, get_target, require_feature
 from ...core.vocab import Format
+from ...frontends.llm_families import family_of
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
 from ...quant.precision import Precision, check_block_size, get_precision
@@ -23,6 +24,7 @@ from ...toolchain.htp_options import check_knobs
 from ..model.input_modes import get_input_mode
 from ..run.text import TextSource, read_text
 from .embedder import get_embedder_precision
+from .lora_source import LoraPlan, plan_lora
 from .memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb
 from .source import SourceFacts, check_source
 
@@ -112,6 +114,7 @@ class LlmPlan:
     quality: QualityOptions | None
     inputs: str                        # the input mode's name (llm/model/input_modes.py)
     embedder_precision: str | None
+    lora: LoraPlan | None = None       # --lora: the adapters and the graphs' LoRA inputs (lora_source.py)
 
 
 @dataclass(frozen=True)
@@ -204,10 +207,23 @@ def resolve_plan(spec: Any, opts: Any, max_seq_len_of: Callable[[Any], int]) -> 
     quality = quality_options(opts, p.precision, facts.shape or {})
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
+    lora = _check_lora(opts, facts)
     return LlmPlan(p.requested, p.requested_precision, p.precision, p.block_size, tuple(variants), max_seq_len,
                    tuple(socs), tuple(overrides), facts, text, int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES),
                    limit_mb, float(opts.host_chunk_mb or host_chunk_mb(limit_mb)),
-                   opts.jobs or min(2, os.cpu_count() or 1), bool(opts.jobs), quality, inputs, embedder_precision)
+                   opts.jobs or min(2, os.cpu_count() or 1), bool(opts.jobs), quality, inputs, embedder_precision, lora)
+
+
+def _check_lora(opts: Any, facts: SourceFacts) -> LoraPlan | None:
+    """--lora DIR ...: PEFT adapters, each checked against the base's shapes (no weight loaded)."""
+    folders = tuple(getattr(opts, "lora", None) or ())
+    if not folders:
+        return None
+    if facts.format != "hf":
+        raise UnsupportedError("--lora takes PEFT adapters for a Hugging Face model folder; this base is a GGUF file",
+                               "compile the base model's Hugging Face folder with --lora")
+    family = family_of(facts.architecture, str(facts.path))
+    return plan_lora(folders, facts.shape, family.fused_qkv or family.fused_gate_up)
 
 
 def embed_head_bits(overrides, weight_bits: int) -> tuple[int, int]:

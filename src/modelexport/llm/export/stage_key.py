@@ -22,6 +22,7 @@ JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they 
 # cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
 # (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)
 IMAGE_ROWS_VERSION = "image-rows-3"
+LORA_VERSION = "lora-1"    # how the LoRA inputs enter the graphs (llm/model/lora.py)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ def qdq_keys(plan: LlmPlan, image_calibration: str | None) -> QdqKeys:
     mode_key = [] if plan.inputs == "tokens" else [plan.inputs, plan.embedder_precision]
     if image_calibration:   # a VLM's decoder calibrated on its vision rows too
         mode_key += [IMAGE_ROWS_VERSION, sha256_file(Path(image_calibration))]
+    if plan.lora:           # LoRA inputs in the graphs, calibrated with these adapters
+        mode_key += [LORA_VERSION, [a.sha256 for a in plan.lora.adapters], plan.lora.slots.to_dict()]
     chunks = cache_key(QDQ_NAMESPACE, EXPORT_VERSION, plan.facts.sha256, plan.variants, plan.max_seq_len, plan.requested,
                        plan.block_size, [(o.pattern, o.precision.name) for o in plan.overrides], plan.text.sha256,
                        plan.n_samples, plan.limit_mb, host_part_mb(plan.limit_mb), plan.chunk_mb,

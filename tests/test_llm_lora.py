@@ -1,0 +1,182 @@
+"""LoRA adapters (PEFT folders) on a tiny random Llama: `compile --lora` builds the base once with each
+adapted linear's A and B as graph inputs; an adapter is applied at run time on the HTP simulator. Its
+logits match PEFT's own model on the float weights within the precision's distance, a second adapter
+needs no recompile, and the base is unchanged with none; adapters for another base are refused before
+compiling, naming the module."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import assert_clean_error  # noqa: E402
+from llm_tiny import tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
+from modelexport.core.errors import InputError, UnsupportedError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _refused(fn, cls=InputError):
+    """The call raises our error of `cls` (a message and a fix, no traceback for the CLI to print)."""
+    with pytest.raises(cls) as e:
+        fn()
+    assert e.value.fix
+    return e.value
+
+SEQ = 64
+PROMPT = "Markets rose on Tuesday as investors weighed"
+
+
+def _adapter(base_dir: Path, out: Path, r: int, targets: list[str], seed: int, std: float = 0.2) -> Path:
+    """A PEFT LoRA adapter of the tiny base with random (non-zero) B, written by peft itself."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, lora_dropout=0.0))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, std)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llm_lora")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        write_tiny_llm_folder(root)
+        _adapter(root / "tiny_hf", root / "style", 4, ["q_proj", "v_proj", "down_proj"], 1)
+        _adapter(root / "tiny_hf", root / "terse", 2, ["q_proj", "o_proj"], 2)
+        # not compiled in: the same modules as `style`, a smaller rank
+        _adapter(root / "tiny_hf", root / "later", 3, ["q_proj", "down_proj"], 3)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def bundle(work):
+    import modelexport
+    # --no-cache: the quantizing workers' entries are read by the parent after the workers end
+    return modelexport.compile(str(work / "tiny_hf"), output=work / "bundle", target="SM8650", precision="16a8w",
+                               variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                               calibration_samples=4, lora=[str(work / "style"), str(work / "terse")], use_cache=False)
+
+
+def _float_logits(work: Path, adapter: str | None, scale: float = 1.0) -> np.ndarray:
+    """PEFT's model on the float weights (the adapter scaled by `scale`), logits of the prompt's tokens."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(work / "tiny_hf").eval()
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, work / adapter).eval()
+        if scale != 1.0:
+            for m in model.modules():
+                if hasattr(m, "scaling") and isinstance(m.scaling, dict):
+                    m.scaling = {k: v * scale for k, v in m.scaling.items()}
+    ids = tiny_tokenizer().encode(PROMPT)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _sim_logits(bundle, adapter: str | None, scale: float = 1.0) -> np.ndarray:
+    from modelexport.backends.llm_qnn.session import apply_lora, open_forwards
+    from modelexport.llm.run.static_runner import StaticRunner
+    graphs, spec, seq = open_forwards(bundle, "htp-sim")
+    apply_lora(bundle, graphs, adapter, scale)
+    return StaticRunner(graphs, spec, seq).feed(tiny_tokenizer().encode(PROMPT)).numpy()
+
+
+def test_bundle_records_the_lora_inputs_and_carries_the_adapters(bundle):
+    lora = bundle.manifest.llm.lora
+    assert lora.rank == 4 and lora.layers == [0, 1] and lora.inputs == 2 * 2 * 4    # q, v, o, down in 2 layers
+    assert lora.modules == ["mlp.down_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj"]
+    assert [(a.name, a.rank) for a in lora.adapters] == [("style", 4), ("terse", 2)]
+    for a in lora.adapters:
+        assert json.loads(bundle.file(f"{a.folder}/adapter_config.json").read_text())["r"] == a.rank
+    # the branch stays float in the QDQ graphs: no Q/DQ on any LoRA input
+    import onnx
+    g = next(g for g in bundle.manifest.graphs if g.n_tokens == 1)
+    model = onnx.load(str(bundle.file(g.quantized_model)), load_external_data=False)
+    names = [i.name for i in model.graph.input if i.name.startswith("lora_")]
+    assert len(names) == 16
+    assert not [n.name for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
+
+
+def test_adapters_match_peft_on_the_simulator_and_switch_without_recompiling(bundle, work):
+    from modelexport.core.numerics import sqnr_db
+    base = _float_logits(work, None)
+    got = {}
+    for adapter in (None, "style", "terse", str(work / "later"), None):     # one bundle, no recompile
+        ref = _float_logits(work, Path(adapter).name if adapter else None)
+        sim = _sim_logits(bundle, adapter)
+        got[adapter] = sim
+        assert sqnr_db(ref, sim) > 18, adapter                               # 16a8w's mark
+        if adapter:   # the adapter moved the logits well beyond the quantization's error
+            assert sqnr_db(ref, base) < sqnr_db(ref, sim) - 6, adapter
+    np.testing.assert_array_equal(got[None], _sim_logits(bundle, "style", scale=0.0))   # strength 0: the base
+
+
+def test_lora_scale_follows_peft_scaling(bundle, work):
+    from modelexport.core.numerics import sqnr_db
+    half = _sim_logits(bundle, "style", 0.5)
+    assert sqnr_db(_float_logits(work, "style", 0.5), half) > 18
+
+
+def test_generate_cli_applies_an_adapter(bundle, cli_here):
+    out = {}
+    for args in ([], ["--lora", "style"]):
+        r = cli_here("generate", str(bundle.path), "--backend", "htp-sim", "--prompt", PROMPT, "--raw", "-n", "4",
+                     "--json", *args)
+        assert r.returncode == 0, r.stderr
+        out[tuple(args)] = json.loads(r.stdout)
+    assert all(len(v["token_ids"]) == 4 for v in out.values())
+    assert_clean_error(cli_here("generate", str(bundle.path), "--backend", "htp-sim", "--prompt", PROMPT,
+                                "--lora", "nope"), "no adapter of that name", "style")
+
+
+def test_bad_adapters_are_refused_before_compiling(work, tmp_path):
+    import modelexport
+    from safetensors.torch import load_file, save_file
+    other = tmp_path / "other_base"
+    other.mkdir()
+    (other / "adapter_config.json").write_text((work / "style" / "adapter_config.json").read_text())
+    w = load_file(str(work / "style" / "adapter_model.safetensors"))
+    w = {k: (torch.zeros(v.shape[0], 48) if "mlp.down_proj.lora_A" in k else v) for k, v in w.items()}
+    save_file(w, str(other / "adapter_model.safetensors"))
+    kw = dict(output=tmp_path / "b", target="SM8650", precision="16a8w", variants="ar1,ar4", max_seq_len=SEQ,
+              calibration=str(work / "calib.txt"))
+    e = _refused(lambda: modelexport.compile(str(work / "tiny_hf"), lora=[str(other)], **kw), InputError)
+    assert "another base" in str(e) and "model.layers.0.mlp.down_proj" in str(e)
+    assert not (tmp_path / "b").exists()
+    e = _refused(lambda: modelexport.compile(str(work / "tiny_hf"), lora=[str(tmp_path)], **kw), InputError)
+    assert "adapter_config.json" in str(e)
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    cfg = json.loads((work / "style" / "adapter_config.json").read_text()) | {"use_dora": True}
+    (dora / "adapter_config.json").write_text(json.dumps(cfg))
+    (dora / "adapter_model.safetensors").write_bytes((work / "style" / "adapter_model.safetensors").read_bytes())
+    e = _refused(lambda: modelexport.compile(str(work / "tiny_hf"), lora=[str(dora)], **kw), UnsupportedError)
+    assert "DoRA" in str(e)
+
+
+def test_run_time_adapters_that_do_not_fit_are_refused(bundle, work, tmp_path):
+    from modelexport.backends.llm_qnn.session import apply_lora, open_forwards
+    graphs, _, _ = open_forwards(bundle, "htp-sim")
+    big = _adapter(work / "tiny_hf", tmp_path / "big", 8, ["q_proj"], 4)
+    e = _refused(lambda: apply_lora(bundle, graphs, str(big)), InputError)
+    assert "rank 8" in str(e) and "rank 4" in str(e) and "--lora" in e.fix
+    mlp = _adapter(work / "tiny_hf", tmp_path / "gate", 2, ["gate_proj"], 5)
+    e = _refused(lambda: apply_lora(bundle, graphs, str(mlp)), InputError)
+    assert "mlp.gate_proj" in str(e) and "no LoRA input" in str(e)
+    e = _refused(lambda: apply_lora(bundle, graphs, "nope"), InputError)
+    assert "style" in e.fix and "terse" in e.fix
+    import modelexport.llm as llm
+    e = _refused(lambda: llm.load(bundle.path, backend="cpu", lora="style"), InputError)
+    assert "htp-sim" in e.fix
