@@ -164,6 +164,9 @@ def test_bad_adapters_are_refused_before_compiling(work, tmp_path):
     (dora / "adapter_model.safetensors").write_bytes((work / "style" / "adapter_model.safetensors").read_bytes())
     e = _refused(lambda: modelexport.compile(str(work / "tiny_hf"), lora=[str(dora)], **kw), UnsupportedError)
     assert "DoRA" in str(e)
+    e = _refused(lambda: modelexport.compile(str(work / "tiny_hf"), lora=[str(work / "style")], executorch_program=True,
+                                             **kw), UnsupportedError)
+    assert "qnn_llama_runner" in str(e)
 
 
 def test_run_time_adapters_that_do_not_fit_are_refused(bundle, work, tmp_path):

@@ -114,6 +114,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     spec = parts[0]
     if opts.executorch_program:
         _check_runner_request(spec, opts)
+    if (is_vlm_folder(spec.model) or opts.vision_encoder is not None) and opts.lora:
+        raise UnsupportedError("--lora is for text LLMs; this is a vision-language model",
+                               "merge the adapter into the model (peft's merge_and_unload) and compile that")
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
     _refuse_vision_flags(opts)
@@ -157,6 +160,9 @@ def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions, flag: str = "
     if (opts.inputs or "tokens") != "tokens":
         raise UnsupportedError(f"{flag}: qnn_llama_runner feeds token ids, not --inputs {opts.inputs}",
                                f"leave --inputs out (token ids), or leave {flag} out")
+    if opts.lora:
+        raise UnsupportedError(f"{flag}: qnn_llama_runner feeds no LoRA inputs", f"leave --lora or {flag} out "
+                               "(Genie's and ONNX Runtime's loops run the bundle's graphs; --backend htp-sim applies adapters)")
 
 
 def _quantized_graphs(plan: LlmPlan, cache: Cache, image_calibration: str | None, say,
