@@ -116,3 +116,21 @@ def test_a_stale_static_output_shape_follows_the_fixed_input(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     m = load_onnx(str(path), {"x": [1, 80]}).model
     assert [d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim] == [1, 80]
+
+
+def test_argmax_agreement_only_where_an_axis_holds_classes():
+    from modelexport.backends.ort_qnn.verify import check_output
+    rng = np.random.default_rng(0)
+    scores = [rng.normal(size=(1, 10)) for _ in range(3)]
+    assert check_output("s", scores, scores, 20.0).argmax_agreement == 1.0          # [N, C]: the last axis
+    seq = [rng.normal(size=(1, 40, 97))]
+    flipped = [s[..., ::-1] for s in seq]
+    assert check_output("t", seq, flipped, 20.0).argmax_agreement < 0.2            # [N, T, C]
+    prob_map = [rng.random(size=(1, 1, 32, 48))]                                     # a detector's map: no class
+    assert check_output("m", prob_map, prob_map, 20.0).argmax_agreement is None
+    seg = [rng.normal(size=(1, 3, 32, 48))]                                          # NCHW class map: channels
+    swapped = [s[:, [1, 0, 2]] for s in seg]
+    agree = check_output("g", seg, swapped, 20.0).argmax_agreement
+    assert 0.2 < agree < 0.5                                                         # where class 2 wins
+    nhwc = [rng.normal(size=(1, 32, 48, 3))]
+    assert check_output("h", nhwc, nhwc, 20.0).argmax_agreement == 1.0

@@ -42,3 +42,27 @@ def max_abs(ref: np.ndarray, got: np.ndarray) -> float:
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
     return {"sqnr_db": sqnr_db(ref, got), "cosine": cosine(ref, got), "max_abs_error": max_abs(ref, got),
             "ref_abs_max": float(np.max(np.abs(ref))) if np.size(ref) else 0.0}
+
+
+def class_axis(shape: tuple[int, ...]) -> int | None:
+    """The axis whose argmax is a class choice, or None where no axis is one. [N, C] scores and
+    [N, T, C] sequences (OCR, tokens): the last. Rank-4 maps: the channel axis, NCHW or NHWC, when it
+    holds several classes and is shorter than both spatial axes; a one-channel map (a detector's
+    probability map, a depth map) has no class to choose, and the argmax over its width means nothing."""
+    if len(shape) in (2, 3):
+        return len(shape) - 1 if shape[-1] > 1 else None
+    if len(shape) == 4:
+        if 1 < shape[1] < min(shape[2], shape[3]):
+            return 1
+        if 1 < shape[3] < min(shape[1], shape[2]):
+            return 3
+    return None
+
+
+def argmax_agreement(ref: np.ndarray, got: np.ndarray, sample_shape: tuple[int, ...]) -> float | None:
+    """The share of positions where the class chosen agrees: `ref` and `got` are samples of an output
+    of `sample_shape` stacked on a new first axis; None where that output has no class axis."""
+    axis = class_axis(tuple(sample_shape))
+    if axis is None or ref.shape != got.shape or ref.shape[1:] != tuple(sample_shape):
+        return None
+    return float(np.mean(ref.argmax(axis + 1) == got.argmax(axis + 1)))

@@ -17,7 +17,7 @@ from ...contract import open_bundle
 from ...contract.bundle import refresh_report, save_manifest
 from ...core.errors import InputError
 from ...quant.precision import PRECISIONS, pass_mark
-from ...core.numerics import compare
+from ...core.numerics import argmax_agreement, compare
 from ...core.numerics_advice import failure_fix, graph_warnings
 from .decisions import FLIP_SIZE, MAX_FLIP_SHARE, decision_ops
 from .run import SimulatorSession, check_runtime, given_feed, select_graphs
@@ -67,9 +67,7 @@ def check_output(name: str, refs: list, gots: list, threshold: float, decided_by
             flipped, kept = int(mask.sum()), compare(r[~mask], g[~mask])
             note = "; ".join(filter(None, [note, _flip_note(flipped, r.size, decided_by, c["sqnr_db"])]))
             c = kept
-    agree = None
-    if r.ndim >= 2 and r.shape[-1] > 1:
-        agree = float(np.mean(r.reshape(-1, r.shape[-1]).argmax(-1) == g.reshape(-1, g.shape[-1]).argmax(-1)))
+    agree = argmax_agreement(r, g, pairs[0][0].shape)
     return OutputCheck(name, float(c["sqnr_db"]), c["cosine"], float(c["max_abs_error"]), agree,
                        bool(c["sqnr_db"] >= threshold), float(np.std(r)) if r.size else None, c["ref_abs_max"], note,
                        flipped)
