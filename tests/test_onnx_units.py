@@ -134,3 +134,19 @@ def test_argmax_agreement_only_where_an_axis_holds_classes():
     assert 0.2 < agree < 0.5                                                         # where class 2 wins
     nhwc = [rng.normal(size=(1, 32, 48, 3))]
     assert check_output("h", nhwc, nhwc, 20.0).argmax_agreement == 1.0
+
+
+def test_image_bgr_gives_the_model_blue_green_red(tmp_path):
+    from PIL import Image
+
+    from modelexport.backends.ort_qnn.compile import media_options
+    from modelexport.backends.spec import OnnxCompileOptions
+    from modelexport.quant.media_calibration import MediaOptions, image_array
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "red.png")
+    rgb = image_array(tmp_path / "red.png", "x", (1, 3, 8, 8), np.float32, MediaOptions())
+    opts = media_options(OnnxCompileOptions(image_bgr=True, image_mean="0.5,0.1,0.2"))
+    bgr = image_array(tmp_path / "red.png", "x", (1, 3, 8, 8), np.float32, opts)
+    assert rgb[0, :, 0, 0].tolist() == [1.0, 0.0, 0.0]
+    np.testing.assert_allclose(bgr[0, :, 0, 0], [0 - 0.5, 0 - 0.1, 1 - 0.2], rtol=1e-6)   # mean in B, G, R order
+    nhwc = image_array(tmp_path / "red.png", "x", (1, 8, 8, 3), np.float32, MediaOptions(bgr=True))
+    assert nhwc[0, 0, 0].tolist() == [0.0, 0.0, 1.0]

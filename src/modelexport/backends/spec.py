@@ -56,6 +56,7 @@ class OnnxCompileOptions(CompileOptions):
     self_check: bool = True                              # run compile's own numerics check (--precision auto's candidates: no)
     image_mean: Any = None                               # --calibration photos/: "R,G,B" on 0..1 pixels (default 0)
     image_std: Any = None                                # (default 1)
+    image_bgr: bool = False                              # --calibration photos/: channels in B, G, R order
     calibration_method: str = "minmax"                   # activation ranges: minmax | percentile (quant/onnx_qdq.RANGE_METHODS)
     split_weights: bool = False                          # each convolution's 8-bit weights as two halves (quant/weight_split)
 

@@ -143,6 +143,9 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
                 "a folder of photos: the same, default 0 (pixels 0-1 as they are).", VLMS, plan=True),
     CompileFlag("image_std", ("--image-std",), str | None, None, "--vision-encoder: R,G,B std (default ImageNet's "
                 "0.229,0.224,0.225). ONNX models calibrated on photos: default 1.", VLMS, plan=True),
+    CompileFlag("image_bgr", ("--image-bgr",), bool, False, "ONNX models calibrated on a folder of photos: give the "
+                "model B, G, R channels (models trained on OpenCV-read images: PaddleOCR, Caffe, many detectors); "
+                "--image-mean / --image-std are then in B, G, R order too.", ONNX),
     CompileFlag("output", ("--output", "-o"), Path | None, None, "The bundle folder to write (required unless --dry-run).", OUTPUT),
     CompileFlag("force", ("--force",), bool, False, "Replace an existing output.", OUTPUT),
     CompileFlag("json_out", ("--json",), bool, False, "Print the result as JSON.", OUTPUT, cli=True),

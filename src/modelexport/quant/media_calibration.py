@@ -2,8 +2,8 @@
 audio input (`--calibration photos/`, `--calibration speech/`).
 
 An image input is a 4-D float input with 1 or 3 channels first (N, C, H, W) or last (N, H, W, C):
-each photo is converted to RGB (or grey), resized to H × W, scaled to 0..1 and normalized with
---image-mean / --image-std (default none: 0..1 pixels). An audio input is a float input with one
+each photo is converted to RGB (or grey; --image-bgr: B, G, R), resized to H × W, scaled to 0..1 and
+normalized with --image-mean / --image-std (default none: 0..1 pixels). An audio input is a float input with one
 dimension longer than 1 (the samples: [1, N], [1, N, 1], [1, 1, N]): each file is mixed to mono,
 scaled to -1..1 and cut or zero-padded to N samples; its sample rate is kept (resample the file
 if the model wants another).
@@ -26,8 +26,9 @@ MEDIA_EXTS = IMAGE_EXTS + AUDIO_EXTS
 
 @dataclass(frozen=True)
 class MediaOptions:
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)      # on 0..1 pixels
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)      # on 0..1 pixels, in the model's channel order
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    bgr: bool = False                              # channels B, G, R (models trained on OpenCV-read images)
 
 
 def is_media(path: Path) -> bool:
@@ -64,6 +65,8 @@ def image_array(path: Path, name: str, shape, dtype, opts: MediaOptions) -> np.n
     except OSError as e:
         raise CalibrationError(f"{path} is not an image Pillow can read ({e})", "give PNG or JPEG files") from None
     x = np.asarray(img, dtype=np.float32).reshape(h, w, c) / 255.0
+    if opts.bgr and c == 3:
+        x = x[..., ::-1]
     x = (x - np.asarray(opts.mean[:c], np.float32)) / np.asarray(opts.std[:c], np.float32)
     x = x.transpose(2, 0, 1) if layout == "NCHW" else x
     return x[None].astype(dtype)

@@ -96,9 +96,10 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
 
 
 def media_options(opts) -> MediaOptions:
-    """--image-mean / --image-std for a calibration folder of photos (0..1 pixels, unnormalized by default)."""
+    """--image-mean / --image-std / --image-bgr for a calibration folder of photos (0..1 RGB pixels by default)."""
     return MediaOptions(parse_triple(getattr(opts, "image_mean", None), "--image-mean", (0.0, 0.0, 0.0)),
-                        parse_triple(getattr(opts, "image_std", None), "--image-std", (1.0, 1.0, 1.0)))
+                        parse_triple(getattr(opts, "image_std", None), "--image-std", (1.0, 1.0, 1.0)),
+                        bool(getattr(opts, "image_bgr", False)))
 
 
 def _range_method(opts) -> str:
