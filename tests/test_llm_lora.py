@@ -69,6 +69,15 @@ def bundle(work):
                                calibration_samples=4, lora=[str(work / "style"), str(work / "terse")], use_cache=False)
 
 
+@pytest.fixture(scope="module")
+def split_bundle(work):
+    """The same base split into two parts (one layer each): each part's graphs take their own layers' LoRA inputs."""
+    import modelexport
+    return modelexport.compile(str(work / "tiny_hf"), output=work / "split", target="SM8650", precision="16a8w",
+                               variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                               calibration_samples=4, lora=[str(work / "style")], context_limit_mb=0.15)
+
+
 def _float_logits(work: Path, adapter: str | None, scale: float = 1.0) -> np.ndarray:
     """PEFT's model on the float weights (the adapter scaled by `scale`), logits of the prompt's tokens."""
     from peft import PeftModel
@@ -121,6 +130,18 @@ def test_adapters_match_peft_on_the_simulator_and_switch_without_recompiling(bun
         if adapter:   # the adapter moved the logits well beyond the quantization's error
             assert sqnr_db(ref, base) < sqnr_db(ref, sim) - 6, adapter
     np.testing.assert_array_equal(got[None], _sim_logits(bundle, "style", scale=0.0))   # strength 0: the base
+
+
+def test_a_split_decoder_takes_each_parts_lora_inputs(split_bundle, work):
+    from modelexport.core.numerics import sqnr_db
+    assert split_bundle.manifest.llm.n_parts == 2
+    firsts = {g.part_index: g for g in split_bundle.manifest.graphs if g.n_tokens == 1}
+    import onnx
+    for index, layer in ((1, 0), (2, 1)):
+        names = [i.name for i in onnx.load(str(split_bundle.file(firsts[index].quantized_model)),
+                                           load_external_data=False).graph.input if i.name.startswith("lora_")]
+        assert names and all(n.split("_")[2] == str(layer) for n in names), names
+    assert sqnr_db(_float_logits(work, "style"), _sim_logits(split_bundle, "style")) > 18
 
 
 def test_lora_scale_follows_peft_scaling(bundle, work):

@@ -69,14 +69,15 @@ def _linear(hf_model: nn.Module, t) -> nn.Module:
 
 
 def set_lora(branches: dict[str, LoraBranch], slots: LoraSlots | None, values: dict | None) -> None:
-    """Set every branch's A and B from `values` ({input name: array or tensor}); None clears them."""
+    """Set the A and B of the branches `values` names ({input name: array or tensor}: a part's layers,
+    or all); None clears every branch."""
     if slots is None:
         return
     for t in slots.targets:
         br = branches[t.a_name]
         if values is None:
             br.a = br.b = None
-        else:
+        elif t.a_name in values:
             br.a, br.b = _tensor(values[t.a_name]), _tensor(values[t.b_name])
 
 
