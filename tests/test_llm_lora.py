@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
+from llm_tiny import CALIBRATION_TEXT, tiny_llama, tiny_tokenizer  # noqa: E402
 from modelexport.core.errors import InputError, UnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,7 +52,10 @@ def work(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm_lora")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
-        write_tiny_llm_folder(root)
+        # untied: its greedy text varies, so Genie's tokens against ours say something
+        tiny_llama(2, seed=1, tie_word_embeddings=False).save_pretrained(root / "tiny_hf")
+        tiny_tokenizer().save(root / "tiny_hf")
+        (root / "calib.txt").write_text(CALIBRATION_TEXT)
         _adapter(root / "tiny_hf", root / "style", 4, ["q_proj", "v_proj", "down_proj"], 1)
         _adapter(root / "tiny_hf", root / "terse", 2, ["q_proj", "o_proj"], 2)
         # not compiled in: the same modules as `style`, a smaller rank
@@ -142,6 +145,27 @@ def test_a_split_decoder_takes_each_parts_lora_inputs(split_bundle, work):
                                            load_external_data=False).graph.input if i.name.startswith("lora_")]
         assert names and all(n.split("_")[2] == str(layer) for n in names), names
     assert sqnr_db(_float_logits(work, "style"), _sim_logits(split_bundle, "style")) > 18
+
+
+def test_genie_applies_the_adapters_and_gives_our_loops_tokens(bundle, work):
+    """Genie's own dialog (libGenie, file-based LoRA) on the host twins: the tokens of our loop, with
+    each adapter, with one given at run time, and with none."""
+    import modelexport.llm as llm
+    lora = bundle.manifest.llm.lora
+    assert lora.genie_base == "lora/base/genie" and all(a.genie_folder for a in lora.adapters)
+    check = bundle.manifest.llm.genie["SM8650"]
+    assert check.dialog_created and "adapter 'style' applied" in check.dialog_checked_on
+    cfg = json.loads(bundle.file("genie_config.json").read_text())["dialog"]["engine"]["model"]["binary"]["lora"]
+    assert [a["name"] for a in cfg["adapters"]] == ["style", "terse", "base"] and cfg["lora-version"] == 1
+    tokens = {}
+    for adapter in (None, "style", "terse", str(work / "later")):
+        got = {}
+        for backend in ("htp-sim", "genie"):
+            model = llm.load(bundle.path, backend=backend, lora=adapter)
+            got[backend] = model.generate("The quick brown fox", max_new_tokens=12).token_ids
+        assert got["genie"] == got["htp-sim"], (adapter, got)
+        tokens[adapter] = got["genie"]
+    assert len({tuple(t) for t in tokens.values()}) >= 3     # the adapters change what is generated
 
 
 def test_lora_scale_follows_peft_scaling(bundle, work):

@@ -29,11 +29,12 @@ class Runtime:
 _HTP_LIBS = "libQnnHtp.so, libQnnHtpV{arch}Stub.so, libQnnHtpV{arch}Skel.so, libQnnSystem.so of QAIRT {qairt} or newer"
 
 RUNTIMES: tuple[Runtime, ...] = (
-    Runtime("Genie", frozenset({Role.CONTEXT_BINARY, Role.GENIE_LUT}), frozenset({Role.GENIE_CONFIG, Role.TOKENIZER}),
+    Runtime("Genie", frozenset({Role.CONTEXT_BINARY, Role.GENIE_LUT}),
+            frozenset({Role.GENIE_CONFIG, Role.TOKENIZER, Role.LORA_INPUTS}),
             "libGenie.so (genie-t2t-run -c {genie_config}) and " + _HTP_LIBS, needs_genie_config=True,
             decode_graphs_only=True),
     Runtime("ONNX Runtime (QNN EP)", frozenset({Role.EPCONTEXT_MODEL, Role.CONTEXT_BINARY}),
-            frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG}),
+            frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG, Role.LORA_INPUTS}),
             "onnxruntime {onnxruntime} or newer with the QNN EP (onnxruntime-qnn {onnxruntime-qnn}), and " + _HTP_LIBS),
     Runtime("ExecuTorch (QNN delegate)", frozenset({Role.PTE}), frozenset({Role.TOKENIZER, Role.TOKENIZER_CONFIG}),
             "an ExecuTorch {executorch} runtime built with the QNN backend, and " + _HTP_LIBS),
@@ -121,6 +122,20 @@ class _Missing(dict):
         return "?"
 
 
+def _listed(files) -> list[str]:
+    """The files' paths, an adapter's LoRA inputs (a .raw per input: hundreds for a real model) as their folder."""
+    out, folders = [], {}
+    for f in files:
+        if f.role == Role.LORA_INPUTS:
+            folder = str(f.path).rsplit("/", 1)[0]
+            if folder not in folders:
+                out.append(folder)
+            folders[folder] = folders.get(folder, 0) + 1
+        else:
+            out.append(str(f.path))
+    return [f"{p}/ ({folders[p]} files)" if p in folders else p for p in out]
+
+
 def deployment(m: Manifest) -> Deployment:
     owner = _target_of_files(m)
     out = Deployment()
@@ -143,7 +158,7 @@ def deployment(m: Manifest) -> Deployment:
                 extra = [f for f in extra if f.role != Role.GENIE_CONFIG or str(f.path) == genie_configs[target]]
             model_bytes = sum(f.size for f in model)
             out.runtimes.append(RuntimeFiles(
-                rt.name, target, [str(f.path) for f in model + extra], model_bytes, sum(f.size for f in extra),
+                rt.name, target, _listed(model + extra), model_bytes, sum(f.size for f in extra),
                 round(model_bytes / m.parameters, 4) if m.parameters else None,
                 _needs(rt, m, target, genie_configs.get(target))))
     host = [f for f in m.files if f.role in HOST_ONLY]

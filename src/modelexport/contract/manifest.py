@@ -248,6 +248,7 @@ class LoraAdapterEntry(_Recorded):
     modules: int                         # the linears it adapts
     sha256: str
     folder: str                          # in the bundle: lora/NAME (adapter_config.json, adapter_model.safetensors)
+    genie_folder: str | None = None      # lora/NAME/genie: a float32 .raw per LoRA input (Genie's lora-version 1)
 
 
 class LoraInputs(_Recorded):
@@ -258,6 +259,7 @@ class LoraInputs(_Recorded):
     layers: list[int]
     inputs: int                          # graph inputs (two per adapted linear)
     adapters: list[LoraAdapterEntry] = Field(default_factory=list)
+    genie_base: str | None = None        # lora/base/genie: zeros, the adapter that gives a Genie dialog the base back
 
 
 class LlmSection(_Recorded):

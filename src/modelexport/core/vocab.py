@@ -46,6 +46,7 @@ class Role(StrEnum):
     GENIE_CONFIG = "genie-config"                  # Genie's dialog config (checked by libGenie)
     GENIE_LUT = "genie-lut"                        # LLMs taking embeddings: Genie's token → embedding table
     LORA_ADAPTER = "lora-adapter"                  # LLMs: a PEFT LoRA adapter's files, fed as graph inputs
+    LORA_INPUTS = "lora-inputs"                    # LLMs: one LoRA graph input of an adapter, float32 .raw (Genie's files)
     DLC = "dlc"                                    # a QNN IR container
     REPORT = "report"                              # report.html
     ARTIFACT = "artifact"                          # anything else

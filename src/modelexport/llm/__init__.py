@@ -49,7 +49,7 @@ class LoadOptions:
     use_cache: bool = True
     cache_dir: str | Path | None = None   # where built CPU programs are kept (default: MODELEXPORT_CACHE_DIR)
     progress: Callable[[str], None] | None = None
-    lora: str | Path | None = None  # a bundle compiled with --lora: an adapter's name in it, or a PEFT folder
+    lora: str | Path | None = None  # a bundle compiled with --lora: an adapter's name in it, or a PEFT folder (htp-sim, genie)
     lora_scale: float = 1.0         # the adapter's strength (0: the base alone)
 
 
@@ -114,9 +114,9 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
     path = Path(source)
     if not path.exists():
         raise InputError(f"{path} does not exist", "give a .gguf file, a Hugging Face folder, a .pte or a bundle folder")
-    if opts.lora is not None and backend != "htp-sim":
-        raise InputError(f"--lora applies an adapter to a bundle compiled with --lora on --backend htp-sim, not {backend}",
-                         "use --backend htp-sim")
+    if opts.lora is not None and backend not in ("htp-sim", "genie"):
+        raise InputError(f"--lora applies an adapter to a bundle compiled with --lora on --backend htp-sim or genie, "
+                         f"not {backend}", "use --backend htp-sim or --backend genie")
     if not opts.gguf_blocks and backend != "cpu":
         raise InputError(f"--requantize-gguf applies to the CPU program built from a GGUF, not to --backend {backend}",
                          "leave --requantize-gguf out, or use --backend cpu")

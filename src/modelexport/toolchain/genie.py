@@ -86,6 +86,11 @@ d = ctypes.c_void_p()
 lib.GenieDialog_create.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
 rc = lib.GenieDialog_create(h, ctypes.byref(d))
 say(event="dialog", status=rc)
+if rc == 0 and job.get("lora"):
+    # lora-version 1: the adapter's files (one float32 .raw per LoRA graph input) copied into the inputs
+    lib.GenieDialog_applyLora.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+    rc = lib.GenieDialog_applyLora(d, b"primary", job["lora"].encode())
+    say(event="lora", status=rc)
 if rc != 0 or not (job.get("tokens") or job.get("embeddings")):
     sys.exit(0)
 lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
@@ -117,7 +122,8 @@ def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict
          ) -> tuple[dict[str, int], str]:
     """Genie's dialog on `config` (a dict) in a child: ({stage: status}, its stderr). `job` = {} only
     creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it, {"embeddings": a file
-    of float32 rows, "max_new_tokens": n} queries it with embeddings. `on_event` sees each
+    of float32 rows, "max_new_tokens": n} queries it with embeddings; {"lora": NAME} applies that
+    adapter of the config first (GenieDialog_applyLora). `on_event` sees each
     event ({"event": "tokens", "ids": [...]}, ...) as it comes."""
     with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d:
         path = Path(d) / "genie_config.json"

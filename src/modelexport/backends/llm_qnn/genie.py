@@ -50,3 +50,12 @@ def lut_embedding(lut: str, hidden_size: int) -> dict[str, Any]:
     `GenieDialog_embeddingQuery` takes float32 embeddings of `hidden_size` per position, which Genie
     converts to the graph input's type (a float input: the residual stream stays float)."""
     return {"version": 1, "type": "lut", "lut-path": lut, "size": int(hidden_size), "datatype": "float32"}
+
+
+def lora_block(adapters: list[tuple[str, str]]) -> dict[str, Any]:
+    """The model binary's `lora` block for (name, folder) adapters: Genie's file-based LoRA (lora-version 1)
+    copies `folder/<input name>.raw` (float32, C order) into each LoRA graph input of float16 when
+    `GenieDialog_applyLora(dialog, "primary", name)` is called; folders relative to where Genie runs.
+    A dialog starts without one, and its reset keeps the one applied."""
+    return {"version": 1, "lora-version": 1,
+            "adapters": [{"version": 1, "name": name, "path": folder} for name, folder in adapters]}

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from ...core.errors import InputError, VerificationError
 from ...toolchain.genie import genie_messages, run_dialog
+from .genie import lora_block
 from ...toolchain.native_io import native_stdout_to_stderr
 from ...toolchain.qnn_context import read_context_binary
 from ...toolchain.simulator_memory import binary_bytes, fits_on_simulator, simulator_limit_note, variants_that_fit
@@ -40,6 +41,8 @@ def host_config(cfg: dict[str, Any], config_dir: Path, twins: list[Path],
     lut = cfg["dialog"].get("embedding", {})
     if "lut-path" in lut:
         lut["lut-path"] = str((config_dir / lut["lut-path"]).resolve())
+    for adapter in cfg["dialog"]["engine"]["model"]["binary"].get("lora", {}).get("adapters", []):
+        adapter["path"] = str((config_dir / adapter["path"]).resolve())
     # a phone's settings busy-poll on 3 big cores; here the simulator needs the host's cores
     engine = cfg["dialog"]["engine"]
     engine["n-threads"] = 1
@@ -88,13 +91,14 @@ GENIE_UNFED_INPUTS = {
 }
 
 
-def check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]]) -> dict[str, Any]:
+def check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]],
+                  lora: str | None = None) -> dict[str, Any]:
     """The build's Genie check on the host twins (tokens per call, binary; parts in order): one
     dialog over all of them, or, when they exceed what the simulator holds in one process, one
-    dialog per variant. What that leaves unchecked is said in `dialog_note`; so is a refusal for
-    inputs Genie does not feed (GENIE_UNFED_INPUTS)."""
+    dialog per variant; `lora`: the adapter applied in it. What that leaves unchecked is said in
+    `dialog_note`; so is a refusal for inputs Genie does not feed (GENIE_UNFED_INPUTS)."""
     try:
-        return _check_dialogs(cfg, config_dir, twins)
+        return _check_dialogs(cfg, config_dir, twins, lora)
     except VerificationError:
         note = _unfed_inputs_note(twins[0][1]) if twins else None   # the first part takes the positions
         if note is None:
@@ -109,15 +113,16 @@ def _unfed_inputs_note(twin: Path) -> str | None:
     return next((why for name, why in GENIE_UNFED_INPUTS.items() if name in names), None)
 
 
-def _check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]]) -> dict[str, Any]:
+def _check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int, Path]],
+                   lora: str | None = None) -> dict[str, Any]:
     every = [p for _, p in twins]
     if fits_on_simulator(every):
-        return check_dialog(host_config(cfg, config_dir, every))
+        return check_dialog(host_config(cfg, config_dir, every), lora)
     checked, unchecked = [], []
     for n in sorted({n for n, _ in twins}):
         alone = [p for m, p in twins if m == n]
         if fits_on_simulator(alone):
-            check_dialog(host_config(cfg, config_dir, alone))
+            check_dialog(host_config(cfg, config_dir, alone), lora)
             checked.append(f"ar{n}")
         else:
             unchecked.append(f"ar{n}")
@@ -131,12 +136,17 @@ def _check_dialogs(cfg: dict[str, Any], config_dir: Path, twins: list[tuple[int,
                            "(their KV encodings against each other, its switching between them)"}
 
 
-def check_dialog(config: dict[str, Any]) -> dict[str, Any]:
-    """GenieDialog_create with `config` (a `host_config`): {"dialog_created": True, ...} or a
-    VerificationError with Genie's reasons."""
-    status, stderr = run_dialog(config, {}, timeout=600)
+def check_dialog(config: dict[str, Any], lora: str | None = None) -> dict[str, Any]:
+    """GenieDialog_create with `config` (a `host_config`), and GenieDialog_applyLora of adapter `lora`:
+    {"dialog_created": True, ...} or a VerificationError with Genie's reasons."""
+    status, stderr = run_dialog(config, {"lora": lora} if lora else {}, timeout=600)
+    if status.get("dialog") == 0 and status.get("lora", 0) == 0:
+        return {"dialog_created": True, "dialog_checked_on": "host twins (x86 HTP simulator)"
+                + (f", adapter {lora!r} applied" if lora else "")}
     if status.get("dialog") == 0:
-        return {"dialog_created": True, "dialog_checked_on": "host twins (x86 HTP simulator)"}
+        raise VerificationError(f"Genie refuses the bundle's LoRA adapter {lora!r} (GenieDialog_applyLora status "
+                                f"{status['lora']}): {genie_messages(stderr)}",
+                                "this is a bug in the generated adapter files; report it with the bundle's manifest")
     where = "GenieDialogConfig_createFromJson" if "config" in status else "GenieDialog_create"
     raise VerificationError(f"Genie refuses the bundle ({where} status {status.get('config', status.get('dialog'))}): "
                             f"{genie_messages(stderr)}",
@@ -161,12 +171,14 @@ def prompt_embeddings(bundle, ids: list[int], out: Path) -> Path:
     return out
 
 
-def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int, sampler: dict,
-                 on_tokens: Callable[[list[int]], None] | None = None) -> tuple[list[int], str]:
+def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int, sampler: dict,  # noqa: PLR0913
+                 on_tokens: Callable[[list[int]], None] | None = None,
+                 lora: dict[str, Any] | None = None) -> tuple[list[int], str]:
     """Run Genie's dialog on `prompt_ids`: (generated ids, stop reason). Genie prepends the
     config's BOS itself, so the host config's BOS is cleared and `prompt_ids` go in as they are.
     A bundle taking embeddings gets them through GenieDialog_embeddingTokenQuery: the prompt's rows
-    of the Genie table, and each generated token looked up there by Genie."""
+    of the Genie table, and each generated token looked up there by Genie. `lora` ({input name:
+    float32 array}): an adapter's inputs, written as Genie's files and applied before the query."""
     cfg = bundle_config(bundle, target, sampler)
     cfg["dialog"]["context"]["bos-token"] = -1
     out: list[int] = []
@@ -181,10 +193,22 @@ def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int
         if bundle.manifest.llm.inputs == "embeddings":   # the embedding query, the prompt looked up as Genie would
             job = {"embeddings": str(prompt_embeddings(bundle, prompt_ids, Path(d) / "prompt.f32")),
                    "max_new_tokens": int(max_new_tokens)}
+        if lora is not None:
+            job["lora"] = _run_adapter(cfg, lora, Path(d) / "lora")
         status, stderr = run_dialog(cfg, job, timeout=3600, on_event=on_event)
-    if status.get("dialog") != 0:
-        raise VerificationError(f"Genie refuses the bundle: {genie_messages(stderr)}",
+    if status.get("dialog") != 0 or status.get("lora", 0) != 0:
+        raise VerificationError(f"Genie refuses the bundle{' or its adapter' if lora else ''}: {genie_messages(stderr)}",
                                 "compile the LLM again with this version")
     stop = "length" if len(out) >= max_new_tokens else ("eos" if status.get("query") == 0 else
                                                          f"genie status {status.get('query')}")
     return out, stop
+
+
+def _run_adapter(cfg: dict[str, Any], arrays: dict, folder: Path) -> str:
+    """The adapter `arrays` as Genie's files in `folder`, the config's only adapter ("run"): its name."""
+    import numpy as np   # deferred: numpy, for --lora only
+    folder.mkdir()
+    for name, arr in arrays.items():
+        np.ascontiguousarray(arr, np.float32).tofile(folder / f"{name}.raw")
+    cfg["dialog"]["engine"]["model"]["binary"]["lora"] = lora_block([("run", str(folder))])
+    return "run"

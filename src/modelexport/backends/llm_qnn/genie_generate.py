@@ -15,12 +15,16 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
+from ...core.arguments import finite
 from ...core.errors import InputError, UnsupportedError
+from ...llm.export.lora_source import adapter_arrays
 from ...llm import LLM, LLM_BACKENDS, LoadOptions
 from ...llm.run.generate import GenerationConfig, GenerationResult, GenerationStats, TokenStream, _config_with
 from ...llm.run.tokenizers import StreamDecoder
 from .genie_dialog import genie_tokens, sampler_block
-from .session import bundle_tokenizer, open_compiled_bundle
+from .session import bundle_lora_slots, bundle_tokenizer, find_adapter, open_compiled_bundle
 
 
 # Genie picks every token inside its own dialog, so our drafts cannot be checked there; its own
@@ -37,11 +41,12 @@ class GenieGenerator:
 
     session = None
 
-    def __init__(self, bundle, tokenizer, target: str):
+    def __init__(self, bundle, tokenizer, target: str, lora: dict | None = None):
         self.bundle = bundle
         self.tokenizer = tokenizer
         self.target = target
         self.max_seq_len = bundle.manifest.llm.max_seq_len
+        self.lora = lora        # an adapter's LoRA inputs (float32), applied in each dialog
 
     def encode_prompt(self, prompt, *, chat: bool = False) -> list[int]:
         if isinstance(prompt, str):
@@ -93,7 +98,7 @@ class GenieGenerator:
         def work() -> None:
             try:
                 _, stop = genie_tokens(self.bundle, self.target, prompt_ids, config.max_new_tokens, sampler,
-                                       on_tokens=lambda ids: pieces.put(("ids", ids)))
+                                       on_tokens=lambda ids: pieces.put(("ids", ids)), lora=self.lora)
                 pieces.put(("done", stop))
             except BaseException as e:   # handed to the consumer, raised there
                 pieces.put(("error", e))
@@ -155,8 +160,20 @@ def open_genie(path: Path, opts: LoadOptions) -> LLM:
                                f"parts whose graphs Genie cannot chain ({check.dialog_note or 'no Genie dialog was created at build time'})",
                                "compile the LLM again with this version, or use --backend htp-sim (the same binaries, our loop)")
     tokenizer = bundle_tokenizer(bundle, path, opts)
-    gen = GenieGenerator(bundle, tokenizer, targets[0])
+    gen = GenieGenerator(bundle, tokenizer, targets[0], _genie_lora(bundle, opts))
     info = {"source": str(path), "source_kind": "bundle", "model": path.name, "target": targets[0],
             "tokenizer": tokenizer.describe(), "max_seq_len": gen.max_seq_len,
             "runtime": "libGenie.so (onnxruntime-qnn wheel) on the host twins, x86 HTP simulator"}
     return LLM(gen, "genie", info)   # type: ignore[arg-type]   # the Generator surface, Genie's loop
+
+
+def _genie_lora(bundle, opts: LoadOptions) -> dict | None:
+    """--lora: the adapter's inputs at --lora-scale, as Genie's float32 files take them (None: the base)."""
+    if opts.lora is None:
+        return None
+    slots = bundle_lora_slots(bundle)
+    if slots is None:
+        raise InputError(f"bundle {bundle.path} takes no LoRA adapter: it was compiled without --lora",
+                         "compile the base again with --lora ADAPTER_DIR, or leave --lora out")
+    finite("--lora-scale", opts.lora_scale, "1.0")
+    return adapter_arrays(find_adapter(bundle, opts.lora, slots), slots, opts.lora_scale, dtype=np.float32)

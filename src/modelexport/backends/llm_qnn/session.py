@@ -241,6 +241,20 @@ def apply_lora(bundle, forwards: dict[int, ChainedForward], lora: str | Path | N
     return adapter.name if adapter else None
 
 
+def bundle_lora_slots(bundle):
+    """The LoRA slots of the bundle's graphs, read from its QDQ graphs' inputs (None: it takes no adapter)."""
+    import onnx   # deferred: onnx, only for bundles compiled with --lora
+    if bundle.manifest.llm is None or bundle.manifest.llm.lora is None:
+        return None
+    shapes = {}
+    for g in bundle.manifest.graphs:
+        if g.quantized_model:
+            for i in onnx.load(str(bundle.file(g.quantized_model)), load_external_data=False).graph.input:
+                if i.name.startswith("lora_"):
+                    shapes[i.name] = [d.dim_value for d in i.type.tensor_type.shape.dim]
+    return slots_from_inputs(shapes)
+
+
 def find_adapter(bundle, lora: str | Path, slots):
     """The adapter named `lora` in the bundle's manifest, or the PEFT folder `lora`, checked against the slots."""
     record = bundle.manifest.llm.lora

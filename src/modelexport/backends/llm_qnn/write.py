@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...contract import GraphSpec, open_bundle
 from ...contract.manifest import (GRAPH_NAMING, DecoderShape, EmbedderPart, GenieCheck, HostTwin, LlmSection,
                                   LoraAdapterEntry, LoraInputs,
@@ -20,7 +22,7 @@ from ...core.cache import Cache
 from ...core.errors import ModelExportError, VerificationError
 from ...core.targets import get_target
 from ...core.vocab import BundleKind, Format, GraphKind, Role
-from ...llm.export.lora_source import CONFIG, WEIGHTS
+from ...llm.export.lora_source import CONFIG, GENIE_BASE, WEIGHTS, adapter_arrays, zero_arrays
 from ...llm.export.memory import host_part_mb
 from ...llm.export.plan import LlmPlan
 from ...llm.model.input_modes import get_input_mode
@@ -29,7 +31,7 @@ from ...toolchain.qnn_graph_order import in_part_order
 from ...toolchain.worker_pool import run_jobs
 from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, llm_source
 from .embedder import embedder_check
-from .genie import genie_config, lut_embedding
+from .genie import genie_config, lora_block, lut_embedding
 from .genie_dialog import check_dialogs
 
 GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog writes one "
@@ -77,10 +79,11 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         embedder = _add_embedder(a, qdq, jobs, results, twins, plan.max_seq_len, say)
         a.seal_build(run.qairt.build_id)
         a.m.placement = a.placement
-        genie = _genie_checks(a, plan, qdq.meta, ctx_bins, embedder, say)
+        lora = _add_lora(a, qdq.meta.get("lora"), plan)
+        genie = _genie_checks(a, plan, qdq.meta, ctx_bins, embedder, say, lora)
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
-        a.m.llm.lora = _add_lora(a, qdq.meta.get("lora"), plan)
+        a.m.llm.lora = lora
         if run.executorch_program:
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
@@ -251,8 +254,10 @@ def _add_embedder(a: BundleAssembler, qdq: QdqEntry, jobs: list, results: list, 
     return {"part": part}
 
 
-def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict, embedder: dict, say) -> dict:
-    """A Genie config per target, checked by the real libGenie, and a dialog created on the host twins."""
+def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict, embedder: dict, say,  # noqa: PLR0913
+                  lora: LoraInputs | None = None) -> dict:
+    """A Genie config per target, checked by the real libGenie, and a dialog created on the host twins
+    (with `lora`, its first adapter applied there)."""
     socs, max_seq_len, spec = plan.socs, plan.max_seq_len, qmeta["spec"]
     genie = {}
     for soc in socs:
@@ -265,6 +270,9 @@ def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict
                            bos=qmeta["bos_id"] if qmeta.get("add_bos") else None,
                            eos=qmeta["eos_ids"], head_dim=spec["head_dim"],
                            embedding=lut_embedding(f"{up}{lut}", spec["hidden_size"]) if lut else None)
+        if lora is not None:
+            cfg["dialog"]["engine"]["model"]["binary"]["lora"] = lora_block(
+                [(e.name, f"{up}{e.genie_folder}") for e in lora.adapters] + [(GENIE_BASE, f"{up}{lora.genie_base}")])
         path = a.w.path(rel, role=Role.GENIE_CONFIG)
         path.write_text(json.dumps(cfg, indent=2))
         twins = [(g.n_tokens, a.w.dir / g.host_twin.context_binary)
@@ -277,20 +285,30 @@ def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict
                                          dialog_note=GENIE_BOTH_NOTE)
             continue
         say(f"creating a Genie dialog on the {soc.name} host twins", 3.8, 4)
-        genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path), **check_dialogs(cfg, path.parent, twins))
+        genie[soc.name] = GenieCheck(file=rel, **validate_genie_config(path),
+                                     **check_dialogs(cfg, path.parent, twins, lora.adapters[0].name if lora else None))
     return genie
 
 
 def _add_lora(a: BundleAssembler, record: dict | None, plan: LlmPlan) -> LoraInputs | None:
-    """`--lora`: each adapter's two files under lora/NAME/, and the graphs' LoRA inputs."""
+    """`--lora`: each adapter's two files under lora/NAME/ and its inputs as Genie reads them
+    (lora/NAME/genie/), zeros for the base (lora/base/genie/), and the graphs' LoRA inputs."""
     if record is None:
         return None
-    entries = []
+    slots, entries = plan.lora.slots, []
     for adapter in plan.lora.adapters:
         for f in (CONFIG, WEIGHTS):
             a.w.add_file(adapter.folder / f, f"lora/{adapter.name}/{f}", role=Role.LORA_ADAPTER)
-        entries.append(LoraAdapterEntry(**adapter.to_dict(), folder=f"lora/{adapter.name}"))
-    return LoraInputs(**{k: v for k, v in record.items() if k != "adapters"}, adapters=entries)
+        genie = _write_genie_lora(a, f"lora/{adapter.name}/genie", adapter_arrays(adapter, slots, dtype=np.float32))
+        entries.append(LoraAdapterEntry(**adapter.to_dict(), folder=f"lora/{adapter.name}", genie_folder=genie))
+    base = _write_genie_lora(a, f"lora/{GENIE_BASE}/genie", zero_arrays(slots, np.float32))
+    return LoraInputs(**{k: v for k, v in record.items() if k != "adapters"}, adapters=entries, genie_base=base)
+
+
+def _write_genie_lora(a: BundleAssembler, folder: str, arrays: dict) -> str:
+    for name, arr in arrays.items():
+        np.ascontiguousarray(arr, np.float32).tofile(a.w.path(f"{folder}/{name}.raw", role=Role.LORA_INPUTS))
+    return folder
 
 
 def _check_part_order(graphs, target: str) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 from ...core.errors import InputError, UnsupportedError
 
 CONFIG = "adapter_config.json"
+GENIE_BASE = "base"       # the bundle's all-zero adapter: a Genie dialog's base model again (its reset keeps an adapter)
 WEIGHTS = "adapter_model.safetensors"
 # PEFT's saved names: base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight$")
@@ -261,6 +262,9 @@ def plan_lora(folders: list[str] | tuple[str, ...], shape: dict | None, family_f
                                "graphs split", "merge the adapter into the base (peft's merge_and_unload) and compile that")
     adapters = [read_adapter(f, shape) for f in folders]   # each checked against the base
     names = [a.name for a in adapters]
+    if GENIE_BASE in names:
+        raise InputError(f"--lora: an adapter folder is named {GENIE_BASE!r}, the name the bundle gives the base model",
+                         "rename the adapter's folder")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(f"--lora: two adapter folders are both named {dup[0]!r}", "give each adapter folder its own name")
@@ -297,9 +301,10 @@ def check_fits(adapter: LoraAdapter, slots: LoraSlots) -> None:
                          f"compile the base again with --lora {adapter.folder}")
 
 
-def adapter_arrays(adapter: LoraAdapter, slots: LoraSlots, strength: float = 1.0) -> dict:
-    """{input name: float32 array} of this adapter in the slots: A^T [in, R], B^T [R, out] times its
-    scaling and `strength`, zero-padded to rank R; zeros for the slots' modules it leaves alone."""
+def adapter_arrays(adapter: LoraAdapter, slots: LoraSlots, strength: float = 1.0, dtype=np.float16) -> dict:
+    """{input name: array} of this adapter in the slots: A^T [in, R], B^T [R, out] times its scaling and
+    `strength`, zero-padded to rank R; zeros for the slots' modules it leaves alone. float16: the graphs'
+    LoRA inputs (Genie fills such inputs of float16 or 8/16-bit fixed point only); float32 for Genie's files."""
     check_fits(adapter, slots)
     weights = {}
     for key, t in read_tensors(adapter.folder / WEIGHTS).items():
@@ -314,10 +319,10 @@ def adapter_arrays(adapter: LoraAdapter, slots: LoraSlots, strength: float = 1.0
             r = wa.shape[0]
             a[:, :r] = wa.T
             b[:r, :] = wb.T * (adapter.scaling[t.path] * strength)
-        out[t.a_name], out[t.b_name] = a, b
+        out[t.a_name], out[t.b_name] = a.astype(dtype), b.astype(dtype)
     return out
 
 
-def zero_arrays(slots: LoraSlots) -> dict:
+def zero_arrays(slots: LoraSlots, dtype=np.float16) -> dict:
     """The base model alone: every LoRA input zero."""
-    return {n: np.zeros(s, np.float32) for n, s in slots.shapes().items()}
+    return {n: np.zeros(s, dtype) for n, s in slots.shapes().items()}

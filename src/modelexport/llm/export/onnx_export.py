@@ -116,7 +116,7 @@ class DecoderPart(nn.Module):
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         slots = getattr(self.decoder, "lora_slots", None)
         shapes = slots.shapes() if slots else {}
-        return (*self._graph_inputs(), *[torch.zeros(shapes[n]) for n in self.lora_names()])
+        return (*self._graph_inputs(), *[torch.zeros(shapes[n], dtype=torch.float16) for n in self.lora_names()])
 
     def _graph_inputs(self) -> tuple[torch.Tensor, ...]:
         d = self.decoder

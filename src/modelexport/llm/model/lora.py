@@ -27,8 +27,10 @@ class LoraBranch(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.a is None:
             return y
-        x = x if x.dtype == self.a.dtype else x.to(self.a.dtype)     # no Cast in the float32 export
-        d = torch.matmul(torch.matmul(x, self.a), self.b)
+        # A and B come in as float16 (the graph inputs' type: Genie fills LoRA inputs of float16, not
+        # float32); the branch computes in the layer's type
+        a, b = (t if t.dtype == x.dtype else t.to(x.dtype) for t in (self.a, self.b))
+        d = torch.matmul(torch.matmul(x, a), b)
         return y + (d if d.dtype == y.dtype else d.to(y.dtype))
 
 
