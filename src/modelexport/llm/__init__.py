@@ -116,7 +116,8 @@ def load(source: str | Path, *, backend: str = "cpu", **options: Any) -> LLM:
         raise InputError(f"{path} does not exist", "give a .gguf file, a Hugging Face folder, a .pte or a bundle folder")
     if opts.lora is not None and backend not in ("htp-sim", "genie"):
         raise InputError(f"--lora applies an adapter to a bundle compiled with --lora on --backend htp-sim or genie, "
-                         f"not {backend}", "use --backend htp-sim or --backend genie")
+                         f"not {backend}", "use --backend htp-sim or --backend genie, or merge the adapter into the "
+                         "model (peft's merge_and_unload, save_pretrained) and run that folder")
     if not opts.gguf_blocks and backend != "cpu":
         raise InputError(f"--requantize-gguf applies to the CPU program built from a GGUF, not to --backend {backend}",
                          "leave --requantize-gguf out, or use --backend cpu")
