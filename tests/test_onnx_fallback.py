@@ -75,3 +75,28 @@ def test_strict_passes_a_model_fully_on_the_htp_at_8a8w(tmp_path, cli_here):
                               "--calibration", "random", "--strict", "--json", check=True).stdout)
     where = res["placement"]["conv"]["SM8650"]
     assert where["cpu_fallbacks"] == [] and where["htp_nodes"] > 0 and where["cpu_io_quantization"] >= 1
+
+
+def test_audit_lists_nodes_off_the_htp_and_folded_ones_only_with_all(tmp_path, cli_here):
+    """A Conv's bias Add that ONNX Runtime folds into it is no node for the user to act on: the default
+    table leaves it out (the summary counts it), --all lists it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32), "bias")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "bias"], ["a"], name="bias_add"),
+             helper.make_node("Det", ["a"], ["y"], name="det")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    data = json.loads(cli_here("audit", str(tmp_path / "m.onnx"), "-t", "SM8650", "--json", check=True).stdout)
+    backend = {n["name"]: n["backend"] for n in data["nodes"]}
+    assert backend["det"] == "CPU" and backend["bias_add"] == "folded"
+    table = cli_here("audit", str(tmp_path / "m.onnx"), "-t", "SM8650").stdout
+    assert "det" in table and "bias_add" not in table and "folded by the optimizer" in table
+    assert "bias_add" in cli_here("audit", str(tmp_path / "m.onnx"), "-t", "SM8650", "--all").stdout

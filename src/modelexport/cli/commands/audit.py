@@ -32,7 +32,7 @@ def audit(
     input_value: list[str] | None = typer.Option(None, "--input-value", help="ONNX: fix an input to a constant, NAME=VALUE "
                                                     "(folds If on it, e.g. sr=16000; repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="Exit non-zero (3) when any node falls back to the CPU."),
-    show_all: bool = typer.Option(False, "--all", help="List every node, not only those off the HTP."),
+    show_all: bool = typer.Option(False, "--all", help="List every node, not only those off the HTP (also those ONNX Runtime's optimizer folded away)."),
     log: Path | None = typer.Option(None, "--log", help="Keep the QNN EP's verbose log in this file."),
     calibration: str | None = typer.Option(None, "--calibration", "-c", help="PyTorch models: calibration data for a quantized "
                                               "--precision (default random: placement does not depend on the values)."),
@@ -55,7 +55,8 @@ def audit(
     if json_out:
         emit_json(report.to_dict())
     else:
-        rows = [n for n in report.nodes if show_all or n.backend != "HTP"]
+        # by default what a user acts on: the nodes off the HTP; not those the optimizer removed (--all lists them)
+        rows = [n for n in report.nodes if show_all or n.backend not in ("HTP", "folded")]
         if rows:
             table = Table("node", "op", "module", "runs on", "reason", "fix", "MACs", header_style="bold", show_lines=True)
             for n in rows:
