@@ -218,6 +218,33 @@ def test_context_overflow(tiny):
     assert res.stats.context_shifts >= 1
 
 
+def test_attention_sink_keeps_the_first_tokens_when_the_window_slides(tiny):
+    """At a slide the cache is rebuilt from the first N tokens and the newest ones: after it, the
+    text is what a fresh run on exactly those tokens generates."""
+    g = _gen(tiny)                                          # max_seq_len 64: a slide keeps 32 tokens
+    seen = []
+    slide = g._slide
+
+    def spy(sink=0):
+        before = list(g.history)
+        logits = slide(sink)
+        seen.append((before, list(g.history)))
+        return logits
+    g._slide = spy
+    prompt = "Once upon a time " + "y" * 40
+    res = g.generate(prompt, max_new_tokens=30, stop_on_eos=False, sliding_window=True, attention_sink=4)
+    assert res.stats.context_shifts == 1 and res.stats.generated_tokens == 30
+    (before, kept), = seen
+    context = res.prompt_ids + res.token_ids
+    assert before == context[:len(before)]
+    assert kept == before[:4] + before[-28:]               # the sink (the prompt's first 4 tokens) + the newest
+    after = context[len(before):]                            # generated from the slid window on
+    fresh = _gen(tiny).generate(kept, max_new_tokens=len(after), stop_on_eos=False)
+    assert after and fresh.token_ids == after
+    with pytest.raises(InputError, match="--sliding-window"):
+        g.generate("hi", max_new_tokens=4, attention_sink=4)
+
+
 def test_chat_reuses_the_cache_and_matches_a_fresh_run(tiny):
     from modelexport.llm.model.static_decoder import StaticDecoder, StaticDecoderConfig
 

@@ -33,6 +33,9 @@ def generate(
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (same seed, same text); default: a fresh random seed, printed in the stats."),
     stop: list[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     sliding_window: bool = typer.Option(False, "--sliding-window", help="When the context is full, keep the newest half and go on instead of stopping."),
+    attention_sink: int = typer.Option(0, "--attention-sink", help="With --sliding-window: also keep the first N tokens "
+                                       "(the system prompt's start: the attention sink every later token attends to; "
+                                       "llama.cpp's --keep) when the window slides."),
     prompt_lookup: int = typer.Option(0, "--prompt-lookup", help="Speculative decoding by prompt lookup: each step drafts up to N tokens, "
                                       "those that followed the last --ngram tokens where they last occurred in the prompt or the answer, "
                                       "and checks them in one model call. The same text as greedy decoding, in fewer model calls when the "
@@ -83,9 +86,9 @@ def generate(
         raise InputError("--no-image-splitting is for --image", "pass --image PHOTO, or drop --no-image-splitting")
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    repetition_penalty=repetition_penalty, seed=seed, stop_strings=tuple(stop),
-                   sliding_window=sliding_window, prompt_lookup=prompt_lookup, ngram=ngram)
-    llm.GenerationConfig(**{k: options[k] for k in ("max_new_tokens", "stop_strings", "sliding_window", "prompt_lookup",
-                                                    "ngram")},
+                   sliding_window=sliding_window, attention_sink=attention_sink, prompt_lookup=prompt_lookup, ngram=ngram)
+    llm.GenerationConfig(**{k: options[k] for k in ("max_new_tokens", "stop_strings", "sliding_window", "attention_sink",
+                                                    "prompt_lookup", "ngram")},
                          sampling=llm.SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p,
                                                      repetition_penalty=repetition_penalty, seed=seed))  # validate early
     if prompt_lookup and backend == "cpu":   # said before the CPU program is built (minutes the first time)

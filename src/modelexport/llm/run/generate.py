@@ -333,14 +333,17 @@ class Generator:
         self.history = list(ids)
         return logits, len(ids) - keep
 
-    def _slide(self) -> torch.Tensor:
-        """The context is full: keep the newest half of the tokens (`history`, ending with the
-        token just sampled), rebuild the cache from them and return the logits after them."""
+    def _slide(self, sink: int = 0) -> torch.Tensor:
+        """The context is full: keep the newest half of the tokens (`history`, ending with the token
+        just sampled), after the first `sink` ones (the attention sink: StreamingLLM keeps them, the
+        tokens every later one attends to most; llama.cpp's --keep), rebuild the cache from them at
+        positions 0.. and return the logits after them."""
         keep = max(1, self.max_seq_len // 2)
-        tail = self.history[-keep:]
+        sink = min(sink, keep - 1)
+        kept = self.history[:sink] + self.history[len(self.history) - (keep - sink):]
         self.session.reset()
-        logits = self.session.feed(tail)
-        self.history = list(tail)
+        logits = self.session.feed(kept)
+        self.history = list(kept)
         return logits
 
     def _run(self, prompt_ids: list[int], config: GenerationConfig, reuse_cache: bool, state: dict,
@@ -386,7 +389,7 @@ class Generator:
                         state["stop"] = "context_full"
                         break
                     self.history.append(tok)
-                    tok = steps.start(self._slide())  # the slid window ends with `tok`: its logits come next
+                    tok = steps.start(self._slide(config.attention_sink))  # the slid window ends with `tok`
                     state["shifts"] += 1
                     continue
                 tok = steps.advance()

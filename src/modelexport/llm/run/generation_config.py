@@ -46,6 +46,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     stop_on_eos: bool = True
     sliding_window: bool = False       # when the context is full: keep the newest half and go on
+    attention_sink: int = 0            # with sliding_window: also keep the first N tokens (StreamingLLM's sink)
     prompt_lookup: int = 0             # draft tokens per step copied from earlier text (prompt_lookup.py); 0: off
     ngram: int = 3                     # with prompt_lookup: the longest n-gram matched (then shorter, down to 1)
 
@@ -58,6 +59,12 @@ class GenerationConfig:
                              "e.g. --prompt-lookup 4")
         if not 1 <= self.ngram <= MAX_NGRAM:
             raise InputError(f"--ngram must be 1 to {MAX_NGRAM}, got {self.ngram}", "e.g. --ngram 3")
+        if self.attention_sink < 0:
+            raise InputError(f"--attention-sink must be 0 (off) or more tokens, got {self.attention_sink}",
+                             "e.g. --attention-sink 4")
+        if self.attention_sink and not self.sliding_window:
+            raise InputError("--attention-sink keeps the first tokens when the window slides; --sliding-window is off",
+                             "add --sliding-window, or leave --attention-sink out")
         if self.prompt_lookup and not self.sampling.greedy:
             raise InputError(f"--prompt-lookup checks drafts against greedy decoding; --temperature "
                              f"{self.sampling.temperature} samples",
