@@ -81,11 +81,11 @@ def split_bundle(work):
                                calibration_samples=4, lora=[str(work / "style")], context_limit_mb=0.15)
 
 
-def _float_logits(work: Path, adapter: str | None, scale: float = 1.0) -> np.ndarray:
+def _float_logits(work: Path, adapter: str | None, scale: float = 1.0, folder: str = "tiny_hf") -> np.ndarray:
     """PEFT's model on the float weights (the adapter scaled by `scale`), logits of the prompt's tokens."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(work / "tiny_hf").eval()
+    model = AutoModelForCausalLM.from_pretrained(work / folder).eval()
     if adapter is not None:
         model = PeftModel.from_pretrained(model, work / adapter).eval()
         if scale != 1.0:
@@ -228,3 +228,31 @@ def test_run_time_adapters_that_do_not_fit_are_refused(bundle, work, tmp_path):
     import modelexport.llm as llm
     e = _refused(lambda: llm.load(bundle.path, backend="cpu", lora="style"), InputError)
     assert "htp-sim" in e.fix
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+def test_other_families_take_adapters(model_type, tmp_path):
+    """Qwen3 (q/k norms after the projections) and Gemma 3 (sandwich norms, sliding-window layers, the
+    residual stream scaled): an adapter on the simulator against PEFT's own model."""
+    import modelexport
+    from llm_tiny_families import save_tiny_family_folder
+    from modelexport.core.numerics import sqnr_db
+    save_tiny_family_folder(model_type, tmp_path / "hf", seed=1)
+    (tmp_path / "calib.txt").write_text(CALIBRATION_TEXT)
+    _adapter(tmp_path / "hf", tmp_path / "ad", 4, ["q_proj", "v_proj", "down_proj"], 1)
+    b = modelexport.compile(str(tmp_path / "hf"), output=tmp_path / "b", target="SM8650", precision="16a8w",
+                            variants="ar1,ar4", max_seq_len=SEQ, calibration=str(tmp_path / "calib.txt"),
+                            calibration_samples=4, lora=[str(tmp_path / "ad")])
+    ref, base = _float_logits(tmp_path, "ad", folder="hf"), _float_logits(tmp_path, None, folder="hf")
+    sim = _sim_logits(b, "ad")
+    assert sqnr_db(ref, sim) > 18 and sqnr_db(ref, base) < sqnr_db(ref, sim) - 6
+
+
+def test_a_family_with_fused_projections_is_refused_before_compiling(work, tmp_path):
+    import modelexport
+    from llm_tiny_families import save_tiny_family_folder
+    save_tiny_family_folder("phi3", tmp_path / "phi3")
+    e = _refused(lambda: modelexport.compile(str(tmp_path / "phi3"), output=tmp_path / "b", precision="16a8w",
+                                             variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                                             lora=[str(work / "style")]), UnsupportedError)
+    assert "fuses its projections" in str(e) and "merge_and_unload" in e.fix and not (tmp_path / "b").exists()
