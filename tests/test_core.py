@@ -58,3 +58,24 @@ def test_llm_load_names_an_unknown_option(tmp_path):
     with pytest.raises(InputError, match="unknown option.*colour") as e:
         llm.load(tmp_path, colour="red")
     assert "max_seq_len" in e.value.fix
+
+
+def test_a_mapped_bf16_checkpoint_is_page_cache_beside_the_peak():
+    """A bf16 HF folder's weights stay mapped from its files (page cache the kernel can drop): the
+    estimate counts one module lifted to float32 instead of the whole model (Llama-3.1-8B's shape:
+    30.9 GB at the load counting the weights, 17.5 GB with them mapped)."""
+    from types import SimpleNamespace
+
+    from modelexport.llm.export.memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, plan_parts
+    from modelexport.llm.job_estimate import GB, PARENT_BASE, estimate_job, n_params_of
+    cfg = SimpleNamespace(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False)
+    parts, _ = plan_parts(cfg, [32, 1], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
+    kw = dict(chunk_bytes=host_chunk_mb(DEFAULT_CONTEXT_LIMIT_MB) * 2**20)
+    owned = estimate_job(cfg, parts, [32, 1], 2, 4, True, **kw)
+    mapped = estimate_job(cfg, parts, [32, 1], 2, 4, True, mapped=True, **kw)
+    assert owned.mapped_bytes == 0 and mapped.mapped_bytes == 2 * n_params_of(cfg)
+    assert mapped.phases["load"] == int(PARENT_BASE) and owned.phases["load"] > 30 * GB
+    assert mapped.peak_bytes < 20 * GB < owned.peak_bytes
+    assert mapped.phases["compile"] == owned.phases["compile"]      # the workers hold no model either way
+    assert mapped.to_dict()["mapped_gb"] == round(mapped.mapped_bytes / GB, 2)

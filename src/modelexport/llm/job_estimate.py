@@ -17,6 +17,12 @@ the phases of a compile follow one another, so the peak is the largest of
              model, quantizes it for `--embedder-precision 8bit` (ONNX Runtime's quantizer in the
              parent) and writes Genie's float32 table; priced like a graph's export (EXPORT_FACTOR on
              the float32 table, + QUANTIZE_FACTOR for 8 bits), not measured apart.
+The peak counts memory the compile owns. A bf16 Hugging Face folder is loaded as stored, its weights
+mapped from the safetensors files: page cache the kernel can drop and read again, beside the peak
+(`mapped_bytes`), not in it. Measured (bench/experiments/llm_memory_kinds.py, a Llama-3.2-1B-shaped
+bf16 folder): 0.32 GB anonymous after loading, 1.84 GB while calibrating with 2.47 GB of the
+checkpoint mapped, 5.82 GB at the peak (the context-binary compiles), against 5.6 / 5.3 / 10.3 GB
+when the weights were counted as the compile's own.
 The factors are measured (bench/llm_sizes.py, the tree's RSS per progress stage): SmolLM2-135M
 from its GGUF (1 part, ar32 + ar1, 2 jobs: load 1.3, calibrate 3.2, export 3.2 in the parent,
 quantize 1.6 per worker, compile 1.25 per worker; peak 4.8 GB), and a Llama-3.2-1B-shaped bf16
@@ -72,10 +78,12 @@ class JobEstimate:
     disk_bytes: int = 0
     available_bytes: int | None = None
     disk_available_bytes: int | None = None
+    mapped_bytes: int = 0      # the checkpoint mapped as stored: page cache beside the peak, dropped under pressure
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(peak_gb=round(self.peak_bytes / GB, 2), disk_gb=round(self.disk_bytes / GB, 2),
+                 mapped_gb=round(self.mapped_bytes / GB, 2),
                  available_gb=None if self.available_bytes is None else round(self.available_bytes / GB, 2),
                  disk_available_gb=None if self.disk_available_bytes is None else round(self.disk_available_bytes / GB, 2))
         return d
@@ -97,27 +105,33 @@ def n_params_of(cfg) -> int:
     return layer_params(cfg) * cfg.num_hidden_layers + embed * (1 if tied else 2) + norms
 
 
-def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,
+def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, bf16_source: bool,  # noqa: PLR0913
                  targets: int = 1, quantized: bool = False, chunk_bytes: float | None = None,
-                 rounding_bytes: int = 0, embedder: str | None = None) -> JobEstimate:
+                 rounding_bytes: int = 0, embedder: str | None = None, mapped: bool = False) -> JobEstimate:
     """`quantized`: the QDQ stage is cached, so nothing is loaded: only the compile phase counts.
     `chunk_bytes`: the host's unit of export and quantization (parts.host_chunks); a whole part if None.
     `rounding_bytes`: what a data-aware rounding adds over the model (0: none, `nearest`).
-    `embedder`: the embedder part's precision when the bundle has one (fp16 | 8bit), else None."""
+    `embedder`: the embedder part's precision when the bundle has one (fp16 | 8bit), else None.
+    `mapped`: the weights stay mapped from the checkpoint as stored (a bf16 Hugging Face folder):
+    file-backed pages the kernel drops and reads again under pressure, not memory of the compile's
+    own (`mapped_bytes`); the phases count the float32 lift of the largest module instead."""
     n = n_params_of(cfg)
     part_float = max(host_part_bytes(cfg, p) for p in parts)
     part_q = part_float / 4 * (weight_bits / 8 + 0.05)       # quantized weights + float norms/scales
     chunks = [c for p in parts for c in (host_chunks(cfg, p, chunk_bytes) if chunk_bytes else [p])]
     chunk_float = max(host_part_bytes(cfg, c) for c in chunks)
-    held = n * (2 if bf16_source else 4)
+    stored = n * (2 if bf16_source else 4)
+    # mapped: the model's own memory is one module lifted to float32 at a time (the largest: the embedding
+    # table or a layer), not the weights themselves
+    held = int(4 * max(cfg.vocab_size * cfg.hidden_size, layer_params(cfg))) if mapped else stored
     tasks = len(chunks) * max(1, len(variants))         # one (variant, chunk) graph each
     table = cfg.vocab_size * cfg.hidden_size * 4        # the embedding table in float32
     # the embedder's binary is one of the compile jobs (its table in fp16 or 8 bits)
     embedder_bin = (table / 2 if embedder == "fp16" else table / 4) if embedder else 0
     quantizing = lambda k: min(max(1, jobs), k) * (WORKER_BASE + QUANTIZE_FACTOR * chunk_float)
     phases = {
-        # the model, + the checkpoint's pages mapped while it is read
-        "load": int(PARENT_BASE + held + 2 * n),
+        # the model, + the checkpoint's pages mapped while it is read (a mapped model: neither, until used)
+        "load": int(PARENT_BASE + (0 if mapped else held + 2 * n)),
         "calibrate": int(PARENT_BASE + held + CALIBRATION_BYTES),
         **({"round": int(PARENT_BASE + held + SAMPLES_HELD_SHARE * CALIBRATION_BYTES + rounding_bytes)}
            if rounding_bytes else {}),
@@ -141,7 +155,7 @@ def estimate_job(cfg, parts, variants: list[int], jobs: int, weight_bits: int, b
     disk = int(2 * (qdq + binaries + embedder_disk) + (max(1, jobs) + 1) * chunk_float)
     return JobEstimate(n_params=n, n_parts=len(parts), parts=[[p.first_layer, p.end_layer] for p in parts],
                        largest_part_float_bytes=int(part_float), phases=phases, peak_bytes=max(phases.values()),
-                       disk_bytes=disk)
+                       disk_bytes=disk, mapped_bytes=int(stored) if mapped else 0)
 
 
 def available_memory() -> int | None:

@@ -26,6 +26,9 @@ def print_llm_plan(models: list[str], json_out: bool, precision: str | None = No
                   f"and {report['host_chunk_mb']:g} MB per exported chunk on the host")
     console.print("estimated peak host memory: " + ", ".join(f"{k} {v / 2**30:.1f} GB" for k, v in est["phases"].items())
                   + f" -> {est['peak_gb']} GB (available: {est['available_gb']} GB), {report['jobs']} worker(s)")
+    if est.get("mapped_gb"):
+        console.print(f"beside it, the checkpoint's {est['mapped_gb']} GB stay mapped from disk as stored (page cache "
+                      "the system drops and reads again when memory is short)")
     console.print(f"estimated disk: {est['disk_gb']} GB (free: {est['disk_available_gb']} GB)")
     if report.get("jobs_note"):
         console.print(report["jobs_note"])

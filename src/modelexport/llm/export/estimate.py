@@ -27,7 +27,12 @@ def estimate(plan: LlmPlan, quantized: bool) -> JobEstimate | None:
                         plan.facts.weights_dtype == "bfloat16", len(plan.socs), quantized=quantized,
                         chunk_bytes=plan.chunk_mb * 2**20,
                         rounding_bytes=(rounding_bytes(plan.facts.shape) or 0) if data_aware else 0,
-                        embedder=plan.embedder_precision)
+                        embedder=plan.embedder_precision, mapped=mapped_weights(plan))
+
+
+def mapped_weights(plan: LlmPlan) -> bool:
+    """A bf16 Hugging Face folder: loaded as stored, its weights stay mapped from the files (graphs.load_model)."""
+    return plan.facts.format == "hf" and plan.facts.weights_dtype == "bfloat16"
 
 
 def fitted_estimate(plan: LlmPlan, quantized: bool) -> tuple[JobEstimate | None, LlmPlan, str | None]:
