@@ -20,12 +20,12 @@ PAGE = ROOT / "docs" / "results.md"
 
 # (heading, file stems in order; a stem ending in * takes every file starting so)
 GROUPS: list[tuple[str, list[str]]] = [
-    ("ONNX", ["onnx_compile", "real_models", "real_models_auto", "real_models_before", "quant_engines",
+    ("ONNX", ["onnx_compile", "real_models", "real_models_auto", "real_models_before", "quant_engines", "quant_engines_dbnet",
               "profile_cost", "htp_matmul_precision", "htp_level_cycles"]),
     ("PyTorch", ["et_compile", "real_torch_models", "xnnpack_kernels"]),
     ("LLM compile by size", ["llm_sizes"]),
     ("LLM compile and quality", ["llm_export", "llm_export_16a4w_block", "llm_export_16a8w", "llm_quality",
-                                 "llm_rounding", "llm_rotation", "llm_genie", "genie_speculative", "llm_prompt_lookup",
+                                 "llm_rounding", "llm_rotation", "llm_genie", "genie_speculative", "llm_prompt_lookup", "llm_lora",
                                  "llm_embedder", "llm_eval_gemma3", "llm_compile_profile", "per_layer_llm", "llm_vocab_pairs"]),
     ("LLM programs for ExecuTorch's qnn_llama_runner", ["llm_runner_check", "qnn_llama_runner_x86"]),
     ("LLM on the CPU", ["llm_cpu_decode*", "llm_cpu_profile", "attention_kernel", "linear_kernel*",
