@@ -59,3 +59,9 @@ def lora_block(adapters: list[tuple[str, str]]) -> dict[str, Any]:
     A dialog starts without one, and its reset keeps the one applied."""
     return {"version": 1, "lora-version": 1,
             "adapters": [{"version": 1, "name": name, "path": folder} for name, folder in adapters]}
+
+
+def lora_files(arrays: dict) -> list[tuple[str, Any]]:
+    """(file name, float32 C-order array) of each LoRA input, as Genie's file-based LoRA reads them."""
+    import numpy as np   # deferred: numpy, for --lora only
+    return [(f"{name}.raw", np.ascontiguousarray(arr, np.float32)) for name, arr in arrays.items()]

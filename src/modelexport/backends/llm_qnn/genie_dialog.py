@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ...core.errors import InputError, VerificationError
 from ...toolchain.genie import genie_messages, run_dialog
-from .genie import lora_block
+from .genie import lora_block, lora_files
 from ...toolchain.native_io import native_stdout_to_stderr
 from ...toolchain.qnn_context import read_context_binary
 from ...toolchain.simulator_memory import binary_bytes, fits_on_simulator, simulator_limit_note, variants_that_fit
@@ -206,9 +206,8 @@ def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int
 
 def _run_adapter(cfg: dict[str, Any], arrays: dict, folder: Path) -> str:
     """The adapter `arrays` as Genie's files in `folder`, the config's only adapter ("run"): its name."""
-    import numpy as np   # deferred: numpy, for --lora only
     folder.mkdir()
-    for name, arr in arrays.items():
-        np.ascontiguousarray(arr, np.float32).tofile(folder / f"{name}.raw")
+    for file, arr in lora_files(arrays):
+        arr.tofile(folder / file)
     cfg["dialog"]["engine"]["model"]["binary"]["lora"] = lora_block([("run", str(folder))])
     return "run"

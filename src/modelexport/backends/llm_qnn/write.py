@@ -31,7 +31,7 @@ from ...toolchain.qnn_graph_order import in_part_order
 from ...toolchain.worker_pool import run_jobs
 from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, llm_source
 from .embedder import embedder_check
-from .genie import genie_config, lora_block, lut_embedding
+from .genie import genie_config, lora_block, lora_files, lut_embedding
 from .genie_dialog import check_dialogs
 
 GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog writes one "
@@ -306,8 +306,8 @@ def _add_lora(a: BundleAssembler, record: dict | None, plan: LlmPlan) -> LoraInp
 
 
 def _write_genie_lora(a: BundleAssembler, folder: str, arrays: dict) -> str:
-    for name, arr in arrays.items():
-        np.ascontiguousarray(arr, np.float32).tofile(a.w.path(f"{folder}/{name}.raw", role=Role.LORA_INPUTS))
+    for file, arr in lora_files(arrays):
+        arr.tofile(a.w.path(f"{folder}/{file}", role=Role.LORA_INPUTS))
     return folder
 
 
