@@ -78,6 +78,7 @@ class LlmCompileOptions(CompileOptions):
     block_size: int | None = None                        # 16a4w_block: input channels per scale
     variants: Any = None                                 # arN graphs, e.g. "ar1,ar32" or [32, 1]
     max_seq_len: int | None = None                       # context of the static decoders (None: DEFAULT_MAX_SEQ_LEN)
+    context_lengths: Any = None                          # graphs per context length over one copy of the weights, e.g. "256,512"
     context_limit_mb: float | None = None                # per-context HTP memory limit (split above it)
     host_chunk_mb: float | None = None                   # float32 weights exported / quantized at a time on the host
     calibration_samples: int | None = None               # samples per variant from the calibration text

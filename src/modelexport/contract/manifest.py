@@ -131,6 +131,7 @@ class GraphSpec(_Recorded):
     qnn_graphs: list[QnnGraph] | None = None
     # LLM decoder graphs
     n_tokens: int | None = None          # N of arN: tokens per call
+    context_len: int | None = None       # C of clC: the context it is built for (None: llm.max_seq_len)
     part_index: int | None = None        # 1-based part of a decoder split by layers
     n_parts: int | None = None
     layers: list[int] | None = None      # [first, end) decoder layers of the part
@@ -268,6 +269,7 @@ class LlmSection(_Recorded):
     spec: DecoderShape
     variants: list[int]                  # the N of the arN graphs
     max_seq_len: int
+    context_lengths: list[int] = Field(default_factory=list)   # --context-lengths, ascending ([]: max_seq_len only)
     n_parts: int
     parts: list[list[int]] = Field(default_factory=list)   # [first, end) layers per part
     split_note: str | None = None

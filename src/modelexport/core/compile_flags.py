@@ -96,6 +96,10 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
     CompileFlag("fallback", ("--fallback",), str | None, None, "PyTorch models: where nodes the HTP refuses run: xnnpack (default) or portable.", PYTORCH),
     CompileFlag("variants", ("--variants", "--variant"), list[str] | None, None, "LLMs: the arN decoder graphs sharing one copy of the weights, e.g. ar1,ar32 (default); repeatable (--variant ar1 --variant ar32 is the same); `full` adds the full-context graph: N = --max-seq-len, no KV cache.", LLMS, plan=True),
     CompileFlag("max_seq_len", ("--max-seq-len",), int | None, None, "LLMs: the context (KV cache + chunk) of every graph (default 512).", LLMS, plan=True),
+    CompileFlag("context_lengths", ("--context-lengths",), str | None, None, "LLMs: graphs for several context lengths over "
+                "one copy of the weights, shortest first, e.g. 512,1024,2048 (the longest is the context: "
+                "--max-seq-len may be left out). A dialog runs on the shortest length its position fits and moves "
+                "to a longer one as it grows, with the same KV cache.", LLMS, plan=True),
     CompileFlag("context_limit_mb", ("--context-limit-mb",), float | None, None, "LLMs: per-context HTP memory limit; above it the decoder is split by layers into parts (default 2048).", LLMS, plan=True),
     CompileFlag("host_chunk_mb", ("--host-chunk-mb",), float | None, None, "LLMs: float32 weights exported and quantized at a time "
                 "on this machine (default 256; one layer is the least); lower it when memory is short. "

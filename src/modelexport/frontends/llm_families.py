@@ -297,11 +297,12 @@ def check_model_config(cfg, where: str) -> LLMFamily:
     return family
 
 
-def check_model_context(max_seq_len: int, context_length: int | None) -> None:
-    """Refuse a --max-seq-len beyond the context the model was trained for (its GGUF header or config)."""
+def check_model_context(max_seq_len: int, context_length: int | None, flag: str = "--max-seq-len") -> None:
+    """Refuse a --max-seq-len beyond the context the model was trained for (its GGUF header or config);
+    `flag`: the option that gave it (--context-lengths' longest)."""
     if context_length and max_seq_len > context_length:
-        raise InputError(f"--max-seq-len {max_seq_len} is beyond the model's context ({context_length} tokens)",
-                         f"use --max-seq-len {context_length} or less")
+        raise InputError(f"{flag} {max_seq_len} is beyond the model's context ({context_length} tokens)",
+                         f"keep {flag} at {context_length} or less")
 
 
 def check_static_context(family: LLMFamily, cfg, max_seq_len: int) -> None:

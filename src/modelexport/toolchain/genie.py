@@ -94,14 +94,16 @@ if rc == 0 and job.get("lora"):
 if rc != 0 or not (job.get("tokens") or job.get("embeddings")):
     sys.exit(0)
 lib.GenieDialog_setMaxNumTokens.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
+lib.GenieDialog_reset.argtypes = [ctypes.c_void_p]
 CB = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p)
+turn = [0]
 def on_tokens(p, n, code, user):
     if n:
-        say(event="tokens", ids=[p[i] for i in range(n)], code=code)
+        say(event="tokens", ids=[p[i] for i in range(n)], code=code, turn=turn[0])
 cb = CB(on_tokens)
 lib.GenieDialog_tokenQuery.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32), ctypes.c_uint32,
                                        ctypes.c_int, CB, ctypes.c_void_p]
+lib.GenieDialog_setMaxNumTokens(d, int(job["max_new_tokens"]))
 if job.get("embeddings"):
     # float32 rows, one per prompt position; generated tokens are looked up in the config's table
     # (a NULL token-to-embedding callback: Genie's own LUT lookup)
@@ -113,6 +115,13 @@ else:
     ids = job["tokens"]
     rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
 say(event="query", status=rc)
+for i, later in enumerate(job.get("then", []), 1):   # further turns, each after GenieDialog_reset
+    turn[0] = i
+    say(event="reset", status=lib.GenieDialog_reset(d), turn=i)
+    lib.GenieDialog_setMaxNumTokens(d, int(later["max_new_tokens"]))
+    ids = later["tokens"]
+    rc = lib.GenieDialog_tokenQuery(d, (ctypes.c_uint32 * len(ids))(*ids), len(ids), 0, cb, None)
+    say(event="query", status=rc, turn=i)
 lib.GenieDialog_free.argtypes = [ctypes.c_void_p]
 lib.GenieDialog_free(d)
 """
@@ -123,7 +132,8 @@ def run_dialog(config: dict, job: dict, timeout: float, on_event: Callable[[dict
     """Genie's dialog on `config` (a dict) in a child: ({stage: status}, its stderr). `job` = {} only
     creates the dialog; {"tokens": [...], "max_new_tokens": n} also queries it, {"embeddings": a file
     of float32 rows, "max_new_tokens": n} queries it with embeddings; {"lora": NAME} applies that
-    adapter of the config first (GenieDialog_applyLora). `on_event` sees each
+    adapter of the config first (GenieDialog_applyLora); "then": [{"tokens", "max_new_tokens"}, ...]
+    queries it again after a GenieDialog_reset each (their events carry "turn": 1, 2, ...). `on_event` sees each
     event ({"event": "tokens", "ids": [...]}, ...) as it comes."""
     with tempfile.TemporaryDirectory(prefix="modelexport-genie-") as d:
         path = Path(d) / "genie_config.json"

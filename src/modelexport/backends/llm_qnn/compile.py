@@ -84,7 +84,8 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
         raise InputError(f"{model}: its config names no decoder shape (hidden_size, num_hidden_layers, ...)",
                          "compile it without --dry-run")
     report = {"model": str(model), "architecture": r.facts.architecture, "precision": r.requested,
-              "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len, "context_limit_mb": r.limit_mb,
+              "variants": [f"ar{n}" for n in r.variants], "max_seq_len": r.max_seq_len,
+              "context_lengths": list(r.lengths), "context_limit_mb": r.limit_mb,
               "host_part_mb": host_part_mb(r.limit_mb), "host_chunk_mb": r.chunk_mb, "jobs": r.jobs, "jobs_note": jobs_note, "weights_held_as": r.facts.weights_dtype}
     try:
         check_machine(est, cache_root(), r.limit_mb, r.jobs)
@@ -117,6 +118,9 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     if (is_vlm_folder(spec.model) or opts.vision_encoder is not None) and opts.lora:
         raise UnsupportedError("--lora is for text LLMs; this is a vision-language model",
                                "merge the adapter into the model (peft's merge_and_unload) and compile that")
+    if (is_vlm_folder(spec.model) or opts.vision_encoder is not None) and opts.context_lengths is not None:
+        raise UnsupportedError("--context-lengths is for text LLMs; a vision-language model's decoder has one context",
+                               "leave --context-lengths out and give the context with --max-seq-len")
     if is_vlm_folder(spec.model) or opts.vision_encoder is not None:   # a vision part beside the text decoder (vlm.py)
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
     _refuse_vision_flags(opts)
@@ -160,6 +164,10 @@ def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions, flag: str = "
     if (opts.inputs or "tokens") != "tokens":
         raise UnsupportedError(f"{flag}: qnn_llama_runner feeds token ids, not --inputs {opts.inputs}",
                                f"leave --inputs out (token ids), or leave {flag} out")
+    if opts.context_lengths is not None:
+        raise UnsupportedError(f"{flag}: qnn_llama_runner runs one context length (it reads it from the mask's shape)",
+                               f"leave --context-lengths out (give the context with --max-seq-len), or leave {flag} out: "
+                               "Genie and --backend htp-sim move between the lengths")
     if opts.lora:
         raise UnsupportedError(f"{flag}: qnn_llama_runner feeds no LoRA inputs", f"leave --lora or {flag} out "
                                "(Genie's and ONNX Runtime's loops run the bundle's graphs; --backend htp-sim applies adapters)")

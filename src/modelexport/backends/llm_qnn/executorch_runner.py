@@ -96,7 +96,8 @@ def runner_outputs(n_layers: int) -> tuple[str, ...]:
 
 def method_graphs(manifest, target: str) -> dict[str, list]:
     """{method: the target's graphs it chains, by part}: ar1 decodes, the largest arN prefills."""
-    graphs = [g for g in manifest.graphs if g.target == target and g.n_tokens]
+    graphs = [g for g in manifest.graphs if g.target == target and g.n_tokens
+              and (g.context_len or manifest.llm.max_seq_len) == manifest.llm.max_seq_len]
     ns = sorted({g.n_tokens for g in graphs if g.n_tokens != manifest.llm.max_seq_len})
     want = {DECODE_METHOD: 1} | ({PREFILL_METHOD: ns[-1]} if len(ns) > 1 else {})
     if ns[0] != 1:

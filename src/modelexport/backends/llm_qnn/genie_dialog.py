@@ -204,6 +204,27 @@ def genie_tokens(bundle, target: str, prompt_ids: list[int], max_new_tokens: int
     return out, stop
 
 
+def genie_turns(bundle, target: str, turns: list[tuple[list[int], int]], sampler: dict) -> list[list[int]]:
+    """One Genie dialog over several turns of (prompt ids, max new tokens), `GenieDialog_reset` between
+    them: each turn's generated ids (a reset must leave nothing of the turn before)."""
+    cfg = bundle_config(bundle, target, sampler)
+    cfg["dialog"]["context"]["bos-token"] = -1
+    out: list[list[int]] = [[] for _ in turns]
+    failed: list[dict] = []
+
+    def on_event(e: dict) -> None:
+        if e["event"] == "tokens":
+            out[e.get("turn", 0)].extend(e["ids"])
+        elif e["event"] in ("reset", "dialog") and e["status"] != 0:
+            failed.append(e)
+    first, *later = [{"tokens": [int(t) for t in ids], "max_new_tokens": int(n)} for ids, n in turns]
+    _, stderr = run_dialog(cfg, {**first, "then": later}, timeout=3600, on_event=on_event)
+    if failed:
+        raise VerificationError(f"Genie's dialog failed ({failed[0]}): {genie_messages(stderr)}",
+                                "compile the LLM again with this version")
+    return out
+
+
 def _run_adapter(cfg: dict[str, Any], arrays: dict, folder: Path) -> str:
     """The adapter `arrays` as Genie's files in `folder`, the config's only adapter ("run"): its name."""
     folder.mkdir()

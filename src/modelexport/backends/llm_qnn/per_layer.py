@@ -43,7 +43,8 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     if info is None:
         raise InputError(f"{bundle.path} records no LLM section in its manifest", "recompile the bundle")
     seq = int(info.max_seq_len)
-    graphs = [g for g in m.graphs if g.target == m.targets[0]]
+    # at the bundle's context (--context-lengths' shorter graphs compute what these do, on fewer positions)
+    graphs = [g for g in m.graphs if g.target == m.targets[0] and (g.context_len or seq) == seq]
     names = sorted({g.name for g in graphs})
     if part:
         chosen = [g for g in graphs if g.name == part or f"ar{g.n_tokens}" == part]

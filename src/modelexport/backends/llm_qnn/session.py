@@ -127,10 +127,11 @@ def _spec(bundle) -> DecoderSpec:
 
 
 def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
-                  variants: list[int] | None = None) -> tuple[dict[int, ChainedForward], DecoderSpec, int]:
+                  variants: list[int] | None = None) -> tuple[dict, DecoderSpec, int]:
     """({N: Forward}, spec, max_seq_len) for the bundle's graphs at `stage`, each taking token ids (the
-    embedder part chained first when the bundle has one). The full-context graph (N = max_seq_len, no
-    caches: a generation loop cannot use it) only when `variants` names it."""
+    embedder part chained first when the bundle has one); a graph built for a shorter context length C
+    (`--context-lengths`) is keyed (N, C). The full-context graph (N = max_seq_len, no caches: a
+    generation loop cannot use it) only when `variants` names it."""
     if stage not in STAGES:
         raise InputError(f"unknown stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
     m = bundle.manifest
@@ -139,23 +140,19 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
     target = target or m.targets[0]
     spec = _spec(bundle)
     variants = variants or [n for n in m.llm.variants if n != spec.max_seq_len]
-    by_n: dict[int, list] = {}
+    by_key: dict = {}
     for g in m.graphs:
-        if g.target != target:
-            continue
-        n = g.n_tokens
-        if n not in variants:
-            continue
-        by_n.setdefault(n, []).append(g)
-    if not by_n:
+        if g.target == target and g.n_tokens in variants:
+            c = g.context_len or spec.max_seq_len
+            by_key.setdefault(g.n_tokens if c == spec.max_seq_len else (g.n_tokens, c), []).append(g)
+    if not by_key:
         raise InputError(f"{bundle.path} has no graphs for {target}", f"its targets: {', '.join(m.targets)}")
     if stage == "htp-sim":   # the simulator holds about 3 GB of binaries per process
-        keep = variants_that_fit({n: [bundle.file(g.host_twin.context_binary) for g in gs] for n, gs in by_n.items()})
-        by_n = {n: gs for n, gs in by_n.items() if n in keep}
+        by_key = _fitting(bundle, by_key)
     mode = get_input_mode(m.llm.inputs)
     embedders = _embedder_graphs(bundle, mode, target)
     out = {}
-    for n, gs in by_n.items():
+    for key, gs in by_key.items():
         parts = []
         for g in sorted(gs, key=lambda g: g.part_index):
             sess = _stage_session(bundle, g, stage, target)
@@ -163,9 +160,21 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
             names_out = [o.name for o in sess.get_outputs()]
             a, b = g.layers
             parts.append(_PartSession(sess, range(a, b), names_in, names_out))
+        n = key[0] if isinstance(key, tuple) else key
         embedder = _stage_session(bundle, embedders[n], stage, target) if mode.embedder else None
-        out[n] = ChainedForward(parts, spec.n_layers, mode, embedder, spec.hidden_size)
+        out[key] = ChainedForward(parts, spec.n_layers, mode, embedder, spec.hidden_size)
     return out, spec, spec.max_seq_len
+
+
+def _fitting(bundle, by_key: dict) -> dict:
+    """The graphs one simulator process holds: every N (with all its context lengths) when they fit
+    together, else the N with the most tokens per call that fits (toolchain/simulator_memory.py)."""
+    by_n: dict[int, list] = {}
+    for key, gs in by_key.items():
+        by_n.setdefault(key[0] if isinstance(key, tuple) else key, []).extend(
+            bundle.file(g.host_twin.context_binary) for g in gs)
+    keep = set(variants_that_fit(by_n))
+    return {k: gs for k, gs in by_key.items() if (k[0] if isinstance(k, tuple) else k) in keep}
 
 
 def _stage_session(bundle, g, stage: str, target: str):

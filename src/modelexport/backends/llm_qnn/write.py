@@ -168,7 +168,7 @@ def _add_decoder(a: BundleAssembler, plan: LlmPlan, qmeta: dict, jobs: list, res
             g = graphs[name]
             a.m.graphs.append(GraphSpec(
                 name=name, file=bin_rel, kind=GraphKind.CONTEXT_BINARY, target=job["target"], htp_arch=info.dsp_arch,
-                **graph_io(qg), part=name, n_tokens=g["n_tokens"], part_index=g["part"], n_parts=g["n_parts"],
+                **graph_io(qg), part=name, n_tokens=g["n_tokens"], context_len=g.get("context_len"), part_index=g["part"], n_parts=g["n_parts"],
                 layers=g["layers"], qnn_graph_name=qg.name if qg else None, epcontext_model=ctx_rel, shared=len(names) > 1,
                 **htp_facts(qg, "optimization_level", "const_bytes", "shared_weights_bytes"),
                 host_twin=twin, quantized_model=g["qdq"], memory_estimate=MemoryEstimate(**g["memory_estimate"])))
@@ -314,8 +314,9 @@ def _write_genie_lora(a: BundleAssembler, folder: str, arrays: dict) -> str:
 def _check_part_order(graphs, target: str) -> None:
     """Genie orders a variant's parts by their QNN graph names (toolchain/qnn_graph_order.py): the
     names read back from the binaries, device and host twins, must sort in part order."""
-    for n in sorted({g.n_tokens for g in graphs if g.target == target}):
-        parts = sorted((g for g in graphs if g.target == target and g.n_tokens == n), key=lambda g: g.part_index or 1)
+    for n, c in sorted({(g.n_tokens, g.context_len) for g in graphs if g.target == target}, key=str):
+        parts = sorted((g for g in graphs if g.target == target and (g.n_tokens, g.context_len) == (n, c)),
+                       key=lambda g: g.part_index or 1)
         for what, names in (("device binaries", [g.qnn_graph_name for g in parts]),
                             ("host twins", [g.host_twin.qnn_graph_name for g in parts if g.host_twin])):
             if len(names) > 1 and not in_part_order(names):
@@ -337,6 +338,7 @@ def _llm_section(plan: LlmPlan, qmeta: dict, weight_sharing: dict[str, WeightSha
                   f"{limit_mb:g} MB per-context limit" if n_parts > 1 else None)
     return LlmSection(
         architecture=qmeta["architecture"], spec=DecoderShape(**spec), variants=variants, max_seq_len=max_seq_len,
+        context_lengths=list(plan.context_lengths),
         n_parts=n_parts, parts=qmeta["parts"], split_note=split_note,
         weight_bytes_per_token=shared_w or device_bytes,
         device_bytes=device_bytes, bytes_per_parameter=round(device_bytes / n_params, 4),

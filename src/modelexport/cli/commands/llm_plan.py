@@ -20,7 +20,8 @@ def print_llm_plan(models: list[str], json_out: bool, precision: str | None = No
         return
     est = report["estimate"]
     console.print(f"[bold]{report['architecture']}[/], {est['n_params']:,} parameters ({report['weights_held_as']} weights), "
-                  f"{report['precision']}, {', '.join(report['variants'])}, cl {report['max_seq_len']}")
+                  f"{report['precision']}, {', '.join(report['variants'])}, "
+                  f"cl {', '.join(str(c) for c in report.get('context_lengths') or [report['max_seq_len']])}")
     console.print(f"parts: {est['n_parts']} (layers {', '.join(f'{a}-{b - 1}' for a, b in est['parts'])}); "
                   f"limits: {report['context_limit_mb']:g} MB per HTP context, {report['host_part_mb']:g} MB float32 per part "
                   f"and {report['host_chunk_mb']:g} MB per exported chunk on the host")

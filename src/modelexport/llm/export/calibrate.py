@@ -314,11 +314,11 @@ def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.nda
 
 @dataclass(frozen=True)
 class LlmCalibration:
-    """The calibrate stage's hand-off. `samples` ({N: token inputs of the full decoder}) is handed
+    """The calibrate stage's hand-off. `samples` ({(N, C): token inputs of the full decoder}) is handed
     over: the graphs stage takes each variant's out of it (with their caches they are the largest
     thing the parent holds). `kv_ranges`: one tied range per layer's cache (Genie); `residual_scale`:
     the residual stream's (llm/model/residual_scale.py); `counts`: samples per variant, for the manifest."""
-    samples: dict[int, list[dict[str, np.ndarray]]]
+    samples: dict[tuple[int, int], list[dict[str, np.ndarray]]]
     kv_ranges: dict[str, list[float]]
     residual_scale: float
     seconds: float
@@ -327,22 +327,33 @@ class LlmCalibration:
 
 def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibration: str | None,  # noqa: PLR0913
               done_entries: list, report: Callable[[str], None], lora_branches: dict | None = None) -> LlmCalibration:
-    """Samples of every variant from the text run through the float decoder (none when every graph was
-    quantized before: `needed` False), the VLM's image rows placed in them for `--inputs embeddings`."""
+    """Samples of every graph, {(N, C): ...}, from the text run through the float decoder (none when every
+    graph was quantized before: `needed` False), the VLM's image rows placed in them for `--inputs
+    embeddings`. Each context length C walks the text in windows of C tokens; the caches' tied ranges
+    widen over all of them (one range per layer's cache serves every graph)."""
     t1 = time.perf_counter()
-    variants, max_seq_len, kv_ranges, stream_peak = list(plan.variants), plan.max_seq_len, {}, {}
-    samples: dict[int, list] = {n: [] for n in variants}
+    max_seq_len, kv_ranges, stream_peak = plan.max_seq_len, {}, {}
+    samples: dict[tuple[int, int], list] = {k: [] for k in plan.shapes}
     if needed:
         report(f"calibrating on {plan.text.path.name} through the float decoder")
         images = _image_rows(image_calibration, plan.inputs, report)
         lora = LoraCalibration.of(plan.lora, lora_branches or {})
-        samples = calibration_samples(model, ids, [n for n in variants if n != max_seq_len], max_seq_len,
-                                      plan.n_samples, kv_ranges, images, WalkExtras(stream_peak, lora))
-        if max_seq_len in variants:      # the full-context graph: whole windows, no cache
-            samples[max_seq_len] = full_context_samples(ids, max_seq_len, plan.n_samples, lora)
+        for c in reversed(plan.lengths):
+            cached = [n for n, cl in plan.shapes if cl == c and n != c]
+            got = calibration_samples(model, ids, cached, c, plan.n_samples, kv_ranges, images,
+                                      WalkExtras(stream_peak, lora))
+            samples.update({(n, c): got[n] for n in cached})
+        if max_seq_len in plan.variants:      # the full-context graph: whole windows, no cache
+            samples[(max_seq_len, max_seq_len)] = full_context_samples(ids, max_seq_len, plan.n_samples, lora)
     seconds = round(time.perf_counter() - t1, 2)
     scale = residual_scale(stream_peak, done_entries, report)
-    return LlmCalibration(samples, kv_ranges, scale, seconds, {str(n): len(samples[n]) for n in variants})
+    return LlmCalibration(samples, kv_ranges, scale, seconds,
+                          {sample_key(n, c, max_seq_len): len(v) for (n, c), v in samples.items()})
+
+
+def sample_key(n: int, c: int, max_seq_len: int) -> str:
+    """The manifest's name of a graph's sample count: "N" at the context, "N_clC" at a shorter length."""
+    return str(n) if c == max_seq_len else f"{n}_cl{c}"
 
 
 def _image_rows(image_calibration: str | None, inputs: str, report) -> ImageRows | None:

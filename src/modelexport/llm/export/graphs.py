@@ -6,7 +6,8 @@ runs it and returns the record the stage's cache entry keeps (its fields are rea
 backends/llm_qnn and stay as they are: cached entries must keep reading).
 
 Graph names (AI Hub's scheme): `{type}_ar{N}_cl{C}_{i}_of_{n}` with type `prompt` for N > 1 and
-`token` for N = 1, `full` for N = C; C = max_seq_len, part i of n.
+`token` for N = 1, `full` for N = C; C = the graph's context length (max_seq_len, or each of
+--context-lengths), part i of n.
 """
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ from .stages import Stage, check_order, run_stages
 from .weights import WeightPlan, WeightRequest, plan_weights
 
 
-def graph_name(n: int, max_seq_len: int, part: int, n_parts: int) -> str:
+def graph_name(n: int, context_len: int, part: int, n_parts: int) -> str:
     """`full` for the full-context graph (N = C), `prompt` for N > 1, `token` for N = 1."""
-    kind = "full" if n == max_seq_len else "token" if n == 1 else "prompt"
-    return f"{kind}_ar{n}_cl{max_seq_len}_{part}_of_{n_parts}"
+    kind = "full" if n == context_len else "token" if n == 1 else "prompt"
+    return f"{kind}_ar{n}_cl{context_len}_{part}_of_{n_parts}"
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,17 @@ class GraphLayout:
     """The parts (the per-context memory limit's split), each part's host chunks, the names, and the
     chunk graphs a killed compile finished before (`done`)."""
     parts: list                              # llm.model.parts.PartRange
-    memory: dict                             # {N: [memory.GraphMemory per part]}
-    names: dict[tuple[int, int], str]        # {(N, part): graph name}
+    memory: dict                             # {N: [memory.GraphMemory per part]} at the longest context
+    names: dict[tuple[int, int, int], str]   # {(N, C, part): graph name}
     chunks: dict[int, list]                  # {part: [chunk PartRange]}
-    chunk_names: dict[tuple[int, int], list[str]]
+    chunk_names: dict[tuple[int, int, int], list[str]]
     keys: dict[str, str]                     # {chunk graph: its entry's key}
     done: frozenset[str]
 
-    def records(self, variants) -> list[dict]:
-        return [{"name": self.names[(n, p.index)], "n_tokens": n, "part": p.index, "n_parts": p.count,
-                 "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{self.names[(n, p.index)]}.onnx",
-                 "memory_estimate": self.memory[n][p.index - 1].to_dict()} for n in variants for p in self.parts]
+    def records(self, shapes) -> list[dict]:
+        return [{"name": self.names[(n, c, p.index)], "n_tokens": n, "context_len": c, "part": p.index,
+                 "n_parts": p.count, "layers": [p.first_layer, p.end_layer], "qdq": f"qdq/{self.names[(n, c, p.index)]}.onnx",
+                 "memory_estimate": self.memory[n][p.index - 1].to_dict()} for n, c in shapes for p in self.parts]
 
 
 @dataclass(frozen=True)
@@ -128,14 +129,14 @@ def lay_out(job: QdqJob, loaded: LoadedModel) -> GraphLayout:
     embed_bits, head_bits = embed_head_bits(plan.overrides, prec.weight_bits)
     parts, mem = plan_parts(cfg, list(plan.variants), plan.max_seq_len, prec.weight_bits, prec.activation_bits,
                             plan.limit_mb, embed_bits, head_bits)
-    names = {(n, p.index): graph_name(n, plan.max_seq_len, p.index, p.count) for n in plan.variants for p in parts}
+    names = {(n, c, p.index): graph_name(n, c, p.index, p.count) for n, c in plan.shapes for p in parts}
     chunks = {p.index: host_chunks(cfg, p, plan.chunk_mb * 2**20) for p in parts}
-    chunk_names = {(n, p.index): [c.name(names[(n, p.index)]) for c in chunks[p.index]]
-                   for n in plan.variants for p in parts}
+    chunk_names = {(n, c, p.index): [ch.name(names[(n, c, p.index)]) for ch in chunks[p.index]]
+                   for n, c in plan.shapes for p in parts}
     keys = {c: part_key(job.stage_key, c) for cs in chunk_names.values() for c in cs}
     done = frozenset(c for c, k in keys.items() if job.cache.get(PART_NAMESPACE, k))
     if done:
-        reused = [p.index for p in parts if all(c in done for n in plan.variants for c in chunk_names[(n, p.index)])]
+        reused = [p.index for p in parts if all(ch in done for n, c in plan.shapes for ch in chunk_names[(n, c, p.index)])]
         job.report(f"resuming: {_ranges(reused) or 'no whole part'} of {len(parts)} reused "
                    f"({len(done)} of {len(keys)} graphs quantized before)")
     return GraphLayout(parts, mem, names, chunks, chunk_names, keys, done)
@@ -186,10 +187,11 @@ class _HandOver:
         # while the workers go on with the others
         self.one_ends_chunk = any(not (c.is_first or c.is_last) for cs in layout.chunks.values() for c in cs)
 
-    def variant(self, model, mode: InputMode, n: int, samples: list) -> None:
-        """Every chunk graph of variant `n` still to quantize, the float layers' hidden states carried
-        from chunk to chunk as the next one's inputs."""
-        dec = build_static_decoder(model, decoder_config(n, self.job.plan.max_seq_len), rms_norm=ONNX_RMS_NORM,
+    def variant(self, model, mode: InputMode, shape: tuple[int, int], samples: list) -> None:
+        """Every chunk graph of the (N, C) graph `shape` still to quantize, the float layers' hidden
+        states carried from chunk to chunk as the next one's inputs."""
+        n, c = shape
+        dec = build_static_decoder(model, decoder_config(n, c), rms_norm=ONNX_RMS_NORM,
                                    inputs=mode.name, residual_scale=self.residual_scale)
         slots = self.job.plan.lora.slots if self.job.plan.lora else None
         dec.lora_slots, dec.lora_branches = slots, self.lora
@@ -198,7 +200,7 @@ class _HandOver:
                                       dec.spec.hidden_size)
         hidden = None
         lay = self.layout
-        order = [(c, name) for p in lay.parts for c, name in zip(lay.chunks[p.index], lay.chunk_names[(n, p.index)])]
+        order = [(ch, name) for p in lay.parts for ch, name in zip(lay.chunks[p.index], lay.chunk_names[(n, c, p.index)])]
         for i, (chunk, name) in enumerate(order):
             if all(later in lay.done for _, later in order[i:]):
                 break                  # this variant's remaining graphs are all finished
@@ -244,8 +246,8 @@ def export_and_quantize(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, c
     left = len(layout.keys) - len(layout.done)
     with WorkerPool("the quantization of the LLM graphs", max(1, min(plan.jobs, left))) as pool:
         loop = _HandOver(job, layout, calibration, weights, pool, loaded.lora)
-        for n in plan.variants:
-            loop.variant(loaded.llm.model, loaded.mode, n, calibration.samples.pop(n))
+        for shape in plan.shapes:
+            loop.variant(loaded.llm.model, loaded.mode, shape, calibration.samples.pop(shape))
         if loop.pending:
             job.report(f"quantizing {len(loop.pending)} graphs "
                        f"({plan.precision}{f', 4-bit blocks of {plan.block_size}' if plan.block_size else ''})")
@@ -271,12 +273,12 @@ def join_parts(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, quantized:
     results = dict(zip(quantized.pending, raise_first_error(quantized.outcomes)))
     decoder = build_static_decoder(loaded.llm.model, decoder_config(min(plan.variants), plan.max_seq_len))
     quantization = {}
-    for n in plan.variants:
+    for n, c in plan.shapes:
         for p in layout.parts:
-            name, members = layout.names[(n, p.index)], layout.chunk_names[(n, p.index)]
+            name, members = layout.names[(n, c, p.index)], layout.chunk_names[(n, c, p.index)]
             entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, layout.keys[c])
                        for c in members]
-            io = {"first_inputs": loaded.mode.decoder_inputs, "caches": n != plan.max_seq_len, "mrope": decoder.mrope,
+            io = {"first_inputs": loaded.mode.decoder_inputs, "caches": n != c, "mrope": decoder.mrope,
                   "lora": plan.lora.slots if plan.lora else None}
             quantization[name] = join_into(entries, members, layout.chunks[p.index], name, job.tmp / "qdq", io)
             if not cache.enabled:
@@ -291,7 +293,7 @@ def record(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, calibration: L
     plan, llm, tok, sd = job.plan, loaded.llm, loaded.tok, joined.spec
     rope = getattr(llm.config, "rope_parameters", None) or {}
     theta = (rope.get("rope_theta") if isinstance(rope, dict) else None) or getattr(llm.config, "rope_theta", 10000.0)
-    return {"graphs": layout.records(plan.variants), "parts": [[p.first_layer, p.end_layer] for p in layout.parts],
+    return {"graphs": layout.records(plan.shapes), "parts": [[p.first_layer, p.end_layer] for p in layout.parts],
             "host_chunks": {"mb": plan.chunk_mb, "layers": [[c.first_layer, c.end_layer] for p in layout.parts
                                                             for c in layout.chunks[p.index]]},
             "spec": {"n_layers": sd.n_layers, "n_heads": sd.n_heads, "n_kv_heads": sd.n_kv_heads, "head_dim": sd.head_dim,

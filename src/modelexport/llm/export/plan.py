@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import Any, Callable
 
 from ...core.arguments import at_least, finite
@@ -115,6 +116,18 @@ class LlmPlan:
     inputs: str                        # the input mode's name (llm/model/input_modes.py)
     embedder_precision: str | None
     lora: LoraPlan | None = None       # --lora: the adapters and the graphs' LoRA inputs (lora_source.py)
+    context_lengths: tuple[int, ...] = ()   # --context-lengths, ascending, the last = max_seq_len (): max_seq_len only
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Every context length the graphs are built for, ascending (the last is max_seq_len)."""
+        return self.context_lengths or (self.max_seq_len,)
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """(N, C) of every graph: each variant at each context length, the longest length first; the
+        full-context graph (N = max_seq_len) at the longest only."""
+        return [(n, c) for c in reversed(self.lengths) for n in self.variants if n != self.max_seq_len or c == n]
 
 
 @dataclass(frozen=True)
@@ -138,21 +151,51 @@ def _check_precision(spec: Any, opts: Any) -> _Precision:
     return _Precision(requested, requested_precision, precision, block_size)
 
 
-def _check_variants(opts: Any, max_seq_len_of: Callable[[Any], int]) -> tuple[list[int], int]:
+def parse_context_lengths(v: Any) -> list[int]:
+    """--context-lengths "256,512,1024" (or a list): whole numbers, each above the one before."""
+    items = [s.strip() for it in (v if isinstance(v, (list, tuple)) else [v]) for s in str(it).split(",") if s.strip()]
+    fix = "write them shortest first, e.g. --context-lengths 512,1024,2048"
+    if not items:
+        raise InputError("--context-lengths is empty", fix)
+    for s in items:
+        if not s.isdigit() or int(s) < 2:
+            raise InputError(f"--context-lengths: {s!r} is not a context length (a whole number of tokens, 2 or more)", fix)
+    lengths = [int(s) for s in items]
+    if any(b <= a for a, b in pairwise(lengths)):
+        raise InputError(f"--context-lengths {','.join(items)} is not increasing", fix)
+    return lengths
+
+
+def _check_lengths(opts: Any, max_seq_len_of: Callable[[Any], int]) -> tuple[tuple[int, ...], int]:
+    """(the context lengths or (), max_seq_len): --context-lengths' longest is the context."""
+    given = getattr(opts, "context_lengths", None)
+    if given is None:
+        return (), max_seq_len_of(opts.max_seq_len)   # 0 is refused, not taken for the default
+    lengths = parse_context_lengths(given)
+    if opts.max_seq_len is not None and int(opts.max_seq_len) != lengths[-1]:
+        raise InputError(f"--max-seq-len {opts.max_seq_len} differs from the longest of --context-lengths ({lengths[-1]})",
+                         "leave --max-seq-len out: the longest context length is the bundle's context")
+    max_seq_len_of(lengths[-1])
+    return (tuple(lengths) if len(lengths) > 1 else ()), lengths[-1]
+
+
+def _check_variants(opts: Any, max_seq_len_of: Callable[[Any], int]) -> tuple[list[int], int, tuple[int, ...]]:
     variants = parse_variants(opts.variants)
-    max_seq_len = max_seq_len_of(opts.max_seq_len)   # 0 is refused, not taken for the default
+    lengths, max_seq_len = _check_lengths(opts, max_seq_len_of)
     full = FULL in variants
     variants = [n for n in variants if n != FULL]
     if not variants:
         raise InputError("--variants full alone: the full-context graph scores a whole context but cannot generate "
                          "(it keeps no KV cache)", "add an arN graph beside it, e.g. --variants ar1,full")
-    if max_seq_len <= max(variants):
-        raise InputError(f"--max-seq-len {max_seq_len} must be larger than the largest variant (ar{max(variants)})",
-                         f"raise --max-seq-len above {max(variants)}, or choose smaller variants "
-                         f"(e.g. --variants ar1,ar{min(32, max_seq_len // 2) or 1})")
+    shortest = (lengths or (max_seq_len,))[0]
+    if shortest <= max(variants):
+        what = f"--context-lengths' shortest ({shortest})" if lengths else f"--max-seq-len {max_seq_len}"
+        raise InputError(f"{what} must be larger than the largest variant (ar{max(variants)})",
+                         f"raise it above {max(variants)}, or choose smaller variants "
+                         f"(e.g. --variants ar1,ar{min(32, shortest // 2) or 1})")
     if full:   # N = C: the first (largest) variant
         variants = [max_seq_len, *variants]
-    return variants, max_seq_len
+    return variants, max_seq_len, lengths
 
 
 def _check_embedder(opts: Any) -> tuple[str, str | None]:
@@ -197,12 +240,12 @@ def resolve_plan(spec: Any, opts: Any, max_seq_len_of: Callable[[Any], int]) -> 
     # checked before the `or default` below: 0 would otherwise silently become the default
     at_least("--calibration-samples", opts.calibration_samples, 1, str(DEFAULT_CALIBRATION_SAMPLES))
     at_least("--context-limit-mb", opts.context_limit_mb, 0.001, f"{DEFAULT_CONTEXT_LIMIT_MB:g}")
-    variants, max_seq_len = _check_variants(opts, max_seq_len_of)
+    variants, max_seq_len, lengths = _check_variants(opts, max_seq_len_of)
     inputs, embedder_precision = _check_embedder(opts)
-    socs = _check_targets(opts, len(variants), p)
+    socs = _check_targets(opts, len(variants) * len(lengths or (1,)), p)
     overrides = parse_overrides(list(DEFAULT_OVERRIDES) + list(opts.overrides or []), p.precision)
     overrides = list(reversed(overrides))  # user overrides first: the first match wins
-    facts = check_source(spec.model, max_seq_len)
+    facts = check_source(spec.model, max_seq_len, "--context-lengths" if lengths else "--max-seq-len")
     text = _read_calibration_text(spec)
     quality = quality_options(opts, p.precision, facts.shape or {})
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
@@ -211,7 +254,8 @@ def resolve_plan(spec: Any, opts: Any, max_seq_len_of: Callable[[Any], int]) -> 
     return LlmPlan(p.requested, p.requested_precision, p.precision, p.block_size, tuple(variants), max_seq_len,
                    tuple(socs), tuple(overrides), facts, text, int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES),
                    limit_mb, float(opts.host_chunk_mb or host_chunk_mb(limit_mb)),
-                   opts.jobs or min(2, os.cpu_count() or 1), bool(opts.jobs), quality, inputs, embedder_precision, lora)
+                   opts.jobs or min(2, os.cpu_count() or 1), bool(opts.jobs), quality, inputs, embedder_precision, lora,
+                   lengths)
 
 
 def _check_lora(opts: Any, facts: SourceFacts) -> LoraPlan | None:

@@ -60,7 +60,7 @@ def _gguf_facts(p: Path, sha: str):
     return meta["architecture"], meta["context_length"], meta["shape"], family, meta.get("rope_scaling")
 
 
-def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
+def check_source(path: str | Path, max_seq_len: int, flag: str = "--max-seq-len") -> SourceFacts:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p} does not exist", "give a .gguf file or a Hugging Face model folder")
@@ -77,7 +77,7 @@ def check_source(path: str | Path, max_seq_len: int) -> SourceFacts:
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
                             _hf_shape(cfg), dtype)
-    check_model_context(max_seq_len, facts.context_length)
+    check_model_context(max_seq_len, facts.context_length, flag)
     return facts
 
 

@@ -107,7 +107,7 @@ class StaticGraphSession:
 
     def max_feed(self) -> int:
         """The largest graph whose chunk still fits after the cache's contents (0: none)."""
-        return max((n for n in self.runner.graphs if self.runner.past_len <= self.max_seq_len - n), default=0)
+        return max((n for n in self.runner.n_tokens if self.runner.fits(n) is not None), default=0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ The KV cache is allocated once per layer at the longest length any graph needs
 (max_seq_len - smallest N) and updated in place: after each call only the entries of the valid
 tokens are copied into slots past_len .. past_len+n-1 (cache slot p = position p, ExecuTorch's
 "smart mask" scheme), so nothing is ever shifted and the graph never outputs the whole cache.
+
+Graphs built for several context lengths (`compile --context-lengths`) are keyed (N, C); a plain N
+means C = max_seq_len. A graph of length C reads the first C - N cache slots, so a dialog runs on the
+shortest length its position fits and moves to a longer one as it grows, with the same cache: no copy.
 """
 from __future__ import annotations
 
@@ -34,23 +38,30 @@ class GenerationResult:
     chunks: list[int] = field(default_factory=list)  # N of each graph call, in order
 
 
+def graph_shape(key, max_seq_len: int) -> tuple[int, int]:
+    """(N, C) of a graph's key: N alone means C = max_seq_len."""
+    return (int(key[0]), int(key[1])) if isinstance(key, tuple) else (int(key), max_seq_len)
+
+
 class StaticRunner:
     """Runs static decoder graphs over one sequence, keeping cache, positions and mask right."""
 
-    def __init__(self, graphs: Mapping[int, Graph], spec: DecoderSpec, max_seq_len: int, *,
+    def __init__(self, graphs: Mapping, spec: DecoderSpec, max_seq_len: int, *,
                  mask_value: float = DEFAULT_MASK_VALUE, pad_id: int = 0):
         if not graphs:
             raise InputError("a static runner needs at least one graph")
-        self.graphs = dict(graphs)
+        self.by_shape = {graph_shape(k, max_seq_len): g for k, g in graphs.items()}   # {(N, C): graph}
+        self.n_tokens = sorted({n for n, _ in self.by_shape})   # the N on offer
         self.spec = spec
         self.max_seq_len = max_seq_len
-        self.cfgs = {n: StaticDecoderConfig(n, max_seq_len, mask_value) for n in self.graphs}
+        self.cfgs = {k: StaticDecoderConfig(k[0], k[1], mask_value) for k in self.by_shape}
         self.pad_id = pad_id
-        store_len = max_seq_len - min(self.graphs)
+        store_len = max_seq_len - self.n_tokens[0]
         self.k_store = [torch.zeros(spec.k_cache_shape(store_len)) for _ in range(spec.n_layers)]
         self.v_store = [torch.zeros(spec.v_cache_shape(store_len)) for _ in range(spec.n_layers)]
         self.past_len = 0
         self.chunks: list[int] = []
+        self.lengths: list[int] = []    # C of each call, in order
 
     @classmethod
     def from_decoder(cls, decoder: StaticDecoder, n_tokens: Iterable[int] = (1,), **kw) -> "StaticRunner":
@@ -67,31 +78,39 @@ class StaticRunner:
             t.zero_()
         self.past_len = 0
         self.chunks = []
+        self.lengths = []
 
     # -----------------------------------------------------------------------------------------
+    def fits(self, n: int) -> int | None:
+        """The shortest context length whose N graph takes a chunk at the current position (None: none)."""
+        return min((c for m, c in self.by_shape if m == n and self.past_len <= c - n), default=None)
+
     def _pick_n(self, remaining: int) -> int:
         """The graph that needs the fewest calls for what is left (ties: the smaller N, fewer pads),
         among those whose chunk still fits after the current cache contents."""
-        fits = [n for n in self.graphs if self.past_len <= self.max_seq_len - n]
+        fits = [n for n in self.n_tokens if self.fits(n) is not None]
         if not fits:
             raise InputError(f"the context is full ({self.past_len} of {self.max_seq_len} positions)",
                              "use a shorter prompt or a larger max_seq_len")
         return min(fits, key=lambda n: (-(-remaining // n), n))
 
     def run_chunk(self, token_ids: Sequence[int], n_tokens: int) -> torch.Tensor:
-        """One graph call on up to N tokens at the current position; returns their logits [n, vocab]."""
-        cfg = self.cfgs[n_tokens]
+        """One graph call on up to N tokens at the current position, on the shortest context length
+        that holds it; returns their logits [n, vocab]."""
         n = len(token_ids)
         if not 1 <= n <= n_tokens:
             raise InputError(f"a chunk for the AR-{n_tokens} graph takes 1..{n_tokens} tokens, got {n}")
-        if self.past_len > cfg.cache_len:
+        length = self.fits(n_tokens)
+        if length is None:
             raise InputError(f"the context is full for the AR-{n_tokens} graph ({self.past_len} cached)")
+        shape = (n_tokens, length)
+        cfg = self.cfgs[shape]
         ids = torch.full((1, n_tokens), self.pad_id, dtype=torch.int32)
         ids[0, :n] = torch.as_tensor(list(token_ids), dtype=torch.int32)
         c = cfg.cache_len
         ks = [k[..., :c] for k in self.k_store]
         vs = [v[:, :, :c, :] for v in self.v_store]
-        out = self.graphs[n_tokens](ids, make_position_ids(cfg, self.past_len),
+        out = self.by_shape[shape](ids, make_position_ids(cfg, self.past_len),
                                     make_attention_mask(cfg, self.past_len), *ks, *vs)
         L = self.spec.n_layers
         logits, new_k, new_v = out[0], out[1:1 + L], out[1 + L:1 + 2 * L]
@@ -105,6 +124,7 @@ class StaticRunner:
             self.v_store[i][:, :, p:p + room, :] = new_v[i][:, :, :room, :]
         self.past_len += n
         self.chunks.append(n_tokens)
+        self.lengths.append(shape[1])
         return logits[0, :n].detach().clone()
 
     def feed(self, token_ids: Sequence[int], on_chunk: ChunkProgress | None = None) -> torch.Tensor:
@@ -136,7 +156,7 @@ class StaticRunner:
 
     def decode_step(self, token_id: int) -> torch.Tensor:
         """One token through the smallest graph; its logits [vocab]."""
-        return self.run_chunk([token_id], min(self.graphs))[-1]
+        return self.run_chunk([token_id], self.n_tokens[0])[-1]
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
                  eos_token_ids: Iterable[int] = ()) -> GenerationResult:
