@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..core.arguments import at_least
+from ..core.errors import InputError
 from ..toolchain.htp_options import DEFAULT_OPTIMIZATION_LEVEL, vtcm_whole_mb
 
 DEFAULT_MAX_SEQ_LEN = 512   # an LLM's context when --max-seq-len is not given (every LLM backend)
@@ -11,7 +13,6 @@ DEFAULT_MAX_SEQ_LEN = 512   # an LLM's context when --max-seq-len is not given (
 
 def max_seq_len_of(value) -> int:
     """--max-seq-len checked (None: the default); 0 or less is refused, never taken for "not given"."""
-    from ..core.arguments import at_least
     at_least("--max-seq-len", value, 2, str(DEFAULT_MAX_SEQ_LEN))
     return DEFAULT_MAX_SEQ_LEN if value is None else int(value)
 
@@ -122,7 +123,6 @@ def build_options(options_type: type[CompileOptions], given: dict[str, Any]) -> 
         elif value not in (None, [], ()):
             wrong.append(name)
     if wrong:
-        from ..core.errors import InputError
         known = {f.name for t in OPTION_OWNERS for f in fields(t)}
         owners = sorted({owner for t, owner in OPTION_OWNERS.items() for f in fields(t) if f.name in wrong})
         unknown = [w for w in wrong if w not in known]

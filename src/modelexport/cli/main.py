@@ -17,23 +17,20 @@ from . import commands
 from .app import app, err_console
 from .interrupts import Caught, interrupted_line, interrupts_explained
 
-
-def _quiet_libraries() -> None:
-    quiet_library_loggers()
-
-
-def _click_errors() -> tuple[type, ...]:
-    """Usage errors (unknown option, bad value): typer ≥ 0.29 raises those of its own copy of
-    click, not click's; both are caught so a typo never shows a traceback."""
-    try:
-        from typer._click.exceptions import ClickException as TyperClickException
-    except ImportError:
-        return (click.ClickException,)
-    return (click.ClickException, TyperClickException)
-
+# Usage errors (unknown option, bad value): typer ≥ 0.29 raises those of its own copy of click,
+# not click's; both are caught so a typo never shows a traceback.
+try:
+    from typer._click.exceptions import ClickException as TyperClickException
+    CLICK_ERRORS: tuple[type, ...] = (click.ClickException, TyperClickException)
+except ImportError:
+    CLICK_ERRORS = (click.ClickException,)
 
 EXITS = (click.exceptions.Exit, typer.Exit)
 ABORTS = (click.exceptions.Abort, typer.Abort)
+
+
+def _quiet_libraries() -> None:
+    quiet_library_loggers()
 
 
 def _load_commands() -> None:
@@ -89,7 +86,7 @@ def _main(argv: list[str] | None, caught: Caught) -> int:
         if isinstance(e.__cause__, KeyboardInterrupt):   # typer's silent exit 130 for a Ctrl-C it caught
             _say_interrupted()
         return e.exit_code
-    except _click_errors() as e:
+    except CLICK_ERRORS as e:
         e.show()
         return e.exit_code
     except ABORTS:

@@ -17,6 +17,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ..backends.executorch_qnn.inspect import read_pte
+from ..backends.executorch_qnn.specs import qnn_ready
 from ..core.atomic import atomic_file
 from ..core.errors import ToolchainError, clip
 from ..toolchain.executorch_env import ensure_executorch_qnn
@@ -30,7 +32,6 @@ _RUNTIME_EVENTS = {"Method::init", "Program::load_method", "Method::execute"}
 
 def _ready():
     try:
-        from ..backends.executorch_qnn.specs import qnn_ready
         return qnn_ready()
     except ImportError:
         return ensure_executorch_qnn()
@@ -83,7 +84,6 @@ def profile_pte(bundle_path, runs, level, part, target, inputs, trace, keep_dir=
     backends = {}
     if g.bundle is not None:
         try:
-            from ..backends.executorch_qnn.inspect import read_pte
             info = read_pte(g.pte.read_bytes(), read_binaries=False)
             backends = next((m.get("delegate_calls", {}) for m in info["methods"] if m["name"] == g.method), {})
         except Exception:  # the label is a nicety; the timings stand without it
