@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from filelock import FileLock, Timeout
+
 from .atomic import sibling_temp
 
 ENTRY_META = "entry.json"
@@ -59,7 +61,6 @@ def sweep_stale_partials(root: Path) -> list[Path]:
     """Remove the half-built entries a killed process (kill -9, a crash) left behind. A partial
     `.KEY.partial-*` is being built by whoever holds `KEY.lock`; it is removed only when that lock
     can be taken at once, so a live compile's partial is never touched."""
-    from filelock import FileLock, Timeout
     removed = []
     for tmp in root.glob("*/*/.*.partial-*"):
         key = tmp.name[1:].rpartition(".partial-")[0]
@@ -139,7 +140,6 @@ class Cache:
         hit = self.get(namespace, key)
         if hit:
             return hit, True
-        from filelock import FileLock
         final = self._entry(namespace, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(final) + ".lock"):

@@ -44,7 +44,7 @@ def audit(
     """Ask the real QNN EP which nodes the HTP takes: node, op type, module path, HTP/CPU, the
     validator's reason for each CPU node (from the EP's own log) and a suggested fix; totals of
     nodes and MACs on HTP vs CPU."""
-    from ...api import audit as run_audit
+    from ...api import audit as run_audit   # deferred: ~8 ms on every CLI start (api loads backends.spec, frontends)
     with progress(f"placing {model.name} on the QNN EP for {target} ({precision})", enabled=not json_out):
         extra = {k: v for k, v in {"overrides": override, "block_size": block_size, "rewrites": rewrite,
                                    "input_values": input_value}.items() if v not in (None, [], ())}

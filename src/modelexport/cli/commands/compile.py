@@ -152,7 +152,7 @@ def _given(name: str, value: Any) -> bool:
 
 def _compile(models: list[str], output: Path, json_out: bool, options: dict[str, Any]):
     """`modelexport.compile` with the options by the API's names (core.compile_flags)."""
-    from ...api import compile as api_compile
+    from ...api import compile as api_compile   # deferred: ~8 ms on every CLI start (api loads backends.spec, frontends)
     with progress("compiling", enabled=not json_out, total=None) as bar:
         def report(msg: str, done: float, total: float) -> None:
             bar.update(description=msg, completed=done, total=total)
@@ -234,7 +234,7 @@ def compile_qnn(
     *.dlc → dlc (the QNN IR container the QNN EP writes through libQnnIr.so); the file is written
     with its bundle `<name>.bundle/` beside it. A folder OUTPUT is the bundle itself (--format,
     default context-binary); without OUTPUT the folder is named by model, format, precision and target."""
-    from ...qnn import check_backend, plan_output, write_artifact
+    from ...qnn import check_backend, plan_output, write_artifact   # deferred: ~10 ms on every CLI start (api and the ONNX backend)
     from ...quant import get_precision, precision_from_bitwidths
     check_backend(backend)
     prec = get_precision(precision) if precision else precision_from_bitwidths(act_bitwidth, weights_bitwidth, quantize)

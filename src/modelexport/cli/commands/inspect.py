@@ -147,7 +147,7 @@ def _render_hf_folder(info: dict) -> None:
 
 
 def _render_plain(info: dict) -> None:
-    from rich.pretty import Pretty
+    from rich.pretty import Pretty   # deferred: ~8 ms (it loads attrs) on every CLI start, for this view alone
     console.print(Pretty(info))
 
 
@@ -162,7 +162,7 @@ SCHEMAS = ("modelexport", "qnn")
 def _qnn_schema(path: Path, info: dict) -> dict:
     """A context binary (or a bundle / EPContext model holding exactly one) in qnn-context-binary-utility's
     JSON layout (toolchain.qnn_context.utility_json)."""
-    from ...toolchain.qnn_context.utility_json import utility_json
+    from ...toolchain.qnn_context.utility_json import utility_json   # deferred: ~22 ms on every CLI start, for --schema qnn alone
     if "binary" in info:
         return utility_json(info["binary"])
     if info["kind"] == "bundle":

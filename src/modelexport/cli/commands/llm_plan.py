@@ -9,8 +9,8 @@ from ..app import console, emit_json
 
 def print_llm_plan(models: list[str], json_out: bool, precision: str | None = None, **options) -> None:
     from ...backends.llm_qnn.compile import plan_llm
-    from ...frontends.gguf_file import _is_gguf_path
-    from ...frontends.hf_folder import _is_hf_folder
+    from ...frontends.gguf_file import _is_gguf_path   # deferred: ~7 ms on every CLI start (frontends.llm_families)
+    from ...frontends.hf_folder import _is_hf_folder   # deferred: ~7 ms on every CLI start (frontends.llm_families)
     if len(models) != 1 or not (_is_gguf_path(models[0]) or _is_hf_folder(models[0])):
         raise InputError("--dry-run plans LLM compiles: give one .gguf file or Hugging Face model folder",
                          "leave --dry-run out for ONNX and PyTorch models")

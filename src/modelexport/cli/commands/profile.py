@@ -34,7 +34,7 @@ def profile_cmd(
 
     A .pte bundle is profiled through ExecuTorch's ETDump: delegate calls and CPU kernels are timed,
     ops inside the QNN delegate are not (the pip runtime's ETDump holds no events from inside it)."""
-    from ...runtime.runners import profile_bundle
+    from ...runtime.runners import profile_bundle   # deferred: ~19 ms on every CLI start (runtime.runners)
     if trace is not None:
         check_output(trace, force)
     with progress(f"profiling on the HTP simulator ({level}, {runs} runs)", enabled=not json_out):

@@ -39,7 +39,7 @@ def report(
 
 
 def _sweep_page(folder: Path, output: Path | None, force: bool, json_out: bool) -> None:
-    from ...sweeping.page import build_page, write_page
+    from ...sweeping.page import build_page, write_page   # deferred: pydantic, jinja2 (~120 ms) on every CLI start
     try:
         results = json.loads((folder / "results.json").read_text())
         page = build_page(results)

@@ -29,7 +29,7 @@ def run_cmd(
     nothing about a phone) and write its outputs."""
     import numpy as np
 
-    from ...api import run as api_run
+    from ...api import run as api_run   # deferred: ~8 ms on every CLI start (api loads backends.spec, frontends)
     if output is not None:
         check_output(output, force)
     with progress("running on the HTP simulator", enabled=not json_out):

@@ -63,7 +63,7 @@ def sweep_cmd(
 
     A model entry takes path, name, calibration, overrides, input_shapes, input_values and
     options (any `compile` option by its Python name); max_ppl_ratio applies to LLMs."""
-    from ...api import sweep
+    from ...api import sweep   # deferred: ~8 ms on every CLI start (api loads backends.spec, frontends)
     with progress("sweeping", enabled=not json_out) as bar:
         def report(msg: str, done: float, total: float) -> None:
             bar.update(description=msg, completed=done, total=total)

@@ -35,12 +35,12 @@ def verify_cmd(
     """Run the float model on ONNX Runtime's CPU EP and the compiled graph on the HTP simulator on
     the same inputs; report SQNR (dB), cosine similarity and max abs error per output. Exits 5
     when an output is below the pass mark."""
-    from ...api import verify as api_verify
+    from ...api import verify as api_verify   # deferred: ~8 ms on every CLI start (api loads backends.spec, frontends)
     if report is not None:
         check_output(report, force)
     layers = None
     if per_layer:
-        from ...runtime.per_layer_verify import per_layer_verify
+        from ...runtime.per_layer_verify import per_layer_verify   # deferred: ~18 ms on every CLI start (runtime), for --per-layer alone
         with progress("per layer: float vs fake-quant on CPU; outputs: compiled on the HTP simulator", enabled=not json_out):
             rep, layers = per_layer_verify(bundle, input, part, target, threshold_db, min_sqnr, samples)
     else:
