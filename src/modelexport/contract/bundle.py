@@ -37,7 +37,7 @@ class BundleWriter:
         self.out = Path(out)
         self.force = force
         check_output(self.out, force)
-        from .manifest import Manifest
+        from .manifest import Manifest   # deferred: pydantic (~110 ms), kept off CLI start-up
         self.manifest = manifest or Manifest()
         self.dir = sibling_temp(self.out)
         self.roles: dict[str, Role] = {}
@@ -72,7 +72,7 @@ class BundleWriter:
         return False
 
     def _entries(self, known: dict[str, FileEntry]) -> list[FileEntry]:
-        from .manifest import FileEntry
+        from .manifest import FileEntry   # deferred: pydantic (~110 ms), kept off CLI start-up
         out = []
         for p in sorted(self.dir.rglob("*")):
             rel = p.relative_to(self.dir).as_posix()
@@ -85,7 +85,7 @@ class BundleWriter:
         return out
 
     def _seal(self) -> None:
-        from .manifest import tool_versions
+        from .manifest import tool_versions   # deferred: pydantic (~110 ms), kept off CLI start-up
         m = self.manifest
         m.versions = tool_versions() | m.versions
         m.files = self._entries({})
@@ -114,7 +114,7 @@ class Bundle:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            from .manifest import Manifest
+            from .manifest import Manifest   # deferred: pydantic (~110 ms), kept off CLI start-up
             self._manifest = Manifest.model_validate(self._data or {})
         return self._manifest
 
@@ -176,9 +176,9 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if not is_bundle(p):
         raise InputError(f"{p} is not a modelexport bundle (no {MANIFEST_NAME})",
                          "give the folder that `modelexport compile -o` wrote")
-    from pydantic import ValidationError
+    from pydantic import ValidationError   # deferred: pydantic, kept off CLI start-up
 
-    from .manifest import SCHEMA_VERSION, Manifest
+    from .manifest import SCHEMA_VERSION, Manifest   # deferred: pydantic (~110 ms), kept off CLI start-up
     try:
         data = json.loads((p / MANIFEST_NAME).read_text())
         version = data.get("schema_version") if isinstance(data, dict) else None
@@ -204,7 +204,7 @@ def refresh_report(bundle: Bundle) -> Path:
     """Rebuild report.html inside a bundle from its (possibly updated) manifest, then re-seal the manifest."""
     m = bundle.manifest
     out = write_report(bundle.path, m, REPORT_NAME)
-    from .manifest import FileEntry
+    from .manifest import FileEntry   # deferred: pydantic (~110 ms), kept off CLI start-up
     entry = FileEntry(path=REPORT_NAME, size=out.stat().st_size, sha256=sha256_file(out), role=Role.REPORT)
     m.files = [f for f in m.files if f.path != REPORT_NAME] + [entry]
     save_manifest(bundle)

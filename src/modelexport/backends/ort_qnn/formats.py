@@ -46,7 +46,7 @@ def _context_collect(tmp: Path, part: str, target: str) -> dict:
 
 def _context_add(a, p, soc, entry: Path, meta: dict) -> None:
     """The EPContext model and binaries under PART/TARGET/, one graph per QNN graph read back."""
-    from ...contract import GraphSpec, TensorSpec
+    from ...contract import GraphSpec, TensorSpec   # deferred: the pydantic manifest (~90 ms) stays out of compile workers
     from ..assembler import graph_io, htp_facts
     files = meta["files"]
     tdir = f"{p.name}/{soc.name}"
@@ -94,7 +94,7 @@ def _dlc_add(a, p, soc, entry: Path, meta: dict) -> None:
     """The DLCs under PART/, one graph with the ONNX model's IO (a DLC is not read back here)."""
     import onnx
 
-    from ...contract import GraphSpec, TensorSpec
+    from ...contract import GraphSpec, TensorSpec   # deferred: the pydantic manifest (~90 ms) stays out of compile workers
     for key, name in meta["files"].items():
         if key.startswith("dlc_"):
             a.w.add_file(entry / name, f"{p.name}/{name}", role=Role.DLC)
