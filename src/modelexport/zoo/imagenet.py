@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from .assets import sample_images
 
@@ -15,7 +16,6 @@ STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 
 def preprocess(path: str | Path, size: int = 224, resize: int = 256) -> np.ndarray:
     """Resize the short side to 256, centre-crop 224, scale to [0,1], normalise: 1x3x224x224 float32."""
-    from PIL import Image
     img = Image.open(path).convert("RGB")
     w, h = img.size
     scale = resize / min(w, h)

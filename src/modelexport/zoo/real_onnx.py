@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from ..core.errors import InputError
 from .assets import package_file
@@ -332,7 +333,6 @@ def input_label(m: RealOnnx) -> str:
 
 def photo_input(m: RealOnnx, photo: Path, input_name: str) -> dict[str, np.ndarray]:
     """{input_name: array}: any photo preprocessed as the row's ImageInput says."""
-    from PIL import Image
     im = m.image
     img = Image.open(photo).convert("RGB")
     if im.crop:
