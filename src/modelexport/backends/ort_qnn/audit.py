@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from ...frontends.onnx_model import LoadedOnnx
 from ...quant import ONNX_PRECISIONS, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...quant.onnx_qdq import quantize_onnx
-from ...core.targets import get_target
+from ...quant.precision import Precision
+from ...core.targets import SoC, get_target
 from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...toolchain.qairt import find_qairt
 from ...auditing.fixes import suggest_fix
@@ -40,6 +42,22 @@ from .repair import control_flow_fix, load_repaired
 _TOKEN = re.compile(r"_token_\d+$")
 IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
              "(offload_graph_io_quantization=1); the context binary itself takes the quantized tensor")
+
+
+@dataclass(frozen=True)
+class _Audited:
+    """What an audit's report names whatever it found: the model, target, precision, QAIRT build,
+    and the notes gathered on the way (a list the audit still appends to)."""
+    loaded: LoadedOnnx
+    soc: SoC
+    prec: Precision
+    qairt_build: str
+    notes: list[str]
+
+    def report(self, nodes: list[NodeAudit], **found: Any) -> AuditReport:
+        return AuditReport(model=str(self.loaded.path or self.loaded.name), target=self.soc.name,
+                           htp_arch=self.soc.htp_arch, precision=self.prec.name, backend="onnxruntime-qnn",
+                           nodes=nodes, qairt_build=self.qairt_build, notes=self.notes, **found)
 
 
 def _name_nodes(model) -> None:
@@ -100,6 +118,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     open_flow = control_flow_fix(loaded.model)
     if open_flow:
         notes.append(f"{open_flow.problem}. Fix: {open_flow.fix}")
+    audited = _Audited(loaded, soc, prec, qairt.build_id, notes)
     work = Path(tempfile.mkdtemp(prefix="modelexport-audit-"))
     try:
         ref = onnx.ModelProto()
@@ -132,10 +151,9 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
         if placement is None and open_flow:   # the EP's failure comes from the unfolded branches: name the real blocker
             raise open_flow.reworded(f"{open_flow.problem} (the QNN EP then fails: {clip(trace['error'], 200)})")
         if placement is None:
-            return _refused_report(loaded, probe_path, options, work, log_text, trace["error"], soc, prec,
-                                   qairt.build_id, notes, log_path, timeout)
-        report = _build_report(loaded, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
-                               placement, parse_ep_log(log_text), trace, soc, prec, qairt.build_id, notes)
+            return _refused_report(audited, probe_path, options, work, log_text, trace["error"], log_path, timeout)
+        report = _build_report(audited, graph_for_nodes, onnx.load(str(probe_path), load_external_data=False),
+                               placement, parse_ep_log(log_text), trace)
         report.log_file = str(log_path) if log_path else None
         return report
     finally:
@@ -155,11 +173,11 @@ def _dynamic_shape_fix(loaded) -> str:
             "--input-value NAME=VALUE where an input sets a size, or re-export the model with static shapes")
 
 
-def _refused_report(loaded, probe_path, options, work, log_text, error, soc, prec, build, notes, log_path,
-                    timeout) -> AuditReport:
+def _refused_report(audited: _Audited, probe_path, options, work, log_text, error, log_path, timeout) -> AuditReport:
     """The session failed: name the node(s) QNN refused (from the log, else by bisection), or
     raise a clear error when it is not a refusal of the graph."""
     import onnx
+    loaded, prec = audited.loaded, audited.prec
     if not is_graph_refusal(error):
         if prec.quantized:   # the float model loaded; the QDQ model the quantizer wrote did not
             opset = next((o.version for o in loaded.model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -184,10 +202,8 @@ def _refused_report(loaded, probe_path, options, work, log_text, error, soc, pre
     nodes = [blocker_audit(b, graph, prec) for b in blockers]
     ep_error = clip(error.split(" : ")[-1], 300)
     if not nodes:
-        notes.append("the log names no node and bisection found none: see the EP's log (--log FILE)")
-    return AuditReport(model=str(loaded.path or loaded.name), target=soc.name, htp_arch=soc.htp_arch, precision=prec.name,
-                       backend="onnxruntime-qnn", nodes=nodes, qairt_build=build, notes=notes,
-                       log_file=str(log_path) if log_path else None, refused=ep_error)
+        audited.notes.append("the log names no node and bisection found none: see the EP's log (--log FILE)")
+    return audited.report(nodes, log_file=str(log_path) if log_path else None, refused=ep_error)
 
 
 def _feeds(q, model, where: dict[str, str]) -> str:
@@ -201,7 +217,8 @@ def _feeds(q, model, where: dict[str, str]) -> str:
     return f"; it feeds {u.op_type} `{u.name}` ({at})"
 
 
-def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trace, soc, prec, build, notes) -> AuditReport:
+def _build_report(audited: _Audited, graph_model, probe_model, placement, log_reasons, trace) -> AuditReport:
+    loaded, prec = audited.loaded, audited.prec
     where: dict[str, str] = {}
     for ep, nodes in placement.items():
         for name, _op in nodes:
@@ -256,7 +273,6 @@ def _build_report(loaded, graph_model, probe_model, placement, log_reasons, trac
             reason += _feeds(n, probe_model, where)
             nodes.append(NodeAudit(n.name, n.op_type, CPU, None, reason, suggest_fix(n.op_type, reason, prec.quantized)))
     if loaded.dynamic_inputs:
-        notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
-                     + " (compile refuses these without --input-shape)")
-    return AuditReport(model=str(loaded.path or loaded.name), target=soc.name, htp_arch=soc.htp_arch, precision=prec.name,
-                       backend="onnxruntime-qnn", nodes=nodes, qairt_build=build, notes=notes)
+        audited.notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
+                             + " (compile refuses these without --input-shape)")
+    return audited.report(nodes)
