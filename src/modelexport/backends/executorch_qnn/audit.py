@@ -85,9 +85,7 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
         prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
                        overrides, block_size, rewrites, dynamic_shapes)
         try:
-            low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
-                        use_fp16=not prep.precision.quantized, delegate=False, log_level="warn", dynamic_shapes=dynamic_shapes,
-                        linear_to_conv2d=prep.plan.uses_block)
+            low = lower(copy.deepcopy(prep.lowerable()), prep.lower_inputs(), delegate=False, log_level="warn")
         except ModelExportError:
             raise
         except Exception as e:  # ExecuTorch's passes raise plain exceptions: said cleanly, as compile does
@@ -128,9 +126,8 @@ def _lower_fails(prep, audited=None, skip: set[str] | None = None) -> tuple[str 
         if audited is not None:
             low = delegate_again(audited, prep.soc, use_fp16=not prep.precision.quantized, skip_nodes=skip)
         else:
-            low = lower(copy.deepcopy(prep.lowerable()), prep.example_inputs(), prep.soc,
-                        use_fp16=not prep.precision.quantized, fallback=None, delegate=True, log_level="warn",
-                        dynamic_shapes=prep.dynamic_shapes, linear_to_conv2d=prep.plan.uses_block, skip_nodes=skip)
+            low = lower(copy.deepcopy(prep.lowerable()), prep.lower_inputs(), fallback=None, delegate=True,
+                        log_level="warn", skip_nodes=skip)
         return None, low.log
     except Exception as e:   # any failure of the real lowering is the answer sought here
         log = getattr(e, "native_log", []) or []

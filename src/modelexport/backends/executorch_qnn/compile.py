@@ -103,8 +103,7 @@ def _lower_entry(prep, soc: SoC, fallback: str, alignment: int, cache: Cache, ke
         report(f"lowering to QNN for {soc.name}" + (" + XNNPACK" if fallback == "xnnpack" else ""))
         t1 = time.perf_counter()
         try:
-            low = lower(graph, prep.example_inputs(), soc, use_fp16=not prep.precision.quantized,
-                        fallback=fallback, dynamic_shapes=prep.dynamic_shapes, linear_to_conv2d=prep.plan.uses_block)
+            low = lower(graph, prep.lower_inputs(soc), fallback=fallback)
             rows = placement(low.edge, low.decisions)
             t2 = time.perf_counter()
             report("writing the .pte (delegate segments aligned for mmap)")

@@ -32,6 +32,18 @@ QDQ_OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel
 BACKEND_OF = {"QnnBackend": ("HTP", "QNN"), "XnnpackBackend": ("CPU", "XNNPACK")}
 
 
+@dataclass(frozen=True)
+class LowerInputs:
+    """What a graph is lowered with and for: its example inputs (and their dynamic dimensions), the
+    SoC, fp16 or quantized, and QNN's ConvertLinearToConv2d pass: block-wise 4-bit weights need it
+    (measured: a block-quantized linear left as FullyConnected gives -5 dB on the HTP, as conv2d 20 dB)."""
+    example_inputs: tuple
+    soc: SoC
+    use_fp16: bool
+    dynamic_shapes: Any = None
+    linear_to_conv2d: bool = False
+
+
 @dataclass
 class Lowered:
     edge: Any                               # EdgeProgramManager
@@ -45,13 +57,10 @@ def _silence_python_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str | None = "xnnpack",
-          delegate: bool = True, log_level: str = "error", dynamic_shapes=None, method: str = "forward",
-          linear_to_conv2d: bool = False, skip_nodes: set[str] | None = None) -> Lowered:
+def lower(module, given: LowerInputs, fallback: str | None = "xnnpack", delegate: bool = True,
+          log_level: str = "error", method: str = "forward", skip_nodes: set[str] | None = None) -> Lowered:
     """export → QNN export passes → to_edge + QNN (+ XNNPACK) partitioners → EdgeProgramManager.
 
-    `linear_to_conv2d` turns on QNN's ConvertLinearToConv2d pass: block-wise 4-bit weights need it
-    (measured: a block-quantized linear left as FullyConnected gives -5 dB on the HTP, as conv2d 20 dB).
     `skip_nodes`: edge node names QNN must not take (the locator delegates part of a graph)."""
     import torch
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
@@ -61,14 +70,15 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
     from executorch.exir import to_edge_transform_and_lower
 
     _silence_python_logs()
-    specs = compile_specs(soc, use_fp16, log_level)
+    specs = compile_specs(given.soc, given.use_fp16, log_level)
     backend_type = flatbuffer_to_option(specs[0].value).backend_options.backend_type
     log: list[str] = []
     mutated: list[str] = []
     qnn = None
     try:
         with capture_native_output() as log:
-            ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=True)
+            ep = torch.export.export(module, tuple(given.example_inputs), dynamic_shapes=given.dynamic_shapes,
+                                     strict=True)
             # A buffer the forward writes (a KV cache, a running state): delegated, QNN gives it the
             # same I/O address, which the x86 simulator does not honour (measured: -97 dB, silently).
             # As ExecuTorch's x86 tests do, the write stays outside the delegate, in the program.
@@ -77,7 +87,8 @@ def lower(module, example_inputs: tuple, soc: SoC, use_fp16: bool, fallback: str
                                          skip_mutable_buffer=bool(mutated))
             pm = get_qnn_pass_manager_cls(backend_type)()
             aten = pm.transform_for_export_pipeline(ep)
-            passes = pm.get_to_edge_transform_passes(ep, compiler_specs=specs, convert_linear_to_conv2d=linear_to_conv2d)
+            passes = pm.get_to_edge_transform_passes(ep, compiler_specs=specs,
+                                                     convert_linear_to_conv2d=given.linear_to_conv2d)
             with QnnManagerContext({method: specs}):
                 edge = to_edge_transform_and_lower({method: aten}, transform_passes={method: passes},
                                                    partitioner={method: [qnn]}, compile_config=qnn_edge_config())

@@ -22,7 +22,7 @@ from ...quant.calibration import CalibrationSet, load_calibration
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...core.targets import SoC, get_target
 from ...quant.pt2e_qnn import DEFAULT_BLOCK_SIZE, QuantPlan, parse_overrides, quantize
-from .lower import mutated_buffers
+from .lower import LowerInputs, mutated_buffers
 
 RANDOM_SAMPLES = 8
 # The quantized program (QnnQuantizer's convert_pt2e output) as a cache entry: keyed without the
@@ -114,6 +114,11 @@ class Prepared:
 
     def example_inputs(self) -> tuple:
         return tuple(self.loaded.example_inputs)
+
+    def lower_inputs(self, soc: SoC | None = None) -> LowerInputs:
+        """What `lower` takes for this model, for `soc` (default: its first target)."""
+        return LowerInputs(self.example_inputs(), self.soc if soc is None else soc, use_fp16=not self.precision.quantized,
+                           dynamic_shapes=self.dynamic_shapes, linear_to_conv2d=self.plan.uses_block)
 
 
 def fold_batch_norms(gm) -> None:
