@@ -191,7 +191,8 @@ def _check_variants(opts: Any, max_seq_len_of: Callable[[Any], int]) -> tuple[li
     if shortest <= max(variants):
         what = f"--context-lengths' shortest ({shortest})" if lengths else f"--max-seq-len {max_seq_len}"
         raise InputError(f"{what} must be larger than the largest variant (ar{max(variants)})",
-                         f"raise it above {max(variants)}, or choose smaller variants "
+                         f"raise {'the shortest of --context-lengths' if lengths else '--max-seq-len'} above "
+                         f"{max(variants)}, or choose smaller variants "
                          f"(e.g. --variants ar1,ar{min(32, shortest // 2) or 1})")
     if full:   # N = C: the first (largest) variant
         variants = [max_seq_len, *variants]
