@@ -27,11 +27,12 @@ CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Marke
                     "resume. ") * 40
 
 
-def write_tiny_llm_folder(root, n_layers: int = 2):
-    """`root/tiny_hf` (a tiny Llama with its tokenizer) and `root/calib.txt`, what LLM compile tests start from."""
+def write_tiny_llm_folder(root, n_layers: int = 2, **kw):
+    """`root/tiny_hf` (a tiny Llama with its tokenizer) and `root/calib.txt`, what LLM compile tests start
+    from; `kw` goes to tiny_llama (seed=1, tie_word_embeddings=False: a model whose greedy text varies)."""
     from pathlib import Path
     root = Path(root)
-    tiny_llama(n_layers=n_layers).save_pretrained(root / "tiny_hf")
+    tiny_llama(n_layers=n_layers, **kw).save_pretrained(root / "tiny_hf")
     tiny_tokenizer().save(root / "tiny_hf")
     (root / "calib.txt").write_text(CALIBRATION_TEXT)
     return root

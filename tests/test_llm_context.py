@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import CALIBRATION_TEXT, tiny_llama, tiny_tokenizer  # noqa: E402
+from llm_tiny import tiny_llama, tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
 from llm_tiny_families import save_tiny_family_folder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,10 +30,8 @@ def work(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
         # untied: its greedy text varies, so token equality says something
-        tiny_llama(2, seed=1, tie_word_embeddings=False).save_pretrained(root / "tiny_hf")
-        tiny_tokenizer().save(root / "tiny_hf")
+        write_tiny_llm_folder(root, seed=1, tie_word_embeddings=False)
         save_tiny_family_folder("gemma3_text", root / "gemma3_text", seed=1)   # a sliding-window family
-        (root / "calib.txt").write_text(CALIBRATION_TEXT)
         yield root
 
 

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import CALIBRATION_TEXT, tiny_llama, tiny_tokenizer  # noqa: E402
+from llm_tiny import CALIBRATION_TEXT, tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
 from modelexport.core.errors import InputError, UnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,9 +53,7 @@ def work(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
         # untied: its greedy text varies, so Genie's tokens against ours say something
-        tiny_llama(2, seed=1, tie_word_embeddings=False).save_pretrained(root / "tiny_hf")
-        tiny_tokenizer().save(root / "tiny_hf")
-        (root / "calib.txt").write_text(CALIBRATION_TEXT)
+        write_tiny_llm_folder(root, seed=1, tie_word_embeddings=False)
         _adapter(root / "tiny_hf", root / "style", 4, ["q_proj", "v_proj", "down_proj"], 1)
         _adapter(root / "tiny_hf", root / "terse", 2, ["q_proj", "o_proj"], 2)
         # not compiled in: the same modules as `style`, a smaller rank
