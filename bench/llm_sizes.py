@@ -38,6 +38,10 @@ SHAPES = {
                  "head_dim": 128, "intermediate_size": 8192},
     "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
                      "intermediate_size": 8960},
+    # meta-llama/Llama-3.1-8B as it is: its own vocabulary (128,256 rows; SmolLM2's tokenizer uses the first
+    # 49,152) and an untied lm_head
+    "llama-8b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False},
 }
 # what each shape's config adds to the shape: its family's class and RoPE
 FAMILY = {
@@ -47,9 +51,13 @@ FAMILY = {
                                                      "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
     "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
                                                          "max_position_embeddings": 32768}),
+    "llama-8b": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
+                                                     "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
 }
 GOALS = {"llama-1b": {"wall_s": 15 * 60, "peak_rss_gb": 6}, "llama-3b": {"wall_s": 45 * 60, "peak_rss_gb": 12},
-         "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120}}
+         "llama-8b": {"wall_s": 2 * 3600, "peak_rss_gb": 20}, "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120}}
+# shapes whose float model does not fit in memory: their safetensors are written one tensor at a time
+STREAMED = {"llama-8b"}
 
 
 def smollm2_gguf() -> Path:
@@ -67,15 +75,60 @@ def build_folder(shape: str, folder: Path) -> Path:
     gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config_cls, model_cls, extra = FAMILY[shape]
-    cfg = getattr(transformers, config_cls)(vocab_size=len(tok), tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
-                                            eos_token_id=tok.eos_token_id, **extra, **SHAPES[shape])
+    shape_cfg = {"vocab_size": len(tok), "tie_word_embeddings": True, **SHAPES[shape]}
+    cfg = getattr(transformers, config_cls)(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                            architectures=[model_cls], torch_dtype="bfloat16", **extra, **shape_cfg)
     torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(cfg).to(torch.bfloat16)
     tmp = folder.with_name(folder.name + ".partial")
-    model.save_pretrained(tmp)
+    if shape in STREAMED:
+        write_random_llama(cfg, tmp)
+    else:
+        getattr(transformers, model_cls)(cfg).to(torch.bfloat16).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.replace(tmp, folder)
     return folder
+
+
+def write_random_llama(cfg, folder: Path, shard_bytes: int = 4 << 30) -> None:
+    """A Llama checkpoint with random bf16 weights (N(0, 0.02), norms at 1) in HF's sharded layout,
+    one tensor in memory at a time: an 8B model does not fit as a float32 nn.Module on 24 GB."""
+    import torch
+    from safetensors.torch import save_file
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    names = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
+                  (p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
+                  (p + "self_attn.v_proj.weight", (kv, h)), (p + "self_attn.o_proj.weight", (h, q)),
+                  (p + "mlp.gate_proj.weight", (f, h)), (p + "mlp.up_proj.weight", (f, h)),
+                  (p + "mlp.down_proj.weight", (h, f))]
+    names += [("model.norm.weight", (h,))] + ([] if cfg.tie_word_embeddings else [("lm_head.weight", (cfg.vocab_size, h))])
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[list[str]] = []       # each shard's tensor names, saved as soon as the shard is full
+    shard: dict = {}
+
+    def flush():
+        save_file(shard, str(folder / f"shard-{len(written) + 1}.safetensors"), metadata={"format": "pt"})
+        written.append(list(shard))
+        shard.clear()
+    total = 0
+    for name, shape in names:
+        if shard and sum(t.numel() * 2 for t in shard.values()) + 2 * torch.Size(shape).numel() > shard_bytes:
+            flush()
+        t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape) * 0.02
+        shard[name] = t.to(torch.bfloat16)
+        total += 2 * t.numel()
+    flush()
+    weight_map = {}
+    for k, keys in enumerate(written, 1):
+        fname = f"model-{k:05d}-of-{len(written):05d}.safetensors"
+        os.replace(folder / f"shard-{k}.safetensors", folder / fname)
+        weight_map.update(dict.fromkeys(keys, fname))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    cfg.save_pretrained(folder)
 
 
 def tree_rss(pid: int) -> tuple[int, int]:
@@ -148,6 +201,7 @@ def main() -> None:
     ap.add_argument("--work", default=os.environ.get("BENCH_WORK"), help="where folders, cache and bundle go")
     ap.add_argument("--executorch-program", action="store_true",
                     help="compile with --executorch-program (recorded as SHAPE_executorch)")
+    ap.add_argument("--cold-only", action="store_true", help="skip the second compile on the filled cache")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="llm_sizes_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -186,6 +240,7 @@ def main() -> None:
                     "target": target, "bytes": prog["bytes"], "binaries_stored": prog["binaries_stored"],
                     "bytes_per_parameter": round(prog["bytes"] / m["parameters"], 3), "build_s": prog["build_s"],
                     "check": {k: prog["check"][k] for k in ("same_tokens", "steps", "worst_logits_sqnr_db", "seconds")}}
+        if r["rc"] == 0 and not a.cold_only:
             # the same command again: every stage from the cache (what a re-run or a resume costs at best)
             warm = run_measured(["compile", str(src), *common, "-o", str(out), "--force", "--json"], env)
             entry["compile_cached"] = {k: warm[k] for k in ("rc", "wall_s", "peak_parent_rss_gb", "peak_tree_rss_gb")}
@@ -207,14 +262,14 @@ def config_estimate(shape: str) -> dict:
     """What `compile --dry-run` prints, from the config's numbers (vocab 49,152, tied, bf16 weights)."""
     from types import SimpleNamespace
 
-    from modelexport.backends.llm_qnn.memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, plan_parts
+    from modelexport.llm.export.memory import DEFAULT_CONTEXT_LIMIT_MB, host_chunk_mb, plan_parts
     from modelexport.core.cache import cache_root
     from modelexport.core.errors import ResourceError
     from modelexport.llm.job_estimate import check_machine, estimate_job
-    cfg = SimpleNamespace(**SHAPES[shape], vocab_size=49152, tie_word_embeddings=True)
+    cfg = SimpleNamespace(**{"vocab_size": 49152, "tie_word_embeddings": True, **SHAPES[shape]})
     parts, _ = plan_parts(cfg, [1, 32], 512, 4, 16, DEFAULT_CONTEXT_LIMIT_MB, 8, 8)
     est = estimate_job(cfg, parts, [32, 1], min(2, os.cpu_count() or 1), 4, True,
-                       chunk_bytes=host_chunk_mb(DEFAULT_CONTEXT_LIMIT_MB) * 2**20)
+                       chunk_bytes=host_chunk_mb(DEFAULT_CONTEXT_LIMIT_MB) * 2**20, mapped=True)
     try:
         check_machine(est, cache_root(), DEFAULT_CONTEXT_LIMIT_MB, 2)
         refusal = None
