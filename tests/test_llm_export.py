@@ -89,6 +89,61 @@ def test_twin_on_simulator_matches_fake_quant_cpu(bundle):
     assert (logits["fake-quant"].argmax(-1) == logits["htp-sim"].argmax(-1)).mean() >= 0.9
 
 
+def test_compile_checks_its_own_logits_against_float_on_held_out_text(bundle, work):
+    """manifest.numerics: the host twins on the simulator against the float decoder on tokens compile did
+    not read, one ar4 call then one ar1 step; the dB it records is the one an independent float run gives."""
+    from modelexport.backends.llm_qnn.self_check import run_window
+    from modelexport.core.numerics import sqnr_db
+    from modelexport.llm.run.text import tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
+    from modelexport.runtime.evaluate import float_runner
+    num = bundle.manifest.numerics
+    assert num["kind"] == "llm" and num["target"] == "SM8650" and num["passed"], num
+    assert num["calls"] == [f"ar4_cl{SEQ}", f"ar1_cl{SEQ}"] and num["samples"] == 5
+    assert num["inputs"] == "held-out text token" and num["first_token"] >= bundle.manifest.calibration["llm"]["tokens"]
+    row = num["outputs"][0]
+    assert row["sqnr_db"] >= num["threshold_db"] == 5.0, num       # 16a4w's mark
+    flt, loaded = float_runner(work / "tiny_hf", SEQ, [1, 4])
+    first, n = num["first_token"], num["samples"]
+    ids = tokenize(from_transformers(loaded.tokenizer), (work / "calib.txt").read_text(), first + n)[first:]
+    ref = flt.feed(ids).numpy()
+    got, calls = run_window(bundle, "htp-sim", "SM8650", ids)
+    assert calls == num["calls"]
+    assert abs(sqnr_db(ref, got) - row["sqnr_db"]) < 0.05, (sqnr_db(ref, got), row)
+
+
+def test_the_check_runs_a_decoder_too_large_for_the_simulator_one_part_at_a_time(bundle, monkeypatch):
+    """Twins that do not fit one simulator process together are loaded part by part for each call: the
+    same logits as with every twin loaded."""
+    from modelexport.backends.llm_qnn import session
+    from modelexport.backends.llm_qnn.self_check import run_window
+    from modelexport.toolchain import simulator_memory
+    ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:6]
+    whole, _ = run_window(bundle, "htp-sim", "SM8650", ids)
+    monkeypatch.setattr(simulator_memory, "SIMULATOR_CONTEXT_BYTES", 1)
+    forwards, _, _ = session.open_forwards(bundle, "htp-sim", every_variant=True)
+    assert isinstance(forwards[4].parts[0].session, session._OnDemand)
+    parted, _ = run_window(bundle, "htp-sim", "SM8650", ids)
+    np.testing.assert_array_equal(whole, parted)
+
+
+def test_numerics_below_the_mark_warn_and_strict_numerics_refuses(bundle, work, cli_here, tmp_path):
+    """A pass mark 16a4w cannot meet (--min-sqnr 80): the compile warns, says quantization loses it (the QDQ
+    graphs on the CPU are as far from float) with a wider precision as the fix; --strict-numerics exits 7
+    and writes nothing. The same inputs as `bundle`: every stage from the cache."""
+    args = ["compile", str(work / "tiny_hf"), "--target", "SM8650", "--precision", "16a4w", "--variants", "ar1,ar4",
+            "--max-seq-len", str(SEQ), "--calibration", str(work / "calib.txt"), "--calibration-samples", "4",
+            "--rounding", "gptq", "--min-sqnr", "80"]
+    proc = cli_here(*args, "-o", str(tmp_path / "warned"))
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "numerics below the pass mark" in out and "quantization loses it, not the compile" in out, out
+    assert "--precision 16a8w" in out and "verify BUNDLE --per-layer" in out, out
+    proc = cli_here(*args, "--strict-numerics", "-o", str(tmp_path / "refused"))
+    assert proc.returncode == 7 and not (tmp_path / "refused").exists(), proc.stderr
+    assert_clean_error(proc, "--strict-numerics")
+
+
 def test_generate_on_htp_sim_backend(bundle):
     import modelexport.llm as llm
     model = llm.load(bundle.path, backend="htp-sim")

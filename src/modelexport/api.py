@@ -115,7 +115,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     eval_fn (metric(predict) -> float, or "FILE.py:FUNCTION");
     PyTorch models also block_size, rewrites, fallback, dynamic_shapes, strict_numerics; LLMs (GGUF / HF folder) also
     block_size, variants, max_seq_len, context_lengths, context_limit_mb, host_chunk_mb, calibration_samples, rounding, max_ppl_ratio,
-    inputs (tokens | embeddings | both), embedder_precision; vision-language models also vision_precision,
+    inputs (tokens | embeddings | both), embedder_precision, lora, strict_numerics, min_sqnr (the logits' pass mark); vision-language models also vision_precision,
     image_size, and with a text LLM vision_encoder (your encoder .onnx), image_token, image_mean, image_std.
     An option another
     format takes, or none does, is an InputError."""

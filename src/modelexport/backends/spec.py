@@ -96,6 +96,8 @@ class LlmCompileOptions(CompileOptions):
     image_token: str | None = None                       # --vision-encoder: the prompt token its rows replace (text or id)
     image_mean: Any = None                               # --vision-encoder: "R,G,B" normalization (default ImageNet's)
     image_std: Any = None
+    strict_numerics: bool = False                        # compile's own numerics below the pass mark: exit 7, nothing written
+    min_sqnr: Any = None                                 # the pass mark (dB) of the logits against float (default per precision)
 
 
 # The options that only a vision-language compile reads (a text LLM or a .pte refuses them by these names).

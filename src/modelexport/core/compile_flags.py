@@ -69,15 +69,15 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
     CompileFlag("vtcm_size", ("--vtcm-size", "--vtcm_size"), str | None, None, VTCM_SIZE_HELP, COMPILING, cli=True),
     CompileFlag("optimization_level", ("--optimization-level", "-O"), int, 3, OPTIMIZATION_LEVEL_HELP, COMPILING),
     CompileFlag("strict", ("--strict",), bool, False, "Refuse (exit 3, nothing written) if any node falls back to the CPU.", COMPILING),
-    CompileFlag("strict_numerics", ("--strict-numerics",), bool, False, "ONNX and PyTorch models: refuse (exit 7, nothing written) "
-                "if compile's own check of the compiled graph against the float model is below "
-                "the precision's pass mark (otherwise a warning).", COMPILING),
+    CompileFlag("strict_numerics", ("--strict-numerics",), bool, False, "Refuse (exit 7, nothing written) if compile's own "
+                "check of the compiled graph against the float model is below the precision's pass mark "
+                "(otherwise a warning). LLMs: the logits on held-out calibration text.", COMPILING),
     CompileFlag("no_cache", ("--no-cache",), bool, False, "Do not reuse or fill the compile cache (MODELEXPORT_CACHE_DIR).", COMPILING, cli=True),
     CompileFlag("jobs", ("--jobs", "-j"), int | None, None, "Parallel compile processes (default: the number of cores).", COMPILING, plan=True),
     CompileFlag("input_values", ("--input-value",), list[str] | None, None, "ONNX: fix an input to a constant, NAME=VALUE "
                 "(folds If on it, e.g. sr=16000; recorded in the manifest; repeatable).", ONNX),
-    CompileFlag("min_sqnr", ("--min-sqnr",), list[str] | None, None, "ONNX models: the pass mark of compile's own check in "
-                "dB (default per precision); with --precision auto the budget every output "
+    CompileFlag("min_sqnr", ("--min-sqnr",), list[str] | None, None, "The pass mark of compile's own check in dB (default "
+                "per precision; LLMs: of the logits). ONNX models with --precision auto: the budget every output "
                 "must meet (default 25), or NAME=DB for one output (repeatable).", ONNX),
     CompileFlag("max_drop", ("--max-drop",), float | None, None, "ONNX models, --precision auto: the most the task metric "
                 "of --eval-fn may fall below the float model's (e.g. 0.01 of top-1 accuracy).", ONNX),

@@ -65,6 +65,8 @@ def numerics_failures(numerics: dict) -> list[str]:
 
 def numerics_line(num: dict[str, Any]) -> str:
     """One line for the user: the outputs' dB against the pass mark, and where and why it falls."""
+    if num.get("kind") == "llm":
+        return _llm_line(num)
     if num.get("run_error") and num.get("run_error_on") == "cpu":
         return (f"{num.get('part')}@{num.get('target')}: the float model itself fails on these samples on the CPU "
                 f"({num['run_error']})")
@@ -93,8 +95,42 @@ RECENT_OPSET = 17     # the QNN EP's op builders follow the recent opsets; older
 MILD_DB = 10.0        # an fp16 departure this close to the pass mark is rounding, not a different computation
 
 
+# an LLM's next precision up when quantization loses the logits (its 4-bit weights first)
+LLM_WIDER = {"16a4w_block": "16a8w", "16a4w": "16a8w", "8a8w": "16a8w", "16a8w": "16a16w"}
+
+
+def _llm_line(num: dict[str, Any]) -> str:
+    """An LLM bundle's check (backends/llm_qnn/self_check.py): its logits against float, and which side
+    loses them when they fall below the mark."""
+    o, mark = num["outputs"][0], num.get("threshold_db")
+    head = (f"{num.get('part')}@{num.get('target')}: logits {_db(o['sqnr_db'])} dB against float, the same top-1 token "
+            f"on {o['argmax_agreement']:.0%} of {num.get('samples')} {num.get('inputs')}s (pass mark {mark:g} dB; "
+            f"graphs {', '.join(num.get('calls', []))})")
+    fq = num.get("fake_quant")
+    if num.get("passed") or fq is None:
+        return head
+    if fq.get("sqnr_db") is None or fq["sqnr_db"] < mark:
+        return (f"{head}; the quantized (QDQ) graphs on the CPU are at {_db(fq.get('sqnr_db'))} dB too: quantization "
+                "loses it, not the compile")
+    return (f"{head}; the quantized (QDQ) graphs on the CPU are at {_db(fq['sqnr_db'])} dB: the compiled graphs depart "
+            f"from them ({_db(num.get('compiled_vs_fake_quant_db'))} dB apart)")
+
+
+def _llm_fix(num: dict[str, Any]) -> str:
+    fq = num.get("fake_quant") or {}
+    if fq and fq.get("sqnr_db") is not None and fq["sqnr_db"] >= num.get("threshold_db", 0):
+        return ("the compiled graphs compute something other than their quantized model: measure it on more text "
+                "with modelexport eval BUNDLE --stages fake-quant,htp-sim, and report it with the manifest")
+    wider = LLM_WIDER.get(str(num.get("precision")))
+    return ((f"compile at a wider precision (--precision {wider}), " if wider else "")
+            + "let compile raise the modules that lose most (--max-ppl-ratio 1.05, with 4-bit weights), or find the module "
+              "where the logits fall with modelexport verify BUNDLE --per-layer and give it --override 'MODULE=16a8w'")
+
+
 def numerics_fix_for(num: dict[str, Any], quantized: bool) -> str:
     """The fix that fits what the localisation found."""
+    if num.get("kind") == "llm":
+        return _llm_fix(num)
     bad = num.get("first_bad_layer") or {}
     random = "random" in str(num.get("inputs", ""))
     if num.get("run_error") and num.get("run_error_on") == "cpu":

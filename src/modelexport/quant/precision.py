@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.arguments import finite
 from ..core.errors import InputError
 
 
@@ -85,6 +86,19 @@ def get_precision(name: str | Precision, offered: tuple[str, ...] | None = None)
 def pass_mark(min_sqnr: float | None, precision: str | Precision) -> float:
     """The SQNR (dB) a compiled graph passes at: the user's --min-sqnr, else its precision's floor."""
     return min_sqnr if min_sqnr is not None else get_precision(precision).min_sqnr_db
+
+
+def min_sqnr_option(value) -> float | None:
+    """--min-sqnr DB as compile's own pass mark (None: each precision's); the CLI hands a list."""
+    if value is None:
+        return None
+    try:
+        db = float(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
+    except (TypeError, ValueError):
+        raise InputError(f"--min-sqnr {value!r}: one number of dB here (NAME=DB per output is for --precision auto)",
+                         "write --min-sqnr 25") from None
+    finite("--min-sqnr", db, "25")
+    return db
 
 
 BLOCK_MULTIPLE = 16     # ExecuTorch's QNN LPBQ recipes use blocks of 16, 32, 64 and 128 input channels

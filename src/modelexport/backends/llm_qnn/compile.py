@@ -51,6 +51,7 @@ from ...toolchain.qnn_graph_order import ORDER_SCHEME
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import LLM_PRECISIONS
+from ...quant.precision import min_sqnr_option, pass_mark
 from ..ort_qnn import worker as ort_qnn_worker
 from .ctx_jobs import SHARED_NAMESPACE, compile_shared, simulator_smoke_run
 from .vlm import compile_vlm
@@ -133,7 +134,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     results = _compile_contexts(jobs, plan, cache, say, timings)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
-        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program)
+        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program,
+                     pass_mark(min_sqnr_option(opts.min_sqnr), plan.requested_precision), opts.strict_numerics)
         return write_bundle(out, force, plan, qdq, jobs, results, run, say)
     finally:
         for t in temp_entries:

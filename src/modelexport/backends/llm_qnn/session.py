@@ -33,7 +33,7 @@ from ...llm.run.tokenizers import load_tokenizer
 from ...llm.run.vision_inputs import place_rows_at_positions
 from ...toolchain.htp_options import run_provider_options
 from ...toolchain.ort_qnn import EP_NAME, SessionPlan, create_session, node_assignment
-from ...toolchain.simulator_memory import variants_that_fit
+from ...toolchain.simulator_memory import fits_on_simulator, variants_that_fit
 from ..ort_qnn.run import check_runtime
 
 STAGES = ("htp-sim", "fake-quant")
@@ -127,11 +127,12 @@ def _spec(bundle) -> DecoderSpec:
 
 
 def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
-                  variants: list[int] | None = None) -> tuple[dict, DecoderSpec, int]:
+                  variants: list[int] | None = None, every_variant: bool = False) -> tuple[dict, DecoderSpec, int]:
     """({N: Forward}, spec, max_seq_len) for the bundle's graphs at `stage`, each taking token ids (the
     embedder part chained first when the bundle has one); a graph built for a shorter context length C
     (`--context-lengths`) is keyed (N, C). The full-context graph (N = max_seq_len, no caches: a
-    generation loop cannot use it) only when `variants` names it."""
+    generation loop cannot use it) only when `variants` names it. On the simulator, the graphs one
+    process holds; `every_variant`: all of them, each part loaded for its call only when they do not fit."""
     if stage not in STAGES:
         raise InputError(f"unknown stage {stage!r}", f"choose one of: {', '.join(STAGES)}")
     m = bundle.manifest
@@ -147,7 +148,10 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
             by_key.setdefault(g.n_tokens if c == spec.max_seq_len else (g.n_tokens, c), []).append(g)
     if not by_key:
         raise InputError(f"{bundle.path} has no graphs for {target}", f"its targets: {', '.join(m.targets)}")
-    if stage == "htp-sim":   # the simulator holds about 3 GB of binaries per process
+    on_demand = False
+    if stage == "htp-sim" and every_variant:   # the simulator holds about 3 GB of binaries per process
+        on_demand = not fits_on_simulator([bundle.file(g.host_twin.context_binary) for gs in by_key.values() for g in gs])
+    elif stage == "htp-sim":
         by_key = _fitting(bundle, by_key)
     mode = get_input_mode(m.llm.inputs)
     embedders = _embedder_graphs(bundle, mode, target)
@@ -155,7 +159,7 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
     for key, gs in by_key.items():
         parts = []
         for g in sorted(gs, key=lambda g: g.part_index):
-            sess = _stage_session(bundle, g, stage, target)
+            sess = _OnDemand(bundle, g, stage, target) if on_demand else _stage_session(bundle, g, stage, target)
             names_in = [i.name for i in sess.get_inputs()]
             names_out = [o.name for o in sess.get_outputs()]
             a, b = g.layers
@@ -175,6 +179,39 @@ def _fitting(bundle, by_key: dict) -> dict:
             bundle.file(g.host_twin.context_binary) for g in gs)
     keep = set(variants_that_fit(by_n))
     return {k: gs for k, gs in by_key.items() if (k[0] if isinstance(k, tuple) else k) in keep}
+
+
+class _OnDemand:
+    """A graph's session loaded for each call and released after it: one part on the simulator at a
+    time, for a decoder whose graphs do not fit in one process together. Its IO names are read from the
+    model file (an EPContext model is a few kB: its weights are in the binary)."""
+
+    def __init__(self, bundle, g, stage: str, target: str):
+        import onnx   # deferred: onnx, only for decoders too large to hold
+        self._open = lambda: _stage_session(bundle, g, stage, target)
+        path = bundle.file(g.host_twin.epcontext_model if stage == "htp-sim" else g.quantized_model)
+        graph = onnx.load(str(path), load_external_data=False).graph
+        init = {t.name for t in graph.initializer}
+        self._inputs = [_Named(i.name) for i in graph.input if i.name not in init]
+        self._outputs = [_Named(o.name) for o in graph.output]
+
+    def get_inputs(self) -> list:
+        return self._inputs
+
+    def get_outputs(self) -> list:
+        return self._outputs
+
+    def run(self, names, feed):
+        session = self._open()
+        try:
+            return session.run(names, feed)
+        finally:
+            del session
+
+
+@dataclass(frozen=True)
+class _Named:
+    name: str
 
 
 def _stage_session(bundle, g, stage: str, target: str):

@@ -7,6 +7,7 @@ created on the host twins), the LLM section."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,8 @@ from ...contract.manifest import (GRAPH_NAMING, DecoderShape, EmbedderPart, Geni
                                   LoraAdapterEntry, LoraInputs,
                                   LogitsAgreement, MemoryEstimate, WeightSharing)
 from ...core.cache import Cache
-from ...core.errors import ModelExportError, VerificationError
+from ...core.errors import ModelExportError, StrictNumericsError, VerificationError
+from ...core.numerics_advice import numerics_fix_for, numerics_line
 from ...core.targets import get_target
 from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...llm.export.lora_source import CONFIG, GENIE_BASE, WEIGHTS, adapter_arrays, zero_arrays
@@ -57,6 +59,8 @@ class LlmRun:
     timings: dict
     t_start: float
     executorch_program: bool = False     # --executorch-program
+    pass_mark_db: float = 5.0            # compile's own check: the logits against float (--min-sqnr, else the precision's)
+    strict_numerics: bool = False        # --strict-numerics: below the mark, exit 7 and write nothing
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
         a.m.llm.lora = lora
+        a.m.numerics = _self_check(a, qdq, run, say)
         if run.executorch_program:
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
@@ -95,6 +100,20 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
                        compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
         a.record_qairt(run.qairt)
     return open_bundle(out)
+
+
+def _self_check(a: BundleAssembler, qdq: QdqEntry, run: LlmRun, say) -> dict:
+    """Compile's own numerics (self_check.py) → manifest.numerics; --strict-numerics refuses below the mark."""
+    from .self_check import check_bundle   # deferred: torch (the generation loop's runner); not on --help
+    t0 = time.perf_counter()
+    num = check_bundle(_Staged(a.w.dir, a.m), qdq.entry, run.pass_mark_db, lambda msg: say(msg, 3.85, 4))
+    run.timings["numerics_s"] = round(time.perf_counter() - t0, 2)
+    if run.strict_numerics and num.get("passed") is False:
+        raise StrictNumericsError("--strict-numerics: the compiled graphs differ from the float model on compile's own "
+                                  "check: " + numerics_line(num),
+                                  numerics_fix_for(num, True) + "; or drop --strict-numerics to keep the bundle and "
+                                  "check it yourself")
+    return num
 
 
 def _describe(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry) -> None:

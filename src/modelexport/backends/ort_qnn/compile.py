@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from ...contract import open_bundle
-from ...core.arguments import finite
+
 from ...core.atomic import check_output
 from ...contract.manifest import PartEntry, PartFiles, SourceModel, TensorSpec
 from ...core.vocab import BundleKind, Format, Role
@@ -37,6 +37,7 @@ from ...passes.onnx.metadata_props import attach
 from ...quant import ONNX_PRECISIONS, Precision, get_precision, load_calibration
 from ...quant.calibration import CalibrationSet, random_samples
 from ...quant.onnx_overrides import parse_onnx_overrides
+from ...quant.precision import min_sqnr_option
 from ...quant.onnx_qdq import RANGE_METHODS, check_split, quantize_onnx
 from ...quant.media_calibration import MediaOptions
 from ...core.targets import SoC, get_target, require_feature
@@ -319,16 +320,7 @@ def _name_refused_nodes(outcomes: list, jobs: list[dict], prepared: list[_Part],
 
 def _pass_mark(opts) -> float | None:
     """--min-sqnr DB as compile's own pass mark (None: each precision's)."""
-    value = getattr(opts, "min_sqnr", None)
-    if value is None:
-        return None
-    try:
-        db = float(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
-    except (TypeError, ValueError):
-        raise InputError(f"--min-sqnr {value!r}: one number of dB here (NAME=DB per output is for --precision auto)",
-                         "write --min-sqnr 25") from None
-    finite("--min-sqnr", db, "25")
-    return db
+    return min_sqnr_option(getattr(opts, "min_sqnr", None))
 
 
 def _self_check(prepared, jobs, results, report, timings, threshold: float | None) -> list[dict]:

@@ -1,8 +1,10 @@
 """The `compile` summary of an LLM bundle (graphs, weight sharing, parts, Genie check)."""
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
+from ...core.numerics_advice import numerics_fix_for, numerics_line
 from ..app import console, emit_json
 
 
@@ -18,7 +20,8 @@ def llm_summary(bundle, json_out: bool) -> None:
                    "precision": m.precision, "qairt_build": m.qairt_build,
                    "graphs": [g.model_dump(mode="json", exclude_none=True) for g in m.graphs],
                    "files": [f.model_dump(mode="json") for f in m.files], "llm": _dump(llm) or {},
-                   "parameters": m.parameters, "cache": _dump(m.cache), "timings": _dump(m.timings)})
+                   "parameters": m.parameters, "numerics": m.numerics, "cache": _dump(m.cache),
+                   "timings": _dump(m.timings)})
         return
     table = Table("graph", "target", "HTP arch", "layers", "QNN graph", "const B", "shared weights B", "est. MB",
                   header_style="bold")
@@ -64,13 +67,7 @@ def llm_summary(bundle, json_out: bool) -> None:
                       f"float; {q.ratio_before:.3f}x before), {len(q.raised)} modules raised to {q.precision} "
                       f"(+{q.added_bytes_per_param:.3f} bytes/param). To reuse the recipe:")
         console.print("    " + (" ".join(f"--override '{o}'" for o in q.overrides) or "(no override needed)"), soft_wrap=True)
-    num = m.numerics or {}
-    for o in num.get("outputs", []):    # what compile measured (a .pte bundle: its twin vs float per method)
-        mark = num.get("threshold_db")
-        ok = mark is None or o["sqnr_db"] >= mark
-        pair = f", {num['compared']}" if num.get("compared") else ""
-        console.print(f"  {o['name']}{pair}: SQNR {o['sqnr_db']:.2f} dB (on {num.get('inputs')}; pass mark {mark} dB"
-                      f"{'' if ok else ', [red]below[/]'})")
+    _numerics_lines(m.numerics or {})
     console.print(f"  {llm.bytes_per_parameter if llm else None} bytes per parameter on the device "
                   f"({(llm.device_bytes if llm else 0):,} B for {m.parameters or 0:,} parameters)")
     console.print(f"[bold green]bundle[/] {bundle.path}  (QAIRT {m.qairt_build}, {m.timings.total_s} s"
@@ -78,6 +75,27 @@ def llm_summary(bundle, json_out: bool) -> None:
     if m.cache and m.cache.resumed_graphs:
         console.print(f"  resumed: {len(m.cache.resumed_graphs)} quantized graphs reused from an interrupted compile "
                       f"({', '.join(m.cache.resumed_graphs)})")
+
+
+def _numerics_lines(num: dict) -> None:
+    """Compile's own check of the compiled graphs against float (backends/llm_qnn/self_check.py)."""
+    if num.get("not_checked"):
+        console.print(f"numerics: not checked ({escape(num['not_checked'])})")
+        return
+    if num.get("kind") != "llm":     # a .pte bundle: its twin vs float per method
+        for o in num.get("outputs", []):
+            mark = num.get("threshold_db")
+            ok = mark is None or o["sqnr_db"] >= mark
+            pair = f", {num['compared']}" if num.get("compared") else ""
+            console.print(f"  {o['name']}{pair}: SQNR {o['sqnr_db']:.2f} dB (on {num.get('inputs')}; pass mark {mark} dB"
+                          f"{'' if ok else ', [red]below[/]'})")
+        return
+    if num.get("passed"):
+        console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
+        return
+    console.print(f"[yellow]warning[/]: numerics below the pass mark: {escape(numerics_line(num))}; "
+                  "the bundle is written (--strict-numerics refuses it, exit 7)")
+    console.print(f"  fix: {escape(numerics_fix_for(num, True))}")
 
 
 def _executorch_lines(console, llm) -> None:

@@ -36,6 +36,7 @@ from .memory import plan_parts
 from .onnx_export import DecoderPart, export_part
 from .part_stage import PART_NAMESPACE, join_into, part_key, quantize_part
 from .plan import LlmPlan, embed_head_bits
+from .reference import check_window, record_reference
 from .stages import Stage, check_order, run_stages
 from .weights import WeightPlan, WeightRequest, plan_weights
 
@@ -152,6 +153,14 @@ def _ranges(indices: list[int]) -> str:
             spans.append([i, i])
     text = ", ".join(f"{a}–{b}" if a != b else f"{a}" for a, b in spans)
     return f"part{'s' if len(indices) > 1 else ''} {text}" if indices else ""
+
+
+def reference_stage(job: QdqJob, loaded: LoadedModel) -> dict | None:
+    """The float decoder's logits on a held-out window, into the entry's reference/ (reference.py): what
+    compile's own numerics check compares the compiled graphs with."""
+    job.report("recording the float model's logits for the numerics check")
+    window = check_window(job.plan, loaded.tok, len(loaded.ids))
+    return record_reference(loaded.llm.model, job.plan, window, job.tmp)
 
 
 def calibrate_stage(job: QdqJob, loaded: LoadedModel, layout: GraphLayout) -> LlmCalibration:
@@ -323,6 +332,7 @@ def _lora_record(lora) -> dict | None:
 
 QDQ_STAGES: tuple[Stage, ...] = (
     Stage("load", load_model),
+    Stage("reference", reference_stage, ("load",)),
     Stage("layout", lay_out, ("load",)),
     Stage("calibrate", calibrate_stage, ("load", "layout")),
     Stage("weights", weights_stage, ("load",)),

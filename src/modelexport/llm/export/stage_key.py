@@ -22,6 +22,7 @@ JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they 
 # cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
 # (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)
 IMAGE_ROWS_VERSION = "image-rows-3"
+REFERENCE_VERSION = "reference-1"   # the entry holds the float logits of compile's own check (reference.py)
 LORA_VERSION = "lora-1"    # how the LoRA inputs enter the graphs (llm/model/lora.py)
 
 
@@ -48,4 +49,5 @@ def qdq_keys(plan: LlmPlan, image_calibration: str | None) -> QdqKeys:
                        plan.quality.key() if plan.quality else None, onnxruntime.__version__, version("torch"),
                        *mode_key)
     # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
-    return QdqKeys(chunks, cache_key(QDQ_NAMESPACE, chunks, JOIN_VERSION, *([EMBEDDER_VERSION] if mode_key else [])))
+    return QdqKeys(chunks, cache_key(QDQ_NAMESPACE, chunks, JOIN_VERSION, REFERENCE_VERSION,
+                                     *([EMBEDDER_VERSION] if mode_key else [])))

@@ -1,0 +1,78 @@
+"""Compile's own numerics check of an LLM bundle, before it is written.
+
+The float decoder's logits on a window of the calibration text compile did not read were recorded
+with the quantized graphs (llm/export/reference.py). The compiled graphs (each target's host twins)
+run the same tokens on the HTP simulator through the generation loop's own runner: one call of the
+largest arN graph, then one decode step of the smallest on the cache it wrote. The logits are scored
+against float with the precision's pass mark (or --min-sqnr). Below it, the same tokens through the
+QDQ graphs on the CPU say which side loses them: quantization (the QDQ graphs are as far from float)
+or the compile (they are not). The result is manifest.numerics; `--strict-numerics` refuses the
+bundle on it (exit 7).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...core.numerics import compare
+from ...llm.export.reference import CheckWindow, read_reference
+from ...llm.run.static_runner import StaticRunner
+from .session import apply_lora, open_forwards
+
+REFERENCE = "the float decoder (PyTorch, CPU), recorded when the graphs were quantized"
+RUNTIME = "the HTP simulator (libQnnHtp.so) on the host twins, through the generation loop's runner"
+
+
+def check_bundle(staged, entry: Path, threshold: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """→ manifest.numerics: every target's compiled graphs against the recorded float logits (the
+    first failing target's record, else the first's, with a line per target)."""
+    ref = read_reference(entry)
+    if ref is None:
+        return {"not_checked": "the bundle has only the full-context graph: the check runs the arN graphs"}
+    window, logits = ref
+    checks = [check_target(staged, window, logits, target, threshold, say) for target in staged.manifest.targets]
+    first = next((c for c in checks if not c["passed"]), checks[0])
+    return first | {"graphs": [{"part": c["part"], "target": c["target"], "passed": c["passed"]} for c in checks]}
+
+
+def check_target(staged, window: CheckWindow, ref: np.ndarray, target: str, threshold: float,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    say(f"checking the {target} graphs on the simulator ({len(window.ids)} tokens of held-out text)")
+    got, calls = run_window(staged, "htp-sim", target, window.ids)
+    row = _score(ref, got, threshold)
+    num: dict[str, Any] = {
+        "kind": "llm", "outputs": [row], "threshold_db": threshold, "samples": len(window.ids),
+        "inputs": "held-out text token" if window.held_out else "calibration text token", "text": window.note, "first_token": window.first_token,
+        "passed": row["passed"], "part": "decoder", "target": target, "precision": staged.manifest.precision, "calls": calls,
+        "reference": REFERENCE, "runtime": RUNTIME}
+    if not row["passed"]:
+        say("below the pass mark: the same tokens through the QDQ graphs on the CPU")
+        fq, _ = run_window(staged, "fake-quant", target, window.ids)
+        num["fake_quant"] = {k: v for k, v in _score(ref, fq, threshold).items() if k != "name"}
+        num["compiled_vs_fake_quant_db"] = _score(fq, got, threshold)["sqnr_db"]
+    num["seconds"] = round(time.perf_counter() - t0, 1)
+    return num
+
+
+def run_window(staged, stage: str, target: str, ids: list[int]) -> tuple[np.ndarray, list[str]]:
+    """The bundle's graphs at `stage` over `ids` from an empty cache → (logits [tokens, vocab], the calls)."""
+    forwards, spec, max_seq_len = open_forwards(staged, stage, target, every_variant=True)
+    apply_lora(staged, forwards, None)           # a --lora bundle: zeros, the base alone
+    runner = StaticRunner(forwards, spec, max_seq_len)
+    logits = runner.feed(ids).float().numpy()
+    return logits, [f"ar{n}_cl{c}" for n, c in zip(runner.chunks, runner.lengths)]
+
+
+def _score(ref: np.ndarray, got: np.ndarray, threshold: float) -> dict[str, Any]:
+    c = compare(ref, got)
+    db = float(c["sqnr_db"])
+    sqnr = round(db, 2) if np.isfinite(db) else (999.0 if db > 0 else None)    # identical: 999, as ONNX checks write
+    agree = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
+    return {"name": "logits", "sqnr_db": sqnr, "cosine": None if c["cosine"] is None else round(c["cosine"], 5),
+            "max_abs_error": round(float(c["max_abs_error"]), 4), "argmax_agreement": round(agree, 4),
+            "passed": sqnr is not None and sqnr >= threshold}
