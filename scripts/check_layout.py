@@ -43,10 +43,10 @@ MAX_PART_SHARE = 0.25
 MAX_MODULE_LINES = 500
 # Libraries whose import costs start-up time worth deferring (`python -X importtime`, cold, this
 # machine: torch 1.6 s, onnx_ir 1.3 s, transformers 1.0 s, gguf 0.8 s, onnxscript 0.8 s,
-# matplotlib 0.4 s, onnx 0.23 s, onnxruntime 0.2 s, numpy 0.2 s; executorch's and torchao's
+# matplotlib 0.4 s, onnx 0.23 s, onnxruntime 0.2 s, numpy 0.2 s, scipy.signal 0.75 s; executorch's and torchao's
 # submodules pull torch; ray is optional). Anything else is light: import it at module level.
 HEAVY = frozenset({"torch", "torchao", "torchvision", "executorch", "onnxruntime", "transformers", "onnx",
-                   "onnxscript", "onnx_ir", "gguf", "matplotlib", "ray", "numpy"})
+                   "onnxscript", "onnx_ir", "gguf", "matplotlib", "ray", "numpy", "scipy"})
 DOC_SECTION = "## What each part holds, and what it may import"
 RULES = ("may-import", "module-lines", "function-lines", "function-params",
          "stdlib-import-in-function", "light-import-in-function", "own-import-in-function")

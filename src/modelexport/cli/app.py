@@ -5,6 +5,7 @@ import json
 import sys
 import time
 from contextlib import contextmanager
+from importlib.metadata import version as package_version
 from typing import Any
 from collections.abc import Iterator
 
@@ -33,8 +34,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else _PIPE_
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-        typer.echo(f"modelexport {version('modelexport')}")
+        typer.echo(f"modelexport {package_version('modelexport')}")
         raise typer.Exit()
 
 
