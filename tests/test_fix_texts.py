@@ -273,3 +273,24 @@ def test_an_fp16_departure_just_below_the_mark_is_called_rounding_not_a_differen
     far = {"threshold_db": 35.0, "inputs": "random", "first_bad_layer": {
         "node": "relu6", "op_type": "Clip", "sqnr_db": -1.5, "htp_departure": True, "opset": 10}}
     assert "convert_version" in numerics_fix_for(far, quantized=False)
+
+
+def test_an_llm_compiles_numerics_warning_says_which_side_loses_and_names_real_steps(cli):
+    """An LLM compile's own check (backends/llm_qnn/self_check.py): below the mark, the QDQ graphs on the CPU
+    as far from float → quantization's loss, with a wider precision; the QDQ graphs close to float → the
+    compile departs, with eval's two stages to measure it. Every step named exists."""
+    from modelexport.core.numerics_advice import numerics_fix_for, numerics_line
+    row = {"name": "logits", "sqnr_db": 3.2, "argmax_agreement": 0.41, "passed": False}
+    base = {"kind": "llm", "part": "decoder", "target": "SM8650", "precision": "16a4w_block", "threshold_db": 5.0,
+            "samples": 33, "inputs": "held-out text token", "calls": ["ar32_cl512", "ar1_cl512"], "outputs": [row],
+            "passed": False}
+    lossy = {**base, "fake_quant": {"sqnr_db": 3.4}, "compiled_vs_fake_quant_db": 31.0}
+    departs = {**base, "fake_quant": {"sqnr_db": 14.9}, "compiled_vs_fake_quant_db": 2.1}
+    assert "quantization loses it, not the compile" in numerics_line(lossy)
+    assert "the compiled graphs depart from them (2.1 dB apart)" in numerics_line(departs)
+    assert "--precision 16a8w" in numerics_fix_for(lossy, True) and "--per-layer" in numerics_fix_for(lossy, True)
+    assert "--stages fake-quant,htp-sim" in numerics_fix_for(departs, True)
+    assert "--precision 16a16w" in numerics_fix_for({**lossy, "precision": "16a8w"}, True)
+    for text in (numerics_fix_for(lossy, True), numerics_fix_for(departs, True)):
+        assert not check_names(text, cli), (text, check_names(text, cli))
+    assert "41% of 33 held-out text tokens" in numerics_line(lossy)
