@@ -24,7 +24,7 @@ GROUPS: list[tuple[str, list[str]]] = [
               "profile_cost", "htp_matmul_precision", "htp_level_cycles"]),
     ("PyTorch", ["et_compile", "real_torch_models", "xnnpack_kernels"]),
     ("LLM compile by size", ["llm_sizes"]),
-    ("LLM compile and quality", ["llm_export", "llm_export_16a4w_block", "llm_export_16a8w", "llm_quality",
+    ("LLM compile and quality", ["llm_export", "llm_export_16a4w_block", "llm_export_16a8w", "llm_self_check", "llm_quality",
                                  "llm_rounding", "llm_rotation", "llm_genie", "genie_speculative", "llm_prompt_lookup", "llm_lora", "llm_lora_strong", "llm_context",
                                  "llm_embedder", "llm_eval_gemma3", "llm_compile_profile", "per_layer_llm", "llm_vocab_pairs"]),
     ("LLM programs for ExecuTorch's qnn_llama_runner", ["llm_runner_check", "qnn_llama_runner_x86"]),

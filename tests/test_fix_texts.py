@@ -294,3 +294,7 @@ def test_an_llm_compiles_numerics_warning_says_which_side_loses_and_names_real_s
     for text in (numerics_fix_for(lossy, True), numerics_fix_for(departs, True)):
         assert not check_names(text, cli), (text, check_names(text, cli))
     assert "41% of 33 held-out text tokens" in numerics_line(lossy)
+    crashed = {**base, "outputs": [], "run_error": "Fail: QNN graph execute error 1002"}
+    assert "fail to run on the HTP simulator (Fail: QNN graph execute error 1002)" in numerics_line(crashed)
+    assert "--stages float,fake-quant" in numerics_fix_for(crashed, True)
+    assert not check_names(numerics_fix_for(crashed, True), cli)

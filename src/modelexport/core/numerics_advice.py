@@ -102,6 +102,9 @@ LLM_WIDER = {"16a4w_block": "16a8w", "16a4w": "16a8w", "8a8w": "16a8w", "16a8w":
 def _llm_line(num: dict[str, Any]) -> str:
     """An LLM bundle's check (backends/llm_qnn/self_check.py): its logits against float, and which side
     loses them when they fall below the mark."""
+    if num.get("run_error"):
+        return (f"{num.get('part')}@{num.get('target')}: the compiled graphs fail to run on the HTP simulator "
+                f"({num['run_error']})")
     o, mark = num["outputs"][0], num.get("threshold_db")
     head = (f"{num.get('part')}@{num.get('target')}: logits {_db(o['sqnr_db'])} dB against float, the same top-1 token "
             f"on {o['argmax_agreement']:.0%} of {num.get('samples')} {num.get('inputs')}s (pass mark {mark:g} dB; "
@@ -117,6 +120,9 @@ def _llm_line(num: dict[str, Any]) -> str:
 
 
 def _llm_fix(num: dict[str, Any]) -> str:
+    if num.get("run_error"):
+        return ("check the quantized graphs alone with modelexport eval BUNDLE --stages float,fake-quant, and report "
+                "the simulator's error with the manifest")
     fq = num.get("fake_quant") or {}
     if fq and fq.get("sqnr_db") is not None and fq["sqnr_db"] >= num.get("threshold_db", 0):
         return ("the compiled graphs compute something other than their quantized model: measure it on more text "

@@ -43,13 +43,19 @@ def check_target(staged, window: CheckWindow, ref: np.ndarray, target: str, thre
                  say: Callable[[str], None]) -> dict[str, Any]:
     t0 = time.perf_counter()
     say(f"checking the {target} graphs on the simulator ({len(window.ids)} tokens of held-out text)")
-    got, calls = run_window(staged, "htp-sim", target, window.ids)
-    row = _score(ref, got, threshold)
     num: dict[str, Any] = {
-        "kind": "llm", "outputs": [row], "threshold_db": threshold, "samples": len(window.ids),
-        "inputs": "held-out text token" if window.held_out else "calibration text token", "text": window.note, "first_token": window.first_token,
-        "passed": row["passed"], "part": "decoder", "target": target, "precision": staged.manifest.precision, "calls": calls,
-        "reference": REFERENCE, "runtime": RUNTIME}
+        "kind": "llm", "threshold_db": threshold, "samples": len(window.ids), "first_token": window.first_token,
+        "inputs": "held-out text token" if window.held_out else "calibration text token", "text": window.note,
+        "part": "decoder", "target": target, "precision": staged.manifest.precision, "reference": REFERENCE,
+        "runtime": RUNTIME}
+    try:
+        got, calls = run_window(staged, "htp-sim", target, window.ids)
+    except Exception as e:   # noqa: BLE001 - the simulator's own errors (ONNX Runtime's Fail) are not ours
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return num | {"outputs": [], "passed": False, "run_error": text[:300], "run_error_on": "htp",
+                      "seconds": round(time.perf_counter() - t0, 1)}
+    row = _score(ref, got, threshold)
+    num |= {"outputs": [row], "passed": row["passed"], "calls": calls}
     if not row["passed"]:
         say("below the pass mark: the same tokens through the QDQ graphs on the CPU")
         fq, _ = run_window(staged, "fake-quant", target, window.ids)

@@ -93,7 +93,8 @@ def _numerics_lines(num: dict) -> None:
     if num.get("passed"):
         console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
         return
-    console.print(f"[yellow]warning[/]: numerics below the pass mark: {escape(numerics_line(num))}; "
+    what = "numerics not checked" if num.get("run_error") else "numerics below the pass mark"
+    console.print(f"[yellow]warning[/]: {what}: {escape(numerics_line(num))}; "
                   "the bundle is written (--strict-numerics refuses it, exit 7)")
     console.print(f"  fix: {escape(numerics_fix_for(num, True))}")
 
