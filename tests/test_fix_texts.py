@@ -294,6 +294,9 @@ def test_an_llm_compiles_numerics_warning_says_which_side_loses_and_names_real_s
     for text in (numerics_fix_for(lossy, True), numerics_fix_for(departs, True)):
         assert not check_names(text, cli), (text, check_names(text, cli))
     assert "41% of 33 held-out text tokens" in numerics_line(lossy)
+    kept = {**base, "passed": True, "outputs": [{**row, "sqnr_db": 6.3, "passed": True, "argmax_agreement": 0.24}]}
+    assert "pass mark 5 dB" in numerics_line(kept) and "fewer than half of them" in numerics_line(kept)
+    assert "fewer than half" not in numerics_line({**kept, "outputs": [{**kept["outputs"][0], "argmax_agreement": 0.73}]})
     crashed = {**base, "outputs": [], "run_error": "Fail: QNN graph execute error 1002"}
     assert "fail to run on the HTP simulator (Fail: QNN graph execute error 1002)" in numerics_line(crashed)
     assert "--stages float,fake-quant" in numerics_fix_for(crashed, True)

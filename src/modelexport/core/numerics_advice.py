@@ -95,6 +95,7 @@ RECENT_OPSET = 17     # the QNN EP's op builders follow the recent opsets; older
 MILD_DB = 10.0        # an fp16 departure this close to the pass mark is rounding, not a different computation
 
 
+TOP1_NOTE = 0.5      # an LLM whose compiled logits keep float's top-1 token less often than this: said, even above the mark
 # an LLM's next precision up when quantization loses the logits (its 4-bit weights first)
 LLM_WIDER = {"16a4w_block": "16a8w", "16a4w": "16a8w", "8a8w": "16a8w", "16a8w": "16a16w"}
 
@@ -110,6 +111,9 @@ def _llm_line(num: dict[str, Any]) -> str:
             f"on {o['argmax_agreement']:.0%} of {num.get('samples')} {num.get('inputs')}s (pass mark {mark:g} dB; "
             f"graphs {', '.join(num.get('calls', []))})")
     fq = num.get("fake_quant")
+    if num.get("passed") and o.get("argmax_agreement", 1.0) < TOP1_NOTE:
+        return (f"{head}; the float model's next token is kept on fewer than half of them: generated text will "
+                "often differ from the float model's (eval BUNDLE measures perplexity)")
     if num.get("passed") or fq is None:
         return head
     if fq.get("sqnr_db") is None or fq["sqnr_db"] < mark:
