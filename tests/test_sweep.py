@@ -253,10 +253,12 @@ def test_an_llm_cell_compiles_through_the_sweep_with_its_quality_and_decode_ceil
     assert r["bytes_per_param"] == round(r["bytes"] / r["parameters"], 4)
     recipe = m["llm"]["quality_recipe"]          # the budget's perplexities on held-out text
     assert r["ppl_ratio"] == round(recipe["ratio"], 4) and recipe["max_ppl_ratio"] == 1.5
-    assert r["numerics"] == ("passed" if recipe["ratio"] <= 1.5 else "below pass mark")
+    # compile's own check of the logits against float, and the quality budget: both must pass
+    logits = m["numerics"]["outputs"][0]["sqnr_db"]
+    assert r["sqnr_db"] == logits and r["threshold_db"] == m["numerics"]["threshold_db"] == 5.0
+    assert r["numerics"] == ("passed" if recipe["ratio"] <= 1.5 and logits >= 5.0 else "below pass mark")
     ceiling = get_target("SM8650").dram_gbps * 1e9 / m["llm"]["weight_bytes_per_token"]
     assert r["decode_ceiling_tok_s"] == round(ceiling, 1) > 0
-    assert r["sqnr_db"] is None             # an LLM bundle's numerics are its perplexity, not an output SQNR
 
 
 def test_a_failed_cells_fix_is_written_as_the_matrix_writes_it(tmp_path):

@@ -110,12 +110,10 @@ def bundle_row(cell: Cell, folder: Path) -> dict[str, Any]:
     sqnr, threshold = _numerics(m)
     recipe = m.llm.quality_recipe if m.llm else None
     ppl_ratio = round(recipe.ratio, 4) if recipe else None
-    if sqnr is not None and threshold is not None:
-        tier = TIER_PASSED if sqnr >= threshold else TIER_BELOW
-    elif ppl_ratio is not None:
-        tier = TIER_PASSED if ppl_ratio <= recipe.max_ppl_ratio else TIER_BELOW
-    else:
-        tier = TIER_UNMEASURED
+    # every measure the bundle has must pass: compile's own check (an LLM's: its logits) and an LLM's quality budget
+    verdicts = ([sqnr >= threshold] if sqnr is not None and threshold is not None else []) \
+        + ([ppl_ratio <= recipe.max_ppl_ratio] if ppl_ratio is not None else [])
+    tier = TIER_UNMEASURED if not verdicts else TIER_PASSED if all(verdicts) else TIER_BELOW
     dep = deployment(m)
     runtime = next((r for r in dep.runtimes if r.target == cell.target), None)
     size = runtime.model_bytes if runtime else sum(f.size for f in m.files)
