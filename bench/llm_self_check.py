@@ -89,13 +89,13 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="llm_self_check_"))
     work.mkdir(parents=True, exist_ok=True)
-    results = json.loads(RESULT.read_text()) if RESULT.exists() else {}
     load = [round(x, 2) for x in os.getloadavg()]
     todo = [(a.name or Path(a.bundle).name, None)] if a.bundle else [(n, n) for n in a.models.split(",")]
     for key, name in todo:
         entry = compile_one(name, a.precision, work) if name else check_existing(Path(a.bundle), work)
         entry["host"] = {"cpus": os.cpu_count(), "load_avg_at_start": load,
                          "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}
+        results = json.loads(RESULT.read_text()) if RESULT.exists() else {}   # read now: another run may have written
         results[f"{key}_{a.precision}" if name else f"{key}_checked_after"] = entry
         RESULT.parent.mkdir(parents=True, exist_ok=True)
         RESULT.write_text(json.dumps(results, indent=2))
