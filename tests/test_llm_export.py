@@ -144,6 +144,13 @@ def test_numerics_below_the_mark_warn_and_strict_numerics_refuses(bundle, work, 
     assert_clean_error(proc, "--strict-numerics")
 
 
+def test_a_min_sqnr_that_is_not_a_number_is_refused_before_any_work(work, cli_here, tmp_path):
+    proc = cli_here("compile", str(work / "tiny_hf"), "--variants", "ar1,ar4", "--max-seq-len", str(SEQ),
+                    "--min-sqnr", "high", "-o", str(tmp_path / "out"))
+    assert_clean_error(proc, "--min-sqnr 'high'", "--min-sqnr 25")
+    assert "loading the model" not in proc.stderr and not (tmp_path / "out").exists()
+
+
 def test_generate_on_htp_sim_backend(bundle):
     import modelexport.llm as llm
     model = llm.load(bundle.path, backend="htp-sim")

@@ -92,10 +92,12 @@ def min_sqnr_option(value) -> float | None:
     """--min-sqnr DB as compile's own pass mark (None: each precision's); the CLI hands a list."""
     if value is None:
         return None
+    given = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
     try:
-        db = float(value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value)
+        db = float(given)
     except (TypeError, ValueError):
-        raise InputError(f"--min-sqnr {value!r}: one number of dB here (NAME=DB per output is for --precision auto)",
+        shown = " ".join(map(str, given)) if isinstance(given, (list, tuple)) else str(given)
+        raise InputError(f"--min-sqnr {shown!r}: one number of dB here (NAME=DB per output is for --precision auto)",
                          "write --min-sqnr 25") from None
     finite("--min-sqnr", db, "25")
     return db

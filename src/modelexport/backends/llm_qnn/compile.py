@@ -126,6 +126,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
     _refuse_vision_flags(opts)
     plan = _resolve(spec, opts)
+    mark = pass_mark(min_sqnr_option(opts.min_sqnr), plan.requested_precision)   # checked before any weight loads
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
     timings: dict[str, Any] = {}
@@ -135,7 +136,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
         run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program,
-                     pass_mark(min_sqnr_option(opts.min_sqnr), plan.requested_precision), opts.strict_numerics)
+                     mark, opts.strict_numerics)
         return write_bundle(out, force, plan, qdq, jobs, results, run, say)
     finally:
         for t in temp_entries:
