@@ -13,11 +13,11 @@ from ...core.arguments import size_in_bytes
 from ...core.atomic import check_output
 from ...core.compile_flags import CALIB_HELP, COMPILE_FLAGS, FORMAT_HELP, PRECISION_HELP
 from ...core.errors import InputError
-from ...core.numerics_advice import numerics_fix_for, numerics_line
 from ...core.vocab import BundleKind
 from ..app import app, console, emit_json, err_console, option, progress
 from .llm_plan import print_llm_plan
 from .llm_summary import llm_summary
+from .numerics_lines import print_numerics
 
 if TYPE_CHECKING:
     from ...contract.manifest import Manifest, PartEntry
@@ -85,17 +85,7 @@ def _notes(m: Manifest, parts: dict[str, PartEntry]) -> None:
         if cal.get("representative") is False:
             console.print(f"[yellow]warning[/]: {part} was calibrated on random data; ranges are not representative")
     num = m.numerics
-    if num.get("outputs") or num.get("run_error"):
-        if num.get("passed") is False:
-            quantized = _precision_of(m, parts.get(num.get("part"))) != "fp16"
-            what = "numerics not checked" if num.get("run_error") else "numerics below the pass mark"
-            console.print(f"[yellow]warning[/]: {what}: {escape(numerics_line(num))}; "
-                          "the bundle is written (--strict-numerics refuses it, exit 7)")
-            console.print(f"  fix: {escape(numerics_fix_for(num, quantized))}")
-        else:
-            console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
-    elif num.get("not_checked"):
-        console.print(f"numerics: not checked ({escape(num['not_checked'])})")
+    print_numerics(num, _precision_of(m, parts.get(num.get("part"))) != "fp16")
     if m.precision_search:
         _search_summary(m.precision_search)
 

@@ -1,11 +1,10 @@
 """The `compile` summary of an LLM bundle (graphs, weight sharing, parts, Genie check)."""
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.table import Table
 
-from ...core.numerics_advice import numerics_fix_for, numerics_line
 from ..app import console, emit_json
+from .numerics_lines import print_numerics
 
 
 def _dump(section):
@@ -78,25 +77,17 @@ def llm_summary(bundle, json_out: bool) -> None:
 
 
 def _numerics_lines(num: dict) -> None:
-    """Compile's own check of the compiled graphs against float (backends/llm_qnn/self_check.py)."""
-    if num.get("not_checked"):
-        console.print(f"numerics: not checked ({escape(num['not_checked'])})")
+    """Compile's own check: an LLM's logits against float (backends/llm_qnn/self_check.py), or a .pte
+    bundle's twin vs float per method."""
+    if num.get("kind") == "llm" or num.get("not_checked"):
+        print_numerics(num, True)
         return
-    if num.get("kind") != "llm":     # a .pte bundle: its twin vs float per method
-        for o in num.get("outputs", []):
-            mark = num.get("threshold_db")
-            ok = mark is None or o["sqnr_db"] >= mark
-            pair = f", {num['compared']}" if num.get("compared") else ""
-            console.print(f"  {o['name']}{pair}: SQNR {o['sqnr_db']:.2f} dB (on {num.get('inputs')}; pass mark {mark} dB"
-                          f"{'' if ok else ', [red]below[/]'})")
-        return
-    if num.get("passed"):
-        console.print(f"numerics: [green]pass[/] {escape(numerics_line(num))}")
-        return
-    what = "numerics not checked" if num.get("run_error") else "numerics below the pass mark"
-    console.print(f"[yellow]warning[/]: {what}: {escape(numerics_line(num))}; "
-                  "the bundle is written (--strict-numerics refuses it, exit 7)")
-    console.print(f"  fix: {escape(numerics_fix_for(num, True))}")
+    for o in num.get("outputs", []):
+        mark = num.get("threshold_db")
+        ok = mark is None or o["sqnr_db"] >= mark
+        pair = f", {num['compared']}" if num.get("compared") else ""
+        console.print(f"  {o['name']}{pair}: SQNR {o['sqnr_db']:.2f} dB (on {num.get('inputs')}; pass mark {mark} dB"
+                      f"{'' if ok else ', [red]below[/]'})")
 
 
 def _executorch_lines(console, llm) -> None:
