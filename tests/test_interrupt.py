@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,9 +84,10 @@ def test_interrupted_compile_leaves_no_worker_and_the_next_run_resumes(tmp_path,
         return                     # nothing can be said, and what is left is swept on the next use
     assert "Traceback" not in stderr, stderr
     [line] = [ln for ln in stderr.splitlines() if ln.startswith("interrupted")]
-    # the quantized model was finished before the workers started: what the next command reuses
-    assert line.startswith("interrupted; the next identical command resumes from the 1 cache entry"), line
-    assert f"{tmp_path / 'cache'} (1 qdq)" in line, line
+    # the quantized model was finished before the workers started: what the next command reuses (on a busy
+    # host one target's binary may also finish before the signal lands: "(1 ctx, 1 qdq)")
+    assert re.match(r"interrupted; the next identical command resumes from the [12] cache entr", line), line
+    assert re.search(re.escape(f"{tmp_path / 'cache'} (") + r"(1 ctx, )?1 qdq\)", line), line
     if sig == signal.SIGINT:
         return                     # the same path as SIGTERM from here: one completing run is enough
     again = subprocess.run([sys.executable, "-m", "modelexport", *args], env=env, capture_output=True, text=True,
