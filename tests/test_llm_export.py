@@ -94,7 +94,7 @@ def test_compile_checks_its_own_logits_against_float_on_held_out_text(bundle, wo
     not read, one ar4 call then one ar1 step; the dB it records is the one an independent float run gives."""
     from modelexport.backends.llm_qnn.self_check import run_window
     from modelexport.core.numerics import sqnr_db
-    from modelexport.llm.run.text import tokenize
+    from modelexport.llm.run.text import dialog_start, tokenize
     from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.runtime.evaluate import float_runner
     num = bundle.manifest.numerics
@@ -105,7 +105,10 @@ def test_compile_checks_its_own_logits_against_float_on_held_out_text(bundle, wo
     assert row["sqnr_db"] >= num["threshold_db"] == 5.0, num       # 16a4w's mark
     flt, loaded = float_runner(work / "tiny_hf", SEQ, [1, 4])
     first, n = num["first_token"], num["samples"]
-    ids = tokenize(from_transformers(loaded.tokenizer), (work / "calib.txt").read_text(), first + n)[first:]
+    tok = from_transformers(loaded.tokenizer)
+    lead = dialog_start(tok)                                 # as a dialog begins
+    assert ("BOS, then" in num["text"]) == bool(lead), num["text"]
+    ids = lead + tokenize(tok, (work / "calib.txt").read_text(), first + n - len(lead))[first:]
     ref = flt.feed(ids).numpy()
     got, calls = run_window(bundle, "htp-sim", "SM8650", ids)
     assert calls == num["calls"]

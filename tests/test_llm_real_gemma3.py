@@ -95,6 +95,29 @@ def test_simulator_adds_nothing_to_what_quantization_costs(bundle):
     assert sqnr["fake-quant vs htp-sim"] >= 33, sqnr
 
 
+def test_compile_checks_itself_on_a_window_begun_as_a_dialog_begins(bundle, hf, cut):
+    """Gemma makes its first token an attention sink: compile's own check runs BOS then held-out text,
+    as every dialog starts. The same tokens without BOS are an input no runtime feeds, and the
+    quantized graph departs from float there far more."""
+    from modelexport.backends.llm_qnn.self_check import run_window
+    from modelexport.core.numerics import sqnr_db
+    from modelexport.llm.run.text import read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
+    from modelexport.runtime.evaluate import float_runner
+    num = bundle.manifest.numerics
+    assert "BOS, then tokens" in num["text"] and num["passed"], num
+    tok = from_transformers(hf[1])
+    first, n = num["first_token"], num["samples"]
+    body = tokenize(tok, read_text(None).text, first + n)[first:first + n]
+    flt, _ = float_runner(cut, MAX_SEQ, [32, 1])
+    db = {}
+    for name, ids in (("bos", [tok.bos_id] + body[:-1]), ("no_bos", body)):
+        flt.reset()
+        got, _ = run_window(bundle, "fake-quant", "SM8650", ids)
+        db[name] = sqnr_db(flt.feed(ids).numpy(), got)
+    assert db["bos"] > db["no_bos"] + 3, db
+
+
 def test_cpu_program_greedy_tokens_are_transformers(hf, cut, tmp_path):
     from llm_tiny import hf_greedy
     from modelexport import llm

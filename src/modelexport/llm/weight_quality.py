@@ -24,6 +24,7 @@ from ..quant.input_moments import record_input_moments
 from ..quant.precision_recipe import choose_overrides
 from ..quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, get_rounding, output_error
 from .layerwise_rounding import layerwise_applies, round_layer_by_layer
+from .run.text import text_windows
 
 HELD_OUT_TOKENS = 1024        # the recipe's held-out span, after the rounding's span of the calibration text
 
@@ -50,15 +51,17 @@ def four_bit_linears(model, base_bits: int, overrides) -> list[str]:
     return out
 
 
-def windows(ids: list[int], window: int):
+def windows(ids: list[int], window: int, lead: tuple[int, ...] = ()):
+    """`ids` as [1, T] tensors of `window` tokens, each begun with `lead` (run/text.dialog_start)."""
     import torch
-    return [torch.tensor([ids[i:i + window]]) for i in range(0, len(ids) - 1, window) if len(ids[i:i + window]) > 1]
+    return [torch.tensor([w]) for w in text_windows(ids, window, list(lead))]
 
 
-def perplexity(model, ids: list[int], window: int, weights: dict[str, np.ndarray] | None = None) -> float:
-    """Perplexity of the HF model on `ids` in windows, with the nn.Linear weights named in `weights`
-    ({name: float [K, N] ONNX layout}) substituted for the call (as new parameters: a weight tied
-    to the embedding stays the embedding's)."""
+def perplexity(model, ids: list[int], window: int, weights: dict[str, np.ndarray] | None = None,
+               lead: tuple[int, ...] = ()) -> float:
+    """Perplexity of the HF model on `ids` in windows begun with `lead`, with the nn.Linear weights
+    named in `weights` ({name: float [K, N] ONNX layout}) substituted for the call (as new
+    parameters: a weight tied to the embedding stays the embedding's)."""
     import torch
     mods = dict(model.named_modules())
     saved = {}
@@ -70,7 +73,7 @@ def perplexity(model, ids: list[int], window: int, weights: dict[str, np.ndarray
                                             requires_grad=False)
         nll, n = 0.0, 0
         with torch.inference_mode():
-            for x in windows(ids, window):
+            for x in windows(ids, window, lead):
                 logits = model(input_ids=x).logits[0, :-1].float()
                 nll += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
                 n += x.shape[1] - 1
@@ -97,10 +100,10 @@ def onnx_weight(model, name: str) -> np.ndarray:
 
 def plan_weights(model, ids: list[int], window: int, names: list[str], rounding: str, block: int,
                  out_dir: Path, max_ppl_ratio: float | None, report: Callable[[str], None],
-                 override_precision: str = "16a8w") -> WeightPlan:
+                 override_precision: str = "16a8w", lead: tuple[int, ...] = ()) -> WeightPlan:
     """Round the 4-bit linears `names` with `rounding` (blocks of `block`, or per channel when 0),
     and with `max_ppl_ratio` choose the modules raised to `override_precision`. `ids`: the
-    calibration text's tokens."""
+    calibration text's tokens; every window of them begins with `lead` (run/text.dialog_start)."""
 
     r = get_rounding(rounding)
     plan = WeightPlan()
@@ -136,10 +139,11 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
         layerwise = data_aware and layerwise_applies(model, names)
         if layerwise:
             report(f"rounding {len(names)} 4-bit linears ({r.name}) layer by layer on {span} tokens")
-            timing = round_layer_by_layer(model, windows(ids[:span], window), names, r, block,
+            timing = round_layer_by_layer(model, windows(ids[:span], window, lead), names, r, block,
                                           lambda n: onnx_weight(model, n), keep, report)
         else:
-            timing = _round_all_at_once(model, ids[:span] if data_aware else [], window, names, r, block, keep, report)
+            timing = _round_all_at_once(model, ids[:span] if data_aware else [], window, names, r, block, keep, report,
+                                        lead)
     plan.rounding = {"method": r.name, "what": r.what, "modules": len(names), "tokens": span if r.needs_activations else 0,
                      "moments_s": timing["moments_s"], "rounding_s": timing["rounding_s"],
                      "layer_by_layer": layerwise,
@@ -150,8 +154,9 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
         report(f"choosing the modules to raise for --max-ppl-ratio {max_ppl_ratio:g} on {len(held)} held-out tokens")
         recipe = choose_overrides(
             names, errors, sizes, max_ppl_ratio,
-            float_ppl=perplexity(model, held, window),
-            quantized_ppl=lambda raised: perplexity(model, held, window, {n: (eight[n] if n in raised else deq[n]) for n in names}),
+            float_ppl=perplexity(model, held, window, lead=lead),
+            quantized_ppl=lambda raised: perplexity(model, held, window, {n: (eight[n] if n in raised else deq[n])
+                                                                          for n in names}, lead),
             override_precision=override_precision, n_params=sum(p.numel() for p in model.parameters()))
         recipe["held_out"] = {"tokens": len(held), "from_token": span, "text": "the calibration text after the rounding's span"}
         plan.recipe = recipe
@@ -160,7 +165,7 @@ def plan_weights(model, ids: list[int], window: int, names: list[str], rounding:
 
 
 def _round_all_at_once(model, ids: list[int], window: int, names: list[str], r, block: int,
-                       on_rounded: Callable, report: Callable[[str], None]) -> dict:
+                       on_rounded: Callable, report: Callable[[str], None], lead: tuple[int, ...] = ()) -> dict:
     """The rounding with every linear's input moments recorded in one pass of the whole model (when
     a 4-bit linear is outside the decoder's layers, or none needs activations: `ids` empty)."""
     t0 = time.perf_counter()
@@ -168,7 +173,7 @@ def _round_all_at_once(model, ids: list[int], window: int, names: list[str], r, 
     if ids:
         report(f"recording the inputs of {len(names)} linears on {len(ids)} tokens")
         wanted = set(names)
-        moments = record_input_moments(model, windows(ids, window), _forward_reaching(model, wanted),
+        moments = record_input_moments(model, windows(ids, window, lead), _forward_reaching(model, wanted),
                                        lambda n: n in wanted)
     moments_s = time.perf_counter() - t0
     report(f"rounding {len(names)} 4-bit weights ({r.name})")

@@ -9,8 +9,8 @@
                 one decode step per token (the same KV-cache path generation takes)
 
 Every stage runs the same chunked loop (`StaticRunner`: arN prefill chunks over the real KV
-cache), on windows of `window` tokens cut from the start of the text; the first token of each
-window is context only. SQNR / cosine of the logits are taken between stages on the tokens they
+cache), on windows of `window` tokens cut from the start of the text, each begun with BOS when the
+model wants one first (as every dialog is); the first token of each window is context only. SQNR / cosine of the logits are taken between stages on the tokens they
 both ran (the simulator's windows are short: one decode step of SmolLM2 takes seconds there).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..llm import load
 from ..llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
 from ..llm.run.openers import require_context
 from ..llm.run.static_runner import StaticRunner
-from ..llm.run.text import read_text, tokenize
+from ..llm.run.text import dialog_start, read_text, text_windows, tokenize
 from ..llm.run.tokenizers import from_transformers, load_tokenizer
 from ..llm.weight_quality import HELD_OUT_TOKENS
 from ..quant.weight_rounding import ROUNDING_TOKENS
@@ -77,18 +77,17 @@ class StageResult:
 
 
 def perplexity(runner: StaticRunner, ids: list[int], window: int, stage: str, keep_logits: int = 0,
-               progress: Callable[[str], None] | None = None) -> StageResult:
-    if window < 2:
-        raise InputError("--window must be at least 2 tokens")
+               progress: Callable[[str], None] | None = None, lead: list[int] | None = None) -> StageResult:
+    """Perplexity over `ids` in windows of `window` tokens, each begun with `lead` (text.dialog_start:
+    BOS for a model that wants it first); the first token of each window is context only."""
+    if window < 2 + len(lead or []):
+        raise InputError(f"--window must be at least {2 + len(lead or [])} tokens")
     if window > runner.max_seq_len:
         raise InputError(f"--window {window} is longer than the model's max_seq_len {runner.max_seq_len}",
                          f"use --window {runner.max_seq_len} or less")
     nll, count, windows, kept = 0.0, 0, 0, []
     t0 = time.perf_counter()
-    for start in range(0, len(ids) - 1, window):
-        w = ids[start:start + window]
-        if len(w) < 2:
-            break
+    for w in text_windows(ids, window, lead or []):
         runner.reset()
         logits = runner.feed(w).double()
         logp = torch.log_softmax(logits[:-1], dim=-1)
@@ -102,7 +101,7 @@ def perplexity(runner: StaticRunner, ids: list[int], window: int, stage: str, ke
             progress(f"{stage}: window {windows}, perplexity so far {math.exp(nll / count):.2f}")
     if not count:
         raise InputError("the text gave no tokens to score", "give a longer text")
-    return StageResult(stage, count + windows, windows, window, math.exp(nll / count), nll / count,
+    return StageResult(stage, count + (0 if lead else windows), windows, window, math.exp(nll / count), nll / count,
                        time.perf_counter() - t0, kept)
 
 
@@ -214,16 +213,19 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
                 "note": "the calibration text itself, all of which compile read: give another with --perplexity FILE"}
         ids = tokenize(tok, txt.text, max_tokens)
     span["last_token"] = span["first_token"] + len(ids)
+    lead = dialog_start(tok)
+    if lead:
+        span["note"] += "; each window begins with BOS, as a dialog does"
     short = ids[:sim_tokens]
     out: dict[str, Any] = {"model": str(src), "text": str(txt.path), "text_sha256": txt.sha256, "tokens": len(ids),
                            "text_span": span,
                            "window": window, "max_seq_len": seq, "stages": {}, "short": {"tokens": len(short), "window": sim_window}}
     short_logits: dict[str, list[np.ndarray]] = {}
-    n_short = -(-max(1, len(short) - 1) // sim_window)
+    n_short = len(text_windows(short, sim_window, lead))
     if flt is not None:
         say("float on the CPU")
-        results["float"] = perplexity(flt, ids, window, "float", progress=say)
-        short_logits["float"] = perplexity(flt, short, sim_window, "float", keep_logits=n_short).logits
+        results["float"] = perplexity(flt, ids, window, "float", progress=say, lead=lead)
+        short_logits["float"] = perplexity(flt, short, sim_window, "float", keep_logits=n_short, lead=lead).logits
     if compiled is not None:
         for stage in COMPILED:
             if stage not in stages:
@@ -232,10 +234,10 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
             graphs, spec, _ = compiled.entry("forwards")(bundle, stage)
             runner = StaticRunner(graphs, spec, seq)
             if stage == "fake-quant":
-                results[stage] = perplexity(runner, ids, window, stage, progress=say)
-                short_logits[stage] = perplexity(runner, short, sim_window, stage, keep_logits=n_short).logits
+                results[stage] = perplexity(runner, ids, window, stage, progress=say, lead=lead)
+                short_logits[stage] = perplexity(runner, short, sim_window, stage, keep_logits=n_short, lead=lead).logits
             else:
-                r = perplexity(runner, short, sim_window, stage, keep_logits=n_short, progress=say)
+                r = perplexity(runner, short, sim_window, stage, keep_logits=n_short, progress=say, lead=lead)
                 calls = sum(g.calls for g in graphs.values())
                 results[stage] = r
                 short_logits[stage] = r.logits
@@ -243,8 +245,8 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     if cpu is not None:
         say(f"cpu ({cpu_quant}), one decode step per token")
         runner = CpuProgramRunner(cpu.session)
-        results["cpu"] = perplexity(runner, ids, window, "cpu", progress=say)
-        short_logits["cpu"] = perplexity(runner, short, sim_window, "cpu", keep_logits=n_short).logits
+        results["cpu"] = perplexity(runner, ids, window, "cpu", progress=say, lead=lead)
+        short_logits["cpu"] = perplexity(runner, short, sim_window, "cpu", keep_logits=n_short, lead=lead).logits
         out["cpu_program"] = {"quant": cpu_quant, "pte": cpu.info.get("pte")}
     for k, r in results.items():
         out["stages"][k] = r.to_dict()
@@ -253,7 +255,7 @@ def evaluate(model: str | Path, text: str | Path | None = None, *, stages: list[
     # perplexities on the short span too (the one the simulator ran), and SQNR between stages
     out["short"]["perplexity"] = {}
     for k, ls in short_logits.items():
-        out["short"]["perplexity"][k] = round(_ppl_from_logits(ls, short, sim_window), 4)
+        out["short"]["perplexity"][k] = round(_ppl_from_logits(ls, short, sim_window, lead), 4)
     pairs = [("float", "fake-quant"), ("float", "htp-sim"), ("fake-quant", "htp-sim"), ("float", "cpu")]
     out["sqnr"] = {}
     for a, b in pairs:
@@ -285,10 +287,9 @@ def held_out_span(bundle, txt) -> dict[str, Any]:
             "note": f"the bundle's calibration text, after the first {start} tokens compile read"}
 
 
-def _ppl_from_logits(logits: list[np.ndarray], ids: list[int], window: int) -> float:
+def _ppl_from_logits(logits: list[np.ndarray], ids: list[int], window: int, lead: list[int]) -> float:
     nll, n = 0.0, 0
-    for j, lg in enumerate(logits):
-        w = ids[j * window:(j + 1) * window]
+    for lg, w in zip(logits, text_windows(ids, window, lead)):
         t = torch.from_numpy(lg).double()
         lp = torch.log_softmax(t[:-1], dim=-1)
         tgt = torch.tensor(w[1:len(lg)])

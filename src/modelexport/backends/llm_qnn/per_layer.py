@@ -20,7 +20,7 @@ from ...frontends import find_frontend
 from ...frontends.module_paths import llm_module_path
 from ...frontends.source_hash import recorded_source
 from ...llm.model.input_modes import get_input_mode
-from ...llm.run.text import recorded_text, tokenize
+from ...llm.run.text import dialog_start, recorded_text, tokenize
 from ...llm.run.tokenizers import from_transformers
 
 DEFAULT_SAMPLES = 2
@@ -32,7 +32,8 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
 
     from ...quant.precision import pass_mark
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
-    from ...llm.export.calibrate import calibration_samples, full_context_samples, part_samples, with_input_mode
+    from ...llm.export.calibrate import (WalkExtras, calibration_samples, full_context_samples, part_samples,
+                                         with_input_mode)
     from ...llm.export.onnx_export import DecoderPart, PartRange, export_part
     from ...llm.model.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
 
@@ -66,8 +67,9 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     mode = get_input_mode(info.inputs)
     dec = build_static_decoder(llm.model, decoder_config(n, seq), rms_norm=ONNX_RMS_NORM, inputs=mode.name,
                                residual_scale=info.residual_scale)
-    samples = (full_context_samples(held_out, seq, k) if n == seq
-               else calibration_samples(llm.model, held_out, [n], seq, k)[n])
+    lead = tuple(dialog_start(tok))
+    samples = (full_context_samples(held_out, seq, k, lead=lead) if n == seq
+               else calibration_samples(llm.model, held_out, [n], seq, k, extras=WalkExtras(lead=lead))[n])
     with torch.inference_mode():
         samples = with_input_mode(samples, mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
                                   dec.spec.hidden_size)

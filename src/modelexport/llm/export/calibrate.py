@@ -29,6 +29,7 @@ from ..model.residual_scale import residual_scale_for, watching_peak
 from ..model.static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
                               make_position_ids, new_key, new_value, past_key, past_value)
 from ..run.static_runner import StaticRunner
+from ..run.text import TextTokens, text_windows
 from ..model.lora import set_lora
 from .lora_source import LoraPlan, adapter_arrays, zero_arrays
 from .weight_dtype import float32_per_module
@@ -37,9 +38,11 @@ from .plan import LlmPlan
 
 @dataclass(frozen=True)
 class WalkExtras:
-    """What a calibration walk also does: record the residual stream's peak, feed LoRA adapters."""
+    """What a calibration walk also does: record the residual stream's peak, feed LoRA adapters, begin
+    each window with `lead` (run/text.dialog_start: BOS for a model that wants it first)."""
     stream_peak: dict | None = None
     lora: "LoraCalibration | None" = None
+    lead: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,10 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
 
     placed: dict[str, object] = {}
     hook = None
+    lead = extras.lead
     if images is not None:
-        token_ids = images.stream(token_ids, max_seq_len)
+        # the image blocks sit at fixed places in windows of max_seq_len text tokens (ImageRows.stream)
+        token_ids, lead = images.stream(token_ids, max_seq_len), ()
         # the embeddings entering layer 0 (the family's scale applied) with the image rows in; the
         # module is the HF model's own (shared): the hook is removed when the walk ends
         hook = dec.model.embed_tokens.register_forward_hook(lambda mod, args, y: placed.get("embeds", y))
@@ -204,8 +209,8 @@ def calibration_samples(hf_model, token_ids: list[int], variants: list[int], max
     try:
         with float32_per_module(dec), watching_peak(dec.model, stream_peak if stream_peak is not None else {}):
             # a bf16-held model runs one float32 layer at a time
-            _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len), token_ids, variants, max_seq_len,
-                  samples_per_variant, out, recording)
+            _walk(StaticRunner({n: graph for n in variants}, dec.spec, max_seq_len),
+                  text_windows(token_ids, max_seq_len, list(lead)), variants, samples_per_variant, out, recording)
     finally:
         if hook is not None:
             hook.remove()
@@ -230,13 +235,12 @@ def _graph_samples(samples: list[dict], n: int, max_seq_len: int, lora: LoraCali
     return lora.every_feed(samples) if lora is not None else samples
 
 
-def _walk(runner, token_ids, variants, max_seq_len, samples_per_variant, out, recording) -> None:
+def _walk(runner, windows: list[list[int]], variants, samples_per_variant, out, recording) -> None:
     big, small = max(variants), sorted(v for v in variants if v != max(variants))
-    pos = 0
+    max_seq_len = runner.max_seq_len
     step = big + len(small)
-    while any(len(out[n]) < samples_per_variant for n in variants):
-        window = token_ids[pos:pos + max_seq_len]
-        if len(window) < step:
+    for window in windows:
+        if len(window) < step or not any(len(out[n]) < samples_per_variant for n in variants):
             break
         runner.reset()
         i = 0
@@ -251,7 +255,6 @@ def _walk(runner, token_ids, variants, max_seq_len, samples_per_variant, out, re
                 recording["n"] = n
                 runner.run_chunk(window[i:i + n], n)
                 i += n
-        pos += max_seq_len
 
 
 def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
@@ -267,11 +270,11 @@ def _widen(ranges: dict[str, list[float]], new_kv, n_layers: int) -> None:
 
 
 def full_context_samples(token_ids: list[int], max_seq_len: int, n_samples: int,
-                         lora: LoraCalibration | None = None) -> list[dict[str, np.ndarray]]:
-    """Samples of the full-context graph: whole windows of the text, positions 0 .. C-1, causal (with
-    the LoRA feeds in turn)."""
+                         lora: LoraCalibration | None = None, lead: tuple[int, ...] = ()) -> list[dict[str, np.ndarray]]:
+    """Samples of the full-context graph: whole windows of the text begun with `lead`, positions 0 .. C-1,
+    causal (with the LoRA feeds in turn)."""
     cfg = StaticDecoderConfig.full_context(max_seq_len)
-    windows = [token_ids[i:i + max_seq_len] for i in range(0, len(token_ids) - max_seq_len + 1, max_seq_len)][:n_samples]
+    windows = [w for w in text_windows(token_ids, max_seq_len, list(lead)) if len(w) == max_seq_len][:n_samples]
     if not windows:
         raise CalibrationError(f"the calibration text gave no sample for the full-context graph ({max_seq_len} tokens)",
                                f"give a longer text (at least {max_seq_len} tokens)")
@@ -325,13 +328,14 @@ class LlmCalibration:
     counts: dict[str, int]
 
 
-def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibration: str | None,  # noqa: PLR0913
+def calibrate(model, text: TextTokens, plan: LlmPlan, needed: bool, image_calibration: str | None,  # noqa: PLR0913
               done_entries: list, report: Callable[[str], None], lora_branches: dict | None = None) -> LlmCalibration:
     """Samples of every graph, {(N, C): ...}, from the text run through the float decoder (none when every
     graph was quantized before: `needed` False), the VLM's image rows placed in them for `--inputs
     embeddings`. Each context length C walks the text in windows of C tokens; the caches' tied ranges
     widen over all of them (one range per layer's cache serves every graph)."""
     t1 = time.perf_counter()
+    ids, lead = text.ids, text.lead
     max_seq_len, kv_ranges, stream_peak = plan.max_seq_len, {}, {}
     samples: dict[tuple[int, int], list] = {k: [] for k in plan.shapes}
     if needed:
@@ -341,10 +345,10 @@ def calibrate(model, ids: list[int], plan: LlmPlan, needed: bool, image_calibrat
         for c in reversed(plan.lengths):
             cached = [n for n, cl in plan.shapes if cl == c and n != c]
             got = calibration_samples(model, ids, cached, c, plan.n_samples, kv_ranges, images,
-                                      WalkExtras(stream_peak, lora))
+                                      WalkExtras(stream_peak, lora, lead))
             samples.update({(n, c): got[n] for n in cached})
         if max_seq_len in plan.variants:      # the full-context graph: whole windows, no cache
-            samples[(max_seq_len, max_seq_len)] = full_context_samples(ids, max_seq_len, plan.n_samples, lora)
+            samples[(max_seq_len, max_seq_len)] = full_context_samples(ids, max_seq_len, plan.n_samples, lora, lead)
     seconds = round(time.perf_counter() - t1, 2)
     scale = residual_scale(stream_peak, done_entries, report)
     return LlmCalibration(samples, kv_ranges, scale, seconds,

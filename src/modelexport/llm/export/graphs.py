@@ -27,7 +27,7 @@ from ..model.input_modes import InputMode, get_input_mode, no_token_id
 from ..model.lora import install_lora
 from ..model.parts import host_chunks
 from ..model.static_decoder import ONNX_RMS_NORM, DecoderSpec, build_static_decoder, decoder_config
-from ..run.text import tokenize
+from ..run.text import TextTokens, dialog_start, tokenize
 from ..run.tokenizers import from_transformers
 from .weight_dtype import in_float32, part_modules, store_bf16
 from .calibrate import LlmCalibration, calibrate, part_samples, with_input_mode
@@ -166,7 +166,8 @@ def reference_stage(job: QdqJob, loaded: LoadedModel) -> dict | None:
 def calibrate_stage(job: QdqJob, loaded: LoadedModel, layout: GraphLayout) -> LlmCalibration:
     """Only when some graph is still to quantize; the residual scale of those finished before otherwise."""
     done_entries = [job.cache.get(PART_NAMESPACE, layout.keys[c]) for c in sorted(layout.done)]
-    return calibrate(loaded.llm.model, loaded.ids, job.plan, len(layout.done) < len(layout.keys),
+    text = TextTokens(loaded.ids, tuple(dialog_start(loaded.tok)))
+    return calibrate(loaded.llm.model, text, job.plan, len(layout.done) < len(layout.keys),
                      job.image_calibration, done_entries, job.report, loaded.lora)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ...quant.weight_rounding import ROUNDING_TOKENS
 from ..model.static_decoder import StaticDecoderConfig, build_static_decoder
 from ..run.static_runner import StaticRunner
-from ..run.text import tokenize
+from ..run.text import dialog_start, tokenize
 from ..weight_quality import HELD_OUT_TOKENS
 from .plan import LlmPlan
 from .weight_dtype import float32_per_module
@@ -45,17 +45,21 @@ def cached_variants(plan: LlmPlan) -> list[int]:
 
 def check_window(plan: LlmPlan, tok, calibration_tokens: int) -> CheckWindow | None:
     """One largest-arN call and one smallest-arN step, after every token compile reads of the text
-    (the calibration windows, the 4-bit rounding's span, the quality recipe's held-out span);
-    None when the bundle has only the full-context graph."""
+    (the calibration windows, the 4-bit rounding's span, the quality recipe's held-out span), begun
+    as a dialog begins (BOS first when the tokenizer puts one: text.dialog_start); None when the
+    bundle has only the full-context graph."""
     variants = cached_variants(plan)
     if not variants:
         return None
     need = min(variants[-1] + (1 if len(variants) > 1 else 0), min(plan.lengths))
     start = max(calibration_tokens, ROUNDING_TOKENS + (HELD_OUT_TOKENS if plan.quality else 0))
-    ids = tokenize(tok, plan.text.text, start + need)
-    if len(ids) >= start + need:
-        return CheckWindow(ids[start:start + need], start, True,
-                           f"{plan.text.path.name}, tokens {start}-{start + need - 1}, after every token compile read")
+    lead = dialog_start(tok)
+    body = need - len(lead)
+    ids = tokenize(tok, plan.text.text, start + body)
+    if len(ids) >= start + body:
+        first = "BOS, then " if lead else ""
+        return CheckWindow(lead + ids[start:start + body], start, True,
+                           f"{plan.text.path.name}, {first}tokens {start}-{start + body - 1}, after every token compile read")
     return CheckWindow(ids[:need], 0, False,
                        f"{plan.text.path.name}, its first {need} tokens: the text is too short to hold out a window "
                        f"after the {start} tokens compile read")

@@ -22,8 +22,9 @@ JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they 
 # cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
 # (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)
 IMAGE_ROWS_VERSION = "image-rows-3"
-REFERENCE_VERSION = "reference-1"   # the entry holds the float logits of compile's own check (reference.py)
+REFERENCE_VERSION = "reference-2"   # the entry holds the float logits of compile's own check (reference.py)
 LORA_VERSION = "lora-1"    # how the LoRA inputs enter the graphs (llm/model/lora.py)
+TEXT_WINDOWS = "bos-first-1"   # every calibration / rounding window begins as a dialog does (run/text.dialog_start)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def qdq_keys(plan: LlmPlan, image_calibration: str | None) -> QdqKeys:
                        plan.block_size, [(o.pattern, o.precision.name) for o in plan.overrides], plan.text.sha256,
                        plan.n_samples, plan.limit_mb, host_part_mb(plan.limit_mb), plan.chunk_mb,
                        plan.quality.key() if plan.quality else None, onnxruntime.__version__, version("torch"),
-                       *mode_key)
+                       TEXT_WINDOWS, *mode_key)
     # the joined part graphs changed apart from the quantized chunks (their entries stay valid)
     return QdqKeys(chunks, cache_key(QDQ_NAMESPACE, chunks, JOIN_VERSION, REFERENCE_VERSION,
                                      *([EMBEDDER_VERSION] if mode_key else [])))

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ...quant.llm_graphs import parse_overrides
 from ...quant.precision import get_precision
 from ...quant.weight_rounding import MIN_ROUNDING_TOKENS, ROUNDING_TOKENS, ROUNDINGS, get_rounding
-from ..run.text import TextSource, tokenize
+from ..run.text import TextSource, dialog_start, tokenize
 from ..weight_quality import HELD_OUT_TOKENS, four_bit_linears, plan_weights as round_weights
 from .plan import QualityOptions
 
@@ -66,7 +66,7 @@ def plan_weights(model, tok, text: TextSource, req: WeightRequest, tmp: Path,
         return WeightPlan(tuple(req.overrides), {"method": "nearest", "what": ROUNDINGS["nearest"].what + note,
                                                  "why": quality.rounding_why, "modules": len(names)})
     plan = round_weights(model, ids, min(req.max_seq_len, 1024), names, quality.rounding, req.block_size,
-                         tmp / "rounding", quality.max_ppl_ratio, report)
+                         tmp / "rounding", quality.max_ppl_ratio, report, lead=tuple(dialog_start(tok)))
     plan.rounding["why"] = quality.rounding_why
     extra = parse_overrides(plan.extra_overrides, req.precision)
     rounded = str(plan.rounded_path) if quality.rounding != "nearest" else None

@@ -56,3 +56,29 @@ def recorded_text(manifest, why: str):
         raise IntegrityError(f"the bundle's calibration text {text_path} changed since it was compiled ({why} would "
                              "compare on other text)", "put back the text the bundle was calibrated on, or recompile with --calibration TEXT")
     return text
+
+
+def dialog_start(tokenizer) -> list[int]:
+    """The tokens every dialog begins with: [BOS] when the tokenizer puts one first (Gemma, Llama),
+    none otherwise. Each window of text that compile calibrates or checks on, and that eval scores,
+    begins with them: such a model makes its first token an attention sink, and a window that starts
+    mid-text without BOS is an input no runtime feeds it (Gemma 3 270M at 16a8w: 7.9 dB against float
+    without BOS first, 17.2 dB with it, on the same held-out tokens)."""
+    bos = getattr(tokenizer, "bos_id", None)
+    return [int(bos)] if getattr(tokenizer, "add_bos", False) and bos is not None else []
+
+
+@dataclass(frozen=True)
+class TextTokens:
+    """A text's token ids and the tokens each window cut from them begins with (dialog_start)."""
+    ids: list[int]
+    lead: tuple[int, ...] = ()
+
+
+def text_windows(ids: list[int], window: int, lead: list[int]) -> list[list[int]]:
+    """`ids` in windows of `window` tokens, each `lead` + the next window - len(lead) text tokens
+    (a BOS the ids already start with is not read twice); windows shorter than two tokens are dropped."""
+    body = ids[len(lead):] if lead and ids[:len(lead)] == lead else ids
+    step = window - len(lead)
+    cut = [lead + body[i:i + step] for i in range(0, len(body), step)]
+    return [w for w in cut if len(w) >= 2]
