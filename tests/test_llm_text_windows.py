@@ -46,3 +46,15 @@ def test_eval_scores_every_text_token_after_bos():
     res = perplexity(r, list(range(10, 40)), 8, "float", lead=[BOS])
     assert all(w[0] == BOS for w in r.fed) and [t for w in r.fed for t in w[1:]] == list(range(10, 40))
     assert res.tokens == 30 and abs(res.perplexity - 300) < 1e-6      # uniform logits: the vocabulary size
+
+
+def test_a_backend_that_puts_bos_first_is_believed_over_its_config():
+    """transformers 5's GemmaTokenizer says add_bos_token False while its tokenizer.json's
+    post-processor puts <bos> first: the dialog begins with BOS either way."""
+    from tokenizers import processors
+
+    from modelexport.llm.run.tokenizers import HFTokenizer
+    backend = tiny_tokenizer().backend
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    tok = HFTokenizer(backend, bos_id=BOS, add_bos=False)
+    assert tok.encode("a")[0] == BOS and dialog_start(tok) == [BOS]

@@ -158,7 +158,10 @@ class HFTokenizer(Tokenizer):
         probe = backend.encode("a", add_special_tokens=True).ids
         plain = backend.encode("a", add_special_tokens=False).ids
         self._backend_adds_specials = probe != plain
-        self.add_bos = bool(add_bos) if add_bos is not None else self._backend_adds_specials
+        # a backend that puts BOS first itself does so whatever the config says (transformers 5's
+        # GemmaTokenizer: add_bos_token False, its post-processor adds <bos>)
+        backend_bos = self._backend_adds_specials and bos_id is not None and probe[:1] == [bos_id]
+        self.add_bos = backend_bos or (bool(add_bos) if add_bos is not None else self._backend_adds_specials)
         self._special_ids = frozenset(_added_special(backend))
 
     @property
