@@ -287,6 +287,8 @@ def test_an_llm_compiles_numerics_warning_says_which_side_loses_and_names_real_s
     lossy = {**base, "fake_quant": {"sqnr_db": 3.4}, "compiled_vs_fake_quant_db": 31.0}
     departs = {**base, "fake_quant": {"sqnr_db": 14.9}, "compiled_vs_fake_quant_db": 2.1}
     assert "quantization loses it, not the compile" in numerics_line(lossy)
+    both = {**base, "fake_quant": {"sqnr_db": 17.2}, "compiled_vs_fake_quant_db": 18.1}    # Gemma 3 270M at 16a8w
+    assert "quantization and the compile both lose it" in numerics_line({**both, "threshold_db": 18.0})
     assert "the compiled graphs depart from them (2.1 dB apart)" in numerics_line(departs)
     assert "--precision 16a8w" in numerics_fix_for(lossy, True) and "--per-layer" in numerics_fix_for(lossy, True)
     assert "--stages fake-quant,htp-sim" in numerics_fix_for(departs, True)

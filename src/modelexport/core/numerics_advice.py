@@ -100,6 +100,10 @@ TOP1_NOTE = 0.5      # an LLM whose compiled logits keep float's top-1 token les
 LLM_WIDER = {"16a4w_block": "16a8w", "16a4w": "16a8w", "8a8w": "16a8w", "16a8w": "16a16w"}
 
 
+# compiled vs QDQ within this many dB of QDQ vs float: the compile's departure is as large as quantization's
+BOTH_SIDES_DB = 3.0
+
+
 def _llm_line(num: dict[str, Any]) -> str:
     """An LLM bundle's check (backends/llm_qnn/self_check.py): its logits against float, and which side
     loses them when they fall below the mark."""
@@ -116,7 +120,11 @@ def _llm_line(num: dict[str, Any]) -> str:
                 "often differ from the float model's (eval BUNDLE measures perplexity)")
     if num.get("passed") or fq is None:
         return head
+    apart = num.get("compiled_vs_fake_quant_db")
     if fq.get("sqnr_db") is None or fq["sqnr_db"] < mark:
+        if apart is not None and fq.get("sqnr_db") is not None and apart < fq["sqnr_db"] + BOTH_SIDES_DB:
+            return (f"{head}; the quantized (QDQ) graphs on the CPU are at {_db(fq['sqnr_db'])} dB and the compiled "
+                    f"graphs depart from them nearly as far ({_db(apart)} dB apart): quantization and the compile both lose it")
         return (f"{head}; the quantized (QDQ) graphs on the CPU are at {_db(fq.get('sqnr_db'))} dB too: quantization "
                 "loses it, not the compile")
     return (f"{head}; the quantized (QDQ) graphs on the CPU are at {_db(fq['sqnr_db'])} dB: the compiled graphs depart "
