@@ -1,0 +1,62 @@
+"""Where the compiled Gemma 3 decoder departs from its own QDQ graphs: Gemma 3 270M (the real GGUF)
+cut to its first N layers, compiled as tests/test_llm_real_gemma3.py compiles its cut (ar32, context
+128, optimization level 1, defaults otherwise), then `eval` over the first 32 tokens of the default
+text (BOS first) at three stages: float, the QDQ graphs on the CPU (fake-quant), the compiled graphs
+on the HTP simulator (htp-sim).
+
+    python bench/experiments/llm_depth_departure.py [--layers 6,12,14,15,16,17,18] [--work DIR]
+
+A compile that computes what its QDQ graphs compute keeps `fake-quant vs htp-sim` far above
+`float vs fake-quant` at every depth; writes bench/results/llm_depth_departure.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "results" / "llm_depth_departure.json"
+sys.path.insert(0, str(ROOT.parent / "tests"))     # llm_tiny.save_real_layers: the cut the tests use
+
+
+def one_depth(n: int, work: Path) -> dict:
+    import modelexport
+    from llm_tiny import save_real_layers
+    from modelexport.runtime.evaluate import evaluate
+    from modelexport.zoo.assets import asset_path
+    cut = save_real_layers(asset_path("gemma3_270m_gguf"), work / f"cut{n}" / "hf", n)
+    t0 = time.perf_counter()
+    b = modelexport.compile(str(cut), output=work / f"cut{n}" / "bundle", target="SM8650", variants="ar32",
+                            max_seq_len=128, optimization_level=1, force=True)
+    res = evaluate(b.path, stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=32, sim_window=32,
+                   sim_tokens=32, from_token=0)
+    return {"layers": n, "sqnr_db": {k: v["sqnr_db"] for k, v in res["sqnr"].items()},
+            "residual_scale": b.manifest.llm.residual_scale, "precision": b.manifest.precision,
+            "text_span": res["text_span"], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", default="6,12,14,15,16,17,18")
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="mx-depth-"))
+    os.environ.setdefault("MODELEXPORT_CACHE_DIR", str(work / "cache"))
+    rows = []
+    for n in (int(x) for x in args.layers.split(",")):
+        rows.append(one_depth(n, work))
+        print(json.dumps(rows[-1]), flush=True)
+    out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    out.update({"model": "Gemma 3 270M (gemma-3-270m-q4_k_m.gguf) cut to its first N layers",
+                "target": "SM8650", "rows": rows,
+                "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}})
+    RESULT.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
