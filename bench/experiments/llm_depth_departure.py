@@ -5,6 +5,7 @@ text (BOS first) at three stages: float, the QDQ graphs on the CPU (fake-quant),
 on the HTP simulator (htp-sim).
 
     python bench/experiments/llm_depth_departure.py [--layers 6,12,14,15,16,17,18] [--work DIR]
+    python bench/experiments/llm_depth_departure.py --fp16-storage   # what fp16 storage alone costs
 
 A compile that computes what its QDQ graphs compute keeps `fake-quant vs htp-sim` far above
 `float vs fake-quant` at every depth; writes bench/results/llm_depth_departure.json.
@@ -40,11 +41,53 @@ def one_depth(n: int, work: Path) -> dict:
             "text_span": res["text_span"], "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def fp16_storage() -> dict:
+    """The float decoder (all 18 layers, the stream at 1/8 as compiled) with every module's float output
+    rounded to fp16, against float32, on the first 32 tokens and on tokens 5120+ (BOS first): what fp16
+    storage alone costs, apart from the HTP's fp16 arithmetic."""
+    import torch
+
+    from modelexport.core.numerics import sqnr_db
+    from modelexport.frontends import find_frontend
+    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
+    from modelexport.llm.run.static_runner import StaticRunner
+    from modelexport.llm.run.text import dialog_start, read_text, tokenize
+    from modelexport.llm.run.tokenizers import from_transformers
+    from modelexport.zoo.assets import asset_path
+
+    def to_fp16(_mod, _args, y):
+        if isinstance(y, torch.Tensor) and y.is_floating_point():
+            return y.half().float()
+        return None
+
+    src = str(asset_path("gemma3_270m_gguf"))
+    llm = find_frontend(src).load(src)
+    tok = from_transformers(llm.tokenizer)
+    dec = build_static_decoder(llm.model, StaticDecoderConfig(32, 512), rms_norm="scaled", residual_scale=8.0)
+    out = {}
+    for start in (1, 5120):
+        ids = dialog_start(tok) + tokenize(tok, read_text(None).text, start + 32)[start:start + 32]
+        ref = StaticRunner.from_decoder(dec, [32, 1]).feed(ids).float().numpy()
+        hooks = [m.register_forward_hook(to_fp16) for m in dec.modules() if m is not dec]
+        got = StaticRunner.from_decoder(dec, [32, 1]).feed(ids).float().numpy()
+        for h in hooks:
+            h.remove()
+        out[f"tokens_{start}+"] = round(float(sqnr_db(ref, got)), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default="6,12,14,15,16,17,18")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--fp16-storage", action="store_true", help="only the float decoder with fp16 module outputs")
     args = ap.parse_args()
+    if args.fp16_storage:
+        out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+        out["fp16_storage_sqnr_db"] = fp16_storage()
+        print(json.dumps(out["fp16_storage_sqnr_db"]))
+        RESULT.write_text(json.dumps(out, indent=2) + "\n")
+        return
     work = Path(args.work or tempfile.mkdtemp(prefix="mx-depth-"))
     os.environ.setdefault("MODELEXPORT_CACHE_DIR", str(work / "cache"))
     rows = []
