@@ -14,10 +14,11 @@ from .memory import host_part_mb
 from .plan import LlmPlan
 
 QDQ_NAMESPACE = "llm-qdq"
-EXPORT_VERSION = 9   # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
+EXPORT_VERSION = 10  # 4: RoPE table lookups float; 5: KV-cache encodings tied across graphs; 6: host-sized
 #                      parts, weight rounding; 7: the static decoder built from the family table; 8: the residual
 #                      stream carried at 1/s (llm/model/residual_scale.py), Gemma's sandwich norms float (bump on any
-#                      change to the decoder or to what stays float); 9: attention's core float (fp16 on the HTP)
+#                      change to the decoder or to what stays float); 9: attention's core float (fp16 on the HTP); 10: the scaled
+#                      RMSNorm's eps / m² as (√eps / m)² (blocks.RMSNorm: m² underflowed fp16 on a row near zero)
 JOIN_VERSION = 2      # 2: a part's boundary tensors named after the layer they follow (Genie hands them on by name)
 # cache key: how calibrate.ImageRows places a VLM's images (windows 1, 3, 5, ...; 3: the runtime's blocks of ids
 # (tiles' markers, wrap ids), rows of the views it shows the vision part, M-RoPE grid positions)

@@ -3,6 +3,7 @@ residual scale, the token embedding (and the `both` input mode's join) and the s
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (torch's own spelling)
@@ -38,7 +39,10 @@ class RMSNorm(nn.Module):
         if self.form == "scaled":   # |x / m| <= 8: squares stay far below fp16's maximum
             m = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 8
             xs = x / m
-            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + self.eps / (m * m)) * w
+            # eps / m² written as (√eps / m)²: for a row near zero (Gemma's BOS row into a post-norm, |x| ~ 1e-3)
+            # m² underflows fp16 and eps / m² became inf on the HTP, the row's output 0 instead of x·w/√eps
+            e = math.sqrt(self.eps) / m
+            return xs * torch.rsqrt(torch.mean(xs * xs, dim=-1, keepdim=True) + e * e) * w
         return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * w
 
 
