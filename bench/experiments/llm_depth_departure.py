@@ -8,7 +8,8 @@ on the HTP simulator (htp-sim).
     python bench/experiments/llm_depth_departure.py --fp16-storage   # what fp16 storage alone costs
 
 A compile that computes what its QDQ graphs compute keeps `fake-quant vs htp-sim` far above
-`float vs fake-quant` at every depth; writes bench/results/llm_depth_departure.json.
+`float vs fake-quant` at every depth; writes bench/results/llm_depth_departure.json (rows keyed by
+depth and the graphs' EXPORT_VERSION: 9 before the RMSNorm fix, 10 after).
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def one_depth(n: int, work: Path) -> dict:
                             max_seq_len=128, optimization_level=1, force=True)
     res = evaluate(b.path, stages=["float", "fake-quant", "htp-sim"], window=32, max_tokens=32, sim_window=32,
                    sim_tokens=32, from_token=0)
-    return {"layers": n, "sqnr_db": {k: v["sqnr_db"] for k, v in res["sqnr"].items()},
+    from modelexport.llm.export.stage_key import EXPORT_VERSION
+    return {"layers": n, "export_version": EXPORT_VERSION, "sqnr_db": {k: v["sqnr_db"] for k, v in res["sqnr"].items()},
             "residual_scale": b.manifest.llm.residual_scale, "precision": b.manifest.precision,
             "text_span": res["text_span"], "wall_s": round(time.perf_counter() - t0, 1)}
 
@@ -95,8 +97,10 @@ def main() -> None:
         rows.append(one_depth(n, work))
         print(json.dumps(rows[-1]), flush=True)
     out = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    key = lambda r: (r["layers"], r.get("export_version", 9))     # noqa: E731 - rows of earlier graphs are kept
+    kept = {key(r): r for r in out.get("rows", [])} | {key(r): r for r in rows}
     out.update({"model": "Gemma 3 270M (gemma-3-270m-q4_k_m.gguf) cut to its first N layers",
-                "target": "SM8650", "rows": rows,
+                "target": "SM8650", "rows": sorted(kept.values(), key=key),
                 "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]}})
     RESULT.write_text(json.dumps(out, indent=2) + "\n")
 
