@@ -271,7 +271,7 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli_here, 
     import math
 
     from modelexport.runtime.evaluate import evaluate
-    from modelexport.llm.run.text import tokenize
+    from modelexport.llm.run.text import dialog_start, text_windows, tokenize
     from modelexport.llm.run.tokenizers import load_tokenizer_json
 
     model, pte, _ = fp32
@@ -279,12 +279,10 @@ def test_eval_cpu_stage_scores_the_program_as_transformers_does(fp32, cli_here, 
     text.write_text("The cat sat on the mat. " * 12)
     res = evaluate(pte, text, window=32, max_tokens=70)
     assert list(res["stages"]) == ["cpu"] and res["stages"]["cpu"]["windows"] == 3
-    ids = tokenize(load_tokenizer_json(pte.parent / "tokenizer.json"), text.read_text(), 70)
+    tok = load_tokenizer_json(pte.parent / "tokenizer.json")
+    ids = tokenize(tok, text.read_text(), 70)
     nll, n = 0.0, 0
-    for start in range(0, len(ids) - 1, 32):
-        w = ids[start:start + 32]
-        if len(w) < 2:
-            break
+    for w in text_windows(ids, 32, dialog_start(tok)):      # each window begins as a dialog does
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([w])).logits[0, :-1].double(), dim=-1)
         nll -= float(logp[torch.arange(len(w) - 1), torch.tensor(w[1:])].sum())
