@@ -19,37 +19,18 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemma3_window  # noqa: E402
 from htp_matmul_precision import _qdq, _sqnr  # noqa: E402  (the same boundary Q/DQ and score)
 
 RESULT = Path(__file__).resolve().parent.parent / "results" / "htp_attention_fp16.json"
 
 
 def capture() -> tuple[dict[int, dict[str, np.ndarray]], float]:
-    import torch
-
-    from modelexport.frontends import find_frontend
     from modelexport.llm.model.attention import AttentionCore
-    from modelexport.llm.model.static_decoder import StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.run.static_runner import StaticRunner
-    from modelexport.llm.run.text import dialog_start, read_text, tokenize
-    from modelexport.llm.run.tokenizers import from_transformers
-    from modelexport.zoo.assets import asset_path
-    src = str(asset_path("gemma3_270m_gguf"))
-    llm = find_frontend(src).load(src)
-    tok = from_transformers(llm.tokenizer)
-    ids = dialog_start(tok) + tokenize(tok, read_text(None).text, 5152)[5120:5151]
-    dec = build_static_decoder(llm.model, StaticDecoderConfig(32, 512), rms_norm="scaled", residual_scale=8.0)
-    cores = [m for m in dec.modules() if isinstance(m, AttentionCore)]
-    got: dict[int, dict[str, np.ndarray]] = {}
-    def keep(i: int):
-        def hook(_mod, args):
-            got.setdefault(i, {k: t.detach().float().numpy().copy() for k, t in zip(("q", "keys", "values", "mask"), args)})
-        return hook
-    for i, core in enumerate(cores):
-        core.register_forward_pre_hook(keep(i))
-    with torch.no_grad():
-        StaticRunner.from_decoder(dec, [32]).feed(ids[:32])
-    return got, cores[0].scaling
+    got, dec = gemma3_window.capture(lambda _name, mod: isinstance(mod, AttentionCore), n_args=4)
+    cores = [name for name, mod in dec.named_modules() if isinstance(mod, AttentionCore)]
+    scaling = next(mod.scaling for mod in dec.modules() if isinstance(mod, AttentionCore))
+    return {i: dict(zip(("q", "keys", "values", "mask"), got[name])) for i, name in enumerate(cores)}, scaling
 
 
 def core_model(x: dict[str, np.ndarray], scaling: float, path: Path) -> Path:
@@ -98,10 +79,7 @@ def main() -> int:
                          "htp_vs_cpu_qdq_db": _sqnr(cpu, htp), "max_abs_score": round(float(np.abs(scores).max()), 2),
                          "max_abs_value": round(float(np.abs(x["values"]).max()), 2)})
             print(json.dumps(rows[-1]), flush=True)
-    RESULT.write_text(json.dumps({"model": "Gemma 3 270M (gemma-3-270m-q4_k_m.gguf), float static decoder",
-                                  "tokens": "BOS, then tokens 5120-5150 of lee_background.cor (one ar32 call, 512 slots)",
-                                  "target": "SM8650 (x86 HTP simulator), optimization level 1",
-                                  "onnxruntime": ort.__version__, "rows": rows}, indent=1) + "\n")
+    gemma3_window.write_result(RESULT, rows)
     return 0
 
 

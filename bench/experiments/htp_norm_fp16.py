@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemma3_window  # noqa: E402
 from htp_matmul_precision import _sqnr  # noqa: E402
 
 RESULT = Path(__file__).resolve().parent.parent / "results" / "htp_norm_fp16.json"
@@ -27,31 +28,16 @@ def main() -> int:
     import torch
 
     from modelexport.core.targets import get_target
-    from modelexport.frontends import find_frontend
     from modelexport.llm.model.blocks import RMSNorm
-    from modelexport.llm.model.static_decoder import ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder
-    from modelexport.llm.run.static_runner import StaticRunner
-    from modelexport.llm.run.text import dialog_start, read_text, tokenize
-    from modelexport.llm.run.tokenizers import from_transformers
     from modelexport.toolchain.htp_options import compile_provider_options
     from modelexport.toolchain.ort_qnn import SessionPlan, create_session
-    from modelexport.zoo.assets import asset_path
-    src = str(asset_path("gemma3_270m_gguf"))
-    llm = find_frontend(src).load(src)
-    tok = from_transformers(llm.tokenizer)
-    ids = dialog_start(tok) + tokenize(tok, read_text(None).text, 5152)[5120:5151]
-    dec = build_static_decoder(llm.model, StaticDecoderConfig(32, 512), rms_norm=ONNX_RMS_NORM, residual_scale=8.0)
-    norms = {n: m for n, m in dec.named_modules() if isinstance(m, RMSNorm) and n.split(".")[-1] in WANTED
-             and n.split(".")[-2].isdigit()}
-    got: dict[str, np.ndarray] = {}
-    def keep(name: str):
-        def hook(_mod, args):
-            got.setdefault(name, args[0].detach().float().numpy().copy())
-        return hook
-    for name, mod in norms.items():
-        mod.register_forward_pre_hook(keep(name))
-    with torch.no_grad():
-        StaticRunner.from_decoder(dec, [32]).feed(ids[:32])
+
+    def wanted(name: str, mod) -> bool:
+        parts = name.split(".")
+        return isinstance(mod, RMSNorm) and parts[-1] in WANTED and parts[-2].isdigit()
+    captured, dec = gemma3_window.capture(wanted)
+    norms = {name: mod for name, mod in dec.named_modules() if name in captured}
+    got = {name: x[0] for name, x in captured.items()}
     options = compile_provider_options(get_target("SM8650"), None, 1)
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -65,10 +51,7 @@ def main() -> int:
             rows.append({"norm": name, "htp_vs_float_db": _sqnr(ref, htp), "cpu_vs_float_db": _sqnr(ref, cpu),
                          "max_abs_in": round(float(np.abs(x).max()), 1), "max_abs_out": round(float(np.abs(ref).max()), 1)})
             print(json.dumps(rows[-1]), flush=True)
-    RESULT.write_text(json.dumps({"model": "Gemma 3 270M (gemma-3-270m-q4_k_m.gguf), float static decoder, stream at 1/8",
-                                  "tokens": "BOS, then tokens 5120-5150 of lee_background.cor (one ar32 call)",
-                                  "target": "SM8650 (x86 HTP simulator), optimization level 1",
-                                  "onnxruntime": ort.__version__, "rows": rows}, indent=1) + "\n")
+    gemma3_window.write_result(RESULT, rows)
     return 0
 
 
