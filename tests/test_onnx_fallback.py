@@ -32,9 +32,11 @@ def test_fallback_bundle_records_cpu_nodes(tmp_path, cli_here):
 
 
 def test_multi_target_binaries_differ_and_name_their_arch(tmp_path, cli_here):
+    """Targets comma-separated (`-t SM8650,8elite`: code and marketing name); the repeated form is
+    test_interrupt's."""
     model = conv_relu(tmp_path / "conv.onnx")
     import modelexport
-    res = json.loads(cli_here("compile", str(model), "-o", str(tmp_path / "multi"), "-t", "SM8650", "-t", "SM8750",
+    res = json.loads(cli_here("compile", str(model), "-o", str(tmp_path / "multi"), "-t", "SM8650, 8elite",
                               "--calibration", "random", "--vtcm-mb", "2", "--optimization-level", "2",
                               "--json", check=True).stdout)
     assert res["htp_arch"] == {"SM8650": 75, "SM8750": 79}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +135,51 @@ def test_an_interrupt_while_the_workers_are_waited_for_stops_them_and_forgets_th
     for w in workers:
         w.join(timeout=10)
         assert not w.is_alive()
+
+
+UNGUARDED = """
+import onnx
+from onnx import TensorProto, helper
+import modelexport
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "relu.onnx")
+modelexport.compile("relu.onnx", output="out", precision="fp16", target=["SM8650", "SM8750"])
+"""
+
+GUARDED = """
+from modelexport.toolchain.worker_pool import run_jobs
+
+
+def main():
+    print(run_jobs("a test stage", [(abs, -2), (abs, -3)], 2))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_unguarded_script_is_told_to_guard_its_call_before_any_worker_starts(tmp_path):
+    """A spawned worker imports the user's script first: an unguarded call would run again there and
+    the worker die (Python refuses a new process during its bootstrap), which the user saw as 'a worker
+    process died ... run again with --jobs 1'."""
+    (tmp_path / "script.py").write_text(UNGUARDED)
+    proc = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert "InputError: modelexport was called at the top level of script.py (line 10)" in proc.stderr, proc.stderr[-2000:]
+    assert last[-1].strip().startswith('fix: put the call under `if __name__ == "__main__":`')
+    assert "BrokenProcessPool" not in proc.stderr and "bootstrapping" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_guarded_script_starts_its_workers():
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "script.py").write_text(GUARDED)
+        proc = subprocess.run([sys.executable, "script.py"], cwd=d, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[2, 3]"

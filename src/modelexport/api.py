@@ -87,6 +87,12 @@ def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def _target_list(target) -> list:
+    """Targets as given: repeated, a list, or comma-separated (`SM8650,SM8750`)."""
+    return [t.strip() if isinstance(t, str) else t for x in _as_list(target)
+            for t in (x.split(",") if isinstance(x, str) else [x]) if not isinstance(t, str) or t.strip()]
+
+
 def _is_model_like(x: Any) -> bool:
     """A second positional argument of compile that is a model (not a module's example inputs)."""
     if isinstance(x, (str, Path, PartSpec)):
@@ -122,7 +128,7 @@ def compile(model: Any, *more: Any, output: str | Path | None = None, target: st
     if more and example_inputs is None and not _is_model_like(more[0]):
         example_inputs, more = more[0], more[1:]
     if output is None:
-        chosen = [t for t in _as_list(target) if t != _DEFAULT_TARGET]
+        chosen = [t for t in _target_list(target) if t != _DEFAULT_TARGET]
         output = default_output(model, options.get("output_format"), precision, chosen)
     out = Path(output)
     memo = _bundle_memo([model, *more], example_inputs, calibration,
@@ -163,7 +169,7 @@ def _compile_now(model, more, example_inputs, output: Path, calibration, force: 
     if example_inputs is not None:
         from .frontends.torch_frontend import load_torch   # deferred: ~7 ms, for nn.Module inputs only
         model = load_torch(model, example_inputs)
-    targets = _as_list(target)
+    targets = _target_list(target)
     parts: list[PartSpec] = []
     for m in (model, *more):
         if isinstance(m, PartSpec):

@@ -58,7 +58,7 @@ class CompileFlag:
 
 
 COMPILE_FLAGS: tuple[CompileFlag, ...] = (
-    CompileFlag("target", ("--target", "-t"), list[str] | None, None, "SoC(s) to compile for; repeat for several (compiled concurrently). Default: a pipeline's `targets:`, else SM8650.", MODEL_AND_TARGET, plan=True),
+    CompileFlag("target", ("--target", "-t"), list[str] | None, None, "SoC(s) to compile for; repeat or comma-separate for several (`-t SM8650,SM8750`, compiled concurrently). Default: a pipeline's `targets:`, else SM8650.", MODEL_AND_TARGET, plan=True),
     CompileFlag("output_format", ("--format", "-f"), str | None, None, FORMAT_HELP, MODEL_AND_TARGET),
     CompileFlag("input_shapes", ("--input-shape",), list[str] | None, None, "Fix a dynamic input: NAME=1,3,224,224 (repeatable).", MODEL_AND_TARGET),
     CompileFlag("precision", ("--precision", "-p"), str | None, None, PRECISION_HELP + " LLMs: 16a4w_block (default: 4-bit weights in blocks of --block-size 32), 16a4w, 16a8w, 16a16w, 8a8w.", QUANTIZATION, plan=True),

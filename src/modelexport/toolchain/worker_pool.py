@@ -18,11 +18,13 @@ too, so it never reads end-of-file.
 """
 from __future__ import annotations
 
+import ast
 import ctypes
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from contextlib import contextmanager
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from concurrent.futures import process as _process_module
@@ -30,7 +32,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any, Callable, Iterable, Iterator
 
-from ..core.errors import Interrupted, ModelExportError, ToolchainError
+from ..core.errors import InputError, Interrupted, ModelExportError, ToolchainError
 
 Job = tuple[Callable[[Any], Any], Any]
 
@@ -97,6 +99,53 @@ def _signals_held() -> Iterator[None]:
             signal.raise_signal(s)
 
 
+def unguarded_script_line() -> tuple[str, int] | None:
+    """(script, line) when this call comes from the top level of the `__main__` script outside an
+    `if __name__ == "__main__":` block: a spawned worker starts by importing that script, so it would
+    run the call again (Python refuses it there and the worker dies). None otherwise (an interactive
+    session, `python -c`, a guarded call)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name.split(".")[-1] == "__main__":
+        return None        # `python -m package`: multiprocessing does not import a package's __main__ again
+    if main is None or not path or not str(path).endswith(".py"):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    guarded = any(isinstance(n, ast.If) and _is_main_test(n.test) and n.lineno <= line <= (n.end_lineno or n.lineno)
+                  for n in tree.body)
+    return None if guarded else (str(path), line)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """`__name__ == "__main__"`, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def _check_main_guard() -> None:
+    found = unguarded_script_line()
+    if found is not None:
+        path, line = found
+        raise InputError(f"modelexport was called at the top level of {os.path.basename(path)} (line {line}), outside "
+                         "`if __name__ == \"__main__\":`; its worker processes start by importing that script and "
+                         "would run the call again",
+                         "put the call under `if __name__ == \"__main__\":` (Python's rule for scripts that start "
+                         "worker processes)")
+
+
 class WorkerPool:
     """Up to `workers` spawned processes for the jobs of one `stage` (said when a worker dies),
     each job submitted as soon as it is ready. `in_process` runs the jobs here, one by one, with
@@ -104,6 +153,8 @@ class WorkerPool:
 
     def __init__(self, stage: str, workers: int, in_process: bool = False):
         self.stage = stage
+        if not in_process:
+            _check_main_guard()
         self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
                                                                  mp_context=get_context("spawn"),
                                                                  initializer=_worker_init,
