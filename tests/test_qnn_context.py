@@ -21,7 +21,7 @@ import pytest
 from modelexport.core.errors import InputError
 from modelexport.toolchain.qnn_context import extract_from_epcontext, find_epcontext_nodes, read_context_binary
 from modelexport.toolchain.qnn_context import structs as S
-from modelexport.toolchain.qnn_context.reader import decode_htp_graph_blob, decode_quantization
+from modelexport.toolchain.qnn_context.decode import decode_htp_graph_blob, decode_quantization
 
 TARGETS = {57: ("SM8650", 75), 69: ("SM8750", 79)}
 
@@ -433,7 +433,7 @@ def test_not_a_context_binary_is_an_input_error(built, tmp_path):
 
 def test_htp_graph_blob_is_decoded_only_as_far_as_it_goes(built):
     """A blob cut inside the V2 record keeps V1 and reports the rest as unparsed."""
-    from modelexport.toolchain.qnn_context.reader import _HTP_GRAPH_BLOB_V1_SIZE as V1
+    from modelexport.toolchain.qnn_context.decode import _HTP_GRAPH_BLOB_V1_SIZE as V1
     full = decode_htp_graph_blob(_real_blob(built))
     cut = decode_htp_graph_blob(_real_blob(built)[:V1 + 20])
     assert full.record_versions == [1, 2] and cut.record_versions == [1]
