@@ -110,9 +110,9 @@ def _quantized_like_the_program(gguf, model):
     from modelexport.llm.cpu.export import (
         CpuExportOptions,
         _weights_record,
-        build_transformer,
         quantize_model,
     )
+    from modelexport.llm.cpu.transformer import build_transformer
     from modelexport.llm.cpu.gguf_blocks import GgufBlocks
 
     opts = CpuExportOptions(max_seq_len=32)

@@ -82,11 +82,8 @@ def _teacher_forced(pte: Path, ids: list[int]) -> tuple[torch.Tensor, list[int]]
 
 def _eager_quantized(hf_model, ids: list[int]) -> torch.Tensor:
     """The same 8da4w model in PyTorch (our kernels' references), fed as `_teacher_forced` feeds it."""
-    from modelexport.llm.cpu.export import (
-        CpuExportOptions,
-        build_transformer,
-        quantize_model,
-    )
+    from modelexport.llm.cpu.export import CpuExportOptions, quantize_model
+    from modelexport.llm.cpu.transformer import build_transformer
 
     model, _ = build_transformer(hf_model, MAX_SEQ, "native")
     model = quantize_model(model, CpuExportOptions(quant="8da4w", max_seq_len=MAX_SEQ, embedding_bits=4))

@@ -121,7 +121,7 @@ def test_fused_attention_model_matches_transformers_in_eager():
     """`fuse_qkv_attention` as plain PyTorch (the op's reference), before any export: the logits
     of Hugging Face's model, for a prompt and then one more token at its position."""
     from llm_tiny import tiny_llama
-    from modelexport.llm.cpu.export import build_transformer
+    from modelexport.llm.cpu.transformer import build_transformer
 
     hf = tiny_llama(2)
     model, _ = build_transformer(hf, 64, "native")
