@@ -71,11 +71,11 @@ def nodes_from_decisions(edge_program, decisions, quantized: bool | None = None)
 
 
 def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", input_shapes=None, calibration=None,
-                log_path: str | Path | None = None, example_inputs: Any = None, overrides: list[str] | None = None,
-                block_size: int | None = None, rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> AuditReport:
+                log_path: str | Path | None = None, example_inputs: Any = None, **options: Any) -> AuditReport:
     """→ AuditReport (backend "executorch-qnn"). Quantized precisions calibrate on `calibration`
-    or, when none is given, on random data: placement does not depend on the values."""
-    from .pipeline import prepare
+    or, when none is given, on random data: placement does not depend on the values. `options`:
+    overrides, block_size, rewrites, dynamic_shapes (pipeline.PrepareOptions)."""
+    from .pipeline import PrepareOptions, prepare
     state = qnn_ready()
     if input_shapes:
         raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
@@ -83,7 +83,7 @@ def audit_torch(model: Any, target: str = "SM8650", precision: str = "fp16", inp
     log: list[str] = []
     try:
         prep = prepare(model, example_inputs, target, precision, calibration if calibration is not None else "random",
-                       overrides, block_size, rewrites, dynamic_shapes)
+                       PrepareOptions(**options))
         try:
             low = lower(copy.deepcopy(prep.lowerable()), prep.lower_inputs(), delegate=False, log_level="warn")
         except ModelExportError:

@@ -36,7 +36,7 @@ from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, one_prec
 from ..spec import CompileOptions, PartSpec, TorchCompileOptions, part_name
 from .inspect import qnn_binaries, read_pte
 from .lower import SEGMENT_ALIGNMENT, delegation_summary, lower, lowering_error, placement, to_pte
-from .pipeline import QUANTIZED_NAMESPACE, prepare
+from .pipeline import QUANTIZED_NAMESPACE, PrepareOptions, prepare
 from .run import PteGraph, PteSession, compare_outputs, eager_outputs
 from .specs import qnn_ready
 
@@ -209,8 +209,8 @@ def compile_torch(parts: list[PartSpec], out: str | Path, options: TorchCompileO
         if spec.input_shapes:
             raise InputError("--input-shape is for ONNX models", "a PyTorch model's shapes are those of its example inputs")
         say(f"loading and exporting {spec.model if isinstance(spec.model, str) else 'the module'}", done, steps)
-        prep = prepare(spec.model, None, socs[0].name, spec.precision, spec.calibration, opts.overrides, opts.block_size,
-                       opts.rewrites, opts.dynamic_shapes)
+        prep = prepare(spec.model, None, socs[0].name, spec.precision, spec.calibration,
+                       PrepareOptions(opts.overrides, opts.block_size, opts.rewrites, opts.dynamic_shapes))
         for soc in socs[1:]:
             prep.plan.check_target(soc)
         preps.append((spec, prep, part_name(_name_base(spec, prep.loaded), taken)))

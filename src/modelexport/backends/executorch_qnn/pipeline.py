@@ -31,6 +31,15 @@ QUANTIZED_NAMESPACE = "pt2e-quantized"
 QUANTIZED_FILE = "quantized.pt2"
 
 
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How the graph is built beyond model, target, precision and calibration (compile's and audit's keywords)."""
+    overrides: list[str] | None = None       # 'REGEX=PRECISION' per-module precisions
+    block_size: int | None = None            # 16a4w_block: input channels per scale
+    rewrites: list[str] | None = None        # opt-in rewrite passes (modelexport.passes)
+    dynamic_shapes: Any = None               # torch.export dynamic_shapes
+
+
 @dataclass
 class Prepared:
     loaded: LoadedModule
@@ -173,18 +182,19 @@ def example_set(loaded: LoadedModule, inputs: list[TorchIO]) -> CalibrationSet:
 
 
 def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", precision: str = "8a8w",
-            calibration: Any = None, overrides: list[str] | None = None, block_size: int | None = None,
-            rewrites: list[str] | None = None, dynamic_shapes: Any = None) -> Prepared:
+            calibration: Any = None, options: PrepareOptions = PrepareOptions()) -> Prepared:
     """Everything that can be wrong with the inputs is found before any heavy step."""
     soc = get_target(target)
     prec = get_precision(precision)
-    check_block_size(block_size)
-    plan = QuantPlan(prec, parse_overrides(overrides, prec), DEFAULT_BLOCK_SIZE if block_size is None else block_size)
-    if block_size is not None and not plan.uses_block:
-        raise InputError(f"--block-size {block_size} applies to block-wise weights only, and {prec.name} has none",
+    check_block_size(options.block_size)
+    plan = QuantPlan(prec, parse_overrides(options.overrides, prec),
+                     DEFAULT_BLOCK_SIZE if options.block_size is None else options.block_size)
+    if options.block_size is not None and not plan.uses_block:
+        raise InputError(f"--block-size {options.block_size} applies to block-wise weights only, "
+                         f"and {prec.name} has none",
                          "add --precision 16a4w_block (or an --override to it), or leave --block-size out")
     plan.check_target(soc)
-    for name in rewrites or []:
+    for name in options.rewrites or []:
         get_pass(name)  # unknown names fail here, before export
     t0 = time.perf_counter()
     loaded = model if isinstance(model, LoadedModule) else load_torch(model, example_inputs)
@@ -201,14 +211,14 @@ def prepare(model: Any, example_inputs: Any = None, target: str = "SM8650", prec
         verify = example_set(loaded, inputs)
     timings = {"load_s": round(time.perf_counter() - t0, 3)}
     t0 = time.perf_counter()
-    exported = loaded.exported if (loaded.exported is not None and dynamic_shapes is None) else \
-        export_program(loaded.module, loaded.example_inputs, loaded.source, dynamic_shapes)
-    if rewrites:
+    exported = loaded.exported if (loaded.exported is not None and options.dynamic_shapes is None) else \
+        export_program(loaded.module, loaded.example_inputs, loaded.source, options.dynamic_shapes)
+    if options.rewrites:
         gm = exported.module()
-        done = apply_rewrites(gm, rewrites)
+        done = apply_rewrites(gm, options.rewrites)
         # the float reference (verify) is the rewritten model: it is what the user asked to compile
-        exported = export_program(gm, loaded.example_inputs, loaded.source, dynamic_shapes)
+        exported = export_program(gm, loaded.example_inputs, loaded.source, options.dynamic_shapes)
     else:
         done = []
     timings["export_s"] = round(time.perf_counter() - t0, 3)
-    return Prepared(loaded, soc, plan, inputs, exported, None, calib, verify, done, dynamic_shapes, timings)
+    return Prepared(loaded, soc, plan, inputs, exported, None, calib, verify, done, options.dynamic_shapes, timings)

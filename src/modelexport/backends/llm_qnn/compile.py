@@ -222,8 +222,9 @@ def _context_jobs(plan: LlmPlan, opts: LlmCompileOptions, qdq: QdqEntry, qairt, 
                                               "models": [(g["name"], str(qentry / g["qdq"])) for g in members],
                                               "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled}))
         for g in graphs:
-            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["qdq"], shas[g["name"]],
-                                                  host_twin_provider_options(popts), "context-binary", qairt.build_id, cache,
+            model = ort_qnn_worker.ModelFile(qentry / g["qdq"], shas[g["name"]])
+            twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, model, host_twin_provider_options(popts),
+                                                  "context-binary", qairt.build_id, cache,
                                                   graph_order=(g["part"], n_parts) if n_parts > 1 else None)
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
         jobs += _embedder_jobs(qdq.meta.get("embedder"), qentry, soc, popts, qairt, cache)
@@ -304,7 +305,8 @@ def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, q
                                     "models": [(g["name"], str(qentry / g["graph"])) for g in gs],
                                     "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled})]
     for g in gs:
-        twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, qentry / g["graph"], shas[g["name"]],
-                                              host_twin_provider_options(popts), "context-binary", qairt.build_id, cache)
+        model = ort_qnn_worker.ModelFile(qentry / g["graph"], shas[g["name"]])
+        twin = ort_qnn_worker.compile_job_for(g["name"], soc.name, model, host_twin_provider_options(popts),
+                                              "context-binary", qairt.build_id, cache)
         jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "role": "embedder", "graph": g["name"], **twin}))
     return jobs

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+N_THREADS = 3   # the engine's "n-threads"
+
 
 def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, vocab: int, bos: int | None,
-                 eos: list[int], head_dim: int, n_threads: int = 3, embedding: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+                 eos: list[int], head_dim: int, embedding: dict[str, Any] | None = None) -> dict[str, Any]:
     """`bos`: the id Genie puts before a conversation, None when the model's tokenizer adds none.
     `embedding`: the dialog's token → embedding table for a decoder that takes `inputs_embeds`
     (`lut_embedding`); Genie finds the decoder's input by that name and looks every token up there.
@@ -32,7 +33,7 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
         "tokenizer": {"version": 1, "path": tokenizer},
         "engine": {
             "version": 1,
-            "n-threads": n_threads,
+            "n-threads": N_THREADS,
             "backend": {"version": 1, "type": "QnnHtp",
                         "QnnHtp": {"version": 1, "use-mmap": True, "spill-fill-bufsize": 0, "mmap-budget": 0,
                                    "poll": True, "cpu-mask": "0xe0", "kv-dim": int(head_dim),

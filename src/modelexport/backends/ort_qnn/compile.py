@@ -259,10 +259,10 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     jobs = []
     for p in prepared:
         model_path = p.work["qdq"] or p.work["float"]
-        model_sha = _sha_file(model_path)
+        model = ort_qnn_worker.ModelFile(model_path, _sha_file(model_path))
         for soc in compile_for:
             popts = compile_provider_options(soc, opts.vtcm_mb, opts.optimization_level)
-            jobs.append(ort_qnn_worker.compile_job_for(p.name, soc.name, model_path, model_sha, popts, opts.output_format,
+            jobs.append(ort_qnn_worker.compile_job_for(p.name, soc.name, model, popts, opts.output_format,
                                                        qairt.build_id, cache))
     pending = [j for j in jobs if not cache.get(ort_qnn_worker.CACHE_NAMESPACE, j["key"])]
     workers = min(len(pending), opts.jobs or os.cpu_count() or 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.cache import Cache, cache_key
@@ -16,15 +17,22 @@ from .formats import OUTPUT_FORMATS
 CACHE_NAMESPACE = "ctx"
 
 
-def compile_job_for(part: str, target: str, model_path: Path, model_sha: str, provider_options: dict, output_format: str,
+@dataclass(frozen=True)
+class ModelFile:
+    """The ONNX model a job compiles, and its sha256 (core.files.sha256_onnx: the cache key's)."""
+    path: Path
+    sha256: str
+
+
+def compile_job_for(part: str, target: str, model: ModelFile, provider_options: dict, output_format: str,
                     qairt_build: str, cache: Cache, graph_order: tuple[int, int] | None = None) -> dict:
     """The job `compile_job` takes, keyed by everything that shapes what the QNN EP writes; the
     ONNX and LLM compilers share the cache entries. `graph_order` (i, n): the QNN graph is named to
     sort i-th of n (toolchain/qnn_graph_order.py)."""
     import onnxruntime
-    key = cache_key(CACHE_NAMESPACE, model_sha, provider_options, output_format, qairt_build, onnxruntime.__version__, part,
-                    *([ORDER_SCHEME, list(graph_order)] if graph_order else []))
-    return {"part": part, "target": target, "model_path": str(model_path), "provider_options": provider_options,
+    key = cache_key(CACHE_NAMESPACE, model.sha256, provider_options, output_format, qairt_build, onnxruntime.__version__,
+                    part, *([ORDER_SCHEME, list(graph_order)] if graph_order else []))
+    return {"part": part, "target": target, "model_path": str(model.path), "provider_options": provider_options,
             "format": output_format, "key": key, "cache_root": str(cache.root), "cache_enabled": cache.enabled,
             "graph_order": list(graph_order) if graph_order else None}
 

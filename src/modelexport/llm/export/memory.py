@@ -69,12 +69,12 @@ def estimate(cfg, part, n_tokens: int, max_seq_len: int, weight_bits: int, act_b
 
 
 def plan_parts(cfg, variants: list[int], max_seq_len: int, weight_bits: int, act_bits: int, limit_mb: float,
-               embed_bits: int = 8, head_bits: int = 8, host_mb: float | None = None):
+               embed_bits: int = 8, head_bits: int = 8):
     """(parts, {variant: [GraphMemory per part]}): the fewest parts whose every graph fits `limit_mb`
     on the HTP and whose layers' float32 weights fit `host_part_mb` on the host (a single layer
     always does: it cannot be split further)."""
     n_layers = cfg.num_hidden_layers
-    limit, host_limit = limit_mb * 2**20, (host_part_mb(limit_mb) if host_mb is None else host_mb) * 2**20
+    limit, host_limit = limit_mb * 2**20, host_part_mb(limit_mb) * 2**20
     for n_parts in range(1, n_layers + 1):
         parts = split_layers(n_layers, n_parts)
         mem = {n: [estimate(cfg, p, n, max_seq_len, weight_bits, act_bits, embed_bits, head_bits) for p in parts]
