@@ -38,6 +38,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+try:
+    import psutil
+except ImportError:   # then /proc/meminfo (available_memory)
+    psutil = None
+
 from ..core.errors import ResourceError
 from .model.parts import host_chunks, host_part_bytes, layer_params
 
@@ -162,11 +167,8 @@ def available_memory() -> int | None:
     env = os.environ.get(MEMORY_ENV)
     if env:
         return int(float(env) * 2**20)
-    try:
-        import psutil
+    if psutil is not None:
         return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

@@ -16,6 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+try:
+    import onnxruntime_qnn
+except ImportError:   # a broken install: said as a ToolchainError where its libraries are needed
+    onnxruntime_qnn = None
+
 from ..core.errors import ToolchainError, VerificationError
 
 _CONFIG_CHILD = r"""
@@ -34,10 +39,8 @@ print(json.dumps({"status": rc}))
 
 
 def genie_library() -> tuple[Path, Path]:
-    try:
-        import onnxruntime_qnn
-    except ImportError:
-        raise ToolchainError("onnxruntime-qnn is not installed (it carries libGenie.so)", "run `make setup`") from None
+    if onnxruntime_qnn is None:
+        raise ToolchainError("onnxruntime-qnn is not installed (it carries libGenie.so)", "run `make setup`")
     root = Path(onnxruntime_qnn.__file__).parent
     lib = root / "libGenie.so"
     if not lib.is_file():

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+try:
+    import onnxruntime_qnn
+except ImportError:   # a broken install: said as a ToolchainError where its libraries are needed
+    onnxruntime_qnn = None
+
 from ..core.errors import ToolchainError
 from .library_notes import quiet_library_load
 from .qnn_log_level import ort_severity
@@ -26,10 +31,8 @@ def register_qnn_ep() -> str:
     import onnxruntime as ort
 
     claim_libqnnhtp_name()
-    try:
-        import onnxruntime_qnn
-    except ImportError:
-        raise ToolchainError("onnxruntime-qnn is not installed", "run `make setup`") from None
+    if onnxruntime_qnn is None:
+        raise ToolchainError("onnxruntime-qnn is not installed", "run `make setup`")
     try:
         with quiet_library_load():
             ort.register_execution_provider_library(onnxruntime_qnn.EP_NAME, onnxruntime_qnn.get_library_path())

@@ -12,6 +12,11 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+try:
+    import onnxruntime_qnn
+except ImportError:   # a broken install: said as a ToolchainError where its libraries are needed
+    onnxruntime_qnn = None
+
 from ..core.errors import ToolchainError
 from .library_notes import quiet_library_load
 from .qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES  # noqa: F401  (re-exported)
@@ -86,13 +91,11 @@ def _collect_libraries(lib_dir: Path) -> dict[str, Path]:
 
 
 def _wheel_dirs() -> tuple[Path, tuple[Path, ...], str]:
-    try:
-        import onnxruntime_qnn
-    except ImportError:
+    if onnxruntime_qnn is None:
         raise ToolchainError(
             "the onnxruntime-qnn package is not installed, so no QAIRT libraries were found",
             "run `make setup` (it installs onnxruntime-qnn==2.7.0), or set QNN_SDK_ROOT to a QAIRT SDK",
-        ) from None
+        )
     pkg = Path(onnxruntime_qnn.__file__).parent
     libs = pkg.parent / "onnxruntime_qnn.libs"
     return pkg, ((libs,) if libs.is_dir() else ()), getattr(onnxruntime_qnn, "__version__", "?")

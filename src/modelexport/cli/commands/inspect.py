@@ -147,8 +147,7 @@ def _render_hf_folder(info: dict) -> None:
 
 
 def _render_plain(info: dict) -> None:
-    from rich.pretty import Pretty   # deferred: ~8 ms (it loads attrs) on every CLI start, for this view alone
-    console.print(Pretty(info))
+    console.print(info)   # rich pretty-prints a dict (rich.pretty, loaded by rich on first use: ~10 ms)
 
 
 RENDERERS = {"bundle": _render_bundle, "gguf": _render_gguf, "hf-folder": _render_hf_folder}

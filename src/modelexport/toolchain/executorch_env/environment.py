@@ -27,6 +27,11 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+try:
+    import onnxruntime_qnn
+except ImportError:   # a broken install: said as a ToolchainError where its libraries are needed
+    onnxruntime_qnn = None
+
 from ...core.errors import ToolchainError
 from ..library_notes import quiet_library_load
 from ..qairt_layout import HOST_LIB_SUBDIR, LIBRARY_NAMES
@@ -85,11 +90,9 @@ def _real_library() -> tuple[Path, str]:
                                  "point QNN_SDK_ROOT at the folder holding lib/, or unset it to use "
                                  "the QAIRT libraries of the onnxruntime-qnn wheel")
         return lib, "QNN_SDK_ROOT"
-    try:
-        import onnxruntime_qnn
-    except ImportError:
+    if onnxruntime_qnn is None:
         raise ToolchainError("onnxruntime-qnn is not installed, so no QAIRT libraries were found",
-                             "run `make setup` (it installs onnxruntime-qnn==2.7.0), or set QNN_SDK_ROOT") from None
+                             "run `make setup` (it installs onnxruntime-qnn==2.7.0), or set QNN_SDK_ROOT")
     lib = Path(onnxruntime_qnn.__file__).parent / LIBRARY_NAMES["htp"]
     if not lib.is_file():
         raise ToolchainError(f"{lib} is missing", "reinstall onnxruntime-qnn (make setup)")
