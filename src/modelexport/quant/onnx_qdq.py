@@ -87,6 +87,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                                         nodes_to_exclude=island or None, calibrate_method=CalibrationMethod[calib_name])
             config.extra_options.update(calib_extra)
             keep_constants_float(config)
+            quantize_fanned_inputs(config, src)
             try:
                 with float32_histograms():
                     quantize(str(src), str(out_path), config)
@@ -141,6 +142,34 @@ def _split(src: Path, pre: Path, out_path: Path, precision: Precision, per_chann
     if src == pre:
         pre.unlink()
     return path, info
+
+
+MOVE_OPS = {"Slice", "Squeeze", "Unsqueeze", "Reshape", "Transpose", "Split", "Flatten", "Identity", "Gather"}
+
+
+def fanned_inputs(model) -> list[str]:
+    """Graph inputs read only by data-movement ops, two or more of them (a streaming model's packed state
+    `[1, 2, 128, 2]` sliced into each LSTM's h and c)."""
+    readers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n.op_type)
+    return [i.name for i in model.graph.input
+            if len(readers.get(i.name, [])) >= 2 and set(readers[i.name]) <= MOVE_OPS]
+
+
+def quantize_fanned_inputs(config, src: Path) -> None:
+    """A graph input's Q/DQ pair where data-movement ops read it in several places.
+
+    ONNX Runtime's quantizer leaves a data-movement op unquantized when its input is (a graph input
+    has no range of its own), and quantizes each reader further on; at compile, ONNX Runtime moves
+    those quantizations up through the data-movement ops to the input: one per path, each with its
+    own range. The QNN EP takes one quantization of an input into the graph and leaves the others
+    on the CPU (DTLN's state input: three QuantizeLinear nodes on the CPU at 8a8w). Quantizing such
+    ops whatever their input (`ForceQuantizeNoInputCheck`) gives the input one range of its own."""
+    import onnx
+    if fanned_inputs(onnx.load(str(src), load_external_data=False)):
+        config.extra_options["ForceQuantizeNoInputCheck"] = True
 
 
 def keep_constants_float(config) -> None:
