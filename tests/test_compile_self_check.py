@@ -721,3 +721,17 @@ def test_a_bias_add_after_conv_transpose_becomes_its_bias_at_8a8w(tmp_path, monk
         assert num["outputs"][0]["sqnr_db"] > 25
         rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "conv-transpose-add-as-bias")
         assert rec["nodes"] == ["head/Add"]
+
+
+def test_a_slow_check_runs_fewer_samples_and_says_so(tmp_path, monkeypatch):
+    """A large fp16 graph takes minutes a sample on the simulator: compile's own check stops before
+    a sample that would take it past its budget (here 0 s: one sample, the least it runs)."""
+    from modelexport.backends.ort_qnn import self_check
+    monkeypatch.setattr(self_check, "CHECK_BUDGET_S", 0.0)
+    b = modelexport.compile(str(conv_relu(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="fp16", calibration=str(_samples(tmp_path, "x", lambda r: r.standard_normal((1, 3, 16, 16)).astype(np.float32))),
+                            use_cache=False)
+    num = b.manifest.numerics
+    assert num["samples"] == 1 and num["samples_left_for_time"] == 3 and num["passed"], num
+    from modelexport.core.numerics_advice import numerics_line
+    assert "3 more left out: each takes minutes on the simulator, `modelexport verify BUNDLE` runs them all" in numerics_line(num)

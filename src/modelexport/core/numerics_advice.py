@@ -78,7 +78,9 @@ def numerics_line(num: dict[str, Any]) -> str:
     if worst is None:
         return "no outputs to compare"
     head = (f"{num.get('part')}@{num.get('target')}: worst output {worst['name']} {_db(worst['sqnr_db'])} dB "
-            f"(pass mark {num.get('threshold_db'):g}, {num.get('samples')} {num.get('inputs')} sample(s))")
+            f"(pass mark {num.get('threshold_db'):g}, {num.get('samples')} {num.get('inputs')} sample(s)"
+            + (f"; {num['samples_left_for_time']} more left out: each takes minutes on the simulator, "
+               "`modelexport verify BUNDLE` runs them all" if num.get("samples_left_for_time") else "") + ")")
     if not num.get("passed") and num.get("input_floor_db") is not None:
         return (f"{head}; the float model alone falls to {_db(num['input_floor_db'])} dB when only its inputs are "
                 "rounded to float16 (on the CPU, nothing compiled): no compile can pass this mark on these inputs")

@@ -23,6 +23,7 @@ from .run import CompiledGraph, SimulatorSession
 from .verify import check_output, decided_outputs
 
 NUMERICS_SAMPLES = 4
+CHECK_BUDGET_S = 120.0       # compile's own check runs fewer samples when they would take longer than this
 DEPARTURE_GAP_DB = 15.0      # the HTP's output this far below the CPU's first bad layer: look for where it departs
 WIDER = {"8a8w": "16a8w", "16a8w": "16a16w", "16a4w": "16a8w"}     # the override a bad layer is offered
 
@@ -31,17 +32,19 @@ def check_part(part, epcontext: Path, target: str, provider_options: dict | None
                threshold: float | None = None) -> dict[str, Any]:
     """→ manifest.numerics for one compiled part on one target (pass mark: `threshold`, else the precision's)."""
     threshold = part.precision.min_sqnr_db if threshold is None else threshold
-    samples = part.verify_inputs.samples[:NUMERICS_SAMPLES]
+    given = part.verify_inputs.samples[:NUMERICS_SAMPLES]
     try:
-        checks = measure(Path(part.work["float"]), epcontext, target, samples, lambda name: threshold)
+        checks, samples = measure_within(Path(part.work["float"]), epcontext, target, given, lambda name: threshold,
+                                         CHECK_BUDGET_S)
     except Exception as e:      # noqa: BLE001 - onnxruntime's own errors (Fail, NotImplemented) are not RuntimeErrors
-        return {"outputs": [], "threshold_db": threshold, "samples": len(samples), "passed": False,
+        return {"outputs": [], "threshold_db": threshold, "samples": len(given), "passed": False,
                 "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
                 "run_error": _run_error(e), "run_error_on": "cpu" if isinstance(e, FloatModelError) else "htp"}
     num: dict[str, Any] = {
         "outputs": [_row(c) for c in checks], "threshold_db": threshold, "samples": len(samples),
         "passed": all(c.passed for c in checks), "inputs": part.verify_inputs.kind, "part": part.name, "target": target,
-        "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)"}
+        "reference": "float ONNX on the CPU EP", "runtime": "the HTP simulator (libQnnHtp.so)",
+        **({"samples_left_for_time": len(given) - len(samples)} if len(samples) < len(given) else {})}
     if not num["passed"]:
         floor = input_floor(Path(part.work["float"]), samples)
         if floor is not None and floor < threshold:
@@ -85,13 +88,26 @@ def input_floor(float_path: Path, samples: list[dict]) -> float | None:
 def measure(float_path: Path, epcontext: Path, target: str, samples: list[dict], threshold_of) -> list:
     """Each output of the compiled graph on the simulator against the float model on the CPU EP
     (verify's OutputCheck per output; `threshold_of(output name)` is its pass mark)."""
+    return measure_within(float_path, epcontext, target, samples, threshold_of)[0]
+
+
+def measure_within(float_path: Path, epcontext: Path, target: str, samples: list[dict], threshold_of,
+                   budget_s: float | None = None) -> tuple[list, list[dict]]:
+    """`measure`, stopping before a sample that would take the run past `budget_s` at the pace so far
+    (at least one sample): → (the checks, the samples they ran on). The simulator runs a large fp16
+    graph slowly (a 1,337-node fingerprint model at 256x256: about 145 s a sample), and a compile
+    should not spend ten minutes checking itself."""
     import onnxruntime as ort
     ref = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
     sim = SimulatorSession(CompiledGraph(None, "", target, epcontext, None, ""))
     names = [o.name for o in ref.get_outputs()]
     refs: dict[str, list] = {n: [] for n in names}
     gots: dict[str, list] = {n: [] for n in names}
+    t0, ran_on = time.perf_counter(), []
     for s in samples:
+        spent = time.perf_counter() - t0
+        if budget_s is not None and ran_on and spent + spent / len(ran_on) > budget_s:
+            break
         try:
             ran = ref.run(names, s)
         except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are not RuntimeErrors
@@ -101,8 +117,9 @@ def measure(float_path: Path, epcontext: Path, target: str, samples: list[dict],
         got, _ = sim.run(s)
         for n in names:
             gots[n].append(np.asarray(got[n], dtype=np.float32))
+        ran_on.append(s)
     decided = decided_outputs(float_path)
-    return [check_output(n, refs[n], gots[n], threshold_of(n), decided.get(n)) for n in names]
+    return [check_output(n, refs[n], gots[n], threshold_of(n), decided.get(n)) for n in names], ran_on
 
 
 def _row(c) -> dict[str, Any]:
