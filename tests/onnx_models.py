@@ -467,3 +467,32 @@ def conv_transpose_head(path: Path, channels: int = 16) -> Path:
              numpy_helper.from_array(rng.normal(size=(1, channels, 1, 1)).astype(np.float32), "bias")]
     return _save(nodes, "ct_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 64, 64])], inits, path)
+
+
+def keras_layer_norm(path: Path) -> Path:
+    """Keras' LayerNormalization as tf2onnx writes it (afis's LEADER, 24 of them): moments as
+    ReduceMean and Sub·Sub, Rsqrt as Sqrt → Reciprocal, scale = rsqrt·γ, then
+    y = x·scale + (Neg(mean)·scale + β), over the channels of an NCHW map."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = {"eps": np.array(1e-3, np.float32), "gamma": rng.uniform(0.5, 2, (1, 16, 1, 1)).astype(np.float32),
+         "beta": (rng.standard_normal((1, 16, 1, 1)) * 0.5).astype(np.float32),
+         "w": (rng.standard_normal((8, 16, 1, 1)) * 0.3).astype(np.float32)}
+    ln = "functional_1/dec0_ln_1/"
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], name=ln + "moments/mean", axes=[1], keepdims=1),
+             helper.make_node("Neg", ["mean"], ["neg"], name=ln + "Neg"),
+             helper.make_node("Sub", ["x", "mean"], ["d"], name=ln + "moments/SquaredDifference"),
+             helper.make_node("Mul", ["d", "d"], ["d2"], name=ln + "moments/SquaredDifference__1"),
+             helper.make_node("ReduceMean", ["d2"], ["var"], name=ln + "moments/variance", axes=[1], keepdims=1),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name=ln + "add"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name=ln + "Rsqrt"),
+             helper.make_node("Reciprocal", ["sd"], ["inv"], name=ln + "Rsqrt__2"),
+             helper.make_node("Mul", ["inv", "gamma"], ["scale"], name=ln + "mul"),
+             helper.make_node("Mul", ["x", "scale"], ["xs"], name=ln + "mul_2"),
+             helper.make_node("Mul", ["neg", "scale"], ["ms"], name=ln + "mul_1"),
+             helper.make_node("Add", ["ms", "beta"], ["shift"], name=ln + "add_1"),
+             helper.make_node("Add", ["xs", "shift"], ["ln"], name=ln + "add_2"),
+             helper.make_node("Conv", ["ln", "w"], ["y"], name="functional_1/conv_1/Conv2D")]
+    inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
+    return _save(nodes, "keras_layer_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], inits, path)

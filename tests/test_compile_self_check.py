@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import modelexport
-from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, log_power,
+from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, keras_layer_norm,
+                         log_power,
                          conv_transpose_head, old_clip_offset,
                          prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding,
                          peak_map, t5_rms_norm, wide_logit_map)
@@ -735,3 +736,26 @@ def test_a_slow_check_runs_fewer_samples_and_says_so(tmp_path, monkeypatch):
     assert num["samples"] == 1 and num["samples_left_for_time"] == 3 and num["passed"], num
     from modelexport.core.numerics_advice import numerics_line
     assert "3 more left out: each takes minutes on the simulator, `modelexport verify BUNDLE` runs them all" in numerics_line(num)
+
+
+def _channel_scaled(rng):
+    return (rng.standard_normal((1, 16, 32, 32)) * rng.uniform(0.1, 5, (1, 1, 32, 32)) + 2).astype(np.float32)
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_keras_layer_norm_is_fused_and_8a8w_holds(tmp_path, monkeypatch, repaired):
+    """Keras' LayerNormalization as tf2onnx writes it (y = x·scale + (Neg(mean)·scale + β); afis's
+    LEADER has 24): written out, the HTP's quantized 1/sqrt departs from its QDQ model and 8a8w gave
+    9.3 dB; fused into one LayerNormalization, 24.8 dB (fp16 55.8 -> 62.9 dB)."""
+    if not repaired:
+        _without(monkeypatch, "fuse-layer-norm")
+    b = modelexport.compile(str(keras_layer_norm(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="8a8w", calibration=str(_samples(tmp_path, "maps", _channel_scaled)),
+                            use_cache=False)
+    num = b.manifest.numerics
+    assert num["passed"] is repaired, num
+    if repaired:
+        rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "fuse-layer-norm")
+        assert rec["count"] == 1 and num["outputs"][0]["sqnr_db"] >= 20
+    else:
+        assert num["first_bad_layer"]["layer"].startswith("functional_1/dec0_ln_1/")
