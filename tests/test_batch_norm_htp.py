@@ -45,3 +45,34 @@ def test_a_batch_norm_with_a_large_offset_holds_at_16a8w_as_mul_add(tmp_path, mo
         assert rec["nodes"] == ["norm"]
     else:
         assert db < 20, b.manifest.numerics          # the HTP's own BatchNorm: one channel wrong
+
+
+def depthwise_1x1(path) -> str:
+    """x [1, 8, 32] → a depthwise Conv with a 1x1 kernel (a per-channel scale) and a bias."""
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 1.5, (C, 1, 1)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="affine", group=C, kernel_shape=[1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, W])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, W])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.linspace(0, 2.5, C).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_a_depthwise_1x1_conv_holds_at_16a8w_as_mul_add(tmp_path, monkeypatch, repaired):
+    if not repaired:
+        _without(monkeypatch, "depthwise-1x1-as-mul-add")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=(rng.standard_normal((4, 1, C, W)) * 2 + 3).astype(np.float32))
+    b = modelexport.compile(depthwise_1x1(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650",
+                            precision="16a8w", calibration=str(tmp_path / "calib.npz"), use_cache=False)
+    db = b.manifest.numerics["outputs"][0]["sqnr_db"]
+    if repaired:
+        assert db >= 40, b.manifest.numerics
+        rec = next(r for r in b.manifest.parts[0].repairs if r["name"] == "depthwise-1x1-as-mul-add")
+        assert rec["nodes"] == ["affine"]
+    else:
+        assert db < 10, b.manifest.numerics          # the HTP's own depthwise 1x1 Conv: every channel wrong
