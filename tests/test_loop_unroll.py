@@ -55,3 +55,13 @@ def test_a_map_fn_loop_becomes_one_body_per_row_with_the_same_outputs(tmp_path):
         np.testing.assert_array_equal(a, b)
     rep = modelexport.audit(path, target="SM8650", precision="fp16", input_shapes={"x": [3, 4]})
     assert rep.totals()["by_backend"].get("CPU", 0) == 0, [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+
+
+def test_a_loop_left_in_the_graph_is_named_as_the_cause_not_the_input_shapes(tmp_path):
+    """More rows than unroll-loops writes out: the Loop stays, nothing after it has a shape, and the
+    audit's fix names the Loop (every input is already static: 'give static shapes' led nowhere)."""
+    path = map_fn_loop(tmp_path / "m.onnx")
+    rep = modelexport.audit(path, target="SM8650", precision="fp16", input_shapes={"x": [20, 4]})
+    cpu = [n for n in rep.nodes if n.backend == "CPU"]
+    assert cpu and not any("give static shapes" in (n.fix or "") for n in cpu), [(n.name, n.fix) for n in cpu]
+    assert any("follows the map/while node(s)" in (n.fix or "") for n in cpu), [(n.name, n.reason, n.fix) for n in cpu]

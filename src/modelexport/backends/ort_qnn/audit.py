@@ -36,6 +36,7 @@ from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusa
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
+from ...passes.onnx.loop_unroll import MAX_ITERATIONS
 from ...passes.onnx.control_flow import control_flow_on_inputs
 from .repair import control_flow_fix, load_repaired
 
@@ -233,6 +234,7 @@ def _build_report(audited: _Audited, graph_model, probe_model, placement, log_re
             log_reasons[u["node_name"]].append(r)
     macs = node_macs(graph_model)
     open_flow = control_flow_on_inputs(graph_model)
+    loop_fix = _kept_loop_fix(graph_model) if not loaded.dynamic_inputs else None
     nodes: list[NodeAudit] = []
     for n in graph_model.graph.node:
         if n.op_type == "Constant":
@@ -250,6 +252,8 @@ def _build_report(audited: _Audited, graph_model, probe_model, placement, log_re
         if backend == CPU and n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             reason += _feeds(n, graph_model, where)
             fix = suggest_fix(n.op_type, reason, prec.quantized)
+        if backend == CPU and loop_fix and re.search(r"cannot get shape", reason, re.I):
+            fix = loop_fix               # every input is static: the unknown shape comes from a Loop left in the graph
         if n.name in open_flow:          # the EP's reason (often "Cannot get shape") hides the real blocker
             ins = open_flow[n.name]
             backend = CPU
@@ -276,3 +280,15 @@ def _build_report(audited: _Audited, graph_model, probe_model, placement, log_re
         audited.notes.append("dynamic inputs: " + ", ".join(f"{i.name}{i.shape}" for i in loaded.dynamic_inputs)
                              + " (compile refuses these without --input-shape)")
     return audited.report(nodes)
+
+
+def _kept_loop_fix(model) -> str | None:
+    """The fix for "Cannot get shape" when every input is static: a Loop or Scan left in the graph
+    (its count depends on the data, or is over unroll-loops' limit) gives what follows it no shape."""
+    kept = [n.name or n.op_type for n in model.graph.node if n.op_type in ("Loop", "Scan")]
+    if not kept:
+        return None
+    return (f"its shape is unknown because it follows the {', '.join(kept[:3])} node(s), which the HTP does not run and "
+            f"modelexport could not unroll (an iteration count that depends on the data, or more than {MAX_ITERATIONS}): "
+            "export the model without the loop (e.g. call it on one example instead of tf.map_fn over the batch), "
+            "or run this part on the CPU")
