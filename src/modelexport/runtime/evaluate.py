@@ -37,8 +37,7 @@ from ..llm.run.openers import require_context
 from ..llm.run.static_runner import StaticRunner
 from ..llm.run.text import dialog_start, read_text, text_windows, tokenize
 from ..llm.run.tokenizers import from_transformers, load_tokenizer
-from ..llm.weight_quality import HELD_OUT_TOKENS
-from ..quant.weight_rounding import ROUNDING_TOKENS
+from ..llm.export.reference import tokens_compile_read
 
 STAGES = ("float", "fake-quant", "htp-sim", "cpu")
 BUNDLE_STAGES = ("float", "fake-quant", "htp-sim")   # the default for a bundle
@@ -279,10 +278,8 @@ def held_out_span(bundle, txt) -> dict[str, Any]:
         return {"first_token": 0, "held_out": True, "note": "a text the bundle was not calibrated on"}
     llm = getattr(bundle.manifest, "llm", None)
     rounding = getattr(llm, "weight_rounding", None)
-    read = [int(cal.get("tokens") or 0), int(getattr(rounding, "tokens", 0) or 0)]
-    if getattr(llm, "quality_recipe", None) is not None:
-        read.append(ROUNDING_TOKENS + HELD_OUT_TOKENS)
-    start = max(read)
+    start = tokens_compile_read(int(cal.get("tokens") or 0), int(getattr(rounding, "tokens", 0) or 0),
+                                getattr(llm, "quality_recipe", None) is not None)
     return {"first_token": start, "held_out": True,
             "note": f"the bundle's calibration text, after the first {start} tokens compile read"}
 

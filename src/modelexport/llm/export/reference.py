@@ -43,6 +43,13 @@ def cached_variants(plan: LlmPlan) -> list[int]:
     return sorted(n for n in plan.variants if n != plan.max_seq_len)
 
 
+def tokens_compile_read(calibration_tokens: int, rounding_tokens: int, quality: bool) -> int:
+    """How far into its calibration text compile reads: the calibration samples, the 4-bit rounding's
+    input moments and, with a quality recipe, its held-out span after those. The check (here) and
+    `eval` (runtime/evaluate.held_out_span) both start after it."""
+    return max(calibration_tokens, rounding_tokens, ROUNDING_TOKENS + HELD_OUT_TOKENS if quality else 0)
+
+
 def check_window(plan: LlmPlan, tok, calibration_tokens: int) -> CheckWindow | None:
     """One largest-arN call and one smallest-arN step, after every token compile reads of the text
     (the calibration windows, the 4-bit rounding's span, the quality recipe's held-out span), begun
@@ -52,7 +59,7 @@ def check_window(plan: LlmPlan, tok, calibration_tokens: int) -> CheckWindow | N
     if not variants:
         return None
     need = min(variants[-1] + (1 if len(variants) > 1 else 0), min(plan.lengths))
-    start = max(calibration_tokens, ROUNDING_TOKENS + (HELD_OUT_TOKENS if plan.quality else 0))
+    start = tokens_compile_read(calibration_tokens, ROUNDING_TOKENS, bool(plan.quality))
     lead = dialog_start(tok)
     body = need - len(lead)
     ids = tokenize(tok, plan.text.text, start + body)
