@@ -496,3 +496,37 @@ def keras_layer_norm(path: Path) -> Path:
     inits = [numpy_helper.from_array(v, k) for k, v in c.items()]
     return _save(nodes, "keras_layer_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], inits, path)
+
+
+def grouped_conv_transpose(path: Path, group: int = 2) -> Path:
+    """A ConvTranspose with groups and a bias (GTCRN's decoder: [16, 8, 1, 5] in 2 groups, and a
+    depthwise [16, 1, 3, 3]): its weight is [C_in, C_out / group, k, k]."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((4, 4 // group, 3, 3)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="deconv", group=group, pads=[1, 1, 1, 1])]
+    return _save(nodes, "grouped_conv_transpose", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                 [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], path)
+
+
+def layer_norm_two_axes(path: Path) -> Path:
+    """A LayerNorm over the last two axes written out (GTCRN's norms over [33, 16]): mean and variance
+    by ReduceMean over axes 2 and 3, then γ and β of shape [6, 8]."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = {"eps": np.array(1e-5, np.float32), "gamma": rng.uniform(0.5, 2, (6, 8)).astype(np.float32),
+         "beta": (rng.standard_normal((6, 8)) * 0.5).astype(np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[2, 3], keepdims=1, name="norm/mean"),
+             helper.make_node("Sub", ["x", "mean"], ["d"], name="norm/sub"),
+             helper.make_node("Mul", ["d", "d"], ["d2"], name="norm/square"),
+             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[2, 3], keepdims=1, name="norm/var"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="norm/add"),
+             helper.make_node("Sqrt", ["ve"], ["sd"], name="norm/sqrt"),
+             helper.make_node("Div", ["d", "sd"], ["n"], name="norm/div"),
+             helper.make_node("Mul", ["n", "gamma"], ["ng"], name="norm/gamma"),
+             helper.make_node("Add", ["ng", "beta"], ["y"], name="norm/beta")]
+    return _save(nodes, "layer_norm_two_axes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 8])],
+                 [numpy_helper.from_array(v, k) for k, v in c.items()], path)

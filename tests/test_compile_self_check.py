@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import modelexport
-from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, input_sensitive, jax_softmax, keras_layer_norm,
+from onnx_models import (conv_relu, dynamic_quantized, flax_layer_norm, grouped_conv_transpose, input_sensitive,
+                         jax_softmax, keras_layer_norm, layer_norm_two_axes,
                          log_power,
                          conv_transpose_head, old_clip_offset,
                          prequantized_qdq, probability_head, rsqrt_scale, sum_of_squares, token_embedding,
@@ -759,3 +760,40 @@ def test_keras_layer_norm_is_fused_and_8a8w_holds(tmp_path, monkeypatch, repaire
         assert rec["count"] == 1 and num["outputs"][0]["sqnr_db"] >= 20
     else:
         assert num["first_bad_layer"]["layer"].startswith("functional_1/dec0_ln_1/")
+
+
+@pytest.mark.parametrize(("repaired", "group"), [(False, 2), (True, 2), (True, 4)])
+def test_a_grouped_conv_transpose_quantizes_as_a_dense_one(tmp_path, monkeypatch, repaired, group):
+    """GTCRN's decoder: ONNX Runtime's quantizer takes a grouped ConvTranspose's weight axis 1 as its
+    output channel, and its scales then do not fit the bias ('operands could not be broadcast together
+    with shapes (16,) (8,)'). Written dense with block-diagonal weights, it quantizes and holds."""
+    from modelexport.core.errors import ModelExportError
+    if not repaired:
+        _without(monkeypatch, "grouped-conv-transpose-as-dense")
+    model = str(grouped_conv_transpose(tmp_path / "m.onnx", group))
+    if not repaired:
+        with pytest.raises(ModelExportError, match="ONNX Runtime.s quantizer failed on this graph .ValueError: operands could not be broadcast"):
+            modelexport.compile(model, output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random",
+                                use_cache=False)
+        return
+    b = modelexport.compile(model, output=tmp_path / "b", target="SM8650", precision="8a8w", calibration="random",
+                            use_cache=False)
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+    assert next(r for r in b.manifest.parts[0].repairs if r["name"] == "grouped-conv-transpose-as-dense")["nodes"] == ["deconv"]
+
+
+def test_a_layer_norm_over_two_trailing_axes_runs_on_the_htp(tmp_path):
+    """GTCRN's norms over [33, 16]: fused as LayerNormalization(axis=2) they fell to the CPU ('QNN
+    LayerNorm on HTP only supports normalization along the last axis'); the two axes reshaped into
+    one around it, every node runs on the HTP and the float model is unchanged."""
+    import onnxruntime as ort
+    model = layer_norm_two_axes(tmp_path / "m.onnx")
+    rep = modelexport.audit(str(model), target="SM8650", precision="fp16")
+    assert rep.totals()["by_backend"].get("CPU", 0) == 0, [(n.name, n.reason) for n in rep.nodes if n.backend == "CPU"]
+    b = modelexport.compile(str(model), output=tmp_path / "b", target="SM8650", precision="fp16", use_cache=False)
+    assert b.manifest.numerics["passed"], b.manifest.numerics
+    assert next(r for r in b.manifest.parts[0].repairs if r["name"] == "fuse-layer-norm")["count"] == 1
+    x = {"x": np.random.default_rng(3).standard_normal((1, 4, 6, 8)).astype(np.float32)}
+    ref, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, x)[0]
+                for p in (model, b.file(b.manifest.parts[0].files.float_model)))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

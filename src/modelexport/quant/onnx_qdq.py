@@ -102,6 +102,10 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                                            "out of range, e.g. random values where it expects token ids or a 0/1 mask",
                                            "calibrate on real inputs (--calibration DIR|list.txt|file.npz), or "
                                            "compile at --precision fp16, which needs no calibration") from None
+                if not type(e).__module__.startswith("onnxruntime"):   # numpy's or Python's: the quantizer's own code
+                    raise CalibrationError(f"ONNX Runtime's quantizer failed on this graph ({type(e).__name__}: {msg})",
+                                           "compile at --precision fp16, which does not quantize; and report the model: "
+                                           "modelexport has no repair for this graph yet") from None
                 raise InputError(f"the float model fails to run on the CPU during calibration: {msg}",
                                  "the model itself is broken; check it with onnxruntime on the CPU first") from None
     finally:

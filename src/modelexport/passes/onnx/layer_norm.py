@@ -17,7 +17,9 @@ Matched, with Reshape/Expand/Squeeze/Unsqueeze/Identity between the steps allowe
   RMSNorm: var = mean(x²), y = x · inv [· γ] → RMSNormalization (opset 23). T5's sum of squares
   passes 65,504 (x² up to 5.6e5): written out, an fp16 RMSNorm measured -18.7 dB on activations of
   scale 3,000, fused 68.6 dB.
-over one axis or the trailing axes (one axis elsewhere gets a Transpose pair). Each rewrite is
+over one axis or the trailing axes (one axis elsewhere gets a Transpose pair; several trailing axes are
+reshaped into one around it: the HTP's LayerNorm normalizes over the last axis only, GTCRN's four norms
+over [33, 16] fell to the CPU as LayerNormalization(axis=2)). Each rewrite is
 checked on the CPU EP against the original on random inputs and dropped if it differs.
 """
 from __future__ import annotations
@@ -327,9 +329,18 @@ def _fused(m: _Match, shape: list[int], g, helper, numpy_helper) -> list:
     norm = [shape[a] for a in m.axes]
     gamma = m.gamma if m.gamma is not None else np.ones(norm, np.float32)
     beta = m.beta if m.beta is not None else np.zeros(norm, np.float32)
-    g.initializer.extend([numpy_helper.from_array(gamma, f"{pre}_gamma"), numpy_helper.from_array(beta, f"{pre}_beta")])
     rank = len(shape)
-    if m.axes == list(range(rank - len(m.axes), rank)):
+    if len(m.axes) > 1:              # the HTP normalizes over the last axis only: the trailing axes as one
+        gamma, beta = gamma.reshape(-1), beta.reshape(-1)
+    g.initializer.extend([numpy_helper.from_array(gamma, f"{pre}_gamma"), numpy_helper.from_array(beta, f"{pre}_beta")])
+    if len(m.axes) > 1:
+        flat, full = f"{pre}_flat_shape", f"{pre}_shape"
+        g.initializer.extend([numpy_helper.from_array(np.array(shape[:rank - len(m.axes)] + [-1], np.int64), flat),
+                              numpy_helper.from_array(np.array(shape, np.int64), full)])
+        return [helper.make_node("Reshape", [m.x, flat], [f"{pre}_in"], name=f"{pre}/flatten"),
+                *_norm(m, f"{pre}_in", f"{pre}_out", -1, pre, helper),
+                helper.make_node("Reshape", [f"{pre}_out", full], [m.out], name=f"{pre}/unflatten")]
+    if m.axes == [rank - 1]:
         return _norm(m, m.x, m.out, m.axes[0], pre, helper)
     a = m.axes[0]
     perm = [d for d in range(rank) if d != a] + [a]
