@@ -47,6 +47,19 @@ def test_detailed_ranks_cpu_fallback_first_with_qnn_cycles(det_bundle, cli, cli_
     assert_clean_error(cli_here("profile", str(det_bundle), "--trace", str(trace)), "exists")
 
 
+def test_a_split_graphs_cycles_are_its_graphs_together_per_run(tmp_path):
+    """At fp16, Conv and Relu are two QNN graphs around the CPU's Det: each run's cycles are both
+    graphs' sum (--precision auto costs candidates by them; the smaller graph's count alone made
+    GTCRN's fp16 look 1,675x the cycles of its 8a8w split into 17 graphs)."""
+    import modelexport
+    from modelexport.profiling.ort_profile import profile_ort
+    b = modelexport.compile(str(conv_det(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650", precision="fp16",
+                            use_cache=False)
+    t = profile_ort(b.path, runs=3, level="detailed").totals
+    assert t["placement"]["QNNExecutionProvider"] == 2, t["placement"]
+    assert len(t["qnn_accelerator_cycles_runs"]) == 3 and t["qnn_accelerator_cycles_min"] > 0
+
+
 def test_basic_level_table_and_note(det_bundle, cli_here):
     proc = cli_here("profile", str(det_bundle), "--runs", "2", check=True)
     out = " ".join(proc.stdout.split())

@@ -188,15 +188,16 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
                                "CPU (graph io)" if io else "CPU fallback", median(times), None, 0.0,
                                "ORT profiler: CPU EP kernel time", [round(t, 2) for t in times]))
     qnn_totals = {"execute_us": [], "accelerator_us": [], "accelerator_cycles": []}
+    run_cycles: dict[int, list[int]] = {}       # per measured run, each QNN graph's cycles (a split model has several)
     for gi, kname in enumerate(ort_qnn_kernels):
         blocks = qprof.runs[gi::g] if len(qprof.runs) >= g else []
         graph_times = [per_node[kname].get(r, 0.0) for r in sorted(measured)]
         mblocks = blocks[1:] if len(blocks) == runs + 1 else blocks
-        for b in mblocks:
+        for j, b in enumerate(mblocks):
             qnn_totals["execute_us"].append(b.execute_us)
             qnn_totals["accelerator_us"].append(b.accel_us)
             if b.accel_cycles is not None:
-                qnn_totals["accelerator_cycles"].append(b.accel_cycles)
+                run_cycles.setdefault(j, []).append(b.accel_cycles)
         if level == "basic" or not any(b.nodes for b in mblocks):
             label = qnn_graphs[gi] if gi < len(qnn_graphs) else kname
             rows.append(ProfileRow(label, "EPContext (QNN graph)", None, "HTP graph", median(graph_times), None, 0.0,
@@ -227,6 +228,8 @@ def profile_ort(bundle_path: str | Path, runs: int = 5, level: str = "basic", pa
             rows.append(ProfileRow(name, op, mp, "HTP", median(est[key]), int(statistics.median(cyc[key])), 0.0,
                                    "QNN EP profile: cycles; time = cycle share x the graph's ORT kernel time",
                                    [round(t, 2) for t in est[key]]))
+    # a run's cycles are its graphs' together; a run some graph did not report is left out
+    qnn_totals["accelerator_cycles"] = [sum(c) for _, c in sorted(run_cycles.items()) if len(c) == len(ort_qnn_kernels)]
     total_us = sum(r.time_us for r in rows) or 1.0
     for r in rows:
         r.share = r.time_us / total_us
