@@ -224,7 +224,7 @@ COMPILE += [
     C("compile-shape-static-mismatch", "compile {onnx} -o {out} --calibration random --input-shape x=1,3,32,32", INPUT),
 ]
 COMPILE += [C(f"compile-target-{i}", _CR + ("--target", t), INPUT, "unknown target")
-            for i, t in enumerate(["SM9999", "8gen99", "v75", "", "SM8650,SM8750"])]
+            for i, t in enumerate(["SM9999", "8gen99", "v75", "", "SM8650,SM9999"])]
 COMPILE += [C(f"compile-precision-{p}", _CR + ("-p", p), INPUT, "precision")
             for p in ["3a3w", "int3", "fp8", "8a4w", "", "16A4W_BLOCKY"]]
 COMPILE += [

@@ -89,8 +89,11 @@ def _as_list(x) -> list:
 
 def _target_list(target) -> list:
     """Targets as given: repeated, a list, or comma-separated (`SM8650,SM8750`)."""
-    return [t.strip() if isinstance(t, str) else t for x in _as_list(target)
-            for t in (x.split(",") if isinstance(x, str) else [x]) if not isinstance(t, str) or t.strip()]
+    out = []
+    for x in _as_list(target):
+        parts = [p.strip() for p in x.split(",")] if isinstance(x, str) and "," in x else [x]
+        out += [p for p in parts if p != ""] if len(parts) > 1 else parts    # "" alone is refused as a target
+    return out
 
 
 def _is_model_like(x: Any) -> bool:
