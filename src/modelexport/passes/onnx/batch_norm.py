@@ -17,13 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import replace_with_affine
+
 
 @onnx_repair("batch-norm-as-mul-add", 62, "quantized compiles: a BatchNormalization no Conv absorbs → Mul + Add "
              "(the HTP's quantized BatchNorm miscomputes channels with a large offset)")
 def batch_norm_as_mul_add(model, ctx: RepairContext) -> dict | None:
     if not ctx.quantized:
         return None
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
     inits = {t.name: t for t in model.graph.initializer}
     done = []
     for n in list(model.graph.node):
@@ -35,17 +37,7 @@ def batch_norm_as_mul_add(model, ctx: RepairContext) -> dict | None:
         if rank is None or rank < 2:
             continue
         scale = gamma / np.sqrt(var + eps)
-        shift = beta - mean * scale
-        shape = [-1] + [1] * (rank - 2)
-        base = n.name or n.output[0]
-        s_name, b_name, mid = f"{base}/scale", f"{base}/shift", f"{base}/scaled"
-        model.graph.initializer.extend([numpy_helper.from_array(scale.reshape(shape).astype(np.float32), s_name),
-                                        numpy_helper.from_array(shift.reshape(shape).astype(np.float32), b_name)])
-        at = list(model.graph.node).index(n)
-        model.graph.node.remove(n)
-        model.graph.node.insert(at, helper.make_node("Add", [mid, b_name], [n.output[0]], name=f"{base}/Add"))
-        model.graph.node.insert(at, helper.make_node("Mul", [n.input[0], s_name], [mid], name=f"{base}/Mul"))
-        done.append(base)
+        done.append(replace_with_affine(model, n, scale, beta - mean * scale, rank))
     return {"nodes": done[:20], "count": len(done)} if done else None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import replace_with_affine
 
 
 @onnx_repair("depthwise-1x1-as-mul-add", 67, "quantized compiles: a depthwise Conv with a 1x1 kernel → Mul + Add "
@@ -18,31 +19,16 @@ from . import RepairContext, onnx_repair
 def depthwise_1x1_as_mul_add(model, ctx: RepairContext) -> dict | None:
     if not ctx.quantized:
         return None
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
     inits = {t.name: t for t in model.graph.initializer}
     done = []
     for n in list(model.graph.node):
         w = numpy_helper.to_array(inits[n.input[1]]) if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits else None
-        if w is None or not _plain_depthwise_1x1(n, w):
-            continue
-        shape = [-1] + [1] * (w.ndim - 2)
-        base = n.name or n.output[0]
-        s_name, mid = f"{base}/scale", f"{base}/scaled"
-        model.graph.initializer.append(numpy_helper.from_array(w.reshape(shape).astype(np.float32), s_name))
-        at = list(model.graph.node).index(n)
-        model.graph.node.remove(n)
-        if len(n.input) > 2 and n.input[2]:
-            b_name = f"{base}/shift"
-            b = numpy_helper.to_array(inits[n.input[2]]) if n.input[2] in inits else None
-            if b is None:
-                model.graph.node.insert(at, n)          # a computed bias: leave the Conv as it is
-                continue
-            model.graph.initializer.append(numpy_helper.from_array(b.reshape(shape).astype(np.float32), b_name))
-            model.graph.node.insert(at, helper.make_node("Add", [mid, b_name], [n.output[0]], name=f"{base}/Add"))
-            model.graph.node.insert(at, helper.make_node("Mul", [n.input[0], s_name], [mid], name=f"{base}/Mul"))
-        else:
-            model.graph.node.insert(at, helper.make_node("Mul", [n.input[0], s_name], [n.output[0]], name=f"{base}/Mul"))
-        done.append(base)
+        bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+        if w is None or not _plain_depthwise_1x1(n, w) or (bias is not None and bias not in inits):
+            continue                                 # a computed bias: the Conv stays
+        shift = numpy_helper.to_array(inits[bias]) if bias is not None else None
+        done.append(replace_with_affine(model, n, w, shift, w.ndim))
     return {"nodes": done[:20], "count": len(done)} if done else None
 
 

@@ -126,3 +126,22 @@ def reader_counts(graph) -> dict[str, int]:
         for t in n.input:
             readers[t] = readers.get(t, 0) + 1
     return readers
+
+
+def replace_with_affine(model, node, scale: np.ndarray, shift: np.ndarray | None, rank: int) -> str:
+    """`node` (one input x, one output) becomes x · scale [+ shift], per channel (axis 1 of a rank-`rank`
+    tensor), in its place: Mul, then Add when there is a shift. → the name the new nodes start with."""
+    from onnx import helper, numpy_helper
+    shape = [-1] + [1] * (rank - 2)
+    base = node.name or node.output[0]
+    s_name, b_name, mid = f"{base}/scale", f"{base}/shift", f"{base}/scaled"
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(scale).reshape(shape).astype(np.float32), s_name))
+    new = [helper.make_node("Mul", [node.input[0], s_name], [mid if shift is not None else node.output[0]], name=f"{base}/Mul")]
+    if shift is not None:
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(shift).reshape(shape).astype(np.float32), b_name))
+        new.append(helper.make_node("Add", [mid, b_name], [node.output[0]], name=f"{base}/Add"))
+    at = list(model.graph.node).index(node)
+    model.graph.node.remove(node)
+    for n in reversed(new):
+        model.graph.node.insert(at, n)
+    return base
