@@ -78,11 +78,13 @@ def _spiky(seed=1, n=8):
     return out
 
 
-def test_percentile_ranges_are_an_option_and_recorded(tmp_path):
+def test_percentile_ranges_are_an_option_and_recorded(tmp_path, capfd):
     conv_relu(tmp_path / "m.onnx", channels=8)
     kw = dict(target="SM8650", precision="8a8w", calibration=_spiky(), use_cache=False)
+    capfd.readouterr()
     b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "p", calibration_method="percentile", **kw)
     assert b.manifest.parts[0].quantization["calibration_method"] == "Percentile"
+    assert "histogram" not in capfd.readouterr().out     # ONNX Runtime's calibrator prints; --json's stdout stays JSON
     b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "m", **kw)
     assert b.manifest.parts[0].quantization["calibration_method"] == "MinMax"
 
@@ -119,3 +121,47 @@ def test_steady_cycles_holds_the_simulator_on_one_core_and_lets_go(tmp_path):
     cycles = steady_cycles(b.path, runs=2)
     assert os.sched_getaffinity(0) == before
     assert cycles is not None and cycles > 0
+
+
+def test_a_layer_given_back_to_8a8w_is_measured_as_the_quantizer_would_write_it(tmp_path):
+    """--precision auto gives layers of a 16a8w candidate back to 8a8w where that saves cycles; what
+    each costs is estimated on the 16-bit QDQ graph (8-bit fake-quant around the layer, the low half
+    of its split weights dropped). The estimate is checked here against the QDQ graph ONNX Runtime's
+    quantizer writes with that layer overridden to 8a8w."""
+    from modelexport.quant.calibration import CalibrationSet
+    from modelexport.quant.onnx_qdq import quantize_onnx
+    from modelexport.quant.per_layer import _session
+    from modelexport.quant.precision import get_precision
+    from modelexport.quant.sensitivity import Demotions, worst_sqnr
+    from onnx_models import weight_outliers
+    src = weight_outliers(tmp_path / "m.onnx")
+    calib = _calib(shape=(1, 8, 16, 16))
+    layer = "/layers.1/conv/Conv"
+    quantize_onnx(src, tmp_path / "w.onnx", get_precision("16a8w"), CalibrationSet(calib, "file", "t"), split_weights=True)
+    quantize_onnx(src, tmp_path / "d.onnx", get_precision("16a8w"), CalibrationSet(calib, "file", "t"), split_weights=True,
+                  overrides=[f"^{layer}$=8a8w"])
+    est = Demotions(src, tmp_path / "w.onnx", calib)
+    refs = [_session(onnx.load(str(src))).run(["y"], s) for s in calib]
+    real = worst_sqnr(refs, [_session(onnx.load(str(tmp_path / "d.onnx"))).run(["y"], s) for s in calib])
+    db, done = est.db([layer, "/layers.3/conv/Conv"])
+    assert est.start - real > 10                    # the layer's 8-bit weights lose what the split kept
+    assert abs(db - real) < 1.5, (est.start, db, real)
+    assert done == [layer]                          # the last layer's output is the graph's: left at 16 bits
+    assert est.layers()[:2] == ["/layers.0/conv/Conv", "/layers.1/conv/Conv"]
+
+
+def test_give_back_takes_the_run_of_layers_that_saves_more_within_the_floor():
+    from modelexport.sweeping.auto_precision import _longest_run
+    loss = {"a": 20, "b": 5, "c": 1, "d": 1, "e": 1}
+
+    class Measured:                   # the worst output's dB with a run of layers at 8a8w, losses adding up
+        start = 40.0
+
+        def layers(self):
+            return list(loss)
+
+        def db(self, run):
+            return self.start - sum(loss[n] for n in run), list(run)
+    assert _longest_run(Measured(), {"a": 1, "b": 1, "c": 10, "d": 10, "e": 10}, 36) == ["c", "d", "e"]
+    assert _longest_run(Measured(), {"a": 1, "b": 1, "c": 10, "d": 10, "e": 10}, 10) == ["a", "b", "c", "d", "e"]
+    assert _longest_run(Measured(), {n: 0 for n in loss}, 36) == []       # nothing saves cycles

@@ -259,9 +259,20 @@ def steady_cycles(bundle_path: str | Path, runs: int = 5) -> float | None:
     share the host's cores with everything else and its cycle count moves with them: mtcnn_pnet at
     8a8w read 1.28 M to 2.67 M cycles per run on a quiet 2-core host, held on one core 1.29 M to
     1.81 M between processes (bench/results/sim_cycles_noise.json)."""
+    return steady_profile(bundle_path, runs)[0]
+
+
+def steady_profile(bundle_path: str | Path, runs: int = 5) -> tuple[float | None, dict[str, int]]:
+    """(steady_cycles, {QNN op name: its median cycles per run}) from the same runs. A QNN op is named
+    after the ONNX node it was made from (a node QNN added is named after its own op)."""
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})        # this thread only; the simulator's threads inherit it
     try:
-        return profile_ort(bundle_path, runs=runs, level="detailed").totals.get("qnn_accelerator_cycles_min")
+        rep = profile_ort(bundle_path, runs=runs, level="detailed")
     finally:
         os.sched_setaffinity(0, allowed)
+    ops: dict[str, int] = {}
+    for r in rep.rows:
+        if r.cycles is not None:
+            ops[r.name] = ops.get(r.name, 0) + r.cycles
+    return rep.totals.get("qnn_accelerator_cycles_min"), ops

@@ -6,6 +6,7 @@ get_qnn_qdq_config (the QNN quantization rules for each op) → quantize with th
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import warnings
 from collections.abc import Iterator
@@ -89,7 +90,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             keep_constants_float(config)
             quantize_fanned_inputs(config, src)
             try:
-                with float32_histograms():
+                with float32_histograms(), contextlib.redirect_stdout(io.StringIO()):   # its percentile calibrator prints
                     quantize(str(src), str(out_path), config)
             except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument classes
                 msg = clip(str(e), 1000)

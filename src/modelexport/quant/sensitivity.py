@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.numerics import sqnr_db
 from .per_layer import _session
+from .weight_split import LO_SUFFIX, SUM_SUFFIX
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 
@@ -127,3 +128,122 @@ def worst_sqnr(refs: list[list], gots: list[list]) -> float:
         if np.issubdtype(r[0].dtype, np.floating) and all(a.shape == b.shape for a, b in zip(r, g)):
             worst = min(worst, sqnr_db(np.concatenate([a.ravel() for a in r]), np.concatenate([b.ravel() for b in g])))
     return worst
+
+
+def demoted(model, layers: list[str], fwd: dict[str, str], back: dict[str, str]):
+    """A copy of the 16-bit QDQ `model` in which `layers` compute as they would at 8a8w: their
+    activation inputs and outputs read through an 8-bit fake-quant over the same range, and a
+    convolution split by --split-weights (quant/weight_split.py) without its low half (8-bit weights).
+    A layer whose output is a graph output is left at its precision. → (the copy, the layers demoted)."""
+    m = copy.deepcopy(model)
+    e = _Edit(m, fwd, back)
+    done = [layer for layer in layers if e.demote(layer)]
+    m.graph.node.extend(e.added)
+    _sort_nodes(m)
+    return m, done
+
+
+class _Edit:
+    """The edits `demoted` makes to one copy of a QDQ graph."""
+
+    def __init__(self, m, fwd: dict[str, str], back: dict[str, str]):
+        self.m, self.fwd, self.back = m, fwd, back
+        self.inits = {t.name: t for t in m.graph.initializer}
+        self.producer = {t: n for n in m.graph.node for t in n.output}
+        self.qparams = {n.input[0]: n.input[1:3] for n in m.graph.node if n.op_type == "QuantizeLinear" and len(n.input) == 3}
+        self.by_name = {n.name: n for n in m.graph.node}
+        self.outputs = {o.name for o in m.graph.output}
+        self.added: list = []
+        self.made: set[str] = set()
+
+    def demote(self, layer: str) -> bool:
+        nodes = [self.by_name[n] for n in (layer, layer + LO_SUFFIX, layer + SUM_SUFFIX) if n in self.by_name]
+        last = next((n for n in nodes if n.name == layer + SUM_SUFFIX), self.by_name.get(layer))
+        if last is None or any(self.fwd.get(t) in self.outputs for t in last.output):
+            return False
+        for n in nodes:
+            if n.name == layer + LO_SUFFIX:             # the low half of split weights: 8-bit weights keep none
+                self._zero_weight(n)
+            if n.name != layer + SUM_SUFFIX:
+                n.input[:] = [self.eight_bit(t) or t if t in self.back else t for t in n.input]
+        for t in last.output:
+            dq = self.fwd.get(t)
+            q = self.eight_bit(dq) if dq else None
+            if q is None:
+                continue
+            for n in self.m.graph.node:
+                if n.op_type not in QDQ or (n.input[0] == dq and n.op_type == "QuantizeLinear"):
+                    n.input[:] = [q if x == dq else x for x in n.input]
+        return True
+
+    def _zero_weight(self, node) -> None:
+        from onnx import numpy_helper
+        w = self.producer.get(node.input[1])
+        if w is not None and w.input[0] in self.inits:
+            t = self.inits[w.input[0]]
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+
+    def eight_bit(self, t: str) -> str | None:
+        """The DequantizeLinear output `t` (a 16-bit activation) through an 8-bit Q/DQ of the same range."""
+        import onnx
+        from onnx import helper, numpy_helper
+        name = f"{t}__8bit"
+        if name in self.made:
+            return name
+        s, z = (self.inits.get(x) for x in self.qparams.get(self.back.get(t), ("", "")))
+        if s is None or z is None or z.data_type != onnx.TensorProto.UINT16:
+            return None
+        scale = numpy_helper.to_array(s).astype(np.float32) * (65535.0 / 255.0)
+        zero = np.round(numpy_helper.to_array(z).astype(np.float64) / 257.0).astype(np.uint8)
+        self.made.add(name)
+        self.m.graph.initializer.extend([numpy_helper.from_array(scale, name + "_scale"), numpy_helper.from_array(zero, name + "_zp")])
+        self.added += [helper.make_node("QuantizeLinear", [t, name + "_scale", name + "_zp"], [name + "_q"]),
+                       helper.make_node("DequantizeLinear", [name + "_q", name + "_scale", name + "_zp"], [name])]
+        return name
+
+
+def _sort_nodes(model) -> None:
+    """The graph's nodes in an order where every input is made before it is read."""
+    made = {t.name for t in model.graph.initializer} | {t.name for t in model.graph.input} | {""}
+    todo, order = list(model.graph.node), []
+    while todo:
+        ready = [n for n in todo if all(t in made for t in n.input)]
+        if not ready:
+            raise ValueError("the graph has a cycle or an input nothing makes")
+        ids = {id(n) for n in ready}
+        order += ready
+        made.update(t for n in ready for t in n.output)
+        todo = [n for n in todo if id(n) not in ids]
+    nodes = [copy.deepcopy(n) for n in order]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+class Demotions:
+    """What giving layers of a 16-bit QDQ model back to 8a8w costs its outputs, on the CPU EP: `start`
+    is its worst output SQNR over `samples`; `db(layers)` that SQNR with those layers demoted."""
+
+    def __init__(self, float_path, qdq_path, samples: list[dict[str, np.ndarray]]):
+        import onnx
+        fm = onnx.load(str(float_path))
+        self.qm = onnx.load(str(qdq_path))
+        self.names = [o.name for o in fm.graph.output]
+        fs = _session(fm)
+        self.samples = samples
+        self.refs = [fs.run(self.names, s) for s in samples]
+        self.fwd, self.back = _dq_of(self.qm)
+        self.start = self._worst(self.qm)
+
+    def _worst(self, m) -> float:
+        sess = _session(m)
+        return worst_sqnr(self.refs, [sess.run(self.names, s) for s in self.samples])
+
+    def db(self, layers: list[str]) -> tuple[float, list[str]]:
+        """(the worst output SQNR with `layers` demoted, the layers that could be)."""
+        m, done = demoted(self.qm, layers, self.fwd, self.back)
+        return (self._worst(m) if done else self.start), done
+
+    def layers(self) -> list[str]:
+        """The QDQ model's layers in graph order: its nodes but Q/DQ and the halves --split-weights adds."""
+        return [n.name for n in self.qm.graph.node if n.op_type not in QDQ and n.name
+                and not n.name.endswith((LO_SUFFIX, SUM_SUFFIX))]

@@ -8,7 +8,9 @@ are ranked once by what taking each out of the quantization gives back (quant/se
 the QDQ model is right, the node where the simulator departs from it) and promoted in that order,
 one rung each (8a8w → 16a8w → 16a16w → an fp16 island), by anchored `--override`s: 1 layer, then
 2, 4, ... (a loss spread over a deep network needs many). Whole-model 16a8w, 16a8w with split weights
-(`--split-weights`), 16a16w and fp16 are candidates too. Every candidate is compiled, scored on the simulator and costed in simulator cycles
+(`--split-weights`), 16a16w and fp16 are candidates too. When only a whole-model 16a8w passes, its
+layers are given back to 8a8w, a run of them from the graph's end or its start, as far as the budget
+allows (`_give_back`: a deep detector's early layers need the bits, its costly late ones mostly do not). Every candidate is compiled, scored on the simulator and costed in simulator cycles
 (`profile --level detailed` with the simulator's threads on one host core, the fewest over five
 runs: left free, its count moves with the host's load). One with more CPU nodes than plain 8a8w is
 refused; of those that pass, the one with the fewest CPU nodes, then the fewest cycles, is chosen (a
@@ -41,10 +43,11 @@ from ..core.errors import InputError, ModelExportError, ToolchainError, Unsuppor
 from ..frontends.module_paths import onnx_module_path
 from ..frontends.onnx_index_inputs import index_limits
 from ..frontends.user_code import call_user, user_function
-from ..profiling.ort_profile import steady_cycles
+from ..profiling.ort_profile import steady_profile
 from ..quant import load_calibration
 from ..quant.per_layer import per_layer
-from ..quant.sensitivity import layer_gains
+from ..quant.sensitivity import Demotions, layer_gains
+from ..quant.weight_split import LO_SUFFIX, SUM_SUFFIX
 
 AUTO = "auto"
 DEFAULT_BUDGET_DB = 25.0
@@ -71,6 +74,7 @@ class Candidate:
     refused: str | None = None
     metric: float | None = None          # the user's task metric on the simulator (--eval-fn)
     drop: float | None = None            # float's metric minus this one
+    node_cycles: dict[str, int] = field(default_factory=dict, repr=False)   # QNN op → cycles (not recorded)
 
     @property
     def worst_db(self) -> float:
@@ -247,10 +251,78 @@ def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metri
     for p, split in _whole(rank, cur.passed):
         if split and cands[-1].passed:           # split weights cost cycles the unsplit candidate did not need
             continue
+        if p == "16a16w" and any(c.passed and c.precision == "16a8w" and not (c.split or c.overrides) for c in cands):
+            continue                             # 16-bit weights cost more cycles than 8-bit ones at the same activations
         c = _candidate(*run, p, [], len(cands), split=split)
         _refuse_new_cpu(c, base)
         cands.append(c)
-    return cands
+    return cands + _give_back(cands, run, calib[:SENSITIVITY_SAMPLES], thr)
+
+
+GIVE_BACK_MARGIN_DB = 1.0   # the layers given back are chosen to leave this much above the budget on the CPU
+GIVE_BACK_TRIES = 3         # each try that fails gives back half the layers of the one before
+
+
+def _give_back(cands: list[Candidate], run: tuple, samples: list[dict], thr: float) -> list[Candidate]:
+    """From the cheapest whole-model 16a8w candidate that passes, when nothing within the cycles' noise
+    of plain 8a8w does: the longest run of its layers, from the end of the graph or from its start,
+    given back to 8a8w while the CPU still measures the outputs GIVE_BACK_MARGIN_DB above the budget
+    (quant/sensitivity.Demotions); the end or the start, whichever saves more cycles (each layer's
+    cycles in that candidate, split halves included, less its cycles at 8a8w). One run rather than
+    the layers one by one: every border between 8 and 16 bits is a conversion the HTP pays for, one
+    of a large map as much as a convolution (PP-OCRv4's detector: 274 M cycles for one)."""
+    base = cands[0]
+    whole = [c for c in cands if c.passed and c.precision == "16a8w" and not c.overrides and c.cycles and c.node_cycles]
+    if not whole or not base.cycles or any(c.passed and c.cycles and c.cycles <= base.cycles * (1 + CYCLES_NOISE) for c in cands):
+        return []
+    w = min(whole, key=lambda c: c.cycles)
+    b = open_bundle(w.path)
+    pm = b.manifest.parts[0]
+    run[7]("measuring what giving layers' bits back costs", len(cands), len(cands) + 1)
+    try:
+        est = Demotions(b.file(pm.files.float_model), b.file(pm.files.quantized_model), samples)
+        chosen = _longest_run(est, _savings(w, base), thr + GIVE_BACK_MARGIN_DB)
+    except Exception:          # a graph the CPU EP cannot run: the search's other candidates remain
+        return []
+    out: list[Candidate] = []
+    while chosen and len(out) < GIVE_BACK_TRIES:
+        c = _candidate(*run, w.precision, override_flags(dict.fromkeys(chosen, "8a8w")), len(cands) + len(out), split=w.split)
+        _refuse_new_cpu(c, base)
+        out.append(c)
+        if c.passed:
+            break
+        chosen = chosen[len(chosen) // 2:] if chosen[-1] == est.layers()[-1] else chosen[:len(chosen) // 2]
+    return out
+
+
+def _savings(w: Candidate, base: Candidate) -> dict[str, float]:
+    """{layer of `w`: the cycles giving it back to 8a8w saves} (its split halves counted with it)."""
+    parts: dict[str, float] = {}
+    for name, cyc in w.node_cycles.items():
+        layer = name.removesuffix(LO_SUFFIX).removesuffix(SUM_SUFFIX)
+        parts[layer] = parts.get(layer, 0) + cyc
+    return {n: cyc - base.node_cycles[n] for n, cyc in parts.items() if n in base.node_cycles}
+
+
+def _longest_run(est: Demotions, saving: dict[str, float], floor_db: float) -> list[str]:
+    """The layers to give back: of the longest run from the graph's end and the longest from its start
+    that the CPU measures at `floor_db` or more (bisection on the run's length), the one that saves
+    more cycles; [] when neither saves any."""
+    layers = est.layers()
+    best: tuple[float, list[str]] = (0.0, [])
+    for run_of in (lambda k: layers[len(layers) - k:], lambda k: layers[:k]):
+        lo, hi = 0, len(layers)                  # run_of(lo) meets the floor; find the largest k that does
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if est.db(run_of(mid))[0] >= floor_db:
+                lo = mid
+            else:
+                hi = mid - 1
+        done = est.db(run_of(lo))[1] if lo else []
+        gain = sum(saving.get(n, 0.0) for n in done)
+        if gain > best[0]:
+            best = (gain, done)
+    return best[1]
 
 
 def _whole(rank: Ranking | None, plan_passed: bool) -> list[tuple[str, bool]]:
@@ -314,7 +386,7 @@ def _candidate(spec, calib, held_out, budget, opts, compile_fn, scratch, say, me
     if metric is not None:
         metric.score(c, b)
     try:
-        c.cycles = steady_cycles(b.path)
+        c.cycles, c.node_cycles = steady_profile(b.path, runs=CANDIDATE_RUNS)
     except ToolchainError as e:               # not costed: ranked after every candidate that is
         say(f"candidate {i + 1}: cycles not measured: {e.problem[:160]}", i, i + 1)
     task = f", metric {c.metric:.4g} (drop {c.drop:.4g})" if c.metric is not None else ""
@@ -416,6 +488,7 @@ def _refuse_new_cpu(c: Candidate, base: Candidate) -> None:
 
 
 RECOST_ROUNDS = 2
+CANDIDATE_RUNS = 2          # a candidate's first costing; the ones that pass are measured again (_recost)
 
 
 def _recost(cands: list[Candidate], say) -> None:
@@ -430,7 +503,7 @@ def _recost(cands: list[Candidate], say) -> None:
         say(f"measuring the cycles again, round {r + 1} of {RECOST_ROUNDS}", r, RECOST_ROUNDS)
         for c in todo:
             try:
-                c.cycles = min(c.cycles, steady_cycles(c.path, runs=2) or c.cycles)
+                c.cycles = min(c.cycles, steady_profile(c.path, runs=2)[0] or c.cycles)
             except ToolchainError:
                 pass
 
