@@ -151,7 +151,7 @@ def test_a_layer_given_back_to_8a8w_is_measured_as_the_quantizer_would_write_it(
 
 
 def test_give_back_takes_the_run_of_layers_that_saves_more_within_the_floor():
-    from modelexport.sweeping.auto_precision import _longest_run
+    from modelexport.sweeping.give_back import Run, longest_run
     loss = {"a": 20, "b": 5, "c": 1, "d": 1, "e": 1}
 
     class Measured:                   # the worst output's dB with a run of layers at 8a8w, losses adding up
@@ -162,6 +162,10 @@ def test_give_back_takes_the_run_of_layers_that_saves_more_within_the_floor():
 
         def db(self, run):
             return self.start - sum(loss[n] for n in run), list(run)
-    assert _longest_run(Measured(), {"a": 1, "b": 1, "c": 10, "d": 10, "e": 10}, 36) == ["c", "d", "e"]
-    assert _longest_run(Measured(), {"a": 1, "b": 1, "c": 10, "d": 10, "e": 10}, 10) == ["a", "b", "c", "d", "e"]
-    assert _longest_run(Measured(), {n: 0 for n in loss}, 36) == []       # nothing saves cycles
+    saving = {"a": 1, "b": 1, "c": 10, "d": 10, "e": 10}
+    assert longest_run(Measured(), saving, 36) == Run(["c", "d", "e"], True)
+    assert longest_run(Measured(), saving, 10) == Run(["a", "b", "c", "d", "e"], True)
+    assert longest_run(Measured(), dict.fromkeys(loss, 0), 36) is None   # nothing saves cycles
+    assert Run(["c", "d", "e"], True).half() == Run(["e"], True)          # the half away from the kept layers
+    assert Run(["a", "b", "c", "d"], False).half() == Run(["a", "b"], False)
+    assert Run(["a"], False).half() is None

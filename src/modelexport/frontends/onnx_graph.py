@@ -1,5 +1,5 @@
 """What an ONNX node costs: its multiply-accumulate count (its module path: module_paths); and
-what feeds it: constant sizes, the tensor a Q/DQ chain starts from."""
+what feeds it: constant sizes, the tensor a Q/DQ chain starts from; the nodes in an order that runs."""
 from __future__ import annotations
 
 import math
@@ -96,3 +96,22 @@ def qdq_source(name: str, producer: dict, seen: int = 0) -> str:
     if n is None or n.op_type not in QDQ_OPS + ("Identity",) or seen > 6:
         return name
     return qdq_source(n.input[0], producer, seen + 1)
+
+
+def topological_order(model) -> None:
+    """Reorder the nodes so that each comes after the producers of its inputs (a repair that appended
+    nodes); a graph with a cycle or a dangling input keeps its order."""
+    g = model.graph
+    known = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
+    pending, order = list(g.node), []
+    while pending:
+        ready = [n for n in pending if all(t in known for t in n.input)]
+        if not ready:
+            return
+        ids = {id(n) for n in ready}
+        order.extend(ready)
+        for n in ready:
+            known.update(n.output)
+        pending = [n for n in pending if id(n) not in ids]
+    del g.node[:]
+    g.node.extend(order)

@@ -17,6 +17,7 @@ import numpy as np
 from ..core.errors import CalibrationError, InputError, clip
 from ..frontends.module_paths import onnx_module_path
 from .calibration import CalibrationSet
+from .log_range import widen_log_ranges
 from .onnx_overrides import parse_onnx_overrides, tensor_overrides
 from .ort_qnn import qnn_quantization
 from .precision import Precision
@@ -89,6 +90,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             config.extra_options.update(calib_extra)
             keep_constants_float(config)
             quantize_fanned_inputs(config, src)
+            widened = widen_log_ranges(config, src, calibration)
             try:
                 with float32_histograms(), contextlib.redirect_stdout(io.StringIO()):   # its percentile calibrator prints
                     quantize(str(src), str(out_path), config)
@@ -117,7 +119,8 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             **({"overrides": [{"regex": k, "nodes": v} | {"precision": spec.rpartition("=")[2]}
                               for (k, v), spec in zip(matched.items(), overrides)]} if overrides else {}),
             **({"fp16_nodes": len(island)} if island else {}),
-            **({"split_weights": {"layers": split["layers"]}} if split else {})}
+            **({"split_weights": {"layers": split["layers"]}} if split else {}),
+            **({"log_ranges_widened": widened} if widened else {})}
 
 
 def check_split(precision: Precision) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.numerics import sqnr_db
+from ..frontends.onnx_graph import topological_order
 from .per_layer import _session
 from .weight_split import LO_SUFFIX, SUM_SUFFIX
 
@@ -139,7 +140,7 @@ def demoted(model, layers: list[str], fwd: dict[str, str], back: dict[str, str])
     e = _Edit(m, fwd, back)
     done = [layer for layer in layers if e.demote(layer)]
     m.graph.node.extend(e.added)
-    _sort_nodes(m)
+    topological_order(m)
     return m, done
 
 
@@ -200,23 +201,6 @@ class _Edit:
         self.added += [helper.make_node("QuantizeLinear", [t, name + "_scale", name + "_zp"], [name + "_q"]),
                        helper.make_node("DequantizeLinear", [name + "_q", name + "_scale", name + "_zp"], [name])]
         return name
-
-
-def _sort_nodes(model) -> None:
-    """The graph's nodes in an order where every input is made before it is read."""
-    made = {t.name for t in model.graph.initializer} | {t.name for t in model.graph.input} | {""}
-    todo, order = list(model.graph.node), []
-    while todo:
-        ready = [n for n in todo if all(t in made for t in n.input)]
-        if not ready:
-            raise ValueError("the graph has a cycle or an input nothing makes")
-        ids = {id(n) for n in ready}
-        order += ready
-        made.update(t for n in ready for t in n.output)
-        todo = [n for n in todo if id(n) not in ids]
-    nodes = [copy.deepcopy(n) for n in order]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
 
 
 class Demotions:

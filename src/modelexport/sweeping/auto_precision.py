@@ -10,7 +10,7 @@ one rung each (8a8w → 16a8w → 16a16w → an fp16 island), by anchored `--ove
 2, 4, ... (a loss spread over a deep network needs many). Whole-model 16a8w, 16a8w with split weights
 (`--split-weights`), 16a16w and fp16 are candidates too. When only a whole-model 16a8w passes, its
 layers are given back to 8a8w, a run of them from the graph's end or its start, as far as the budget
-allows (`_give_back`: a deep detector's early layers need the bits, its costly late ones mostly do not). Every candidate is compiled, scored on the simulator and costed in simulator cycles
+allows (`give_back.py`: a deep detector's early layers need the bits, its costly late ones mostly do not). Every candidate is compiled, scored on the simulator and costed in simulator cycles
 (`profile --level detailed` with the simulator's threads on one host core, the fewest over five
 runs: left free, its count moves with the host's load). One with more CPU nodes than plain 8a8w is
 refused; of those that pass, the one with the fewest CPU nodes, then the fewest cycles, is chosen (a
@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 from ..backends.ort_qnn.compile import media_options
 from ..backends.ort_qnn.repair import load_repaired
-from ..backends.ort_qnn.run import CompiledGraph, SimulatorSession
 from ..backends.ort_qnn.self_check import htp_departure, measure
 from ..backends.spec import OnnxCompileOptions, PartSpec
 from ..contract import open_bundle
@@ -42,12 +41,12 @@ from ..core.atomic import check_output
 from ..core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError, VerificationError
 from ..frontends.module_paths import onnx_module_path
 from ..frontends.onnx_index_inputs import index_limits
-from ..frontends.user_code import call_user, user_function
 from ..profiling.ort_profile import steady_profile
 from ..quant import load_calibration
 from ..quant.per_layer import per_layer
-from ..quant.sensitivity import Demotions, layer_gains
-from ..quant.weight_split import LO_SUFFIX, SUM_SUFFIX
+from ..quant.sensitivity import layer_gains
+from . import give_back
+from .task_metric import TaskMetric, task_metric
 
 AUTO = "auto"
 DEFAULT_BUDGET_DB = 25.0
@@ -92,52 +91,6 @@ class Candidate:
                 "worst_sqnr_db": None if self.worst_db == float("-inf") else round(self.worst_db, 2),
                 "outputs": self.outputs, "cycles": self.cycles, "cpu_nodes": self.cpu_nodes, "refused": self.refused,
                 **({"metric": self.metric, "drop": self.drop} if self.metric is not None else {})}
-
-
-@dataclass
-class TaskMetric:
-    """The user's metric(predict) and the most it may drop below float's value."""
-    fn: Callable[[Callable], float]
-    name: str
-    max_drop: float
-    float_value: float | None = None
-
-    def value(self, predict: Callable) -> float:
-        v = call_user(self.fn, self.name, Path(self.name.partition(":")[0]), predict)
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            raise InputError(f"{self.name} returned {type(v).__name__} {str(v)[:60]!r}, not a number",
-                             "return one float from the metric (higher is better)") from None
-
-    def score(self, c: "Candidate", bundle) -> None:
-        if self.float_value is None:
-            import onnxruntime as ort
-            pm = bundle.manifest.parts[0]
-            ref = ort.InferenceSession(str(bundle.file(pm.files.float_model)), providers=["CPUExecutionProvider"])
-            names = [o.name for o in ref.get_outputs()]
-            self.float_value = self.value(lambda feed: dict(zip(names, ref.run(names, feed))))
-        g = bundle.manifest.graphs[0]
-        sim = SimulatorSession(CompiledGraph(None, "", g.target, bundle.file(g.epcontext_model), None, ""))
-        c.metric = self.value(lambda feed: sim.run(feed)[0])
-        c.drop = self.float_value - c.metric
-        c.passed = c.passed and c.drop <= self.max_drop
-
-
-def task_metric(opts) -> TaskMetric | None:
-    """--max-drop with --eval-fn (both or neither), as a TaskMetric."""
-    if opts.max_drop is None and opts.eval_fn is None:
-        return None
-    if opts.max_drop is None or opts.eval_fn is None:
-        raise InputError("--max-drop and --eval-fn go together: the drop is measured by the evaluation function",
-                         "give both, e.g. --max-drop 0.01 --eval-fn eval.py:accuracy (accuracy(predict) -> float)")
-    fn, name = opts.eval_fn, getattr(opts.eval_fn, "__name__", "the evaluation function")
-    if isinstance(fn, (str, Path)):
-        fn, path = user_function(str(fn), "eval.py:accuracy")
-        name = f"{path}:{str(opts.eval_fn).rpartition(':')[2]}"
-    elif not callable(fn):
-        raise InputError(f"eval_fn is a {type(fn).__name__}, not a function", "pass metric(predict) -> float or 'FILE.py:FUNCTION'")
-    return TaskMetric(fn, name, float(opts.max_drop))
 
 
 def parse_budget(spec: Any) -> dict[str, float]:
@@ -259,70 +212,26 @@ def _search(spec, calib, held_out, budget, opts, compile_fn, scratch, say, metri
     return cands + _give_back(cands, run, calib[:SENSITIVITY_SAMPLES], thr)
 
 
-GIVE_BACK_MARGIN_DB = 1.0   # the layers given back are chosen to leave this much above the budget on the CPU
-GIVE_BACK_TRIES = 3         # each try that fails gives back half the layers of the one before
-
-
 def _give_back(cands: list[Candidate], run: tuple, samples: list[dict], thr: float) -> list[Candidate]:
     """From the cheapest whole-model 16a8w candidate that passes, when nothing within the cycles' noise
-    of plain 8a8w does: the longest run of its layers, from the end of the graph or from its start,
-    given back to 8a8w while the CPU still measures the outputs GIVE_BACK_MARGIN_DB above the budget
-    (quant/sensitivity.Demotions); the end or the start, whichever saves more cycles (each layer's
-    cycles in that candidate, split halves included, less its cycles at 8a8w). One run rather than
-    the layers one by one: every border between 8 and 16 bits is a conversion the HTP pays for, one
-    of a large map as much as a convolution (PP-OCRv4's detector: 274 M cycles for one)."""
+    of plain 8a8w does: a run of its layers back to 8a8w (sweeping/give_back.py), then half of that
+    run, ..., until one passes or GIVE_BACK_TRIES are spent."""
     base = cands[0]
     whole = [c for c in cands if c.passed and c.precision == "16a8w" and not c.overrides and c.cycles and c.node_cycles]
     if not whole or not base.cycles or any(c.passed and c.cycles and c.cycles <= base.cycles * (1 + CYCLES_NOISE) for c in cands):
         return []
     w = min(whole, key=lambda c: c.cycles)
-    b = open_bundle(w.path)
-    pm = b.manifest.parts[0]
     run[7]("measuring what giving layers' bits back costs", len(cands), len(cands) + 1)
-    try:
-        est = Demotions(b.file(pm.files.float_model), b.file(pm.files.quantized_model), samples)
-        chosen = _longest_run(est, _savings(w, base), thr + GIVE_BACK_MARGIN_DB)
-    except Exception:          # a graph the CPU EP cannot run: the search's other candidates remain
-        return []
+    chosen = give_back.layers_to_give_back(w.path, w.node_cycles, base.node_cycles, samples, thr)
     out: list[Candidate] = []
-    while chosen and len(out) < GIVE_BACK_TRIES:
-        c = _candidate(*run, w.precision, override_flags(dict.fromkeys(chosen, "8a8w")), len(cands) + len(out), split=w.split)
+    while chosen and len(out) < give_back.GIVE_BACK_TRIES:
+        c = _candidate(*run, w.precision, override_flags(dict.fromkeys(chosen.layers, "8a8w")), len(cands) + len(out), split=w.split)
         _refuse_new_cpu(c, base)
         out.append(c)
         if c.passed:
             break
-        chosen = chosen[len(chosen) // 2:] if chosen[-1] == est.layers()[-1] else chosen[:len(chosen) // 2]
+        chosen = chosen.half()
     return out
-
-
-def _savings(w: Candidate, base: Candidate) -> dict[str, float]:
-    """{layer of `w`: the cycles giving it back to 8a8w saves} (its split halves counted with it)."""
-    parts: dict[str, float] = {}
-    for name, cyc in w.node_cycles.items():
-        layer = name.removesuffix(LO_SUFFIX).removesuffix(SUM_SUFFIX)
-        parts[layer] = parts.get(layer, 0) + cyc
-    return {n: cyc - base.node_cycles[n] for n, cyc in parts.items() if n in base.node_cycles}
-
-
-def _longest_run(est: Demotions, saving: dict[str, float], floor_db: float) -> list[str]:
-    """The layers to give back: of the longest run from the graph's end and the longest from its start
-    that the CPU measures at `floor_db` or more (bisection on the run's length), the one that saves
-    more cycles; [] when neither saves any."""
-    layers = est.layers()
-    best: tuple[float, list[str]] = (0.0, [])
-    for run_of in (lambda k: layers[len(layers) - k:], lambda k: layers[:k]):
-        lo, hi = 0, len(layers)                  # run_of(lo) meets the floor; find the largest k that does
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if est.db(run_of(mid))[0] >= floor_db:
-                lo = mid
-            else:
-                hi = mid - 1
-        done = est.db(run_of(lo))[1] if lo else []
-        gain = sum(saving.get(n, 0.0) for n in done)
-        if gain > best[0]:
-            best = (gain, done)
-    return best[1]
 
 
 def _whole(rank: Ranking | None, plan_passed: bool) -> list[tuple[str, bool]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...frontends.onnx_graph import topological_order  # noqa: F401 - the repairs' shared edits
+
 
 class GraphEdit:
     """The model's nodes with producer/consumer lookups; edits are collected and written by commit()."""
@@ -65,25 +67,6 @@ class GraphEdit:
             seen.add(t)
             t = self.rename[t]
         return t
-
-
-def topological_order(model) -> None:
-    """Reorder the nodes so that each comes after the producers of its inputs (a repair that appended
-    nodes); a graph with a cycle or a dangling input keeps its order."""
-    g = model.graph
-    known = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    pending, order = list(g.node), []
-    while pending:
-        ready = [n for n in pending if all(t in known for t in n.input)]
-        if not ready:
-            return
-        ids = {id(n) for n in ready}
-        order.extend(ready)
-        for n in ready:
-            known.update(n.output)
-        pending = [n for n in pending if id(n) not in ids]
-    del g.node[:]
-    g.node.extend(order)
 
 
 def default_opset(model) -> int:
