@@ -77,7 +77,8 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
-        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized)
+        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized,
+                               activation_bits=prec.activation_bits if prec.quantized else 0)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         limits, media = index_limits(loaded.model), media_options(opts)
