@@ -321,6 +321,12 @@ REAL_ONNX: tuple[RealOnnx, ...] = (
              image=ImageInput("camera.png", (240, 240), layout="NHWC"),
              quirk="tf2onnx export; NHWC input with a dynamic batch; a BatchNormalization written as Mul/Add",
              small=False),
+    # Twelfth growth: a narrow 16-bit Log (the HTP computed it as zeros), not tried before
+    RealOnnx("atspm_funcnet_head", "atspm-detector", "atspm_detector/weights/funcnet/x100_w32full_head.onnx",
+             "traffic-signal detectors: function classifier head (attention over 10 sibling detectors, 7 classes)",
+             {"logit": [12, 10], "Z": [12, 10, 128], "act": [12]},
+             quirk="log(1 + a soft count of siblings) spans 1.1: the HTP computed that Log as zeros at 16 bits",
+             small=False),
 )
 
 
