@@ -530,3 +530,25 @@ def layer_norm_two_axes(path: Path) -> Path:
     return _save(nodes, "layer_norm_two_axes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 8])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 8])],
                  [numpy_helper.from_array(v, k) for k, v in c.items()], path)
+
+
+def log1p_of_small(path: Path) -> Path:
+    """x → Add 1 → Log: for x in [0, 1], a Log whose output spans only [0, 0.69]."""
+    from onnx import TensorProto, helper, numpy_helper
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    nodes = [helper.make_node("Add", ["x", "one"], ["x1"], name="add"), helper.make_node("Log", ["x1"], ["y"], name="log")]
+    shape = [1, 4, 32, 32]
+    return _save(nodes, "log1p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [one], path)
+
+
+def conv_softplus_conv(path: Path, shape=(1, 8, 64, 64)) -> Path:
+    """1x1 Conv → Softplus → 1x1 Conv."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    c = shape[1]
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.5).astype(np.float32), f"w{i}") for i in (1, 2)]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"), helper.make_node("Softplus", ["a"], ["b"], name="softplus"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
+    return _save(nodes, "softplus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits, path)

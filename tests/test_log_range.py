@@ -7,27 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
 
 import modelexport
 from modelexport.quant.log_range import LOG_MIN_SPAN
-
-
-def _log1p_of_small(path):
-    one = onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")
-    nodes = [helper.make_node("Add", ["x", "one"], ["x1"], name="add"), helper.make_node("Log", ["x1"], ["y"], name="log")]
-    g = helper.make_graph(nodes, "log1p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32, 32])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32, 32])], [one])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    onnx.save(m, str(path))
-    return path
+from onnx_models import conv_softplus_conv, log1p_of_small
 
 
 def test_a_16_bit_log_of_a_narrow_range_is_computed(tmp_path):
     rng = np.random.default_rng(0)
     cal = [{"x": rng.uniform(0.0, 1.0, (1, 4, 32, 32)).astype(np.float32)} for _ in range(4)]
-    b = modelexport.compile(str(_log1p_of_small(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+    b = modelexport.compile(str(log1p_of_small(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
                             precision="16a8w", calibration=cal, use_cache=False)
     assert b.manifest.parts[0].quantization["log_ranges_widened"] == ["y"]
     qdq = onnx.load(str(b.file(b.manifest.parts[0].files.quantized_model)))
@@ -40,23 +29,9 @@ def test_a_16_bit_log_of_a_narrow_range_is_computed(tmp_path):
 def test_an_8_bit_log_keeps_its_calibrated_range(tmp_path):
     rng = np.random.default_rng(0)
     cal = [{"x": rng.uniform(0.0, 1.0, (1, 4, 32, 32)).astype(np.float32)} for _ in range(4)]
-    b = modelexport.compile(str(_log1p_of_small(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+    b = modelexport.compile(str(log1p_of_small(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
                             precision="8a8w", calibration=cal, use_cache=False)
     assert "log_ranges_widened" not in b.manifest.parts[0].quantization
-
-
-def _conv_softplus_conv(path, shape=(1, 8, 64, 64)):
-    rng = np.random.default_rng(0)
-    c = shape[1]
-    inits = [onnx.numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.5).astype(np.float32), f"w{i}") for i in (1, 2)]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"), helper.make_node("Softplus", ["a"], ["b"], name="softplus"),
-             helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
-    g = helper.make_graph(nodes, "softplus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    onnx.save(m, str(path))
-    return path
 
 
 def test_a_16_bit_softplus_is_written_out_and_verifies(tmp_path):
@@ -64,7 +39,7 @@ def test_a_16_bit_softplus_is_written_out_and_verifies(tmp_path):
     takes 86x a Sigmoid's cycles), and the Log in it needs the widened range to be computed."""
     rng = np.random.default_rng(1)
     cal = [{"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)} for _ in range(4)]
-    src = _conv_softplus_conv(tmp_path / "m.onnx")
+    src = conv_softplus_conv(tmp_path / "m.onnx")
     kw = dict(target="SM8650", calibration=cal, use_cache=False)
     b = modelexport.compile(str(src), output=tmp_path / "b16", precision="16a8w", **kw)
     pm = b.manifest.parts[0]

@@ -69,6 +69,19 @@ class GraphEdit:
         return t
 
 
+def ops_of(model, op_type: str) -> list:
+    """The default-domain nodes of `op_type`."""
+    return [n for n in model.graph.node if n.op_type == op_type and n.domain in ("", "ai.onnx")]
+
+
+def scalar_initializer(model, name: str, value: float) -> str:
+    """A float32 scalar initializer `name` (added once) → its name."""
+    from onnx import numpy_helper
+    if not any(t.name == name for t in model.graph.initializer):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), name))
+    return name
+
+
 def default_opset(model) -> int:
     """The model's default-domain opset version (0 when it imports none)."""
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

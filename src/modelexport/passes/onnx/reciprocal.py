@@ -8,9 +8,8 @@ that node. Its quantized Div agrees with the QDQ model (magika at 16a8w: -3.1 â†
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import RepairContext, onnx_repair
+from .graph_edit import ops_of, scalar_initializer
 
 _ONE = "modelexport_one"
 
@@ -19,12 +18,10 @@ _ONE = "modelexport_one"
 def reciprocal_as_div(model, ctx: RepairContext) -> dict | None:
     if not ctx.quantized:
         return None
-    from onnx import numpy_helper
-    nodes = [n for n in model.graph.node if n.op_type == "Reciprocal" and n.domain in ("", "ai.onnx")]
+    nodes = ops_of(model, "Reciprocal")
     if not nodes:
         return None
-    if not any(t.name == _ONE for t in model.graph.initializer):
-        model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), _ONE))
+    scalar_initializer(model, _ONE, 1.0)
     for n in nodes:
         x = n.input[0]
         n.op_type = "Div"

@@ -9,10 +9,8 @@ the HTP's own Softplus is cheap (8.7 M cycles on that map) and stays.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import RepairContext, onnx_repair
-from .graph_edit import topological_order
+from .graph_edit import ops_of, scalar_initializer, topological_order
 
 _ONE = "modelexport_softplus_one"
 
@@ -22,12 +20,11 @@ _ONE = "modelexport_softplus_one"
 def softplus_as_log_exp(model, ctx: RepairContext) -> dict | None:
     if ctx.activation_bits != 16:
         return None
-    nodes = [n for n in model.graph.node if n.op_type == "Softplus" and n.domain in ("", "ai.onnx")]
+    nodes = ops_of(model, "Softplus")
     if not nodes:
         return None
-    from onnx import helper, numpy_helper
-    if not any(t.name == _ONE for t in model.graph.initializer):
-        model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), _ONE))
+    from onnx import helper
+    scalar_initializer(model, _ONE, 1.0)
     for n in nodes:
         x, y, base = n.input[0], n.output[0], n.name or n.output[0]
         t = {k: f"{base}/{k}" for k in ("abs", "neg", "exp", "add", "log", "relu")}
