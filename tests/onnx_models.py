@@ -542,13 +542,13 @@ def log1p_of_small(path: Path) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [one], path)
 
 
-def conv_softplus_conv(path: Path, shape=(1, 8, 64, 64)) -> Path:
-    """1x1 Conv → Softplus → 1x1 Conv."""
+def conv_act_conv(path: Path, op: str = "Softplus", shape=(1, 8, 64, 64)) -> Path:
+    """1x1 Conv → an activation `op` → 1x1 Conv."""
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
     c = shape[1]
     inits = [numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.5).astype(np.float32), f"w{i}") for i in (1, 2)]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"), helper.make_node("Softplus", ["a"], ["b"], name="softplus"),
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"), helper.make_node(op, ["a"], ["b"], name=op.lower()),
              helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
     return _save(nodes, "softplus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits, path)

@@ -65,7 +65,8 @@ def test_repairs_are_a_table_in_order():
     assert names == ["opset-imports", "negative-dims-as-dynamic", "dequantize", "infinite-bounds", "finite-masks", "metadata-props", "input-values", "fold-control-flow", "if-as-where", "unroll-loops", "opset-upgrade", "float16-as-float32", "fold-constants", "constants-as-initializers", "reduce-sum-square-as-mul",
                      "fuse-layer-norm",
                      "drop-empty-optional-inputs", "resize-nearest-as-floor", "grouped-conv-transpose-as-dense", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "conv-transpose-add-as-bias", "transpose-unit-axes-out", "output-sigmoid", "exp-input-floor",
-                     "depthwise-1x1-as-mul-add", "softplus-as-log-exp", "shared-bias-copies"]
+                     "depthwise-1x1-as-mul-add", "softplus-as-log-exp", "selu-as-elu", "shared-bias-copies",
+                     "softsign-as-div"]
 
 
 def test_metadata_props_detached_and_attached_back():
