@@ -64,14 +64,14 @@ def longest_run(est: Demotions, saving: dict[str, float], floor_db: float) -> Ru
     best: tuple[float, Run | None] = (0.0, None)
     for from_end in (True, False):
         run_of = (lambda k: layers[len(layers) - k:]) if from_end else (lambda k: layers[:k])
-        lo, hi = 0, len(layers)                  # run_of(lo) meets the floor; find the largest k that does
+        lo, hi, done = 0, len(layers), []        # run_of(lo) meets the floor; find the largest k that does
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if est.db(run_of(mid))[0] >= floor_db:
-                lo = mid
+            db, demoted = est.db(run_of(mid))
+            if db >= floor_db:
+                lo, done = mid, demoted
             else:
                 hi = mid - 1
-        done = est.db(run_of(lo))[1] if lo else []
         gain = sum(saving.get(n, 0.0) for n in done)
         if gain > best[0]:
             best = (gain, Run(done, from_end))
