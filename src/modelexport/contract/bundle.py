@@ -176,9 +176,7 @@ def open_bundle(path: str | Path, verify: bool = True) -> Bundle:
     if not is_bundle(p):
         raise InputError(f"{p} is not a modelexport bundle (no {MANIFEST_NAME})",
                          "give the folder that `modelexport compile -o` wrote")
-    from pydantic import ValidationError   # deferred: pydantic, kept off CLI start-up
-
-    from .manifest import SCHEMA_VERSION, Manifest   # deferred: pydantic (~110 ms), kept off CLI start-up
+    from .manifest import SCHEMA_VERSION, Manifest, ValidationError   # deferred: pydantic (~110 ms), kept off CLI start-up
     try:
         data = json.loads((p / MANIFEST_NAME).read_text())
         version = data.get("schema_version") if isinstance(data, dict) else None

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializationInfo,
                       SerializerFunctionWrapHandler, model_serializer, model_validator)
+from pydantic import ValidationError  # noqa: F401  (re-exported: bundle.py reads it from here, off CLI start-up)
 
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
 from ..core.vocab import BundleKind, Format, GraphKind, Role
