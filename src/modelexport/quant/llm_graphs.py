@@ -46,6 +46,8 @@ DEFAULT_OVERRIDES = (r"^model\.embed_tokens$=16a8w", r"^lm_head$=16a8w")
 # what the QDQ quantizer here makes of a decoder; 16a4w_block is 16a4w whose 4-bit MatMul weights are
 # then rewritten in blocks (see quantize_decoder)
 LLM_PRECISIONS = ("16a4w", "16a8w", "16a16w", "8a8w")
+LLM_DEFAULT_PRECISION = "16a4w_block"   # built from 16a4w (block_weights); what LLMs compile to by default
+LLM_OFFERED = (*LLM_PRECISIONS, LLM_DEFAULT_PRECISION)   # what `--precision` may name for an LLM
 # A layer's norms on the residual stream, by their HF module names: every family's input and
 # post-attention norms, and the sandwich norms of Gemma 2 / 3 (the norm before the MLP reads the
 # residual stream; the one after it writes into it). Quantized, the pre-MLP norm put one uint16 scale

@@ -50,7 +50,7 @@ from ...toolchain.qairt import find_qairt
 from ...toolchain.qnn_graph_order import ORDER_SCHEME
 from ...toolchain.worker_pool import raise_first_error, run_jobs
 from ...quant.block_weights import DEFAULT_BLOCK
-from ...quant.llm_graphs import LLM_PRECISIONS
+from ...quant.llm_graphs import LLM_DEFAULT_PRECISION, LLM_OFFERED
 from ...quant.precision import min_sqnr_option, pass_mark
 from ..ort_qnn import worker as ort_qnn_worker
 from .ctx_jobs import SHARED_NAMESPACE, compile_shared, simulator_smoke_run
@@ -78,7 +78,7 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
         raise InputError(f"{model}: --dry-run plans text LLMs; this is a vision-language model",
                          "leave --dry-run out to compile it")
     _refuse_vision_flags(opts)
-    r = _resolve(PartSpec(model=str(model), precision=precision or "16a4w_block",
+    r = _resolve(PartSpec(model=str(model), precision=precision or LLM_DEFAULT_PRECISION,
                           calibration=options.get("calibration")), opts)
     est, r, jobs_note = fitted_estimate(r, quantized=False)
     if est is None:
@@ -97,12 +97,12 @@ def plan_llm(model: str | Path, precision: str | None = None, **options) -> dict
     return report
 
 
-PRECISIONS = LLM_PRECISIONS + ("16a4w_block",)
+PRECISIONS = LLM_OFFERED
 
 
 # Block-wise 4-bit weights by default: per-channel 4-bit loses too much (SmolLM2 stops answering).
 @backend("llm_qnn", kinds=("llm",), description="LLM → static ar-N decoders, 16a4w QDQ, weight-shared QNN context binaries + Genie config",
-         formats=("context-binary",), options=LlmCompileOptions, default_precision="16a4w_block",
+         formats=("context-binary",), options=LlmCompileOptions, default_precision=LLM_DEFAULT_PRECISION,
          precisions=PRECISIONS)
 def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptions | None = None, force: bool = False,
                 progress: Callable[[str, float, float], None] | None = None) -> Any:
@@ -146,7 +146,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
 
 
 # `--format pte` of an LLM: the same bundle with the ExecuTorch program (`--executorch-program`).
-@backend("llm_pte", kinds=("llm",), formats=("pte",), options=LlmCompileOptions, default_precision="16a4w_block",
+@backend("llm_pte", kinds=("llm",), formats=("pte",), options=LlmCompileOptions, default_precision=LLM_DEFAULT_PRECISION,
          precisions=PRECISIONS, only_by_format=True,
          description="LLM → the context-binary bundle (llm_qnn's) plus, per target, the ExecuTorch .pte "
                      "qnn_llama_runner runs, built from the bundle's own binaries")

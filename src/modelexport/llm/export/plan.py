@@ -18,7 +18,7 @@ from ...core.targets import SoC, get_target, require_feature
 from ...core.vocab import Format
 from ...frontends.llm_families import family_of
 from ...quant.block_weights import DEFAULT_BLOCK
-from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_PRECISIONS, parse_overrides
+from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_DEFAULT_PRECISION, LLM_OFFERED, LLM_PRECISIONS, parse_overrides
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...quant.weight_rounding import default_rounding, get_rounding
 from ...toolchain.htp_options import check_knobs
@@ -139,7 +139,7 @@ class _Precision:
 
 
 def _check_precision(spec: Any, opts: Any) -> _Precision:
-    requested_precision = get_precision(spec.precision or "16a4w_block")
+    requested_precision = get_precision(spec.precision or LLM_DEFAULT_PRECISION)
     requested = requested_precision.name
     check_block_size(opts.block_size)
     block_size = int(DEFAULT_BLOCK if opts.block_size is None else opts.block_size) if requested_precision.block_wise else 0
@@ -147,7 +147,7 @@ def _check_precision(spec: Any, opts: Any) -> _Precision:
     precision = "16a4w" if block_size else requested
     if precision not in LLM_PRECISIONS:
         raise InputError(f"precision {precision} is not offered for LLMs",
-                         f"use one of: {', '.join(LLM_PRECISIONS + ('16a4w_block',))}")
+                         f"use one of: {', '.join(LLM_OFFERED)}")
     return _Precision(requested, requested_precision, precision, block_size)
 
 
