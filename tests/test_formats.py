@@ -64,3 +64,23 @@ def test_a_retired_pair_is_refused_not_run_by_another_row(tmp_path):
     with pytest.raises(InputError, match="does not run") as e:
         format_row(tmp_path)
     assert "--format pte" in e.value.fix
+
+
+def test_an_entry_point_a_format_lacks_is_refused_with_what_it_offers():
+    """A row that names no verify (a format that runs but cannot be checked yet) is one UnsupportedError,
+    not `'NoneType' object is not callable`."""
+    from modelexport.core.errors import UnsupportedError
+    from modelexport.core.formats import BundleFormat
+    from modelexport.runtime.runners import Entries
+    row = BundleFormat("onnx-cpu", BundleKind.MODEL, "onnx_cpu", "modelexport.backends.ort_qnn.compile:compile_onnx",
+                       run="modelexport.backends.ort_qnn.run:run_bundle")
+    assert callable(Entries(row).run)
+    with pytest.raises(UnsupportedError, match="has no `verify`") as e:
+        _ = Entries(row).verify
+    assert "run" in e.value.fix
+
+
+def test_the_format_help_names_every_format_word():
+    from modelexport.core.compile_flags import FORMAT_HELP
+    for row in FORMATS:
+        assert row.format in FORMAT_HELP

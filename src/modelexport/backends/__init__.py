@@ -8,7 +8,7 @@
 Each registers itself with `@backend(name, kinds, formats, options, default_precision)` (its
 compile module is named by its row in `core.formats`, which `core.plugins` imports); `modelexport.compile`
 picks the backend by the frontend's kind and checks the keywords against the backend's options type.
-A new format is one new package and one row in `core.formats.FORMATS`.
+A new format is one new package, one row in `core.formats.FORMATS` and its word in `core.vocab.Format`.
 """
 from __future__ import annotations
 
@@ -66,7 +66,10 @@ def check_offered(be: Backend, kind: str, output_format: str | None = None, prec
     from ..quant.precision import PRECISIONS, get_precision
     me = _kinds_label([kind])
     if output_format and be.formats and output_format not in be.formats:
-        owners = [k for _, b in BACKENDS for k in b.kinds if output_format in b.formats]
+        owners = [k for _, b in BACKENDS for k in b.kinds if output_format in b.formats and k != kind]
+        if not owners and any(output_format in b.formats for _, b in BACKENDS):   # this kind's, another backend's
+            raise InputError(f"--format {output_format} is not written by {be.name}",
+                             f"{be.name} writes: {', '.join(be.formats)} (or leave --format out)")
         if not owners:
             every = sorted({f for _, b in BACKENDS for f in b.formats})
             raise InputError(f"unknown format {output_format!r}", f"choose one of: {', '.join(every)}")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .formats import FORMATS
+
 # --help panels, in the order `compile --help` lists them
 MODEL_AND_TARGET = "Model and target"
 QUANTIZATION = "Quantization"
@@ -22,10 +24,7 @@ VLMS = "VLMs"
 OUTPUT = "Output"
 PANELS = (MODEL_AND_TARGET, QUANTIZATION, COMPILING, ONNX, PYTORCH, LLMS, VLMS, OUTPUT)
 
-FORMAT_HELP = ("context-binary (EPContext .onnx + raw QNN context binary per target) or dlc (QNN IR container dumped "
-               "by the QNN EP through libQnnIr.so; target-independent; run/verify need context-binary) for ONNX models; "
-               "pte (ExecuTorch program with the QNN delegate) for PyTorch models; for LLMs, pte is the context-binary "
-               "bundle with qnn_llama_runner's program (as --executorch-program). Default: the model kind's own.")
+FORMAT_HELP = "; ".join(row.help for row in FORMATS if row.help) + ". Default: the model kind's own."
 PRECISION_HELP = ("fp16, 8a8w, 16a8w, 16a16w or 16a4w (activations a, weights w; default 8a8w); PyTorch models also "
                   "16a4w_block (int4 weights, one scale per --block-size input channels; HTP V69+). ONNX models: auto "
                   "finds the plan with the fewest simulator cycles whose outputs meet --min-sqnr on held-out samples, "

@@ -4,8 +4,9 @@ A row is keyed by the manifest's (format, kind): an LLM's context binaries are n
 entry points are "module:function" strings imported on first use (`BundleFormat.entry`), so this table
 sits at the bottom of the package without importing any format, and a command imports only the entry it calls.
 `runtime/` and `api` look a bundle's format up here and nowhere else; `core.plugins` imports the
-formats' compile and inspect modules from here. A new format is one package under `backends/` plus its
-row in FORMATS.
+formats' compile and inspect modules from here, `core.compile_flags` the rows' words for `--format`'s help.
+A new format is one package under `backends/`, its row in FORMATS, and its word in `core.vocab.Format`
+(the manifest's typed vocabulary, which refuses a word it does not know).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
-from .errors import InputError
 from .vocab import BundleKind, Format
 
 
@@ -43,6 +43,7 @@ class BundleFormat:
     session: str = ""                    # LLMs (generate --backend htp-sim): (bundle, stage) -> DecoderSession
     self_check: str = ""                 # compile's own numerics of a compiled part (today its compile calls
     #                                      it directly; the other formats' come with "Compiled means correct")
+    help: str = ""                       # its words in `compile --format`'s help (core.compile_flags)
 
     def entry(self, name: str) -> Callable[..., Any] | None:
         """The entry point `name` (one of ENTRY_POINTS), imported now; None where the format has none."""
@@ -50,20 +51,6 @@ class BundleFormat:
             raise AttributeError(f"a bundle format has no entry point {name!r}")
         ref = getattr(self, name)
         return resolve(ref) if ref else None
-
-    @property
-    def entries(self) -> "Entries":
-        return Entries(self)
-
-
-class Entries:
-    """A row's entry points as attributes (`row.entries.verify(...)`), each imported when first read."""
-
-    def __init__(self, row: BundleFormat):
-        self.row = row
-
-    def __getattr__(self, name: str) -> Callable[..., Any] | None:
-        return self.row.entry(name)
 
 
 @cache
@@ -82,20 +69,26 @@ FORMATS: tuple[BundleFormat, ...] = (
                  inspect=_ORT + "inspect", audit=_ORT + "audit:audit_onnx", audit_options=("input_values", "timeout"),
                  run=_ORT + "run:run_bundle", verify=_ORT + "verify:verify_bundle",
                  profile="modelexport.profiling.ort_profile:profile_ort", per_layer=_ORT + "per_layer:ort_per_layer",
-                 self_check=_ORT + "self_check:check_part"),
+                 self_check=_ORT + "self_check:check_part",
+                 help="context-binary (EPContext .onnx + raw QNN context binary per target) for ONNX models"),
     BundleFormat(Format.DLC, BundleKind.MODEL, "ort_qnn", _ORT + "compile:compile_onnx",
                  run=_ORT + "run:run_bundle", verify=_ORT + "verify:verify_bundle",
-                 profile="modelexport.profiling.ort_profile:profile_ort"),
+                 profile="modelexport.profiling.ort_profile:profile_ort",
+                 help="dlc (QNN IR container dumped by the QNN EP through libQnnIr.so; target-independent; run/verify "
+                      "need context-binary) for ONNX models"),
     BundleFormat(Format.PTE, BundleKind.MODEL, "executorch_qnn", _ET + "compile:compile_torch",
                  inspect=_ET + "inspect", audit=_ET + "audit:audit_torch",
                  audit_options=("example_inputs", "overrides", "block_size", "rewrites", "dynamic_shapes"),
                  run=_ET + "run:run_pte", verify=_ET + "run:verify_pte",
-                 profile="modelexport.profiling.pte_profile:profile_pte"),
+                 profile="modelexport.profiling.pte_profile:profile_pte",
+                 help="pte (ExecuTorch program with the QNN delegate) for PyTorch models"),
     BundleFormat(Format.CONTEXT_BINARY, BundleKind.LLM, "llm_qnn", _LLM + "compile:compile_llm",
                  run=_ORT + "run:run_bundle", verify=_LLM + "vision_verify:verify_vision_part",
                  profile="modelexport.profiling.ort_profile:profile_ort", per_layer=_LLM + "per_layer:llm_per_layer_verify",
                  stages=_LLM + "session:compiled_stages", forwards=_LLM + "session:open_forwards",
-                 session=_LLM + "session:open_graph_session"),
+                 session=_LLM + "session:open_graph_session",
+                 help="for LLMs, pte is the context-binary bundle with qnn_llama_runner's program (as "
+                      "--executorch-program)"),
 )
 
 _BY_KEY = {(row.format, row.kind): row for row in FORMATS}
@@ -115,11 +108,10 @@ RETIRED = {(Format.PTE, BundleKind.LLM): (
     "qnn_llama_runner runs")}
 
 
-def refuse_retired(path, fmt: str | None, kind: str | None) -> None:
-    """An InputError for a bundle of a RETIRED (format, kind)."""
-    retired = RETIRED.get((fmt or Format.CONTEXT_BINARY, kind or BundleKind.MODEL))
-    if retired:
-        raise InputError(f"{path} is {retired[0]}", retired[1])
+def retired(fmt: str | None, kind: str | None) -> tuple[str, str] | None:
+    """(what such a bundle is, the fix) for a RETIRED (format, kind); None for any other. The callers raise
+    it as an InputError (this table sits below core.errors, which reads compile's flags)."""
+    return RETIRED.get((fmt or Format.CONTEXT_BINARY, kind or BundleKind.MODEL))
 
 
 def modules(entry: str) -> tuple[str, ...]:

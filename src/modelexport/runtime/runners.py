@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from ..core.arguments import at_least, finite
-from ..core.errors import InputError
-from ..core.formats import BundleFormat, Entries, bundle_format, refuse_retired
+from ..core.errors import InputError, UnsupportedError
+from ..core.formats import BundleFormat, bundle_format, retired
 from ..core.vocab import BundleKind, Format
 from ..profiling.report import check_arguments
 
@@ -42,9 +42,32 @@ def format_row(path: str | Path) -> BundleFormat:
             or bundle_format(DEFAULT_FORMAT, BundleKind.MODEL))
 
 
+def refuse_retired(path, fmt: str | None, kind: str | None) -> None:
+    """An InputError for a bundle of a (format, kind) an older modelexport wrote and none runs now."""
+    gone = retired(fmt, kind)
+    if gone:
+        raise InputError(f"{path} is {gone[0]}", gone[1])
+
+
+class Entries:
+    """A row's entry points as attributes (`runner_for(b).verify(...)`), each imported when first read; one the
+    format does not have raises UnsupportedError naming the format and what it does offer."""
+
+    def __init__(self, row: BundleFormat):
+        self.row = row
+
+    def __getattr__(self, name: str):
+        fn = self.row.entry(name)
+        if fn is None:
+            offered = [e for e in ("run", "verify", "profile") if getattr(self.row, e)]
+            raise UnsupportedError(f"a {self.row.format} bundle ({self.row.kind}) has no `{name}`",
+                                   f"this format offers: {', '.join(offered) or 'inspect only'}")
+        return fn
+
+
 def runner_for(path: str | Path) -> Entries:
     """The run / verify / profile functions of the bundle's format (`runner_for(b).verify(b, ...)`)."""
-    return format_row(path).entries
+    return Entries(format_row(path))
 
 
 def profile_bundle(bundle: str | Path, runs: int = 5, level: str = "basic", part: str | None = None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...contract.bundle import open_bundle
 from ...core.errors import InputError
-from ...core.formats import refuse_retired
+from ...core.formats import retired
 from ...core.vocab import BundleKind
 from ...frontends.gguf_file import read_gguf_info
 from ...frontends.hf_folder import read_hf_config
@@ -57,7 +57,9 @@ def open_llm_bundle(path: Path):
     if bundle.manifest.kind != BundleKind.LLM:
         raise InputError(f"{path} is a '{bundle.manifest.kind}' bundle, not an LLM",
                          "generate runs LLM bundles (modelexport compile of a GGUF or HF folder), GGUF files or HF folders")
-    refuse_retired(path, bundle.manifest.format, bundle.manifest.kind)
+    gone = retired(bundle.manifest.format, bundle.manifest.kind)
+    if gone:
+        raise InputError(f"{path} is {gone[0]}", gone[1])
     return bundle
 
 
