@@ -75,7 +75,7 @@ def test_an_entry_point_a_format_lacks_is_refused_with_what_it_offers():
     row = BundleFormat("onnx-cpu", BundleKind.MODEL, "onnx_cpu", "modelexport.backends.ort_qnn.compile:compile_onnx",
                        run="modelexport.backends.ort_qnn.run:run_bundle")
     assert callable(Entries(row).run)
-    with pytest.raises(UnsupportedError, match="has no `verify`") as e:
+    with pytest.raises(UnsupportedError, match="have no `verify`") as e:
         _ = Entries(row).verify
     assert "run" in e.value.fix
 

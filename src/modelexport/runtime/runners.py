@@ -60,7 +60,7 @@ class Entries:
         fn = self.row.entry(name)
         if fn is None:
             offered = [e for e in ("run", "verify", "profile") if getattr(self.row, e)]
-            raise UnsupportedError(f"a {self.row.format} bundle ({self.row.kind}) has no `{name}`",
+            raise UnsupportedError(f"{self.row.format} bundles ({self.row.kind}) have no `{name}`",
                                    f"this format offers: {', '.join(offered) or 'inspect only'}")
         return fn
 
