@@ -86,6 +86,8 @@ class LlmCompileOptions(CompileOptions):
     rounding: str | None = None                          # 4-bit weight rounding (quant/weight_rounding.ROUNDINGS)
     max_ppl_ratio: float | None = None                   # quality budget: perplexity x float on held-out text
     inputs: str | None = None                            # the decoder's first input: tokens | embeddings | both (llm/model/input_modes.py)
+    positions: str | None = None                         # ids (position_ids) | cos-sin (RoPE's cos and sin as inputs)
+    geniex: bool = False                                 # a GenieX folder per target (backends/llm_qnn/geniex.py)
     embedder_precision: str | None = None                # the embedder part of --inputs embeddings: fp16 | 8bit
     executorch_program: bool = False                     # context binaries: also the program qnn_llama_runner runs
     lora: Any = None                                     # PEFT adapter folders: LoRA inputs in the graphs (llm/export/lora_source.py)

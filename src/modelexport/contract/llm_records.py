@@ -71,6 +71,15 @@ class PteLlmProgram(_Recorded):
     fake_quant: dict[str, BundlePath] = Field(default_factory=dict)   # method → QnnQuantizer's converted graph (.pt2)
 
 
+class GenieXFolder(_Recorded):
+    """LLM bundles with `--geniex`: one target's folder for GenieX (backends/llm_qnn/geniex.py): the bundle's
+    binaries with their graphs renamed, metadata.json, the config and the tokenizer files."""
+    folder: str
+    model_id: str
+    binaries: list[str]
+    graphs: list[str]
+
+
 class ExecutorchRunnerProgram(_Recorded):
     """LLM context-binary bundles with `--executorch-program`: one target's ExecuTorch program for
     `qnn_llama_runner` (kv_forward + prefill_forward over the bundle's own weight-shared binaries,

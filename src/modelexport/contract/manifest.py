@@ -34,7 +34,8 @@ from pydantic import ValidationError  # noqa: F401  (re-exported: bundle.py read
 from ..core.files import MANIFEST_NAME, REPORT_NAME, sha256_file  # noqa: F401  (re-exported)
 from ..core.vocab import BundleKind, Format, GraphKind, Role
 from .llm_records import (  # noqa: F401  (re-exported)
-    DecoderShape, WeightSharing, LogitsAgreement, PteLlmProgram, ExecutorchRunnerProgram, GeniePipelineCheck, GenieCheck, WeightRounding, QualityRecipe)
+    DecoderShape, WeightSharing, LogitsAgreement, PteLlmProgram, ExecutorchRunnerProgram, GeniePipelineCheck, GenieCheck, WeightRounding, QualityRecipe,
+    GenieXFolder)
 from .records import BundlePath, _inside_the_bundle, _Recorded  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 2
@@ -286,11 +287,13 @@ class LlmSection(_Recorded):
     # target → (LLM .pte bundles): kept so their manifests parse; no writer sets it
     pte: dict[str, PteLlmProgram] = Field(default_factory=dict)
     executorch: dict[str, ExecutorchRunnerProgram] = Field(default_factory=dict)   # target → (--executorch-program)
+    geniex: dict[str, GenieXFolder] = Field(default_factory=dict)   # target → its GenieX folder (--geniex)
     quantization: dict[str, dict[str, Any]] = Field(default_factory=dict)   # graph → the quantizer's report (free-form)
     memory_limit_mb: float | None = None
     weight_rounding: WeightRounding | None = None     # how the 4-bit weights were rounded (--rounding)
     quality_recipe: QualityRecipe | None = None       # the modules --max-ppl-ratio raised, and why
     inputs: str = "tokens"               # the decoder's first input(s): tokens | embeddings | both (llm/model/input_modes.py)
+    positions: str = "ids"               # position_ids, or RoPE's cos and sin (`--positions cos-sin`; rope_table.npz)
     no_token_id: int | None = None       # `both`: an id that looks nothing up (the position takes inputs_embeds alone)
     embedder: EmbedderPart | None = None  # `embeddings`: the part that looks text up
     full_context: bool = False           # a full-context graph (N = max_seq_len, no KV I/O) is among the variants

@@ -113,6 +113,13 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
     CompileFlag("inputs", ("--inputs",), str | None, None, "LLMs: the decoder's first input: tokens (default: input_ids), "
                 "embeddings (inputs_embeds [1, N, hidden]; the bundle gets an embedder part that looks "
                 "text up) or both (ids looked up + inputs_embeds added; an id >= vocab_size looks nothing up).", LLMS, plan=True),
+    CompileFlag("positions", ("--positions",), str | None, None, "LLMs: how the graphs take positions: ids (default: "
+                "position_ids, each graph gathers its RoPE rows) or cos-sin (position_ids_cos / _sin [1, 1, N, rotary_dim/2], "
+                "as AI Hub's and GenieX's graphs take them; Genie computes them; not for qnn_llama_runner's program).",
+                LLMS, plan=True),
+    CompileFlag("geniex", ("--geniex",), bool, False, "LLMs, --positions cos-sin: also write OUT/<target>/geniex/, the "
+                "folder Qualcomm's GenieX loads (the binaries with their graphs renamed, metadata.json, config, tokenizer).",
+                LLMS),
     CompileFlag("embedder_precision", ("--embedder-precision",), str | None, None, "LLMs, --inputs embeddings: the "
                 "embedder's table: fp16 (default) or 8bit (one scale per table).", LLMS, plan=True),
     CompileFlag("executorch_program", ("--executorch-program",), bool, False, "LLMs (context binaries): also write, per "

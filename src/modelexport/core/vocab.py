@@ -47,6 +47,9 @@ class Role(StrEnum):
     GENIE_LUT = "genie-lut"                        # LLMs taking embeddings: Genie's token → embedding table
     LORA_ADAPTER = "lora-adapter"                  # LLMs: a PEFT LoRA adapter's files, fed as graph inputs
     LORA_INPUTS = "lora-inputs"                    # LLMs: one LoRA graph input of an adapter, float32 .raw (Genie's files)
+    ROPE_TABLE = "rope-table"                      # LLMs, --positions cos-sin: cos and sin by position (.npz)
+    GENIEX = "geniex"                              # LLMs, --geniex: a context binary of a target's GenieX folder
+    GENIEX_CONFIG = "geniex-config"                # LLMs, --geniex: its metadata.json, config and tokenizer files
     DLC = "dlc"                                    # a QNN IR container
     REPORT = "report"                              # report.html
     ARTIFACT = "artifact"                          # anything else

@@ -55,6 +55,7 @@ from ...quant.precision import min_sqnr_option, pass_mark
 from ..ort_qnn import worker as ort_qnn_worker
 from .ctx_jobs import SHARED_NAMESPACE, compile_shared, simulator_smoke_run
 from .vlm import compile_vlm
+from .geniex import check_request as geniex_request
 from .write import LlmRun, QdqEntry, write_bundle
 
 
@@ -116,6 +117,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     spec = parts[0]
     if opts.executorch_program:
         _check_runner_request(spec, opts)
+    if (is_vlm_folder(spec.model) or opts.vision_encoder is not None) and (opts.positions or "ids") != "ids":
+        raise UnsupportedError("--positions cos-sin is for text LLMs", "leave --positions out")
     if (is_vlm_folder(spec.model) or opts.vision_encoder is not None) and opts.lora:
         raise UnsupportedError("--lora is for text LLMs; this is a vision-language model",
                                "merge the adapter into the model (peft's merge_and_unload) and compile that")
@@ -126,6 +129,8 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
         return compile_vlm(spec, out, opts, force, say, lambda *a: compile_llm([a[0]], *a[1:]))
     _refuse_vision_flags(opts)
     plan = _resolve(spec, opts)
+    if opts.geniex:
+        geniex_request(opts, list(plan.variants), plan.max_seq_len)
     mark = pass_mark(min_sqnr_option(opts.min_sqnr), plan.requested_precision)   # checked before any weight loads
     qairt = find_qairt()
     cache = Cache(enabled=opts.use_cache)
@@ -135,7 +140,7 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     results = _compile_contexts(jobs, plan, cache, say, timings)
     temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
     try:
-        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program,
+        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program, opts.geniex,
                      mark, opts.strict_numerics)
         return write_bundle(out, force, plan, qdq, jobs, results, run, say)
     finally:
@@ -171,6 +176,9 @@ def _check_runner_request(spec: PartSpec, opts: LlmCompileOptions, flag: str = "
         raise UnsupportedError(f"{flag}: qnn_llama_runner runs one context length (it reads it from the mask's shape)",
                                f"leave --context-lengths out (give the context with --max-seq-len), or leave {flag} out: "
                                "Genie and --backend htp-sim move between the lengths")
+    if (opts.positions or "ids") != "ids":
+        raise UnsupportedError(f"{flag}: qnn_llama_runner feeds position ids, not --positions {opts.positions}",
+                               f"leave --positions out, or leave {flag} out: Genie and ONNX Runtime run cos/sin graphs")
     if opts.lora:
         raise UnsupportedError(f"{flag}: qnn_llama_runner feeds no LoRA inputs", f"leave --lora or {flag} out "
                                "(Genie's and ONNX Runtime's loops run the bundle's graphs; --backend htp-sim applies adapters)")

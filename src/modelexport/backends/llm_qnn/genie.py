@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...core.errors import UnsupportedError
+
 N_THREADS = 3   # the engine's "n-threads"
 
 
@@ -21,7 +23,8 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
     Positions go in as `position_ids` ("absolute"): the graphs gather their RoPE tables themselves,
     computed from the HF model's own `inv_freq` and attention scaling, so llama3 / linear / yarn
     scaling is inside the graph and Genie needs no RoPE facts. With "rope", Genie would feed
-    `position_ids_cos` / `_sin` inputs the graphs do not have ("Could not find I/O tensors")."""
+    `position_ids_cos` / `_sin` inputs the graphs do not have ("Could not find I/O tensors").
+    Graphs built with `--positions cos-sin` take exactly those: their config's block is genie_rope's."""
     pe: dict[str, Any] = {"type": "absolute"}
     return {"dialog": {
         "version": 1,
@@ -43,6 +46,30 @@ def genie_config(*, ctx_bins: list[str], tokenizer: str, context_size: int, voca
                       "positional-encoding": pe},
         },
     }}
+
+
+# transformers' rope_parameters → Genie's rope-scaling keys, by rope type (Genie computes cos and sin itself)
+GENIE_ROPE_SCALING = {"llama3": {"factor": "factor", "low_freq_factor": "low-freq-factor",
+                                 "high_freq_factor": "high-freq-factor",
+                                 "original_max_position_embeddings": "original-max-position-embeddings"}}
+
+
+def genie_rope(qmeta: dict[str, Any]) -> dict[str, Any]:
+    """The `positional-encoding` block of a `--positions cos-sin` decoder: Genie's "rope" with the model's
+    theta, its rotary width and, for llama3 scaling, its factors. Another scaling type Genie would compute
+    differently from the graphs' tables is refused."""
+    params = qmeta.get("rope_parameters") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    block: dict[str, Any] = {"type": "rope", "rope-dim": int(qmeta["rope_dim"]),
+                             "rope-theta": float(qmeta["rope_theta"])}
+    if kind == "default":
+        return block
+    keys = GENIE_ROPE_SCALING.get(kind)
+    if keys is None:
+        raise UnsupportedError(f"--positions cos-sin: Genie's rope block has no form of {kind} RoPE scaling",
+                               "leave --positions out (the graphs then take position_ids and gather their own tables)")
+    return {**block, "rope-scaling": {"rope-type": kind,
+                                      **{g: params[k] for k, g in keys.items() if k in params}}}
 
 
 def lut_embedding(lut: str, hidden_size: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     from ...quant.precision import pass_mark
     from ...quant.per_layer import PerLayerReport, per_layer, suggest_module
     from ...llm.export.calibrate import (WalkExtras, calibration_samples, full_context_samples, part_samples,
-                                         with_input_mode)
+                                         with_input_mode, with_positions)
     from ...llm.export.onnx_export import DecoderPart, PartRange, export_part
     from ...llm.model.static_decoder import ONNX_RMS_NORM, build_static_decoder, decoder_config
 
@@ -66,13 +66,14 @@ def llm_per_layer(bundle, inputs, part, threshold_db, max_samples) -> list:
     held_out = ids[seq:] if len(ids) >= 2 * seq else ids       # calibration walked the first window
     mode = get_input_mode(info.inputs)
     dec = build_static_decoder(llm.model, decoder_config(n, seq), rms_norm=ONNX_RMS_NORM, inputs=mode.name,
-                               residual_scale=info.residual_scale)
+                               residual_scale=info.residual_scale, positions=info.positions)
     lead = tuple(dialog_start(tok))
     samples = (full_context_samples(held_out, seq, k, lead=lead) if n == seq
                else calibration_samples(llm.model, held_out, [n], seq, k, extras=WalkExtras(lead=lead))[n])
     with torch.inference_mode():
         samples = with_input_mode(samples, mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
                                   dec.spec.hidden_size)
+    samples = with_positions(samples, dec)
 
     precision = m.precision or "16a4w"
     thr = pass_mark(threshold_db, precision)

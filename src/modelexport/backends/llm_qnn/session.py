@@ -26,7 +26,8 @@ from ...llm import LLM, LLM_BACKENDS, LoadOptions, attach_tokenizer
 from ...llm.run.generate import StaticGraphSession
 from ...llm.run.openers import open_llm_bundle, source_kind
 from ...llm.export.lora_source import adapter_arrays, read_adapter, slots_from_inputs, zero_arrays
-from ...llm.model.input_modes import INPUT_MODES, InputMode, get_input_mode, text_inputs
+from ...llm.model.input_modes import (INPUT_MODES, POSITION_COS, POSITION_SIN, ROPE_TABLE, InputMode, get_input_mode,
+                                       text_inputs)
 from ...llm.model.mrope import ROPE_POSITION_IDS, RopePositions
 from ...llm.model.static_decoder import DecoderSpec, new_key, new_value, past_key, past_value
 from ...llm.run.tokenizers import load_tokenizer
@@ -68,6 +69,8 @@ class ChainedForward:
         self.rope_positions = RopePositions.text()
         # a bundle compiled with --lora: its LoRA inputs, every call (zeros: the base alone; apply_lora)
         self.lora: dict[str, np.ndarray] = {}
+        # `--positions cos-sin` graphs: RoPE's cos and sin rows by position (rope_table.npz), gathered per call
+        self.rope_table: tuple[np.ndarray, np.ndarray] | None = None
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         return self.embedder.run(None, {"input_ids": ids})[0]
@@ -85,8 +88,7 @@ class ChainedForward:
         new_v: dict[int, np.ndarray] = {}
         for ps in self.parts:
             # an M-RoPE graph takes the slots' 3-axis positions instead of position_ids
-            positions = {ROPE_POSITION_IDS: self.rope_positions(pos)} if ROPE_POSITION_IDS in ps.input_names \
-                else {"position_ids": pos}
+            positions = self._positions(ps, pos)
             feed = {**first, **positions, "attention_mask": mask}
             feed.update((k, v) for k, v in self.lora.items() if k in ps.input_names)
             name = _cache_names(ps)
@@ -104,6 +106,18 @@ class ChainedForward:
         if not caches:
             return (logits,)
         return (logits, *[torch.from_numpy(new_k[i]) for i in range(L)], *[torch.from_numpy(new_v[i]) for i in range(L)])
+
+
+    def _positions(self, ps: _PartSession, pos: np.ndarray) -> dict[str, np.ndarray]:
+        """What this part's graph takes for the positions `pos` [1, N]: position_ids, M-RoPE's 3-axis
+        positions (llm/model/mrope.py), or RoPE's cos and sin rows [1, 1, N, rotary_dim/2] (`--positions cos-sin`)."""
+        if ROPE_POSITION_IDS in ps.input_names:
+            return {ROPE_POSITION_IDS: self.rope_positions(pos)}
+        if POSITION_COS in ps.input_names:
+            cos, sin = self.rope_table
+            return {POSITION_COS: np.ascontiguousarray(cos[pos][:, None]),
+                    POSITION_SIN: np.ascontiguousarray(sin[pos][:, None])}
+        return {"position_ids": pos}
 
 
 def _cache_names(ps: _PartSession):
@@ -167,7 +181,16 @@ def open_forwards(bundle, stage: str = "htp-sim", target: str | None = None,
         n = key[0] if isinstance(key, tuple) else key
         embedder = _stage_session(bundle, embedders[n], stage, target) if mode.embedder else None
         out[key] = ChainedForward(parts, spec.n_layers, mode, embedder, spec.hidden_size)
+        out[key].rope_table = rope_table(bundle)
     return out, spec, spec.max_seq_len
+
+
+def rope_table(bundle) -> tuple[np.ndarray, np.ndarray] | None:
+    """A `--positions cos-sin` bundle's cos and sin by position ([max_seq_len, rotary_dim/2] each); None for others."""
+    if getattr(bundle.manifest.llm, "positions", "ids") != "cos-sin":
+        return None
+    with np.load(bundle.file(ROPE_TABLE)) as t:
+        return t["cos"], t["sin"]
 
 
 def _fitting(bundle, by_key: dict) -> dict:

@@ -27,13 +27,14 @@ from ...core.vocab import BundleKind, Format, GraphKind, Role
 from ...llm.export.lora_source import CONFIG, GENIE_BASE, WEIGHTS, adapter_arrays, zero_arrays
 from ...llm.export.memory import host_part_mb
 from ...llm.export.plan import LlmPlan
-from ...llm.model.input_modes import get_input_mode
+from ...llm.model.input_modes import ROPE_TABLE, get_input_mode
 from ...toolchain.genie import validate_genie_config
 from ...toolchain.qnn_graph_order import in_part_order
 from ...toolchain.worker_pool import run_jobs
 from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, llm_source
 from .embedder import embedder_check
-from .genie import genie_config, lora_block, lora_files, lut_embedding
+from .genie import genie_config, genie_rope, lora_block, lora_files, lut_embedding
+from .geniex import write_folder as write_geniex
 from .genie_dialog import check_dialogs
 
 GENIE_BOTH_NOTE = ("--inputs both: the decoder takes input_ids and inputs_embeds, and Genie's dialog writes one "
@@ -59,6 +60,7 @@ class LlmRun:
     timings: dict
     t_start: float
     executorch_program: bool = False     # --executorch-program
+    geniex: bool = False                 # --geniex
     pass_mark_db: float = 5.0            # compile's own check: the logits against float (--min-sqnr, else the precision's)
     strict_numerics: bool = False        # --strict-numerics: below the mark, exit 7 and write nothing
 
@@ -95,6 +97,10 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
             staged = _Staged(a.w.dir, a.m)
             tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
             a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, tok) for soc in plan.socs}
+        if run.geniex:
+            tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
+            configs = {soc.name: json.loads((a.w.dir / genie[soc.name].file).read_text()) for soc in plan.socs}
+            a.m.llm.geniex = {soc.name: write_geniex(a, soc.name, configs[soc.name], tok) for soc in plan.socs}
         a.record_timings(run.timings, first=qdq.meta["timings"])
         a.record_cache(run.cache, root=False, quantize_hit=qdq.hit, resumed_graphs=qdq.meta.get("resumed_graphs") or None,
                        compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
@@ -129,6 +135,8 @@ def _describe(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry) -> None:
                    "host_chunks": qmeta.get("host_chunks"), "host_estimate": qdq.host_estimate}
     a.m.calibration = {"llm": {"kind": "text", "representative": True, **qmeta["calibration"]}}
     a.add_tokenizer(qdq.entry / "tokenizer")
+    if (qdq.entry / ROPE_TABLE).exists():   # --positions cos-sin: what ONNX Runtime's and our loops feed
+        a.w.add_file(qdq.entry / ROPE_TABLE, ROPE_TABLE, role=Role.ROPE_TABLE)
     for g in qmeta["graphs"]:
         a.add_onnx(qdq.entry / "qdq", g["name"], "qdq")
 
@@ -289,6 +297,8 @@ def _genie_checks(a: BundleAssembler, plan: LlmPlan, qmeta: dict, ctx_bins: dict
                            bos=qmeta["bos_id"] if qmeta.get("add_bos") else None,
                            eos=qmeta["eos_ids"], head_dim=spec["head_dim"],
                            embedding=lut_embedding(f"{up}{lut}", spec["hidden_size"]) if lut else None)
+        if qmeta.get("positions") == "cos-sin":   # Genie computes the cos and sin the graphs take
+            cfg["dialog"]["engine"]["model"]["positional-encoding"] = genie_rope(qmeta)
         if lora is not None:
             cfg["dialog"]["engine"]["model"]["binary"]["lora"] = lora_block(
                 [(e.name, f"{up}{e.genie_folder}") for e in lora.adapters] + [(GENIE_BASE, f"{up}{lora.genie_base}")])
@@ -371,7 +381,8 @@ def _llm_section(plan: LlmPlan, qmeta: dict, weight_sharing: dict[str, WeightSha
 def _input_facts(qmeta: dict, spec: dict, variants: list[int], max_seq_len: int, embedder) -> dict:
     """The LLM section's input-mode fields (llm/model/input_modes.py) and the full-context flag."""
     mode = get_input_mode(qmeta.get("inputs"))
-    return {"inputs": mode.name, "embedder": embedder, "full_context": max_seq_len in variants,
+    return {"inputs": mode.name, "positions": qmeta.get("positions", "ids"), "embedder": embedder,
+            "full_context": max_seq_len in variants,
             "no_token_id": qmeta.get("no_token_id", spec["vocab_size"]) if mode.name == "both" else None}
 
 

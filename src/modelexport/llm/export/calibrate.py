@@ -23,7 +23,7 @@ import torch
 
 from ...core.cache import Cache
 from ...core.errors import CalibrationError
-from ..model.input_modes import get_input_mode, text_inputs
+from ..model.input_modes import POSITION_COS, POSITION_SIN, get_input_mode, text_inputs
 from ..model.mrope import ROPE_POSITION_IDS, RopePositions, rope_index
 from ..model.residual_scale import residual_scale_for, watching_peak
 from ..model.static_decoder import (ONNX_RMS_NORM, StaticDecoderConfig, build_static_decoder, make_attention_mask,
@@ -293,13 +293,28 @@ def with_input_mode(samples: list[dict[str, np.ndarray]], mode, lookup, hidden_s
              **{k: v for k, v in s.items() if k != "input_ids"}} for s in samples]
 
 
+def with_positions(samples: list[dict[str, np.ndarray]], dec) -> list[dict[str, np.ndarray]]:
+    """Samples as a `--positions cos-sin` decoder takes them: RoPE's cos and sin of each sample's
+    position_ids (the rows its float graph would gather) in their place; others as they are."""
+    if not dec.cos_sin:
+        return samples
+    out = []
+    for s in samples:
+        with torch.inference_mode():
+            cos, sin = dec.cos_sin_of(torch.from_numpy(s["position_ids"]))
+        out.append({**{k: v for k, v in s.items() if k != "position_ids"},
+                    POSITION_COS: np.ascontiguousarray(cos.float().numpy()),
+                    POSITION_SIN: np.ascontiguousarray(sin.float().numpy())})
+    return out
+
+
 def part_samples(samples: list[dict[str, np.ndarray]], part, hidden: list[np.ndarray] | None,
                  first_inputs: tuple[str, ...] = ("input_ids",), lora: tuple[str, ...] = ()) -> list[dict[str, np.ndarray]]:
     """The inputs of one layer range: its own caches (none in a full-context sample), the hidden
     states entering it (the input mode's `first_inputs` for the first part) and its LoRA inputs `lora`."""
     out = []
     for j, s in enumerate(samples):
-        d = {k: s[k] for k in ("position_ids", ROPE_POSITION_IDS, "attention_mask") if k in s}
+        d = {k: s[k] for k in ("position_ids", ROPE_POSITION_IDS, POSITION_COS, POSITION_SIN, "attention_mask") if k in s}
         if part.is_first:
             d.update({k: s[k] for k in first_inputs})
         else:

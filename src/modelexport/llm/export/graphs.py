@@ -17,20 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ...core.cache import Cache
 from ...frontends import find_frontend
 from ...quant.precision import get_precision
 from ...toolchain.worker_pool import WorkerPool, raise_first_error
-from ..model.input_modes import InputMode, get_input_mode, no_token_id
+from ..model.input_modes import POSITION_COS, POSITION_SIN, ROPE_TABLE, InputMode, get_input_mode, no_token_id
 from ..model.lora import install_lora
 from ..model.parts import host_chunks
-from ..model.static_decoder import ONNX_RMS_NORM, DecoderSpec, build_static_decoder, decoder_config
+from ..model.static_decoder import ONNX_RMS_NORM, DecoderSpec, StaticDecoderConfig, build_static_decoder, decoder_config
 from ..run.text import TextTokens, dialog_start, tokenize
 from ..run.tokenizers import from_transformers
 from .weight_dtype import in_float32, part_modules, store_bf16
-from .calibrate import LlmCalibration, calibrate, part_samples, with_input_mode
+from .calibrate import LlmCalibration, calibrate, part_samples, with_input_mode, with_positions
 from .embedder import build_embedders
 from .memory import plan_parts
 from .onnx_export import DecoderPart, export_part
@@ -116,12 +117,23 @@ def load_model(job: QdqJob) -> LoadedModel:
     load_s = round(time.perf_counter() - t0, 2)
     tok = from_transformers(llm.tokenizer, chat_template=llm.chat_template, eos_ids=llm.eos_token_ids())
     tok.save(job.tmp / "tokenizer")
+    if plan.positions == "cos-sin":
+        save_rope_table(llm.model, plan.max_seq_len, job.tmp / ROPE_TABLE)
     mode = get_input_mode(plan.inputs)
     no_token = no_token_id(mode, llm.model.get_input_embeddings().weight.shape[0],
                            llm.model.get_output_embeddings().weight.shape[0], tok.vocab_size)
     ids = tokenize(tok, plan.text.text, plan.max_seq_len * (plan.n_samples + 2))
     branches = install_lora(llm.model, plan.lora.slots if plan.lora else None)
     return LoadedModel(llm, tok, mode, ids, no_token, held_bf16, load_s, branches)
+
+
+def save_rope_table(model, max_seq_len: int, path: Path) -> None:
+    """cos and sin [max_seq_len, rotary_dim/2] float32, as the graphs would gather them (attention scaling in),
+    for the runtimes that feed them; the decoder is built here first, which refuses a family one cos/sin
+    pair cannot feed (windows, several tables, M-RoPE) before any calibration."""
+    dec = build_static_decoder(model, StaticDecoderConfig(1, max_seq_len), positions="cos-sin")
+    cos, sin = dec.rope_table()
+    np.savez(path, cos=cos.float().numpy(), sin=sin.float().numpy())
 
 
 def lay_out(job: QdqJob, loaded: LoadedModel) -> GraphLayout:
@@ -202,12 +214,14 @@ class _HandOver:
         states carried from chunk to chunk as the next one's inputs."""
         n, c = shape
         dec = build_static_decoder(model, decoder_config(n, c), rms_norm=ONNX_RMS_NORM,
-                                   inputs=mode.name, residual_scale=self.residual_scale)
+                                   inputs=mode.name, residual_scale=self.residual_scale,
+                                   positions=self.job.plan.positions)
         slots = self.job.plan.lora.slots if self.job.plan.lora else None
         dec.lora_slots, dec.lora_branches = slots, self.lora
         with torch.inference_mode(), in_float32([dec.model.embed_tokens]):
             samples = with_input_mode(samples, mode, lambda x: dec.lookup(torch.from_numpy(x)).float().numpy(),
                                       dec.spec.hidden_size)
+        samples = with_positions(samples, dec)
         hidden = None
         lay = self.layout
         order = [(ch, name) for p in lay.parts for ch, name in zip(lay.chunks[p.index], lay.chunk_names[(n, c, p.index)])]
@@ -244,7 +258,8 @@ class _HandOver:
                 "quantize": {"float_path": str(fpath), "precision": plan.precision,
                              "overrides": list(self.weights.overrides), "samples": samples,
                              "source": str(plan.text.path), "block_size": plan.block_size,
-                             "tied_ranges": self.kv_ranges, "rounded_path": self.weights.graph_file}}
+                             "tied_ranges": {**self.kv_ranges, **rope_ranges(job.tmp / ROPE_TABLE)},
+                             "rounded_path": self.weights.graph_file}}
 
 
 def export_and_quantize(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, calibration: LlmCalibration,
@@ -289,7 +304,7 @@ def join_parts(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, quantized:
             entries = [Path(results[c]["entry"]) if results.get(c) else cache.get(PART_NAMESPACE, layout.keys[c])
                        for c in members]
             io = {"first_inputs": loaded.mode.decoder_inputs, "caches": n != c, "mrope": decoder.mrope,
-                  "lora": plan.lora.slots if plan.lora else None}
+                  "lora": plan.lora.slots if plan.lora else None, "cos_sin": plan.positions == "cos-sin"}
             quantization[name] = join_into(entries, members, layout.chunks[p.index], name, job.tmp / "qdq", io)
             if not cache.enabled:
                 for entry in entries:
@@ -309,12 +324,13 @@ def record(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, calibration: L
             "spec": {"n_layers": sd.n_layers, "n_heads": sd.n_heads, "n_kv_heads": sd.n_kv_heads, "head_dim": sd.head_dim,
                      "hidden_size": sd.hidden_size, "vocab_size": sd.vocab_size, "max_seq_len": plan.max_seq_len},
             "architecture": llm.architecture, "n_params": int(sum(p.numel() for p in llm.model.parameters())),
-            "rope_theta": float(theta), "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids),
+            "rope_theta": float(theta), "rope_parameters": dict(rope) if isinstance(rope, dict) else {},
+            "rope_dim": _rope_dim(job.tmp / ROPE_TABLE), "bos_id": tok.bos_id, "add_bos": bool(tok.add_bos), "eos_ids": list(tok.eos_ids),
             "context_length": getattr(llm.config, "max_position_embeddings", None),
             "quantization": joined.quantization,
             "calibration": {"text": str(plan.text.path), "sha256": plan.text.sha256, "tokens": len(loaded.ids),
                             "samples_per_variant": calibration.counts},
-            "inputs": loaded.mode.name, "embedder": embedder, "no_token_id": loaded.no_token_id,
+            "inputs": loaded.mode.name, "positions": plan.positions, "embedder": embedder, "no_token_id": loaded.no_token_id,
             "residual_scale": calibration.residual_scale, "resumed_graphs": sorted(layout.done),
             "lora": _lora_record(plan.lora),
             "weights_held_as": "bfloat16" if loaded.held_bf16 else "float32",
@@ -322,6 +338,24 @@ def record(job: QdqJob, loaded: LoadedModel, layout: GraphLayout, calibration: L
             "timings": {"load_s": loaded.load_s, "calibration_s": calibration.seconds,
                         "export_s": round(quantized.export_s, 2), "quantize_s": round(quantized.quantize_s, 2),
                         **weights.timings}}
+
+
+def rope_ranges(table: Path) -> dict[str, list[float]]:
+    """`--positions cos-sin`: one range for the cos and sin inputs of every graph (Genie refuses a tensor
+    whose encoding differs between the graphs sharing it), the table's whole span; {} without a table."""
+    if not table.exists():
+        return {}
+    with np.load(table) as t:
+        peak = float(max(np.abs(t["cos"]).max(), np.abs(t["sin"]).max()))
+    return {POSITION_COS: [-peak, peak], POSITION_SIN: [-peak, peak]}
+
+
+def _rope_dim(table: Path) -> int | None:
+    """The width of a `--positions cos-sin` decoder's cos and sin inputs (rotary_dim / 2); None without one."""
+    if not table.exists():
+        return None
+    with np.load(table) as t:
+        return int(t["cos"].shape[1])
 
 
 def _lora_record(lora) -> dict | None:

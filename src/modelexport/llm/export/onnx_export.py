@@ -27,7 +27,7 @@ from torch import nn
 from ...quant.chunk_join import set_external
 from ..model.input_modes import INPUT_IDS, INPUTS_EMBEDS
 from ..model.lora import set_lora
-from ..model.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_name
+from ..model.static_decoder import StaticDecoder, new_key, new_value, past_key, past_value, position_input_names
 from ..model.parts import PartRange, split_layers  # noqa: F401  (split_layers: re-exported)
 from .lora_source import LoraSlots
 from .weight_dtype import in_float32, part_modules
@@ -40,14 +40,15 @@ QUANT_OPSET = 21
 
 
 def part_input_names(part, first_inputs: tuple[str, ...] = (INPUT_IDS,), caches: bool = True,
-                     mrope: bool = False, lora: LoraSlots | None = None) -> list[str]:
+                     mrope: bool = False, lora: LoraSlots | None = None, cos_sin: bool = False) -> list[str]:
     """`first_inputs`: the input mode's (llm/model/input_modes.py), taken by the first part; `caches` False:
     the full-context graph, which has no KV inputs; `mrope`: positions are rope_position_ids (llm/model/mrope.py);
-    `lora`: the LoRA slots (llm/export/lora_source.py), whose A and B of the part's layers come last."""
+    `cos_sin`: positions are RoPE's cos and sin (`--positions cos-sin`); `lora`: the LoRA slots
+    (llm/export/lora_source.py), whose A and B of the part's layers come last."""
     first = list(first_inputs) if part.is_first else ["hidden_states"]
     L = part.layers() if caches else range(0)
     adapters = lora.input_names(part.layers()) if lora else []
-    return [*first, position_input_name(mrope), "attention_mask"] + [past_key(i) for i in L] + \
+    return [*first, *position_input_names(mrope, cos_sin), "attention_mask"] + [past_key(i) for i in L] + \
         [past_value(i) for i in L] + adapters
 
 
@@ -60,7 +61,7 @@ def part_output_names(part, caches: bool = True) -> list[str]:
 def decoder_io(decoder: StaticDecoder) -> dict:
     """The keyword arguments of part_input_names for this decoder's graphs."""
     return {"first_inputs": decoder.input_mode.decoder_inputs, "caches": not decoder.cfg.full, "mrope": decoder.mrope,
-            "lora": getattr(decoder, "lora_slots", None)}
+            "lora": getattr(decoder, "lora_slots", None), "cos_sin": decoder.cos_sin}
 
 
 class DecoderPart(nn.Module):
@@ -92,15 +93,14 @@ class DecoderPart(nn.Module):
 
     def _layers(self, *inputs):
         d, part = self.decoder, self.part
-        first, (position_ids, attention_mask), caches = inputs[:self.n_first], inputs[self.n_first:self.n_first + 2], \
-            inputs[self.n_first + 2:]
+        first, (positions, attention_mask, caches) = inputs[:self.n_first], d.split_positions(inputs[self.n_first:])
         n = len(part.layers())
         k_caches, v_caches = (caches[:n], caches[n:]) if caches else ((None,) * n,) * 2
-        cos, sin = d.model.rotary_emb(position_ids)
+        rope, window_bias = d.position_inputs(positions)
         x = d.embed(*first) if part.is_first else first[0]
         new_k, new_v = [], []
         for j, i in enumerate(part.layers()):
-            x, k, v = d.model.layers[i](x, cos, sin, attention_mask, k_caches[j], v_caches[j])
+            x, k, v = d.model.layers[i](x, rope, window_bias, attention_mask, k_caches[j], v_caches[j])
             new_k.append(k)
             new_v.append(v)
         if part.is_last:
@@ -125,12 +125,12 @@ class DecoderPart(nn.Module):
         first = full[:n_first]
         if not self.part.is_first:
             first = (torch.zeros((1, d.cfg.n_tokens, d.spec.hidden_size)),)
-        caches = full[n_first + 2:]
+        positions, mask, caches = d.split_positions(full[n_first:])
         if not caches:
-            return (*first, *full[n_first:n_first + 2])
+            return (*first, *positions, mask)
         ks, vs = caches[:n_layers], caches[n_layers:]
         L = self.part.layers()
-        return (*first, *full[n_first:n_first + 2], *[ks[i] for i in L], *[vs[i] for i in L])
+        return (*first, *positions, mask, *[ks[i] for i in L], *[vs[i] for i in L])
 
 
 def export_part(decoder: StaticDecoder, part: PartRange, out_path: Path) -> Path:

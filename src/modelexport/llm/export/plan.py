@@ -22,7 +22,7 @@ from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_DEFAULT_PRECISION, LLM_OF
 from ...quant.precision import Precision, check_block_size, get_precision
 from ...quant.weight_rounding import default_rounding, get_rounding
 from ...toolchain.htp_options import check_knobs
-from ..model.input_modes import get_input_mode
+from ..model.input_modes import POSITIONS, get_input_mode
 from ..run.text import TextSource, read_text
 from .embedder import get_embedder_precision
 from .lora_source import LoraPlan, plan_lora
@@ -117,6 +117,7 @@ class LlmPlan:
     embedder_precision: str | None
     lora: LoraPlan | None = None       # --lora: the adapters and the graphs' LoRA inputs (lora_source.py)
     context_lengths: tuple[int, ...] = ()   # --context-lengths, ascending, the last = max_seq_len (): max_seq_len only
+    positions: str = "ids"             # --positions: position_ids, or RoPE's cos and sin (llm/model/graph_io.py)
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -252,11 +253,25 @@ def resolve_plan(spec: Any, opts: Any, max_seq_len_of: Callable[[Any], int]) -> 
     limit_mb = float(opts.context_limit_mb or DEFAULT_CONTEXT_LIMIT_MB)
     at_least("--host-chunk-mb", opts.host_chunk_mb, 0.001, "128")
     lora = _check_lora(opts, facts)
+    positions = _check_positions(opts, facts)
     return LlmPlan(p.requested, p.requested_precision, p.precision, p.block_size, tuple(variants), max_seq_len,
                    tuple(socs), tuple(overrides), facts, text, int(opts.calibration_samples or DEFAULT_CALIBRATION_SAMPLES),
                    limit_mb, float(opts.host_chunk_mb or host_chunk_mb(limit_mb)),
                    opts.jobs or min(2, os.cpu_count() or 1), bool(opts.jobs), quality, inputs, embedder_precision, lora,
-                   lengths)
+                   lengths, positions)
+
+
+def _check_positions(opts: Any, facts: SourceFacts) -> str:
+    """--positions ids | cos-sin. A family whose layers read different RoPE tables is refused here, before any
+    weight loads; windows and M-RoPE set in a config are refused when the decoder is built (check_cos_sin)."""
+    given = (getattr(opts, "positions", None) or "ids").strip().lower()
+    if given not in POSITIONS:
+        raise InputError(f"--positions {opts.positions!r} is not a way of taking positions",
+                         f"choose one of: {', '.join(POSITIONS)} (default ids)")
+    if given == "cos-sin" and facts.format == "hf" and family_of(facts.architecture, str(facts.path)).rope_per_layer_type:
+        raise UnsupportedError(f"--positions cos-sin: {facts.architecture} layers read different RoPE tables, which one "
+                               "cos/sin input pair cannot feed", "leave --positions out (the graphs then take position_ids)")
+    return given
 
 
 def _check_lora(opts: Any, facts: SourceFacts) -> LoraPlan | None:

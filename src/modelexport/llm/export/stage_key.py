@@ -43,6 +43,8 @@ def qdq_keys(plan: LlmPlan, image_calibration: str | None) -> QdqKeys:
         mode_key += [IMAGE_ROWS_VERSION, sha256_file(Path(image_calibration))]
     if plan.lora:           # LoRA inputs in the graphs, calibrated with these adapters
         mode_key += [LORA_VERSION, [a.sha256 for a in plan.lora.adapters], plan.lora.slots.to_dict()]
+    if plan.positions != "ids":   # other graph inputs, other samples
+        mode_key += ["positions", plan.positions]
     if plan.context_lengths:   # more graphs, and the caches' tied ranges widened over every length's walk
         mode_key += ["context-lengths", list(plan.context_lengths)]
     chunks = cache_key(QDQ_NAMESPACE, EXPORT_VERSION, plan.facts.sha256, plan.variants, plan.max_seq_len, plan.requested,

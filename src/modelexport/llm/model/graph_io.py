@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.errors import InputError
-from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, InputMode
+from .input_modes import DEFAULT_INPUT_MODE, INPUT_IDS, INPUT_MODES, INPUTS_EMBEDS, POSITION_COS, POSITION_SIN, InputMode
 from .mrope import ROPE_POSITION_IDS, RopePositions
 
 DEFAULT_MASK_VALUE = -255.0
@@ -105,17 +105,20 @@ def new_value(i: int) -> str:
     return f"past_value_{i}_out"
 
 
-def position_input_name(mrope: bool = False) -> str:
-    """The positions input: position_ids int32 [1, N], or M-RoPE's rope_position_ids int32 [3, 1, N]
-    (llm/model/mrope.py). An M-RoPE graph reads no 1-axis position: the mask is an input and M-RoPE comes
-    without window layers (llm_families.check_config), so the cache slot never enters the graph."""
-    return ROPE_POSITION_IDS if mrope else "position_ids"
+def position_input_names(mrope: bool = False, cos_sin: bool = False) -> tuple[str, ...]:
+    """The positions inputs: position_ids int32 [1, N], M-RoPE's rope_position_ids int32 [3, 1, N]
+    (llm/model/mrope.py), or RoPE's cos and sin (`cos_sin`). An M-RoPE or cos/sin graph reads no 1-axis
+    position: the mask is an input and neither comes with window layers (llm_families.check_config,
+    StaticDecoder), so the cache slot never enters the graph."""
+    if cos_sin:
+        return (POSITION_COS, POSITION_SIN)
+    return (ROPE_POSITION_IDS,) if mrope else ("position_ids",)
 
 
 def input_names(n_layers: int, mode: InputMode = INPUT_MODES[DEFAULT_INPUT_MODE], *, caches: bool = True,
-                mrope: bool = False) -> list[str]:
+                mrope: bool = False, cos_sin: bool = False) -> list[str]:
     kv = [past_key(i) for i in range(n_layers)] + [past_value(i) for i in range(n_layers)] if caches else []
-    return [*mode.decoder_inputs, position_input_name(mrope), "attention_mask", *kv]
+    return [*mode.decoder_inputs, *position_input_names(mrope, cos_sin), "attention_mask", *kv]
 
 
 def output_names(n_layers: int, *, caches: bool = True) -> list[str]:

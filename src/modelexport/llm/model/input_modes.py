@@ -21,6 +21,11 @@ from ...core.errors import InputError
 
 INPUT_IDS = "input_ids"
 INPUTS_EMBEDS = "inputs_embeds"   # transformers' name for the same thing
+# `--positions cos-sin`: RoPE's cos and sin of each token [1, 1, N, rotary_dim/2] as inputs, under the names
+# AI Hub's and GenieX's graphs use (GenieX feeds only these); the graph then reads no position id
+POSITION_COS, POSITION_SIN = "position_ids_cos", "position_ids_sin"
+POSITIONS = ("ids", "cos-sin")
+ROPE_TABLE = "rope_table.npz"   # cos and sin [max_seq_len, rotary_dim/2] by position, for the runtimes that feed them
 
 
 @dataclass(frozen=True)

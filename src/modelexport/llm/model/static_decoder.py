@@ -107,7 +107,7 @@ from .graph_io import (
     output_names,
     past_key,
     past_value,
-    position_input_name,
+    position_input_names,
 )
 from .rope import MRopeTables, RotaryTables, apply_rope, rope_frequencies
 
@@ -118,7 +118,7 @@ __all__ = ["ACTIVATION_FNS", "DEFAULT_MASK_VALUE", "EMBED_INPUTS", "ONNX_RMS_NOR
            "StaticBackbone", "StaticDecoder", "StaticDecoderConfig", "StaticDecoderLayer", "StaticMLP",
            "TokenEmbedding", "WindowBias", "apply_rope", "build_static_decoder", "decoder_config", "example_inputs",
            "first_inputs", "input_names", "make_attention_mask", "make_position_ids", "new_key", "new_value",
-           "output_names", "past_key", "past_value", "position_input_name", "repeat_kv", "soft_cap",
+           "output_names", "past_key", "past_value", "position_input_names", "repeat_kv", "soft_cap",
            "split_rows"]
 
 SUPPORTED_MODEL_TYPES = tuple(f.model_type for f in FAMILIES if f.npu)
@@ -191,7 +191,7 @@ class StaticDecoder(nn.Module):
     """See the module docstring for inputs, outputs and layout. Build with `build_static_decoder`."""
 
     def __init__(self, hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
-                 inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0):
+                 inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0, positions: str = "ids"):
         super().__init__()
         if rms_norm not in RMS_NORM_FORMS:
             raise InputError(f"unknown rms_norm form {rms_norm!r}", f"use one of {', '.join(RMS_NORM_FORMS)}")
@@ -212,6 +212,9 @@ class StaticDecoder(nn.Module):
         self.model = StaticBackbone(hf_model.model, family, hf_cfg, self.spec, cfg, rms_norm, self.residual_scale)
         self.mrope = mrope_sections(family, hf_cfg) is not None   # takes rope_position_ids [3, 1, N] for positions
         self.rope_positions = RopePositions.text()   # what `graph_inputs` gives runner calls (llm/model/mrope.py)
+        self.cos_sin = positions == "cos-sin"         # takes RoPE's cos and sin instead of position_ids
+        if self.cos_sin:
+            check_cos_sin(self.model.rotary_emb, self.mrope, hf_cfg.model_type)
         cap = getattr(hf_cfg, family.final_softcap_field, None) if family.final_softcap_field else None
         # tied lm_heads stay tied: HF's own module, or its weight under the same name
         self.lm_head = hf_model.lm_head if cap is None else SoftCappedHead(hf_model.lm_head, cap)
@@ -220,12 +223,12 @@ class StaticDecoder(nn.Module):
         """(*the mode's first inputs, position_ids (M-RoPE: rope_position_ids), attention_mask, *keys, *values) →
         (logits, *new keys, *new values); the full-context graph takes and returns no caches."""
         n_first, n_layers = len(self.input_mode.decoder_inputs), self.spec.n_layers
-        first, (position_ids, attention_mask), caches = inputs[:n_first], inputs[n_first:n_first + 2], inputs[n_first + 2:]
+        first, (positions, attention_mask, caches) = inputs[:n_first], self.split_positions(inputs[n_first:])
         n_caches = 0 if self.cfg.full else 2 * n_layers
         if len(caches) != n_caches:
             raise ValueError(f"expected {n_caches} cache tensors (all keys, then all values), got {len(caches)}")
         k_caches, v_caches = (caches[:n_layers], caches[n_layers:]) if caches else ((None,) * n_layers,) * 2
-        rope, window_bias = self.model.rotary_emb(position_ids)
+        rope, window_bias = self.position_inputs(positions)
         x = self.embed(*first)
         new_k, new_v = [], []
         for layer, k_cache, v_cache in zip(self.model.layers, k_caches, v_caches):
@@ -243,20 +246,50 @@ class StaticDecoder(nn.Module):
         """Token ids → the embeddings entering layer 0 (the family's scale applied): the embedder part."""
         return self.model.embed_tokens(ids)
 
+    @property
+    def n_positions(self) -> int:
+        """How many position inputs the graph takes (cos and sin: 2)."""
+        return 2 if self.cos_sin else 1
+
+    def split_positions(self, rest) -> tuple[tuple, torch.Tensor, tuple]:
+        """The graph inputs after the first ones → (position inputs, attention_mask, caches)."""
+        k = self.n_positions
+        return tuple(rest[:k]), rest[k], tuple(rest[k + 1:])
+
+    def position_inputs(self, positions: tuple) -> tuple[tuple, dict]:
+        """The graph's position inputs → (RoPE tables by slot, window biases): gathered from position_ids,
+        or the cos and sin given (one slot, no window: check_cos_sin)."""
+        if self.cos_sin:
+            return (tuple(positions),), {}
+        return self.model.rotary_emb(positions[0])
+
+    def cos_sin_of(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin [1, 1, N, rotary_dim/2] of `position_ids` [1, N]: the rows the graph gathers itself."""
+        return self.model.rotary_emb.tables[0](position_ids.long())
+
+    def rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [max_seq_len, rotary_dim/2]: what a runtime feeding `--positions cos-sin` graphs gathers."""
+        table = self.model.rotary_emb.tables[0]
+        return table.cos, table.sin
+
     def example_inputs(self, past_len: int = 0) -> tuple[torch.Tensor, ...]:
-        return example_inputs(self.cfg, self.spec, past_len=past_len, mode=self.input_mode, mrope=self.mrope)
+        return self.graph_inputs(example_inputs(self.cfg, self.spec, past_len=past_len, mode=self.input_mode))
 
     def graph_inputs(self, inputs) -> tuple[torch.Tensor, ...]:
         """A runner's call (*first inputs, position_ids, attention_mask, *caches: static_runner) as this
-        graph's inputs: an M-RoPE decoder takes `rope_positions` of those slots instead of position_ids."""
+        graph's inputs: an M-RoPE decoder takes `rope_positions` of those slots instead of position_ids, a
+        cos/sin decoder RoPE's cos and sin of them."""
+        n_first = len(self.input_mode.decoder_inputs)
+        if self.cos_sin:
+            return (*inputs[:n_first], *self.cos_sin_of(inputs[n_first]), *inputs[n_first + 1:])
         if not self.mrope:
             return tuple(inputs)
-        n_first = len(self.input_mode.decoder_inputs)
         rope = torch.from_numpy(self.rope_positions(inputs[n_first]))
         return (*inputs[:n_first], rope, *inputs[n_first + 1:])
 
     def input_names(self) -> list[str]:
-        return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full, mrope=self.mrope)
+        return input_names(self.spec.n_layers, self.input_mode, caches=not self.cfg.full, mrope=self.mrope,
+                           cos_sin=self.cos_sin)
 
     def output_names(self) -> list[str]:
         return output_names(self.spec.n_layers, caches=not self.cfg.full)
@@ -270,7 +303,8 @@ def decoder_config(n_tokens: int, max_seq_len: int) -> StaticDecoderConfig:
 
 
 def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_norm: str = "aten",
-                         inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0) -> StaticDecoder:
+                         inputs: str = DEFAULT_INPUT_MODE, residual_scale: float = 1.0,
+                         positions: str = "ids") -> StaticDecoder:
     """A `StaticDecoder` sharing `hf_model`'s weights (no copy), in eval mode; `inputs` is its input
     mode (llm/model/input_modes.py: tokens, embeddings, both); the residual stream is carried at
     1/`residual_scale` (ResidualScale; llm/model/residual_scale.py picks it from text).
@@ -278,7 +312,18 @@ def build_static_decoder(hf_model: nn.Module, cfg: StaticDecoderConfig, *, rms_n
     Two decoders built from the same HF model (e.g. AR-1 and AR-32) share every parameter,
     which is what a weight-sharing export of both graphs wants.
     """
-    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm, inputs=inputs, residual_scale=residual_scale).eval()
+    return StaticDecoder(hf_model, cfg, rms_norm=rms_norm, inputs=inputs, residual_scale=residual_scale,
+                         positions=positions).eval()
+
+
+def check_cos_sin(position_inputs: PositionInputs, mrope: bool, model_type: str) -> None:
+    """`--positions cos-sin` feeds one cos/sin pair to every layer: refused for a family with several RoPE
+    tables (Gemma 3's local and global), sliding windows (their bias is computed from position_ids) or M-RoPE."""
+    why = ("M-RoPE positions" if mrope else "several RoPE tables" if len(position_inputs.tables) != 1
+           else "sliding-window layers" if len(position_inputs.windows) else None)
+    if why:
+        raise UnsupportedError(f"--positions cos-sin: {model_type} has {why}, which one cos/sin input pair cannot feed",
+                               "leave --positions out (the graphs then take position_ids)")
 
 
 def _check_supported(hf_cfg, cfg: StaticDecoderConfig) -> LLMFamily:
