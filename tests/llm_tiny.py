@@ -6,6 +6,7 @@ The tokenizer is a real `tokenizers` byte-level BPE with 256 byte tokens, `<s>`=
 models have)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -25,6 +26,18 @@ TINY_CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_
 CALIBRATION_TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 + "Markets rose on Tuesday as investors weighed "
                     "the outlook for interest rates and the health of the economy, while officials said talks would "
                     "resume. ") * 40
+
+
+@contextlib.contextmanager
+def tiny_llm_work(tmp_path_factory, name: str):
+    """A module's work folder holding `tiny_hf` (seed 1, untied: a model whose greedy text varies) and
+    `calib.txt`, with MODELEXPORT_CACHE_DIR in the session's temp folder while the module runs."""
+    import pytest
+    root = tmp_path_factory.mktemp(name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
+        write_tiny_llm_folder(root, seed=1, tie_word_embeddings=False)
+        yield root
 
 
 def write_tiny_llm_folder(root, n_layers: int = 2, **kw):

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import assert_clean_error  # noqa: E402
-from llm_tiny import tiny_llama, tiny_tokenizer, write_tiny_llm_folder  # noqa: E402
+from llm_tiny import tiny_llama, tiny_llm_work, tiny_tokenizer  # noqa: E402
 from llm_tiny_families import save_tiny_family_folder  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,10 +26,7 @@ TEXT = "Markets rose on Tuesday as investors weighed the outlook. " * 3
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llm_positions")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MODELEXPORT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "modelexport-cache"))
-        write_tiny_llm_folder(root, seed=1, tie_word_embeddings=False)   # untied: its greedy text varies
+    with tiny_llm_work(tmp_path_factory, "llm_positions") as root:
         yield root
 
 
