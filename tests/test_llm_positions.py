@@ -155,11 +155,14 @@ def test_the_geniex_folder_holds_the_graphs_under_the_names_geniex_matches(bundl
     ("unknown", ["--positions", "angles"], "is not a way of taking positions"),
     ("runner", ["--positions", "cos-sin", "--executorch-program"], "qnn_llama_runner feeds position ids"),
     ("gemma3", ["--positions", "cos-sin"], "read different RoPE tables"),
+    ("gemma3-gguf", ["--positions", "cos-sin"], "read different RoPE tables"),
     ("geniex-ids", ["--geniex"], "add --positions cos-sin"),
     ("geniex-3-sizes", ["--positions", "cos-sin", "--geniex", "--variants", "ar1,ar4,ar8"], "exactly two graph sizes"),
 ])
-def test_what_one_cos_sin_pair_cannot_feed_is_refused_before_loading(work, cli_here, case, flags, needle):
+def test_what_one_cos_sin_pair_cannot_feed_is_refused_before_loading(work, cli_here, request, case, flags, needle):
     folder = work / "tiny_hf"
+    if case == "gemma3-gguf":
+        folder = request.getfixturevalue("gemma3_gguf")     # the real Gemma 3 270M file: refused from its header
     if case == "gemma3":
         folder = work / "gemma3_text"
         if not folder.exists():

@@ -268,7 +268,7 @@ def _check_positions(opts: Any, facts: SourceFacts) -> str:
     if given not in POSITIONS:
         raise InputError(f"--positions {opts.positions!r} is not a way of taking positions",
                          f"choose one of: {', '.join(POSITIONS)} (default ids)")
-    if given == "cos-sin" and facts.format == "hf" and family_of(facts.architecture, str(facts.path)).rope_per_layer_type:
+    if given == "cos-sin" and facts.family is not None and facts.family.rope_per_layer_type:
         raise UnsupportedError(f"--positions cos-sin: {facts.architecture} layers read different RoPE tables, which one "
                                "cos/sin input pair cannot feed", "leave --positions out (the graphs then take position_ids)")
     return given
@@ -282,7 +282,7 @@ def _check_lora(opts: Any, facts: SourceFacts) -> LoraPlan | None:
     if facts.format != "hf":
         raise UnsupportedError("--lora takes PEFT adapters for a Hugging Face model folder; this base is a GGUF file",
                                "compile the base model's Hugging Face folder with --lora")
-    family = family_of(facts.architecture, str(facts.path))
+    family = facts.family or family_of(facts.architecture, str(facts.path))
     return plan_lora(folders, facts.shape, family.fused_qkv or family.fused_gate_up)
 
 

@@ -11,7 +11,8 @@ from ...core.errors import InputError
 from ...core.file_hash import file_sha256
 from ...frontends.gguf_file import check_gguf_header, check_gguf_tensors, check_rope_scaling, read_gguf_info
 from ...frontends.hf_folder import check_hf_files, read_hf_config
-from ...frontends.llm_families import check_model_context, check_static_context, family_of, family_of_gguf
+from ...frontends.llm_families import (LLMFamily, check_model_context, check_static_context, family_of,
+                                       family_of_gguf)
 from ...frontends.source_hash import source_sha256
 
 
@@ -24,6 +25,7 @@ class SourceFacts:
     sha256: str
     shape: dict = field(default_factory=dict)   # config.json / GGUF metadata: what the plan and estimate need
     weights_dtype: str = "float32"             # how the source stores its weights (bf16 stays bf16 in memory)
+    family: LLMFamily | None = None            # its row in the family table, read from the header or config.json
 
 
 # HF config fields the plan reads (memory.py), and their GGUF metadata names (GgufInfo)
@@ -68,15 +70,16 @@ def check_source(path: str | Path, max_seq_len: int, flag: str = "--max-seq-len"
         sha = file_sha256(p)
         arch, ctx, shape, family, rope_scaling = _gguf_facts(p, sha)
         check_rope_scaling(str(p), None, rope_scaling, family, max_seq_len)   # longrope past its original context
-        facts = SourceFacts(p, "gguf", arch, ctx, sha, shape)
+        facts = SourceFacts(p, "gguf", arch, ctx, sha, shape, family=family)
     else:
         hf_cfg = read_hf_config(p)       # config.json there, valid, in the family table: before any weight is read
         cfg = json.loads((p / "config.json").read_text())
-        check_static_context(family_of(hf_cfg.model_type, str(p)), hf_cfg, max_seq_len)
+        family = family_of(hf_cfg.model_type, str(p))
+        check_static_context(family, hf_cfg, max_seq_len)
         check_hf_files(p)                # every shard there and whole, a tokenizer: before hashing the weights
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
         facts = SourceFacts(p, "hf", hf_cfg.model_type, cfg.get("max_position_embeddings"), source_sha256(p),
-                            _hf_shape(cfg), dtype)
+                            _hf_shape(cfg), dtype, family)
     check_model_context(max_seq_len, facts.context_length, flag)
     return facts
 
