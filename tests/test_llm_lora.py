@@ -166,6 +166,23 @@ def test_genie_applies_the_adapters_and_gives_our_loops_tokens(bundle, work):
     assert len({tuple(t) for t in tokens.values()}) >= 3     # the adapters change what is generated
 
 
+def test_cos_sin_graphs_take_adapters_on_our_loop_and_genie(work):
+    """--positions cos-sin with --lora: RoPE's rows and the adapters' A and B are both graph inputs. The
+    simulator against PEFT's own model, and Genie (computing the rows itself) gives our loop's tokens."""
+    import modelexport
+    import modelexport.llm as llm
+    from modelexport.core.numerics import sqnr_db
+    b = modelexport.compile(str(work / "tiny_hf"), output=work / "cos_sin", target="SM8650", precision="16a8w",
+                            variants="ar1,ar4", max_seq_len=SEQ, calibration=str(work / "calib.txt"),
+                            calibration_samples=4, lora=[str(work / "style")], positions="cos-sin")
+    assert b.manifest.llm.positions == "cos-sin" and b.manifest.llm.genie["SM8650"].dialog_created
+    assert sqnr_db(_float_logits(work, "style"), _sim_logits(b, "style")) > 18
+    for adapter in (None, "style"):
+        got = {backend: llm.load(b.path, backend=backend, lora=adapter).generate(
+            "The quick brown fox", max_new_tokens=8).token_ids for backend in ("htp-sim", "genie")}
+        assert got["genie"] == got["htp-sim"], (adapter, got)
+
+
 def test_lora_scale_follows_peft_scaling(bundle, work):
     from modelexport.core.numerics import sqnr_db
     half = _sim_logits(bundle, "style", 0.5)
