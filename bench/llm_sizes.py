@@ -4,6 +4,7 @@ tree, disk of the bundle and the cache, and the up-front estimate beside what wa
     python bench/llm_sizes.py --shape llama-1b            # Llama-3.2-1B-shaped, random bf16 weights
     python bench/llm_sizes.py --shape llama-3b [--estimate-only]
     python bench/llm_sizes.py --shape qwen2.5-1.5b        # Qwen2.5-1.5B-shaped (q/k/v biases, 2 KV heads)
+    python bench/llm_sizes.py --shape qwen3-0.6b          # Qwen3-0.6B-shaped (q/k norms, head_dim 128, tied)
     python bench/llm_sizes.py --shape smollm2             # the real SmolLM2-135M GGUF
     python bench/llm_sizes.py --shape gemma3-270m         # the real Gemma 3 270M GGUF (Q4_K_M)
 
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent
 RESULT = ROOT / "results" / "llm_sizes.json"
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
-# the real configs (meta-llama/Llama-3.2-1B and -3B, Qwen/Qwen2.5-1.5B), vocab cut to SmolLM2's tokenizer
+# the real configs (meta-llama/Llama-3.2-1B and -3B, Qwen/Qwen2.5-1.5B, Qwen/Qwen3-0.6B), vocab cut to SmolLM2's tokenizer
 SHAPES = {
     "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                  "head_dim": 64, "intermediate_size": 8192},
@@ -39,6 +40,8 @@ SHAPES = {
                  "head_dim": 128, "intermediate_size": 8192},
     "qwen2.5-1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
                      "intermediate_size": 8960},
+    "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+                   "head_dim": 128, "intermediate_size": 3072, "tie_word_embeddings": True},
     # meta-llama/Llama-3.1-8B as it is: its own vocabulary (128,256 rows; SmolLM2's tokenizer uses the first
     # 49,152) and an untied lm_head
     "llama-8b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -52,11 +55,13 @@ FAMILY = {
                                                      "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
     "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
                                                          "max_position_embeddings": 32768}),
+    "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                                                       "max_position_embeddings": 40960}),
     "llama-8b": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,
                                                      "rms_norm_eps": 1e-5, "max_position_embeddings": 131072}),
 }
 GOALS = {"llama-1b": {"wall_s": 15 * 60, "peak_rss_gb": 6}, "llama-3b": {"wall_s": 45 * 60, "peak_rss_gb": 12},
-         "llama-8b": {"wall_s": 2 * 3600, "peak_rss_gb": 20}, "qwen2.5-1.5b": {}, "smollm2": {"wall_s": 120},
+         "llama-8b": {"wall_s": 2 * 3600, "peak_rss_gb": 20}, "qwen2.5-1.5b": {}, "qwen3-0.6b": {}, "smollm2": {"wall_s": 120},
          "gemma3-270m": {}}
 # the real models the assets ship, by shape name
 GGUFS = {"smollm2": ("smollm2_gguf", "SmolLM2-135M-Instruct Q4_1 GGUF"), "gemma3-270m": ("gemma3_270m_gguf", "Gemma 3 270M Q4_K_M GGUF")}
