@@ -60,6 +60,9 @@ def test_the_runners_loop_gives_the_bundles_tokens(bundle):
     from modelexport.backends.llm_qnn.executorch_runner import RunnerLoop, _reference
     e = bundle.manifest.llm.executorch["SM8650"]
     assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100, e.check
+    # compile's check replays the numerics check's calls (ar4 then ar1): every row's argmax is compared
+    assert e.check["scope"].startswith("the compile check's calls again") and e.check["steps"] == 2
+    assert len(e.check["tokens"]) == 5 and bundle.manifest.numerics["calls"] == ["ar4_cl64", "ar1_cl64"]
     ids = tiny_tokenizer().encode("Markets rose on Tuesday as investors weighed")[:20]   # another prompt
     ours = RunnerLoop(bundle.file(e.host_twin)).generate(ids, 6)
     ref = _reference(bundle, "SM8650", ids, 6)
@@ -149,8 +152,17 @@ def test_a_large_model_is_checked_with_one_decode_step(work, monkeypatch):
     from modelexport.backends.llm_qnn import executorch_runner
     monkeypatch.setattr(executorch_runner, "FULL_CHECK_MAX_PARAMS", 0)
     e = _compile(work, "large").manifest.llm.executorch["SM8650"]
-    assert e.check["scope"].startswith("one kv_forward step") and e.check["steps"] == 1
-    assert e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100
+    assert e.check["scope"].startswith("kv_forward on the 1 token(s) after the compile check's prefill call")
+    assert e.check["steps"] == 1 and e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100
+
+
+def test_without_the_numerics_checks_run_the_program_is_checked_against_its_own_loop(bundle):
+    """No replay (the compile's check did not run): the runner's greedy loop against the bundle's."""
+    from modelexport.backends.llm_qnn.executorch_runner import CHECK_NEW_TOKENS, RunnerCheck
+    e = bundle.manifest.llm.executorch["SM8650"]
+    check = RunnerCheck.run(bundle, bundle.file(e.host_twin), "SM8650", tiny_tokenizer(), [], None)
+    assert check.scope.startswith("hybrid mode") and len(check.tokens) == CHECK_NEW_TOKENS
+    assert check.tokens == check.reference_tokens and check.worst_sqnr_db > 100
 
 
 def test_format_pte_is_the_bundle_with_the_runners_program(work):

@@ -157,9 +157,11 @@ def _decoder_spec(llm):
     return DecoderSpec(s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden_size, s.vocab_size, llm.max_seq_len)
 
 
-def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path) -> ExecutorchRunnerProgram:
+def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
+                   replay=None) -> ExecutorchRunnerProgram:
     """`<target>/executorch/<name>.pte` (weight-shared, the phone's) and its host twin, checked.
-    `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write."""
+    `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write;
+    `replay`: the compile check's run on the target's twins (self_check.WindowRun), replayed by the check."""
     from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
     t0 = time.perf_counter()
     _check_masks(bundle.manifest, target)
@@ -177,7 +179,7 @@ def write_programs(bundle, target: str, place: Callable[[str, Role], Path], toke
     version = runner_version(bundle.manifest.llm.architecture, tok)
     eos = runner_eos(version, tok)
     with _quiet("running the ExecuTorch program's host twin"):
-        check = RunnerCheck.run(bundle, paths[twin_rel], target, tok, eos)
+        check = RunnerCheck.run(bundle, paths[twin_rel], target, tok, eos, replay)
     return ExecutorchRunnerProgram(
         file=rel, host_twin=twin_rel, methods=sorted(program_methods(paths[twin_rel])), metadata=consts,
         bytes=sizes[rel], host_twin_bytes=sizes[twin_rel], binaries_stored=len(binaries),
@@ -256,20 +258,48 @@ class RunnerCheck:
                        "same graphs (ONNX Runtime)"}
 
     @classmethod
-    def run(cls, bundle, twin_pte: Path, target: str, tokenizer, eos: list[int]) -> RunnerCheck:
+    def run(cls, bundle, twin_pte: Path, target: str, tokenizer, eos: list[int], replay=None) -> RunnerCheck:
+        """The twin program driven as the runner drives it. `replay`: the compile check's WindowRun on the
+        same twins (self_check.py): its calls again, compared with its logits, no second ONNX Runtime run."""
         t0 = time.perf_counter()
-        ids = tokenizer.encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
+        loop = RunnerLoop(twin_pte)
         full = (bundle.manifest.parameters or 0) <= FULL_CHECK_MAX_PARAMS
+        if replay is not None and loop.can_replay(replay):
+            return cls._replayed(bundle, loop, replay, target, full, t0)
+        ids = tokenizer.encode(CHECK_PROMPT)[:bundle.manifest.llm.max_seq_len // 2]
         ids, n_new = (ids, CHECK_NEW_TOKENS) if full else (ids[:1], 1)
         scope = (f"hybrid mode: prefill_forward over {len(ids)} prompt tokens, kv_forward per new token" if full else
                  f"one kv_forward step (above {FULL_CHECK_MAX_PARAMS // 10**6} M parameters the simulator takes "
                  "minutes per call; bench/llm_runner_check.py runs a whole dialog)")
-        ours = RunnerLoop(twin_pte).generate(ids, n_new, eos, prefill=full)
+        ours = loop.generate(ids, n_new, eos, prefill=full)
         ref = _reference(bundle, target, ids, n_new, eos, prefill=full)
+        return cls._judged(bundle, target, ours, ref.logits, ours.tokens, ref.tokens, scope, t0)
+
+    @classmethod
+    def _replayed(cls, bundle, loop: RunnerLoop, run, target: str, full: bool, t0: float) -> RunnerCheck:
+        """The compile check's calls through the program: its prefill call then a kv_forward per token after
+        it; above FULL_CHECK_MAX_PARAMS only the kv_forward steps, on the caches its prefill call left."""
+        n = run.first_call_tokens
+        rows = [run.logits[i:i + 1] for i in range(n, len(run.ids))]
+        if full:
+            ours, rows = loop.replay(run.ids, n), [run.logits[:n], *rows]
+            scope = (f"the compile check's calls again: prefill_forward over {n} held-out tokens, then kv_forward "
+                     f"on the {len(run.ids) - n} after, teacher-forced; logits against the check's")
+        else:
+            ours = loop.replay(run.ids, n, _raw_caches(bundle.manifest, target, run))
+            scope = (f"kv_forward on the {len(run.ids) - n} token(s) after the compile check's prefill call, on the "
+                     f"caches that call left (above {FULL_CHECK_MAX_PARAMS // 10**6} M parameters a prefill call "
+                     "takes minutes on the simulator); logits against the check's")
+        tokens = [int(t) for o in ours.logits for t in o.argmax(-1)]
+        return cls._judged(bundle, target, ours, rows, tokens, [int(t) for r in rows for t in r.argmax(-1)], scope, t0)
+
+    @classmethod
+    def _judged(cls, bundle, target: str, ours: Trace, ref_logits: list, tokens: list[int], ref_tokens: list[int],
+                scope: str, t0: float) -> RunnerCheck:
         scale = _logits_encodings(bundle.manifest, target)
         worst = min(compare(r, (o.astype(np.float64) - scale[m][1]) * scale[m][0])["sqnr_db"]
-                    for r, o, m in zip(ref.logits, ours.logits, ours.methods))
-        check = cls(ours.tokens, ref.tokens, len(ours.logits), worst, time.perf_counter() - t0, scope)
+                    for r, o, m in zip(ref_logits, ours.logits, ours.methods))
+        check = cls(tokens, ref_tokens, len(ours.logits), worst, time.perf_counter() - t0, scope)
         if check.tokens != check.reference_tokens:
             raise VerificationError(f"ExecuTorch's runtime on the program gave tokens {check.tokens}, the bundle's "
                                     f"graphs {check.reference_tokens}", "report this: the program does not run the "
@@ -308,10 +338,7 @@ class RunnerLoop:
     def generate(self, ids: list[int], n_new: int, eos: list[int] = (), prefill: bool = True) -> Trace:
         """Greedy: prefill_forward over the prompt in chunks of its AR, then kv_forward per token, until
         `n_new` tokens or one of `eos`."""
-        store = self.context_len - min(self.ar.values())
-        ks = [np.zeros((*self.k_shape, store), self.cache_dtype) for _ in range(self.n_layers)]
-        vs = [np.zeros((self.k_shape[0], self.k_shape[1], store, self.k_shape[2]), self.cache_dtype)
-              for _ in range(self.n_layers)]
+        ks, vs = self.empty_caches()
         trace, past = Trace([], []), 0
         prefill = PREFILL_METHOD if prefill and PREFILL_METHOD in self.methods else DECODE_METHOD
         for i in range(0, len(ids), self.ar[prefill]):
@@ -324,6 +351,37 @@ class RunnerLoop:
                 past += self._step(DECODE_METHOD, [tok], past, ks, vs, trace)
             else:
                 break
+        return trace
+
+    def empty_caches(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        store = self.context_len - min(self.ar.values())
+        ks = [np.zeros((*self.k_shape, store), self.cache_dtype) for _ in range(self.n_layers)]
+        vs = [np.zeros((self.k_shape[0], self.k_shape[1], store, self.k_shape[2]), self.cache_dtype)
+              for _ in range(self.n_layers)]
+        return ks, vs
+
+    def can_replay(self, run) -> bool:
+        """Whether the program's methods make the calls `run` (a self_check.WindowRun) made: its first on
+        the prefill graph (or the decode one, without prefill), the rest one token each, at the program's
+        context length, its caches in the program's layout."""
+        first = PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD
+        want = [f"ar{self.ar[first]}_cl{self.context_len}"]
+        want += [f"ar{self.ar[DECODE_METHOD]}_cl{self.context_len}"] * (len(run.calls) - 1)
+        ks, _ = self.empty_caches()
+        return run.calls == want and [k.shape for k in ks] == [k.shape for k in run.k_after_first]
+
+    def replay(self, ids: list[int], first: int, caches: tuple | None = None) -> Trace:
+        """ids[:first] in one prefill call from empty caches (or, given the raw caches that call left, not
+        run), then kv_forward on each token after it, teacher-forced."""
+        trace = Trace([], [])
+        if caches is None:
+            ks, vs = self.empty_caches()
+            self._step(PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD, ids[:first], 0, ks, vs,
+                       trace)
+        else:
+            ks, vs = caches
+        for past, tok in enumerate(ids[first:], start=first):
+            self._step(DECODE_METHOD, [tok], past, ks, vs, trace)
         return trace
 
     def _step(self, method: str, chunk: list[int], past: int, ks: list, vs: list, trace: Trace) -> int:
@@ -358,6 +416,19 @@ def _check_unplanned(method: str, meta) -> None:
         raise VerificationError(f"the program's {method} has memory-planned IO ({', '.join(planned[:4])}): "
                                 "qnn_llama_runner cannot bind its buffers to them", "report this: the program was "
                                 "built with graph IO planned")
+
+
+def _raw_caches(manifest, target: str, run) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The float caches the check's first call left, as the kv_forward method's raw integers (each layer's
+    input encoding: they were dequantized from it, so this gives the same integers back)."""
+    enc = {t.name: t.encoding for g in method_graphs(manifest, target)[DECODE_METHOD] for t in g.inputs if t.encoding}
+
+    def raw(x: np.ndarray, name: str) -> np.ndarray:
+        e = enc[name]
+        top = 2 ** e.bits - 1
+        return np.clip(np.round(x / e.scale) + e.zero_point, 0, top).astype(np.uint16 if e.bits > 8 else np.uint8)
+    return ([raw(k, f"past_key_{i}_in") for i, k in enumerate(run.k_after_first)],
+            [raw(v, f"past_value_{i}_in") for i, v in enumerate(run.v_after_first)])
 
 
 def _logits_encodings(manifest, target: str) -> dict[str, tuple[float, int]]:

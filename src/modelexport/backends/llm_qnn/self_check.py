@@ -12,8 +12,9 @@ bundle on it (exit 7).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,20 +28,34 @@ REFERENCE = "the float decoder (PyTorch, CPU), recorded when the graphs were qua
 RUNTIME = "the HTP simulator (libQnnHtp.so) on the host twins, through the generation loop's runner"
 
 
-def check_bundle(staged, entry: Path, threshold: float, say: Callable[[str], None]) -> dict[str, Any]:
+@dataclass
+class WindowRun:
+    """What the check ran on a target's host twins: the tokens, each row's logits, the calls, and the
+    caches after the first call (what the next call read). The ExecuTorch program's check replays it."""
+    ids: list[int]
+    logits: np.ndarray               # [tokens, vocab]
+    calls: list[str]                 # "ar{N}_cl{C}" per call
+    first_call_tokens: int
+    k_after_first: list[np.ndarray]  # per layer, float
+    v_after_first: list[np.ndarray]
+
+
+def check_bundle(staged, entry: Path, threshold: float, say: Callable[[str], None],
+                 runs: dict[str, WindowRun] | None = None) -> dict[str, Any]:
     """→ manifest.numerics: every target's compiled graphs against the recorded float logits (the
-    first failing target's record, else the first's, with a line per target)."""
+    first failing target's record, else the first's, with a line per target). `runs`, when given,
+    receives each target's WindowRun on the simulator."""
     ref = read_reference(entry)
     if ref is None:
         return {"not_checked": "the bundle has only the full-context graph: the check runs the arN graphs"}
     window, logits = ref
-    checks = [check_target(staged, window, logits, target, threshold, say) for target in staged.manifest.targets]
+    checks = [check_target(staged, window, logits, target, threshold, say, runs) for target in staged.manifest.targets]
     first = next((c for c in checks if not c["passed"]), checks[0])
     return first | {"graphs": [{"part": c["part"], "target": c["target"], "passed": c["passed"]} for c in checks]}
 
 
 def check_target(staged, window: CheckWindow, ref: np.ndarray, target: str, threshold: float,
-                 say: Callable[[str], None]) -> dict[str, Any]:
+                 say: Callable[[str], None], runs: dict[str, WindowRun] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     say(f"checking the {target} graphs on the simulator ({len(window.ids)} tokens of held-out text)")
     num: dict[str, Any] = {
@@ -49,11 +64,14 @@ def check_target(staged, window: CheckWindow, ref: np.ndarray, target: str, thre
         "part": "decoder", "target": target, "precision": staged.manifest.precision, "reference": REFERENCE,
         "runtime": RUNTIME}
     try:
-        got, calls = run_window(staged, "htp-sim", target, window.ids)
+        run = simulate_window(staged, "htp-sim", target, window.ids)
+        got, calls = run.logits, run.calls
     except Exception as e:   # noqa: BLE001 - the simulator's own errors (ONNX Runtime's Fail) are not ours
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return num | {"outputs": [], "passed": False, "run_error": text[:300], "run_error_on": "htp",
                       "seconds": round(time.perf_counter() - t0, 1)}
+    if runs is not None:
+        runs[target] = run
     row = _score(ref, got, threshold)
     num |= {"outputs": [row], "passed": row["passed"], "calls": calls}
     if not row["passed"]:
@@ -67,11 +85,24 @@ def check_target(staged, window: CheckWindow, ref: np.ndarray, target: str, thre
 
 def run_window(staged, stage: str, target: str, ids: list[int]) -> tuple[np.ndarray, list[str]]:
     """The bundle's graphs at `stage` over `ids` from an empty cache → (logits [tokens, vocab], the calls)."""
+    run = simulate_window(staged, stage, target, ids)
+    return run.logits, run.calls
+
+
+def simulate_window(staged, stage: str, target: str, ids: list[int]) -> WindowRun:
+    """The bundle's graphs at `stage` over `ids` from an empty cache, in the generation loop's calls."""
     forwards, spec, max_seq_len = open_forwards(staged, stage, target, every_variant=True)
     apply_lora(staged, forwards, None)           # a --lora bundle: zeros, the base alone
     runner = StaticRunner(forwards, spec, max_seq_len)
-    logits = runner.feed(ids).float().numpy()
-    return logits, [f"ar{n}_cl{c}" for n, c in zip(runner.chunks, runner.lengths)]
+    after_first: dict[str, list[np.ndarray]] = {}
+
+    def keep_first(done: int, _total: int) -> None:
+        if done and not after_first:
+            after_first["k"] = [k.numpy().copy() for k in runner.k_store]
+            after_first["v"] = [v.numpy().copy() for v in runner.v_store]
+    logits = runner.feed(ids, on_chunk=keep_first).float().numpy()
+    return WindowRun(list(ids), logits, [f"ar{n}_cl{c}" for n, c in zip(runner.chunks, runner.lengths)],
+                     min(runner.chunks[0], len(ids)), after_first["k"], after_first["v"])
 
 
 def _score(ref: np.ndarray, got: np.ndarray, threshold: float) -> dict[str, Any]:

@@ -90,13 +90,15 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
         a.m.llm.lora = lora
-        a.m.numerics = _self_check(a, qdq, run, say)
+        runs: dict = {}        # each target's check run on the simulator: the ExecuTorch check replays it
+        a.m.numerics = _self_check(a, qdq, run, say, runs)
         if run.executorch_program:
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
             staged = _Staged(a.w.dir, a.m)
             tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
-            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, tok) for soc in plan.socs}
+            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, tok, runs.get(soc.name))
+                                  for soc in plan.socs}
         if run.geniex:
             tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
             configs = {soc.name: json.loads((a.w.dir / genie[soc.name].file).read_text()) for soc in plan.socs}
@@ -108,11 +110,11 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
     return open_bundle(out)
 
 
-def _self_check(a: BundleAssembler, qdq: QdqEntry, run: LlmRun, say) -> dict:
+def _self_check(a: BundleAssembler, qdq: QdqEntry, run: LlmRun, say, runs: dict) -> dict:
     """Compile's own numerics (self_check.py) → manifest.numerics; --strict-numerics refuses below the mark."""
     from .self_check import check_bundle   # deferred: torch (the generation loop's runner); not on --help
     t0 = time.perf_counter()
-    num = check_bundle(_Staged(a.w.dir, a.m), qdq.entry, run.pass_mark_db, lambda msg: say(msg, 3.85, 4))
+    num = check_bundle(_Staged(a.w.dir, a.m), qdq.entry, run.pass_mark_db, lambda msg: say(msg, 3.85, 4), runs)
     run.timings["numerics_s"] = round(time.perf_counter() - t0, 2)
     if run.strict_numerics and num.get("passed") is False:
         raise StrictNumericsError("--strict-numerics: the compiled graphs differ from the float model on compile's own "
