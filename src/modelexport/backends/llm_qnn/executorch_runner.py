@@ -340,7 +340,7 @@ class RunnerLoop:
         `n_new` tokens or one of `eos`."""
         ks, vs = self.empty_caches()
         trace, past = Trace([], []), 0
-        prefill = PREFILL_METHOD if prefill and PREFILL_METHOD in self.methods else DECODE_METHOD
+        prefill = self.first_method if prefill else DECODE_METHOD
         for i in range(0, len(ids), self.ar[prefill]):
             rows = self._step(prefill, ids[i:i + self.ar[prefill]], past, ks, vs, trace)
             past += rows
@@ -360,12 +360,16 @@ class RunnerLoop:
               for _ in range(self.n_layers)]
         return ks, vs
 
+    @property
+    def first_method(self) -> str:
+        """What takes a prompt: prefill_forward in hybrid mode, else kv_forward."""
+        return PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD
+
     def can_replay(self, run) -> bool:
         """Whether the program's methods make the calls `run` (a self_check.WindowRun) made: its first on
         the prefill graph (or the decode one, without prefill), the rest one token each, at the program's
         context length, its caches in the program's layout."""
-        first = PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD
-        want = [f"ar{self.ar[first]}_cl{self.context_len}"]
+        want = [f"ar{self.ar[self.first_method]}_cl{self.context_len}"]
         want += [f"ar{self.ar[DECODE_METHOD]}_cl{self.context_len}"] * (len(run.calls) - 1)
         ks, _ = self.empty_caches()
         return run.calls == want and [k.shape for k in ks] == [k.shape for k in run.k_after_first]
@@ -376,8 +380,7 @@ class RunnerLoop:
         trace = Trace([], [])
         if caches is None:
             ks, vs = self.empty_caches()
-            self._step(PREFILL_METHOD if PREFILL_METHOD in self.methods else DECODE_METHOD, ids[:first], 0, ks, vs,
-                       trace)
+            self._step(self.first_method, ids[:first], 0, ks, vs, trace)
         else:
             ks, vs = caches
         for past, tok in enumerate(ids[first:], start=first):

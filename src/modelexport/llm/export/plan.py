@@ -16,7 +16,6 @@ from ...core.arguments import at_least, finite
 from ...core.errors import InputError, UnsupportedError
 from ...core.targets import SoC, get_target, require_feature
 from ...core.vocab import Format
-from ...frontends.llm_families import family_of
 from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import DEFAULT_OVERRIDES, LLM_DEFAULT_PRECISION, LLM_OFFERED, LLM_PRECISIONS, parse_overrides
 from ...quant.precision import Precision, check_block_size, get_precision
@@ -282,8 +281,7 @@ def _check_lora(opts: Any, facts: SourceFacts) -> LoraPlan | None:
     if facts.format != "hf":
         raise UnsupportedError("--lora takes PEFT adapters for a Hugging Face model folder; this base is a GGUF file",
                                "compile the base model's Hugging Face folder with --lora")
-    family = facts.family or family_of(facts.architecture, str(facts.path))
-    return plan_lora(folders, facts.shape, family.fused_qkv or family.fused_gate_up)
+    return plan_lora(folders, facts.shape, facts.family.fused_qkv or facts.family.fused_gate_up)
 
 
 def embed_head_bits(overrides, weight_bits: int) -> tuple[int, int]:

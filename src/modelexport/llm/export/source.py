@@ -25,7 +25,7 @@ class SourceFacts:
     sha256: str
     shape: dict = field(default_factory=dict)   # config.json / GGUF metadata: what the plan and estimate need
     weights_dtype: str = "float32"             # how the source stores its weights (bf16 stays bf16 in memory)
-    family: LLMFamily | None = None            # its row in the family table, read from the header or config.json
+    family: LLMFamily | None = None            # its row in the family table (check_source reads it before any weight)
 
 
 # HF config fields the plan reads (memory.py), and their GGUF metadata names (GgufInfo)
