@@ -10,7 +10,6 @@ kernel time of the EPContext node), so HTP and CPU rows share one unit (µs) and
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import tempfile
 import time
@@ -26,6 +25,7 @@ from ..core.errors import InputError, ToolchainError, UnsupportedError, clip
 from ..core.targets import get_target
 from ..core.vocab import BundleKind
 from ..frontends.module_paths import onnx_module_path
+from ..toolchain.host_cores import one_host_core
 from ..toolchain.htp_options import run_provider_options
 from ..toolchain.native_io import native_stdout_to_stderr
 from ..toolchain.ort_qnn import CPU_EP_NAME, EP_NAME, SessionPlan, node_assignment, session_options
@@ -265,12 +265,8 @@ def steady_cycles(bundle_path: str | Path, runs: int = 5) -> float | None:
 def steady_profile(bundle_path: str | Path, runs: int = 5) -> tuple[float | None, dict[str, int]]:
     """(steady_cycles, {QNN op name: its median cycles per run}) from the same runs. A QNN op is named
     after the ONNX node it was made from (a node QNN added is named after its own op)."""
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(allowed)})        # this thread only; the simulator's threads inherit it
-    try:
+    with one_host_core():
         rep = profile_ort(bundle_path, runs=runs, level="detailed")
-    finally:
-        os.sched_setaffinity(0, allowed)
     ops: dict[str, int] = {}
     for r in rep.rows:
         if r.cycles is not None:

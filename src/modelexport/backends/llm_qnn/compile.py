@@ -36,9 +36,9 @@ from .. import backend
 from ...toolchain.htp_options import compile_provider_options, host_twin_provider_options
 from ..spec import LlmCompileOptions, PartSpec, max_seq_len_of, vision_flags_given
 from ...core.cache import Cache, cache_key, cache_root
-from ...core.errors import InputError, ModelExportError, ToolchainError, UnsupportedError
+from ...core.errors import InputError, ModelExportError, UnsupportedError
 from ...core.files import sha256_onnx
-from ...core.targets import SoC, get_target
+from ...core.targets import SoC
 from ...core.vocab import Format
 from ...frontends.vlm_folder import is_vlm_folder
 from ...llm.export.estimate import fitted_estimate
@@ -48,12 +48,11 @@ from ...llm.export.stage_key import QDQ_NAMESPACE, qdq_keys
 from ...llm.job_estimate import check_machine
 from ...toolchain.qairt import find_qairt
 from ...toolchain.qnn_graph_order import ORDER_SCHEME
-from ...toolchain.worker_pool import raise_first_error, run_jobs
-from ...quant.block_weights import DEFAULT_BLOCK
 from ...quant.llm_graphs import LLM_DEFAULT_PRECISION, LLM_OFFERED
 from ...quant.precision import min_sqnr_option, pass_mark
 from ..ort_qnn import worker as ort_qnn_worker
-from .ctx_jobs import SHARED_NAMESPACE, compile_shared, simulator_smoke_run
+from .ctx_compile import ContextCompile
+from .ctx_jobs import SHARED_NAMESPACE, compile_shared
 from .vlm import compile_vlm
 from .geniex import check_request as geniex_request
 from .write import LlmRun, QdqEntry, write_bundle
@@ -137,16 +136,15 @@ def compile_llm(parts: list[PartSpec], out: str | Path, options: LlmCompileOptio
     timings: dict[str, Any] = {}
     plan, qdq = _quantized_graphs(plan, cache, opts.image_calibration, say, timings)
     jobs = _context_jobs(plan, opts, qdq, qairt, cache)
-    results = _compile_contexts(jobs, plan, cache, say, timings)
-    temp_entries = [Path(r["entry"]) for r in results if not cache.enabled]
+    run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program, opts.geniex, mark, opts.strict_numerics)
+    compiling = ContextCompile(jobs, plan, cache, say, timings)
     try:
-        run = LlmRun(qairt, cache, timings, t_start, opts.executorch_program, opts.geniex,
-                     mark, opts.strict_numerics)
-        return write_bundle(out, force, plan, qdq, jobs, results, run, say)
+        with compiling:
+            return write_bundle(out, force, plan, qdq, compiling, run, say)
     finally:
-        for t in temp_entries:
-            shutil.rmtree(t, ignore_errors=True)
-        if not cache.enabled:
+        if not cache.enabled:   # every job's entry is a temporary folder then
+            for t in compiling.entries():
+                shutil.rmtree(t, ignore_errors=True)
             shutil.rmtree(qdq.entry, ignore_errors=True)
 
 
@@ -237,65 +235,6 @@ def _context_jobs(plan: LlmPlan, opts: LlmCompileOptions, qdq: QdqEntry, qairt, 
             jobs.append((ort_qnn_worker.compile_job, {"kind": "twin", "graph": g["name"], **twin}))
         jobs += _embedder_jobs(qdq.meta.get("embedder"), qentry, soc, popts, qairt, cache)
     return jobs
-
-
-def _compile_contexts(jobs: list[tuple[Callable, dict]], plan: LlmPlan, cache: Cache, say, timings: dict) -> list:
-    """The jobs in `plan.jobs` workers (everything cached: read here, without a child process)."""
-    namespace = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
-    pending = [j for _, j in jobs if not cache.get(namespace[j["kind"]], j["key"])]
-    workers = min(len(pending), plan.jobs)
-    done = [0]
-
-    def on_done(r):
-        done[0] += 1
-        say(f"compiled {done[0]}/{len(jobs)} context binaries", 2 + done[0] / max(1, len(jobs)), 4)
-    say(f"compiling {len(jobs)} context binaries ({len(pending)} not cached)", 2, 4)
-    t0 = time.perf_counter()
-    results = raise_first_error(run_jobs("the context-binary compile", jobs, workers, on_done if pending else None,
-                                         in_process=not pending))
-    timings["compile_stage_s"] = round(time.perf_counter() - t0, 3)
-    timings["context_binaries"] = _job_seconds(jobs, results)
-    if plan.block_size and plan.block_size != DEFAULT_BLOCK:   # the default is checked by the tests and the benchmark
-        _check_twins_load(jobs, results, cache, plan.block_size, say)
-    return results
-
-
-def _job_seconds(jobs, results) -> dict:
-    """Each context-binary job's compile seconds, wall and CPU (its worker's threads), as its cache entry
-    recorded them (a cache hit shows the build that made it): where the compile stage's time went."""
-    out = {}
-    for (fn, job), r in zip(jobs, results):
-        meta = r["meta"]
-        what = f"twin_{job['graph']}" if job["kind"] == "twin" else \
-            f"shared_{job['part']}{'_full' if job.get('full_context') else ''}"
-        wall, cpu = meta.get("compile_seconds"), meta.get("compile_cpu_seconds")
-        if isinstance(wall, dict):   # a weight-shared job: one session per graph, in order
-            wall, cpu = sum(wall.values()), (sum(cpu.values()) if cpu else None)
-        out[f"{job['target']}/{job.get('role', 'decoder')}/{what}"] = {"wall_s": wall, "cpu_s": cpu, "hit": bool(r.get("hit"))}
-    return out
-
-
-def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
-    """LPBQ twins of a non-default block size are loaded and run once on the simulator in child
-    processes first (cached by the twin's key; ~100 s for SmolLM2's two graphs): a binary that
-    crashes it fails the build here, not the user's process later."""
-    checks = []
-    for (fn, job), r in zip(jobs, results):
-        if job["kind"] == "twin" and not cache.get("sim-smoke", job["key"]):
-            checks.append((simulator_smoke_run, {"epcontext": str(Path(r["entry"]) / f"{job['graph']}_ctx.onnx"),
-                                                 "soc_model": get_target(job["target"]).soc_model,
-                                                 "graph": job["graph"], "key": job["key"]}))
-    if not checks:
-        return
-    say(f"running {len(checks)} host twins once on the simulator", 3.2, 4)
-    for (fn, job), r in zip(checks, run_jobs("the simulator check of the host twins", checks, min(2, len(checks)))):
-        crashed = isinstance(r, ModelExportError)
-        if crashed or not r.get("ok"):
-            raise ToolchainError(f"the compiled {job['graph']} (16a4w_block, --block-size {block_size}) "
-                                 f"{'crashed' if crashed else 'gave non-finite outputs on'} the x86 HTP simulator "
-                                 f"when loaded from its context binary (a simulator defect seen with 64-wide blocks)",
-                                 "use --block-size 32 (the default), or --precision 16a8w")
-        cache.get_or_create("sim-smoke", job["key"], lambda tmp: r)
 
 
 def _embedder_jobs(embedder: dict | None, qentry: Path, soc: SoC, popts: dict, qairt, cache: Cache) -> list:

@@ -6,6 +6,7 @@ EPContext models pointed at the renamed binaries, the Genie configs (checked by 
 created on the host twins), the LLM section."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from ...llm.export.memory import host_part_mb
 from ...llm.export.plan import LlmPlan
 from ...llm.model.input_modes import ROPE_TABLE, get_input_mode
 from ...toolchain.genie import validate_genie_config
+from ...toolchain.host_cores import one_host_core
 from ...toolchain.qnn_graph_order import in_part_order
 from ...toolchain.worker_pool import run_jobs
 from ..assembler import BundleAssembler, assemble, graph_io, htp_facts, llm_source
@@ -75,12 +77,24 @@ class _Staged:
         return self.path / rel
 
 
-def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: list, results: list, run: LlmRun, say):
-    """The bundle at `out` from the compiled jobs (`jobs` and `results` in the same order) → the opened Bundle."""
-    say("checking the binaries and writing the bundle", 3.5, 4)
+def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling, run: LlmRun, say):
+    """The bundle at `out` from the context-binary jobs `compiling` runs (ctx_compile.ContextCompile) →
+    the opened Bundle. Compile's numerics check runs as soon as the host twins are in, while the
+    workers still compile the weight-shared binaries."""
     with assemble(out, force, run.t_start) as a:
         _describe(a, plan, qdq)
-        twins = _add_twins(a, jobs, results)
+        early = compiling.twins()           # (twin jobs, results) while the shared binaries compile, or None
+        twins = _add_twins(a, *early) if early else {}
+        runs: dict = {}        # each target's check run on the simulator: the ExecuTorch check replays it
+        view = _twin_view(a, plan, qdq, twins) if early else None
+        t_check = time.perf_counter()
+        numerics = _self_check(view, qdq, run, say, runs, compiling) if view else None
+        jobs, results = compiling.results()
+        if numerics:   # how much of the check the compile hid
+            run.timings["numerics_beside_compile_s"] = round(max(0.0, min(t_check + run.timings["numerics_s"],
+                                                                          compiling.ended_at) - t_check), 2)
+        say("checking the binaries and writing the bundle", 3.5, 4)
+        twins = twins or _add_twins(a, jobs, results)
         weight_sharing, ctx_bins = _add_decoder(a, plan, qdq.meta, jobs, results, twins)
         embedder = _add_embedder(a, qdq, jobs, results, twins, plan.max_seq_len, say)
         a.seal_build(run.qairt.build_id)
@@ -90,8 +104,8 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
         a.m.parameters = qdq.meta["n_params"]
         a.m.llm = _llm_section(plan, qdq.meta, weight_sharing, genie, embedder.get("part"))
         a.m.llm.lora = lora
-        runs: dict = {}        # each target's check run on the simulator: the ExecuTorch check replays it
-        a.m.numerics = _self_check(a, qdq, run, say, runs)
+        a.m.numerics = numerics or _self_check(_Staged(a.w.dir, a.m), qdq, run, say, runs)
+        _refuse_below_mark(a.m.numerics, run)
         if run.executorch_program:
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
@@ -110,18 +124,42 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, jobs: lis
     return open_bundle(out)
 
 
-def _self_check(a: BundleAssembler, qdq: QdqEntry, run: LlmRun, say, runs: dict) -> dict:
-    """Compile's own numerics (self_check.py) → manifest.numerics; --strict-numerics refuses below the mark."""
+def _self_check(staged: _Staged, qdq: QdqEntry, run: LlmRun, say, runs: dict, beside=None) -> dict:
+    """Compile's own numerics (self_check.py) → manifest.numerics. `beside` the context-binary compile
+    (ctx_compile.ContextCompile) still running, it is held on one host core until the compile ends:
+    the simulator's second thread mostly waits, and the other core goes to the compile."""
     from .self_check import check_bundle   # deferred: torch (the generation loop's runner); not on --help
     t0 = time.perf_counter()
-    num = check_bundle(_Staged(a.w.dir, a.m), qdq.entry, run.pass_mark_db, lambda msg: say(msg, 3.85, 4), runs)
+    where = " beside the compile" if beside else ""
+    with one_host_core(last=True) if beside else contextlib.nullcontext() as held:
+        if beside:
+            beside.when_done(held.release)
+        num = check_bundle(staged, qdq.entry, run.pass_mark_db, lambda msg: say(msg + where, 3.85, 4), runs)
     run.timings["numerics_s"] = round(time.perf_counter() - t0, 2)
+    return num
+
+
+def _refuse_below_mark(num: dict, run: LlmRun) -> None:
+    """--strict-numerics: below the pass mark, exit 7 and write nothing."""
     if run.strict_numerics and num.get("passed") is False:
         raise StrictNumericsError("--strict-numerics: the compiled graphs differ from the float model on compile's own "
                                   "check: " + numerics_line(num),
                                   numerics_fix_for(num, True) + "; or drop --strict-numerics to keep the bundle and "
                                   "check it yourself")
-    return num
+
+
+def _twin_view(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry, twins: dict) -> _Staged | None:
+    """The bundle as the numerics check reads it, from the host twins alone (before the weight-shared
+    binaries are in); None with an embedder part, whose graphs come with its shared binary."""
+    if qdq.meta.get("embedder"):
+        return None
+    graphs = [GraphSpec(name=g["name"], kind=GraphKind.CONTEXT_BINARY, target=soc.name, part=g["name"],
+                        n_tokens=g["n_tokens"], context_len=g.get("context_len"), part_index=g["part"],
+                        n_parts=g["n_parts"], layers=g["layers"], host_twin=twins[(soc.name, g["name"])],
+                        quantized_model=g["qdq"])
+              for soc in plan.socs for g in qdq.meta["graphs"]]
+    llm = _llm_section(plan, qdq.meta, {}, {}, None)   # no binaries, no Genie check yet: the check reads neither
+    return _Staged(a.w.dir, a.m.model_copy(update={"graphs": graphs, "llm": llm}))
 
 
 def _describe(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry) -> None:

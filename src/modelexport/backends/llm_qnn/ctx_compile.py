@@ -1,0 +1,163 @@
+"""The context-binary jobs of one LLM compile, in worker processes, ordered for compile's numerics check.
+
+The check reads the host twins only. So the first weight-shared binary (the longest job) starts
+first, every host twin comes next and the other shared binaries last: `twins()` hands the twins
+over as soon as they are compiled, and the check runs on the simulator while the workers go on with
+the shared binaries; `results()` waits for the rest. Everything cached: the jobs are read here,
+without a child process, and there is nothing to overlap.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import as_completed
+from pathlib import Path
+
+from ...core.cache import Cache
+from ...core.errors import ModelExportError, ToolchainError
+from ...core.targets import get_target
+from ...llm.export.plan import LlmPlan
+from ...quant.block_weights import DEFAULT_BLOCK
+from ...toolchain.worker_pool import WorkerPool, raise_first_error, run_jobs
+from ..ort_qnn import worker as ort_qnn_worker
+from .ctx_jobs import SHARED_NAMESPACE, simulator_smoke_run
+
+NAMESPACE = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
+
+
+def job_order(jobs: list) -> list[int]:
+    """The jobs' indexes in the order the workers take them: the first shared binary, the twins, the rest."""
+    shared = [i for i, (_, j) in enumerate(jobs) if j["kind"] != "twin"]
+    twins = [i for i, (_, j) in enumerate(jobs) if j["kind"] == "twin"]
+    return shared[:1] + twins + shared[1:]
+
+
+class ContextCompile:
+    """`jobs` ((function, job) pairs, as compile.py's `_context_jobs` lists them) in `plan.jobs` workers."""
+
+    def __init__(self, jobs: list, plan: LlmPlan, cache: Cache, say, timings: dict):
+        self.jobs, self.plan, self.cache, self.say, self.timings = jobs, plan, cache, say, timings
+        pending = [j for _, j in jobs if not cache.get(NAMESPACE[j["kind"]], j["key"])]
+        self._pool = WorkerPool("the context-binary compile", min(len(pending), plan.jobs), in_process=not pending)
+        self._spawned = bool(pending)
+        self._said = 0
+        self._smoked = False
+        self._entries: list[Path] = []
+        self._when_done: list = []
+        self._lock = threading.Lock()
+        say(f"compiling {len(jobs)} context binaries ({len(pending)} not cached)", 2, 4)
+
+    def __enter__(self) -> ContextCompile:
+        self._pool.__enter__()
+        self._t0 = time.perf_counter()
+        self._handles = {i: self._pool.submit(*self.jobs[i]) for i in job_order(self.jobs)}
+        self.ended_at = self._t0          # perf_counter() when the last job ended (the pool's thread sets it)
+        if self._spawned:
+            for f in self._all_futures():
+                f.add_done_callback(self._ended)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.__exit__(*exc)
+
+    def twins(self) -> tuple[list, list] | None:
+        """(the twin jobs, their results) once every twin is compiled while other jobs still run; None when
+        nothing would run beside the check (all cached, or every job ended) or a twin failed (results() says)."""
+        if not self._spawned:
+            return None
+        idx = [i for i, (_, j) in enumerate(self.jobs) if j["kind"] == "twin"]
+        futures = [self._pool.future(self._handles[i]) for i in idx]
+        for _ in as_completed(futures):
+            self._progress()
+        if any(f.exception() is not None for f in futures) or all(f.done() for f in self._all_futures()):
+            return None
+        twins = [self.jobs[i] for i in idx]
+        results = [f.result() for f in futures]
+        self._entries = [Path(r["entry"]) for r in results]
+        self._smoke(twins, results)
+        return twins, results
+
+    def results(self) -> tuple[list, list]:
+        """(jobs, results) in `jobs`' order, once all have ended; the first failed job's error."""
+        by_handle = raise_first_error(self._pool.outcomes((lambda r: self._progress()) if self._spawned else None))
+        results = [by_handle[self._handles[i]] for i in range(len(self.jobs))]
+        self._entries = [Path(r["entry"]) for r in results]
+        if not self._spawned:
+            self.ended_at = time.perf_counter()
+        self.timings["compile_stage_s"] = round(self.ended_at - self._t0, 3)
+        self.timings["context_binaries"] = _job_seconds(self.jobs, results)
+        self._smoke(self.jobs, results)
+        return self.jobs, results
+
+    def entries(self) -> list[Path]:
+        """The cache entries of the jobs handed over so far (temporary folders when the cache is off)."""
+        return self._entries
+
+    def when_done(self, call) -> None:
+        """`call()` once every job has ended (now, if they have), from the pool's thread."""
+        with self._lock:
+            pending = self._spawned and not all(f.done() for f in self._all_futures())
+            if pending:
+                self._when_done.append(call)
+        if not pending:
+            call()
+
+    def _ended(self, _future) -> None:
+        with self._lock:
+            self.ended_at = max(self.ended_at, time.perf_counter())
+            calls = self._when_done if all(f.done() for f in self._all_futures()) else []
+            self._when_done = [] if calls else self._when_done
+        for call in calls:
+            call()
+
+    def _all_futures(self) -> list:
+        return [self._pool.future(h) for h in self._handles.values()]
+
+    def _progress(self) -> None:
+        done = sum(f.done() for f in self._all_futures())
+        if done > self._said:
+            self._said = done
+            self.say(f"compiled {done}/{len(self.jobs)} context binaries", 2 + done / max(1, len(self.jobs)), 4)
+
+    def _smoke(self, jobs: list, results: list) -> None:
+        if not self._smoked and self.plan.block_size and self.plan.block_size != DEFAULT_BLOCK:
+            _check_twins_load(jobs, results, self.cache, self.plan.block_size, self.say)   # the default: the tests check it
+        self._smoked = True
+
+
+def _job_seconds(jobs, results) -> dict:
+    """Each context-binary job's compile seconds, wall and CPU (its worker's threads), as its cache entry
+    recorded them (a cache hit shows the build that made it): where the compile stage's time went."""
+    out = {}
+    for (_, job), r in zip(jobs, results):
+        meta = r["meta"]
+        what = f"twin_{job['graph']}" if job["kind"] == "twin" else \
+            f"shared_{job['part']}{'_full' if job.get('full_context') else ''}"
+        wall, cpu = meta.get("compile_seconds"), meta.get("compile_cpu_seconds")
+        if isinstance(wall, dict):   # a weight-shared job: one session per graph, in order
+            wall, cpu = sum(wall.values()), (sum(cpu.values()) if cpu else None)
+        out[f"{job['target']}/{job.get('role', 'decoder')}/{what}"] = {"wall_s": wall, "cpu_s": cpu, "hit": bool(r.get("hit"))}
+    return out
+
+
+def _check_twins_load(jobs, results, cache: Cache, block_size: int, say) -> None:
+    """LPBQ twins of a non-default block size are loaded and run once on the simulator in child
+    processes first (cached by the twin's key; ~100 s for SmolLM2's two graphs): a binary that
+    crashes it fails the build here, not the user's process later."""
+    checks = []
+    for (_, job), r in zip(jobs, results):
+        if job["kind"] == "twin" and not cache.get("sim-smoke", job["key"]):
+            checks.append((simulator_smoke_run, {"epcontext": str(Path(r["entry"]) / f"{job['graph']}_ctx.onnx"),
+                                                 "soc_model": get_target(job["target"]).soc_model,
+                                                 "graph": job["graph"], "key": job["key"]}))
+    if not checks:
+        return
+    say(f"running {len(checks)} host twins once on the simulator", 3.2, 4)
+    for (_, job), r in zip(checks, run_jobs("the simulator check of the host twins", checks, min(2, len(checks)))):
+        crashed = isinstance(r, ModelExportError)
+        if crashed or not r.get("ok"):
+            raise ToolchainError(f"the compiled {job['graph']} (16a4w_block, --block-size {block_size}) "
+                                 f"{'crashed' if crashed else 'gave non-finite outputs on'} the x86 HTP simulator "
+                                 f"when loaded from its context binary (a simulator defect seen with 64-wide blocks)",
+                                 "use --block-size 32 (the default), or --precision 16a8w")
+        cache.get_or_create("sim-smoke", job["key"], lambda tmp, r=r: r)
