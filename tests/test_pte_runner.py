@@ -184,3 +184,21 @@ def test_format_pte_on_the_command_line(work, cli):
         "--max-seq-len", str(SEQ), "-c", str(work / "calib.txt"), "--calibration-samples", "4", "-o", str(out), check=True)
     m = open_bundle(out).manifest
     assert m.format == "context-binary" and m.llm.executorch["SM8650"].check["same_tokens"]
+
+
+def test_the_checks_run_beside_the_shared_binaries_compile_and_agree(work, bundle):
+    """The host twins cached, the weight-shared binary not: the numerics check and the twin program are
+    built and checked from the twins while the shared binary compiles, and give what the bundle built
+    after the compile gave."""
+    import os
+    import shutil
+    from pathlib import Path
+    from modelexport.backends.llm_qnn.ctx_jobs import SHARED_NAMESPACE
+    shutil.rmtree(Path(os.environ["MODELEXPORT_CACHE_DIR"]) / SHARED_NAMESPACE)
+    b = _compile(work, "beside")
+    m, before = b.manifest, bundle.manifest
+    assert m.timings.model_extra["beside_compile_s"] > 0          # some of it while the compile still ran
+    assert m.numerics["passed"] and m.numerics["outputs"] == before.numerics["outputs"]
+    e, e0 = m.llm.executorch["SM8650"], before.llm.executorch["SM8650"]
+    assert e.check["scope"] == e0.check["scope"] and e.check["same_tokens"] and e.check["worst_logits_sqnr_db"] > 100
+    assert e.bytes == e0.bytes and e.methods == e0.methods and e.binaries_stored == 1

@@ -33,56 +33,61 @@ def job_order(jobs: list) -> list[int]:
 
 
 class ContextCompile:
-    """`jobs` ((function, job) pairs, as compile.py's `_context_jobs` lists them) in `plan.jobs` workers."""
+    """`jobs` ((function, job) pairs, as compile.py's `_context_jobs` lists them): the cached ones read here
+    at once, the others in up to `plan.jobs` workers."""
 
     def __init__(self, jobs: list, plan: LlmPlan, cache: Cache, say, timings: dict):
         self.jobs, self.plan, self.cache, self.say, self.timings = jobs, plan, cache, say, timings
-        pending = [j for _, j in jobs if not cache.get(NAMESPACE[j["kind"]], j["key"])]
-        self._pool = WorkerPool("the context-binary compile", min(len(pending), plan.jobs), in_process=not pending)
-        self._spawned = bool(pending)
+        self._cached = [i for i, (_, j) in enumerate(jobs) if cache.get(NAMESPACE[j["kind"]], j["key"])]
+        pending = len(jobs) - len(self._cached)
+        self._pool = WorkerPool("the context-binary compile", min(pending, plan.jobs)) if pending else None
         self._said = 0
         self._smoked = False
         self._entries: list[Path] = []
         self._when_done: list = []
         self._lock = threading.Lock()
-        say(f"compiling {len(jobs)} context binaries ({len(pending)} not cached)", 2, 4)
+        say(f"compiling {len(jobs)} context binaries ({pending} not cached)", 2, 4)
 
     def __enter__(self) -> ContextCompile:
-        self._pool.__enter__()
+        if self._pool:
+            self._pool.__enter__()
         self._t0 = time.perf_counter()
-        self._handles = {i: self._pool.submit(*self.jobs[i]) for i in job_order(self.jobs)}
         self.ended_at = self._t0          # perf_counter() when the last job ended (the pool's thread sets it)
-        if self._spawned:
-            for f in self._all_futures():
-                f.add_done_callback(self._ended)
+        self._hits = {i: _here(*self.jobs[i]) for i in self._cached}          # cache reads: no child process
+        self._handles = {i: self._pool.submit(*self.jobs[i]) for i in job_order(self.jobs)
+                         if i not in self._hits} if self._pool else {}
+        for f in self._all_futures():
+            f.add_done_callback(self._ended)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._pool.__exit__(*exc)
+        if self._pool:
+            self._pool.__exit__(*exc)
 
     def twins(self) -> tuple[list, list] | None:
         """(the twin jobs, their results) once every twin is compiled while other jobs still run; None when
         nothing would run beside the check (all cached, or every job ended) or a twin failed (results() says)."""
-        if not self._spawned:
-            return None
         idx = [i for i, (_, j) in enumerate(self.jobs) if j["kind"] == "twin"]
-        futures = [self._pool.future(self._handles[i]) for i in idx]
+        futures = [self._pool.future(self._handles[i]) for i in idx if i in self._handles]
         for _ in as_completed(futures):
             self._progress()
-        if any(f.exception() is not None for f in futures) or all(f.done() for f in self._all_futures()):
+        if any(f.exception() is not None for f in futures) or not self.running():
+            return None
+        results = [self._hits[i] if i in self._hits else self._pool.future(self._handles[i]).result() for i in idx]
+        if any(isinstance(r, ModelExportError) for r in results):
             return None
         twins = [self.jobs[i] for i in idx]
-        results = [f.result() for f in futures]
         self._entries = [Path(r["entry"]) for r in results]
         self._smoke(twins, results)
         return twins, results
 
     def results(self) -> tuple[list, list]:
         """(jobs, results) in `jobs`' order, once all have ended; the first failed job's error."""
-        by_handle = raise_first_error(self._pool.outcomes((lambda r: self._progress()) if self._spawned else None))
-        results = [by_handle[self._handles[i]] for i in range(len(self.jobs))]
+        outcomes = self._pool.outcomes(lambda r: self._progress()) if self._pool else []
+        by_index = self._hits | {i: outcomes[h] for i, h in self._handles.items()}
+        results = raise_first_error([by_index[i] for i in range(len(self.jobs))])
         self._entries = [Path(r["entry"]) for r in results]
-        if not self._spawned:
+        if not self._handles:
             self.ended_at = time.perf_counter()
         self.timings["compile_stage_s"] = round(self.ended_at - self._t0, 3)
         self.timings["context_binaries"] = _job_seconds(self.jobs, results)
@@ -93,10 +98,14 @@ class ContextCompile:
         """The cache entries of the jobs handed over so far (temporary folders when the cache is off)."""
         return self._entries
 
+    def running(self) -> bool:
+        """Some job has not ended yet."""
+        return not all(f.done() for f in self._all_futures())
+
     def when_done(self, call) -> None:
         """`call()` once every job has ended (now, if they have), from the pool's thread."""
         with self._lock:
-            pending = self._spawned and not all(f.done() for f in self._all_futures())
+            pending = self.running()
             if pending:
                 self._when_done.append(call)
         if not pending:
@@ -105,7 +114,7 @@ class ContextCompile:
     def _ended(self, _future) -> None:
         with self._lock:
             self.ended_at = max(self.ended_at, time.perf_counter())
-            calls = self._when_done if all(f.done() for f in self._all_futures()) else []
+            calls = self._when_done if not self.running() else []
             self._when_done = [] if calls else self._when_done
         for call in calls:
             call()
@@ -114,7 +123,7 @@ class ContextCompile:
         return [self._pool.future(h) for h in self._handles.values()]
 
     def _progress(self) -> None:
-        done = sum(f.done() for f in self._all_futures())
+        done = len(self._hits) + sum(f.done() for f in self._all_futures())
         if done > self._said:
             self._said = done
             self.say(f"compiled {done}/{len(self.jobs)} context binaries", 2 + done / max(1, len(self.jobs)), 4)
@@ -123,6 +132,14 @@ class ContextCompile:
         if not self._smoked and self.plan.block_size and self.plan.block_size != DEFAULT_BLOCK:
             _check_twins_load(jobs, results, self.cache, self.plan.block_size, self.say)   # the default: the tests check it
         self._smoked = True
+
+
+def _here(fn, job):
+    """A cached job, read in this process: its result, or the ModelExportError it ended with."""
+    try:
+        return fn(job)
+    except ModelExportError as e:
+        return e
 
 
 def _job_seconds(jobs, results) -> dict:

@@ -29,7 +29,8 @@ def _build_shared(job: dict, tmp: Path) -> dict:
         for i, (name, model_path) in enumerate(job["models"]):
             if job.get("n_parts", 1) > 1:   # each variant's graph of this part named to sort at the part's place
                 model_path = ordered_model_path(Path(model_path), job["part"], job["n_parts"], Path(links))
-                graph_names[name] = qnn_graph_name(model_path)
+            # the QNN EP names the graph from the path: a twin compiled from a copy elsewhere is named otherwise
+            graph_names[name] = qnn_graph_name(model_path)
             entries = {"ep.context_enable": "1", "ep.context_file_path": str(tmp / f"{name}_ctx.onnx"),
                        "ep.context_embed_mode": "0", "ep.share_ep_contexts": "1"}
             if i == n - 1:

@@ -6,7 +6,6 @@ EPContext models pointed at the renamed binaries, the Genie configs (checked by 
 created on the host twins), the LLM section."""
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -87,12 +86,8 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
         twins = _add_twins(a, *early) if early else {}
         runs: dict = {}        # each target's check run on the simulator: the ExecuTorch check replays it
         view = _twin_view(a, plan, qdq, twins) if early else None
-        t_check = time.perf_counter()
-        numerics = _self_check(view, qdq, run, say, runs, compiling) if view else None
+        numerics, twin_ptes = _beside_compile(view, a, plan, qdq, run, say, runs, compiling) if view else (None, {})
         jobs, results = compiling.results()
-        if numerics:   # how much of the check the compile hid
-            run.timings["numerics_beside_compile_s"] = round(max(0.0, min(t_check + run.timings["numerics_s"],
-                                                                          compiling.ended_at) - t_check), 2)
         say("checking the binaries and writing the bundle", 3.5, 4)
         twins = twins or _add_twins(a, jobs, results)
         weight_sharing, ctx_bins = _add_decoder(a, plan, qdq.meta, jobs, results, twins)
@@ -110,13 +105,11 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
             staged = _Staged(a.w.dir, a.m)
-            tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
-            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, tok, runs.get(soc.name))
-                                  for soc in plan.socs}
+            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, _tokenizer(a), runs.get(soc.name),
+                                                           twin_ptes.get(soc.name)) for soc in plan.socs}
         if run.geniex:
-            tok = next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
             configs = {soc.name: json.loads((a.w.dir / genie[soc.name].file).read_text()) for soc in plan.socs}
-            a.m.llm.geniex = {soc.name: write_geniex(a, soc.name, configs[soc.name], tok) for soc in plan.socs}
+            a.m.llm.geniex = {soc.name: write_geniex(a, soc.name, configs[soc.name], _tokenizer(a)) for soc in plan.socs}
         a.record_timings(run.timings, first=qdq.meta["timings"])
         a.record_cache(run.cache, root=False, quantize_hit=qdq.hit, resumed_graphs=qdq.meta.get("resumed_graphs") or None,
                        compile_hits=sum(1 for r in results if r.get("hit")), compile_jobs=len(results))
@@ -124,17 +117,36 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
     return open_bundle(out)
 
 
-def _self_check(staged: _Staged, qdq: QdqEntry, run: LlmRun, say, runs: dict, beside=None) -> dict:
-    """Compile's own numerics (self_check.py) → manifest.numerics. `beside` the context-binary compile
-    (ctx_compile.ContextCompile) still running, it is held on one host core until the compile ends:
-    the simulator's second thread mostly waits, and the other core goes to the compile."""
+def _beside_compile(view: _Staged, a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry, run: LlmRun, say, runs: dict,
+                    compiling) -> tuple[dict, dict]:
+    """What reads the host twins alone, done while the workers compile the weight-shared binaries
+    (`compiling`, ctx_compile.ContextCompile): compile's numerics check and, with --executorch-program,
+    the host twin program built and checked → (numerics, {target: TwinProgram}). Held on one host core
+    until the compile ends: the simulator's second thread mostly waits, the other core goes to the compile."""
+    t0 = time.perf_counter()
+    with one_host_core(last=True) as held:
+        compiling.when_done(held.release)
+        numerics = _self_check(view, qdq, run, say, runs, " beside the compile")
+        twin_ptes = {}
+        if run.executorch_program:
+            from .executorch_runner import twin_program   # deferred: numpy, and torch + executorch in its build
+            say("building and checking the ExecuTorch program's host twin beside the compile", 3.9, 4)
+            twin_ptes = {soc.name: twin_program(view, soc.name, a.w.path, _tokenizer(a), runs.get(soc.name))
+                         for soc in plan.socs}
+    t1 = time.perf_counter()      # how much of it the compile hid:
+    run.timings["beside_compile_s"] = round(max(0.0, (t1 if compiling.running() else min(t1, compiling.ended_at)) - t0), 2)
+    return numerics, twin_ptes
+
+
+def _tokenizer(a: BundleAssembler) -> Path:
+    return next(a.w.dir / rel for rel, role in a.w.roles.items() if role == Role.TOKENIZER)
+
+
+def _self_check(staged: _Staged, qdq: QdqEntry, run: LlmRun, say, runs: dict, where: str = "") -> dict:
+    """Compile's own numerics (self_check.py) → manifest.numerics."""
     from .self_check import check_bundle   # deferred: torch (the generation loop's runner); not on --help
     t0 = time.perf_counter()
-    where = " beside the compile" if beside else ""
-    with one_host_core(last=True) if beside else contextlib.nullcontext() as held:
-        if beside:
-            beside.when_done(held.release)
-        num = check_bundle(staged, qdq.entry, run.pass_mark_db, lambda msg: say(msg + where, 3.85, 4), runs)
+    num = check_bundle(staged, qdq.entry, run.pass_mark_db, lambda msg: say(msg + where, 3.85, 4), runs)
     run.timings["numerics_s"] = round(time.perf_counter() - t0, 2)
     return num
 
@@ -149,17 +161,19 @@ def _refuse_below_mark(num: dict, run: LlmRun) -> None:
 
 
 def _twin_view(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry, twins: dict) -> _Staged | None:
-    """The bundle as the numerics check reads it, from the host twins alone (before the weight-shared
-    binaries are in); None with an embedder part, whose graphs come with its shared binary."""
+    """The bundle as the numerics check and the twin program read it, from the host twins alone (before the
+    weight-shared binaries are in: each graph's IO as its twin reads back); None with an embedder part,
+    whose graphs come with its shared binary."""
     if qdq.meta.get("embedder"):
         return None
+    io = {key: graph_io(a.read_back(a.w.dir / t.context_binary, get_target(key[0])).graphs[0]) for key, t in twins.items()}
     graphs = [GraphSpec(name=g["name"], kind=GraphKind.CONTEXT_BINARY, target=soc.name, part=g["name"],
                         n_tokens=g["n_tokens"], context_len=g.get("context_len"), part_index=g["part"],
                         n_parts=g["n_parts"], layers=g["layers"], host_twin=twins[(soc.name, g["name"])],
-                        quantized_model=g["qdq"])
+                        quantized_model=g["qdq"], **io[(soc.name, g["name"])])
               for soc in plan.socs for g in qdq.meta["graphs"]]
-    llm = _llm_section(plan, qdq.meta, {}, {}, None)   # no binaries, no Genie check yet: the check reads neither
-    return _Staged(a.w.dir, a.m.model_copy(update={"graphs": graphs, "llm": llm}))
+    llm = _llm_section(plan, qdq.meta, {}, {}, None)   # no binaries, no Genie check yet: the checks read neither
+    return _Staged(a.w.dir, a.m.model_copy(update={"graphs": graphs, "llm": llm, "parameters": qdq.meta["n_params"]}))
 
 
 def _describe(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry) -> None:
@@ -228,7 +242,7 @@ def _add_decoder(a: BundleAssembler, plan: LlmPlan, qmeta: dict, jobs: list, res
         weight_sharing[f"{job['target']}/{p}{'/full' if full else ''}"] = _weight_sharing(
             info, names, p, bin_rel, entry / meta["context_binary"], [twins[(job["target"], n)] for n in names])
         for name, ctx_rel, twin, qnn_name, qg in _members(a, job, r, info, bin_name, twins):
-            if qg is None and n_parts > 1:
+            if qg is None:
                 raise VerificationError(f"the binary of part {p} has no graph {qnn_name} for {name} "
                                         f"(it holds {', '.join(g.name for g in info.graphs)})",
                                         "report this with the manifest: the QNN EP's graph naming changed")
