@@ -172,7 +172,6 @@ class TwinProgram:
 def twin_program(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
                  replay=None) -> TwinProgram:
     """`<target>/host/executorch_twin.pte`, checked by ExecuTorch's runtime driven as the runner drives it.
-    It reads the host twins only: compile builds it while the shared binaries still compile.
     `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write;
     `replay`: the compile check's run on the target's twins (self_check.WindowRun), replayed by the check."""
     from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
@@ -192,12 +191,12 @@ def twin_program(bundle, target: str, place: Callable[[str, Role], Path], tokeni
 
 
 def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
-                   replay=None, twin: TwinProgram | None = None) -> ExecutorchRunnerProgram:
-    """`<target>/executorch/<name>.pte` (weight-shared, the phone's) beside its host twin (`twin`, or
-    built and checked here: twin_program), read back: each part's binary once."""
+                   replay=None) -> ExecutorchRunnerProgram:
+    """`<target>/executorch/<name>.pte` (weight-shared, the phone's), read back (each part's binary once),
+    beside its host twin, built and checked first (twin_program)."""
     from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
     _check_masks(bundle.manifest, target)
-    twin = twin or twin_program(bundle, target, place, tokenizer, replay)
+    twin = twin_program(bundle, target, place, tokenizer, replay)
     t0 = time.perf_counter()
     consts = program_constants(bundle.manifest)
     rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"

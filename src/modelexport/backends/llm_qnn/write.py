@@ -86,7 +86,7 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
         twins = _add_twins(a, *early) if early else {}
         runs: dict = {}        # each target's check run on the simulator: the ExecuTorch check replays it
         view = _twin_view(a, plan, qdq, twins) if early else None
-        numerics, twin_ptes = _beside_compile(view, a, plan, qdq, run, say, runs, compiling) if view else (None, {})
+        numerics = _beside_compile(view, qdq, run, say, runs, compiling) if view else None
         jobs, results = compiling.results()
         say("checking the binaries and writing the bundle", 3.5, 4)
         twins = twins or _add_twins(a, jobs, results)
@@ -105,8 +105,8 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
             from .executorch_runner import write_programs   # deferred: numpy, and torch + executorch in its build
             say("building and checking the ExecuTorch program for qnn_llama_runner", 3.9, 4)
             staged = _Staged(a.w.dir, a.m)
-            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, _tokenizer(a), runs.get(soc.name),
-                                                           twin_ptes.get(soc.name)) for soc in plan.socs}
+            a.m.llm.executorch = {soc.name: write_programs(staged, soc.name, a.w.path, _tokenizer(a), runs.get(soc.name))
+                                  for soc in plan.socs}
         if run.geniex:
             configs = {soc.name: json.loads((a.w.dir / genie[soc.name].file).read_text()) for soc in plan.socs}
             a.m.llm.geniex = {soc.name: write_geniex(a, soc.name, configs[soc.name], _tokenizer(a)) for soc in plan.socs}
@@ -117,25 +117,17 @@ def write_bundle(out: Path, force: bool, plan: LlmPlan, qdq: QdqEntry, compiling
     return open_bundle(out)
 
 
-def _beside_compile(view: _Staged, a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry, run: LlmRun, say, runs: dict,
-                    compiling) -> tuple[dict, dict]:
-    """What reads the host twins alone, done while the workers compile the weight-shared binaries
-    (`compiling`, ctx_compile.ContextCompile): compile's numerics check and, with --executorch-program,
-    the host twin program built and checked → (numerics, {target: TwinProgram}). Held on one host core
-    until the compile ends: the simulator's second thread mostly waits, the other core goes to the compile."""
+def _beside_compile(view: _Staged, qdq: QdqEntry, run: LlmRun, say, runs: dict, compiling) -> dict:
+    """Compile's numerics check on the host twins alone, while the workers compile the weight-shared
+    binaries (`compiling`, ctx_compile.ContextCompile), held on one host core until the compile ends:
+    the simulator's second thread mostly waits, and the other core goes to the compile."""
     t0 = time.perf_counter()
     with one_host_core(last=True) as held:
         compiling.when_done(held.release)
         numerics = _self_check(view, qdq, run, say, runs, " beside the compile")
-        twin_ptes = {}
-        if run.executorch_program:
-            from .executorch_runner import twin_program   # deferred: numpy, and torch + executorch in its build
-            say("building and checking the ExecuTorch program's host twin beside the compile", 3.9, 4)
-            twin_ptes = {soc.name: twin_program(view, soc.name, a.w.path, _tokenizer(a), runs.get(soc.name))
-                         for soc in plan.socs}
     t1 = time.perf_counter()      # how much of it the compile hid:
     run.timings["beside_compile_s"] = round(max(0.0, (t1 if compiling.running() else min(t1, compiling.ended_at)) - t0), 2)
-    return numerics, twin_ptes
+    return numerics
 
 
 def _tokenizer(a: BundleAssembler) -> Path:
@@ -161,19 +153,17 @@ def _refuse_below_mark(num: dict, run: LlmRun) -> None:
 
 
 def _twin_view(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry, twins: dict) -> _Staged | None:
-    """The bundle as the numerics check and the twin program read it, from the host twins alone (before the
-    weight-shared binaries are in: each graph's IO as its twin reads back); None with an embedder part,
-    whose graphs come with its shared binary."""
+    """The bundle as the numerics check reads it, from the host twins alone (before the weight-shared
+    binaries are in); None with an embedder part, whose graphs come with its shared binary."""
     if qdq.meta.get("embedder"):
         return None
-    io = {key: graph_io(a.read_back(a.w.dir / t.context_binary, get_target(key[0])).graphs[0]) for key, t in twins.items()}
     graphs = [GraphSpec(name=g["name"], kind=GraphKind.CONTEXT_BINARY, target=soc.name, part=g["name"],
                         n_tokens=g["n_tokens"], context_len=g.get("context_len"), part_index=g["part"],
                         n_parts=g["n_parts"], layers=g["layers"], host_twin=twins[(soc.name, g["name"])],
-                        quantized_model=g["qdq"], **io[(soc.name, g["name"])])
+                        quantized_model=g["qdq"])
               for soc in plan.socs for g in qdq.meta["graphs"]]
-    llm = _llm_section(plan, qdq.meta, {}, {}, None)   # no binaries, no Genie check yet: the checks read neither
-    return _Staged(a.w.dir, a.m.model_copy(update={"graphs": graphs, "llm": llm, "parameters": qdq.meta["n_params"]}))
+    llm = _llm_section(plan, qdq.meta, {}, {}, None)   # no binaries, no Genie check yet: the check reads neither
+    return _Staged(a.w.dir, a.m.model_copy(update={"graphs": graphs, "llm": llm}))
 
 
 def _describe(a: BundleAssembler, plan: LlmPlan, qdq: QdqEntry) -> None:
