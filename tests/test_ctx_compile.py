@@ -2,6 +2,7 @@
 compile (backends/llm_qnn/ctx_compile.py). Fast: the jobs are plain functions in real worker processes."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ def _compile(jobs, timings):
 
 def test_the_workers_take_the_first_shared_binary_then_the_twins_then_the_rest():
     assert job_order(_jobs(0)) == [0, 2, 3, 1]
+    in_parts = [(fn, {**j, "n_parts": 2}) for fn, j in _jobs(0)]      # the check outlasts the compile
+    assert job_order(in_parts) == [2, 3, 0, 1]
 
 
 def test_the_twins_come_back_while_a_shared_binary_still_compiles():
@@ -53,6 +56,7 @@ def test_the_twins_come_back_while_a_shared_binary_still_compiles():
         twins, results = early
         assert [j["graph"] for _, j in twins] == ["g1", "g2"]
         jobs, all_results = c.results()
+        assert not multiprocessing.active_children()                        # the workers ended with the jobs
     assert [j["key"] for _, j in jobs] == ["s1", "s2", "t1", "t2"]          # the caller's order
     assert all_results[2:] == results
     assert min(r["ended"] for r in all_results[:2]) > handed                  # both shared still ran then

@@ -1,9 +1,8 @@
 """The context-binary jobs of one LLM compile, in worker processes, ordered for compile's numerics check.
 
-The check reads the host twins only. So the first weight-shared binary (the longest job) starts
-first, every host twin comes next and the other shared binaries last: `twins()` hands the twins
-over as soon as they are compiled, and the check runs on the simulator while the workers go on with
-the shared binaries; `results()` waits for the rest. Everything cached: the jobs are read here,
+The check reads the host twins only, so the twins come early (job_order): `twins()` hands them over
+as soon as they are compiled, and the check runs on the simulator while the workers go on with the
+shared binaries; `results()` waits for the rest, and the workers end then. Everything cached: the jobs are read here,
 without a child process, and there is nothing to overlap.
 """
 from __future__ import annotations
@@ -26,10 +25,13 @@ NAMESPACE = {"shared": SHARED_NAMESPACE, "twin": ort_qnn_worker.CACHE_NAMESPACE}
 
 
 def job_order(jobs: list) -> list[int]:
-    """The jobs' indexes in the order the workers take them: the first shared binary, the twins, the rest."""
+    """The jobs' indexes in the order the workers take them. A decoder in one part: its shared binary
+    first (the longest job: SmolLM2-135M's took 170 CPU-s, each twin 20), then the twins. In several
+    parts the check outlasts the compile (a Llama-3.2-1B shape: 512 s against 314), so the twins first."""
     shared = [i for i, (_, j) in enumerate(jobs) if j["kind"] != "twin"]
     twins = [i for i, (_, j) in enumerate(jobs) if j["kind"] == "twin"]
-    return shared[:1] + twins + shared[1:]
+    one_part = all(j.get("n_parts", 1) == 1 for _, j in jobs if j["kind"] != "twin")
+    return shared[:1] + twins + shared[1:] if one_part else twins + shared
 
 
 class ContextCompile:
@@ -56,24 +58,26 @@ class ContextCompile:
         self._hits = {i: _here(*self.jobs[i]) for i in self._cached}          # cache reads: no child process
         self._handles = {i: self._pool.submit(*self.jobs[i]) for i in job_order(self.jobs)
                          if i not in self._hits} if self._pool else {}
+        self._futures = {i: self._pool.future(h) for i, h in self._handles.items()}
         for f in self._all_futures():
             f.add_done_callback(self._ended)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._pool:
-            self._pool.__exit__(*exc)
+            pool, self._pool = self._pool, None
+            pool.__exit__(*exc)
 
     def twins(self) -> tuple[list, list] | None:
         """(the twin jobs, their results) once every twin is compiled while other jobs still run; None when
         nothing would run beside the check (all cached, or every job ended) or a twin failed (results() says)."""
         idx = [i for i, (_, j) in enumerate(self.jobs) if j["kind"] == "twin"]
-        futures = [self._pool.future(self._handles[i]) for i in idx if i in self._handles]
+        futures = [self._futures[i] for i in idx if i in self._futures]
         for _ in as_completed(futures):
             self._progress()
         if any(f.exception() is not None for f in futures) or not self.running():
             return None
-        results = [self._hits[i] if i in self._hits else self._pool.future(self._handles[i]).result() for i in idx]
+        results = [self._hits[i] if i in self._hits else self._futures[i].result() for i in idx]
         if any(isinstance(r, ModelExportError) for r in results):
             return None
         twins = [self.jobs[i] for i in idx]
@@ -82,8 +86,10 @@ class ContextCompile:
         return twins, results
 
     def results(self) -> tuple[list, list]:
-        """(jobs, results) in `jobs`' order, once all have ended; the first failed job's error."""
+        """(jobs, results) in `jobs`' order, once all have ended (the workers end then: each holds about
+        1 GB after a 1B model's binaries); the first failed job's error."""
         outcomes = self._pool.outcomes(lambda r: self._progress()) if self._pool else []
+        self.__exit__(None, None, None)
         by_index = self._hits | {i: outcomes[h] for i, h in self._handles.items()}
         results = raise_first_error([by_index[i] for i in range(len(self.jobs))])
         self._entries = [Path(r["entry"]) for r in results]
@@ -120,7 +126,7 @@ class ContextCompile:
             call()
 
     def _all_futures(self) -> list:
-        return [self._pool.future(h) for h in self._handles.values()]
+        return list(self._futures.values())
 
     def _progress(self) -> None:
         done = len(self._hits) + sum(f.done() for f in self._all_futures())
