@@ -150,3 +150,24 @@ def test_image_bgr_gives_the_model_blue_green_red(tmp_path):
     np.testing.assert_allclose(bgr[0, :, 0, 0], [0 - 0.5, 0 - 0.1, 1 - 0.2], rtol=1e-6)   # mean in B, G, R order
     nhwc = image_array(tmp_path / "red.png", "x", (1, 8, 8, 3), np.float32, MediaOptions(bgr=True))
     assert nhwc[0, 0, 0].tolist() == [0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("dims, fix", [
+    ({"atoms": ["num_atoms"], "edges": [2, "num_edges"]}, "atoms=NUM_ATOMS --input-shape edges=2,NUM_EDGES (replace NUM_ATOMS, NUM_EDGES by the sizes"),
+    ({"a": ["unk__1", 3], "b": ["unk__2", 3]}, "a=N,3 --input-shape b=N,3 (replace N by the size"),   # tf2onnx's names
+    ({"a": ["batch", 3], "b": ["batch"]}, "a=N,3 --input-shape b=N (replace N by the size"),
+])
+def test_the_fix_for_dynamic_inputs_names_each_dimension_to_give(tmp_path, dims, fix):
+    """A graph model's inputs carry several symbolic sizes (caustic-nmr's PaiNN: num_atoms, num_edges,
+    num_residues): the fix says which size goes where, not N everywhere."""
+    import onnx
+    from onnx import TensorProto, helper
+    from modelexport.frontends.onnx_model import load_onnx
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in dims.items()]
+    nodes = [helper.make_node("Identity", [n], [f"{n}_out"]) for n in dims]
+    outs = [helper.make_tensor_value_info(f"{n}_out", TensorProto.FLOAT, s) for n, s in dims.items()]
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", ins, outs), opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(InputError) as e:
+        load_onnx(str(path), {}).require_static()
+    assert fix in e.value.in_words_of("cli").fix

@@ -43,7 +43,11 @@ class IOSpec:
     @property
     def shape_to_fill(self) -> list[int | str]:
         """The shape with N where the user must give a size."""
-        return [d if isinstance(d, int) and d > 0 else "N" for d in self.shape]
+        return self.shape_with({})
+
+    def shape_with(self, placeholders: Mapping[str, str]) -> list[int | str]:
+        """The shape with each size to give written as its dimension's placeholder, else N."""
+        return [d if isinstance(d, int) and d > 0 else placeholders.get(str(d), "N") for d in self.shape]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": self.shape, "dtype": self.dtype}
@@ -74,12 +78,26 @@ class LoadedOnnx:
         dyn = self.dynamic_inputs
         if dyn:
             shown = ", ".join(f"{i.name}{i.shape}" for i in dyn)
+            holders = dimension_placeholders(dyn)
+            which = (f"replace {', '.join(holders.values())} by the sizes you will run" if holders
+                     else "replace N by the size you will run")
             raise InputError(f"the model has dynamic input dimensions ({shown}); the HTP runs static graphs only",
-                             "fix them with {setting} (replace N by the size you will run)",
-                             Setting("input_shapes", {i.name: i.shape_to_fill for i in dyn}))
+                             f"fix them with {{setting}} ({which})",
+                             Setting("input_shapes", {i.name: i.shape_with(holders) for i in dyn}))
 
     def to_bytes(self) -> bytes:
         return self.model.SerializeToString()
+
+
+_ANONYMOUS_DIM = re.compile(r"^(unk__\d+|\?|None|-?\d+|)$")   # tf2onnx's unk__N, unknown or numbered
+
+
+def dimension_placeholders(inputs: Iterable[IOSpec]) -> dict[str, str]:
+    """{symbolic dimension name: its placeholder} when the inputs' sizes to give carry several names
+    (a graph model's num_atoms, num_edges: NUM_ATOMS, NUM_EDGES); {} for one or none (all N)."""
+    names = sorted({str(d) for i in inputs for d in i.shape
+                    if not (isinstance(d, int) and d > 0) and not _ANONYMOUS_DIM.match(str(d))})
+    return {n: re.sub(r"\W+", "_", n).strip("_").upper() or "N" for n in names} if len(names) > 1 else {}
 
 
 def parse_input_shapes(specs: Iterable[str] | Mapping[str, Iterable[int]] | None) -> dict[str, list[int]]:
