@@ -274,8 +274,9 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
     def on_done(res) -> None:
         nonlocal done
         done += 1
-        meta = res["meta"] if isinstance(res, dict) else {}
-        report(f"compiled {meta.get('part', '?')} for {meta.get('target', '?')}", done, n_steps)
+        meta = res["meta"] if isinstance(res, dict) else None
+        report(f"compiled {meta.get('part', '?')} for {meta.get('target', '?')}" if meta is not None
+               else "a graph did not compile (the error follows)", done, n_steps)
     # one job or one worker: in this process, without a child's start-up
     outcomes = run_jobs("the QNN EP compile", [(ort_qnn_worker.compile_job, j) for j in jobs], workers, on_done,
                         in_process=workers <= 1 or len(jobs) <= 1)
