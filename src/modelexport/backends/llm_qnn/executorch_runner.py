@@ -157,59 +157,34 @@ def _decoder_spec(llm):
     return DecoderSpec(s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.hidden_size, s.vocab_size, llm.max_seq_len)
 
 
-@dataclass
-class TwinProgram:
-    """The host twin program (the bundle's graphs unshared, for the x86 simulator), built and checked."""
-    rel: str
-    path: Path
-    bytes: int
-    build_s: float
-    version: str             # qnn_llama_runner's --decoder_model_version
-    eos: list[int]
-    check: dict
-
-
-def twin_program(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
-                 replay=None) -> TwinProgram:
-    """`<target>/host/executorch_twin.pte`, checked by ExecuTorch's runtime driven as the runner drives it.
+def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
+                   replay=None) -> ExecutorchRunnerProgram:
+    """`<target>/executorch/<name>.pte` (weight-shared, the phone's) and its host twin, checked.
     `bundle`: the bundle's manifest and files (`.manifest`, `.file(rel)`); `place(rel, role)`: where to write;
     `replay`: the compile check's run on the target's twins (self_check.WindowRun), replayed by the check."""
     from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
     t0 = time.perf_counter()
-    rel = f"{target}/host/executorch_twin.pte"
+    _check_masks(bundle.manifest, target)
+    soc, consts = get_target(target), program_constants(bundle.manifest)
+    rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"
+    twin_rel = f"{target}/host/executorch_twin.pte"
+    sizes, paths = {}, {}
     with _quiet("building the ExecuTorch program"), tempfile.TemporaryDirectory(prefix="modelexport-pte-") as scratch:
-        path = place(rel, Role.HOST_PTE)
-        size = build_program(method_plans(bundle, target, True, Path(scratch)), get_target(target), path,
-                             program_constants(bundle.manifest))
+        for path, twin in ((rel, False), (twin_rel, True)):
+            paths[path] = place(path, Role.HOST_PTE if twin else Role.PTE)
+            sizes[path] = build_program(method_plans(bundle, target, twin, Path(scratch)), soc, paths[path], consts)
+    binaries = _check_shared(read_pte(paths[rel].read_bytes()), bundle.manifest.llm.n_parts)
     build_s = time.perf_counter() - t0
     tok = load_tokenizer(tokenizer)
     version = runner_version(bundle.manifest.llm.architecture, tok)
     eos = runner_eos(version, tok)
     with _quiet("running the ExecuTorch program's host twin"):
-        check = RunnerCheck.run(bundle, path, target, tok, eos, replay)
-    return TwinProgram(rel, path, size, build_s, version, eos, check.record())
-
-
-def write_programs(bundle, target: str, place: Callable[[str, Role], Path], tokenizer: Path,
-                   replay=None) -> ExecutorchRunnerProgram:
-    """`<target>/executorch/<name>.pte` (weight-shared, the phone's), read back (each part's binary once),
-    beside its host twin, built and checked first (twin_program)."""
-    from ..executorch_qnn.from_binaries import build_program   # deferred: torch, executorch
-    _check_masks(bundle.manifest, target)
-    twin = twin_program(bundle, target, place, tokenizer, replay)
-    t0 = time.perf_counter()
-    consts = program_constants(bundle.manifest)
-    rel = f"{target}/executorch/{bundle.manifest.llm.architecture}_{bundle.manifest.precision}.pte"
-    with _quiet("building the ExecuTorch program"), tempfile.TemporaryDirectory(prefix="modelexport-pte-") as scratch:
-        path = place(rel, Role.PTE)
-        size = build_program(method_plans(bundle, target, False, Path(scratch)), get_target(target), path, consts)
-    binaries = _check_shared(read_pte(path.read_bytes()), bundle.manifest.llm.n_parts)
+        check = RunnerCheck.run(bundle, paths[twin_rel], target, tok, eos, replay)
     return ExecutorchRunnerProgram(
-        file=rel, host_twin=twin.rel, methods=sorted(program_methods(twin.path)), metadata=consts,
-        bytes=size, host_twin_bytes=twin.bytes, binaries_stored=len(binaries),
-        binary_bytes=sum(e["size"] for e in binaries), build_s=round(twin.build_s + time.perf_counter() - t0, 2),
-        decoder_model_version=twin.version, eos_ids=twin.eos,
-        command=runner_command(rel, twin.version, bundle.manifest.llm.max_seq_len), check=twin.check)
+        file=rel, host_twin=twin_rel, methods=sorted(program_methods(paths[twin_rel])), metadata=consts,
+        bytes=sizes[rel], host_twin_bytes=sizes[twin_rel], binaries_stored=len(binaries),
+        binary_bytes=sum(e["size"] for e in binaries), build_s=round(build_s, 2), decoder_model_version=version,
+        eos_ids=eos, command=runner_command(rel, version, bundle.manifest.llm.max_seq_len), check=check.record())
 
 
 def _check_masks(manifest, target: str) -> None:
