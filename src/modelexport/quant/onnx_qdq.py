@@ -89,6 +89,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                                         nodes_to_exclude=island or None, calibrate_method=CalibrationMethod[calib_name])
             config.extra_options.update(calib_extra)
             keep_constants_float(config)
+            unsigned_norm_scales(config, src, weight)
             quantize_fanned_inputs(config, src)
             widened = widen_log_ranges(config, src, calibration)
             try:
@@ -178,6 +179,25 @@ def quantize_fanned_inputs(config, src: Path) -> None:
     import onnx
     if fanned_inputs(onnx.load(str(src), load_external_data=False)):
         config.extra_options["ForceQuantizeNoInputCheck"] = True
+
+
+def unsigned_norm_scales(config, src: Path, weight) -> None:
+    """An InstanceNormalization's scale at 16 bits is quantized unsigned.
+
+    At 16-bit weights ONNX Runtime's quantizer gives the scale int16, and the HTP's InstanceNorm
+    takes only an unsigned scale: the QNN EP turns an int8 scale into uint8 itself but not an int16
+    one, so it refuses the op after its NHWC layout pass and the whole graph fails to compile (a
+    GroupNorm exported as Reshape → InstanceNormalization → Reshape, every diffusion UNet's)."""
+    import onnx
+    from onnxruntime.quantization import QuantType
+    if weight not in (QuantType.QUInt16, QuantType.QInt16):
+        return
+    model = onnx.load(str(src), load_external_data=False)
+    inits = {t.name for t in model.graph.initializer}
+    overrides = config.extra_options.setdefault("TensorQuantOverrides", {})
+    for node in model.graph.node:
+        if node.op_type == "InstanceNormalization" and len(node.input) > 1 and node.input[1] in inits:
+            overrides.setdefault(node.input[1], [{"quant_type": QuantType.QUInt16}])
 
 
 def keep_constants_float(config) -> None:

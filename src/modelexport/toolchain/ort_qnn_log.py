@@ -77,6 +77,29 @@ def error_lines(text: str) -> list[str]:
     return [_ANSI.sub("", l).split("] ", 1)[-1].strip() for l in text.splitlines() if _ERROR.search(l)]
 
 
+# The EP took a node before ONNX Runtime moved it to NHWC and refused it after: the session fails as a
+# whole ("...was inserted using the NHWC format as requested by QNNExecutionProvider, but was not
+# selected by that EP"). The layout pass appends `_token_N` to the node's own name.
+_LAYOUT_REFUSED = re.compile(r"Node '(.+?)(?:_token_\d+)?' OpType:(\w+) with domain:com\.ms\.internal\.nhwc "
+                             r"was inserted using the NHWC format")
+
+
+def layout_refusal(error: str) -> tuple[str, str] | None:
+    """(node name, op type) when the EP refused a node after the NHWC layout pass, else None."""
+    m = _LAYOUT_REFUSED.search(error or "")
+    return (m[1], m[2]) if m else None
+
+
+def layout_refusal_fix(error: str) -> str | None:
+    """The fix for a node the EP refused after the NHWC layout pass: keep that node in float."""
+    if (hit := layout_refusal(error)) is None:
+        return None
+    node, op = hit
+    return (f"the QNN EP refuses {op} node {node!r} at this precision once it is moved to NHWC: keep it in "
+            f"float inside the quantized graph with --override '^{re.escape(node)}$=fp16', "
+            "or compile at --precision fp16")
+
+
 def is_graph_refusal(error: str) -> bool:
     return bool(GRAPH_REFUSED.search(error or ""))
 

@@ -32,7 +32,7 @@ from ...toolchain.ort_qnn import CPU_EP_NAME, EP_NAME
 from ...toolchain.qairt import find_qairt
 from ...auditing.fixes import suggest_fix
 from .audit_blockers import blocker_audit
-from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusal, parse_ep_log
+from ...toolchain.ort_qnn_log import Blocker, blockers_from_log, is_graph_refusal, layout_refusal_fix, parse_ep_log
 from ...frontends.module_paths import onnx_module_path
 from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
@@ -183,7 +183,7 @@ def _refused_report(audited: _Audited, probe_path, options, work, log_text, erro
         if prec.quantized:   # the float model loaded; the QDQ model the quantizer wrote did not
             opset = next((o.version for o in loaded.model.opset_import if o.domain in ("", "ai.onnx")), 0)
             raise ToolchainError(f"ONNX Runtime could not open the {prec.name} (QDQ) model its quantizer wrote: "
-                                 f"{clip(error, 600)}",
+                                 f"{clip(error, 600)}", layout_refusal_fix(error) or
                                  (f"the model is at opset {opset} and per-channel Q/DQ needs 13: re-export it at "
                                   "opset 13 or later, or " if 0 < opset < 13 else "")
                                  + "audit and compile it at --precision fp16 (no Q/DQ)")

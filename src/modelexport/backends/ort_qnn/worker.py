@@ -11,6 +11,7 @@ from pathlib import Path
 from ...core.cache import Cache, cache_key
 from ...core.errors import ToolchainError, clip
 from ...toolchain.ort_qnn import SessionPlan, create_session, node_assignment
+from ...toolchain.ort_qnn_log import layout_refusal_fix
 from ...toolchain.qnn_graph_order import ORDER_SCHEME, ordered_model_path
 from .formats import OUTPUT_FORMATS
 
@@ -67,8 +68,8 @@ def _compile_fix(error: str, opts: dict) -> str:
         return ("the HTP's graph preparation ran out of memory at this optimization level: compile with -O 1 "
                 "(a lighter optimization: check its speed with `modelexport profile`), or a smaller --input-shape "
                 "where the model allows one")
-    return ("run `modelexport audit` on the model with the same --precision: it names the node QNN refuses and "
-            "the fix for it")
+    return layout_refusal_fix(error) or ("run `modelexport audit` on the model with the same --precision: it "
+                                         "names the node QNN refuses and the fix for it")
 
 
 def compile_job(job: dict) -> dict:
