@@ -112,7 +112,8 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     if log_path:
         check_output(Path(log_path), force=True)     # a log is replaced; its folder must be writable
     loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
-                                       quantized=prec.quantized, activation_bits=prec.activation_bits if prec.quantized else 0)
+                                       quantized=prec.quantized, activation_bits=prec.activation_bits if prec.quantized else 0,
+                                       weight_bits=prec.weight_bits if prec.quantized else 0)
     qairt = find_qairt()
     notes: list[str] = [f"repair {r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")[:300]
                         for r in loaded.repairs]

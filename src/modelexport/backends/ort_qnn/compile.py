@@ -78,7 +78,8 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
         loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized,
-                               activation_bits=prec.activation_bits if prec.quantized else 0)
+                               activation_bits=prec.activation_bits if prec.quantized else 0,
+                               weight_bits=prec.weight_bits if prec.quantized else 0)
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         limits, media = index_limits(loaded.model), media_options(opts)

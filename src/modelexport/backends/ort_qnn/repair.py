@@ -63,10 +63,12 @@ def _merge(records: list[dict]) -> list[dict]:
 
 
 def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = None, allow_dynamic: bool = False,
-                  allow_control_flow: bool = False, quantized: bool = False, activation_bits: int = 0) -> LoadedOnnx:
+                  allow_control_flow: bool = False, quantized: bool = False, activation_bits: int = 0,
+                  weight_bits: int = 0) -> LoadedOnnx:
     import onnx
     first = load_onnx(source, None, allow_dynamic=True)
-    ctx = RepairContext(parse_input_values(input_values, first.inputs), quantized=quantized, activation_bits=activation_bits)
+    bits = {"activation_bits": activation_bits, "weight_bits": weight_bits}
+    ctx = RepairContext(parse_input_values(input_values, first.inputs), quantized=quantized, **bits)
     model = onnx.ModelProto()
     model.CopyFrom(first.model)
     # Two rounds: branches are folded before the shapes are fixed (ONNX Runtime's optimizer crashes on an
@@ -74,7 +76,7 @@ def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = Non
     # Shape → Equal conditions of the inlined branches have become constants.
     done = apply_repairs(model, ctx)
     loaded = load_onnx(model, _shapes_left(input_shapes, ctx.input_values), allow_dynamic=True)
-    again = apply_repairs(loaded.model, RepairContext(quantized=quantized, activation_bits=activation_bits))
+    again = apply_repairs(loaded.model, RepairContext(quantized=quantized, **bits))
     if again:          # shapes inferred again from the fixed inputs through what the second round changed
         shapes = loaded.fixed_shapes
         loaded = load_onnx(loaded.model, shapes or None, allow_dynamic=True)

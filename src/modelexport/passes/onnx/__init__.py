@@ -21,6 +21,7 @@ class RepairContext:
     input_values: dict[str, Any] = field(default_factory=dict)   # name → numpy array the user fixed
     quantized: bool = False                      # the model will be quantized (QDQ) after the repairs
     activation_bits: int = 0                     # its activations' bits when quantized (8 or 16), else 0
+    weight_bits: int = 0                         # its weights' bits when quantized (4, 8 or 16), else 0
     detached_metadata: list[tuple[str, str]] = field(default_factory=list)  # re-attached to the written models
 
 
