@@ -74,3 +74,13 @@ def test_a_wide_kernel_holds_at_16a16w_in_pieces(tmp_path, monkeypatch, repaired
                             calibration=calib, use_cache=False)
     db = b.manifest.numerics["outputs"][0]["sqnr_db"]
     assert (db >= 55) if repaired else (db < 45), b.manifest.numerics["outputs"]
+
+
+def test_a_conv_whose_pieces_would_be_too_large_stays_whole(monkeypatch):
+    """Each piece's output is a tensor calibration records: beyond MAX_PIECE_VALUES in all the Conv is
+    left whole (basic-pitch's constant-Q front end took calibration past 10 minutes in pieces)."""
+    from modelexport.passes.onnx import wide_kernel
+    monkeypatch.setattr(wide_kernel, "MAX_PIECE_VALUES", 2 * C * 50 - 1)      # [16] on 50 samples: 2 pieces of C x 50
+    m = conv_model([16], [50], pads=[8, 7])
+    assert not any(r["name"] == "wide-kernel-as-pieces"
+                   for r in apply_repairs(m, RepairContext(quantized=True, activation_bits=16, weight_bits=16)))

@@ -21,6 +21,10 @@ from . import RepairContext, onnx_repair
 from .graph_edit import static_shapes
 
 MAX_TAPS = 8                              # widest kernel dimension the HTP computes well at 16-bit weights
+# the pieces' outputs, all of them, at most this many values: each is a tensor the size of the Conv's
+# output that calibration records (basic-pitch's constant-Q front end: 32 pieces of 36 x 44,100 each, and
+# 27 such Convs, took calibration from seconds past 10 minutes); a Conv beyond it is left whole
+MAX_PIECE_VALUES = 1 << 22
 
 
 def _attrs(n) -> dict:
@@ -42,9 +46,17 @@ def _plan(n, inits, shapes) -> dict | None:
         return None
     if a.get("auto_pad", b"NOTSET") not in (b"", b"NOTSET"):
         return None
-    return {"w": w, "rank": rank, "size": shapes[n.input[0]][2:], "group": a.get("group", 1),
-            "strides": list(a.get("strides", [1] * rank)), "dilations": list(a.get("dilations", [1] * rank)),
-            "pads": list(a.get("pads", [0] * 2 * rank))}
+    p = {"w": w, "rank": rank, "size": shapes[n.input[0]][2:], "group": a.get("group", 1),
+         "strides": list(a.get("strides", [1] * rank)), "dilations": list(a.get("dilations", [1] * rank)),
+         "pads": list(a.get("pads", [0] * 2 * rank))}
+    if len(_pieces(list(w.shape[2:]))) * w.shape[0] * int(np.prod(_out_size(p))) > MAX_PIECE_VALUES:
+        return None
+    return p
+
+
+def _out_size(p: dict) -> list[int]:
+    rank, k, pads, s, d = p["rank"], p["w"].shape[2:], p["pads"], p["strides"], p["dilations"]
+    return [(p["size"][i] + pads[i] + pads[i + rank] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(rank)]
 
 
 def _pieces(kernel: list[int]) -> list[list[tuple[int, int]]]:
@@ -57,8 +69,7 @@ def _rewrite(g, n, p: dict) -> None:
     from onnx import helper, numpy_helper
     base, rank, w = n.name or n.output[0], p["rank"], p["w"]
     pads, s, d = p["pads"], p["strides"], p["dilations"]
-    padded = [p["size"][i] + pads[i] + pads[i + rank] for i in range(rank)]
-    out = [(padded[i] - d[i] * (w.shape[2 + i] - 1) - 1) // s[i] + 1 for i in range(rank)]
+    out = _out_size(p)
     new, x = [], n.input[0]
     consts = []
     if any(pads):
