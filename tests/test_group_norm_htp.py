@@ -5,13 +5,13 @@ unsigned scale, and ONNX Runtime's quantizer gives it int16 at 16-bit weights
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import modelexport
 from modelexport.core.errors import ToolchainError
 from modelexport.quant import onnx_qdq
+from onnx_models import _save
 
 C, G, H = 64, 32, 8
 
@@ -27,13 +27,9 @@ def group_norm(path) -> str:
              helper.make_node("Reshape", ["n", "back"], ["r"], name="node_Reshape_2"),
              helper.make_node("Mul", ["r", "gamma"], ["m"], name="node_Mul_3"),
              helper.make_node("Add", ["m", "beta"], ["y"], name="node_Add_4")]
-    g = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, H, H])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, H, H])],
-                          [numpy_helper.from_array(v, k) for k, v in params.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    onnx.save(m, str(path))
-    return str(path)
+    return str(_save(nodes, "gn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, H, H])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, H, H])],
+                     [numpy_helper.from_array(v, k) for k, v in params.items()], path))
 
 
 @pytest.mark.parametrize("fixed", [False, True])

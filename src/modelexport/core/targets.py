@@ -13,6 +13,12 @@ from dataclasses import asdict, dataclass
 
 from .errors import TargetError
 
+# With 16-bit weights the HTP computes a Conv close to its QDQ model up to 8 taps per kernel dimension
+# (68.5 dB) and from 64 on (84 dB), and far from it in between (9 to 63 taps: about 34 dB; a 2-D 9x9:
+# 33.0 dB) (bench/results/htp_wide_kernel.json).
+HTP_16BIT_WEIGHT_MAX_TAPS = 8
+HTP_16BIT_WEIGHT_WHOLE_FROM_TAPS = 64
+
 # Features and the first HTP architecture that has them.
 FEATURE_FLOORS: dict[str, int] = {
     "fp16": 69,             # float16 execution on HTP

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
+from .graph_edit import replace_node, sum_nodes
 
 MIN_DILATION = 256                       # below it the HTP's own dilated Conv is quick (measured: 128 → 5 s)
 
@@ -30,7 +31,7 @@ def dilated_conv_as_taps(model, ctx: RepairContext) -> dict | None:
         if plan is None:
             continue
         w, d, pads, length = plan
-        new, at = [], list(g.node).index(n)
+        new = []
         base = n.name or n.output[0]
         x = n.input[0]
         if any(pads):
@@ -49,14 +50,7 @@ def dilated_conv_as_taps(model, ctx: RepairContext) -> dict | None:
             new += [helper.make_node("Slice", [x, f"{s}/start", f"{s}/end", f"{s}/axis"], [f"{s}/x"], name=f"{s}/Slice"),
                     helper.make_node("Conv", inputs, [f"{s}/y"], name=f"{s}/Conv", kernel_shape=[1])]
             taps.append(f"{s}/y")
-        acc = taps[0]
-        for j, t in enumerate(taps[1:], 1):
-            out = n.output[0] if j == len(taps) - 1 else f"{base}/sum{j}"
-            new.append(helper.make_node("Add", [acc, t], [out], name=f"{base}/Add{j}"))
-            acc = out
-        g.node.remove(n)
-        for k, m in enumerate(new):
-            g.node.insert(at + k, m)
+        replace_node(g, n, new + sum_nodes(taps, n.output[0], base))
         done.append({"node": base, "dilation": d})
     if done:
         used = _read(g)

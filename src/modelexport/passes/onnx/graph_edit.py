@@ -115,6 +115,25 @@ def static_shapes(model) -> dict[str, list[int]]:
     return out
 
 
+def sum_nodes(terms: list[str], out: str, base: str) -> list:
+    """Add nodes that sum `terms` in order into `out` (the partial sums named `{base}/sumJ`)."""
+    from onnx import helper
+    nodes, acc = [], terms[0]
+    for j, t in enumerate(terms[1:], 1):
+        y = out if j == len(terms) - 1 else f"{base}/sum{j}"
+        nodes.append(helper.make_node("Add", [acc, t], [y], name=f"{base}/Add{j}"))
+        acc = y
+    return nodes
+
+
+def replace_node(graph, node, new: list) -> None:
+    """`new` in `node`'s place in the graph's node list, in order."""
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for k, m in enumerate(new):
+        graph.node.insert(at + k, m)
+
+
 def reader_counts(graph) -> dict[str, int]:
     """How many node inputs read each tensor."""
     readers: dict[str, int] = {}

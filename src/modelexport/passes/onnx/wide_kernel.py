@@ -1,15 +1,14 @@
-"""`wide-kernel-as-pieces`: at 16-bit weights, a Conv whose kernel is wider than 8 taps becomes a
-sum of Convs of at most 8 taps each.
+"""`wide-kernel-as-pieces`: at 16-bit weights, a Conv whose kernel has 9 to 63 taps in a dimension
+becomes a sum of Convs of at most 8 taps each.
 
-The HTP computes a Conv with 16-bit weights far from its QDQ model once a kernel dimension passes 8
-taps (SM8650, one Conv of 64 channels on 4 random inputs; bench/results/htp_wide_kernel.json):
-a 1-D kernel of 8 gives 68.5 dB and one of 9 gives 34.5 dB (the QDQ model on
-the CPU: 85.9 dB for 16), 2-D 7x7 73.6 dB and 9x9 33.0 dB, worse than the same Conv with 8-bit
-weights (about 42 dB). Audio front ends have such kernels (wav2vec2's first Conv: 10 taps; its
-positional Conv: 128). A Conv is the sum over pieces of its kernel of the Conv of the input's
-matching window, so it is written that way: Pad once, then per piece a Slice and a Conv without
-padding (the bias in the first), then Adds. Same arithmetic, each Conv one the HTP computes at
-16 bits.
+With 16-bit weights the HTP computes a Conv far from its QDQ model when a kernel dimension has 9 to 63
+taps (SM8650, one Conv of 64 channels on 4 random inputs; bench/results/htp_wide_kernel.json): a 1-D
+kernel of 8 gives 68.5 dB, of 9 to 63 about 34 dB, of 64 and more 84 dB again; 2-D 7x7 73.6 dB and
+9x9 33.0 dB; the QDQ model holds about 86 dB on the CPU, and the same Conv with 8-bit weights about 42.
+Audio front ends have such kernels (wav2vec2's first Conv: 10 taps). A Conv is the sum over pieces of
+its kernel of the Conv of the input's matching window, so it is written that way: Pad once, then per
+piece a Slice and a Conv without padding (the bias in the first), then Adds. Same arithmetic, each Conv
+one the HTP computes at 16 bits (66.5 to 71.5 dB).
 """
 from __future__ import annotations
 
@@ -17,13 +16,16 @@ import itertools
 
 import numpy as np
 
+from ...core.targets import HTP_16BIT_WEIGHT_MAX_TAPS, HTP_16BIT_WEIGHT_WHOLE_FROM_TAPS
 from . import RepairContext, onnx_repair
-from .graph_edit import static_shapes
+from .graph_edit import replace_node, static_shapes, sum_nodes
 
-MAX_TAPS = 8                              # widest kernel dimension the HTP computes well at 16-bit weights
-# the pieces' outputs, all of them, at most this many values: each is a tensor the size of the Conv's
-# output that calibration records (basic-pitch's constant-Q front end: 32 pieces of 36 x 44,100 each, and
-# 27 such Convs, took calibration from seconds past 10 minutes); a Conv beyond it is left whole
+MAX_TAPS = HTP_16BIT_WEIGHT_MAX_TAPS
+WHOLE_FROM = HTP_16BIT_WEIGHT_WHOLE_FROM_TAPS
+# A Conv is left whole beyond 16 pieces (a 2-D kernel of 33x33), or when its pieces' outputs, each a
+# tensor calibration records, pass 4 M values in all: ONNX Runtime's quantizer slows with every node
+# (basic-pitch's 27 Convs of 256 taps in 32 pieces each took quantizing from 2 s past 5 minutes).
+MAX_PIECES = 16
 MAX_PIECE_VALUES = 1 << 22
 
 
@@ -42,14 +44,15 @@ def _plan(n, inits, shapes) -> dict | None:
     w = numpy_helper.to_array(inits[n.input[1]])
     a = _attrs(n)
     rank = w.ndim - 2
-    if rank not in (1, 2) or max(w.shape[2:]) <= MAX_TAPS or n.input[0] not in shapes:
+    if rank not in (1, 2) or not MAX_TAPS < max(w.shape[2:]) < WHOLE_FROM or n.input[0] not in shapes:
         return None
     if a.get("auto_pad", b"NOTSET") not in (b"", b"NOTSET"):
         return None
     p = {"w": w, "rank": rank, "size": shapes[n.input[0]][2:], "group": a.get("group", 1),
          "strides": list(a.get("strides", [1] * rank)), "dilations": list(a.get("dilations", [1] * rank)),
          "pads": list(a.get("pads", [0] * 2 * rank))}
-    if len(_pieces(list(w.shape[2:]))) * w.shape[0] * int(np.prod(_out_size(p))) > MAX_PIECE_VALUES:
+    pieces = len(_pieces(list(w.shape[2:])))
+    if pieces > MAX_PIECES or pieces * w.shape[0] * int(np.prod(_out_size(p))) > MAX_PIECE_VALUES:
         return None
     return p
 
@@ -91,16 +94,8 @@ def _rewrite(g, n, p: dict) -> None:
                                  group=p["group"], strides=s, dilations=d,
                                  kernel_shape=[b - a for a, b in piece])]
         sums.append(f"{name}/y")
-    acc = sums[0]
-    for j, t in enumerate(sums[1:], 1):
-        y = n.output[0] if j == len(sums) - 1 else f"{base}/sum{j}"
-        new.append(helper.make_node("Add", [acc, t], [y], name=f"{base}/Add{j}"))
-        acc = y
     g.initializer.extend(numpy_helper.from_array(v, k) for v, k in consts)
-    at = list(g.node).index(n)
-    g.node.remove(n)
-    for k, m in enumerate(new):
-        g.node.insert(at + k, m)
+    replace_node(g, n, new + sum_nodes(sums, n.output[0], base))
 
 
 @onnx_repair("wide-kernel-as-pieces", 72, f"16-bit weights: a Conv kernel wider than {MAX_TAPS} taps becomes a sum of "
@@ -111,7 +106,7 @@ def wide_kernel_as_pieces(model, ctx: RepairContext) -> dict | None:
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     if not any(n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits
-               and max(inits[n.input[1]].dims[2:], default=0) > MAX_TAPS for n in g.node):
+               and MAX_TAPS < max(inits[n.input[1]].dims[2:], default=0) < WHOLE_FROM for n in g.node):
         return None
     shapes = static_shapes(model)             # shape inference: only for a model that has such a Conv
     done = []
