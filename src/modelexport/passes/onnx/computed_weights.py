@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
-from .graph_edit import GraphEdit
+from .graph_edit import GraphEdit, names_read
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "Gemm": 1, "MatMul": 1}
 MAX_NODES = 64                      # a weight's own computation, not a network folded away
@@ -59,10 +59,11 @@ def evaluate(model, nodes: list, tensor: str, edit: GraphEdit) -> np.ndarray:
 
 
 def _drop_unread(edit: GraphEdit) -> None:
-    """Mark dead every node none of whose outputs is read any more (nor a graph output)."""
+    """Mark dead every node none of whose outputs is read any more (nor a graph output), an If/Loop
+    body's reads of outer tensors included."""
     changed = True
     while changed:
-        read = {t for n in edit.nodes if id(n) not in edit.dead for t in n.input}
+        read = names_read(n for n in edit.nodes if id(n) not in edit.dead)
         idle = [n for n in edit.nodes if id(n) not in edit.dead
                 and not any(o in read or o in edit.outputs for o in n.output)]
         edit.dead.update(id(n) for n in idle)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
-from .graph_edit import replace_node, sum_nodes
+from .graph_edit import names_read, replace_node, sum_nodes
 
 MIN_DILATION = 256                       # below it the HTP's own dilated Conv is quick (measured: 128 → 5 s)
 
@@ -53,21 +53,10 @@ def dilated_conv_as_taps(model, ctx: RepairContext) -> dict | None:
         replace_node(g, n, new + sum_nodes(taps, n.output[0], base))
         done.append({"node": base, "dilation": d})
     if done:
-        used = _read(g)
+        used = names_read(g.node)
         for t in [t for t in g.initializer if t.name not in used]:
             g.initializer.remove(t)
     return {"nodes": done[:20], "count": len(done)} if done else None
-
-
-def _read(graph) -> set[str]:
-    """Every tensor name a node reads, inside If/Loop bodies too (they may read outer initializers)."""
-    out = set()
-    for n in graph.node:
-        out.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                out |= _read(sub)
-    return out
 
 
 def _lengths(graph) -> dict[str, int]:

@@ -134,6 +134,17 @@ def replace_node(graph, node, new: list) -> None:
         graph.node.insert(at + k, m)
 
 
+def names_read(nodes) -> set[str]:
+    """Every tensor name the nodes read, inside If/Loop bodies too (they may read outer tensors)."""
+    out = set()
+    for n in nodes:
+        out.update(n.input)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out |= names_read(sub.node)
+    return out
+
+
 def reader_counts(graph) -> dict[str, int]:
     """How many node inputs read each tensor."""
     readers: dict[str, int] = {}

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...core.targets import HTP_16BIT_WEIGHT_MAX_TAPS, HTP_16BIT_WEIGHT_WHOLE_FROM_TAPS
 from . import RepairContext, onnx_repair
-from .graph_edit import replace_node, static_shapes, sum_nodes
+from .graph_edit import names_read, replace_node, static_shapes, sum_nodes
 
 MAX_TAPS = HTP_16BIT_WEIGHT_MAX_TAPS
 WHOLE_FROM = HTP_16BIT_WEIGHT_WHOLE_FROM_TAPS
@@ -98,8 +98,8 @@ def _rewrite(g, n, p: dict) -> None:
     replace_node(g, n, new + sum_nodes(sums, n.output[0], base))
 
 
-@onnx_repair("wide-kernel-as-pieces", 72, f"16-bit weights: a Conv kernel wider than {MAX_TAPS} taps becomes a sum of "
-             f"Convs of at most {MAX_TAPS} taps (the HTP computes wider ones far from the QDQ model)")
+@onnx_repair("wide-kernel-as-pieces", 72, f"16-bit weights: a Conv kernel of {MAX_TAPS + 1} to {WHOLE_FROM - 1} taps "
+             f"becomes a sum of Convs of at most {MAX_TAPS} taps (the HTP computes those far from the QDQ model)")
 def wide_kernel_as_pieces(model, ctx: RepairContext) -> dict | None:
     if ctx.weight_bits != 16:
         return None
@@ -117,7 +117,7 @@ def wide_kernel_as_pieces(model, ctx: RepairContext) -> dict | None:
             done.append({"node": n.name or n.output[0], "kernel": list(p["w"].shape[2:])})
     if not done:
         return None
-    used = {t for n in g.node for t in n.input}
+    used = names_read(g.node)
     for t in [t for t in g.initializer if t.name not in used]:
         g.initializer.remove(t)
     return {"nodes": done[:20], "count": len(done)}
