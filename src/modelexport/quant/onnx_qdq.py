@@ -58,6 +58,7 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                   split_weights: bool = False) -> dict:
     """Write the QDQ model to `out_path`; returns what was done (for the manifest). `split_weights`:
     each Conv/MatMul/Gemm weight as two 8-bit halves (quant/weight_split.py)."""
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, quantize
 
     qnn = qnn_quantization()
@@ -78,10 +79,9 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
             parsed = _parsed_overrides(overrides, precision)
             if split_weights:
                 src, split = _split(src, pre, out_path, precision, per_channel, parsed)
+            graph = onnx.load(str(src), load_external_data=False)      # the graph's structure, read once
             if overrides:
-                import onnx
-                init_overrides, matched, island = tensor_overrides(onnx.load(str(src), load_external_data=False), parsed,
-                                                           precision, per_channel)
+                init_overrides, matched, island = tensor_overrides(graph, parsed, precision, per_channel)
             if split:
                 init_overrides = (init_overrides or {}) | split.pop("init_overrides")
             config = qnn.get_qnn_qdq_config(str(src), calibration.reader(), activation_type=act, weight_type=weight,
@@ -89,8 +89,8 @@ def quantize_onnx(float_path: Path, out_path: Path, precision: Precision, calibr
                                         nodes_to_exclude=island or None, calibrate_method=CalibrationMethod[calib_name])
             config.extra_options.update(calib_extra)
             keep_constants_float(config)
-            unsigned_norm_scales(config, src, weight)
-            quantize_fanned_inputs(config, src)
+            unsigned_norm_scales(config, graph, weight)
+            quantize_fanned_inputs(config, graph)
             widened = widen_log_ranges(config, src, calibration)
             try:
                 with float32_histograms(), contextlib.redirect_stdout(io.StringIO()):   # its percentile calibrator prints
@@ -167,7 +167,7 @@ def fanned_inputs(model) -> list[str]:
             if len(readers.get(i.name, [])) >= 2 and set(readers[i.name]) <= MOVE_OPS]
 
 
-def quantize_fanned_inputs(config, src: Path) -> None:
+def quantize_fanned_inputs(config, model) -> None:
     """A graph input's Q/DQ pair where data-movement ops read it in several places.
 
     ONNX Runtime's quantizer leaves a data-movement op unquantized when its input is (a graph input
@@ -176,23 +176,20 @@ def quantize_fanned_inputs(config, src: Path) -> None:
     own range. The QNN EP takes one quantization of an input into the graph and leaves the others
     on the CPU (DTLN's state input: three QuantizeLinear nodes on the CPU at 8a8w). Quantizing such
     ops whatever their input (`ForceQuantizeNoInputCheck`) gives the input one range of its own."""
-    import onnx
-    if fanned_inputs(onnx.load(str(src), load_external_data=False)):
+    if fanned_inputs(model):
         config.extra_options["ForceQuantizeNoInputCheck"] = True
 
 
-def unsigned_norm_scales(config, src: Path, weight) -> None:
+def unsigned_norm_scales(config, model, weight) -> None:
     """An InstanceNormalization's scale at 16 bits is quantized unsigned.
 
     At 16-bit weights ONNX Runtime's quantizer gives the scale int16, and the HTP's InstanceNorm
     takes only an unsigned scale: the QNN EP turns an int8 scale into uint8 itself but not an int16
     one, so it refuses the op after its NHWC layout pass and the whole graph fails to compile (a
     GroupNorm exported as Reshape → InstanceNormalization → Reshape, every diffusion UNet's)."""
-    import onnx
     from onnxruntime.quantization import QuantType
     if weight not in (QuantType.QUInt16, QuantType.QInt16):
         return
-    model = onnx.load(str(src), load_external_data=False)
     inits = {t.name for t in model.graph.initializer}
     overrides = config.extra_options.setdefault("TensorQuantOverrides", {})
     for node in model.graph.node:

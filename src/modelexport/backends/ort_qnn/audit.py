@@ -38,7 +38,7 @@ from ...frontends.onnx_graph import node_macs
 from ...auditing.report import CPU, FOLDED, HTP, IO, AuditReport, NodeAudit
 from ...passes.onnx.loop_unroll import MAX_ITERATIONS
 from ...passes.onnx.control_flow import control_flow_on_inputs
-from .repair import control_flow_fix, load_repaired
+from .repair import control_flow_fix, load_repaired, precision_repairs
 
 _TOKEN = re.compile(r"_token_\d+$")
 IO_REASON = ("graph input/output (de)quantization: ONNX Runtime keeps it on the CPU by design "
@@ -112,8 +112,7 @@ def audit_onnx(model: Any, target: str = "SM8650", precision: str = "fp16", inpu
     if log_path:
         check_output(Path(log_path), force=True)     # a log is replaced; its folder must be writable
     loaded: LoadedOnnx = load_repaired(model, input_shapes, input_values, allow_dynamic=True, allow_control_flow=True,
-                                       quantized=prec.quantized, activation_bits=prec.activation_bits if prec.quantized else 0,
-                                       weight_bits=prec.weight_bits if prec.quantized else 0)
+                                       **precision_repairs(prec))
     qairt = find_qairt()
     notes: list[str] = [f"repair {r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")[:300]
                         for r in loaded.repairs]

@@ -51,7 +51,7 @@ from ...toolchain.worker_pool import raise_first_error, run_jobs
 from . import worker as ort_qnn_worker
 from .audit import audit_onnx
 from .formats import OUTPUT_FORMATS, OutputFormat, output_format
-from .repair import load_repaired
+from .repair import load_repaired, precision_repairs
 from .self_check import check_part
 from ..spec import OnnxCompileOptions, PartSpec, part_name
 
@@ -77,9 +77,7 @@ def _prepare_parts(specs: list[PartSpec], opts: OnnxCompileOptions, socs: list[S
         if prec.feature:
             for soc in socs:
                 require_feature(soc, prec.feature, f"precision {prec.name}")
-        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, quantized=prec.quantized,
-                               activation_bits=prec.activation_bits if prec.quantized else 0,
-                               weight_bits=prec.weight_bits if prec.quantized else 0)
+        loaded = load_repaired(spec.model, spec.input_shapes, spec.input_values, **precision_repairs(prec))
         name = part_name(spec.name or loaded.name or "model", taken)
         calib = None
         limits, media = index_limits(loaded.model), media_options(opts)

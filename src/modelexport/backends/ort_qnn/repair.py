@@ -62,6 +62,12 @@ def _merge(records: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def precision_repairs(prec) -> dict:
+    """load_repaired's quantized / activation_bits / weight_bits for a compile or audit at `prec`."""
+    q = prec.quantized
+    return {"quantized": q, "activation_bits": prec.activation_bits if q else 0, "weight_bits": prec.weight_bits if q else 0}
+
+
 def load_repaired(source: Any, input_shapes: Any = None, input_values: Any = None, allow_dynamic: bool = False,
                   allow_control_flow: bool = False, quantized: bool = False, activation_bits: int = 0,
                   weight_bits: int = 0) -> LoadedOnnx:
