@@ -69,6 +69,23 @@ class GraphEdit:
         return t
 
 
+def drop_identities(edit: GraphEdit, kept_input) -> list[str]:
+    """Drop every two-input node that returns one of its inputs unchanged: `kept_input(node, consts)`
+    (consts: each input's constant value or None) gives the index of the input the node returns, or
+    None. Readers of the node's output read that input instead; → the names of the nodes dropped."""
+    dropped = []
+    for n in edit.nodes:
+        if len(n.input) != 2 or id(n) in edit.dead:
+            continue
+        k = kept_input(n, [edit.const(i) for i in n.input])
+        if k is None:
+            continue
+        edit.rename[n.output[0]] = n.input[k]
+        edit.dead.add(id(n))
+        dropped.append(n.name or n.output[0])
+    return dropped
+
+
 def ops_of(model, op_type: str) -> list:
     """The default-domain nodes of `op_type`."""
     return [n for n in model.graph.node if n.op_type == op_type and n.domain in ("", "ai.onnx")]

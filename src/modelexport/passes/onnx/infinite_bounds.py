@@ -11,27 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from . import RepairContext, onnx_repair
-from .graph_edit import GraphEdit
+from .graph_edit import GraphEdit, drop_identities
 
 _IDENTITY_BOUND = {"Max": -np.inf, "Min": np.inf}
+
+
+def _bound_of_the_other(node, consts) -> int | None:
+    bound = _IDENTITY_BOUND.get(node.op_type)
+    if bound is None:
+        return None
+    k = next((i for i, c in enumerate(consts) if c is not None and c.size and np.all(c == bound)), None)
+    return None if k is None or consts[1 - k] is not None else 1 - k
 
 
 @onnx_repair("infinite-bounds", 6, "drop Max(x, -inf) / Min(x, +inf) (an identity whose infinite constant breaks quantization)")
 def drop_infinite_bounds(model, ctx: RepairContext) -> dict | None:
     g = GraphEdit(model)
-    dropped = []
-    for n in g.nodes:
-        bound = _IDENTITY_BOUND.get(n.op_type)
-        if bound is None or len(n.input) != 2:
-            continue
-        consts = [g.const(i) for i in n.input]
-        k = next((i for i, c in enumerate(consts) if c is not None and c.size and np.all(c == bound)), None)
-        other = n.input[1 - k] if k is not None else None
-        if other is None or consts[1 - k] is not None or g.const(other) is not None:
-            continue
-        g.rename[n.output[0]] = other
-        g.dead.add(id(n))
-        dropped.append(n.name or n.output[0])
+    dropped = drop_identities(g, _bound_of_the_other)
     if not dropped:
         return None
     g.commit()
