@@ -49,12 +49,19 @@ def test_an_error_comes_back_as_the_same_class_with_problem_and_fix(in_process):
     assert raised.value is err and raised.value.__cause__ is None
 
 
-@pytest.mark.parametrize("die", [exit_hard, kill_self])
-def test_a_dead_worker_is_a_toolchain_error_naming_the_stage(die):
-    [err] = run_jobs("the test compile", [(die, 0)], 1)
+def test_a_dead_worker_is_a_toolchain_error_naming_the_stage():
+    [err] = run_jobs("the test compile", [(exit_hard, 0)], 1)
     assert type(err) is ToolchainError
     assert "a worker process died during the test compile" in err.problem
     assert err.fix
+
+
+def test_a_worker_killed_as_the_out_of_memory_killer_kills_is_said_so_with_the_stages_fix():
+    """SIGKILL is what the kernel's OOM killer sends: the user reads that, and the stage's own way out."""
+    [err] = run_jobs("the test compile", [(kill_self, 0)], 1, memory_fix="compile with -O 1")
+    assert type(err) is ToolchainError
+    assert "was killed during the test compile (SIGKILL" in err.problem and "out-of-memory killer" in err.problem
+    assert err.fix == "compile with -O 1"
 
 
 def test_results_raise_the_first_error_in_submission_order_once_all_ended():

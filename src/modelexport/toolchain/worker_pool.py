@@ -7,7 +7,9 @@ inherits a half-initialised QNN or ONNX Runtime. How a job ends, as its caller s
 - it returns: its result;
 - it raises a `ModelExportError`: the same class with the same problem and fix (the exception
   pickles whole: BaseException keeps the instance's `__dict__`);
-- its worker dies (killed, segfault: BrokenProcessPool): a `ToolchainError` naming the stage;
+- its worker dies (killed, segfault: BrokenProcessPool): a `ToolchainError` naming the stage, and
+  saying so when the worker was killed by SIGKILL (on Linux the kernel's out-of-memory killer), with
+  the caller's `memory_fix`;
 - it raises anything else: a bug, re-raised here with the child's traceback.
 
 Workers never outlive the process that started them: an interrupt (Ctrl-C, SIGTERM) stops them as
@@ -151,8 +153,8 @@ class WorkerPool:
     each job submitted as soon as it is ready. `in_process` runs the jobs here, one by one, with
     the same outcomes: for work too small to be worth a child's start-up."""
 
-    def __init__(self, stage: str, workers: int, in_process: bool = False):
-        self.stage = stage
+    def __init__(self, stage: str, workers: int, in_process: bool = False, memory_fix: str = ""):
+        self.stage, self.memory_fix = stage, memory_fix
         if not in_process:
             _check_main_guard()
         self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
@@ -160,6 +162,7 @@ class WorkerPool:
                                                                  initializer=_worker_init,
                                                                  initargs=(os.getpid(),))
         self._submitted: list[Future | Job] = []
+        self._workers: dict[int, Any] = {}     # every worker started, by pid: how each ended
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -200,6 +203,7 @@ class WorkerPool:
         try:
             with _signals_held():          # submit may start a worker
                 self._submitted.append(self._pool.submit(_run_job, fn, job))
+            self._workers.update(getattr(self._pool, "_processes", None) or {})
         except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
             failed: Future = Future()
             failed.set_exception(e)
@@ -242,11 +246,20 @@ class WorkerPool:
                 e.__cause__ = None   # the child's traceback: the user sees problem and fix only
                 out[index[f]] = e
             except BrokenProcessPool as e:
-                out[index[f]] = ToolchainError(f"a worker process died during {self.stage}: {type(e).__name__}: {e}",
-                                               "run again with --jobs 1; report the model if it persists")
+                out[index[f]] = self._worker_died(e)
             if on_done:
                 on_done(out[index[f]])
         return out
+
+    def _worker_died(self, e: BrokenProcessPool) -> ToolchainError:
+        for proc in self._workers.values():
+            proc.join(timeout=1)
+        if any(proc.exitcode == -signal.SIGKILL for proc in self._workers.values()):
+            return ToolchainError(f"a worker process was killed during {self.stage} (SIGKILL: on Linux the kernel's "
+                                  f"out-of-memory killer does that when the host's {_host_memory_gb():.0f} GB run out)",
+                                  self.memory_fix or "close what else uses memory, or run on a host with more of it")
+        return ToolchainError(f"a worker process died during {self.stage}: {type(e).__name__}: {e}",
+                              "run again with --jobs 1; report the model if it persists")
 
     def results(self, on_done: Callable[[Any], None] | None = None) -> list[Any]:
         """Every job's result, or once all have ended the first failed job's error (in
@@ -254,10 +267,14 @@ class WorkerPool:
         return raise_first_error(self.outcomes(on_done))
 
 
+def _host_memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
 def run_jobs(stage: str, jobs: Iterable[Job], workers: int, on_done: Callable[[Any], None] | None = None,
-             in_process: bool = False) -> list[Any]:
+             in_process: bool = False, memory_fix: str = "") -> list[Any]:
     """`WorkerPool.outcomes` of (function, job) pairs known up front."""
-    with WorkerPool(stage, workers, in_process) as pool:
+    with WorkerPool(stage, workers, in_process, memory_fix) as pool:
         for fn, job in jobs:
             pool.submit(fn, job)
         return pool.outcomes(on_done)

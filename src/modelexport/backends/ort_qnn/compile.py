@@ -219,6 +219,20 @@ def _node_rows(job, result, by_part) -> list[dict]:
     return rows
 
 
+# A model this large (with its external data) prepares in a child process: about 2 s of start-up
+# against a graph preparation of tens of seconds; the HTP's preparation of a 45 MB diffusion UNet at
+# 16a16w passed 21 GB.
+IN_PROCESS_MAX_BYTES = 16 << 20
+OUT_OF_MEMORY_FIX = ("compile with -O 1 (a lighter graph preparation: check its speed with `modelexport profile`), "
+                     "a smaller --input-shape where the model allows one, or another --precision; otherwise on a "
+                     "host with more memory")
+
+
+def _model_bytes(path: Path) -> int:
+    """The model file and its external data files (named after it, beside it)."""
+    return sum(f.stat().st_size for f in path.parent.glob(path.name + "*") if f.is_file())
+
+
 @backend("ort_qnn", kinds=("onnx",), description="ONNX Runtime QNN EP: QDQ quantization, EPContext models and context binaries",
          formats=tuple(OUTPUT_FORMATS), precisions=ONNX_PRECISIONS, options=OnnxCompileOptions)
 def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOptions | None = None, force: bool = False,
@@ -276,9 +290,12 @@ def compile_onnx(parts: list[PartSpec], out: str | Path, options: OnnxCompileOpt
         meta = res["meta"] if isinstance(res, dict) else None
         report(f"compiled {meta.get('part', '?')} for {meta.get('target', '?')}" if meta is not None
                else "a graph did not compile (the error follows)", done, n_steps)
-    # one job or one worker: in this process, without a child's start-up
+    # one small job or one worker: in this process, without a child's start-up. A large graph always
+    # prepares in a child, so that running out of memory there is an error the user reads, not "Killed".
+    small = all(_model_bytes(Path(j["model_path"])) < IN_PROCESS_MAX_BYTES for j in pending)
     outcomes = run_jobs("the QNN EP compile", [(ort_qnn_worker.compile_job, j) for j in jobs], workers, on_done,
-                        in_process=workers <= 1 or len(jobs) <= 1)
+                        in_process=not pending or (small and (workers <= 1 or len(jobs) <= 1)),
+                        memory_fix=OUT_OF_MEMORY_FIX)
     timings["compile_s"] = round(time.perf_counter() - t0, 3)
     temp_entries = [Path(r["entry"]) for r in outcomes if isinstance(r, dict) and not cache.enabled]
     try:
