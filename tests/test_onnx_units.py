@@ -152,6 +152,23 @@ def test_image_bgr_gives_the_model_blue_green_red(tmp_path):
     assert nhwc[0, 0, 0].tolist() == [0.0, 0.0, 1.0]
 
 
+def test_one_number_normalizes_every_channel_of_a_grayscale_image(tmp_path):
+    """--image-std 0.00392157 gives a grayscale model trained on 0..255 pixels (afis's LEADER, NHWC with one
+    channel) its range; a wrong count says what is wanted."""
+    from PIL import Image
+
+    from modelexport.backends.ort_qnn.compile import media_options
+    from modelexport.backends.spec import OnnxCompileOptions
+    from modelexport.core.errors import InputError
+    from modelexport.quant.media_calibration import image_array
+    Image.new("L", (8, 8), 255).save(tmp_path / "white.png")
+    opts = media_options(OnnxCompileOptions(image_std="0.00392157"))
+    gray = image_array(tmp_path / "white.png", "input", (1, 8, 8, 1), np.float32, opts)
+    np.testing.assert_allclose(gray, 255.0, rtol=1e-5)
+    with pytest.raises(InputError, match="three numbers R,G,B, or one for every channel"):
+        media_options(OnnxCompileOptions(image_std="1,2"))
+
+
 @pytest.mark.parametrize("dims, fix", [
     ({"atoms": ["num_atoms"], "edges": [2, "num_edges"]}, "atoms=NUM_ATOMS --input-shape edges=2,NUM_EDGES (replace NUM_ATOMS, NUM_EDGES by the sizes"),
     ({"a": ["unk__1", 3], "b": ["unk__2", 3]}, "a=N,3 --input-shape b=N,3 (replace N by the size"),   # tf2onnx's names

@@ -152,7 +152,8 @@ COMPILE_FLAGS: tuple[CompileFlag, ...] = (
                 "normalized with (default ImageNet's 0.485,0.456,0.406). ONNX models calibrated on "
                 "a folder of photos: the same, default 0 (pixels 0-1 as they are).", VLMS, plan=True),
     CompileFlag("image_std", ("--image-std",), str | None, None, "--vision-encoder: R,G,B std (default ImageNet's "
-                "0.229,0.224,0.225). ONNX models calibrated on photos: default 1.", VLMS, plan=True),
+                "0.229,0.224,0.225), or one number for every channel. ONNX models calibrated on photos: default 1 "
+                "(0.00392157 gives a model trained on 0-255 pixels its range).", VLMS, plan=True),
     CompileFlag("image_bgr", ("--image-bgr",), bool, False, "ONNX models calibrated on a folder of photos: give the "
                 "model B, G, R channels (models trained on OpenCV-read images: PaddleOCR, Caffe, many detectors); "
                 "--image-mean / --image-std are then in B, G, R order too.", ONNX),

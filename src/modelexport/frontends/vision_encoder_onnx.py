@@ -145,7 +145,8 @@ def image_token_id(tokenizer, token: str, where: str) -> int:
 
 
 def parse_triple(value, flag: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
-    """--image-mean / --image-std: "R,G,B" (or a sequence of three numbers) → three floats."""
+    """--image-mean / --image-std: "R,G,B", or one number for every channel (a grayscale model), or a
+    sequence of numbers → three floats."""
     if value is None:
         return default
     parts = value.replace(" ", ",").split(",") if isinstance(value, str) else list(value)
@@ -153,9 +154,11 @@ def parse_triple(value, flag: str, default: tuple[float, float, float]) -> tuple
         out = tuple(float(v) for v in parts if str(v).strip())
     except ValueError:
         out = ()
+    out = out * 3 if len(out) == 1 else out
     if len(out) != 3 or (flag == "--image-std" and min(out) <= 0):
-        raise InputError(f"{flag} {value!r}: three numbers R,G,B are wanted" + (" (all above 0)" if flag == "--image-std" else ""),
-                         f"e.g. {flag} {','.join(str(v) for v in default)} (ImageNet's, the default)")
+        raise InputError(f"{flag} {value!r}: three numbers R,G,B, or one for every channel, are wanted"
+                         + (" (all above 0)" if flag == "--image-std" else ""),
+                         f"e.g. {flag} {','.join(str(v) for v in default)} (the default here)")
     return out  # type: ignore[return-value]
 
 
