@@ -98,3 +98,28 @@ def test_mobilenet_16a4w_per_layer_finds_the_collapse_and_the_override_fixes_it(
     # measured: first bad layer features.2.conv.2 4.4 → 10.5 dB; compiled logits 1.8 → 4.3 dB
     assert at[pl["first_bad_layer"]] > first_bad_before + 3.0
     assert out_after > out_before + 1.0
+
+
+def test_per_layer_holds_a_bounded_share_of_the_values_and_finds_the_same(tmp_path, monkeypatch):
+    """The layers' values go through in passes of at most VALUES_BUDGET_BYTES (a 512x416 fingerprint
+    model's 1,300 layers over 3 samples were 27 GB at once, and the compile's own check was killed
+    for memory): one layer a pass gives the same numbers as all at once."""
+    import numpy as np
+
+    import modelexport
+    from modelexport.quant import per_layer as pl
+    from onnx_models import conv_relu
+    b = modelexport.compile(str(conv_relu(tmp_path / "m.onnx")), output=tmp_path / "b", target="SM8650",
+                            precision="8a8w", calibration="random", use_cache=False)
+    files = b.manifest.parts[0].files
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype(np.float32)} for i in range(3)]
+    run = lambda: pl.per_layer(b.file(files.float_model), b.file(files.quantized_model), samples, 30.0)  # noqa: E731
+    whole = run()
+    monkeypatch.setattr(pl, "VALUES_BUDGET_BYTES", 1)
+    calls = []
+    real = pl.outputs_session
+    monkeypatch.setattr(pl, "outputs_session", lambda m, t: calls.append(len(t)) or real(m, t))
+    apart = run()
+    assert calls and set(calls) == {1} and len(calls) == 2 * len(whole.layers)
+    assert [(x.name, x.sqnr_db) for x in apart.layers] == [(x.name, x.sqnr_db) for x in whole.layers]
+    assert pl.passes([3, 3, 3, 9, 1], budget=6) == [[0, 1], [2], [3], [4]]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...core.numerics import sqnr_db
 from ...quant.fp16_twin import fp16_cause, fp16_twin
-from ...quant.per_layer import _session, _with_outputs, layer_plan, per_layer
+from ...quant.per_layer import _session, _with_outputs, float_tensors, layer_plan, outputs_session, per_layer
 from ...toolchain.ort_qnn import SessionPlan, create_session
 from .run import CompiledGraph, SimulatorSession
 from .verify import check_output, decided_outputs
@@ -230,15 +230,16 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
     if not plan:
         return None
     tensors = [t for _, _, t in plan]
-    cpu = dict(zip(tensors, _session(_with_outputs(model, tensors)).run(tensors, samples[0])))
-    usable = [i for i, t in enumerate(tensors) if np.issubdtype(np.asarray(cpu[t]).dtype, np.floating)]
+    floats = float_tensors(model, tensors)
+    usable = [i for i, t in enumerate(tensors) if t in floats]
+    cpu_value = lambda t: outputs_session(model, [t]).run([t], samples[0])[0]    # noqa: E731 - one layer per probe
     quick = dict(provider_options, htp_graph_finalization_optimization_mode=PROBE_LEVEL)
     lo, hi, probes, found = 0, len(usable) - 1, 0, None
     t0 = time.perf_counter()
     while lo <= hi and probes < MAX_PROBES and time.perf_counter() - t0 < PROBE_BUDGET_S:
         mid = (lo + hi) // 2
         i = usable[mid]
-        db = _htp_db(graph_path, tensors[i], cpu[tensors[i]], samples[0], quick)
+        db = _htp_db(graph_path, tensors[i], cpu_value(tensors[i]), samples[0], quick)
         probes += 1
         if db < threshold:
             found, hi = (i, db), mid - 1
