@@ -66,7 +66,7 @@ def test_repairs_are_a_table_in_order():
                      "fuse-layer-norm", "computed-weights",
                      "drop-empty-optional-inputs", "resize-nearest-as-floor", "grouped-conv-transpose-as-dense", "default-rnn-activations", "computed-clip-bounds", "gathernd-as-gather", "long-rnn-on-cpu", "fold-conv-batch-norm", "reciprocal-as-div", "dilated-conv-as-taps", "batch-norm-as-mul-add", "conv-transpose-add-as-bias", "transpose-unit-axes-out", "output-sigmoid", "exp-input-floor",
                      "depthwise-1x1-as-mul-add", "softplus-as-log-exp", "selu-as-elu", "shared-bias-copies",
-                     "softsign-as-div", "wide-kernel-as-pieces", "add-zero", "rank-above-5-out", "dilated-conv-transpose-as-conv"]
+                     "softsign-as-div", "wide-kernel-as-pieces", "add-zero", "rank-above-5-out", "dilated-conv-transpose-as-conv", "grouped-einsum-as-matmul", "conv-transpose-output-padding-as-pads"]
 
 
 def test_metadata_props_detached_and_attached_back():
