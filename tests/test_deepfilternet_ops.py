@@ -89,3 +89,29 @@ def test_a_grouped_deconv_with_output_padding_holds_at_fp16(tmp_path, monkeypatc
     worst = min(o["sqnr_db"] for o in b.manifest.numerics["outputs"])
     assert b.manifest.numerics["passed"] is repaired, worst
     assert (worst >= 50) if repaired else (worst < 10), worst
+
+
+def test_the_departure_named_is_the_deconv_not_the_add_after_it(tmp_path, monkeypatch):
+    """Bisection over the graph order lands on the Add where the deconv's branch meets the other one
+    (DeepFilterNet's ERB decoder: /Add_3); walking up through the bad layers feeding it names the
+    ConvTranspose itself."""
+    _without(monkeypatch, "conv-transpose-output-padding-as-pads")
+    w = np.random.default_rng(0).standard_normal((16, 1, 1, 3)).astype(np.float32) * 0.5
+    k = np.random.default_rng(1).standard_normal((16, 16, 1, 1)).astype(np.float32) * 0.25
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["d"], group=16, kernel_shape=[1, 3], pads=[0, 1, 0, 1],
+                              strides=[1, 2], output_padding=[0, 1], name="deconv"),
+             helper.make_node("Relu", ["d"], ["a"], name="relu_a"),
+             helper.make_node("Conv", ["e", "k"], ["c"], name="conv_b"),
+             helper.make_node("Relu", ["c"], ["b"], name="relu_b"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="join")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 16]),
+                                       helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 16, 20, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 20, 32])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(k, "k")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    b = modelexport.compile(str(tmp_path / "m.onnx"), output=tmp_path / "b", target="SM8650", precision="fp16",
+                            calibration="random", use_cache=False)
+    bad = b.manifest.numerics["first_bad_layer"]
+    assert bad["htp_departure"] and bad["node"] == "deconv", bad

@@ -17,7 +17,8 @@ import numpy as np
 
 from ...core.numerics import sqnr_db
 from ...quant.fp16_twin import fp16_cause, fp16_twin
-from ...quant.per_layer import _session, _with_outputs, float_tensors, layer_plan, outputs_session, per_layer
+from ...quant.per_layer import (_session, _with_outputs, float_tensors, layer_plan, outputs_session, per_layer,
+                                upstream_layers)
 from ...toolchain.ort_qnn import SessionPlan, create_session
 from .run import CompiledGraph, SimulatorSession
 from .verify import check_output, decided_outputs
@@ -234,12 +235,13 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
     usable = [i for i, t in enumerate(tensors) if t in floats]
     cpu_value = lambda t: outputs_session(model, [t]).run([t], samples[0])[0]    # noqa: E731 - one layer per probe
     quick = dict(provider_options, htp_graph_finalization_optimization_mode=PROBE_LEVEL)
+    probe = lambda i: _htp_db(graph_path, tensors[i], cpu_value(tensors[i]), samples[0], quick)   # noqa: E731
     lo, hi, probes, found = 0, len(usable) - 1, 0, None
     t0 = time.perf_counter()
     while lo <= hi and probes < MAX_PROBES and time.perf_counter() - t0 < PROBE_BUDGET_S:
         mid = (lo + hi) // 2
         i = usable[mid]
-        db = _htp_db(graph_path, tensors[i], cpu_value(tensors[i]), samples[0], quick)
+        db = probe(i)
         probes += 1
         if db < threshold:
             found, hi = (i, db), mid - 1
@@ -247,7 +249,9 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
             lo = mid + 1
     if found is None:
         return None
-    i, db = found
+    upstream = upstream_layers(onnx.load(str(part.work["float"])), [n for _, n, _ in plan])
+    i, db, more = _bad_origin(plan, upstream, set(usable), found, probe, threshold, t0)
+    probes += more
     name, node, _ = plan[i]
     exact = lo > hi
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
@@ -256,6 +260,29 @@ def htp_departure(part, samples: list[dict], threshold: float, provider_options:
             "measured_against": f"the same graph on the CPU EP, the layer made an output of the graph compiled again "
                                 f"for the simulator ({probes} probes" + ("" if exact else f"; stopped after "
                                 f"{PROBE_BUDGET_S:.0f} s: the departure is at or before this node") + ")"}
+
+
+def _bad_origin(plan, upstream, usable: set[int], found: tuple[int, float], probe, threshold: float,
+                t0: float) -> tuple[int, float, int]:
+    """From the bad layer the bisection found, up through bad layers feeding it: bisection over the graph
+    order finds where bad follows good in that order, and in a graph with branches the bad one's
+    origin can sit on a branch it never probed (DeepFilterNet's ERB decoder: an Add, where the
+    departure was a ConvTranspose on one of its inputs). → (layer, dB, probes made)."""
+    index = {node.output[0]: k for k, (_, node, _) in enumerate(plan)}
+    (i, db), probes = found, 0
+    while probes < MAX_PROBES and time.perf_counter() - t0 < 2 * PROBE_BUDGET_S:
+        feeding = [index[key] for key in upstream[i] if key in index and index[key] in usable]
+        bad = None
+        for k in feeding:
+            d = probe(k)
+            probes += 1
+            if d < threshold:
+                bad = (k, d)
+                break
+        if bad is None:
+            break
+        i, db = bad
+    return i, db, probes
 
 
 def _htp_db(graph_path: Path, tensor: str, cpu_value, sample: dict, provider_options: dict) -> float:
