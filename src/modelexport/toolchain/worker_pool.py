@@ -148,6 +148,22 @@ def _check_main_guard() -> None:
                          "worker processes)")
 
 
+class _Recorded:
+    """A multiprocessing context that keeps every Process it makes in `seen`, from the moment it is
+    made: the pool forgets a worker that died before the caller could look."""
+
+    def __init__(self, context, seen: list):
+        self._context, self._seen = context, seen
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+    def Process(self, *args, **kwargs):     # noqa: N802 - multiprocessing's name
+        proc = self._context.Process(*args, **kwargs)
+        self._seen.append(proc)
+        return proc
+
+
 class WorkerPool:
     """Up to `workers` spawned processes for the jobs of one `stage` (said when a worker dies),
     each job submitted as soon as it is ready. `in_process` runs the jobs here, one by one, with
@@ -157,12 +173,12 @@ class WorkerPool:
         self.stage, self.memory_fix = stage, memory_fix
         if not in_process:
             _check_main_guard()
+        self._workers: list[Any] = []          # every worker process started: how each ended
         self._pool = None if in_process else ProcessPoolExecutor(max_workers=max(1, workers),
-                                                                 mp_context=get_context("spawn"),
+                                                                 mp_context=_Recorded(get_context("spawn"), self._workers),
                                                                  initializer=_worker_init,
                                                                  initargs=(os.getpid(),))
         self._submitted: list[Future | Job] = []
-        self._workers: dict[int, Any] = {}     # every worker started, by pid: how each ended
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -203,7 +219,6 @@ class WorkerPool:
         try:
             with _signals_held():          # submit may start a worker
                 self._submitted.append(self._pool.submit(_run_job, fn, job))
-            self._workers.update(getattr(self._pool, "_processes", None) or {})
         except BrokenProcessPool as e:   # an earlier job's worker died: this job ends the same way
             failed: Future = Future()
             failed.set_exception(e)
@@ -252,9 +267,9 @@ class WorkerPool:
         return out
 
     def _worker_died(self, e: BrokenProcessPool) -> ToolchainError:
-        for proc in self._workers.values():
+        for proc in self._workers:
             proc.join(timeout=1)
-        if any(proc.exitcode == -signal.SIGKILL for proc in self._workers.values()):
+        if any(proc.exitcode == -signal.SIGKILL for proc in self._workers):
             return ToolchainError(f"a worker process was killed during {self.stage} (SIGKILL: on Linux the kernel's "
                                   f"out-of-memory killer does that when the host's {_host_memory_gb():.0f} GB run out)",
                                   self.memory_fix or "close what else uses memory, or run on a host with more of it")
