@@ -552,3 +552,20 @@ def conv_act_conv(path: Path, op: str = "Softplus", shape=(1, 8, 64, 64)) -> Pat
              helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2")]
     return _save(nodes, "softplus", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits, path)
+
+
+def repaired_same_on_the_cpu(path: str, repair, shape) -> dict:
+    """Run `repair` on the model at `path` (one float input `x` of `shape`): its record, once the repaired
+    model has been checked and found to compute what the original does on ONNX Runtime's CPU EP."""
+    import onnx
+    import onnxruntime as ort
+
+    from modelexport.passes.onnx import RepairContext
+    m = onnx.load(path)
+    record = repair(m, RepairContext())
+    onnx.checker.check_model(m)
+    x = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
+    ref, got = (ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, x)[0]  # noqa: TID251
+                for p in (path, m.SerializeToString()))
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    return record

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -15,6 +14,7 @@ import modelexport
 from modelexport.passes.onnx import RepairContext
 from modelexport.passes.onnx.conv_transpose_output_padding import output_padding_as_pads
 from modelexport.passes.onnx.grouped_linear import grouped_einsum_as_matmul
+from onnx_models import repaired_same_on_the_cpu
 
 
 def _model(nodes, x_shape, y_shape, inits, path, opset=14) -> str:
@@ -40,25 +40,14 @@ def padded_deconv(path, output_padding=(0, 1)) -> str:
     return _model([node], [1, 16, 20, 16], [1, 16, 20, 31 + output_padding[1]], [numpy_helper.from_array(w, "w")], path)
 
 
-def _same_on_the_cpu(path: str, repair, shape) -> dict:
-    m = onnx.load(path)
-    record = repair(m, RepairContext())
-    onnx.checker.check_model(m)
-    x = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
-    ref, got = (ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, x)[0]  # noqa: TID251
-                for p in (path, m.SerializeToString()))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    return record
-
-
 @pytest.mark.parametrize("groups", [1, 4])
 def test_a_grouped_linear_einsum_is_a_matmul(tmp_path, groups):
-    record = _same_on_the_cpu(grouped_linear(tmp_path / "m.onnx", groups), grouped_einsum_as_matmul, (1, 10, groups, 16))
+    record = repaired_same_on_the_cpu(grouped_linear(tmp_path / "m.onnx", groups), grouped_einsum_as_matmul, (1, 10, groups, 16))
     assert record == {"nodes": ["grouped_linear"], "count": 1}
 
 
 def test_output_padding_goes_into_the_end_pads(tmp_path):
-    record = _same_on_the_cpu(padded_deconv(tmp_path / "m.onnx"), output_padding_as_pads, (1, 16, 20, 16))
+    record = repaired_same_on_the_cpu(padded_deconv(tmp_path / "m.onnx"), output_padding_as_pads, (1, 16, 20, 16))
     assert record == {"nodes": ["deconv"], "count": 1}
     m = onnx.load(padded_deconv(tmp_path / "m.onnx", output_padding=(0, 0)))
     assert output_padding_as_pads(m, RepairContext()) is None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -14,7 +13,7 @@ import modelexport
 from modelexport.passes.onnx import RepairContext
 from modelexport.passes.onnx.dilated_conv_transpose import dilated_conv_transpose_as_conv
 from modelexport.passes.onnx.wide_rank import rank_above_5_out
-from onnx_models import _save
+from onnx_models import _save, repaired_same_on_the_cpu
 
 
 def unfold(path) -> str:
@@ -45,19 +44,8 @@ def conv_transpose(path, c_in=16, c_out=16, group=16, dil=(5, 1), pads=(10, 1, 1
                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], path))
 
 
-def _same_on_the_cpu(path: str, repair, shape) -> dict:
-    m = onnx.load(path)
-    record = repair(m, RepairContext())
-    onnx.checker.check_model(m)
-    x = {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
-    ref, got = (ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, x)[0]  # noqa: TID251
-                for p in (path, m.SerializeToString()))
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-    return record
-
-
 def test_a_rank_6_unfold_read_by_reshapes_is_not_made(tmp_path):
-    record = _same_on_the_cpu(unfold(tmp_path / "m.onnx"), rank_above_5_out, (1, 3, 1, 1, 131))
+    record = repaired_same_on_the_cpu(unfold(tmp_path / "m.onnx"), rank_above_5_out, (1, 3, 1, 1, 131))
     assert record == {"nodes": ["unfold", "up"], "count": 2}
 
 
@@ -65,7 +53,7 @@ def test_a_rank_6_unfold_read_by_reshapes_is_not_made(tmp_path):
                                   dict(c_in=3, c_out=5, group=1, dil=(1, 2), pads=(0, 0, 0, 0))])
 def test_a_dilated_conv_transpose_of_stride_1_is_the_conv_it_equals(tmp_path, case):
     path = conv_transpose(tmp_path / "m.onnx", **case)
-    record = _same_on_the_cpu(path, dilated_conv_transpose_as_conv, (1, case.get("c_in", 16), 20, 33))
+    record = repaired_same_on_the_cpu(path, dilated_conv_transpose_as_conv, (1, case.get("c_in", 16), 20, 33))
     assert record["count"] == 1
 
 
